@@ -1,0 +1,917 @@
+"""The broker: one class that holds every decision about GPUs.
+
+``Broker`` queues requests, grants devices in policy order with EASY
+backfill, keeps leases alive while their holders renew them, and records
+usage. Every front (server extension, hub service, CLI, trace replay, tests)
+drives this class; it never reads the time (a clock is injected), never
+touches hardware (an inventory and an optional MIG partitioner are), and
+commits every change to the store before it returns.
+
+The queue is kept in *buckets*: one FIFO per (user, group, class, size).
+Priorities only ever grow with age, so within a bucket the oldest request is
+always first, and a scheduling pass only ranks bucket heads. A pass skips the
+sizes for which no device is free (unless the policy is strict FCFS), which
+keeps a decision cheap with tens of thousands of requests waiting.
+
+Not thread-safe: call it from one thread (the server's event loop).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import secrets
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .clock import Clock, SystemClock
+from .errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PartitionFailed,
+    QuotaExceeded,
+    Unsatisfiable,
+)
+from .models import (
+    Device,
+    Inventory,
+    JobClass,
+    Lease,
+    LeaseState,
+    Request,
+    RequestState,
+    Size,
+    check_name,
+)
+from .placement import MigPlan, Placer
+from .policy import BrokerPolicy, Policy
+from .profiles import CATALOG
+from .queue import WaitQueue
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+MAX_DURATION_S = 366 * 86400.0
+MAX_GROUPS = 32
+MAX_OWNER = 256
+
+
+class Partitioner(Protocol):
+    """Creates and destroys MIG slices (``jupyter_gpubroker.nvml.partitioner``)."""
+
+    def create(self, gpu_uuid: str, profile: str, start: int) -> Device: ...
+
+    def destroy(self, device_uuid: str) -> None: ...
+
+
+@dataclass
+class BrokerConfig:
+    """Knobs of the broker itself (the policy has its own)."""
+
+    lease_ttl_s: float = 120.0
+    """A lease whose holder stops renewing for this long expires."""
+    dynamic_mig: bool = False
+    """Re-cut idle MIG GPUs to fit waiting profiles (needs a partitioner)."""
+    default_share: float = 1.0
+    default_duration_s: dict[str, float] = field(
+        default_factory=lambda: {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
+    )
+    """Expected hold time before any history exists, per job class."""
+    history_weight: float = 0.3
+    """Weight of the newest lease in the moving average of hold times."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.lease_ttl_s <= MAX_DURATION_S:
+            raise InvalidRequest("lease_ttl_s must be between 1 s and a year")
+        if not self.default_share > 0:
+            raise InvalidRequest("default_share must be positive")
+        if not 0 < self.history_weight <= 1:
+            raise InvalidRequest("history_weight must be in (0, 1]")
+        for k, v in self.default_duration_s.items():
+            if k not in {c.value for c in JobClass} or not 0 < v <= MAX_DURATION_S:
+                raise InvalidRequest(f"bad default duration {k!r}: {v!r}")
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something a holder or watcher may want to see: queued, granted, released, ..."""
+
+    kind: str
+    at: float
+    user: str
+    request_id: str | None = None
+    lease_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "at": self.at,
+            "user": self.user,
+            "request_id": self.request_id,
+            "lease_id": self.lease_id,
+            **self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    position: int
+    request: Request
+    priority: float
+    eta: float | None
+    """Expected start (epoch seconds), from current leases' expected ends and the queue ahead."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Limits of one user or group; ``None`` means unlimited / default."""
+
+    share: float | None = None
+    max_gpus: float | None = None
+    """Most GPU-equivalents held at once."""
+    gpu_hours: float | None = None
+    """GPU-hour budget per period."""
+    period_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("share", "max_gpus", "gpu_hours", "period_s"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise InvalidRequest(f"quota {name} must be a finite number, not {v!r}")
+            if v < 0 or (name in ("share", "period_s") and v == 0):
+                raise InvalidRequest(f"quota {name} must be positive, not {v!r}")
+        if (self.gpu_hours is None) != (self.period_s is None):
+            raise InvalidRequest("a GPU-hour budget needs both gpu_hours and period_s")
+
+    def to_json(self) -> dict[str, float | None]:
+        return {
+            "share": self.share,
+            "max_gpus": self.max_gpus,
+            "gpu_hours": self.gpu_hours,
+            "period_s": self.period_s,
+        }
+
+
+@dataclass
+class _Reservation:
+    """The top blocked request's claim: these devices at ``start`` (EASY backfill)."""
+
+    devices: frozenset[str]
+    start: float
+
+
+Entity = tuple[str, str]
+"""("user", name) or ("group", name)."""
+
+
+def decayed_integral(rate: float, seconds: float, half_life: float) -> float:
+    """Usage accrued at ``rate`` over the last ``seconds``, decayed to now."""
+    return float(rate * half_life / math.log(2) * (1.0 - 2.0 ** (-seconds / half_life)))
+
+
+class Broker:
+    def __init__(
+        self,
+        store: Store,
+        inventory: Inventory,
+        *,
+        clock: Clock | None = None,
+        policy: Policy | None = None,
+        config: BrokerConfig | None = None,
+        partitioner: Partitioner | None = None,
+    ) -> None:
+        self.store = store
+        self.inventory = inventory
+        self.clock = clock or SystemClock()
+        self.policy = policy or BrokerPolicy()
+        self.config = config or BrokerConfig()
+        self.partitioner = partitioner
+        if self.config.dynamic_mig and partitioner is None:
+            raise InvalidRequest("dynamic MIG needs a partitioner")
+        self.placer = Placer(inventory)
+        self._listeners: list[Callable[[Event], None]] = []
+
+        self._live: dict[str, Request] = {}
+        self._waiting = WaitQueue(self._rank)
+        self._leases: dict[str, Lease] = {}
+        self._expected_end: dict[str, float] = {}
+        self._holder: dict[str, str] = {}
+        self._held_eq: dict[Entity, float] = defaultdict(float)
+        self._quotas: dict[Entity, Quota] = {}
+
+        # fair share: decayed GPU-seconds per entity, each as of its own time
+        self._usage: dict[Entity, list[float]] = {}
+        self._accrued_until: dict[str, float] = {}
+        self._totals: dict[str, float] = {"user": 0.0, "group": 0.0}
+        self._share_totals: dict[str, float] = {"user": 0.0, "group": 0.0}
+        self._fs_cache: dict[Entity, float] = {}
+        self._ranked_at = self.clock.now()
+        """The instant priorities are evaluated at (the last fair-share recalculation)."""
+        self._recalc_due = True
+        self._gpu_eq_of_size: dict[str, float] = {}
+        # budgets: (period index, closed GPU-hours) per entity
+        self._budget_used: dict[Entity, tuple[int, float]] = {}
+        # hold-time history: moving average per (user, class) and per class
+        self._history: dict[tuple[str, str], float] = {}
+        self._seq = store.next_seq()
+        self._restore()
+        self._recalc(self.clock.now())
+
+    # ------------------------------------------------------------ public API
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``listener`` with every event; returns a function that unsubscribes."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def submit(
+        self,
+        user: str,
+        size: Size,
+        *,
+        groups: Iterable[str] = (),
+        job_class: JobClass | str = JobClass.INTERACTIVE,
+        owner: str = "",
+        expected_duration_s: float | None = None,
+        schedule: bool = True,
+    ) -> Request:
+        """Queue a request (committed before returning), then run a scheduling pass.
+
+        Raises a ``BrokerError`` subclass, having written nothing, when the input is
+        malformed, no device of this inventory could ever satisfy it, or a quota
+        forbids it outright.
+        """
+        now = self.clock.now()
+        check_name(user, "user")
+        groups = tuple(groups)
+        if len(groups) > MAX_GROUPS:
+            raise InvalidRequest(f"at most {MAX_GROUPS} groups per request")
+        for g in groups:
+            check_name(g, "group")
+        try:
+            job_class = JobClass(job_class)
+        except ValueError:
+            raise InvalidRequest(
+                f"job class must be 'interactive' or 'batch', not {job_class!r}"
+            ) from None
+        if not isinstance(owner, str) or len(owner) > MAX_OWNER:
+            raise InvalidRequest(f"owner must be text of at most {MAX_OWNER} characters")
+        if expected_duration_s is not None and not (
+            isinstance(expected_duration_s, (int, float))
+            and 0 < expected_duration_s <= MAX_DURATION_S
+        ):
+            raise InvalidRequest("expected_duration_s must be between 0 and a year")
+        self._check_satisfiable(size)
+        r = Request(
+            id="r-" + secrets.token_hex(6),
+            user=user,
+            groups=groups,
+            size=size,
+            job_class=job_class,
+            submitted_at=now,
+            owner=owner,
+            expected_duration_s=expected_duration_s,
+        )
+        self._check_quota_admits(r, now)
+        with self.store.transaction():
+            self.store.insert_request(r, self._seq)
+        self._seq += 1
+        self._enqueue(r)
+        if self._new_entity(r):
+            self._recalc_due = True
+        self._emit(Event("queued", now, user, r.id, detail={"size": size.key}))
+        if schedule:
+            self.schedule()
+        return r
+
+    def cancel(self, request_id: str, user: str | None = None) -> Request:
+        """Withdraw a queued request; a granted one is released instead."""
+        r = self._own_request(request_id, user)
+        if r.state is RequestState.GRANTED:
+            assert r.lease_id is not None
+            self.release(r.lease_id, user)
+            return r
+        now = self.clock.now()
+        r.state, r.ended_at, r.reason = RequestState.CANCELLED, now, "cancelled by its owner"
+        with self.store.transaction():
+            self.store.end_request(r)
+        self._dequeue(r)
+        self._emit(Event("cancelled", now, r.user, r.id))
+        self.schedule()
+        return r
+
+    def request(self, request_id: str, user: str | None = None) -> Request:
+        """A request by id, live or ended (only the owner's when ``user`` is given)."""
+        r = self._live.get(request_id) or self.store.request(request_id)
+        if r is None:
+            raise NotFound(f"no request {request_id!r}")
+        if user is not None and r.user != user:
+            raise Forbidden(f"request {request_id!r} belongs to another user")
+        return r
+
+    def lease(self, lease_id: str, user: str | None = None) -> Lease:
+        lease = self._leases.get(lease_id) or self.store.lease(lease_id)
+        if lease is None:
+            raise NotFound(f"no lease {lease_id!r}")
+        if user is not None and lease.user != user:
+            raise Forbidden(f"lease {lease_id!r} belongs to another user")
+        return lease
+
+    def leases(self, user: str | None = None) -> list[Lease]:
+        """Active leases, all or one user's."""
+        return [x for x in self._leases.values() if user is None or x.user == user]
+
+    def renew(self, lease_id: str, user: str | None = None) -> Lease:
+        """Extend a lease by its TTL: the holder's heartbeat."""
+        lease = self._active_lease(lease_id, user)
+        lease.expires_at = self.clock.now() + lease.ttl_s
+        with self.store.transaction():
+            self.store.renew_lease(lease)
+        return lease
+
+    def release(self, lease_id: str, user: str | None = None) -> Lease:
+        """Give a lease's devices back; the next waiting request may get them."""
+        lease = self._active_lease(lease_id, user)
+        self._end_lease(lease, LeaseState.RELEASED, "released by its holder")
+        self.schedule()
+        return lease
+
+    def reclaim(self, lease_id: str, reason: str) -> Lease:
+        """Take a lease back from its holder (idle reclaim, health, an admin)."""
+        lease = self._active_lease(lease_id, None)
+        self._end_lease(lease, LeaseState.RECLAIMED, reason)
+        self.schedule()
+        return lease
+
+    def tick(self) -> list[Lease]:
+        """Expire leases whose holders stopped renewing, then schedule. Call periodically."""
+        now = self.clock.now()
+        for lease in [x for x in self._leases.values() if x.expires_at <= now]:
+            self._end_lease(lease, LeaseState.EXPIRED, "its holder stopped renewing it")
+        granted = self.schedule()
+        self.store.checkpoint()
+        return granted
+
+    def schedule(self) -> list[Lease]:
+        """One scheduling pass: grant what fits, in priority order, with EASY backfill.
+
+        Sizes with no free device are skipped (their reservation could only name
+        busy devices, so it would not constrain anyone), unless the policy is strict.
+        """
+        now = self.clock.now()
+        if self._recalc_due or now - self._ranked_at >= self.policy.recalc_interval_s:
+            self._recalc(now)
+        strict = self.policy.strict
+        walks = {
+            k: self._waiting.walk(k)
+            for k, size in self._waiting.sizes.items()
+            if strict or self._could_place(size)
+        }
+        front: list[tuple[float, float, str, Request]] = []
+
+        def advance(size_key: str) -> None:
+            nxt = next(walks[size_key], None)
+            if nxt is not None:
+                heapq.heappush(front, (-nxt[0], nxt[1].submitted_at, size_key, nxt[1]))
+
+        granted: list[Lease] = []
+        blocked: Request | None = None
+        reservation: _Reservation | None = None
+        examined = 0
+        try:
+            for k in walks:
+                advance(k)
+            while front:
+                _, _, k, r = heapq.heappop(front)
+                if not strict and not self._could_place(r.size):
+                    continue  # this size is out of free devices: drop it from the pass
+                if self._quota_blocks(r, now):
+                    advance(k)
+                    continue
+                if blocked is not None:
+                    examined += 1
+                    if examined > self.policy.backfill_depth:
+                        break
+                    if reservation is None:
+                        reservation = self._reserve(blocked, now)
+                fit = self._fit(r, reservation, now)
+                if fit is None:
+                    if strict:
+                        break
+                    if blocked is None:
+                        blocked = r  # nothing of this size fits at all: drop the size
+                    elif reservation is not None:
+                        advance(k)  # a shorter request of this size may still backfill
+                    continue
+                try:
+                    granted.append(self._grant(r, fit, now))
+                except PartitionFailed as e:
+                    log.warning("could not re-cut a GPU for request %s: %s", r.id, e.message)
+                advance(k)
+        finally:
+            for w in walks.values():
+                w.close()
+        return granted
+
+    def queue(self) -> list[QueueEntry]:
+        """Every waiting request in priority order, with its position (1..n) and ETA."""
+        now = self.clock.now()
+        ranked = sorted(
+            ((self._rank(r), r) for r in self._waiting),
+            key=lambda pr: (-pr[0], pr[1].submitted_at),
+        )
+        etas = self._project([r for _, r in ranked], now)
+        return [QueueEntry(i + 1, r, p, etas.get(r.id)) for i, (p, r) in enumerate(ranked)]
+
+    def holders(self) -> dict[str, Lease]:
+        """Device uuid -> the active lease holding it."""
+        return {d: self._leases[lid] for d, lid in self._holder.items()}
+
+    def set_quota(self, kind: str, name: str, quota: Quota) -> Quota:
+        """Set (replace) a user's or group's share and limits. Admin only, at the fronts."""
+        if kind not in ("user", "group"):
+            raise InvalidRequest(f"quota kind must be 'user' or 'group', not {kind!r}")
+        check_name(name, kind)
+        with self.store.transaction():
+            self.store.upsert_quota(kind, name, quota.to_json())
+        self._quotas[(kind, name)] = quota
+        self._recalc_due = True
+        self._emit(
+            Event(
+                "quota",
+                self.clock.now(),
+                name if kind == "user" else "",
+                detail={"kind": kind, "name": name, **quota.to_json()},
+            )
+        )
+        return quota
+
+    def delete_quota(self, kind: str, name: str) -> None:
+        if (kind, name) not in self._quotas:
+            raise NotFound(f"no quota for {kind} {name!r}")
+        with self.store.transaction():
+            self.store.delete_quota(kind, name)
+        del self._quotas[(kind, name)]
+        self._recalc_due = True
+
+    def quotas(self) -> dict[Entity, Quota]:
+        return dict(self._quotas)
+
+    def usage(
+        self, since: float | None = None, until: float | None = None, by: str = "user"
+    ) -> dict[str, float]:
+        """GPU-hours per user, group, profile or class, over [since, until), live leases
+        included up to now."""
+        if by not in ("user", "group", "profile", "job_class"):
+            raise InvalidRequest("usage is grouped by 'user', 'group', 'profile' or 'job_class'")
+        now = self.clock.now()
+        lo, hi = since if since is not None else -math.inf, until if until is not None else now
+        if lo > hi:
+            raise InvalidRequest("'since' is after 'until'")
+        col = {"group": "grp"}.get(by, by)
+        out: dict[str, float] = defaultdict(float)
+        for row in self.store.ledger(lo, math.inf):
+            overlap = min(row["end"], hi) - max(row["start"], lo)
+            if overlap > 0:
+                out[row[col]] += row["gpu_equivalents"] * overlap / 3600.0
+        for lease in self._leases.values():
+            overlap = min(now, hi) - max(lease.granted_at, lo)
+            if overlap > 0:
+                key = {
+                    "user": lease.user,
+                    "group": lease.group,
+                    "profile": lease.profile,
+                    "job_class": self._live[lease.request_id].job_class.value,
+                }[by]
+                out[key] += lease.gpu_equivalents * overlap / 3600.0
+        return dict(out)
+
+    # ------------------------------------------------- policy context (policy.Context)
+
+    def fairshare(self, user: str, group: str) -> float:
+        f = self._factor(("user", user))
+        return f * self._factor(("group", group)) if group else f
+
+    def expected_gpu_hours(self, request: Request) -> float:
+        """From the user's history only, never the request's own claim."""
+        return self._size_gpu_eq(request.size) * self._history_duration(request) / 3600.0
+
+    def size_fraction(self, request: Request) -> float:
+        total = self.placer.total_gpu_equivalents
+        return self._size_gpu_eq(request.size) / total if total else 0.0
+
+    # ------------------------------------------------------------ internals
+
+    def _emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:  # a broken watcher must not break the broker
+                log.exception("event listener failed on %s", event.kind)
+
+    def _rank(self, r: Request) -> float:
+        return self.policy.priority(r, self, self._ranked_at)
+
+    def _enqueue(self, r: Request) -> None:
+        self._live[r.id] = r
+        self._waiting.add(r)
+
+    def _dequeue(self, r: Request) -> None:
+        self._waiting.remove(r)
+        if r.state is not RequestState.GRANTED:
+            del self._live[r.id]
+
+    def _own_request(self, request_id: str, user: str | None) -> Request:
+        r = self.request(request_id, user)
+        if r.state.ended:
+            raise Conflict(f"request {request_id!r} already ended ({r.state.value})")
+        return self._live[r.id]
+
+    def _active_lease(self, lease_id: str, user: str | None) -> Lease:
+        lease = self.lease(lease_id, user)
+        if lease.state is not LeaseState.ACTIVE:
+            raise Conflict(f"lease {lease_id!r} already ended ({lease.state.value})")
+        return self._leases[lease_id]
+
+    def _check_satisfiable(self, size: Size) -> None:
+        have = len(self.placer.compatible(size))
+        if have >= self.placer.units(size):
+            return
+        if size.profile and self.config.dynamic_mig and self._mig_capable(size.profile):
+            return
+        if size.gpus is not None:
+            raise Unsatisfiable(
+                f"asks for {size.gpus} whole GPU(s) but this machine has {have} "
+                "GPU(s) with MIG disabled"
+            )
+        if size.profile is not None:
+            offered = sorted({d.profile for d in self.placer.devices.values() if d.profile})
+            raise Unsatisfiable(
+                f"no GPU here offers MIG profile {size.profile!r}"
+                + (f"; available profiles: {', '.join(offered)}" if offered else "")
+            )
+        biggest = max((d.memory_gb for d in self.placer.devices.values()), default=0.0)
+        raise Unsatisfiable(
+            f"no device here has {size.min_memory_gb:g} GB; the largest has {biggest:.1f} GB"
+        )
+
+    def _mig_capable(self, profile: str) -> bool:
+        return any(
+            g.mig_enabled and g.model in CATALOG and CATALOG[g.model].profile(profile)
+            for g in self.placer.gpus.values()
+        )
+
+    def _size_gpu_eq(self, size: Size) -> float:
+        eq = self._gpu_eq_of_size.get(size.key)
+        if eq is None:
+            eq = self._gpu_eq_of_size[size.key] = self._compute_gpu_eq(size)
+        return eq
+
+    def _compute_gpu_eq(self, size: Size) -> float:
+        if size.gpus is not None:
+            return float(size.gpus)
+        if size.profile is not None:
+            for model in CATALOG.values():
+                p = model.profile(size.profile)
+                if p:
+                    return p.gpu_equivalents
+        devices = self.placer.compatible(size)
+        return min((d.gpu_equivalents for d in devices), default=1.0)
+
+    def _could_place(self, size: Size) -> bool:
+        if self.placer.has_free_for(size):
+            return True
+        return bool(size.profile and self.config.dynamic_mig)
+
+    # -- fitting and granting
+
+    def _fit(
+        self, r: Request, reservation: _Reservation | None, now: float
+    ) -> list[Device] | MigPlan | None:
+        strategy = self.policy.placement
+        reserved = reservation.devices if reservation else frozenset()
+        devices = self.placer.find(r.size, strategy, reserved)
+        if devices is None and reservation and now + self._duration(r) <= reservation.start:
+            devices = self.placer.find(r.size, strategy)  # backfill: done before it is needed
+        if devices is not None:
+            return devices
+        if r.size.profile and self.config.dynamic_mig:
+            return self.placer.plan_mig(r.size.profile, reserved)
+        return None
+
+    def _reserve(self, r: Request, now: float) -> _Reservation | None:
+        """When and where the top blocked request will start, from leases' expected ends."""
+        ready = sorted((self._free_at(d.uuid, now), d.uuid) for d in self.placer.compatible(r.size))
+        k = self.placer.units(r.size)
+        if len(ready) < k:
+            return None
+        chosen = ready[:k]
+        return _Reservation(frozenset(u for _, u in chosen), chosen[-1][0])
+
+    def _free_at(self, uuid: str, now: float) -> float:
+        """When a device is expected to be free: now, or its lease's expected end."""
+        holder = self._holder.get(uuid)
+        return now if holder is None else max(now, self._expected_end[holder])
+
+    def _grant(self, r: Request, fit: list[Device] | MigPlan, now: float) -> Lease:
+        devices = self._repartition(fit) if isinstance(fit, MigPlan) else fit
+        eq = sum(d.gpu_equivalents for d in devices)
+        profile = devices[0].profile or "gpu"
+        lease = Lease(
+            id="l-" + secrets.token_hex(6),
+            request_id=r.id,
+            user=r.user,
+            group=r.group,
+            devices=tuple(d.uuid for d in devices),
+            gpu_equivalents=eq,
+            granted_at=now,
+            expires_at=now + self.config.lease_ttl_s,
+            ttl_s=self.config.lease_ttl_s,
+            profile=profile,
+        )
+        expected_end = now + self._duration(r)
+        with self.store.transaction():
+            self.store.insert_lease(lease, expected_end)
+        r.state, r.lease_id = RequestState.GRANTED, lease.id
+        self._dequeue(r)
+        self._hold(lease, expected_end)
+        if self.policy.entry_penalty_s:
+            self._charge(("user", r.user), eq * self.policy.entry_penalty_s, now)
+            self._waiting.rerank_user(r.user)
+        self._emit(
+            Event(
+                "granted",
+                now,
+                r.user,
+                r.id,
+                lease.id,
+                {"devices": list(lease.devices), "waited_s": now - r.submitted_at},
+            )
+        )
+        return lease
+
+    def _repartition(self, plan: MigPlan) -> list[Device]:
+        assert self.partitioner is not None
+        for d in plan.destroy:
+            self.partitioner.destroy(d.uuid)
+            self.placer.remove(d.uuid)
+        created = self.partitioner.create(plan.gpu.uuid, plan.profile.name, plan.start)
+        self.placer.add(created)
+        self._emit(
+            Event(
+                "repartitioned",
+                self.clock.now(),
+                "",
+                detail={
+                    "gpu": plan.gpu.uuid,
+                    "destroyed": [d.uuid for d in plan.destroy],
+                    "created": created.uuid,
+                },
+            )
+        )
+        return [created]
+
+    def _hold(self, lease: Lease, expected_end: float) -> None:
+        self._leases[lease.id] = lease
+        self._expected_end[lease.id] = expected_end
+        self._accrued_until[lease.id] = lease.granted_at
+        self.placer.hold(lease.devices)
+        for d in lease.devices:
+            self._holder[d] = lease.id
+        for entity in self._entities(lease.user, lease.group):
+            self._held_eq[entity] += lease.gpu_equivalents
+
+    def _end_lease(self, lease: Lease, state: LeaseState, reason: str) -> None:
+        now = self.clock.now()
+        r = self._live[lease.request_id]
+        lease.state, lease.ended_at, lease.reason = state, now, reason
+        r.state, r.ended_at, r.reason = RequestState(state.value), now, reason
+        with self.store.transaction():
+            self.store.end_lease(lease, r.job_class.value)
+            self.store.end_request(r)
+        self._accrue(lease, now)
+        del self._leases[lease.id], self._expected_end[lease.id], self._accrued_until[lease.id]
+        del self._live[r.id]
+        self.placer.release(lease.devices)
+        for d in lease.devices:
+            self._holder.pop(d, None)
+        hours = lease.gpu_equivalents * (now - lease.granted_at) / 3600.0
+        for entity in self._entities(lease.user, lease.group):
+            self._held_eq[entity] -= lease.gpu_equivalents
+            self._add_budget(entity, hours, now)
+        self._learn(r.user, r.job_class.value, now - lease.granted_at)
+        self._emit(Event(state.value, now, lease.user, r.id, lease.id, {"reason": reason}))
+
+    # -- durations
+
+    def _history_duration(self, r: Request) -> float:
+        cls = r.job_class.value
+        return self._history.get(
+            (r.user, cls), self._history.get(("", cls), self.config.default_duration_s[cls])
+        )
+
+    def _duration(self, r: Request) -> float:
+        """Expected hold time: the request's own estimate, else its user's history."""
+        return r.expected_duration_s or self._history_duration(r)
+
+    def _learn(self, user: str, job_class: str, held_s: float) -> None:
+        w = self.config.history_weight
+        for key in ((user, job_class), ("", job_class)):
+            old = self._history.get(key)
+            self._history[key] = held_s if old is None else (1 - w) * old + w * held_s
+
+    def _project(self, ranked: list[Request], now: float) -> dict[str, float]:
+        """List-schedule the queue over devices' expected free times to estimate starts."""
+        free_at: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        for d in self.placer.devices.values():
+            free_at[d.profile or "gpu"].append((self._free_at(d.uuid, now), d.uuid))
+        for heap in free_at.values():
+            heapq.heapify(heap)
+        mem = {d.uuid: d.memory_mib for d in self.placer.devices.values()}
+        etas: dict[str, float] = {}
+        for r in ranked:
+            if r.size.gpus is not None:
+                classes, k = ["gpu"], r.size.gpus
+            elif r.size.profile is not None:
+                classes, k = [r.size.profile], 1
+            else:
+                need = r.size.min_memory_gb * 1024  # type: ignore[operator]
+                classes = [c for c, h in free_at.items() if h and any(mem[u] >= need for _, u in h)]
+                classes = sorted(classes, key=lambda c: free_at[c][0][0])[:1]
+                k = 1
+            if not classes or len(free_at[classes[0]]) < k:
+                continue
+            heap = free_at[classes[0]]
+            taken = [heapq.heappop(heap) for _ in range(k)]
+            start = taken[-1][0]
+            etas[r.id] = start
+            end = start + self._duration(r)
+            for _, u in taken:
+                heapq.heappush(heap, (end, u))
+        return etas
+
+    # -- quotas and budgets
+
+    def _entities(self, user: str, group: str) -> list[Entity]:
+        return [("user", user), ("group", group)] if group else [("user", user)]
+
+    def _check_quota_admits(self, r: Request, now: float) -> None:
+        eq = self._size_gpu_eq(r.size)
+        for entity in self._entities(r.user, r.group):
+            q = self._quotas.get(entity)
+            if q is None:
+                continue
+            who = f"{entity[0]} {entity[1]!r}"
+            if q.max_gpus is not None and eq > q.max_gpus:
+                raise QuotaExceeded(
+                    f"asks for {eq:g} GPU-equivalents but {who} may hold at most {q.max_gpus:g}"
+                )
+            if q.gpu_hours is not None and self._budget_spent(entity, q, now) >= q.gpu_hours:
+                raise QuotaExceeded(
+                    f"{who} has used its {q.gpu_hours:g} GPU-hour budget for this period"
+                )
+
+    def _quota_blocks(self, r: Request, now: float) -> bool:
+        eq = self._size_gpu_eq(r.size)
+        for entity in self._entities(r.user, r.group):
+            q = self._quotas.get(entity)
+            if q is None:
+                continue
+            if q.max_gpus is not None and self._held_eq[entity] + eq > q.max_gpus + 1e-9:
+                return True
+            if q.gpu_hours is not None and self._budget_spent(entity, q, now) >= q.gpu_hours:
+                return True
+        return False
+
+    def _budget_spent(self, entity: Entity, q: Quota, now: float) -> float:
+        assert q.period_s is not None
+        period = int(now // q.period_s)
+        start = period * q.period_s
+        idx, closed = self._budget_used.get(entity, (period, 0.0))
+        spent = closed if idx == period else 0.0
+        for lease in self._leases.values():
+            if entity in self._entities(lease.user, lease.group):
+                spent += lease.gpu_equivalents * (now - max(lease.granted_at, start)) / 3600.0
+        return spent
+
+    def _add_budget(self, entity: Entity, hours: float, now: float) -> None:
+        q = self._quotas.get(entity)
+        if q is None or q.period_s is None:
+            return
+        period = int(now // q.period_s)
+        idx, closed = self._budget_used.get(entity, (period, 0.0))
+        self._budget_used[entity] = (period, (closed if idx == period else 0.0) + hours)
+
+    # -- fair share
+
+    def _new_entity(self, r: Request) -> bool:
+        """Register the request's user and group for fair share; True if one is new."""
+        now = self.clock.now()
+        new = [e for e in self._entities(r.user, r.group) if e not in self._usage]
+        for e in new:
+            self._decayed(e, now)
+        return bool(new)
+
+    def _decayed(self, entity: Entity, now: float) -> list[float]:
+        cell = self._usage.setdefault(entity, [0.0, now])
+        if cell[1] != now:
+            cell[0] *= 2.0 ** (-(now - cell[1]) / self.policy.half_life_s)
+            cell[1] = now
+        return cell
+
+    def _charge(self, entity: Entity, gpu_seconds: float, now: float) -> None:
+        if gpu_seconds:
+            self._decayed(entity, now)[0] += gpu_seconds
+            self._totals[entity[0]] += gpu_seconds
+            self._fs_cache.pop(entity, None)
+
+    def _accrue(self, lease: Lease, now: float) -> None:
+        since = self._accrued_until[lease.id]
+        if now > since:
+            amount = decayed_integral(lease.gpu_equivalents, now - since, self.policy.half_life_s)
+            for entity in self._entities(lease.user, lease.group):
+                self._charge(entity, amount, now)
+            self._accrued_until[lease.id] = now
+
+    def _share(self, entity: Entity) -> float:
+        q = self._quotas.get(entity)
+        return q.share if q and q.share is not None else self.config.default_share
+
+    def _recalc(self, now: float) -> None:
+        """Bring every entity's usage to ``now``, reset fair-share factors, re-rank."""
+        for lease in self._leases.values():
+            self._accrue(lease, now)
+        totals = {"user": 0.0, "group": 0.0}
+        shares = {"user": 0.0, "group": 0.0}
+        for entity in self._usage:
+            totals[entity[0]] += self._decayed(entity, now)[0]
+            shares[entity[0]] += self._share(entity)
+        self._totals, self._share_totals = totals, shares
+        self._fs_cache.clear()
+        self._ranked_at, self._recalc_due = now, False
+        self._waiting.rerank_all()
+
+    def _factor(self, entity: Entity) -> float:
+        """Slurm's classic fair-share factor ``2^(-U/S)`` for one entity."""
+        f = self._fs_cache.get(entity)
+        if f is None:
+            kind = entity[0]
+            cell = self._usage.get(entity)
+            used = cell[0] if cell else 0.0
+            u = used / self._totals[kind] if self._totals[kind] > 0 else 0.0
+            s = self._share(entity) / (self._share_totals[kind] or self._share(entity))
+            f = self._fs_cache[entity] = 2.0 ** (-u / s)
+        return f
+
+    # -- restart
+
+    def _restore(self) -> None:
+        """Rebuild memory from the store after a start or a crash."""
+        now = self.clock.now()
+        for row in self.store.quotas():
+            self._quotas[(row["kind"], row["name"])] = Quota(
+                row["share"], row["max_gpus"], row["gpu_hours"], row["period_s"]
+            )
+        horizon = now - 10 * self.policy.half_life_s
+        for row in self.store.ledger(since=horizon):
+            age = max(now - row["end"], 0.0)
+            amount = decayed_integral(
+                row["gpu_equivalents"], row["end"] - row["start"], self.policy.half_life_s
+            ) * 2.0 ** (-age / self.policy.half_life_s)
+            for entity in self._entities(row["user"], row["grp"]):
+                self._charge(entity, amount, now)
+                self._add_budget(entity, row["gpu_hours"], row["end"])
+            self._learn(row["user"], row["job_class"], row["end"] - row["start"])
+        live = self.store.live_requests()
+        self._live.update((r.id, r) for r in live if r.state is RequestState.GRANTED)
+        lost: list[tuple[Lease, str]] = []
+        for lease, expected_end in self.store.active_leases():
+            # A restart gives every live holder a fresh TTL to find the broker again.
+            lease.expires_at = max(lease.expires_at, now + lease.ttl_s)
+            self._hold(lease, expected_end)
+            self._accrued_until[lease.id] = now
+            missing = [d for d in lease.devices if d not in self.placer.devices]
+            if missing:
+                lost.append((lease, f"device {missing[0]} is no longer in the inventory"))
+        for r in live:
+            if r.state is RequestState.QUEUED:
+                self._enqueue(r)
+        for lease, reason in lost:
+            self._end_lease(lease, LeaseState.RECLAIMED, reason)
+        for r in [r for r in self._live.values() if r.state is RequestState.QUEUED]:
+            try:
+                self._check_satisfiable(r.size)
+            except Unsatisfiable as e:
+                r.state, r.ended_at, r.reason = RequestState.REFUSED, now, e.message
+                with self.store.transaction():
+                    self.store.end_request(r)
+                self._dequeue(r)
+                self._emit(Event("refused", now, r.user, r.id, detail={"reason": e.message}))

@@ -1,0 +1,264 @@
+"""Who goes next: the ordering policies and their parameters.
+
+A policy turns a waiting request into one number, its priority; the broker
+grants in priority order and backfills around the top blocked request. Three
+policies share the one broker (so a trace replay compares schedulers, not
+implementations):
+
+``fcfs``
+    Strict first-come-first-served: priority is the submit time, the queue
+    stops at the first request that does not fit (no backfill), devices are
+    taken first-fit.
+``slurm``
+    Slurm's classic multifactor priority (``PriorityType=priority/multifactor``
+    with the classic fair-share algorithm)::
+
+        P = W_age * min(age / max_age, 1) + W_fairshare * 2^(-U/S) + W_size * size/total
+
+    with EASY backfill, priorities recomputed every ``recalc_interval_s``
+    (Slurm's ``PriorityCalcPeriod``), usage decayed with ``half_life_s``
+    (``PriorityDecayHalfLife``). Defaults are Slurm's documented defaults
+    scaled to one shared box (weights 1000, max age 7 days, half-life 7 days).
+``broker``
+    This project's policy, built for notebooks::
+
+        P = W_class(window) + W_fairshare * F_user * F_group
+            + W_age * age_hours + W_service / (1 + E / E_ref)
+
+    ``F = 2^(-U/S)`` as in Slurm, for the user and for the group charged;
+    class weights come from the time-of-day window in force (interactive
+    first by day, batch first by night); age grows without bound so every
+    request eventually outranks every fresh one, and past ``max_wait_s`` a
+    request jumps to a top tier served oldest-first; ``E`` is the request's
+    expected GPU-hours from its user's history (shortest expected service
+    first, as Helios' QSSF). A grant charges an entry penalty to the user's
+    and group's usage at once (as Kueue's admission fair sharing does), so a
+    burst of requests cannot take every free device in one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone, tzinfo
+from typing import Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .errors import InvalidRequest
+from .models import JobClass, Request
+
+STARVING_TIER = 1e9
+"""Added to the priority of a request that waited past ``max_wait_s``."""
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A time-of-day policy window: class weights in force between two local hours."""
+
+    name: str
+    start_hour: float
+    end_hour: float
+    days: frozenset[int] = frozenset(range(7))
+    """Weekdays it applies on, Monday = 0."""
+    class_weights: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for h in (self.start_hour, self.end_hour):
+            if not 0 <= h <= 24:
+                raise InvalidRequest(f"window {self.name!r}: hours run from 0 to 24, not {h:g}")
+        for k, w in self.class_weights.items():
+            if k not in {c.value for c in JobClass}:
+                raise InvalidRequest(f"window {self.name!r}: unknown job class {k!r}")
+            if not math.isfinite(w):
+                raise InvalidRequest(f"window {self.name!r}: weight of {k!r} must be finite")
+
+    def contains(self, local: datetime) -> bool:
+        hour = local.hour + local.minute / 60
+        if self.start_hour <= self.end_hour:
+            return local.weekday() in self.days and self.start_hour <= hour < self.end_hour
+        # Wraps past midnight: the part after midnight belongs to the previous day's window.
+        if hour >= self.start_hour:
+            return local.weekday() in self.days
+        return hour < self.end_hour and (local.weekday() - 1) % 7 in self.days
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Window:
+        """Build from config: ``{"name": "day", "start": "09:00", "end": "18:00",
+        "days": "mon-fri", "weights": {"interactive": 2000, "batch": 0}}``."""
+        try:
+            name = str(d["name"])
+            start, end = _hour(d["start"]), _hour(d["end"])
+            weights = {str(k): float(v) for k, v in dict(d.get("weights", {})).items()}  # type: ignore[call-overload]
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidRequest(f"bad policy window {d!r}: {e}") from None
+        return cls(name, start, end, _days(str(d.get("days", "mon-sun"))), weights)
+
+
+def _hour(v: object) -> float:
+    hh, _, mm = str(v).partition(":")
+    return int(hh) + (int(mm) if mm else 0) / 60
+
+
+def _days(spec: str) -> frozenset[int]:
+    days: set[int] = set()
+    for part in spec.lower().replace(" ", "").split(","):
+        a, _, b = part.partition("-")
+        if a not in _DAYS or (b and b not in _DAYS):
+            raise InvalidRequest(f"bad day range {part!r}: use mon..sun, e.g. 'mon-fri'")
+        i, j = _DAYS.index(a), _DAYS.index(b or a)
+        days.update(range(i, j + 1) if i <= j else [*range(i, 7), *range(0, j + 1)])
+    return frozenset(days)
+
+
+class Context(Protocol):
+    """What a policy may ask the broker about while ranking a request."""
+
+    def fairshare(self, user: str, group: str) -> float:
+        """``F_user * F_group`` in (0, 1]; 1 for an entity that used nothing."""
+        ...
+
+    def expected_gpu_hours(self, request: Request) -> float:
+        """The request's expected service: GPU-equivalents times expected hours."""
+        ...
+
+    def size_fraction(self, request: Request) -> float:
+        """The request's GPU-equivalents over the inventory's total."""
+        ...
+
+
+@dataclass
+class Policy:
+    """Parameters shared by every policy; the subclasses say how they rank."""
+
+    name: str = "base"
+    strict: bool = False
+    """Stop at the first request that does not fit (no backfill)."""
+    placement: str = "best_fit"
+    half_life_s: float = 86400.0
+    recalc_interval_s: float = 10.0
+    entry_penalty_s: float = 0.0
+    max_wait_s: float | None = None
+    backfill_depth: int = 500
+    """How many blocked candidates one pass examines for backfill (Slurm's bf_max_job_test)."""
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("best_fit", "first_fit"):
+            raise InvalidRequest(
+                f"placement must be 'best_fit' or 'first_fit', not {self.placement!r}"
+            )
+        for name in ("half_life_s", "recalc_interval_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidRequest(f"{name} must be positive")
+        if self.entry_penalty_s < 0 or (self.max_wait_s is not None and self.max_wait_s <= 0):
+            raise InvalidRequest("entry_penalty_s must be >= 0 and max_wait_s > 0")
+        if self.backfill_depth < 0:
+            raise InvalidRequest("backfill_depth must be >= 0")
+
+    def priority(self, r: Request, ctx: Context, now: float) -> float:
+        raise NotImplementedError
+
+
+@dataclass
+class FcfsPolicy(Policy):
+    name: str = "fcfs"
+    strict: bool = True
+    placement: str = "first_fit"
+
+    def priority(self, r: Request, ctx: Context, now: float) -> float:
+        return -r.submitted_at
+
+
+@dataclass
+class SlurmPolicy(Policy):
+    name: str = "slurm"
+    half_life_s: float = 7 * 86400.0
+    recalc_interval_s: float = 300.0
+    weight_age: float = 1000.0
+    weight_fairshare: float = 1000.0
+    weight_size: float = 1000.0
+    max_age_s: float = 7 * 86400.0
+    favor_small: bool = False
+    """Slurm's ``PriorityFavorSmall``: off by default, so larger jobs rank higher."""
+
+    def priority(self, r: Request, ctx: Context, now: float) -> float:
+        age = min(max(now - r.submitted_at, 0.0) / self.max_age_s, 1.0)
+        size = ctx.size_fraction(r)
+        size_factor = 1.0 - size if self.favor_small else size
+        return (
+            self.weight_age * age
+            + self.weight_fairshare * ctx.fairshare(r.user, r.group)
+            + self.weight_size * size_factor
+        )
+
+
+def _default_windows() -> tuple[Window, ...]:
+    return (
+        Window("working-hours", 8, 19, _days("mon-fri"), {"interactive": 2000.0, "batch": 0.0}),
+        Window("off-hours", 0, 24, frozenset(range(7)), {"interactive": 500.0, "batch": 500.0}),
+    )
+
+
+@dataclass
+class BrokerPolicy(Policy):
+    name: str = "broker"
+    weight_fairshare: float = 1000.0
+    weight_age_per_hour: float = 100.0
+    weight_service: float = 1000.0
+    reference_gpu_hours: float = 1.0
+    entry_penalty_s: float = 600.0
+    max_wait_s: float | None = 24 * 3600.0
+    windows: tuple[Window, ...] = field(default_factory=_default_windows)
+    """Checked in order; the first that contains the local time sets the class weights."""
+    timezone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            self._tz: tzinfo = timezone.utc if self.timezone == "UTC" else ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InvalidRequest(f"unknown time zone {self.timezone!r}") from None
+        self._window_cache: tuple[int, dict[str, float]] = (-1, {})
+
+    def class_weights(self, now: float) -> dict[str, float]:
+        """The weights of the window in force at ``now`` (cached per minute)."""
+        minute = int(now // 60)
+        if self._window_cache[0] != minute:
+            local = datetime.fromtimestamp(now, self._tz)
+            w = next((w.class_weights for w in self.windows if w.contains(local)), {})
+            self._window_cache = (minute, w)
+        return self._window_cache[1]
+
+    def priority(self, r: Request, ctx: Context, now: float) -> float:
+        age = max(now - r.submitted_at, 0.0)
+        p = (
+            self.class_weights(now).get(r.job_class.value, 0.0)
+            + self.weight_fairshare * ctx.fairshare(r.user, r.group)
+            + self.weight_age_per_hour * age / 3600.0
+            + self.weight_service / (1.0 + ctx.expected_gpu_hours(r) / self.reference_gpu_hours)
+        )
+        if self.max_wait_s is not None and age >= self.max_wait_s:
+            p += STARVING_TIER + age
+        return p
+
+
+POLICIES: dict[str, type[Policy]] = {
+    "fcfs": FcfsPolicy,
+    "slurm": SlurmPolicy,
+    "broker": BrokerPolicy,
+}
+
+
+def make_policy(name: str, **params: object) -> Policy:
+    """A policy by name, with parameters overriding its defaults."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise InvalidRequest(
+            f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}"
+        ) from None
+    try:
+        return cls(**params)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise InvalidRequest(f"bad parameter for policy {name!r}: {e}") from None

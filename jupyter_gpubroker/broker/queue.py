@@ -1,0 +1,115 @@
+"""The wait queue: requests in buckets, buckets ranked by their head's priority.
+
+A bucket is one FIFO per (size, user, group, class). Every policy's priority
+grows with age and is otherwise the same for all requests of a bucket, so the
+oldest request of a bucket always ranks first in it and only bucket heads
+need ranking. Each size keeps a heap of its buckets; an entry goes stale when
+its bucket's head or its user's fair share changes, and is skipped when it
+comes up (lazy deletion). A scheduling pass therefore costs a few heap
+operations per decision, not a sort of the whole queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import defaultdict, deque
+from collections.abc import Callable, Generator, Iterator
+
+from .models import Request, Size
+
+BucketKey = tuple[str, str, str, str]
+"""(size key, user, group, job class)."""
+
+
+def bucket_key(r: Request) -> BucketKey:
+    return (r.size.key, r.user, r.group, r.job_class.value)
+
+
+class WaitQueue:
+    def __init__(self, rank: Callable[[Request], float]) -> None:
+        self._rank = rank
+        self._buckets: dict[BucketKey, deque[Request]] = {}
+        self._heaps: dict[str, list[tuple[float, float, int, int, BucketKey]]] = defaultdict(list)
+        self._version: dict[BucketKey, int] = {}
+        self._user_epoch: dict[str, int] = defaultdict(int)
+        self.sizes: dict[str, Size] = {}
+        """Size key -> size, for every size that has waiting requests."""
+        self._buckets_of_size: dict[str, int] = defaultdict(int)
+        self._tick = itertools.count()
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets.values())
+
+    def __iter__(self) -> Iterator[Request]:
+        for bucket in self._buckets.values():
+            yield from bucket
+
+    def add(self, r: Request) -> None:
+        key = bucket_key(r)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = deque()
+            self.sizes[r.size.key] = r.size
+            self._buckets_of_size[r.size.key] += 1
+        bucket.append(r)
+        if len(bucket) == 1:
+            self._push(key)
+
+    def remove(self, r: Request) -> None:
+        key = bucket_key(r)
+        bucket = self._buckets[key]
+        was_head = bucket[0] is r
+        if was_head:
+            bucket.popleft()
+        else:
+            bucket.remove(r)
+        if not bucket:
+            del self._buckets[key], self._version[key]
+            self._buckets_of_size[r.size.key] -= 1
+            if not self._buckets_of_size[r.size.key]:
+                del (
+                    self.sizes[r.size.key],
+                    self._buckets_of_size[r.size.key],
+                    self._heaps[r.size.key],
+                )
+        elif was_head:
+            self._push(key)
+
+    def rerank_user(self, user: str) -> None:
+        """The user's fair share changed: their buckets are ranked again when next met."""
+        self._user_epoch[user] += 1
+
+    def rerank_all(self) -> None:
+        """Rank every bucket again (after a fair-share recalculation)."""
+        self._heaps.clear()
+        for key in self._buckets:
+            self._push(key)
+
+    def walk(self, size_key: str) -> Generator[tuple[float, Request], None, None]:
+        """The heads of one size's buckets, best first. Granting a yielded head
+        (``remove``) ranks that bucket's next request into the walk."""
+        heap = self._heaps[size_key]
+        seen: list[tuple[float, float, int, int, BucketKey]] = []
+        try:
+            while heap:
+                entry = heapq.heappop(heap)
+                key = entry[4]
+                if self._version.get(key) != entry[2]:
+                    continue
+                if self._user_epoch[key[1]] != entry[3]:
+                    self._push(key)  # ranked before its user's share changed
+                    continue
+                seen.append(entry)
+                yield -entry[0], self._buckets[key][0]
+        finally:
+            for entry in seen:
+                if self._version.get(entry[4]) == entry[2]:
+                    heapq.heappush(heap, entry)
+
+    def _push(self, key: BucketKey) -> None:
+        head = self._buckets[key][0]
+        version = next(self._tick)
+        self._version[key] = version
+        entry = (-self._rank(head), head.submitted_at, version, self._user_epoch[key[1]], key)
+        heapq.heappush(self._heaps[key[0]], entry)

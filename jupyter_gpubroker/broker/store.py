@@ -1,0 +1,325 @@
+"""Durable state: one SQLite file (WAL) through sqlite-utils.
+
+Every change the broker acknowledges is one committed transaction, so a
+broker killed at any instant restarts from the file with nothing half-done.
+The ``allocations`` table has one row per held device with the device as
+primary key: the database itself refuses to grant one device twice.
+
+``synchronous=NORMAL`` (the WAL default) survives a killed process, which is
+what a broker faces; ``FULL`` also survives a power cut, at the cost of an
+fsync per change (``Store(path, synchronous="FULL")``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .errors import InvalidRequest
+from .models import JobClass, Lease, LeaseState, Request, RequestState, Size
+
+# Each entry upgrades the schema by one version; never edit a released one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE requests (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        user TEXT NOT NULL,
+        groups TEXT NOT NULL,
+        size TEXT NOT NULL,
+        job_class TEXT NOT NULL,
+        owner TEXT NOT NULL DEFAULT '',
+        submitted_at REAL NOT NULL,
+        expected_duration_s REAL,
+        state TEXT NOT NULL,
+        lease_id TEXT,
+        ended_at REAL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX requests_live ON requests(state) WHERE state IN ('queued', 'granted');
+    CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        request_id TEXT NOT NULL UNIQUE REFERENCES requests(id),
+        user TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        devices TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        profile TEXT NOT NULL,
+        granted_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        ttl_s REAL NOT NULL,
+        expected_end REAL NOT NULL,
+        state TEXT NOT NULL,
+        ended_at REAL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX leases_active ON leases(state) WHERE state = 'active';
+    CREATE TABLE allocations (
+        device TEXT PRIMARY KEY,
+        lease_id TEXT NOT NULL REFERENCES leases(id)
+    );
+    CREATE TABLE ledger (
+        lease_id TEXT PRIMARY KEY REFERENCES leases(id),
+        user TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        job_class TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        start REAL NOT NULL,
+        end REAL NOT NULL,
+        gpu_hours REAL NOT NULL
+    );
+    CREATE INDEX ledger_end ON ledger(end);
+    CREATE TABLE quotas (
+        kind TEXT NOT NULL CHECK (kind IN ('user', 'group')),
+        name TEXT NOT NULL,
+        share REAL,
+        max_gpus REAL,
+        gpu_hours REAL,
+        period_s REAL,
+        PRIMARY KEY (kind, name)
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class Store:
+    """The broker's SQLite file. ``path=":memory:"`` keeps it in memory (replay, tests)."""
+
+    def __init__(self, path: str | Path = ":memory:", synchronous: str = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise InvalidRequest("synchronous must be 'NORMAL' or 'FULL'")
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: transactions are opened explicitly by ``transaction()``.
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db = sqlite_utils.Database(self.conn)
+        if self.path != ":memory:":
+            self.db.enable_wal()
+            self.conn.execute("PRAGMA wal_autocheckpoint=10000")
+        self.conn.execute(f"PRAGMA synchronous={synchronous}")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def checkpoint(self) -> None:
+        """Fold the WAL back into the database file, off the decision path.
+
+        Automatic checkpoints are pushed out to a large WAL so they rarely land
+        inside a grant; the broker calls this from its periodic ``tick``.
+        """
+        if self.path != ":memory:":
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """All statements inside commit together or not at all."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise InvalidRequest(
+                f"state file {self.path} has schema version {version}, newer than this "
+                f"jupyter-gpubroker understands ({SCHEMA_VERSION}); upgrade the package"
+            )
+        for i in range(version, SCHEMA_VERSION):
+            with self.transaction() as c:
+                for stmt in MIGRATIONS[i].split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                c.execute(f"PRAGMA user_version={i + 1}")
+
+    # -- writes (call inside ``transaction()``)
+
+    def insert_request(self, r: Request, seq: int) -> None:
+        self.conn.execute(
+            "INSERT INTO requests (id, seq, user, groups, size, job_class, owner, submitted_at,"
+            " expected_duration_s, state) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                r.id,
+                seq,
+                r.user,
+                json.dumps(list(r.groups)),
+                r.size.key,
+                r.job_class.value,
+                r.owner,
+                r.submitted_at,
+                r.expected_duration_s,
+                r.state.value,
+            ),
+        )
+
+    def end_request(self, r: Request) -> None:
+        self.conn.execute(
+            "UPDATE requests SET state=?, ended_at=?, reason=? WHERE id=?",
+            (r.state.value, r.ended_at, r.reason, r.id),
+        )
+
+    def insert_lease(self, lease: Lease, expected_end: float) -> None:
+        self.conn.execute(
+            "INSERT INTO leases (id, request_id, user, grp, devices, gpu_equivalents, profile,"
+            " granted_at, expires_at, ttl_s, expected_end, state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                lease.id,
+                lease.request_id,
+                lease.user,
+                lease.group,
+                json.dumps(list(lease.devices)),
+                lease.gpu_equivalents,
+                lease.profile,
+                lease.granted_at,
+                lease.expires_at,
+                lease.ttl_s,
+                expected_end,
+                lease.state.value,
+            ),
+        )
+        self.conn.executemany(
+            "INSERT INTO allocations (device, lease_id) VALUES (?, ?)",
+            [(d, lease.id) for d in lease.devices],
+        )
+        self.conn.execute(
+            "UPDATE requests SET state='granted', lease_id=? WHERE id=?",
+            (lease.id, lease.request_id),
+        )
+
+    def renew_lease(self, lease: Lease) -> None:
+        self.conn.execute("UPDATE leases SET expires_at=? WHERE id=?", (lease.expires_at, lease.id))
+
+    def end_lease(self, lease: Lease, job_class: str) -> None:
+        """Close a lease, free its devices and write its ledger row."""
+        assert lease.ended_at is not None
+        self.conn.execute(
+            "UPDATE leases SET state=?, ended_at=?, reason=? WHERE id=?",
+            (lease.state.value, lease.ended_at, lease.reason, lease.id),
+        )
+        self.conn.execute("DELETE FROM allocations WHERE lease_id=?", (lease.id,))
+        self.conn.execute(
+            "INSERT INTO ledger VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                lease.id,
+                lease.user,
+                lease.group,
+                lease.profile,
+                job_class,
+                lease.gpu_equivalents,
+                lease.granted_at,
+                lease.ended_at,
+                lease.gpu_equivalents * (lease.ended_at - lease.granted_at) / 3600.0,
+            ),
+        )
+
+    def upsert_quota(self, kind: str, name: str, values: dict[str, float | None]) -> None:
+        self.conn.execute(
+            "INSERT INTO quotas (kind, name, share, max_gpus, gpu_hours, period_s)"
+            " VALUES (:kind, :name, :share, :max_gpus, :gpu_hours, :period_s)"
+            " ON CONFLICT (kind, name) DO UPDATE SET share=:share, max_gpus=:max_gpus,"
+            " gpu_hours=:gpu_hours, period_s=:period_s",
+            {"kind": kind, "name": name, **values},
+        )
+
+    def delete_quota(self, kind: str, name: str) -> None:
+        self.conn.execute("DELETE FROM quotas WHERE kind=? AND name=?", (kind, name))
+
+    # -- reads
+
+    def next_seq(self) -> int:
+        return int(
+            self.conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM requests").fetchone()[0]
+        )
+
+    def live_requests(self) -> list[Request]:
+        """Queued and granted requests, oldest first."""
+        rows = self.db.query(
+            "SELECT * FROM requests WHERE state IN ('queued', 'granted') ORDER BY seq"
+        )
+        return [request_from_row(r) for r in rows]
+
+    def request(self, request_id: str) -> Request | None:
+        rows = list(self.db.query("SELECT * FROM requests WHERE id=?", [request_id]))
+        return request_from_row(rows[0]) if rows else None
+
+    def active_leases(self) -> list[tuple[Lease, float]]:
+        """Active leases with their expected end."""
+        rows = self.db.query("SELECT * FROM leases WHERE state='active'")
+        return [(lease_from_row(r), float(r["expected_end"])) for r in rows]
+
+    def lease(self, lease_id: str) -> Lease | None:
+        rows = list(self.db.query("SELECT * FROM leases WHERE id=?", [lease_id]))
+        return lease_from_row(rows[0]) if rows else None
+
+    def allocations(self) -> dict[str, str]:
+        return {r["device"]: r["lease_id"] for r in self.db.query("SELECT * FROM allocations")}
+
+    def quotas(self) -> list[dict[str, Any]]:
+        return list(self.db.query("SELECT * FROM quotas ORDER BY kind, name"))
+
+    def ledger(
+        self, since: float | None = None, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Ledger rows of leases that ended inside [since, until)."""
+        return list(
+            self.db.query(
+                "SELECT * FROM ledger WHERE end >= ? AND end < ? ORDER BY end",
+                [
+                    since if since is not None else float("-inf"),
+                    until if until is not None else float("inf"),
+                ],
+            )
+        )
+
+
+def request_from_row(row: dict[str, Any]) -> Request:
+    return Request(
+        id=row["id"],
+        user=row["user"],
+        groups=tuple(json.loads(row["groups"])),
+        size=Size.parse(row["size"]),
+        job_class=JobClass(row["job_class"]),
+        submitted_at=row["submitted_at"],
+        owner=row["owner"],
+        state=RequestState(row["state"]),
+        expected_duration_s=row["expected_duration_s"],
+        lease_id=row["lease_id"],
+        ended_at=row["ended_at"],
+        reason=row["reason"],
+    )
+
+
+def lease_from_row(row: dict[str, Any]) -> Lease:
+    return Lease(
+        id=row["id"],
+        request_id=row["request_id"],
+        user=row["user"],
+        group=row["grp"],
+        devices=tuple(json.loads(row["devices"])),
+        gpu_equivalents=row["gpu_equivalents"],
+        granted_at=row["granted_at"],
+        expires_at=row["expires_at"],
+        ttl_s=row["ttl_s"],
+        state=LeaseState(row["state"]),
+        ended_at=row["ended_at"],
+        reason=row["reason"],
+        profile=row["profile"],
+    )
