@@ -452,6 +452,7 @@ class Broker:
                 detail={"kind": kind, "name": name, **quota.to_json()},
             )
         )
+        self.schedule()  # a raised limit may let waiting requests go
         return quota
 
     def delete_quota(self, kind: str, name: str) -> None:
@@ -461,6 +462,7 @@ class Broker:
             self.store.delete_quota(kind, name)
         del self._quotas[(kind, name)]
         self._recalc_due = True
+        self.schedule()
 
     def quotas(self) -> dict[Entity, Quota]:
         return dict(self._quotas)

@@ -141,7 +141,9 @@ def _place(wanted: list[MigProfile], occupied: frozenset[int], floor: int) -> li
     return None
 
 
-def _uniform(count: int, model: str, mig_devices: Mapping[str, int] | None = None) -> tuple[GpuSpec, ...]:
+def _uniform(
+    count: int, model: str, mig_devices: Mapping[str, int] | None = None
+) -> tuple[GpuSpec, ...]:
     return (gpu_spec(model, mig_devices),) * count
 
 
@@ -207,7 +209,9 @@ def read_topology_file(path: Path) -> Topology:
     model = _model(sim.get("gpu-model"), f"{path}: simulate.gpu-model")
     count = sim.get("gpu-count")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise TopologyError(f"{path}: simulate.gpu-count must be a whole number >= 1, not {count!r}")
+        raise TopologyError(
+            f"{path}: simulate.gpu-count must be a whole number >= 1, not {count!r}"
+        )
     configs = _mapping(doc.get("mig-configs"), f"{path}: mig-configs", None)
     selected = _select(configs, sim.get("mig-config"), path)
     entries = configs[selected]
@@ -226,8 +230,9 @@ def _mapping(value: Any, where: str, allowed: set[str] | None) -> dict[str, Any]
         raise TopologyError(f"{where} must be a non-empty mapping")
     unknown = sorted(set(value) - allowed) if allowed is not None else []
     if unknown:
+        known = ", ".join(sorted(allowed or ()))
         raise TopologyError(
-            f"{where}: unknown key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(sorted(allowed or ()))}"
+            f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {known}"
         )
     return value
 

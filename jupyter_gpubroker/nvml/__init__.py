@@ -1,0 +1,44 @@
+"""Inventory backends over NVML: the real driver or a simulated one.
+
+The broker asks :func:`open_backend` for an :class:`NvmlBackend`; whether it
+reads a real driver or a simulated machine (a preset or a topology file, see
+:mod:`.presets`) is decided here and nowhere else, so everything above runs
+unchanged on both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .backend import SIMULATE_ENV, NvmlBackend, NvmlUnavailable, is_mig_device_handle
+from .partitioner import MigPartitioner
+from .presets import PRESET_NAMES, GpuSpec, Topology, TopologyError, load_topology
+from .simulated import SimulatedNvml, install, uninstall
+
+__all__ = [
+    "PRESET_NAMES",
+    "SIMULATE_ENV",
+    "GpuSpec",
+    "MigPartitioner",
+    "NvmlBackend",
+    "NvmlUnavailable",
+    "SimulatedNvml",
+    "Topology",
+    "TopologyError",
+    "install",
+    "is_mig_device_handle",
+    "load_topology",
+    "open_backend",
+    "uninstall",
+]
+
+
+def open_backend(simulate: str | None = None, log: logging.Logger | None = None) -> NvmlBackend:
+    """An opened backend. ``simulate`` (or, when it is None, ``$GPUBROKER_SIMULATE``)
+    names a simulated topology: a preset, a topology file, either with ``:N`` GPUs.
+    Empty means the real driver; :class:`NvmlUnavailable` says how to simulate
+    when there is none. The simulator is ``backend.simulator``."""
+    spec = os.environ.get(SIMULATE_ENV, "") if simulate is None else simulate
+    simulator = SimulatedNvml(load_topology(spec)) if spec else None
+    return NvmlBackend(simulator, log=log).open()

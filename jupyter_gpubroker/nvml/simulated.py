@@ -1,0 +1,983 @@
+"""A simulated libnvidia-ml: the C symbols pynvml calls, answered by Python.
+
+:func:`install` puts a library object where pynvml keeps the loaded C library
+(``pynvml.nvmlLib``), so every pynvml wrapper runs unchanged: it passes its
+ctypes pointers, structs and buffers, this module writes the answers through
+them and returns NVML return codes, and pynvml turns those into its
+``NVMLError_*`` classes exactly as it does against a driver. Tests and the
+demo therefore exercise the real backend, not a mock of it.
+
+What it reproduces (see REFERENCE.md and the NVML API reference):
+
+- enumeration, memory, PCI, utilization, temperature (also ``TemperatureV``),
+  power, clock-event reasons, running processes (two-call buffer protocol);
+- MIG: GPU instances at the placements of the profile catalog (no overlap,
+  per-profile maximum counts), compute instances in them, MIG device handles
+  and UUIDs; InUse when destroying something still in use; NotSupported for
+  utilization on MIG-enabled GPUs and on MIG devices;
+- faults: a lost GPU answers GpuIsLost to every call on it and its MIG
+  devices; over-temperature raises the temperature past the slowdown
+  threshold and sets the thermal clock-event reasons; Xid errors arrive
+  through event sets (``nvmlEventSetWait``).
+
+Choices where NVML documents nothing: GPU-wide sensors (utilization,
+temperature, power, clocks) answer NotSupported on MIG device handles; a GPU
+instance's id is the swizzle id of its memory slices; the sensors follow the
+load set with :meth:`SimulatedNvml.set_load`. GPM is not simulated.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import threading
+import time
+import uuid as uuidlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+from ..broker.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
+from .presets import GpuSpec, Topology
+
+DRIVER_VERSION = "570.86.15"
+SLOWDOWN_C = 89
+"""Temperature at which a simulated GPU starts slowing down (NVML's slowdown threshold)."""
+SHUTDOWN_C = 92
+MAX_OPERATING_C = 85
+IDLE_C = 32
+MAX_MIG_DEVICES = COMPUTE_SLICES
+
+_T = TypeVar("_T")
+_D = TypeVar("_D", bound="_Unit")
+_MIB = 1 << 20
+_NOT_AVAILABLE = 0xFFFFFFFF
+"""What NVML reports as GPU/compute instance id of a process on a GPU without MIG."""
+_HANDLE_BASE = 0x7E57_0000
+_THERMAL = (
+    pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+)
+_SUPPORTED_EVENTS = (
+    pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeXidCriticalError
+)
+_THRESHOLDS = {
+    pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: SHUTDOWN_C,
+    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: SLOWDOWN_C,
+    pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: MAX_OPERATING_C,
+}
+_CI_SLICES = {
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: 1,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE: 2,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE: 3,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: 4,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
+}
+"""Compute-instance profiles (their NVML id is the constant) and their compute slices."""
+_DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_WITHOUT_INIT = frozenset({"nvmlInitWithFlags", "nvmlInit_v2", "nvmlErrorString"})
+_CArg = type(ctypes.byref(ctypes.c_int()))
+
+
+class _Fail(Exception):
+    """Raised inside a C function to return ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+# ------------------------------------------------------------------ state
+
+
+@dataclass(eq=False, kw_only=True)
+class _Unit:
+    """What runs processes and carries load: a whole GPU or a MIG device."""
+
+    uuid: str
+    handle: int
+    utilization: int = 0
+    memory_utilization: int = 0
+    memory_used_mib: int = 0
+    """Memory in use besides the listed processes."""
+    processes: dict[int, int] = field(default_factory=dict)
+    """pid -> used MiB."""
+
+    def used_mib(self) -> int:
+        return self.memory_used_mib + sum(self.processes.values())
+
+
+@dataclass(eq=False, kw_only=True)
+class _Gpu(_Unit):
+    index: int
+    model: GpuModel
+    bus_id: str
+    mig_enabled: bool
+    instances: dict[int, _GpuInstance] = field(default_factory=dict)
+    lost: bool = False
+    overheat_c: int | None = None
+
+    @property
+    def gpu(self) -> _Gpu:
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.model.nvml_names[0]
+
+    @property
+    def total_mib(self) -> int:
+        return self.model.memory_mib
+
+    def mig_devices(self) -> Iterator[_MigDevice]:
+        for gi in self.instances.values():
+            yield from gi.computes.values()
+
+    def used_mib(self) -> int:
+        if self.mig_enabled:
+            return sum(m.used_mib() for m in self.mig_devices())
+        return super().used_mib()
+
+    def occupied(self) -> set[int]:
+        return {s for gi in self.instances.values() for s in gi.profile.slots(gi.start)}
+
+    def activity(self) -> float:
+        """Busy percent of the whole chip, which the sensors follow (NVML hides it under MIG)."""
+        if self.mig_enabled:
+            return sum(m.utilization * m.slices for m in self.mig_devices()) / COMPUTE_SLICES
+        return float(self.utilization)
+
+    def temperature(self) -> int:
+        return self.overheat_c or round(IDLE_C + 0.35 * self.activity())
+
+    def power_mw(self) -> int:
+        idle = self.model.power_limit_mw // 10
+        return round(idle + (self.model.power_limit_mw - idle) * self.activity() / 100)
+
+    def clock_event_reasons(self) -> int:
+        if self.overheat_c is not None:
+            return _THERMAL
+        return pynvml.nvmlClocksEventReasonGpuIdle if self.activity() == 0 else 0
+
+
+@dataclass(eq=False, kw_only=True)
+class _GpuInstance:
+    gpu: _Gpu
+    id: int
+    profile: MigProfile
+    start: int
+    handle: int
+    computes: dict[int, _MigDevice] = field(default_factory=dict)
+
+
+@dataclass(eq=False, kw_only=True)
+class _MigDevice(_Unit):
+    """A compute instance and the MIG device it shows up as: one object, two handles."""
+
+    gi: _GpuInstance
+    id: int
+    slices: int
+    start: int
+    profile_id: int
+    slot: int
+    """Its index for ``nvmlDeviceGetMigDeviceHandleByIndex``."""
+    ci_handle: int
+
+    @property
+    def gpu(self) -> _Gpu:
+        return self.gi.gpu
+
+    @property
+    def name(self) -> str:
+        p = self.gi.profile
+        part = "" if self.slices == p.compute_slices else f"{self.slices}c."
+        return f"{self.gpu.name} MIG {part}{p.name}"
+
+    @property
+    def total_mib(self) -> int:
+        return self.gi.profile.memory_mib
+
+
+@dataclass(frozen=True)
+class _Event:
+    gpu: _Gpu
+    xid: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(eq=False)
+class _EventSet:
+    handle: int
+    masks: dict[_Gpu, int] = field(default_factory=dict)
+    pending: deque[_Event] = field(default_factory=deque)
+
+
+# ------------------------------------------------------------------ ctypes plumbing
+
+
+def _val(arg: Any) -> Any:
+    """The value of a ctypes scalar, or the argument itself (pynvml passes both)."""
+    return getattr(arg, "value", arg)
+
+
+def _out(ref: Any) -> Any:
+    """The object an output argument points at (``byref(x)``, ``pointer(x)`` or ``x``)."""
+    if ref is None:
+        raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if isinstance(ref, _CArg):
+        return ref._obj
+    if isinstance(ref, ctypes._Pointer):
+        return ref.contents
+    return ref
+
+
+def _set(ref: Any, value: int) -> None:
+    _out(ref).value = value
+
+
+def _address(handle: Any) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except ctypes.ArgumentError:
+        return None
+
+
+def _pointer(address: int, pointer_type: Any) -> Any:
+    return ctypes.cast(ctypes.c_void_p(address), pointer_type)
+
+
+def _set_handle(ref: Any, address: int) -> None:
+    ctypes.c_void_p.from_buffer(_out(ref)).value = address
+
+
+def _write_str(buffer: Any, length: Any, text: str) -> None:
+    data = text.encode()
+    if len(data) >= _val(length):
+        raise _Fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    _out(buffer).value = data
+
+
+def _check_version(struct: Any, allowed: tuple[int, ...], code: int) -> None:
+    if struct.version not in allowed:
+        raise _Fail(code)
+
+
+def _write_array(
+    buffer: Any,
+    count_ref: Any,
+    items: Sequence[_T],
+    write: Callable[[Any, int, _T], None],
+    *,
+    query_fails: bool,
+) -> None:
+    """Fill an NVML output array and its count. A NULL buffer asks for the count;
+    when ``query_fails`` that answer is INSUFFICIENT_SIZE (the two-call protocol
+    of the process lists) unless there is nothing to list."""
+    count = _out(count_ref)
+    if buffer is None:
+        count.value = len(items)
+        if items and query_fails:
+            raise _Fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        return
+    array = _out(buffer)
+    if len(array) < len(items):
+        count.value = len(items)
+        raise _Fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, item in enumerate(items):
+        write(array, i, item)
+    count.value = len(items)
+
+
+def _write_placement(array: Any, i: int, start_size: tuple[int, int]) -> None:
+    array[i].start, array[i].size = start_size
+
+
+def _gpu_instance_id(start: int, size: int) -> int:
+    """The swizzle id of a placement: 0 for all 8 memory slices, 1-2 for halves,
+    3-6 for quarters, 7-14 for eighths."""
+    return {8: 0, 4: 1, 2: 3, 1: 7}[size] + start // size
+
+
+def _new_uuid(prefix: str, rng: random.Random) -> str:
+    return f"{prefix}-{uuidlib.UUID(int=rng.getrandbits(128))}"
+
+
+# ------------------------------------------------------------------ the library
+
+
+class _CFunction:
+    """One exported symbol: called like a ctypes function, with settable attributes
+    (pynvml sets ``restype`` on some)."""
+
+    def __init__(self, sim: SimulatedNvml, name: str, impl: Callable[..., Any]) -> None:
+        self._sim, self._name, self._impl = sim, name, impl
+
+    def __call__(self, *args: Any) -> Any:
+        with self._sim._lock:
+            if self._name not in _WITHOUT_INIT and self._sim._init_count == 0:
+                return pynvml.NVML_ERROR_UNINITIALIZED
+            try:
+                result = self._impl(*args)
+            except _Fail as e:
+                return e.code
+        return pynvml.NVML_SUCCESS if result is None else result
+
+
+class _Library:
+    """What pynvml sees as the loaded ``libnvidia-ml``."""
+
+    def __init__(self, sim: SimulatedNvml) -> None:
+        self.sim = sim
+
+    def __getattr__(self, name: str) -> _CFunction:
+        impl = getattr(self.sim, name, None) if name.startswith("nvml") else None
+        if impl is None or name in self.sim.missing_symbols:
+            raise AttributeError(name)
+        return _CFunction(self.sim, name, impl)
+
+
+class SimulatedNvml:
+    """A fake NVML driver for one :class:`Topology`.
+
+    Its ``nvml*`` methods are the C symbols (reached through pynvml once
+    installed); the other public methods set load and inject faults. Each
+    simulated GPU or MIG device is named by its UUID, as in NVML.
+    """
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.missing_symbols: set[str] = set()
+        """Symbols this fake driver does not export, to act like an older one; see
+        :meth:`hide_symbol`."""
+        self._lock = threading.RLock()
+        self._handles: dict[int, tuple[str, Any]] = {}
+        self._last_address = _HANDLE_BASE
+        self._units: dict[str, _Unit] = {}
+        self._init_count = 0
+        self._saved: tuple[Any, int] | None = None
+        self._mig_ids = random.Random(f"{topology.seed}/mig")
+        gpu_ids = random.Random(f"{topology.seed}/gpu")
+        self._gpus: list[_Gpu] = []
+        for spec in topology.gpus:
+            gpu = self._build_gpu(len(self._gpus), spec, gpu_ids)
+            self._gpus.append(gpu)
+            for name, start in spec.instances:
+                profile = gpu.model.profile(name)
+                assert profile is not None, "presets validate profiles"
+                gi = self._create_gpu_instance(gpu, profile, start)
+                self._create_compute_instance(gi, _full_ci_profile(gi))
+
+    # -------------------------------------------------------------- install
+
+    def install(self) -> SimulatedNvml:
+        """Make pynvml use this library (and forget function pointers it cached)."""
+        with pynvml.libLoadLock:
+            if self._saved is None:
+                self._saved = (pynvml.nvmlLib, pynvml._nvmlLib_refcount)
+                pynvml.nvmlLib = _Library(self)
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+        return self
+
+    def uninstall(self) -> None:
+        """Give pynvml back the library it had before :meth:`install`."""
+        with pynvml.libLoadLock:
+            lib = pynvml.nvmlLib
+            if self._saved is None or not isinstance(lib, _Library) or lib.sim is not self:
+                raise RuntimeError("this simulated NVML is not the library pynvml is using")
+            pynvml.nvmlLib, pynvml._nvmlLib_refcount = self._saved
+            self._saved = None
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+    def hide_symbol(self, name: str) -> None:
+        """Stop exporting ``name``, so pynvml answers FunctionNotFound like an older driver."""
+        with pynvml.libLoadLock:
+            self.missing_symbols.add(name)
+            pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
+
+    # -------------------------------------------------------------- load and faults
+
+    def set_load(
+        self,
+        uuid: str,
+        *,
+        utilization: int | None = None,
+        memory_utilization: int | None = None,
+        memory_used_mib: int | None = None,
+    ) -> None:
+        """Set what a whole GPU or a MIG device is doing. Utilizations are percent; a
+        MIG device's utilization is hidden by NVML but drives its GPU's power and heat."""
+        with self._lock:
+            unit = self._load_target(uuid)
+            if utilization is not None:
+                unit.utilization = _percent(utilization, "utilization")
+            if memory_utilization is not None:
+                unit.memory_utilization = _percent(memory_utilization, "memory_utilization")
+            if memory_used_mib is not None:
+                if not 0 <= memory_used_mib <= unit.total_mib:
+                    raise ValueError(
+                        f"memory_used_mib must be between 0 and {unit.total_mib}, "
+                        f"not {memory_used_mib}"
+                    )
+                unit.memory_used_mib = memory_used_mib
+
+    def add_process(self, uuid: str, pid: int, used_memory_mib: int = 0) -> None:
+        """Start a fake compute process on a whole GPU or a MIG device."""
+        with self._lock:
+            self._load_target(uuid).processes[pid] = used_memory_mib
+
+    def remove_process(self, uuid: str, pid: int) -> None:
+        with self._lock:
+            unit = self._load_target(uuid)
+            if unit.processes.pop(pid, None) is None:
+                raise ValueError(f"no simulated process {pid} on {uuid}")
+
+    def inject_gpu_lost(self, uuid: str) -> None:
+        """Make the GPU (or the GPU of this MIG device) fall off the bus."""
+        with self._lock:
+            self._unit(uuid).gpu.lost = True
+
+    def inject_overheat(self, uuid: str, temperature_c: int = SLOWDOWN_C + 2) -> None:
+        """Heat the GPU past its slowdown threshold, so it reports thermal slowdown."""
+        with self._lock:
+            self._unit(uuid).gpu.overheat_c = temperature_c
+
+    def inject_xid(self, uuid: str, xid: int) -> None:
+        """Raise an Xid error on a GPU or MIG device, delivered to every event set
+        registered for Xid errors on its GPU."""
+        with self._lock:
+            unit = self._unit(uuid)
+            gpu = unit.gpu
+            ids = (unit.gi.id, unit.id) if isinstance(unit, _MigDevice) else (_NOT_AVAILABLE,) * 2
+            for kind, obj in self._handles.values():
+                if (
+                    kind == "events"
+                    and obj.masks.get(gpu, 0) & pynvml.nvmlEventTypeXidCriticalError
+                ):
+                    obj.pending.append(_Event(gpu, xid, *ids))
+
+    def clear_faults(self, uuid: str) -> None:
+        """Undo lost and overheat faults on the GPU of ``uuid``."""
+        with self._lock:
+            gpu = self._unit(uuid).gpu
+            gpu.lost, gpu.overheat_c = False, None
+
+    # -------------------------------------------------------------- internals
+
+    def _new_address(self) -> int:
+        """A fresh fake address for a handle; never reused, so stale handles stay invalid."""
+        self._last_address += 16
+        return self._last_address
+
+    def _build_gpu(self, index: int, spec: GpuSpec, rng: random.Random) -> _Gpu:
+        bus = f"{index // len(_DGX_BUSES):08X}:{_DGX_BUSES[index % len(_DGX_BUSES)]:02X}:00.0"
+        gpu = _Gpu(
+            uuid=_new_uuid("GPU", rng),
+            handle=self._new_address(),
+            index=index,
+            model=CATALOG[spec.model],
+            bus_id=bus,
+            mig_enabled=spec.mig_enabled,
+        )
+        self._handles[gpu.handle] = ("device", gpu)
+        self._units[gpu.uuid] = gpu
+        return gpu
+
+    def _unit(self, uuid: str) -> _Unit:
+        unit = self._units.get(uuid)
+        if unit is None:
+            raise ValueError(f"no simulated GPU or MIG device has UUID {uuid!r}")
+        return unit
+
+    def _load_target(self, uuid: str) -> _Unit:
+        unit = self._unit(uuid)
+        if isinstance(unit, _Gpu) and unit.mig_enabled:
+            raise ValueError(
+                f"GPU {uuid} has MIG enabled: load and processes live on its MIG devices"
+            )
+        return unit
+
+    def _lookup(self, handle: Any, kind: str) -> Any:
+        entry = self._handles.get(_address(handle) or 0)
+        if entry is None or entry[0] != kind:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if kind != "events" and entry[1].gpu.lost:
+            raise _Fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return entry[1]
+
+    def _device(self, handle: Any) -> _Gpu | _MigDevice:
+        return self._typed(handle, (_Gpu, _MigDevice), pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _whole_gpu(self, handle: Any) -> _Gpu:
+        """A GPU handle, for calls that make no sense on a MIG device."""
+        return self._typed(handle, _Gpu, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _sensor_gpu(self, handle: Any) -> _Gpu:
+        """A GPU handle, for GPU-wide sensors, which a MIG device does not have."""
+        return self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _mig_device(self, handle: Any) -> _MigDevice:
+        return self._typed(handle, _MigDevice, pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _typed(self, handle: Any, want: type[_D] | tuple[type[_D], ...], refusal: int) -> _D:
+        """The device behind ``handle`` if it is a ``want``; else fail with ``refusal``."""
+        device = self._lookup(handle, "device")
+        if not isinstance(device, want):
+            raise _Fail(refusal)
+        return device
+
+    def _mig_gpu(self, handle: Any) -> _Gpu:
+        gpu = self._whole_gpu(handle)
+        if not gpu.mig_enabled:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _profile_by_id(self, gpu: _Gpu, profile_id: int) -> MigProfile:
+        profile = next((p for p in gpu.model.profiles if p.profile_id == profile_id), None)
+        if profile is None:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return profile
+
+    def _create_gpu_instance(self, gpu: _Gpu, profile: MigProfile, start: int) -> _GpuInstance:
+        same = sum(1 for gi in gpu.instances.values() if gi.profile == profile)
+        if same >= profile.max_count or start not in free_starts(profile, gpu.occupied()):
+            raise _Fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi_id = _gpu_instance_id(start, profile.size)
+        gi = _GpuInstance(
+            gpu=gpu, id=gi_id, profile=profile, start=start, handle=self._new_address()
+        )
+        self._handles[gi.handle] = ("gi", gi)
+        gpu.instances[gi_id] = gi
+        return gi
+
+    def _ci_slices(self, gi: _GpuInstance, profile: int, engines: int) -> int:
+        if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if engines != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        slices = _CI_SLICES.get(profile)
+        if slices is None or slices > gi.profile.compute_slices:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return slices
+
+    def _create_compute_instance(self, gi: _GpuInstance, profile_id: int) -> _MigDevice:
+        slices = self._ci_slices(gi, profile_id, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        taken = {s for m in gi.computes.values() for s in range(m.start, m.start + m.slices)}
+        starts = [
+            s
+            for s in range(gi.profile.compute_slices - slices + 1)
+            if taken.isdisjoint(range(s, s + slices))
+        ]
+        if not starts:
+            raise _Fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        ci_id = min(set(range(len(gi.computes) + 1)) - set(gi.computes))
+        used_slots = {m.slot for m in gi.gpu.mig_devices()}
+        slot = min(set(range(MAX_MIG_DEVICES)) - used_slots)
+        device = _MigDevice(
+            uuid=_new_uuid("MIG", self._mig_ids),
+            handle=self._new_address(),
+            gi=gi,
+            id=ci_id,
+            slices=slices,
+            start=starts[0],
+            profile_id=profile_id,
+            slot=slot,
+            ci_handle=self._new_address(),
+        )
+        self._handles[device.handle] = ("device", device)
+        self._handles[device.ci_handle] = ("ci", device)
+        gi.computes[ci_id] = device
+        self._units[device.uuid] = device
+        return device
+
+    def _temperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._sensor_gpu(handle)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature()
+
+    def _fill_memory(self, info: Any, handle: Any) -> None:
+        device = self._device(handle)
+        total = device.total_mib
+        info.total = total * _MIB
+        info.used = min(device.used_mib(), total) * _MIB
+        info.free = info.total - info.used
+
+    def _fill_gi_profile(self, info: Any, handle: Any, constant: int) -> MigProfile:
+        gpu = self._whole_gpu(handle)
+        profile = next((p for p in gpu.model.profiles if p.nvml_profile == constant), None)
+        if profile is None:
+            valid = 0 <= constant < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+            raise _Fail(
+                pynvml.NVML_ERROR_NOT_SUPPORTED if valid else pynvml.NVML_ERROR_INVALID_ARGUMENT
+            )
+        info.id = profile.profile_id
+        info.sliceCount = profile.compute_slices
+        info.instanceCount = profile.max_count
+        info.multiprocessorCount = profile.sm_count
+        info.memorySizeMB = profile.memory_mib
+        return profile
+
+    def _fill_ci_profile(self, info: Any, gi_handle: Any, profile: int, engines: int) -> int:
+        gi = self._lookup(gi_handle, "gi")
+        slices = self._ci_slices(gi, profile, engines)
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = gi.profile.compute_slices // slices
+        info.multiprocessorCount = gi.profile.sm_count * slices // gi.profile.compute_slices
+        return slices
+
+    def _processes(self, device: _Gpu | _MigDevice) -> list[tuple[int, int, int, int]]:
+        """(pid, MiB, GPU instance id, compute instance id) of what runs on ``device``."""
+        if isinstance(device, _MigDevice):
+            devices = [device]
+        elif device.mig_enabled:
+            devices = list(device.mig_devices())
+        else:
+            return [
+                (pid, mib, _NOT_AVAILABLE, _NOT_AVAILABLE) for pid, mib in device.processes.items()
+            ]
+        return [(pid, mib, m.gi.id, m.id) for m in devices for pid, mib in m.processes.items()]
+
+    # -------------------------------------------------------------- C symbols: system
+
+    def nvmlInitWithFlags(self, flags: Any) -> None:
+        self._init_count += 1
+
+    def nvmlInit_v2(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlShutdown(self) -> None:
+        self._init_count -= 1
+
+    def nvmlErrorString(self, code: Any) -> bytes:
+        return pynvml.NVMLError._errcode_to_string.get(_val(code), "Unknown Error").encode()
+
+    def nvmlSystemGetDriverVersion(self, buffer: Any, length: Any) -> None:
+        _write_str(buffer, length, DRIVER_VERSION)
+
+    # -------------------------------------------------------------- C symbols: devices
+
+    def nvmlDeviceGetCount_v2(self, count: Any) -> None:
+        _set(count, len(self._gpus))
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, out: Any) -> None:
+        i = _val(index)
+        if not 0 <= i < len(self._gpus):
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _set_handle(out, self._gpus[i].handle)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any, out: Any) -> None:
+        unit = self._units.get((_val(uuid) or b"").decode())
+        if unit is None:
+            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
+        _set_handle(out, unit.handle)
+
+    def nvmlDeviceGetIndex(self, handle: Any, out: Any) -> None:
+        _set(out, self._whole_gpu(handle).index)
+
+    def nvmlDeviceGetName(self, handle: Any, buffer: Any, length: Any) -> None:
+        _write_str(buffer, length, self._device(handle).name)
+
+    def nvmlDeviceGetUUID(self, handle: Any, buffer: Any, length: Any) -> None:
+        _write_str(buffer, length, self._device(handle).uuid)
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: Any, ref: Any) -> None:
+        gpu = self._device(handle).gpu
+        info = _out(ref)
+        domain, bus, _ = gpu.bus_id.split(":")
+        info.busIdLegacy = info.busId = gpu.bus_id.encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), 0
+        info.pciDeviceId = gpu.model.pci_device_id
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> None:
+        self._fill_memory(_out(ref), handle)
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, ref: Any) -> None:
+        info = _out(ref)
+        _check_version(info, (pynvml.nvmlMemory_v2,), pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self._fill_memory(info, handle)
+        info.reserved = 0
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, ref: Any) -> None:
+        gpu = self._sensor_gpu(handle)
+        if gpu.mig_enabled:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        util = _out(ref)
+        util.gpu, util.memory = gpu.utilization, gpu.memory_utilization
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Any, samples: Any, count: Any, last_seen: Any
+    ) -> None:
+        gpu = self._sensor_gpu(handle)
+        if gpu.mig_enabled:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not gpu.processes:
+            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
+        share = len(gpu.processes)
+        now_us = time.time_ns() // 1000
+
+        def write(array: Any, i: int, pid: int) -> None:
+            s = array[i]
+            s.pid, s.timeStamp = pid, now_us
+            s.smUtil, s.memUtil = gpu.utilization // share, gpu.memory_utilization // share
+
+        _write_array(samples, count, sorted(gpu.processes), write, query_fails=True)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> None:
+        def write(array: Any, i: int, proc: tuple[int, int, int, int]) -> None:
+            p = array[i]
+            pid, mib, p.gpuInstanceId, p.computeInstanceId = proc
+            p.pid, p.usedGpuMemory = pid, mib * _MIB
+
+        _write_array(infos, count, self._processes(self._device(handle)), write, query_fails=True)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> None:
+        _set(out, self._temperature(handle, _val(sensor)))
+
+    def nvmlDeviceGetTemperatureV(self, handle: Any, ref: Any) -> None:
+        info = _out(ref)
+        _check_version(
+            info, (pynvml.nvmlTemperature_v1,), pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        )
+        info.temperature = self._temperature(handle, info.sensorType)
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, kind: Any, out: Any) -> None:
+        self._sensor_gpu(handle)
+        value = _THRESHOLDS.get(_val(kind))
+        if value is None:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        _set(out, value)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any, out: Any) -> None:
+        _set(out, self._sensor_gpu(handle).power_mw())
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> None:
+        _set(out, self._sensor_gpu(handle).model.power_limit_mw)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, out: Any) -> None:
+        _set(out, self._sensor_gpu(handle).clock_event_reasons())
+
+    # -------------------------------------------------------------- C symbols: MIG devices
+
+    def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> None:
+        mode = int(self._whole_gpu(handle).mig_enabled)
+        _set(current, mode)
+        _set(pending, mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, out: Any) -> None:
+        _set(out, MAX_MIG_DEVICES if self._whole_gpu(handle).mig_enabled else 0)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, out: Any) -> None:
+        gpu, i = self._whole_gpu(handle), _val(index)
+        if not 0 <= i < MAX_MIG_DEVICES:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        device = next((m for m in gpu.mig_devices() if m.slot == i), None)
+        if device is None:
+            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
+        _set_handle(out, device.handle)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any, out: Any) -> None:
+        _set(out, int(isinstance(self._device(handle), _MigDevice)))
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any, out: Any) -> None:
+        _set_handle(out, self._mig_device(handle).gpu.handle)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any, out: Any) -> None:
+        _set(out, self._mig_device(handle).gi.id)
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any, out: Any) -> None:
+        _set(out, self._mig_device(handle).id)
+
+    # -------------------------------------------------------------- C symbols: GPU instances
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: Any, ref: Any) -> None:
+        self._fill_gi_profile(_out(ref), handle, _val(profile))
+
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, profile: Any, ref: Any) -> None:
+        info = _out(ref)
+        # pynvml leaves the version unset (0); accept that as well as v2.
+        _check_version(
+            info, (0, pynvml.nvmlGpuInstanceProfileInfo_v2), pynvml.NVML_ERROR_INVALID_ARGUMENT
+        )
+        info.name = f"MIG {self._fill_gi_profile(info, handle, _val(profile)).name}".encode()
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+        self, handle: Any, profile_id: Any, placements: Any, count: Any
+    ) -> None:
+        profile = self._profile_by_id(self._whole_gpu(handle), _val(profile_id))
+        starts = [(s, profile.size) for s in profile.starts]
+        _write_array(placements, count, starts, _write_placement, query_fails=False)
+
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: Any, out: Any) -> None:
+        gpu = self._mig_gpu(handle)
+        profile = self._profile_by_id(gpu, _val(profile_id))
+        starts = free_starts(profile, gpu.occupied())
+        if not starts:
+            raise _Fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        _set_handle(out, self._create_gpu_instance(gpu, profile, starts[0]).handle)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, handle: Any, profile_id: Any, placement: Any, out: Any
+    ) -> None:
+        gpu = self._mig_gpu(handle)
+        profile = self._profile_by_id(gpu, _val(profile_id))
+        where = _out(placement)
+        if where.size != profile.size or where.start not in profile.starts:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _set_handle(out, self._create_gpu_instance(gpu, profile, where.start).handle)
+
+    def nvmlDeviceGetGpuInstances(
+        self, handle: Any, profile_id: Any, instances: Any, count: Any
+    ) -> None:
+        gpu = self._mig_gpu(handle)
+        profile = self._profile_by_id(gpu, _val(profile_id))
+        found = [gi.handle for _, gi in sorted(gpu.instances.items()) if gi.profile == profile]
+
+        def write(array: Any, i: int, address: int) -> None:
+            array[i] = _pointer(address, pynvml.c_nvmlGpuInstance_t)
+
+        _write_array(instances, count, found, write, query_fails=False)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, out: Any) -> None:
+        gi = self._mig_gpu(handle).instances.get(_val(gi_id))
+        if gi is None:
+            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
+        _set_handle(out, gi.handle)
+
+    def nvmlGpuInstanceGetInfo(self, gi_handle: Any, ref: Any) -> None:
+        gi = self._lookup(gi_handle, "gi")
+        info = _out(ref)
+        info.device = _pointer(gi.gpu.handle, pynvml.c_nvmlDevice_t)
+        info.id, info.profileId = gi.id, gi.profile.profile_id
+        info.placement.start, info.placement.size = gi.start, gi.profile.size
+
+    def nvmlGpuInstanceDestroy(self, gi_handle: Any) -> None:
+        gi = self._lookup(gi_handle, "gi")
+        if gi.computes:
+            raise _Fail(pynvml.NVML_ERROR_IN_USE)
+        del gi.gpu.instances[gi.id]
+        del self._handles[gi.handle]
+
+    # -------------------------------------------------------------- C symbols: compute instances
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi_handle: Any, profile: Any, engines: Any, ref: Any
+    ) -> None:
+        self._fill_ci_profile(_out(ref), gi_handle, _val(profile), _val(engines))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+        self, gi_handle: Any, profile: Any, engines: Any, ref: Any
+    ) -> None:
+        info = _out(ref)
+        _check_version(
+            info, (0, pynvml.nvmlComputeInstanceProfileInfo_v2), pynvml.NVML_ERROR_INVALID_ARGUMENT
+        )
+        slices = self._fill_ci_profile(info, gi_handle, _val(profile), _val(engines))
+        info.name = f"MIG {slices}c.{self._lookup(gi_handle, 'gi').profile.name}".encode()
+
+    def nvmlGpuInstanceCreateComputeInstance(
+        self, gi_handle: Any, profile_id: Any, out: Any
+    ) -> None:
+        device = self._create_compute_instance(self._lookup(gi_handle, "gi"), _val(profile_id))
+        _set_handle(out, device.ci_handle)
+
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gi_handle: Any, profile_id: Any, instances: Any, count: Any
+    ) -> None:
+        gi = self._lookup(gi_handle, "gi")
+        found = [
+            m.ci_handle for _, m in sorted(gi.computes.items()) if m.profile_id == _val(profile_id)
+        ]
+
+        def write(array: Any, i: int, address: int) -> None:
+            array[i] = _pointer(address, pynvml.c_nvmlComputeInstance_t)
+
+        _write_array(instances, count, found, write, query_fails=False)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi_handle: Any, ci_id: Any, out: Any) -> None:
+        device = self._lookup(gi_handle, "gi").computes.get(_val(ci_id))
+        if device is None:
+            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
+        _set_handle(out, device.ci_handle)
+
+    def nvmlComputeInstanceGetInfo_v2(self, ci_handle: Any, ref: Any) -> None:
+        device = self._lookup(ci_handle, "ci")
+        info = _out(ref)
+        info.device = _pointer(device.gpu.handle, pynvml.c_nvmlDevice_t)
+        info.gpuInstance = _pointer(device.gi.handle, pynvml.c_nvmlGpuInstance_t)
+        info.id, info.profileId = device.id, device.profile_id
+        info.placement.start, info.placement.size = device.start, device.slices
+
+    def nvmlComputeInstanceDestroy(self, ci_handle: Any) -> None:
+        device = self._lookup(ci_handle, "ci")
+        if device.processes:
+            raise _Fail(pynvml.NVML_ERROR_IN_USE)
+        del device.gi.computes[device.id]
+        del self._handles[device.ci_handle], self._handles[device.handle]
+        del self._units[device.uuid]
+
+    # -------------------------------------------------------------- C symbols: events
+
+    def nvmlEventSetCreate(self, out: Any) -> None:
+        events = _EventSet(self._new_address())
+        self._handles[events.handle] = ("events", events)
+        _set_handle(out, events.handle)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any, out: Any) -> None:
+        self._whole_gpu(handle)
+        _set(out, _SUPPORTED_EVENTS)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> None:
+        gpu, wanted = self._whole_gpu(handle), _val(types)
+        if wanted & ~_SUPPORTED_EVENTS:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        events = self._event_set(event_set)
+        events.masks[gpu] = events.masks.get(gpu, 0) | wanted
+
+    def nvmlEventSetWait_v2(self, event_set: Any, ref: Any, timeout_ms: Any) -> None:
+        events = self._event_set(event_set)
+        if not events.pending:
+            raise _Fail(pynvml.NVML_ERROR_TIMEOUT)
+        event = events.pending.popleft()
+        data = _out(ref)
+        data.device = _pointer(event.gpu.handle, pynvml.c_nvmlDevice_t)
+        data.eventType, data.eventData = pynvml.nvmlEventTypeXidCriticalError, event.xid
+        data.gpuInstanceId, data.computeInstanceId = (
+            event.gpu_instance_id,
+            event.compute_instance_id,
+        )
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        del self._handles[self._event_set(event_set).handle]
+
+    def _event_set(self, handle: Any) -> _EventSet:
+        events: _EventSet = self._lookup(handle, "events")
+        return events
+
+
+def _percent(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ValueError(f"{what} is a whole percent from 0 to 100, not {value!r}")
+    return value
+
+
+def _full_ci_profile(gi: _GpuInstance) -> int:
+    """The compute-instance profile that takes a whole GPU instance."""
+    return next(p for p, n in _CI_SLICES.items() if n == gi.profile.compute_slices)
+
+
+def install(topology: Topology) -> SimulatedNvml:
+    """Simulate ``topology`` under pynvml; undo with :func:`uninstall`."""
+    return SimulatedNvml(topology).install()
+
+
+def uninstall() -> None:
+    """Give pynvml back the library it had before the installed simulation, if any."""
+    lib = pynvml.nvmlLib
+    if isinstance(lib, _Library):
+        lib.sim.uninstall()
