@@ -337,11 +337,12 @@ class Broker:
             self.store.renew_lease(lease)
         return lease
 
-    def release(self, lease_id: str, user: str | None = None) -> Lease:
+    def release(self, lease_id: str, user: str | None = None, *, schedule: bool = True) -> Lease:
         """Give a lease's devices back; the next waiting request may get them."""
         lease = self._active_lease(lease_id, user)
         self._end_lease(lease, LeaseState.RELEASED, "released by its holder")
-        self.schedule()
+        if schedule:
+            self.schedule()
         return lease
 
     def reclaim(self, lease_id: str, reason: str) -> Lease:
@@ -403,6 +404,11 @@ class Broker:
                     if reservation is None:
                         reservation = self._reserve(blocked, now)
                 fit = self._fit(r, reservation, now)
+                if isinstance(fit, list) and self._quota_blocks(
+                    r, now, sum(d.gpu_equivalents for d in fit)
+                ):
+                    advance(k)  # only a device larger than its quota allows is free
+                    continue
                 if fit is None:
                     if strict:
                         break
@@ -781,8 +787,10 @@ class Broker:
                     f"{who} has used its {q.gpu_hours:g} GPU-hour budget for this period"
                 )
 
-    def _quota_blocks(self, r: Request, now: float) -> bool:
-        eq = self._size_gpu_eq(r.size)
+    def _quota_blocks(self, r: Request, now: float, eq: float | None = None) -> bool:
+        """Would granting ``r`` (``eq`` GPU-equivalents, default its smallest fit)
+        break its user's or group's quota?"""
+        eq = self._size_gpu_eq(r.size) if eq is None else eq
         for entity in self._entities(r.user, r.group):
             q = self._quotas.get(entity)
             if q is None:

@@ -146,7 +146,7 @@ class JobClass(str, Enum):
 
 def check_name(value: str, what: str) -> str:
     """A user or group name: 1-64 characters of letters, digits and ``_.@+-``."""
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise InvalidRequest(
             f"{what} name {value!r} is malformed: use 1-64 letters, digits or '_.@+-', "
             "not starting with a punctuation mark"
@@ -197,7 +197,9 @@ class Size:
             return f"gpus={self.gpus}"
         if self.profile is not None:
             return f"profile={self.profile}"
-        return f"min_memory_gb={self.min_memory_gb:g}"
+        m = self.min_memory_gb
+        short = f"{m:g}"  # 6 significant digits: keep it only when it reads back exactly
+        return f"min_memory_gb={short if float(short) == m else repr(float(m))}"
 
     @classmethod
     def parse(cls, text: str) -> Size:
@@ -215,9 +217,9 @@ class Size:
                 return cls(min_memory_gb=_float(v))
             raise InvalidRequest(f"unknown size field {k!r} in {text!r}")
         if t.isdigit():
-            return cls(gpus=int(t))
+            return cls(gpus=_int(t))
         if t.lower().endswith("gb") and t[:-2].replace(".", "", 1).isdigit():
-            return cls(min_memory_gb=float(t[:-2]))
+            return cls(min_memory_gb=_float(t[:-2]))
         return cls(profile=t)
 
     def to_json(self) -> dict[str, Any]:

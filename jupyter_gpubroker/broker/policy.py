@@ -97,7 +97,9 @@ class Window:
 
 
 def _hour(v: object) -> float:
-    hh, _, mm = str(v).partition(":")
+    hh, _, mm = str(v).strip().partition(":")
+    if not hh.isdecimal() or not (mm == "" or (mm.isdecimal() and int(mm) < 60)):
+        raise ValueError(f"{v!r} is not a time of day (HH:MM)")
     return int(hh) + (int(mm) if mm else 0) / 60
 
 

@@ -27,7 +27,7 @@ SIMULATE_ENV = "GPUBROKER_SIMULATE"
 
 _T = TypeVar("_T")
 _MIB = 1 << 20
-_NOT_AVAILABLE = 0xFFFFFFFF
+_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
 
 
 class NvmlUnavailable(RuntimeError):

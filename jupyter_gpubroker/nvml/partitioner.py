@@ -68,8 +68,10 @@ class MigPartitioner:
             model = model_for_name(name)
             found = model.profile(profile) if model else None
             if model is None or found is None:
-                where = f"a {model.key}" if model else f"{name} (not in the MIG catalog)"
-                raise PartitionFailed(f"cannot {action}: {where} has no MIG profile {profile!r}")
+                where = (
+                    f"{model.key} GPUs have" if model else f"{name} (not in the MIG catalog) has"
+                )
+                raise PartitionFailed(f"cannot {action}: {where} no MIG profile {profile!r}")
             if start not in found.starts:
                 starts = ", ".join(map(str, found.starts))
                 raise PartitionFailed(

@@ -102,14 +102,14 @@ def layout(model: GpuModel, mig_devices: Mapping[str, int]) -> tuple[tuple[str, 
         profile = model.profile(name)
         if profile is None:
             raise TopologyError(
-                f"MIG profile {name!r} does not exist on a {model.key}; it has "
+                f"MIG profile {name!r} does not exist on {model.key} GPUs; they have "
                 + ", ".join(p.name for p in model.profiles)
             )
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise TopologyError(f"the count of {name} must be a whole number >= 0, not {count!r}")
         if count > profile.max_count:
             raise TopologyError(
-                f"a {model.key} holds at most {profile.max_count}x {name}, not {count}"
+                f"{model.key} GPUs hold at most {profile.max_count}x {name}, not {count}"
             )
         wanted += [profile] * count
     wanted.sort(key=lambda p: (-p.size, -p.compute_slices, p.name))

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from ..broker.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
-from .presets import GpuSpec, Topology
+from .presets import GpuSpec, Topology, TopologyError
 
 DRIVER_VERSION = "570.86.15"
 SLOWDOWN_C = 89
@@ -54,7 +54,7 @@ MAX_MIG_DEVICES = COMPUTE_SLICES
 _T = TypeVar("_T")
 _D = TypeVar("_D", bound="_Unit")
 _MIB = 1 << 20
-_NOT_AVAILABLE = 0xFFFFFFFF
+_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
 """What NVML reports as GPU/compute instance id of a process on a GPU without MIG."""
 _HANDLE_BASE = 0x7E57_0000
 _THERMAL = (
@@ -78,6 +78,12 @@ _CI_SLICES = {
     pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
 }
 """Compute-instance profiles (their NVML id is the constant) and their compute slices."""
+_ERROR_TEXT = {
+    pynvml.NVML_ERROR_IN_USE: "In use by another client",
+    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
+    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
+}
+"""Driver texts of codes this library returns that pynvml has no text for."""
 _DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _WITHOUT_INIT = frozenset({"nvmlInitWithFlags", "nvmlInit_v2", "nvmlErrorString"})
 _CArg = type(ctypes.byref(ctypes.c_int()))
@@ -160,8 +166,8 @@ class _Gpu(_Unit):
 
     def clock_event_reasons(self) -> int:
         if self.overheat_c is not None:
-            return _THERMAL
-        return pynvml.nvmlClocksEventReasonGpuIdle if self.activity() == 0 else 0
+            return int(_THERMAL)
+        return int(pynvml.nvmlClocksEventReasonGpuIdle) if self.activity() == 0 else 0
 
 
 @dataclass(eq=False, kw_only=True)
@@ -202,6 +208,10 @@ class _MigDevice(_Unit):
         return self.gi.profile.memory_mib
 
 
+_Device = _Gpu | _MigDevice
+"""What a device handle (``nvmlDevice_t``) stands for."""
+
+
 @dataclass(frozen=True)
 class _Event:
     gpu: _Gpu
@@ -230,7 +240,7 @@ def _out(ref: Any) -> Any:
     if ref is None:
         raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     if isinstance(ref, _CArg):
-        return ref._obj
+        return ref._obj  # type: ignore[attr-defined]  # what byref() points at
     if isinstance(ref, ctypes._Pointer):
         return ref.contents
     return ref
@@ -297,6 +307,29 @@ def _write_placement(array: Any, i: int, start_size: tuple[int, int]) -> None:
     array[i].start, array[i].size = start_size
 
 
+def _write_handles(buffer: Any, count: Any, addresses: Sequence[int], pointer_type: Any) -> None:
+    def write(array: Any, i: int, address: int) -> None:
+        array[i] = _pointer(address, pointer_type)
+
+    _write_array(buffer, count, addresses, write, query_fails=False)
+
+
+def _fill_instance_info(
+    info: Any, gpu: _Gpu, instance_id: int, profile_id: int, start: int, size: int
+) -> None:
+    """The fields GPU-instance and compute-instance info share."""
+    info.device = _pointer(gpu.handle, pynvml.c_nvmlDevice_t)
+    info.id, info.profileId = instance_id, profile_id
+    info.placement.start, info.placement.size = start, size
+
+
+def _found(obj: _T | None) -> _T:
+    """``obj``, or NotFound when a lookup found nothing."""
+    if obj is None:
+        raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
+    return obj
+
+
 def _gpu_instance_id(start: int, size: int) -> int:
     """The swizzle id of a placement: 0 for all 8 memory slices, 1-2 for halves,
     3-6 for quarters, 7-14 for eighths."""
@@ -336,7 +369,7 @@ class _Library:
 
     def __getattr__(self, name: str) -> _CFunction:
         impl = getattr(self.sim, name, None) if name.startswith("nvml") else None
-        if impl is None or name in self.sim.missing_symbols:
+        if impl is None or name in self.sim._hidden:
             raise AttributeError(name)
         return _CFunction(self.sim, name, impl)
 
@@ -351,13 +384,11 @@ class SimulatedNvml:
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self.missing_symbols: set[str] = set()
-        """Symbols this fake driver does not export, to act like an older one; see
-        :meth:`hide_symbol`."""
+        self._hidden: set[str] = set()
         self._lock = threading.RLock()
         self._handles: dict[int, tuple[str, Any]] = {}
         self._last_address = _HANDLE_BASE
-        self._units: dict[str, _Unit] = {}
+        self._units: dict[str, _Device] = {}
         self._init_count = 0
         self._saved: tuple[Any, int] | None = None
         self._mig_ids = random.Random(f"{topology.seed}/mig")
@@ -368,8 +399,15 @@ class SimulatedNvml:
             self._gpus.append(gpu)
             for name, start in spec.instances:
                 profile = gpu.model.profile(name)
-                assert profile is not None, "presets validate profiles"
-                gi = self._create_gpu_instance(gpu, profile, start)
+                try:
+                    if profile is None:
+                        raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+                    gi = self._create_gpu_instance(gpu, profile, start)
+                except _Fail:
+                    raise TopologyError(
+                        f"GPU {gpu.index} ({gpu.model.key}) cannot hold {name} at memory "
+                        f"slice {start} next to its other instances (lay GPUs out with gpu_spec)"
+                    ) from None
                 self._create_compute_instance(gi, _full_ci_profile(gi))
 
     # -------------------------------------------------------------- install
@@ -396,7 +434,7 @@ class SimulatedNvml:
     def hide_symbol(self, name: str) -> None:
         """Stop exporting ``name``, so pynvml answers FunctionNotFound like an older driver."""
         with pynvml.libLoadLock:
-            self.missing_symbols.add(name)
+            self._hidden.add(name)
             pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
 
     # -------------------------------------------------------------- load and faults
@@ -474,12 +512,15 @@ class SimulatedNvml:
         return self._last_address
 
     def _build_gpu(self, index: int, spec: GpuSpec, rng: random.Random) -> _Gpu:
+        model = CATALOG.get(spec.model)
+        if model is None or (spec.instances and not spec.mig_enabled):
+            raise TopologyError(f"GPU {index}: {spec} is not a GPU the simulator can build")
         bus = f"{index // len(_DGX_BUSES):08X}:{_DGX_BUSES[index % len(_DGX_BUSES)]:02X}:00.0"
         gpu = _Gpu(
             uuid=_new_uuid("GPU", rng),
             handle=self._new_address(),
             index=index,
-            model=CATALOG[spec.model],
+            model=model,
             bus_id=bus,
             mig_enabled=spec.mig_enabled,
         )
@@ -487,13 +528,13 @@ class SimulatedNvml:
         self._units[gpu.uuid] = gpu
         return gpu
 
-    def _unit(self, uuid: str) -> _Unit:
+    def _unit(self, uuid: str) -> _Device:
         unit = self._units.get(uuid)
         if unit is None:
             raise ValueError(f"no simulated GPU or MIG device has UUID {uuid!r}")
         return unit
 
-    def _load_target(self, uuid: str) -> _Unit:
+    def _load_target(self, uuid: str) -> _Device:
         unit = self._unit(uuid)
         if isinstance(unit, _Gpu) and unit.mig_enabled:
             raise ValueError(
@@ -509,8 +550,9 @@ class SimulatedNvml:
             raise _Fail(pynvml.NVML_ERROR_GPU_IS_LOST)
         return entry[1]
 
-    def _device(self, handle: Any) -> _Gpu | _MigDevice:
-        return self._typed(handle, (_Gpu, _MigDevice), pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    def _device(self, handle: Any) -> _Device:
+        device: _Device = self._lookup(handle, "device")
+        return device
 
     def _whole_gpu(self, handle: Any) -> _Gpu:
         """A GPU handle, for calls that make no sense on a MIG device."""
@@ -523,7 +565,7 @@ class SimulatedNvml:
     def _mig_device(self, handle: Any) -> _MigDevice:
         return self._typed(handle, _MigDevice, pynvml.NVML_ERROR_NOT_SUPPORTED)
 
-    def _typed(self, handle: Any, want: type[_D] | tuple[type[_D], ...], refusal: int) -> _D:
+    def _typed(self, handle: Any, want: type[_D], refusal: int) -> _D:
         """The device behind ``handle`` if it is a ``want``; else fail with ``refusal``."""
         device = self._lookup(handle, "device")
         if not isinstance(device, want):
@@ -631,7 +673,7 @@ class SimulatedNvml:
         info.multiprocessorCount = gi.profile.sm_count * slices // gi.profile.compute_slices
         return slices
 
-    def _processes(self, device: _Gpu | _MigDevice) -> list[tuple[int, int, int, int]]:
+    def _processes(self, device: _Device) -> list[tuple[int, int, int, int]]:
         """(pid, MiB, GPU instance id, compute instance id) of what runs on ``device``."""
         if isinstance(device, _MigDevice):
             devices = [device]
@@ -655,7 +697,9 @@ class SimulatedNvml:
         self._init_count -= 1
 
     def nvmlErrorString(self, code: Any) -> bytes:
-        return pynvml.NVMLError._errcode_to_string.get(_val(code), "Unknown Error").encode()
+        code = _val(code)
+        text = _ERROR_TEXT.get(code) or pynvml.NVMLError._errcode_to_string.get(code)
+        return (text or "Unknown Error").encode()
 
     def nvmlSystemGetDriverVersion(self, buffer: Any, length: Any) -> None:
         _write_str(buffer, length, DRIVER_VERSION)
@@ -672,10 +716,7 @@ class SimulatedNvml:
         _set_handle(out, self._gpus[i].handle)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, out: Any) -> None:
-        unit = self._units.get((_val(uuid) or b"").decode())
-        if unit is None:
-            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
-        _set_handle(out, unit.handle)
+        _set_handle(out, _found(self._units.get((_val(uuid) or b"").decode())).handle)
 
     def nvmlDeviceGetIndex(self, handle: Any, out: Any) -> None:
         _set(out, self._whole_gpu(handle).index)
@@ -776,10 +817,7 @@ class SimulatedNvml:
         gpu, i = self._whole_gpu(handle), _val(index)
         if not 0 <= i < MAX_MIG_DEVICES:
             raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        device = next((m for m in gpu.mig_devices() if m.slot == i), None)
-        if device is None:
-            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
-        _set_handle(out, device.handle)
+        _set_handle(out, _found(next((m for m in gpu.mig_devices() if m.slot == i), None)).handle)
 
     def nvmlDeviceIsMigDeviceHandle(self, handle: Any, out: Any) -> None:
         _set(out, int(isinstance(self._device(handle), _MigDevice)))
@@ -837,24 +875,16 @@ class SimulatedNvml:
         gpu = self._mig_gpu(handle)
         profile = self._profile_by_id(gpu, _val(profile_id))
         found = [gi.handle for _, gi in sorted(gpu.instances.items()) if gi.profile == profile]
-
-        def write(array: Any, i: int, address: int) -> None:
-            array[i] = _pointer(address, pynvml.c_nvmlGpuInstance_t)
-
-        _write_array(instances, count, found, write, query_fails=False)
+        _write_handles(instances, count, found, pynvml.c_nvmlGpuInstance_t)
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, out: Any) -> None:
-        gi = self._mig_gpu(handle).instances.get(_val(gi_id))
-        if gi is None:
-            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
-        _set_handle(out, gi.handle)
+        _set_handle(out, _found(self._mig_gpu(handle).instances.get(_val(gi_id))).handle)
 
     def nvmlGpuInstanceGetInfo(self, gi_handle: Any, ref: Any) -> None:
         gi = self._lookup(gi_handle, "gi")
-        info = _out(ref)
-        info.device = _pointer(gi.gpu.handle, pynvml.c_nvmlDevice_t)
-        info.id, info.profileId = gi.id, gi.profile.profile_id
-        info.placement.start, info.placement.size = gi.start, gi.profile.size
+        _fill_instance_info(
+            _out(ref), gi.gpu, gi.id, gi.profile.profile_id, gi.start, gi.profile.size
+        )
 
     def nvmlGpuInstanceDestroy(self, gi_handle: Any) -> None:
         gi = self._lookup(gi_handle, "gi")
@@ -893,25 +923,18 @@ class SimulatedNvml:
         found = [
             m.ci_handle for _, m in sorted(gi.computes.items()) if m.profile_id == _val(profile_id)
         ]
-
-        def write(array: Any, i: int, address: int) -> None:
-            array[i] = _pointer(address, pynvml.c_nvmlComputeInstance_t)
-
-        _write_array(instances, count, found, write, query_fails=False)
+        _write_handles(instances, count, found, pynvml.c_nvmlComputeInstance_t)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi_handle: Any, ci_id: Any, out: Any) -> None:
-        device = self._lookup(gi_handle, "gi").computes.get(_val(ci_id))
-        if device is None:
-            raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
-        _set_handle(out, device.ci_handle)
+        _set_handle(out, _found(self._lookup(gi_handle, "gi").computes.get(_val(ci_id))).ci_handle)
 
     def nvmlComputeInstanceGetInfo_v2(self, ci_handle: Any, ref: Any) -> None:
         device = self._lookup(ci_handle, "ci")
         info = _out(ref)
-        info.device = _pointer(device.gpu.handle, pynvml.c_nvmlDevice_t)
         info.gpuInstance = _pointer(device.gi.handle, pynvml.c_nvmlGpuInstance_t)
-        info.id, info.profileId = device.id, device.profile_id
-        info.placement.start, info.placement.size = device.start, device.slices
+        _fill_instance_info(
+            info, device.gpu, device.id, device.profile_id, device.start, device.slices
+        )
 
     def nvmlComputeInstanceDestroy(self, ci_handle: Any) -> None:
         device = self._lookup(ci_handle, "ci")
@@ -968,7 +991,7 @@ def _percent(value: int, what: str) -> int:
 
 def _full_ci_profile(gi: _GpuInstance) -> int:
     """The compute-instance profile that takes a whole GPU instance."""
-    return next(p for p, n in _CI_SLICES.items() if n == gi.profile.compute_slices)
+    return next(int(p) for p, n in _CI_SLICES.items() if n == gi.profile.compute_slices)
 
 
 def install(topology: Topology) -> SimulatedNvml:

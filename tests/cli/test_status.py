@@ -1,0 +1,88 @@
+"""`jupyter gpubroker status`: the inventory as a table and as JSON, with holders."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.cli import main
+from jupyter_gpubroker.nvml import open_backend
+
+
+def status_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["status", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_lists_every_gpu_and_slice(capsys, tmp_path) -> None:
+    report = status_json(capsys, "--simulate", "dgx-h100-mig", "--state", str(tmp_path / "none"))
+    assert report["source"] == "simulated: dgx-h100-mig"
+    assert len(report["gpus"]) == 8
+    slices = [d for g in report["gpus"] for d in g["devices"]]
+    assert len(slices) == 56
+    assert len({d["uuid"] for d in slices}) == 56
+    assert all(d["uuid"].startswith("MIG-") and d["profile"] == "1g.10gb" for d in slices)
+    assert all(d["memory_mib"] > 9000 and d["holder"] is None for d in slices)
+    # MIG slices have no utilization through NVML: reported as unknown, not as 0
+    assert all(d["utilization_gpu"] is None for d in slices)
+
+
+def test_holders_come_from_the_state_file(capsys, tmp_path) -> None:
+    state = tmp_path / "state.sqlite"
+    with open_backend("h200-mig-balanced") as backend:
+        inventory = backend.inventory()
+    broker = Broker(Store(state), inventory)
+    lease_id = broker.submit("ada", Size(profile="3g.71gb")).lease_id
+    held = broker.lease(lease_id).devices[0]
+    broker.store.close()
+
+    report = status_json(capsys, "--simulate", "h200-mig-balanced", "--state", str(state))
+    devices = {d["uuid"]: d for g in report["gpus"] for d in g["devices"]}
+    assert devices[held]["holder"] == {
+        "user": "ada",
+        "lease_id": lease_id,
+        "request_id": broker.lease(lease_id).request_id,
+    }
+    assert sum(1 for d in devices.values() if d["holder"]) == 1
+
+    assert main(["status", "--simulate", "h200-mig-balanced", "--state", str(state)]) == 0
+    table = capsys.readouterr().out
+    assert f"ada ({lease_id})" in table
+    assert "2 GPUs, 8 grantable devices, 1 held" in table
+
+
+def test_whole_gpus_show_their_utilization(capsys, tmp_path) -> None:
+    report = status_json(capsys, "--simulate", "dgx-h100", "--state", str(tmp_path / "x"))
+    assert [d["kind"] for g in report["gpus"] for d in g["devices"]] == ["gpu"] * 8
+    assert all(g["utilization_gpu"] == 0 for g in report["gpus"])
+
+
+@pytest.mark.usefixtures("no_driver")
+def test_no_driver_says_how_to_simulate(capsys, monkeypatch) -> None:
+    monkeypatch.delenv("GPUBROKER_SIMULATE", raising=False)
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert "No NVIDIA driver" in err and "GPUBROKER_SIMULATE=dgx-h100-mig" in err
+
+
+def test_unknown_topology_is_a_clear_error(capsys) -> None:
+    assert main(["status", "--simulate", "dgx-h900"]) == 1
+    assert "unknown simulated topology 'dgx-h900'" in capsys.readouterr().err
+
+
+def test_command_line_entry_point() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpubroker.cli", "status", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--simulate" in out and "--json" in out
+    bare = subprocess.run([sys.executable, "-m", "jupyter_gpubroker.cli"], capture_output=True)
+    assert bare.returncode == 2

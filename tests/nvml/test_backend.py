@@ -1,0 +1,167 @@
+"""The real backend, running unchanged over the simulated library."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pynvml
+import pytest
+
+from jupyter_gpubroker.broker.models import Health, Inventory, ProcessInfo
+from jupyter_gpubroker.broker.profiles import CATALOG, COMPUTE_SLICES
+from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.nvml.simulated import IDLE_C, SLOWDOWN_C
+
+
+def check_inventory(inv: Inventory) -> None:
+    """What every inventory must satisfy, whatever the machine."""
+    uuids = [g.uuid for g in inv.gpus] + [d.uuid for d in inv.devices if d.kind == "mig"]
+    assert len(uuids) == len(set(uuids))
+    assert [g.index for g in inv.gpus] == sorted(g.index for g in inv.gpus)
+    for gpu in inv.gpus:
+        model = CATALOG[gpu.model or ""]
+        assert (gpu.name, gpu.memory_mib) == (model.nvml_names[0], model.memory_mib)
+        assert gpu.pci_bus_id.endswith(":00.0")
+        on_gpu = [d for d in inv.devices if d.gpu_uuid == gpu.uuid]
+        if not gpu.mig_enabled:
+            [whole] = on_gpu
+            assert (whole.kind, whole.uuid, whole.memory_mib) == ("gpu", gpu.uuid, gpu.memory_mib)
+            assert (whole.compute_slices, whole.profile, whole.start) == (
+                COMPUTE_SLICES,
+                None,
+                None,
+            )
+            continue
+        slots: list[int] = []
+        for d in on_gpu:
+            profile = model.profile(d.profile or "")
+            assert profile is not None and d.kind == "mig" and d.gpu_index == gpu.index
+            assert d.start in profile.starts
+            assert (d.memory_mib, d.compute_slices) == (profile.memory_mib, profile.compute_slices)
+            assert d.gpu_instance_id is not None and d.compute_instance_id == 0
+            slots += profile.slots(d.start)
+        assert len(slots) == len(set(slots))
+
+
+@pytest.mark.parametrize(
+    "preset, gpus, profiles",
+    [
+        ("dgx-h100", 8, {None: 8}),
+        ("dgx-h100-mig", 8, {"1g.10gb": 56}),
+        ("h200-mig-balanced", 2, {"1g.18gb": 4, "2g.35gb": 2, "3g.71gb": 2}),
+        ("workstation-a100", 2, {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2, None: 1}),
+        ("dgx-h100-mig:64", 64, {"1g.10gb": 448}),
+    ],
+)
+def test_inventory_of_each_preset(open_sim, preset, gpus, profiles):
+    inv = open_sim(preset).inventory()
+    assert len(inv.gpus) == gpus
+    assert Counter(d.profile for d in inv.devices) == profiles
+    check_inventory(inv)
+
+
+def test_reading_a_whole_gpu(open_sim):
+    backend = open_sim("workstation-a100")
+    whole = next(d for d in backend.inventory().devices if d.kind == "gpu")
+    backend.simulator.set_load(
+        whole.uuid, utilization=75, memory_utilization=40, memory_used_mib=2048
+    )
+    backend.simulator.add_process(whole.uuid, 321, 1024)
+    r = backend.read(whole.uuid)
+    assert (r.health, r.error, r.unsupported) == (Health.OK, None, ())
+    assert (r.utilization_gpu, r.utilization_memory) == (75.0, 40.0)
+    assert (r.memory_used_mib, r.memory_total_mib) == (3072, 40960)
+    assert IDLE_C < r.temperature_c < SLOWDOWN_C
+    assert 40_000 < r.power_mw < r.power_limit_mw == 400_000
+    assert r.clock_event_reasons == 0
+    assert r.processes == (ProcessInfo(321, 1024, None, None),)
+
+
+def test_mig_metrics_nvml_does_not_support_read_as_none(open_sim):
+    backend = open_sim("h200-mig-balanced")
+    inv = backend.inventory()
+    device = inv.devices[1]
+    backend.simulator.set_load(device.uuid, memory_used_mib=512)
+    backend.simulator.add_process(device.uuid, 77, 256)
+    r = backend.read(device.uuid)
+    assert r.health is Health.OK
+    assert (r.utilization_gpu, r.temperature_c, r.power_mw, r.clock_event_reasons) == (None,) * 4
+    assert set(r.unsupported) == {
+        "utilization_gpu",
+        "utilization_memory",
+        "temperature_c",
+        "power_mw",
+        "power_limit_mw",
+        "clock_event_reasons",
+    }
+    assert (r.memory_used_mib, r.memory_total_mib) == (768, device.memory_mib)
+    assert r.processes == (
+        ProcessInfo(77, 256, device.gpu_instance_id, device.compute_instance_id),
+    )
+    parent = backend.read(device.gpu_uuid)
+    assert parent.unsupported == ("utilization_gpu", "utilization_memory")
+    assert parent.temperature_c == IDLE_C and parent.memory_used_mib == 768
+    assert [p.pid for p in parent.processes] == [77]
+
+
+def test_a_lost_gpu_reads_as_lost_and_leaves_the_inventory(open_sim):
+    backend = open_sim("dgx-h100-mig")
+    inv = backend.inventory()
+    lost = inv.gpus[0]
+    backend.simulator.inject_gpu_lost(lost.uuid)
+    readings = backend.read_all(inv)
+    on_lost = {lost.uuid} | {d.uuid for d in inv.devices if d.gpu_uuid == lost.uuid}
+    assert len(on_lost) == 8 and len(readings) == 64
+    assert {u for u, r in readings.items() if r.health is Health.LOST} == on_lost
+    assert "GPU is lost" in (readings[lost.uuid].error or "")
+    assert readings[lost.uuid].utilization_gpu is None
+    fresh = backend.inventory()
+    assert (len(fresh.gpus), len(fresh.devices)) == (7, 49)
+    assert fresh.gpu(lost.uuid) is None
+
+
+def test_an_unknown_device_reads_as_unreachable(open_sim):
+    backend = open_sim("dgx-h100")
+    r = backend.read("MIG-00000000-0000-0000-0000-000000000000")
+    assert (r.health, r.error) == (Health.UNREACHABLE, "Not Found")
+
+
+def test_overheat_shows_in_the_reading(open_sim):
+    backend = open_sim("dgx-h100")
+    uuid = backend.inventory().gpus[5].uuid
+    backend.simulator.inject_overheat(uuid, temperature_c=95)
+    r = backend.read(uuid)
+    assert r.temperature_c == 95
+    assert r.clock_event_reasons == (
+        pynvml.nvmlClocksEventReasonSwThermalSlowdown
+        | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    )
+
+
+def test_temperature_falls_back_without_temperature_v(open_sim):
+    backend = open_sim("dgx-h100")
+    uuid = backend.inventory().gpus[0].uuid
+    backend.simulator.inject_overheat(uuid, temperature_c=93)
+    backend.simulator.hide_symbol("nvmlDeviceGetTemperatureV")
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        pynvml.nvmlDeviceGetTemperatureV(pynvml.nvmlDeviceGetHandleByIndex(0), 0)
+    assert backend.read(uuid).temperature_c == 93
+
+
+def test_read_all_covers_gpus_and_devices(open_sim):
+    backend = open_sim("workstation-a100")
+    readings = backend.read_all()
+    inv = backend.inventory()
+    assert set(readings) == {g.uuid for g in inv.gpus} | {d.uuid for d in inv.devices}
+    assert len(readings) == 6
+    assert all(r.health is Health.OK for r in readings.values())
+
+
+def test_a_simulated_backend_leaves_pynvml_as_it_found_it():
+    with open_backend("dgx-h100") as backend:
+        assert pynvml.nvmlLib is not None
+        assert len(backend.inventory().gpus) == 8
+    assert pynvml.nvmlLib is None
+    backend.close()  # closing twice is harmless
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        backend.inventory()
