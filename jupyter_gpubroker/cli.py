@@ -16,7 +16,8 @@ from typing import Any
 
 import pynvml
 
-from .broker.models import DeviceReading, Inventory, Lease
+from .api.shapes import devices_json
+from .broker.models import Lease
 from .broker.store import Store
 from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
@@ -76,7 +77,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             else f"NVIDIA driver {pynvml.nvmlSystemGetDriverVersion()}"
         )
     holders = _holders(state)
-    report = status_report(inventory, readings, holders, source)
+    report = {"source": source, "gpus": devices_json(inventory, readings, holders)}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -93,65 +94,6 @@ def _holders(state: Path) -> dict[str, Lease]:
         return {d: lease for lease, _ in store.active_leases() for d in lease.devices}
     finally:
         store.close()
-
-
-def status_report(
-    inventory: Inventory,
-    readings: dict[str, DeviceReading],
-    holders: dict[str, Lease],
-    source: str,
-) -> dict[str, Any]:
-    """The status as one JSON-ready dict: GPUs, their grantable devices, load and holders."""
-
-    def reading(uuid: str) -> dict[str, Any]:
-        r = readings.get(uuid)
-        if r is None:
-            return {}
-        return {
-            "health": r.health.value,
-            "utilization_gpu": r.utilization_gpu,
-            "memory_used_mib": r.memory_used_mib,
-            "temperature_c": r.temperature_c,
-            "power_w": None if r.power_mw is None else r.power_mw / 1000,
-            "unsupported": list(r.unsupported),
-        }
-
-    gpus = []
-    for g in inventory.gpus:
-        devices = [
-            {
-                "uuid": d.uuid,
-                "kind": d.kind,
-                "label": d.label,
-                "profile": d.profile,
-                "start": d.start,
-                "memory_mib": d.memory_mib,
-                "gpu_equivalents": round(d.gpu_equivalents, 4),
-                "holder": _holder_json(holders.get(d.uuid)),
-                **reading(d.uuid),
-            }
-            for d in sorted(inventory.devices, key=lambda d: d.start or 0)
-            if d.gpu_uuid == g.uuid
-        ]
-        gpus.append(
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "model": g.model,
-                "memory_mib": g.memory_mib,
-                "mig_enabled": g.mig_enabled,
-                **reading(g.uuid),
-                "devices": devices,
-            }
-        )
-    return {"source": source, "gpus": gpus}
-
-
-def _holder_json(lease: Lease | None) -> dict[str, Any] | None:
-    if lease is None:
-        return None
-    return {"user": lease.user, "lease_id": lease.id, "request_id": lease.request_id}
 
 
 def render_status(report: dict[str, Any]) -> str:

@@ -15,3 +15,6 @@ def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError(f"{name}: cannot open shared object file: No such file or directory")
 
     monkeypatch.setattr(pynvml, "CDLL", missing)
+
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]

@@ -209,7 +209,13 @@ class Broker:
 
         # fair share: decayed GPU-seconds per entity, each as of its own time
         self._usage: dict[Entity, list[float]] = {}
-        self._accrued_until: dict[str, float] = {}
+        self._accrued_at = -math.inf
+        """When every active lease's usage was last charged (a recalculation)."""
+        self._accrual_ref = self.clock.now()
+        self._accruing: dict[Entity, list[float]] = {}
+        """Per entity holding leases: [leases, GPU-equivalents, sum of each lease's
+        GPU-equivalents * 2^((its accrued-until - ref) / half-life)]; with these a
+        recalculation charges all of an entity's leases at once, not lease by lease."""
         self._totals: dict[str, float] = {"user": 0.0, "group": 0.0}
         self._share_totals: dict[str, float] = {"user": 0.0, "group": 0.0}
         self._fs_cache: dict[Entity, float] = {}
@@ -316,6 +322,11 @@ class Broker:
         if user is not None and r.user != user:
             raise Forbidden(f"request {request_id!r} belongs to another user")
         return r
+
+    def live_requests(self, user: str | None = None) -> list[Request]:
+        """Queued and granted requests, all or one user's, oldest first."""
+        live = [r for r in self._live.values() if user is None or r.user == user]
+        return sorted(live, key=lambda r: r.submitted_at)
 
     def lease(self, lease_id: str, user: str | None = None) -> Lease:
         lease = self._leases.get(lease_id) or self.store.lease(lease_id)
@@ -449,6 +460,7 @@ class Broker:
         with self.store.transaction():
             self.store.upsert_quota(kind, name, quota.to_json())
         self._quotas[(kind, name)] = quota
+        self._load_budget((kind, name), quota, self.clock.now())
         self._recalc_due = True
         self._emit(
             Event(
@@ -673,6 +685,7 @@ class Broker:
             self.placer.remove(d.uuid)
         created = self.partitioner.create(plan.gpu.uuid, plan.profile.name, plan.start)
         self.placer.add(created)
+        self.inventory = Inventory(self.inventory.gpus, tuple(self.placer.devices.values()))
         self._emit(
             Event(
                 "repartitioned",
@@ -690,7 +703,7 @@ class Broker:
     def _hold(self, lease: Lease, expected_end: float) -> None:
         self._leases[lease.id] = lease
         self._expected_end[lease.id] = expected_end
-        self._accrued_until[lease.id] = lease.granted_at
+        self._add_accruing(lease, 1.0)
         self.placer.hold(lease.devices)
         for d in lease.devices:
             self._holder[d] = lease.id
@@ -706,7 +719,8 @@ class Broker:
             self.store.end_lease(lease, r.job_class.value)
             self.store.end_request(r)
         self._accrue(lease, now)
-        del self._leases[lease.id], self._expected_end[lease.id], self._accrued_until[lease.id]
+        self._add_accruing(lease, -1.0)
+        del self._leases[lease.id], self._expected_end[lease.id]
         del self._live[r.id]
         self.placer.release(lease.devices)
         for d in lease.devices:
@@ -812,6 +826,16 @@ class Broker:
                 spent += lease.gpu_equivalents * (now - max(lease.granted_at, start)) / 3600.0
         return spent
 
+    def _load_budget(self, entity: Entity, q: Quota, now: float) -> None:
+        """GPU-hours of ``entity``'s leases that ended in the current period, from the ledger."""
+        if q.period_s is None:
+            self._budget_used.pop(entity, None)
+            return
+        period = int(now // q.period_s)
+        rows = self.store.ledger(since=period * q.period_s)
+        spent = sum(r["gpu_hours"] for r in rows if entity in self._entities(r["user"], r["grp"]))
+        self._budget_used[entity] = (period, spent)
+
     def _add_budget(self, entity: Entity, hours: float, now: float) -> None:
         q = self._quotas.get(entity)
         if q is None or q.period_s is None:
@@ -844,12 +868,37 @@ class Broker:
             self._fs_cache.pop(entity, None)
 
     def _accrue(self, lease: Lease, now: float) -> None:
-        since = self._accrued_until[lease.id]
+        """Charge an ending lease's usage since it was last charged."""
+        since = max(lease.granted_at, self._accrued_at)
         if now > since:
             amount = decayed_integral(lease.gpu_equivalents, now - since, self.policy.half_life_s)
             for entity in self._entities(lease.user, lease.group):
                 self._charge(entity, amount, now)
-            self._accrued_until[lease.id] = now
+
+    def _add_accruing(self, lease: Lease, sign: float) -> None:
+        """Count a lease in (``sign`` 1) or out of (-1) its entities' accrual sums."""
+        since = max(lease.granted_at, self._accrued_at)
+        eq = lease.gpu_equivalents
+        weight = eq * 2.0 ** ((since - self._accrual_ref) / self.policy.half_life_s)
+        for entity in self._entities(lease.user, lease.group):
+            cell = self._accruing.setdefault(entity, [0.0, 0.0, 0.0])
+            cell[0] += sign
+            cell[1] += sign * eq
+            cell[2] += sign * weight
+            if not cell[0]:
+                del self._accruing[entity]
+
+    def _accrue_all(self, now: float) -> None:
+        """Charge every active lease's usage up to ``now``: per entity, the sum over its
+        leases of ``decayed_integral(eq, now - since)``, in closed form."""
+        h = self.policy.half_life_s
+        decay = 2.0 ** (-(now - self._accrual_ref) / h)
+        for entity, cell in self._accruing.items():
+            amount = h / math.log(2) * (cell[1] - decay * cell[2])
+            if amount > 0:
+                self._charge(entity, amount, now)
+            cell[2] = cell[1]
+        self._accrued_at = self._accrual_ref = now
 
     def _share(self, entity: Entity) -> float:
         q = self._quotas.get(entity)
@@ -857,8 +906,7 @@ class Broker:
 
     def _recalc(self, now: float) -> None:
         """Bring every entity's usage to ``now``, reset fair-share factors, re-rank."""
-        for lease in self._leases.values():
-            self._accrue(lease, now)
+        self._accrue_all(now)
         totals = {"user": 0.0, "group": 0.0}
         shares = {"user": 0.0, "group": 0.0}
         for entity in self._usage:
@@ -890,6 +938,8 @@ class Broker:
             self._quotas[(row["kind"], row["name"])] = Quota(
                 row["share"], row["max_gpus"], row["gpu_hours"], row["period_s"]
             )
+        for entity, q in self._quotas.items():
+            self._load_budget(entity, q, now)
         horizon = now - 10 * self.policy.half_life_s
         for row in self.store.ledger(since=horizon):
             age = max(now - row["end"], 0.0)
@@ -898,7 +948,6 @@ class Broker:
             ) * 2.0 ** (-age / self.policy.half_life_s)
             for entity in self._entities(row["user"], row["grp"]):
                 self._charge(entity, amount, now)
-                self._add_budget(entity, row["gpu_hours"], row["end"])
             self._learn(row["user"], row["job_class"], row["end"] - row["start"])
         live = self.store.live_requests()
         self._live.update((r.id, r) for r in live if r.state is RequestState.GRANTED)
@@ -906,12 +955,12 @@ class Broker:
         for lease, expected_end in self.store.active_leases():
             # A restart gives every live holder a fresh TTL to find the broker again.
             lease.expires_at = max(lease.expires_at, now + lease.ttl_s)
-            self._hold(lease, expected_end)
-            self._accrued_until[lease.id] = now
+            self._hold(lease, expected_end)  # usage accrues from granted_at, as before
             missing = [d for d in lease.devices if d not in self.placer.devices]
             if missing:
                 lost.append((lease, f"device {missing[0]} is no longer in the inventory"))
         for r in live:
+            self._new_entity(r)  # live users count in the share totals, as they did before
             if r.state is RequestState.QUEUED:
                 self._enqueue(r)
         for lease, reason in lost:

@@ -197,9 +197,9 @@ class Size:
             return f"gpus={self.gpus}"
         if self.profile is not None:
             return f"profile={self.profile}"
-        m = self.min_memory_gb
+        m = float(self.min_memory_gb or 0)
         short = f"{m:g}"  # 6 significant digits: keep it only when it reads back exactly
-        return f"min_memory_gb={short if float(short) == m else repr(float(m))}"
+        return f"min_memory_gb={short if float(short) == m else repr(m)}"
 
     @classmethod
     def parse(cls, text: str) -> Size:

@@ -1,0 +1,138 @@
+"""The JSON shapes of the API, shared by every front (handlers, CLI, hub, widgets).
+
+Times leave the core as UTC seconds and reach clients as ISO 8601 strings;
+durations stay in seconds. What a viewer may see of other users' objects is
+decided here, once: user names yes, request and lease ids, kernel ids and
+tokens never.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from ..broker.core import Event, QueueEntry
+from ..broker.models import DeviceReading, Inventory, Lease, Request
+
+
+def iso(t: float | None) -> str | None:
+    """UTC seconds -> ISO 8601 (``None`` stays ``None``)."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def parse_iso(text: str) -> float:
+    """ISO 8601 (a naive time is UTC) -> UTC seconds; ValueError if malformed."""
+    dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def request_json(r: Request, entry: QueueEntry | None = None) -> dict[str, Any]:
+    d = r.to_json()
+    d["submitted_at"] = iso(r.submitted_at)
+    d["ended_at"] = iso(r.ended_at)
+    d["position"] = entry.position if entry else None
+    d["eta"] = iso(entry.eta) if entry else None
+    return d
+
+
+def lease_json(lease: Lease) -> dict[str, Any]:
+    d = lease.to_json()
+    for k in ("granted_at", "expires_at", "ended_at"):
+        d[k] = iso(d[k])
+    return d
+
+
+def queue_json(entries: list[QueueEntry], viewer: str, admin: bool) -> list[dict[str, Any]]:
+    """The whole queue; other users' entries without ids, owner or estimates."""
+    out = []
+    for e in entries:
+        r = e.request
+        mine = admin or r.user == viewer
+        out.append(
+            {
+                "position": e.position,
+                "eta": iso(e.eta),
+                "user": r.user,
+                "job_class": r.job_class.value,
+                **r.size.to_json(),
+                "submitted_at": iso(r.submitted_at),
+                "mine": r.user == viewer,
+                "id": r.id if mine else None,
+                "owner": r.owner if mine else None,
+            }
+        )
+    return out
+
+
+def reading_json(r: DeviceReading | None) -> dict[str, Any]:
+    if r is None:
+        return {}
+    return {
+        "health": r.health.value,
+        "utilization_gpu": r.utilization_gpu,
+        "memory_used_mib": r.memory_used_mib,
+        "temperature_c": r.temperature_c,
+        "power_w": None if r.power_mw is None else r.power_mw / 1000,
+        "unsupported": list(r.unsupported),
+    }
+
+
+def devices_json(
+    inventory: Inventory,
+    readings: dict[str, DeviceReading],
+    holders: dict[str, Lease],
+    viewer: str | None = None,
+    admin: bool = True,
+) -> list[dict[str, Any]]:
+    """Every GPU with its grantable devices, live readings and holders."""
+
+    def holder(lease: Lease | None) -> dict[str, Any] | None:
+        if lease is None:
+            return None
+        visible = admin or lease.user == viewer
+        return {
+            "user": lease.user,
+            "lease_id": lease.id if visible else None,
+            "request_id": lease.request_id if visible else None,
+        }
+
+    return [
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "model": g.model,
+            "memory_mib": g.memory_mib,
+            "mig_enabled": g.mig_enabled,
+            **reading_json(readings.get(g.uuid)),
+            "devices": [
+                {
+                    "uuid": d.uuid,
+                    "kind": d.kind,
+                    "label": d.label,
+                    "profile": d.profile,
+                    "start": d.start,
+                    "memory_mib": d.memory_mib,
+                    "gpu_equivalents": round(d.gpu_equivalents, 4),
+                    "holder": holder(holders.get(d.uuid)),
+                    **reading_json(readings.get(d.uuid)),
+                }
+                for d in sorted(inventory.devices, key=lambda d: d.start or 0)
+                if d.gpu_uuid == g.uuid
+            ],
+        }
+        for g in inventory.gpus
+    ]
+
+
+def event_json(e: Event, viewer: str, admin: bool) -> dict[str, Any]:
+    """An event as a viewer may see it: their own in full, others' as a bare kind."""
+    if admin or e.user == viewer:
+        d = e.to_json()
+        d["at"] = iso(e.at)
+        return d
+    return {"kind": e.kind, "at": iso(e.at), "user": e.user}

@@ -1,0 +1,202 @@
+"""A client of the broker's HTTP API, for everything that is not the server itself.
+
+The kernel provisioner, the CLI and the ``%gpu`` magic all talk to the broker
+through this one class, whether the broker is embedded in their own Jupyter
+server or runs as a JupyterHub service: the API is the same.
+
+Auth: a Jupyter token (``Authorization: token ...``) acts as its user; a
+kernel-scoped token (``X-GPUBroker-Token``) acts only on its kernel's requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .api import TOKEN_HEADER
+
+URL_ENV = "GPUBROKER_URL"
+TOKEN_ENV = "GPUBROKER_TOKEN"
+TERMINAL = ("released", "cancelled", "expired", "reclaimed", "refused")
+
+
+class BrokerAPIError(Exception):
+    """The broker answered with an error (``code`` and ``message`` from its JSON)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class GrantTimeout(Exception):
+    """No grant within the time allowed; carries the last queue position."""
+
+    def __init__(self, request: dict[str, Any], waited: float) -> None:
+        self.request, self.waited = request, waited
+        pos = request.get("position")
+        where = f"still at position {pos} in the queue" if pos else "still waiting"
+        super().__init__(
+            f"no GPU ({_size_text(request)}) was granted within {waited:.0f} s: {where}"
+        )
+
+
+def _size_text(r: dict[str, Any]) -> str:
+    if r.get("gpus"):
+        return f"{r['gpus']} GPU(s)"
+    if r.get("profile"):
+        return str(r["profile"])
+    return f">= {r.get('min_memory_gb')} GB"
+
+
+class BrokerClient:
+    def __init__(
+        self, url: str, token: str = "", broker_token: str = "", timeout: float = 30.0
+    ) -> None:
+        """``token``: a Jupyter token; ``broker_token``: one the broker issued (a
+        kernel's ``GPUBROKER_TOKEN``). One of them, or neither on an open server."""
+        if not url:
+            raise ValueError(f"no broker URL: set {URL_ENV} or pass --url")
+        self.url = url.rstrip("/") + "/"
+        self.token, self.broker_token, self.timeout = token, broker_token, timeout
+
+    @classmethod
+    def from_env(cls) -> BrokerClient:
+        """Inside a GPU kernel: the URL and kernel token the provisioner injected."""
+        return cls(os.environ.get(URL_ENV, ""), broker_token=os.environ.get(TOKEN_ENV, ""))
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        if self.broker_token:
+            headers[TOKEN_HEADER] = self.broker_token
+        elif self.token:
+            headers["Authorization"] = f"token {self.token}"
+        return headers
+
+    async def call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, **query: Any
+    ) -> Any:
+        q = {k: v for k, v in query.items() if v is not None}
+        url = self.url + path + (f"?{urlencode(q)}" if q else "")
+        request = HTTPRequest(
+            url,
+            method=method,
+            headers=self._headers(),
+            body=None if body is None and method != "POST" else json.dumps(body or {}),
+            request_timeout=self.timeout,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            raise _api_error(e) from None
+        return json.loads(response.body) if response.body else None
+
+    # -- the API, one method an endpoint
+
+    async def me(self) -> dict[str, Any]:
+        return await self.call("GET", "me")  # type: ignore[no-any-return]
+
+    async def devices(self) -> list[dict[str, Any]]:
+        return (await self.call("GET", "devices"))["gpus"]  # type: ignore[no-any-return]
+
+    async def queue(self) -> list[dict[str, Any]]:
+        return (await self.call("GET", "queue"))["queue"]  # type: ignore[no-any-return]
+
+    async def submit(self, **fields: Any) -> dict[str, Any]:
+        body = {k: v for k, v in fields.items() if v is not None}
+        return await self.call("POST", "requests", body)  # type: ignore[no-any-return]
+
+    async def requests(self) -> list[dict[str, Any]]:
+        return (await self.call("GET", "requests"))["requests"]  # type: ignore[no-any-return]
+
+    async def request(self, request_id: str) -> dict[str, Any]:
+        return await self.call("GET", f"requests/{request_id}")  # type: ignore[no-any-return]
+
+    async def cancel(self, request_id: str) -> dict[str, Any]:
+        return await self.call("DELETE", f"requests/{request_id}")  # type: ignore[no-any-return]
+
+    async def leases(self) -> list[dict[str, Any]]:
+        return (await self.call("GET", "leases"))["leases"]  # type: ignore[no-any-return]
+
+    async def renew(self, lease_id: str) -> dict[str, Any]:
+        return await self.call("POST", f"leases/{lease_id}/renew")  # type: ignore[no-any-return]
+
+    async def release(self, lease_id: str) -> dict[str, Any]:
+        return await self.call("DELETE", f"leases/{lease_id}")  # type: ignore[no-any-return]
+
+    async def usage(self, **query: Any) -> dict[str, Any]:
+        return await self.call("GET", "usage", **query)  # type: ignore[no-any-return]
+
+    async def kernel_token(self, kernel_id: str) -> str:
+        reply = await self.call("POST", "tokens", {"kernel_id": kernel_id})
+        return str(reply["token"])
+
+    async def revoke_kernel_token(self, kernel_id: str) -> None:
+        await self.call("DELETE", f"tokens/{kernel_id}")
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """The server-sent event stream, one decoded event at a time."""
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        request = HTTPRequest(
+            self.url + "events",
+            headers=self._headers(),
+            streaming_callback=chunks.put_nowait,
+            request_timeout=0,
+        )
+        fetch = asyncio.ensure_future(AsyncHTTPClient().fetch(request, raise_error=False))
+        fetch.add_done_callback(lambda _: chunks.put_nowait(None))
+        buffer = b""
+        try:
+            while (chunk := await chunks.get()) is not None:
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    frame, buffer = buffer.split(b"\n\n", 1)
+                    for line in frame.decode().splitlines():
+                        if line.startswith("data: "):
+                            yield json.loads(line[6:])
+            response = fetch.result()
+            if response.code >= 400:
+                raise _api_error(HTTPClientError(response.code, response=response))
+        finally:
+            fetch.cancel()
+
+    async def wait_for_grant(self, request_id: str, timeout: float) -> dict[str, Any]:
+        """The request once granted (with its ``lease``), following the event stream.
+
+        Raises ``GrantTimeout`` after ``timeout`` seconds (the request stays queued:
+        the caller decides whether to cancel it) and ``BrokerAPIError`` if it ends
+        without a grant.
+        """
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def follow() -> dict[str, Any]:
+            async for event in self.events():
+                if event.get("kind") in ("hello", "positions", "granted", *TERMINAL):
+                    r = await self.request(request_id)
+                    if r["state"] == "granted":
+                        return r  # type: ignore[no-any-return]
+                    if r["state"] != "queued":
+                        raise BrokerAPIError(
+                            409, r["state"], f"request {r['state']}: {r['reason']}"
+                        )
+            raise BrokerAPIError(503, "disconnected", "the broker closed the event stream")
+
+        try:
+            return await asyncio.wait_for(follow(), timeout)
+        except asyncio.TimeoutError:
+            raise GrantTimeout(await self.request(request_id), loop.time() - start) from None
+
+
+def _api_error(e: HTTPClientError) -> BrokerAPIError:
+    body = e.response.body if e.response is not None else b""
+    try:
+        data = json.loads(body)
+        return BrokerAPIError(e.code, data.get("error", "error"), data.get("message", str(e)))
+    except (ValueError, AttributeError):
+        return BrokerAPIError(e.code, f"http_{e.code}", str(e))

@@ -1,0 +1,270 @@
+"""A running broker: the core plus its hardware, state file, tokens and heartbeat.
+
+``GPUBroker`` is the one traitlets-configured object (``c.GPUBroker.*``) that
+every host of the broker starts: the jupyter-server extension (embedded, the
+default) and, under JupyterHub, the broker service. It builds the core from
+configuration, runs its periodic ``tick``, caches device readings, issues the
+kernel-scoped tokens, and fans broker events out to live subscribers. It
+decides nothing itself: every decision is the core's.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tornado.ioloop import PeriodicCallback
+from traitlets import Bool, Dict, Enum, Float, List, Unicode, default, validate
+from traitlets import Set as SetTrait
+from traitlets.config import LoggingConfigurable
+
+from .broker.core import Broker, BrokerConfig, Event, Quota
+from .broker.errors import InvalidRequest
+from .broker.models import DeviceReading, check_name
+from .broker.policy import POLICIES, Window, make_policy
+from .broker.store import Store
+from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
+from .paths import STATE_FILE_ENV, default_state_path
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who a token speaks for: a user, and for kernel tokens the kernel it is bound to."""
+
+    user: str
+    kernel_id: str | None = None
+
+
+class GPUBroker(LoggingConfigurable):
+    """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
+
+    state_file = Unicode(
+        help=f"SQLite file holding requests, leases, usage and quotas "
+        f"(default ${STATE_FILE_ENV}, else <jupyter data dir>/gpubroker/state.sqlite).",
+    ).tag(config=True)
+
+    @default("state_file")
+    def _default_state_file(self) -> str:
+        return os.environ.get(STATE_FILE_ENV) or str(default_state_path())
+
+    simulate = Unicode(
+        help=f"Run on a simulated GPU machine: a preset (dgx-h100, dgx-h100-mig, "
+        f"h200-mig-balanced, workstation-a100, optionally ':N' GPUs) or a topology file. "
+        f"Empty: the real NVIDIA driver. Default ${SIMULATE_ENV}.",
+    ).tag(config=True)
+
+    @default("simulate")
+    def _default_simulate(self) -> str:
+        return os.environ.get(SIMULATE_ENV, "")
+
+    policy = Enum(
+        sorted(POLICIES), default_value="broker", help="Ordering policy: broker, slurm or fcfs."
+    ).tag(config=True)
+    policy_params = Dict(
+        help="Parameters of the policy, e.g. {'half_life_s': 86400, 'max_wait_s': 7200}; "
+        "see jupyter_gpubroker.broker.policy for each policy's fields.",
+    ).tag(config=True)
+    windows = List(
+        Dict(),
+        help="Time-of-day windows of the broker policy, checked in order: "
+        "[{'name': 'day', 'start': '08:00', 'end': '19:00', 'days': 'mon-fri', "
+        "'weights': {'interactive': 2000, 'batch': 0}}, ...]. Empty: the built-in ones.",
+    ).tag(config=True)
+    timezone = Unicode("UTC", help="Time zone the windows are read in (IANA name).").tag(
+        config=True
+    )
+    lease_ttl = Float(
+        120.0, help="Seconds a lease lives without a heartbeat before it expires."
+    ).tag(config=True)
+    tick_interval = Float(
+        2.0, help="Seconds between the broker's housekeeping passes (expiry, scheduling)."
+    ).tag(config=True)
+    dynamic_mig = Bool(
+        False, help="Re-cut idle MIG GPUs to fit waiting profiles (needs root on real GPUs)."
+    ).tag(config=True)
+    quotas_file = Unicode(
+        "",
+        help="YAML or JSON file of shares and quotas applied at start: "
+        "{users: {alice: {share: 2, max_gpus: 1}}, groups: {lab: {gpu_hours: 100, "
+        "period_s: 604800}}}. Entities it names are reset to it on every start.",
+    ).tag(config=True)
+    identity = Enum(
+        ["owner", "username"],
+        default_value="owner",
+        help="Whose requests an API call makes. 'owner': every authenticated caller is the "
+        "server's owner (a single-user Jupyter server, where the token already grants "
+        "everything). 'username': the identity provider's username (multi-user setups).",
+    ).tag(config=True)
+    owner = Unicode(
+        help="The server owner's user name (default $JUPYTERHUB_USER, else the OS user)."
+    ).tag(config=True)
+
+    @default("owner")
+    def _default_owner(self) -> str:
+        return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+    admin_users = SetTrait(
+        Unicode(),
+        help="Users allowed to see every lease and change quotas. The owner always is.",
+    ).tag(config=True)
+
+    @validate("lease_ttl", "tick_interval")
+    def _positive(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if not value > 0:
+            raise ValueError(f"{proposal['trait'].name} must be positive, not {value}")
+        return value
+
+    @validate("windows")
+    def _check_windows(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
+        for w in proposal["value"]:
+            Window.from_dict(w)
+        return list(proposal["value"])
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.broker: Broker | None = None
+        self.backend: NvmlBackend | None = None
+        self._tokens: dict[str, Scope] = {}
+        self._subscribers: list[Callable[[Event], None]] = []
+        self._readings: tuple[float, dict[str, DeviceReading]] = (0.0, {})
+        self._ticker: PeriodicCallback | None = None
+        self.api_url = ""
+        """Where kernels reach this broker's API (set by the host that serves it)."""
+
+    # ----------------------------------------------------------- lifecycle
+
+    def start(self) -> Broker:
+        """Open the hardware and the state file and build the core (no event loop needed)."""
+        params = dict(self.policy_params)
+        if self.policy == "broker":
+            params.setdefault("timezone", self.timezone)
+            if self.windows:
+                params["windows"] = tuple(Window.from_dict(w) for w in self.windows)
+        policy = make_policy(self.policy, **params)
+        self.backend = open_backend(self.simulate, log=self.log)
+        store = Store(Path(self.state_file).expanduser())
+        self.broker = Broker(
+            store,
+            self.backend.inventory(),
+            policy=policy,
+            config=BrokerConfig(lease_ttl_s=self.lease_ttl, dynamic_mig=self.dynamic_mig),
+            partitioner=MigPartitioner(self.backend) if self.dynamic_mig else None,
+        )
+        if self.quotas_file:
+            self._apply_quotas_file(Path(self.quotas_file).expanduser())
+        self.broker.subscribe(self._fan_out)
+        self.service_token = self.issue_token(self.owner)
+        """The token this server's own kernel provisioners use (never leaves the process)."""
+        source = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
+        self.log.info(
+            "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",
+            len(self.broker.inventory.devices),
+            len(self.broker.inventory.gpus),
+            source,
+            self.policy,
+            self.state_file,
+        )
+        return self.broker
+
+    def start_ticking(self) -> None:
+        """Run ``tick`` every ``tick_interval`` seconds on the current IOLoop."""
+        self._ticker = PeriodicCallback(self._tick, self.tick_interval * 1000)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        try:
+            self.core.tick()
+        except Exception:
+            self.log.exception("GPU broker tick failed")
+
+    def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+        if self.broker is not None:
+            self.broker.store.close()
+        if self.backend is not None:
+            self.backend.close()
+
+    @property
+    def core(self) -> Broker:
+        if self.broker is None:
+            raise RuntimeError("the GPU broker has not been started")
+        return self.broker
+
+    # ------------------------------------------------------------ identity
+
+    def is_admin(self, user: str) -> bool:
+        return user == self.owner or user in self.admin_users
+
+    def issue_token(self, user: str, kernel_id: str | None = None) -> str:
+        """A secret that acts as ``user``; bound to ``kernel_id``, it acts only on that
+        kernel's requests. A kernel's new token replaces its old one."""
+        if kernel_id is not None:
+            self.revoke_tokens(kernel_id)
+        token = "gpb_" + secrets.token_urlsafe(24)
+        self._tokens[_hash(token)] = Scope(user, kernel_id)
+        return token
+
+    def revoke_tokens(self, kernel_id: str, user: str | None = None) -> None:
+        """Revoke a kernel's tokens (only ``user``'s, when given)."""
+        for h in [
+            h
+            for h, scope in self._tokens.items()
+            if scope.kernel_id == kernel_id and user in (None, scope.user)
+        ]:
+            del self._tokens[h]
+
+    def scope_of(self, token: str) -> Scope | None:
+        return self._tokens.get(_hash(token))
+
+    # ------------------------------------------------------------- readings
+
+    def readings(self, max_age: float = 1.0) -> dict[str, DeviceReading]:
+        """Live readings of every GPU and device, at most ``max_age`` seconds old."""
+        at, cached = self._readings
+        if time.monotonic() - at > max_age and self.backend is not None:
+            self._readings = (time.monotonic(), self.backend.read_all(self.core.inventory))
+        return self._readings[1]
+
+    # --------------------------------------------------------------- events
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        self._subscribers.append(listener)
+        return lambda: self._subscribers.remove(listener)
+
+    def _fan_out(self, event: Event) -> None:
+        for listener in list(self._subscribers):
+            listener(event)
+
+    # --------------------------------------------------------------- quotas
+
+    def _apply_quotas_file(self, path: Path) -> None:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise InvalidRequest(f"cannot read quotas file {path}: {e}") from None
+        if not isinstance(data, dict) or set(data) - {"users", "groups"}:
+            raise InvalidRequest(f"quotas file {path}: top-level keys are 'users' and 'groups'")
+        for section, kind in (("users", "user"), ("groups", "group")):
+            for name, values in (data.get(section) or {}).items():
+                check_name(str(name), kind)
+                if not isinstance(values, dict):
+                    raise InvalidRequest(f"quotas file {path}: {kind} {name!r} needs a mapping")
+                try:
+                    quota = Quota(**values)
+                except TypeError as e:
+                    raise InvalidRequest(f"quotas file {path}: {kind} {name!r}: {e}") from None
+                self.core.set_quota(kind, str(name), quota)
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -1,0 +1,190 @@
+"""``gpubroker-provisioner``: a kernel provisioner that starts kernels on a granted GPU.
+
+A kernelspec names what it needs in ``metadata.kernel_provisioner.config``
+(``{"gpu": "1g.10gb"}``, ``{"gpus": 2}`` or ``{"min_memory_gb": 20}``).
+``pre_launch`` submits the request for this kernel, waits for the grant,
+and starts the kernel with the device pinned (``CUDA_VISIBLE_DEVICES`` set to
+the GPU or MIG UUIDs) and a kernel-scoped token for the ``%gpu`` magic. A
+heartbeat renews the lease while the kernel process lives; a restart keeps
+the grant; shutdown releases it; a kernel that dies without shutdown stops
+renewing, and the broker takes the device back when the lease expires.
+
+It reaches the broker over the HTTP API: the one embedded in this server
+(through its in-process token), or ``broker_url`` when the broker runs
+elsewhere (a JupyterHub service).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Enum, Float, Int, Unicode
+
+from ..client import BrokerAPIError, BrokerClient, GrantTimeout
+from . import registry
+
+LIVE = ("queued", "granted")
+
+
+class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
+    gpu = Unicode("", help="MIG profile to request, e.g. '1g.10gb'.").tag(config=True)
+    gpus = Int(0, help="Number of whole GPUs to request.").tag(config=True)
+    min_memory_gb = Float(0.0, help="Any GPU or MIG slice with at least this memory.").tag(
+        config=True
+    )
+    job_class = Enum(
+        ["interactive", "batch"], default_value="interactive", help="Job class of the request."
+    ).tag(config=True)
+    wait_timeout = Float(
+        600.0, help="Seconds a kernel start may wait in the queue before it fails."
+    ).tag(config=True)
+    broker_url = Unicode(
+        "", help="API URL of a broker outside this server; empty: the embedded broker."
+    ).tag(config=True)
+    broker_token = Unicode("", help="Jupyter token for broker_url.").tag(config=True)
+
+    request_id: str | None = None
+    lease: dict[str, Any] | None = None
+    _kernel_token: str | None = None
+    _heartbeat: asyncio.Task[None] | None = None
+
+    # -- jupyter_client hooks
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        client = self._client()
+        granted = await self._acquire(client)
+        self.lease = granted["lease"]
+        if self._kernel_token is None:
+            self._kernel_token = await client.kernel_token(self.kernel_id)
+        env = dict(kwargs.get("env") or os.environ)
+        env.update(self.gpu_env(client.url))
+        kwargs["env"] = env
+        return await super().pre_launch(**kwargs)  # type: ignore[no-any-return]
+
+    async def post_launch(self, **kwargs: Any) -> None:
+        await super().post_launch(**kwargs)
+        self._stop_heartbeat()
+        self._heartbeat = asyncio.ensure_future(self._renew_while_alive(self._client()))
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if restart:
+            return  # a restarted kernel keeps its grant
+        self._stop_heartbeat()
+        try:
+            await self._give_back(self._client())
+        except Exception as e:  # the server is going down with its broker
+            self.log.info("Kernel %s: GPU left to expire with its lease (%s)", self.kernel_id, e)
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = await super().get_provisioner_info()
+        info.update(gpubroker_request_id=self.request_id, gpubroker_lease=self.lease)
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        self.request_id = provisioner_info.get("gpubroker_request_id")
+        self.lease = provisioner_info.get("gpubroker_lease")
+
+    # -- the broker
+
+    def _client(self) -> BrokerClient:
+        if self.broker_url:
+            return BrokerClient(self.broker_url, token=self.broker_token)
+        runtime = registry.current()
+        if runtime is None:
+            raise RuntimeError(
+                "gpubroker-provisioner: no GPU broker in this process; start the kernel from "
+                "a Jupyter server with the jupyter_gpubroker extension, or set "
+                "c.GPUProvisioner.broker_url"
+            )
+        return BrokerClient(runtime.api_url, broker_token=runtime.service_token)
+
+    def size(self) -> dict[str, Any]:
+        """The request's size in the API's terms, from the kernelspec's config."""
+        given = {
+            api: value
+            for api, key, value in (
+                ("profile", "gpu", self.gpu),
+                ("gpus", "gpus", self.gpus),
+                ("min_memory_gb", "min_memory_gb", self.min_memory_gb),
+            )
+            if value
+        }
+        if len(given) != 1:
+            raise ValueError(
+                "a GPU kernelspec's provisioner config names exactly one of 'gpu' (a MIG "
+                f"profile), 'gpus' or 'min_memory_gb'; kernel {self.kernel_id} has "
+                f"{', '.join(given) or 'none'}"
+            )
+        return given
+
+    async def _acquire(self, client: BrokerClient) -> dict[str, Any]:
+        """This kernel's live request (kept across restarts), granted."""
+        r = await client.request(self.request_id) if self.request_id else None
+        if r is None or r["state"] not in LIVE:
+            r = await client.submit(**self.size(), job_class=self.job_class, owner=self.kernel_id)
+            self.request_id = r["id"]
+        if r["state"] == "granted":
+            return r
+        self.log.info(
+            "Kernel %s waits for a GPU: position %s in the queue", self.kernel_id, r["position"]
+        )
+        try:
+            return await client.wait_for_grant(r["id"], self.wait_timeout)
+        except GrantTimeout as e:
+            await self._give_back(client)
+            raise RuntimeError(f"{e}; the request was withdrawn, try again later") from None
+        except BaseException:  # start cancelled or failed: leave no request behind
+            with contextlib.suppress(Exception):
+                await self._give_back(client)
+            raise
+
+    async def _give_back(self, client: BrokerClient) -> None:
+        """Release the lease or withdraw the request, and revoke the kernel's token."""
+        if self.request_id:
+            with contextlib.suppress(BrokerAPIError):  # already ended: nothing to give back
+                await client.cancel(self.request_id)
+        if self._kernel_token is not None:
+            with contextlib.suppress(BrokerAPIError):
+                await client.revoke_kernel_token(self.kernel_id)
+        self.request_id = self.lease = self._kernel_token = None
+
+    def gpu_env(self, api_url: str) -> dict[str, str]:
+        """What the kernel process needs: its devices pinned and its way to the broker."""
+        assert self.lease is not None and self._kernel_token is not None
+        devices = ",".join(self.lease["devices"])
+        return {
+            "CUDA_VISIBLE_DEVICES": devices,
+            "NVIDIA_VISIBLE_DEVICES": devices,
+            "GPUBROKER_URL": api_url,
+            "GPUBROKER_TOKEN": self._kernel_token,
+            "GPUBROKER_KERNEL_ID": self.kernel_id,
+            "GPUBROKER_REQUEST_ID": self.lease["request_id"],
+            "GPUBROKER_LEASE_ID": self.lease["id"],
+        }
+
+    async def _renew_while_alive(self, client: BrokerClient) -> None:
+        """Renew the lease every third of its TTL for as long as the kernel process runs."""
+        assert self.lease is not None
+        lease_id, interval = self.lease["id"], self.lease["ttl_s"] / 3
+        while True:
+            await asyncio.sleep(interval)
+            if await self.poll() is not None:
+                return  # the process is gone: stop renewing, the lease will expire
+            try:
+                await client.renew(lease_id)
+            except BrokerAPIError as e:
+                self.log.warning("Kernel %s lost its GPU lease: %s", self.kernel_id, e.message)
+                return
+            except Exception as e:  # broker unreachable for now: try again next beat
+                self.log.warning("Kernel %s could not renew its GPU lease: %s", self.kernel_id, e)
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None

@@ -1,0 +1,134 @@
+"""A broker killed at any instant restarts from its file with nothing half-done.
+
+A worker process (``crash_worker.py``) storms a broker with random calls and
+prints every acknowledged one; we SIGKILL it at random moments, check the
+SQLite file against what it acknowledged, and start it again on the same file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpubroker.broker.store import SCHEMA_VERSION, Store
+
+HERE = Path(__file__).parent
+WORKER = HERE / "crash_worker.py"
+ROUNDS = 15
+SEED = 20240515
+
+
+def load_worker():
+    spec = importlib.util.spec_from_file_location("broker_crash_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_and_kill(path: Path, seed: int, after_s: float, log: Path) -> list[str]:
+    """Start the worker, let it storm ``after_s`` seconds past READY, SIGKILL it;
+    return the complete lines it printed."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), str(path), str(seed)],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=HERE,
+        )
+        deadline = time.monotonic() + 20
+        while "READY\n" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                err = proc.communicate()[1].decode()
+                pytest.fail(f"the worker did not start (exit {proc.returncode}):\n{err}")
+            time.sleep(0.01)
+        time.sleep(after_s)
+        if proc.poll() is not None:
+            pytest.fail(f"the worker died by itself:\n{proc.communicate()[1].decode()}")
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    text = log.read_text()
+    lines = text.split("\n")[:-1]  # a line cut by the kill is not acknowledged
+    return [line for line in lines if line != "READY"]
+
+
+def check_file(path: Path, acked: list[str]) -> tuple[int, int]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    try:
+        requests = {r["id"]: r for r in conn.execute("SELECT * FROM requests")}
+        leases = {r["id"]: r for r in conn.execute("SELECT * FROM leases")}
+        allocations = dict(conn.execute("SELECT device, lease_id FROM allocations").fetchall())
+    finally:
+        conn.close()
+    active = {lid: lease for lid, lease in leases.items() if lease["state"] == "active"}
+
+    held = [(d, lid) for lid, lease in active.items() for d in json.loads(lease["devices"])]
+    devices = [d for d, _ in held]
+    assert len(devices) == len(set(devices)), "a device is in two active leases"
+    assert allocations == dict(held), "allocations differ from the active leases' devices"
+
+    for lid, lease in active.items():
+        r = requests[lease["request_id"]]
+        assert r["state"] == "granted", f"active lease {lid} belongs to a {r['state']} request"
+        assert r["lease_id"] == lid
+    for rid, r in requests.items():
+        if r["state"] == "granted":
+            assert r["lease_id"] in active, f"granted request {rid} has no active lease"
+        if r["state"] == "queued":
+            assert r["lease_id"] is None
+            assert all(lease["request_id"] != rid for lease in active.values())
+    for lid, lease in leases.items():
+        if lease["state"] != "active":
+            assert lid not in allocations.values()
+
+    for line in acked:
+        kind, ident, *rest = line.split()
+        if kind == "S":
+            assert ident in requests, f"acknowledged request {ident} is not in the file"
+        elif kind == "R":
+            assert leases[ident]["state"] == "released", f"released lease {ident} is active"
+        elif kind == "C":
+            assert requests[ident]["state"] == rest[0], f"cancelled {ident} is not {rest[0]}"
+        else:
+            pytest.fail(f"unexpected worker output {line!r}")
+    return len(active), sum(r["state"] == "queued" for r in requests.values())
+
+
+@pytest.mark.slow
+def test_killed_broker_restarts_consistent(tmp_path):
+    worker = load_worker()
+    path = tmp_path / "state.sqlite"
+    rng = random.Random(SEED)
+    acked: list[str] = []
+    busy_rounds = 0
+    for _ in range(ROUNDS):
+        lines = run_and_kill(path, rng.randrange(2**32), rng.uniform(0.05, 0.5), tmp_path / "out")
+        acked += lines
+        active, queued = check_file(path, acked)
+        busy_rounds += bool(active and queued)
+
+        broker = worker.open_broker(str(path))  # a fresh broker opens it without error
+        try:
+            holders = {d: lease.id for d, lease in broker.holders().items()}
+            assert holders == broker.store.allocations()
+            assert len({lease.id for lease in broker.leases()}) == active
+        finally:
+            broker.store.close()
+        store = Store(path)
+        assert store.schema_version == SCHEMA_VERSION and store.live_requests() is not None
+        store.close()
+
+    kinds = [line[0] for line in acked]
+    assert kinds.count("S") >= 100 and kinds.count("R") >= 20 and kinds.count("C") >= 10
+    assert busy_rounds >= ROUNDS // 2, "the storm should leave leases and a queue behind"

@@ -1,0 +1,183 @@
+"""Quotas: concurrent GPU limits, GPU-hour budgets per period, validation."""
+
+from __future__ import annotations
+
+import pytest
+from broker_helpers import mig_inventory, whole_inventory
+
+from jupyter_gpubroker.broker.clock import VirtualClock
+from jupyter_gpubroker.broker.core import Broker, Quota
+from jupyter_gpubroker.broker.errors import InvalidRequest, QuotaExceeded
+from jupyter_gpubroker.broker.models import RequestState, Size
+from jupyter_gpubroker.broker.store import Store
+
+HOUR = 3600.0
+DAY = 86400.0
+MIDNIGHT = 19858 * DAY  # 2024-05-16 00:00 UTC, a budget period boundary
+
+
+def test_max_gpus_keeps_extra_requests_queued_while_others_are_granted(make_broker):
+    broker = make_broker(whole_inventory(4))
+    broker.set_quota("user", "alice", Quota(max_gpus=1))
+    first = broker.submit("alice", Size(gpus=1))
+    second = broker.submit("alice", Size(gpus=1))
+    bob = broker.submit("bob", Size(gpus=1))
+    assert first.state is RequestState.GRANTED
+    assert second.state is RequestState.QUEUED  # two GPUs are free, but not for alice
+    assert bob.state is RequestState.GRANTED
+    assert len(broker.leases("alice")) == 1
+
+    broker.release(first.lease_id, "alice")
+    assert second.state is RequestState.GRANTED
+    assert len(broker.leases("alice")) == 1
+
+
+def test_max_gpus_counts_mig_slices_in_gpu_equivalents(make_broker):
+    broker = make_broker(mig_inventory(gpus=1))
+    broker.set_quota("user", "alice", Quota(max_gpus=3 / 7))
+    got = [broker.submit("alice", Size(profile="1g.10gb")) for _ in range(4)]
+    assert [r.state for r in got].count(RequestState.GRANTED) == 3
+
+
+def test_group_max_gpus_limits_its_members_together(make_broker):
+    broker = make_broker(whole_inventory(4))
+    broker.set_quota("group", "physics", Quota(max_gpus=2))
+    a = broker.submit("alice", Size(gpus=1), groups=["physics"])
+    b = broker.submit("bob", Size(gpus=1), groups=["physics"])
+    c = broker.submit("carol", Size(gpus=1), groups=["physics"])
+    d = broker.submit("carol", Size(gpus=1), groups=["chem"])
+    assert [r.state for r in (a, b, c, d)] == [
+        RequestState.GRANTED,
+        RequestState.GRANTED,
+        RequestState.QUEUED,
+        RequestState.GRANTED,
+    ]
+
+
+def test_a_request_larger_than_the_quota_is_refused_at_submit(make_broker):
+    broker = make_broker(whole_inventory(4))
+    broker.set_quota("user", "alice", Quota(max_gpus=1))
+    with pytest.raises(QuotaExceeded, match="asks for 2 GPU-equivalents.*at most 1") as info:
+        broker.submit("alice", Size(gpus=2))
+    assert info.value.status == 403
+    assert broker.store.live_requests() == []
+    assert broker.submit("bob", Size(gpus=2)).state is RequestState.GRANTED
+
+
+def test_raising_a_quota_lets_a_waiting_request_go(make_broker):
+    broker = make_broker(whole_inventory(2))
+    broker.set_quota("user", "alice", Quota(max_gpus=1))
+    broker.submit("alice", Size(gpus=1))
+    waiting = broker.submit("alice", Size(gpus=1))
+    assert waiting.state is RequestState.QUEUED
+    broker.set_quota("user", "alice", Quota(max_gpus=2))
+    broker.tick()
+    assert waiting.state is RequestState.GRANTED
+
+
+def test_deleting_a_quota_lifts_it(make_broker):
+    broker = make_broker(whole_inventory(2))
+    broker.set_quota("user", "alice", Quota(max_gpus=1))
+    assert broker.quotas() == {("user", "alice"): Quota(max_gpus=1)}
+    broker.delete_quota("user", "alice")
+    assert broker.quotas() == {}
+    assert broker.submit("alice", Size(gpus=2)).state is RequestState.GRANTED
+
+
+@pytest.fixture
+def budget_broker(store):
+    clock = VirtualClock(MIDNIGHT + 8 * HOUR)
+    broker = Broker(store, whole_inventory(2), clock=clock)
+    broker.set_quota("user", "alice", Quota(gpu_hours=2, period_s=DAY))
+    return broker, clock
+
+
+def test_exhausted_gpu_hour_budget_refuses_submits_until_next_period(budget_broker):
+    broker, clock = budget_broker
+    r = broker.submit("alice", Size(gpus=2))
+    clock.advance(HOUR)  # 2 GPUs for one hour: the whole budget
+    broker.release(r.lease_id)
+    with pytest.raises(QuotaExceeded, match="2 GPU-hour budget"):
+        broker.submit("alice", Size(gpus=1))
+    assert broker.submit("bob", Size(gpus=1)).state is RequestState.GRANTED
+    clock.set(MIDNIGHT + DAY)  # the next day: a fresh budget
+    assert broker.submit("alice", Size(gpus=1)).state is RequestState.GRANTED
+
+
+def test_a_live_lease_spends_the_budget_and_holds_back_queued_requests(budget_broker):
+    broker, clock = budget_broker
+    broker.submit("alice", Size(gpus=1))
+    queued = broker.submit("alice", Size(gpus=2))
+    assert queued.state is RequestState.QUEUED  # no room
+    clock.advance(2 * HOUR)  # the live lease alone spent 2 GPU-hours
+    with pytest.raises(QuotaExceeded):
+        broker.submit("alice", Size(gpus=1))
+    broker.release(broker.leases("alice")[0].id)
+    assert queued.state is RequestState.QUEUED, "the budget is spent: nothing more is granted"
+
+
+def test_a_budget_set_mid_period_counts_what_was_already_spent(make_broker, clock):
+    broker = make_broker(whole_inventory(2))
+    r = broker.submit("alice", Size(gpus=1))
+    clock.advance(3 * HOUR)
+    broker.release(r.lease_id)
+    broker.set_quota("user", "alice", Quota(gpu_hours=2, period_s=DAY))
+    with pytest.raises(QuotaExceeded):
+        broker.submit("alice", Size(gpus=1))
+
+
+def test_a_restart_remembers_the_budget_spent_in_a_long_period(state_file):
+    # A 30-day budget outlives the ten fair-share half-lives the restart replays.
+    clock = VirtualClock(MIDNIGHT - (MIDNIGHT % (30 * DAY)))
+    broker = Broker(Store(state_file), whole_inventory(1), clock=clock)
+    broker.set_quota("user", "alice", Quota(gpu_hours=10, period_s=30 * DAY))
+    r = broker.submit("alice", Size(gpus=1))
+    clock.advance(10 * HOUR)
+    broker.release(r.lease_id)
+    clock.advance(20 * DAY)
+    with pytest.raises(QuotaExceeded):
+        broker.submit("alice", Size(gpus=1))
+    again = Broker(Store(state_file), whole_inventory(1), clock=clock)
+    with pytest.raises(QuotaExceeded):
+        again.submit("alice", Size(gpus=1))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"share": 0},
+        {"share": -1},
+        {"max_gpus": -1},
+        {"max_gpus": float("inf")},
+        {"max_gpus": float("nan")},
+        {"max_gpus": True},
+        {"share": "1"},
+        {"gpu_hours": 10},  # no period
+        {"period_s": DAY},  # no budget
+        {"gpu_hours": 10, "period_s": 0},
+    ],
+)
+def test_bad_quotas_are_invalid_requests(kwargs):
+    with pytest.raises(InvalidRequest):
+        Quota(**kwargs)
+
+
+def test_set_quota_validates_kind_and_name(make_broker):
+    broker = make_broker()
+    with pytest.raises(InvalidRequest, match="kind"):
+        broker.set_quota("team", "alice", Quota(share=2))
+    with pytest.raises(InvalidRequest, match="malformed"):
+        broker.set_quota("user", "not a name", Quota(share=2))
+    assert broker.store.quotas() == []
+
+
+def test_quotas_are_stored(make_broker):
+    broker = make_broker()
+    broker.set_quota("group", "physics", Quota(share=3, gpu_hours=100, period_s=DAY))
+    (row,) = broker.store.quotas()
+    assert (row["kind"], row["name"], row["share"], row["gpu_hours"]) == (
+        "group",
+        "physics",
+        3,
+        100,
+    )

@@ -1,0 +1,170 @@
+"""The SQLite file: schema versions, atomic transactions, and the double-grant guard."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from broker_helpers import whole_inventory
+
+from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.errors import InvalidRequest
+from jupyter_gpubroker.broker.models import (
+    JobClass,
+    Lease,
+    LeaseState,
+    Request,
+    RequestState,
+    Size,
+)
+from jupyter_gpubroker.broker.store import MIGRATIONS, SCHEMA_VERSION, Store
+
+TABLES = {"requests", "leases", "allocations", "ledger", "quotas"}
+
+
+def tables(store: Store) -> set[str]:
+    return set(store.db.table_names())
+
+
+def a_request(rid: str = "r-1", user: str = "alice") -> Request:
+    return Request(rid, user, ("lab",), Size(gpus=1), JobClass.INTERACTIVE, 10.0, owner="k-1")
+
+
+def a_lease(lid: str, rid: str, devices: tuple[str, ...]) -> Lease:
+    return Lease(lid, rid, "alice", "lab", devices, float(len(devices)), 10.0, 130.0, 120.0)
+
+
+def test_new_file_gets_the_current_schema(state_file):
+    store = Store(state_file)
+    assert SCHEMA_VERSION == len(MIGRATIONS) >= 1
+    assert store.schema_version == SCHEMA_VERSION
+    assert tables(store) >= TABLES
+    store.close()
+
+
+def test_reopening_is_idempotent_and_keeps_data(state_file):
+    store = Store(state_file)
+    with store.transaction():
+        store.insert_request(a_request(), 1)
+    store.close()
+    for _ in range(3):
+        again = Store(state_file)
+        assert again.schema_version == SCHEMA_VERSION
+        assert [r.id for r in again.live_requests()] == ["r-1"]
+        again.close()
+
+
+def test_a_newer_schema_is_refused_with_a_clear_error(state_file):
+    conn = sqlite3.connect(state_file)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(InvalidRequest) as info:
+        Store(state_file)
+    msg = info.value.message
+    assert str(state_file) in msg
+    assert f"schema version {SCHEMA_VERSION + 1}" in msg
+    assert "upgrade" in msg
+    # and nothing was done to the file
+    conn = sqlite3.connect(state_file)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+    assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def test_file_store_uses_wal_and_memory_store_works(state_file, store):
+    file_store = Store(state_file)
+    mode = file_store.conn.execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    assert file_store.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    file_store.close()
+    assert store.schema_version == SCHEMA_VERSION and tables(store) >= TABLES
+
+
+def test_synchronous_mode_is_checked(state_file):
+    with pytest.raises(InvalidRequest, match="synchronous"):
+        Store(state_file, synchronous="OFF")
+    full = Store(state_file, synchronous="FULL")
+    assert full.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    full.close()
+
+
+def test_a_failed_transaction_leaves_nothing(store):
+    with pytest.raises(RuntimeError), store.transaction():
+        store.insert_request(a_request("r-1"), 1)
+        store.insert_lease(a_lease("l-1", "r-1", ("GPU-A",)), 500.0)
+        raise RuntimeError("crash in the middle")
+    assert store.request("r-1") is None
+    assert store.lease("l-1") is None
+    assert store.allocations() == {}
+    # the connection is usable again afterwards
+    with store.transaction():
+        store.insert_request(a_request("r-1"), 1)
+    assert store.request("r-1") is not None
+
+
+def test_allocations_refuse_a_second_lease_on_one_device(store):
+    with store.transaction():
+        store.insert_request(a_request("r-1"), 1)
+        store.insert_request(a_request("r-2", "bob"), 2)
+        store.insert_lease(a_lease("l-1", "r-1", ("GPU-A", "GPU-B")), 500.0)
+    with pytest.raises(sqlite3.IntegrityError), store.transaction():
+        store.insert_lease(a_lease("l-2", "r-2", ("GPU-C", "GPU-B")), 500.0)
+    # the whole second grant rolled back, not just the clashing row
+    assert store.allocations() == {"GPU-A": "l-1", "GPU-B": "l-1"}
+    assert store.lease("l-2") is None
+    assert store.request("r-2").state is RequestState.QUEUED
+
+
+def test_the_database_stops_a_core_bug_from_double_granting(make_broker):
+    broker = make_broker(whole_inventory(2))
+    first = broker.submit("alice", Size(gpus=1))
+    held = broker.lease(first.lease_id).devices
+    # Simulate a placement bug: offer the held device again.
+    broker.placer.find = lambda size, strategy, exclude=frozenset(): [  # type: ignore[method-assign]
+        broker.placer.devices[held[0]]
+    ]
+    with pytest.raises(sqlite3.IntegrityError):
+        broker.submit("bob", Size(gpus=1))
+    allocations = broker.store.allocations()
+    assert allocations == {held[0]: first.lease_id}
+    bob = [r for r in broker.store.live_requests() if r.user == "bob"]
+    assert len(bob) == 1 and bob[0].state is RequestState.QUEUED  # acknowledged, not granted
+    assert set(broker.holders()) == {held[0]}
+
+
+def test_lease_end_writes_the_ledger_and_frees_devices(store):
+    with store.transaction():
+        store.insert_request(a_request("r-1"), 1)
+        lease = a_lease("l-1", "r-1", ("GPU-A", "GPU-B"))
+        store.insert_lease(lease, 500.0)
+    lease.state, lease.ended_at, lease.reason = LeaseState.RELEASED, 3610.0, "done"
+    with store.transaction():
+        store.end_lease(lease, "interactive")
+    assert store.allocations() == {}
+    assert store.active_leases() == []
+    (row,) = store.ledger()
+    assert row["gpu_hours"] == pytest.approx(2.0)  # 2 GPUs for an hour
+    assert store.ledger(since=3610.0) == [row]
+    assert store.ledger(until=3610.0) == []  # [since, until)
+
+
+def test_foreign_keys_refuse_an_allocation_without_a_lease(store):
+    with pytest.raises(sqlite3.IntegrityError), store.transaction() as c:
+        c.execute("INSERT INTO allocations (device, lease_id) VALUES ('GPU-A', 'l-nope')")
+
+
+def test_requests_round_trip_through_the_file(state_file):
+    store = Store(state_file)
+    r = a_request()
+    r.expected_duration_s = 900.0
+    with store.transaction():
+        store.insert_request(r, 1)
+    store.close()
+    back = Store(state_file).request("r-1")
+    assert back == r
+
+
+def test_broker_state_file_is_created_under_missing_directories(tmp_path, clock):
+    path = tmp_path / "deep" / "er" / "state.sqlite"
+    broker = Broker(Store(path), whole_inventory(1), clock=clock)
+    broker.submit("alice", Size(gpus=1))
+    assert path.exists()
