@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +10,8 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpubroker.api import API_PREFIX
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.kernelspec import spec_for
 
 Api = Callable[..., Awaitable[Any]]
 
@@ -44,19 +45,10 @@ def gpu_kernelspec(jp_kernel_dir) -> Callable[..., str]:
     """Write a kernelspec that starts IPython on a GPU through the provisioner."""
 
     def make(name: str = "gpu-1g", **config: Any) -> str:
+        _, spec = spec_for(Size(profile="1g.10gb"))
+        spec["metadata"]["kernel_provisioner"]["config"] = config or {"gpu": "1g.10gb"}
         spec_dir = jp_kernel_dir / name
         spec_dir.mkdir(parents=True, exist_ok=True)
-        spec = {
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": f"Python 3 ({name})",
-            "language": "python",
-            "metadata": {
-                "kernel_provisioner": {
-                    "provisioner_name": "gpubroker-provisioner",
-                    "config": config or {"gpu": "1g.10gb"},
-                }
-            },
-        }
         (spec_dir / "kernel.json").write_text(json.dumps(spec))
         return name
 

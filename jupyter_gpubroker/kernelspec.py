@@ -1,0 +1,60 @@
+"""GPU kernelspecs: "Python 3 (GPU 1g.10gb)" started through ``gpubroker-provisioner``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpecManager
+
+from .broker.models import Size
+
+
+def spec_for(size: Size, job_class: str = "interactive") -> tuple[str, dict[str, object]]:
+    """(kernel name, kernel.json) for a kernel that waits for ``size`` before it starts."""
+    if size.gpus is not None:
+        config: dict[str, object] = {"gpus": size.gpus}
+        label, slug = f"{size.gpus} GPU{'s' if size.gpus > 1 else ''}", f"{size.gpus}gpu"
+    elif size.profile is not None:
+        config, label, slug = {"gpu": size.profile}, size.profile, size.profile
+    else:
+        config = {"min_memory_gb": size.min_memory_gb}
+        label = slug = f"{size.min_memory_gb:g}GB"
+    if job_class != "interactive":
+        config["job_class"] = job_class
+        label, slug = f"{label}, {job_class}", f"{slug}-{job_class}"
+    name = "python3-gpu-" + re.sub(r"[^a-z0-9._-]", "-", slug.lower())
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python 3 (GPU {label})",
+        "language": "python",
+        "metadata": {
+            "kernel_provisioner": {"provisioner_name": "gpubroker-provisioner", "config": config}
+        },
+    }
+    return name, spec
+
+
+def install(
+    size: Size,
+    job_class: str = "interactive",
+    *,
+    name: str | None = None,
+    display_name: str | None = None,
+    user: bool = False,
+    prefix: str | None = None,
+) -> str:
+    """Install the kernelspec; returns the directory it was written to."""
+    default_name, spec = spec_for(size, job_class)
+    if display_name:
+        spec["display_name"] = display_name
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=1))
+        return str(
+            KernelSpecManager().install_kernel_spec(
+                tmp, name or default_name, user=user, prefix=prefix
+            )
+        )

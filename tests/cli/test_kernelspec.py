@@ -1,0 +1,42 @@
+"""`jupyter gpubroker kernelspec install`: kernelspecs that start kernels on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jupyter_gpubroker.cli import main
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "display", "config"),
+    [
+        (["--gpu", "1g.10gb"], "python3-gpu-1g.10gb", "Python 3 (GPU 1g.10gb)", {"gpu": "1g.10gb"}),
+        (["--gpus", "2"], "python3-gpu-2gpu", "Python 3 (GPU 2 GPUs)", {"gpus": 2}),
+        (
+            ["--min-memory", "20", "--class", "batch"],
+            "python3-gpu-20gb-batch",
+            "Python 3 (GPU 20GB, batch)",
+            {"min_memory_gb": 20.0, "job_class": "batch"},
+        ),
+    ],
+)
+def test_install_writes_a_provisioned_kernelspec(tmp_path, capsys, args, name, display, config):
+    assert main(["kernelspec", "install", *args, "--prefix", str(tmp_path)]) == 0
+    spec = json.loads((tmp_path / "share/jupyter/kernels" / name / "kernel.json").read_text())
+    assert spec["display_name"] == display
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "gpubroker-provisioner",
+        "config": config,
+    }
+    assert f"installed {display}" in capsys.readouterr().out
+
+
+def test_install_refuses_a_bad_size(tmp_path, capsys):
+    assert main(["kernelspec", "install", "--gpu", "8g.1tb", "--prefix", str(tmp_path)]) == 1
+    assert "unknown MIG profile '8g.1tb'" in capsys.readouterr().err
+    assert not (tmp_path / "share").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["kernelspec", "install", "--gpu", "1g.10gb", "--gpus", "2"])
+    assert e.value.code == 2
