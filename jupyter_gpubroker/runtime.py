@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Dict, Enum, Float, List, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, List, TraitError, Unicode, default, validate
 from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
@@ -120,13 +120,16 @@ class GPUBroker(LoggingConfigurable):
     def _positive(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not value > 0:
-            raise ValueError(f"{proposal['trait'].name} must be positive, not {value}")
+            raise TraitError(f"{proposal['trait'].name} must be positive, not {value}")
         return value
 
     @validate("windows")
     def _check_windows(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
         for w in proposal["value"]:
-            Window.from_dict(w)
+            try:
+                Window.from_dict(w)
+            except InvalidRequest as e:
+                raise TraitError(f"GPUBroker.windows: {e.message}") from None
         return list(proposal["value"])
 
     def __init__(self, **kwargs: Any) -> None:
@@ -255,7 +258,10 @@ class GPUBroker(LoggingConfigurable):
         if not isinstance(data, dict) or set(data) - {"users", "groups"}:
             raise InvalidRequest(f"quotas file {path}: top-level keys are 'users' and 'groups'")
         for section, kind in (("users", "user"), ("groups", "group")):
-            for name, values in (data.get(section) or {}).items():
+            entries = data.get(section) or {}
+            if not isinstance(entries, dict):
+                raise InvalidRequest(f"quotas file {path}: '{section}' needs a mapping of names")
+            for name, values in entries.items():
                 check_name(str(name), kind)
                 if not isinstance(values, dict):
                     raise InvalidRequest(f"quotas file {path}: {kind} {name!r} needs a mapping")

@@ -1,0 +1,95 @@
+"""GPUBroker: the broker built from c.GPUBroker.* configuration, with bad values refused."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
+
+from jupyter_gpubroker.broker.core import Quota
+from jupyter_gpubroker.broker.errors import InvalidRequest
+from jupyter_gpubroker.runtime import GPUBroker, Scope
+
+
+def make(tmp_path, **traits) -> GPUBroker:  # type: ignore[no-untyped-def]
+    c = Config()
+    c.GPUBroker.simulate = "workstation-a100"
+    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    for k, v in traits.items():
+        setattr(c.GPUBroker, k, v)
+    return GPUBroker(config=c)
+
+
+def test_builds_the_configured_broker(tmp_path) -> None:
+    rt = make(tmp_path, policy="slurm", policy_params={"half_life_s": 3600.0}, lease_ttl=30.0)
+    broker = rt.start()
+    try:
+        assert broker.policy.name == "slurm" and broker.policy.half_life_s == 3600.0
+        assert broker.config.lease_ttl_s == 30.0
+        assert len(broker.inventory.devices) == 5  # 4 MIG slices + 1 whole A100
+        assert (tmp_path / "state.sqlite").exists()
+    finally:
+        rt.stop()
+
+
+def test_quotas_file_is_applied_at_start(tmp_path) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(
+        "users:\n  alice: {share: 2, max_gpus: 1}\n"
+        "groups:\n  lab: {gpu_hours: 10, period_s: 86400}\n"
+    )
+    rt = make(tmp_path, quotas_file=str(quotas))
+    try:
+        assert rt.start().quotas() == {
+            ("user", "alice"): Quota(share=2, max_gpus=1),
+            ("group", "lab"): Quota(gpu_hours=10, period_s=86400),
+        }
+    finally:
+        rt.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("users: [alice]\n", "needs a mapping|'users'"),
+        ("people: {}\n", "top-level keys are 'users' and 'groups'"),
+        ("users:\n  alice: {max_gpu: 1}\n", "unexpected keyword argument 'max_gpu'"),
+        ("users:\n  'bad name': {share: 1}\n", "user name 'bad name' is malformed"),
+        ("groups:\n  lab: {gpu_hours: 5}\n", "needs both gpu_hours and period_s"),
+        ("users: {alice: {share: -1}}\n", "share must be positive"),
+    ],
+)
+def test_bad_quotas_file_is_refused_with_its_reason(tmp_path, text, message) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(text)
+    rt = make(tmp_path, quotas_file=str(quotas))
+    with pytest.raises(InvalidRequest, match=message):
+        try:
+            rt.start()
+        finally:
+            rt.stop()
+
+
+def test_bad_traits_are_refused(tmp_path) -> None:
+    with pytest.raises(TraitError, match="lease_ttl must be positive"):
+        make(tmp_path, lease_ttl=0.0)
+    with pytest.raises(TraitError):
+        make(tmp_path, policy="lottery")
+    with pytest.raises(TraitError, match="bad day range"):
+        make(tmp_path, windows=[{"name": "x", "start": "8", "end": "9", "days": "funday"}])
+    rt = make(tmp_path, policy_params={"half_lif_s": 1})
+    with pytest.raises(InvalidRequest, match="bad parameter for policy 'broker'"):
+        rt.start()
+
+
+def test_kernel_tokens_are_scoped_replaced_and_revoked(tmp_path) -> None:
+    rt = make(tmp_path)
+    first = rt.issue_token("alice", "k1")
+    second = rt.issue_token("alice", "k1")
+    assert rt.scope_of(first) is None  # a kernel's new token replaces the old one
+    assert rt.scope_of(second) == Scope("alice", "k1")
+    rt.revoke_tokens("k1", user="bob")
+    assert rt.scope_of(second) == Scope("alice", "k1")  # bob cannot revoke alice's
+    rt.revoke_tokens("k1", user="alice")
+    assert rt.scope_of(second) is None
+    assert rt.scope_of("gpb_made-up") is None
