@@ -210,9 +210,10 @@ class GPUBroker(LoggingConfigurable):
 
     def issue_token(self, user: str, kernel_id: str | None = None) -> str:
         """A secret that acts as ``user``; bound to ``kernel_id``, it acts only on that
-        kernel's requests. A kernel's new token replaces its old one."""
+        kernel's requests. A kernel's new token replaces its old one (that user's only:
+        another user naming the same kernel id must not revoke it)."""
         if kernel_id is not None:
-            self.revoke_tokens(kernel_id)
+            self.revoke_tokens(kernel_id, user)
         token = "gpb_" + secrets.token_urlsafe(24)
         self._tokens[_hash(token)] = Scope(user, kernel_id)
         return token

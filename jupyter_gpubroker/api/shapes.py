@@ -8,6 +8,7 @@ tokens never.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -46,12 +47,15 @@ def lease_json(lease: Lease) -> dict[str, Any]:
     return d
 
 
-def queue_json(entries: list[QueueEntry], viewer: str, admin: bool) -> list[dict[str, Any]]:
-    """The whole queue; other users' entries without ids, owner or estimates."""
+def queue_json(
+    entries: list[QueueEntry], viewer: str, admin: bool, kernel_id: str | None = None
+) -> list[dict[str, Any]]:
+    """The whole queue; other users' entries without ids or owner (for a viewer with a
+    kernel token, ``kernel_id``, every entry but its own kernel's)."""
     out = []
     for e in entries:
         r = e.request
-        mine = admin or r.user == viewer
+        shown = admin or (r.user == viewer and kernel_id in (None, r.owner))
         out.append(
             {
                 "position": e.position,
@@ -61,8 +65,8 @@ def queue_json(entries: list[QueueEntry], viewer: str, admin: bool) -> list[dict
                 **r.size.to_json(),
                 "submitted_at": iso(r.submitted_at),
                 "mine": r.user == viewer,
-                "id": r.id if mine else None,
-                "owner": r.owner if mine else None,
+                "id": r.id if shown else None,
+                "owner": r.owner if shown else None,
             }
         )
     return out
@@ -87,13 +91,20 @@ def devices_json(
     holders: dict[str, Lease],
     viewer: str | None = None,
     admin: bool = True,
+    kernel_id: str | None = None,
+    owners: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every GPU with its grantable devices, live readings and holders."""
+    """Every GPU with its grantable devices, live readings and holders; other users'
+    holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of its
+    own kernel's leases only: ``owners`` maps the holders' request ids to their owners."""
 
     def holder(lease: Lease | None) -> dict[str, Any] | None:
         if lease is None:
             return None
-        visible = admin or lease.user == viewer
+        visible = admin or (
+            lease.user == viewer
+            and (kernel_id is None or (owners or {}).get(lease.request_id) == kernel_id)
+        )
         return {
             "user": lease.user,
             "lease_id": lease.id if visible else None,
@@ -132,7 +143,6 @@ def devices_json(
 def event_json(e: Event, viewer: str, admin: bool) -> dict[str, Any]:
     """An event as a viewer may see it: their own in full, others' as a bare kind."""
     if admin or e.user == viewer:
-        d = e.to_json()
-        d["at"] = iso(e.at)
-        return d
+        # the event's own fields win over a detail of the same name (a quota's "kind")
+        return {**e.to_json(), "kind": e.kind, "at": iso(e.at)}
     return {"kind": e.kind, "at": iso(e.at), "user": e.user}

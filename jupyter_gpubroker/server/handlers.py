@@ -36,7 +36,7 @@ from ..broker.models import Lease, Request, Size
 from ..runtime import GPUBroker, Scope
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
-KERNEL_ID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 
 
 class BrokerHandler(APIHandler):
@@ -114,12 +114,21 @@ class BrokerHandler(APIHandler):
         self.check_kernel(self.runtime.core.request(lease.request_id).owner)
         return lease
 
+    def require_user(self) -> None:
+        if self.scope.kernel_id is not None:
+            raise Forbidden("a kernel token cannot issue or revoke tokens")
+
     def check_kernel(self, owner: str) -> None:
         if self.scope.kernel_id is not None and owner != self.scope.kernel_id:
             raise Forbidden("a kernel token acts only on its own kernel's requests")
 
     def entries_by_id(self) -> dict[str, Any]:
         return {e.request.id: e for e in self.runtime.core.queue()}
+
+    def with_lease(self, r: Request) -> dict[str, Any]:
+        d = request_json(r, self.entries_by_id().get(r.id))
+        d["lease"] = lease_json(self.runtime.core.lease(r.lease_id)) if r.lease_id else None
+        return d
 
 
 class MeHandler(BrokerHandler):
@@ -134,8 +143,18 @@ class DevicesHandler(BrokerHandler):
     @authorized
     def get(self) -> None:
         core = self.runtime.core
+        holders = core.holders()
+        owners = None
+        if self.scope.kernel_id is not None:  # a kernel token sees only its kernel's ids
+            owners = {x.request_id: core.request(x.request_id).owner for x in holders.values()}
         gpus = devices_json(
-            core.inventory, self.runtime.readings(), core.holders(), self.user, self.admin
+            core.inventory,
+            self.runtime.readings(),
+            holders,
+            self.user,
+            self.admin,
+            kernel_id=self.scope.kernel_id,
+            owners=owners,
         )
         self.reply({"gpus": gpus})
 
@@ -145,7 +164,8 @@ class QueueHandler(BrokerHandler):
     @authorized
     def get(self) -> None:
         entries = self.runtime.core.queue()
-        self.reply({"queue": queue_json(entries, self.user, self.admin), "length": len(entries)})
+        queue = queue_json(entries, self.user, self.admin, kernel_id=self.scope.kernel_id)
+        self.reply({"queue": queue, "length": len(entries)})
 
 
 class RequestsHandler(BrokerHandler):
@@ -183,25 +203,20 @@ class RequestsHandler(BrokerHandler):
             owner=owner,
             expected_duration_s=data.get("expected_duration_s"),
         )
-        self.reply(self._with_lease(r), 201)
-
-    def _with_lease(self, r: Request) -> dict[str, Any]:
-        d = request_json(r, self.entries_by_id().get(r.id))
-        d["lease"] = lease_json(self.runtime.core.lease(r.lease_id)) if r.lease_id else None
-        return d
+        self.reply(self.with_lease(r), 201)
 
 
-class RequestHandler(RequestsHandler):
+class RequestHandler(BrokerHandler):
     @web.authenticated
     @authorized
-    def get(self, request_id: str) -> None:  # type: ignore[override]
-        self.reply(self._with_lease(self.own_request(request_id)))
+    def get(self, request_id: str) -> None:
+        self.reply(self.with_lease(self.own_request(request_id)))
 
     @web.authenticated
     @authorized
     def delete(self, request_id: str) -> None:
         r = self.own_request(request_id)
-        self.reply(self._with_lease(self.runtime.core.cancel(r.id)))
+        self.reply(self.with_lease(self.runtime.core.cancel(r.id)))
 
 
 class LeasesHandler(BrokerHandler):
@@ -306,18 +321,18 @@ class QuotaHandler(BrokerHandler):
 class TokensHandler(BrokerHandler):
     """Kernel-scoped tokens, issued to a user's own kernel provisioners."""
 
-    def require_user(self) -> None:
-        if self.scope.kernel_id is not None:
-            raise Forbidden("a kernel token cannot issue or revoke tokens")
-
     @web.authenticated
     @authorized
-    def post(self, kernel_id: str | None = None) -> None:
+    def post(self) -> None:
         self.require_user()
         kernel_id = self.body().get("kernel_id")
-        if not isinstance(kernel_id, str) or not KERNEL_ID.match(kernel_id):
+        if not isinstance(kernel_id, str) or not KERNEL_ID.fullmatch(kernel_id):
             raise InvalidRequest("'kernel_id' must be a kernel id (letters, digits, '-')")
         self.reply({"token": self.runtime.issue_token(self.user, kernel_id)}, 201)
+
+
+class TokenHandler(BrokerHandler):
+    """The caller's tokens for one kernel."""
 
     @web.authenticated
     @authorized
@@ -402,6 +417,6 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         (r"quotas/(user|group)/([^/]+)", QuotaHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),
-        (f"tokens/{ident}", TokensHandler),
+        (f"tokens/{ident}", TokenHandler),
     ]
     return [(f"/{API_PREFIX}/{path}", handler) for path, handler in routes]

@@ -57,11 +57,21 @@ def gpu_kernelspec(jp_kernel_dir) -> Callable[..., str]:
 
 @pytest.fixture
 def api(jp_fetch) -> Api:
-    """Call the broker API; returns (status, JSON body) without raising on 4xx."""
+    """Call the broker API; returns (status, JSON body) without raising on 4xx.
+    ``raw``: send this text as the body instead of ``body`` as JSON."""
 
-    async def call(method: str, path: str, body: Any = None, headers: dict | None = None, **params):
+    async def call(
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict | None = None,
+        raw: str | None = None,
+        **params,
+    ):
         kwargs: dict[str, Any] = {"method": method, "params": params or None}
-        if body is not None:
+        if raw is not None:
+            kwargs["body"] = raw
+        elif body is not None:
             kwargs["body"] = json.dumps(body)
         elif method == "POST":
             kwargs["body"] = "{}"

@@ -1,0 +1,428 @@
+"""The API document (``jupyter_gpubroker/api/openapi.yaml``) against the running server.
+
+Every documented operation is called on a real jupyter-server with the extension (a
+simulated H100 cut in seven 1g.10gb slices), with each of its documented statuses,
+and every reply is validated against the document; a test then fails when the
+document lists an operation or status the server never produced, or the server
+routes a method the document does not describe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timedelta, timezone
+from importlib import resources
+from typing import Any
+
+import pytest
+from openapi_check import (
+    DOC,
+    CheckedApi,
+    EventStream,
+    check_response,
+    documented_responses,
+    load_document,
+    operations,
+    validate,
+)
+from tornado import web
+
+from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
+from jupyter_gpubroker.server.handlers import handlers
+
+EVENT = "#/components/schemas/Event"
+NO_CREDENTIAL = {"Authorization": ""}
+
+
+@pytest.fixture
+def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
+    # Long leases: nothing may expire while the test walks through the API.
+    return {**broker_config, "lease_ttl": 120.0}
+
+
+def parse(t: str) -> datetime:
+    return datetime.fromisoformat(t)
+
+
+def iso(dt: datetime) -> str:
+    return dt.isoformat()
+
+
+# ----------------------------------------------------------------- the document
+
+
+def test_document_is_valid_openapi_3_1() -> None:
+    from openapi_spec_validator import validate as validate_spec
+
+    doc = load_document()
+    assert doc["openapi"].startswith("3.1.")
+    validate_spec(doc)  # raises on any structural or schema error
+    assert set(doc["components"]["securitySchemes"]) == {"jupyterToken", "kernelToken"}
+    assert doc["components"]["securitySchemes"]["kernelToken"]["name"] == TOKEN_HEADER
+
+
+def test_document_ships_inside_the_package() -> None:
+    text = resources.files("jupyter_gpubroker.api").joinpath("openapi.yaml").read_text()
+    assert "openapi: 3.1" in text
+    assert DOC["servers"][0]["url"].endswith(API_PREFIX)
+
+
+def test_document_describes_every_routed_method() -> None:
+    """Each handler method the server routes is in the document, and nothing else."""
+
+    def shape(path: str) -> str:
+        return re.sub(r"\([^)]*\)", "{}", path)
+
+    routed = set()
+    for pattern, handler in handlers():
+        path = shape(pattern.removeprefix(f"/{API_PREFIX}"))
+        for method in ("get", "put", "post", "delete", "patch"):
+            if getattr(handler, method) is not getattr(web.RequestHandler, method):
+                routed.add((path, method))
+    documented = {(re.sub(r"\{[^}]+\}", "{}", t), m) for t, m in operations()}
+    assert routed == documented
+
+
+async def test_an_undocumented_method_is_refused_with_405(api: Any) -> None:
+    """Not a 500 from a handler called with the wrong arguments: a JSON 405."""
+    documented = set(operations())
+    for template in DOC["paths"]:
+        path = re.sub(r"\{([^}]+)\}", lambda m: "user" if m.group(1) == "kind" else "x1", template)
+        for method in ("get", "put", "post", "delete", "patch"):
+            if (template, method) in documented:
+                continue
+            body = "{}" if method in ("put", "post", "patch") else None
+            status, reply = await api(method.upper(), path[1:], raw=body)
+            assert (status, reply["error"]) == (405, "http_405"), (method, template, reply)
+
+
+def test_error_codes_in_the_document_are_the_brokers() -> None:
+    from jupyter_gpubroker.broker import errors
+
+    codes = {
+        cls.code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.BrokerError)
+    } - {"broker_error"}
+    assert set(DOC["components"]["schemas"]["ErrorCode"]["anyOf"][0]["enum"]) == codes
+
+
+def test_validation_catches_a_wrong_body() -> None:
+    """The checker itself: a reply missing a field, with a wrong type or an extra
+    field fails."""
+    good = {"user": "ann", "admin": False, "kernel_id": None}
+    check_response("GET", "me", 200, good)
+    for bad in (
+        {"user": "ann", "admin": False},
+        {"user": "ann", "admin": "no", "kernel_id": None},
+        {**good, "token": "gpb_x"},
+    ):
+        with pytest.raises(AssertionError, match="does not match"):
+            check_response("GET", "me", 200, bad)
+    with pytest.raises(AssertionError, match="does not list"):
+        check_response("GET", "me", 404, {"error": "not_found", "message": "x"})
+    with pytest.raises(AssertionError, match="does not match"):
+        check_response("GET", "leases/l-1", 404, {"error": "forbidden", "message": "x"})
+
+
+# ------------------------------------------------------------- the live server
+
+
+async def test_every_documented_response_is_what_the_server_sends(
+    api: Any, jp_serverapp: Any, jp_http_port: int, jp_base_url: str
+) -> None:
+    check = CheckedApi(api)
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    owner = runtime.owner
+
+    me = await check("GET", "me", expect=200)
+    assert me == {"user": owner, "admin": True, "kernel_id": None}
+    (gpu,) = (await check("GET", "devices", expect=200))["gpus"]
+    assert gpu["mig_enabled"] and len(gpu["devices"]) == 7
+    assert all(d["holder"] is None and d["profile"] == "1g.10gb" for d in gpu["devices"])
+
+    granted = await _requests_and_leases(check, owner)
+    await _malformed_and_impossible(check, owner)
+    await _usage(check, owner)
+    kernel = await _kernel_token(check, granted)
+    await _unauthenticated(check, granted)
+    await _events(check, jp_http_port, jp_base_url, jp_serverapp.identity_provider.token)
+
+    # Revoked: the kernel's token no longer works.
+    await check("DELETE", "tokens/k1", expect=204)
+    refused = await check("GET", "me", headers=kernel, expect=403)
+    assert refused["error"] == "http_403"
+
+    missing = documented_responses() - check.seen
+    assert not missing, f"documented but never produced: {sorted(missing)}"
+
+
+async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
+    first = await check(
+        "POST",
+        "requests",
+        {
+            "profile": "1g.10gb",
+            "owner": "nb-1",
+            "job_class": "interactive",
+            "expected_duration_s": 600,
+            "groups": ["lab"],
+        },
+        expect=201,
+    )
+    assert first["state"] == "granted" and first["position"] is None and first["eta"] is None
+    lease = first["lease"]
+    assert lease["state"] == "active" and lease["id"] == first["lease_id"]
+    assert lease["user"] == owner and lease["group"] == "lab" and lease["profile"] == "1g.10gb"
+    assert lease["devices"][0].startswith("MIG-")
+    others = [await check("POST", "requests", {"min_memory_gb": 5}, expect=201) for _ in range(6)]
+    assert all(r["state"] == "granted" for r in others)
+
+    waiting = await check(
+        "POST", "requests", {"profile": "1g.10gb", "job_class": "batch"}, expect=201
+    )
+    assert waiting["state"] == "queued" and waiting["position"] == 1 and waiting["lease"] is None
+    # The machine is full: it starts when the first lease is expected to end (600 s).
+    wait = parse(waiting["eta"]) - parse(lease["granted_at"])
+    assert abs(wait.total_seconds() - 600) < 5
+
+    queue = await check("GET", "queue", expect=200)
+    assert queue["length"] == 1
+    assert queue["queue"][0]["id"] == waiting["id"] and queue["queue"][0]["mine"]
+    live = await check("GET", "requests", expect=200)
+    assert len(live["requests"]) == 8
+    fetched = await check("GET", f"requests/{waiting['id']}", expect=200)
+    assert fetched["state"] == "queued" and fetched["position"] == 1 and fetched["lease"] is None
+    again = await check("GET", f"requests/{first['id']}", expect=200)
+    assert again["lease"]["id"] == lease["id"] and again["owner"] == "nb-1"
+    leases = await check("GET", "leases", expect=200)
+    assert len(leases["leases"]) == 7
+    assert (await check("GET", f"leases/{lease['id']}", expect=200))["state"] == "active"
+    (gpu,) = (await check("GET", "devices", expect=200))["gpus"]
+    holders = {d["uuid"]: d["holder"] for d in gpu["devices"]}
+    assert holders[lease["devices"][0]] == {
+        "user": owner,
+        "lease_id": lease["id"],
+        "request_id": first["id"],
+    }
+
+    await asyncio.sleep(0.01)
+    renewed = await check("POST", f"leases/{lease['id']}/renew", expect=200)
+    assert parse(renewed["expires_at"]) > parse(lease["expires_at"])
+
+    cancelled = await check("DELETE", f"requests/{waiting['id']}", expect=200)
+    assert cancelled["state"] == "cancelled" and cancelled["position"] is None
+    assert cancelled["ended_at"] is not None
+    conflict = await check("DELETE", f"requests/{waiting['id']}", expect=409)
+    assert conflict["error"] == "conflict"
+
+    released = await check("DELETE", f"leases/{lease['id']}", expect=200)
+    assert released["state"] == "released" and released["ended_at"] is not None
+    for method, path in (
+        ("DELETE", f"leases/{lease['id']}"),
+        ("POST", f"leases/{lease['id']}/renew"),
+    ):
+        assert (await check(method, path, expect=409))["error"] == "conflict"
+    ended = await check("GET", f"requests/{first['id']}", expect=200)
+    assert ended["state"] == "released" and ended["lease"]["state"] == "released"
+
+    # Cancelling a granted request releases its lease.
+    dropped = await check("DELETE", f"requests/{others[0]['id']}", expect=200)
+    assert dropped["state"] == "released" and dropped["lease"]["state"] == "released"
+
+    for method, path in (
+        ("GET", "requests/r-000000000000"),
+        ("DELETE", "requests/r-000000000000"),
+        ("GET", "leases/l-000000000000"),
+        ("DELETE", "leases/l-000000000000"),
+        ("POST", "leases/l-000000000000/renew"),
+    ):
+        assert (await check(method, path, expect=404))["error"] == "not_found"
+    return others[1]
+
+
+async def _malformed_and_impossible(check: CheckedApi, owner: str) -> None:
+    async def refused(body: Any, status: int, code: str, **kw: Any) -> str:
+        reply = await check("POST", "requests", body, expect=status, **kw)
+        assert reply["error"] == code, reply
+        return str(reply["message"])
+
+    assert "JSON" in await refused(None, 400, "invalid_request", raw="{not json")
+    assert "object" in await refused(None, 400, "invalid_request", raw="[1, 2]")
+    assert "colour" in await refused(
+        {"profile": "1g.10gb", "colour": "red"}, 400, "invalid_request"
+    )
+    await refused({}, 400, "invalid_request")
+    await refused({"profile": "1g.10gb", "gpus": 1}, 400, "invalid_request")
+    await refused({"profile": "1g.10gb", "job_class": "urgent"}, 400, "invalid_request")
+    await refused({"profile": "1g.10gb", "groups": "lab"}, 400, "invalid_request")
+    await refused({"profile": "9g.99gb"}, 400, "unknown_profile")
+    assert "whole GPU" in await refused({"gpus": 1}, 422, "unsatisfiable")
+    await refused({"profile": "3g.40gb"}, 422, "unsatisfiable")
+
+    # Quotas: set one that forbids a slice, see it refuse, list, delete.
+    quota = await check("PUT", f"quotas/user/{owner}", {"max_gpus": 0.1}, expect=200)
+    assert quota == {
+        "kind": "user",
+        "name": owner,
+        "share": None,
+        "max_gpus": 0.1,
+        "gpu_hours": None,
+        "period_s": None,
+    }
+    assert "0.1" in await refused({"profile": "1g.10gb"}, 403, "quota_exceeded")
+    group = {"share": 2, "gpu_hours": 10, "period_s": 86400}
+    await check("PUT", "quotas/group/lab", group, expect=200)
+    listed = await check("GET", "quotas", expect=200)
+    assert {(q["kind"], q["name"]) for q in listed["quotas"]} == {("user", owner), ("group", "lab")}
+    await check("DELETE", f"quotas/user/{owner}", expect=204)
+    assert (await check("DELETE", f"quotas/user/{owner}", expect=404))["error"] == "not_found"
+    listed = await check("GET", "quotas", expect=200)
+    assert [q["name"] for q in listed["quotas"]] == ["lab"]
+    for body, path in (
+        ({"gpu_hours": 1}, "quotas/user/x"),  # a budget needs a period
+        ({"cap": 1}, "quotas/user/x"),
+        ({"share": -1}, "quotas/group/x"),
+        ({"share": 1}, "quotas/user/not a name!"),
+    ):
+        assert (await check("PUT", path, body, expect=400))["error"] == "invalid_request"
+    reply = await check("PUT", "quotas/user/x", None, raw="not json", expect=400)
+    assert reply["error"] == "invalid_request"
+
+
+async def _usage(check: CheckedApi, owner: str) -> None:
+    now = datetime.now(timezone.utc)
+    usage = await check("GET", "usage", expect=200)
+    assert usage["by"] == "user" and set(usage["gpu_hours"]) == {owner}
+    assert 0 < usage["gpu_hours"][owner] < 0.1
+    window = {"since": iso(now - timedelta(hours=1)), "until": iso(now + timedelta(minutes=1))}
+    by_group = await check("GET", "usage", expect=200, by="group", **window)
+    assert set(by_group["gpu_hours"]) == {"lab", ""}
+    by_profile = await check("GET", "usage", expect=200, by="profile", **window)
+    assert set(by_profile["gpu_hours"]) == {"1g.10gb"}
+    by_class = await check("GET", "usage", expect=200, by="job_class", since=window["since"])
+    assert set(by_class["gpu_hours"]) == {"interactive"}
+    later = {"since": iso(now + timedelta(hours=1)), "until": iso(now + timedelta(hours=2))}
+    assert (await check("GET", "usage", expect=200, **later))["gpu_hours"] == {}
+    naive = (now - timedelta(days=1)).replace(tzinfo=None).isoformat()  # read as UTC
+    assert set((await check("GET", "usage", expect=200, since=naive))["gpu_hours"]) == {owner}
+    for params in (
+        {"since": "yesterday"},
+        {"since": later["until"], "until": later["since"]},
+        {"by": "colour"},
+    ):
+        assert (await check("GET", "usage", expect=400, **params))["error"] == "invalid_request"
+
+
+async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str, str]:
+    """A kernel-scoped token: what it may do, and the 403s of what it may not."""
+    issued = await check("POST", "tokens", {"kernel_id": "k1"}, expect=201)
+    kernel = {TOKEN_HEADER: issued["token"]}
+    for body in ({"kernel_id": "not a kernel!"}, {"kernel_id": "k1\n"}, {}, {"kernel_id": 7}):
+        assert (await check("POST", "tokens", body, expect=400))["error"] == "invalid_request"
+
+    me = await check("GET", "me", headers=kernel, expect=200)
+    assert me["kernel_id"] == "k1" and me["admin"] is False
+    mine = await check(
+        "POST", "requests", {"profile": "1g.10gb", "owner": "elsewhere"}, headers=kernel, expect=201
+    )
+    assert mine["owner"] == "k1"
+    assert (await check("GET", f"requests/{mine['id']}", headers=kernel, expect=200))["id"]
+    assert [
+        r["id"] for r in (await check("GET", "requests", headers=kernel, expect=200))["requests"]
+    ] == [mine["id"]]
+    lease_id = granted["lease"]["id"]
+    for method, path, body in (
+        ("GET", f"requests/{granted['id']}", None),
+        ("DELETE", f"requests/{granted['id']}", None),
+        ("GET", f"leases/{lease_id}", None),
+        ("DELETE", f"leases/{lease_id}", None),
+        ("POST", f"leases/{lease_id}/renew", None),
+        ("PUT", "quotas/user/x", {"share": 2}),
+        ("DELETE", "quotas/group/lab", None),
+        ("POST", "tokens", {"kernel_id": "k2"}),
+        ("DELETE", "tokens/k1", None),
+    ):
+        reply = await check(method, path, body, headers=kernel, expect=403)
+        assert reply["error"] == "forbidden", (method, path, reply)
+    reply = await check("GET", "usage", headers=kernel, expect=403, by="group")
+    assert reply["error"] == "forbidden"
+    # Still the admin's: nothing the kernel tried changed it.
+    still = await check("GET", f"leases/{lease_id}", expect=200)
+    assert still["state"] == "active"
+    await check("DELETE", f"requests/{mine['id']}", headers=kernel, expect=200)
+    return kernel
+
+
+async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:
+    """Every operation refuses a call without a credential, and one with a made-up token."""
+    values = {
+        "request_id": granted["id"],
+        "lease_id": granted["lease"]["id"],
+        "kind": "user",
+        "name": "someone",
+        "kernel_id": "k1",
+    }
+    for template, method in operations():
+        path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)[1:]
+        body = {} if method in ("post", "put") else None
+        for headers in (NO_CREDENTIAL, {TOKEN_HEADER: "gpb_made-up"}):
+            reply = await check(method.upper(), path, body, headers=headers, expect=403)
+            assert reply["error"] == "http_403"
+    assert (await check("GET", f"leases/{values['lease_id']}", expect=200))["state"] == "active"
+
+
+async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> None:
+    """The event stream: a hello, then each change and a positions snapshot, all valid."""
+    seen: list[dict[str, Any]] = []
+    url = f"{base_url}{API_PREFIX}/events"
+    stream = await EventStream.open(port, url, {"Authorization": f"token {token}"})
+
+    async def until(kind: str) -> dict[str, Any]:
+        while True:
+            event = await stream.next()
+            validate(event, EVENT, f"event {event.get('kind')}")
+            seen.append(event)
+            if event["kind"] == kind:
+                return event
+
+    async def fill() -> None:
+        (gpu,) = (await check("GET", "devices", expect=200))["gpus"]
+        for _ in [d for d in gpu["devices"] if d["holder"] is None]:
+            await check("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+
+    try:
+        assert stream.status == 200 and stream.content_type == "text/event-stream"
+        hello = await until("hello")
+        assert seen == [hello] and hello["requests"] == []
+        check.record("/events", "get", 200)
+
+        granted = await check("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+        assert (await until("queued"))["request_id"] == granted["id"]
+        event = await until("granted")
+        assert event["lease_id"] == granted["lease"]["id"]
+        assert event["devices"] == granted["lease"]["devices"]
+        assert (await until("positions"))["queue_length"] == 0
+
+        await fill()
+        waiting = await check("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+        assert waiting["state"] == "queued"
+        positions = await until("positions")
+        while positions["queue_length"] == 0:
+            positions = await until("positions")
+        assert [(r["id"], r["position"]) for r in positions["requests"]] == [(waiting["id"], 1)]
+        assert positions["requests"][0]["eta"] is not None
+
+        await check("DELETE", f"leases/{granted['lease']['id']}", expect=200)
+        assert (await until("released"))["lease_id"] == granted["lease"]["id"]
+        assert (await until("granted"))["request_id"] == waiting["id"]
+
+        await check("PUT", "quotas/user/ann", {"share": 3}, expect=200)
+        quota = await until("quota")
+        assert quota["user"] == "ann" and quota["name"] == "ann" and quota["share"] == 3
+        await check("DELETE", f"requests/{waiting['id']}", expect=200)
+        assert (await until("released"))["request_id"] == waiting["id"]
+    finally:
+        stream.close()
+    assert [e["kind"] for e in seen].count("hello") == 1

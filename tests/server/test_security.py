@@ -1,0 +1,433 @@
+"""Who may see and do what, on a multi-user server (``c.GPUBroker.identity = "username"``).
+
+Three users log in through the server's identity provider with Jupyter tokens
+(``Authorization: token alice-token`` ...): alice and bob are plain users, carol is an
+admin (``c.GPUBroker.admin_users``); the server's owner is someone else. A kernel-scoped
+token acts for its user on its own kernel's requests only. Every reply is also checked
+against the API document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from jupyter_server.auth.identity import IdentityProvider, User
+from openapi_check import EventStream, check_response, operations, validate
+
+from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
+
+EVENT = "#/components/schemas/Event"
+USERS = {"alice-token": "alice", "bob-token": "bob", "carol-token": "carol"}
+
+
+class TokenUsers(IdentityProvider):
+    """``Authorization: token <name>-token`` logs in as <name>; anything else is nobody."""
+
+    def _name(self, handler: Any) -> str | None:
+        scheme, _, token = handler.request.headers.get("Authorization", "").partition(" ")
+        return USERS.get(token.strip()) if scheme.lower() == "token" else None
+
+    def get_user(self, handler: Any) -> User | None:
+        name = self._name(handler)
+        return None if name is None else User(username=name)
+
+    def is_token_authenticated(self, handler: Any) -> bool:
+        return self._name(handler) is not None
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **jp_server_config,
+        "ServerApp": {**jp_server_config["ServerApp"], "identity_provider_class": TokenUsers},
+        "GPUBroker": {
+            **jp_server_config["GPUBroker"],
+            "identity": "username",
+            "owner": "root-owner",
+            "admin_users": {"carol"},
+            "lease_ttl": 120.0,
+        },
+    }
+
+
+@pytest.fixture
+def jp_auth_header() -> dict[str, str]:
+    return {}  # no credential unless a call names one
+
+
+class Caller:
+    """Calls the API as one user (or kernel token); checks every reply against the
+    document and keeps the text of every successful GET for leak checks."""
+
+    def __init__(self, api: Any, headers: dict[str, str], seen: list[str]) -> None:
+        self.api, self.headers, self.seen = api, headers, seen
+
+    async def __call__(
+        self, method: str, path: str, body: Any = None, *, expect: int, **params: Any
+    ) -> Any:
+        status, data = await self.api(method, path, body, headers=self.headers, **params)
+        assert status == expect, f"{self.headers} {method} {path}: {status} {data}"
+        check_response(method, path, status, data, body)
+        if method == "GET" and status == 200:
+            self.seen.append(json.dumps(data))
+        return data
+
+    async def refused(self, method: str, path: str, body: Any = None, **params: Any) -> str:
+        """403 ``forbidden``; returns the message."""
+        reply = await self(method, path, body, expect=403, **params)
+        assert reply["error"] == "forbidden", (method, path, reply)
+        return str(reply["message"])
+
+
+class World:
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.seen: dict[str, list[str]] = {}
+
+    def user(self, name: str) -> Caller:
+        return Caller(
+            self.api, {"Authorization": f"token {name}-token"}, self.seen.setdefault(name, [])
+        )
+
+    def kernel(self, token: str, name: str = "kernel") -> Caller:
+        return Caller(self.api, {TOKEN_HEADER: token}, self.seen.setdefault(name, []))
+
+
+@pytest.fixture
+def world(api: Any) -> World:
+    return World(api)
+
+
+async def fill(caller: Caller, n: int, **body: Any) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(n):
+        r = await caller("POST", "requests", {"profile": "1g.10gb", **body}, expect=201)
+        out.append(r)
+    return out
+
+
+async def alice_and_bob(world: World) -> dict[str, Any]:
+    """alice holds two slices (one for kernel k1) and waits for a third; bob holds one
+    and waits for one; carol fills the rest. Returns alice's objects."""
+    alice, bob, carol = world.user("alice"), world.user("bob"), world.user("carol")
+    token = (await alice("POST", "tokens", {"kernel_id": "k1"}, expect=201))["token"]
+    k1 = world.kernel(token, "k1")
+    held = await alice(
+        "POST", "requests", {"profile": "1g.10gb", "owner": "alice-nb-7f3a"}, expect=201
+    )
+    in_k1 = await k1("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+    (bob_held,) = await fill(bob, 1, owner="bob-nb")
+    await fill(carol, 4, owner="carol-job")
+    waiting = await alice(
+        "POST", "requests", {"profile": "1g.10gb", "owner": "alice-queued-9c1e"}, expect=201
+    )
+    (bob_waiting,) = await fill(bob, 1, owner="bob-queued")
+    assert [r["state"] for r in (held, in_k1, bob_held, waiting, bob_waiting)] == [
+        "granted",
+        "granted",
+        "granted",
+        "queued",
+        "queued",
+    ]
+    return {
+        "token": token,
+        "held": held,
+        "in_k1": in_k1,
+        "waiting": waiting,
+        "bob_held": bob_held,
+        "bob_waiting": bob_waiting,
+        "secrets": [
+            token,
+            held["id"],
+            held["lease"]["id"],
+            held["owner"],
+            in_k1["id"],
+            in_k1["lease"]["id"],
+            waiting["id"],
+            waiting["owner"],
+        ],
+    }
+
+
+def leaks(texts: list[str], secrets: list[str]) -> list[str]:
+    return [s for s in secrets if any(s in t for t in texts)]
+
+
+# --------------------------------------------------------------------- no credential
+
+
+async def test_every_operation_refuses_a_caller_without_a_valid_credential(world: World) -> None:
+    state = await alice_and_bob(world)
+    alice = world.user("alice")
+    values = {
+        "request_id": state["held"]["id"],
+        "lease_id": state["held"]["lease"]["id"],
+        "kind": "user",
+        "name": "alice",
+        "kernel_id": "k1",
+    }
+    strangers = [
+        {},
+        {"Authorization": "token mallory-token"},
+        {"Authorization": "bearer alice-token"},
+        {TOKEN_HEADER: "gpb_made-up"},
+        {TOKEN_HEADER: ""},
+    ]
+    for template, method in operations():
+        path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)[1:]
+        body = {"profile": "1g.10gb"} if (template, method) == ("/requests", "post") else None
+        if method in ("post", "put") and body is None:
+            body = {}
+        for headers in strangers:
+            status, reply = await world.api(method.upper(), path, body, headers=headers)
+            assert status == 403, (method, path, headers, reply)
+            assert reply == {"error": "http_403", "message": reply["message"]}
+    # Nothing they tried changed anything.
+    held = await alice("GET", f"requests/{values['request_id']}", expect=200)
+    assert held["state"] == "granted"
+    assert held["lease"] == state["held"]["lease"]  # neither released nor renewed
+    me = await world.kernel(state["token"])("GET", "me", expect=200)
+    assert me == {"user": "alice", "admin": False, "kernel_id": "k1"}  # not revoked
+    assert len((await world.user("carol")("GET", "queue", expect=200))["queue"]) == 2
+
+
+# ----------------------------------------------------------------- what bob may see
+
+
+async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
+    world: World, jp_http_port: int, jp_base_url: str
+) -> None:
+    state = await alice_and_bob(world)
+    bob, carol = world.user("bob"), world.user("carol")
+    await carol("PUT", "quotas/user/alice", {"max_gpus": 3}, expect=200)
+    await carol("PUT", "quotas/user/bob", {"share": 2}, expect=200)
+    await carol("PUT", "quotas/group/lab", {"share": 5}, expect=200)
+
+    me = await bob("GET", "me", expect=200)
+    assert me == {"user": "bob", "admin": False, "kernel_id": None}
+
+    queue = (await bob("GET", "queue", expect=200))["queue"]
+    assert sorted((e["user"], e["mine"]) for e in queue) == [("alice", False), ("bob", True)]
+    for e in queue:
+        if e["user"] == "alice":
+            assert e["id"] is None and e["owner"] is None
+        else:
+            assert e["id"] == state["bob_waiting"]["id"] and e["owner"] == "bob-queued"
+
+    (gpu,) = (await bob("GET", "devices", expect=200))["gpus"]
+    holders = [d["holder"] for d in gpu["devices"]]
+    assert sorted(h["user"] for h in holders) == ["alice", "alice", "bob"] + ["carol"] * 4
+    for h in holders:
+        mine = h["user"] == "bob"
+        assert (h["lease_id"] is not None) == mine and (h["request_id"] is not None) == mine
+
+    leases = (await bob("GET", "leases", expect=200))["leases"]
+    assert [x["id"] for x in leases] == [state["bob_held"]["lease"]["id"]]
+    requests = (await bob("GET", "requests", expect=200))["requests"]
+    assert {r["id"] for r in requests} == {state["bob_held"]["id"], state["bob_waiting"]["id"]}
+
+    usage = await bob("GET", "usage", expect=200)
+    assert set(usage["gpu_hours"]) == {"bob"}
+    for by in ("group", "profile", "job_class"):
+        await bob.refused("GET", "usage", by=by)
+
+    quotas = (await bob("GET", "quotas", expect=200))["quotas"]
+    assert [(q["kind"], q["name"]) for q in quotas] == [("user", "bob")]
+
+    # Events: alice's activity reaches bob as kind, time and user name only.
+    url = f"{jp_base_url}{API_PREFIX}/events"
+    stream = await EventStream.open(jp_http_port, url, {"Authorization": "token bob-token"})
+    events: list[dict[str, Any]] = []
+    try:
+        hello = await stream.next()
+        assert hello["kind"] == "hello"
+        assert {r["id"] for r in hello["requests"]} == {state["bob_waiting"]["id"]}
+        await world.user("alice")("DELETE", f"leases/{state['held']['lease']['id']}", expect=200)
+        while not events or events[-1]["kind"] != "positions":
+            events.append(await stream.next())
+            validate(events[-1], EVENT, "an event bob got")
+    finally:
+        stream.close()
+    alices = [e for e in events if e.get("user") == "alice"]
+    assert "released" in [e["kind"] for e in alices]
+    assert all(set(e) == {"kind", "at", "user"} for e in alices)
+    assert not leaks(world.seen["bob"] + [json.dumps(events)], state["secrets"])
+
+    # carol, an admin, sees everyone's.
+    assert len((await carol("GET", "leases", expect=200))["leases"]) == 7
+    assert len((await carol("GET", "requests", expect=200))["requests"]) == 8  # one released
+    queue = (await carol("GET", "queue", expect=200))["queue"]
+    assert all(e["id"] is not None and e["owner"] is not None for e in queue)
+    (gpu,) = (await carol("GET", "devices", expect=200))["gpus"]
+    assert all(d["holder"]["lease_id"] is not None for d in gpu["devices"])
+    assert len((await carol("GET", "quotas", expect=200))["quotas"]) == 3
+    by_user = (await carol("GET", "usage", expect=200))["gpu_hours"]
+    assert set(by_user) == {"alice", "bob", "carol"}
+    assert (await carol("GET", f"requests/{state['held']['id']}", expect=200))["owner"] == (
+        "alice-nb-7f3a"
+    )
+
+
+# ------------------------------------------------------------------ what bob may do
+
+
+async def test_a_user_cannot_act_on_another_users_objects(world: World) -> None:
+    state = await alice_and_bob(world)
+    alice, bob, carol = world.user("alice"), world.user("bob"), world.user("carol")
+    held, waiting = state["held"], state["waiting"]
+    lease_id = held["lease"]["id"]
+
+    for method, path in (
+        ("GET", f"requests/{held['id']}"),
+        ("DELETE", f"requests/{held['id']}"),
+        ("GET", f"requests/{waiting['id']}"),
+        ("DELETE", f"requests/{waiting['id']}"),
+        ("GET", f"leases/{lease_id}"),
+        ("POST", f"leases/{lease_id}/renew"),
+        ("DELETE", f"leases/{lease_id}"),
+    ):
+        assert "another user" in await bob.refused(method, path)
+    for method, path, body in (
+        ("PUT", "quotas/user/bob", {"max_gpus": 100}),
+        ("PUT", "quotas/user/alice", {"max_gpus": 0}),
+        ("DELETE", "quotas/user/bob", None),
+    ):
+        assert "admins" in await bob.refused(method, path, body)
+
+    # bob's attempts changed nothing of alice's.
+    after = await alice("GET", f"requests/{held['id']}", expect=200)
+    assert after["state"] == "granted" and after["lease"]["state"] == "active"
+    assert after["lease"]["expires_at"] == held["lease"]["expires_at"]
+    assert (await alice("GET", f"requests/{waiting['id']}", expect=200))["state"] == "queued"
+    assert (await carol("GET", "quotas", expect=200))["quotas"] == []
+
+    # bob cannot revoke alice's kernel token: not by revoking, not by claiming the kernel id.
+    await bob("DELETE", "tokens/k1", expect=204)
+    bobs = (await bob("POST", "tokens", {"kernel_id": "k1"}, expect=201))["token"]
+    assert (await world.kernel(state["token"])("GET", "me", expect=200))["user"] == "alice"
+    # ... and his own token for that kernel id is his, not alice's.
+    bob_k1 = world.kernel(bobs, "bob-k1")
+    assert (await bob_k1("GET", "me", expect=200))["user"] == "bob"
+    await bob_k1.refused("GET", f"requests/{state['in_k1']['id']}")
+
+    # carol, an admin, may look at alice's lease and set quotas.
+    assert (await carol("GET", f"leases/{lease_id}", expect=200))["user"] == "alice"
+    await carol("PUT", "quotas/user/alice", {"max_gpus": 0.5}, expect=200)
+    assert [q["name"] for q in (await alice("GET", "quotas", expect=200))["quotas"]] == ["alice"]
+    await carol("DELETE", "quotas/user/alice", expect=204)
+
+
+# -------------------------------------------------------------- kernel-scoped tokens
+
+
+async def test_a_kernel_token_acts_only_on_its_own_kernels_requests(
+    world: World, jp_http_port: int, jp_base_url: str
+) -> None:
+    state = await alice_and_bob(world)
+    alice = world.user("alice")
+    k1 = world.kernel(state["token"], "k1")
+    held, in_k1 = state["held"], state["in_k1"]
+
+    assert await k1("GET", "me", expect=200) == {"user": "alice", "admin": False, "kernel_id": "k1"}
+    assert in_k1["owner"] == "k1" and in_k1["user"] == "alice"
+    # Whatever owner it names, its requests are its kernel's.
+    spoof = await k1(
+        "POST", "requests", {"profile": "1g.10gb", "owner": "alice-nb-7f3a"}, expect=201
+    )
+    assert spoof["owner"] == "k1" and spoof["state"] == "queued"
+    assert (await k1("GET", f"requests/{spoof['id']}", expect=200))["position"] is not None
+    assert (await k1("DELETE", f"requests/{spoof['id']}", expect=200))["state"] == "cancelled"
+    renewed = await k1("POST", f"leases/{in_k1['lease']['id']}/renew", expect=200)
+    assert renewed["request_id"] == in_k1["id"]
+
+    # alice's other requests and leases are out of its reach ...
+    for method, path in (
+        ("GET", f"requests/{held['id']}"),
+        ("DELETE", f"requests/{held['id']}"),
+        ("GET", f"requests/{state['waiting']['id']}"),
+        ("DELETE", f"requests/{state['waiting']['id']}"),
+        ("GET", f"leases/{held['lease']['id']}"),
+        ("POST", f"leases/{held['lease']['id']}/renew"),
+        ("DELETE", f"leases/{held['lease']['id']}"),
+    ):
+        assert "kernel" in await k1.refused(method, path)
+    # ... and so are tokens and quotas.
+    await k1.refused("POST", "tokens", {"kernel_id": "k2"})
+    await k1.refused("DELETE", "tokens/k1")
+    await k1.refused("PUT", "quotas/user/alice", {"max_gpus": 7})
+
+    # It sees its own kernel's objects only.
+    assert [x["id"] for x in (await k1("GET", "leases", expect=200))["leases"]] == [
+        in_k1["lease"]["id"]
+    ]
+    assert [r["id"] for r in (await k1("GET", "requests", expect=200))["requests"]] == [in_k1["id"]]
+    queue = (await k1("GET", "queue", expect=200))["queue"]
+    assert all(e["id"] is None and e["owner"] is None for e in queue)  # none is k1's
+    (gpu,) = (await k1("GET", "devices", expect=200))["gpus"]
+    visible = {d["holder"]["lease_id"] for d in gpu["devices"]} - {None}
+    assert visible == {in_k1["lease"]["id"]}
+
+    url = f"{jp_base_url}{API_PREFIX}/events"
+    stream = await EventStream.open(jp_http_port, url, {TOKEN_HEADER: state["token"]})
+    try:
+        assert (await stream.next())["requests"] == []
+        await alice("DELETE", f"requests/{state['waiting']['id']}", expect=200)  # not k1's
+        mine = await k1("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+        events = [await stream.next()]
+        while [e["kind"] for e in events[-2:]] != ["queued", "positions"]:
+            events.append(await stream.next())
+    finally:
+        stream.close()
+    kinds = [e["kind"] for e in events]
+    assert "cancelled" not in kinds
+    assert [e["request_id"] for e in events if e["kind"] == "queued"] == [mine["id"]]
+    others = [held["id"], held["lease"]["id"], held["owner"], state["waiting"]["id"]]
+    others.append(state["waiting"]["owner"])  # alice's, but not this kernel's
+    assert not leaks(world.seen["k1"] + [json.dumps(events)], others)
+
+    # An admin's kernel token is no admin.
+    carol = world.user("carol")
+    kc = world.kernel((await carol("POST", "tokens", {"kernel_id": "kc"}, expect=201))["token"])
+    assert (await kc("GET", "me", expect=200))["admin"] is False
+    assert (await kc("GET", "leases", expect=200))["leases"] == []
+    await kc.refused("PUT", "quotas/user/alice", {"max_gpus": 7})
+
+    # Revoked, replaced or made up: refused.
+    await alice("DELETE", "tokens/k1", expect=204)
+    assert (await k1("GET", "me", expect=403))["error"] == "http_403"
+    first = (await alice("POST", "tokens", {"kernel_id": "k1"}, expect=201))["token"]
+    second = (await alice("POST", "tokens", {"kernel_id": "k1"}, expect=201))["token"]
+    assert (await world.kernel(first)("GET", "me", expect=403))["error"] == "http_403"
+    assert (await world.kernel(second)("GET", "me", expect=200))["kernel_id"] == "k1"
+    assert (await world.kernel(second + "x")("GET", "me", expect=403))["error"] == "http_403"
+
+
+async def test_tokens_never_appear_in_a_get_response(
+    world: World, jp_http_port: int, jp_base_url: str
+) -> None:
+    state = await alice_and_bob(world)
+    carol = world.user("carol")
+    tokens = [state["token"]]
+    tokens.append((await carol("POST", "tokens", {"kernel_id": "kc"}, expect=201))["token"])
+    callers = [world.user(n) for n in ("alice", "bob", "carol")]
+    callers += [world.kernel(t, f"kernel-{i}") for i, t in enumerate(tokens)]
+    for caller in callers:
+        for path in ("me", "devices", "queue", "requests", "leases", "usage", "quotas"):
+            await caller("GET", path, expect=200)
+        for r in (await caller("GET", "requests", expect=200))["requests"]:
+            await caller("GET", f"requests/{r['id']}", expect=200)
+        for x in (await caller("GET", "leases", expect=200))["leases"]:
+            await caller("GET", f"leases/{x['id']}", expect=200)
+        url = f"{jp_base_url}{API_PREFIX}/events"
+        stream = await EventStream.open(jp_http_port, url, caller.headers)
+        try:
+            caller.seen.append(json.dumps(await stream.next()))
+        finally:
+            stream.close()
+    texts = [t for seen in world.seen.values() for t in seen]
+    assert len(texts) > 40
+    assert not any("gpb_" in t for t in texts)
+    assert not leaks(texts, tokens)
