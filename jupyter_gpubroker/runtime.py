@@ -27,7 +27,7 @@ from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
 from .broker.core import Broker, BrokerConfig, Event, Quota
-from .broker.errors import InvalidRequest
+from .broker.errors import Forbidden, InvalidRequest
 from .broker.models import DeviceReading, check_name
 from .broker.policy import POLICIES, Window, make_policy
 from .broker.store import Store
@@ -114,6 +114,12 @@ class GPUBroker(LoggingConfigurable):
     admin_users = SetTrait(
         Unicode(),
         help="Users allowed to see every lease and change quotas. The owner always is.",
+    ).tag(config=True)
+    user_groups = Dict(
+        key_trait=Unicode(),
+        value_trait=List(Unicode()),
+        help="Groups each user belongs to, e.g. {'alice': ['lab-a']}: a request is charged to "
+        "the first group it names, which must be one of its user's (default: the first listed).",
     ).tag(config=True)
 
     @validate("lease_ttl", "tick_interval")
@@ -207,6 +213,17 @@ class GPUBroker(LoggingConfigurable):
 
     def is_admin(self, user: str) -> bool:
         return user == self.owner or user in self.admin_users
+
+    def groups_for(self, user: str, asked: list[str]) -> list[str]:
+        """The groups a request of ``user`` may name: its own, never someone else's."""
+        mine = list(self.user_groups.get(user, []))
+        foreign = [g for g in asked if g not in mine]
+        if foreign:
+            raise Forbidden(
+                f"{user} is not a member of group(s) {', '.join(foreign)}"
+                + (f"; their groups: {', '.join(mine)}" if mine else "")
+            )
+        return asked or mine
 
     def issue_token(self, user: str, kernel_id: str | None = None) -> str:
         """A secret that acts as ``user``; bound to ``kernel_id``, it acts only on that

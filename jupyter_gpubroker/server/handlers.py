@@ -193,8 +193,9 @@ class RequestsHandler(BrokerHandler):
         if self.scope.kernel_id is not None:
             owner = self.scope.kernel_id  # a kernel's requests are its own
         groups = data.get("groups", [])
-        if not isinstance(groups, list):
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
             raise InvalidRequest("'groups' must be a list of group names")
+        groups = self.runtime.groups_for(self.user, groups)
         r = self.runtime.core.submit(
             self.user,
             size,
@@ -354,7 +355,8 @@ class EventsHandler(BrokerHandler):
     async def get(self) -> None:
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._events = events
         unsubscribe = self.runtime.subscribe(events.put_nowait)
         try:
             await self._send({"kind": "hello", **self._positions()})
@@ -365,17 +367,25 @@ class EventsHandler(BrokerHandler):
                     self.write(": keepalive\n\n")
                     await self.flush()
                     continue
+                if event is None:  # the client went away
+                    return
                 if self._visible(event):
                     await self._send(event_json(event, self.user, self.admin))
                 while not events.empty():  # coalesce a burst into one positions update
                     queued = events.get_nowait()
-                    if self._visible(queued):
+                    if queued is not None and self._visible(queued):
                         await self._send(event_json(queued, self.user, self.admin))
                 await self._send({"kind": "positions", **self._positions()})
         except StreamClosedError:
             pass
         finally:
             unsubscribe()
+
+    def on_connection_close(self) -> None:
+        """Stop streaming at once rather than at the next event or keepalive."""
+        events = getattr(self, "_events", None)
+        if events is not None:
+            events.put_nowait(None)
 
     def _visible(self, event: Event) -> bool:
         if self.scope.kernel_id is None:

@@ -38,7 +38,12 @@ NO_CREDENTIAL = {"Authorization": ""}
 @pytest.fixture
 def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
     # Long leases: nothing may expire while the test walks through the API.
-    return {**broker_config, "lease_ttl": 120.0}
+    return {
+        **broker_config,
+        "lease_ttl": 120.0,
+        "owner": "owner",
+        "user_groups": {"owner": ["lab"]},
+    }
 
 
 def parse(t: str) -> datetime:
@@ -298,7 +303,7 @@ async def _usage(check: CheckedApi, owner: str) -> None:
     assert 0 < usage["gpu_hours"][owner] < 0.1
     window = {"since": iso(now - timedelta(hours=1)), "until": iso(now + timedelta(minutes=1))}
     by_group = await check("GET", "usage", expect=200, by="group", **window)
-    assert set(by_group["gpu_hours"]) == {"lab", ""}
+    assert set(by_group["gpu_hours"]) == {"lab"}  # the owner's requests default to their group
     by_profile = await check("GET", "usage", expect=200, by="profile", **window)
     assert set(by_profile["gpu_hours"]) == {"1g.10gb"}
     by_class = await check("GET", "usage", expect=200, by="job_class", since=window["since"])

@@ -48,6 +48,7 @@ def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
             "identity": "username",
             "owner": "root-owner",
             "admin_users": {"carol"},
+            "user_groups": {"alice": ["lab"], "bob": ["physics", "lab-b"]},
             "lease_ttl": 120.0,
         },
     }
@@ -431,3 +432,13 @@ async def test_tokens_never_appear_in_a_get_response(
     assert len(texts) > 40
     assert not any("gpb_" in t for t in texts)
     assert not leaks(texts, tokens)
+
+
+async def test_a_request_is_charged_only_to_its_users_own_groups(world: World) -> None:
+    alice, bob = world.user("alice"), world.user("bob")
+    refused = await bob.refused("POST", "requests", {"profile": "1g.10gb", "groups": ["lab"]})
+    assert "bob is not a member of group(s) lab; their groups: physics, lab-b" in refused
+    mine = await alice("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+    assert mine["groups"] == ["lab"] and mine["lease"]["group"] == "lab"  # her first group
+    other = await bob("POST", "requests", {"profile": "1g.10gb", "groups": ["lab-b"]}, expect=201)
+    assert other["lease"]["group"] == "lab-b"
