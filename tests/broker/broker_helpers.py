@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 
-from jupyter_gpubroker.broker.models import Device, Gpu, Inventory
+from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, Size
 from jupyter_gpubroker.broker.profiles import CATALOG, free_starts
 
 WEDNESDAY_10AM = datetime(2024, 5, 15, 10, 0, tzinfo=timezone.utc).timestamp()
@@ -145,3 +145,14 @@ class FakePartitioner:
         assert not self.busy(device_uuid), f"destroying {device_uuid}, which is in use"
         del self.devices[device_uuid]
         self.destroyed.append(device_uuid)
+
+
+SIZES = (
+    Size(gpus=1),
+    Size(gpus=2),
+    Size(profile="1g.10gb"),
+    Size(profile="2g.20gb"),
+    Size(profile="3g.40gb"),
+    Size(min_memory_gb=15),
+)
+"""One of each kind of size, for random workloads (property and crash tests)."""

@@ -21,22 +21,13 @@ import time
 
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
 from jupyter_gpubroker.broker.errors import Conflict
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.policy import BrokerPolicy
 from jupyter_gpubroker.broker.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from broker_helpers import make_inventory  # noqa: E402
+from broker_helpers import SIZES, make_inventory  # noqa: E402
 
 INVENTORY = make_inventory([None, None, ("1g.10gb",) * 7, ("3g.40gb", "2g.20gb", "1g.10gb")])
-SIZES = (
-    Size(gpus=1),
-    Size(gpus=2),
-    Size(profile="1g.10gb"),
-    Size(profile="2g.20gb"),
-    Size(profile="3g.40gb"),
-    Size(min_memory_gb=15),
-)
 USERS = ("ada", "bob", "cy", "dee", "eve")
 LEASE_TTL_S = 5.0
 SPEED = 20.0

@@ -9,42 +9,23 @@
 from __future__ import annotations
 
 import hypothesis.strategies as st
+from broker_helpers import SIZES, make_inventory
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker, Quota
 from jupyter_gpubroker.broker.errors import QuotaExceeded
-from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, RequestState, Size
+from jupyter_gpubroker.broker.models import Inventory, RequestState, Size
 from jupyter_gpubroker.broker.policy import make_policy
-from jupyter_gpubroker.broker.profiles import CATALOG
 from jupyter_gpubroker.broker.store import Store
 
-H100 = CATALOG["H100-80GB"]
 USERS = ("ada", "bob", "cy", "dee")
-SIZES = (
-    Size(gpus=1),
-    Size(gpus=2),
-    Size(profile="1g.10gb"),
-    Size(profile="2g.20gb"),
-    Size(profile="3g.40gb"),
-    Size(min_memory_gb=15),
-)
 
 
 def mixed_inventory() -> Inventory:
     """Two whole H100s and one in MIG mode cut 3g@0 + 2g@4 + 1g@6."""
-    gpus = [
-        Gpu(i, f"GPU-{i}", H100.nvml_names[0], H100.memory_mib, i == 2, H100.key) for i in range(3)
-    ]
-    devices = [Device(f"GPU-{i}", "gpu", i, f"GPU-{i}", H100.memory_mib) for i in range(2)]
-    for name, start in (("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)):
-        p = H100.profile(name)
-        assert p is not None
-        devices.append(
-            Device(f"MIG-2-{start}", "mig", 2, "GPU-2", p.memory_mib, p.compute_slices, name, start)
-        )
-    return Inventory(tuple(gpus), tuple(devices))
+    return make_inventory([None, None, (("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6))])
 
 
 class BrokerMachine(RuleBasedStateMachine):
