@@ -27,6 +27,8 @@ from .broker.store import Store
 from .client import TOKEN_ENV, URL_ENV, BrokerAPIError, BrokerClient, GrantTimeout
 from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
+from .replay.cli import add_replay_command
+from .usage_cli import add_usage_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(func=cmd_status)
     _add_broker_commands(sub)
+    add_replay_command(sub)
+    add_usage_command(sub)
     return parser
 
 
@@ -139,6 +143,11 @@ def _add_broker_commands(sub: Any) -> None:
     what.add_argument("--gpu", metavar="PROFILE", help="a MIG profile, e.g. 1g.10gb")
     what.add_argument("--gpus", type=int, help="a number of whole GPUs")
     what.add_argument("--min-memory", type=float, metavar="GB", help="any device this large")
+    what.add_argument(
+        "--on-demand",
+        action="store_true",
+        help="no GPU at start: the notebook asks with %%gpu request",
+    )
     install.add_argument(
         "--class", dest="job_class", default="interactive", choices=["interactive", "batch"]
     )
@@ -374,7 +383,10 @@ async def _run(client: BrokerClient, args: argparse.Namespace, command: list[str
 
 
 def cmd_kernelspec_install(args: argparse.Namespace) -> int:
-    if args.gpu:
+    size: Size | None
+    if args.on_demand:
+        size = None
+    elif args.gpu:
         size = Size(profile=args.gpu)
     elif args.gpus is not None:
         size = Size(gpus=args.gpus)

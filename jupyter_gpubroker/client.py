@@ -11,18 +11,29 @@ kernel-scoped token (``X-GPUBroker-Token``) acts only on its kernel's requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncGenerator
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
+from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httputil import (
+    HTTPHeaders,
+    HTTPMessageDelegate,
+    RequestStartLine,
+    ResponseStartLine,
+)
+from tornado.tcpclient import TCPClient
 
 from .api import TOKEN_HEADER
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
+JUPYTER_TOKEN_ENV = "GPUBROKER_JUPYTER_TOKEN"
 TERMINAL = ("released", "cancelled", "expired", "reclaimed", "refused")
 
 
@@ -42,11 +53,12 @@ class GrantTimeout(Exception):
         pos = request.get("position")
         where = f"still at position {pos} in the queue" if pos else "still waiting"
         super().__init__(
-            f"no GPU ({_size_text(request)}) was granted within {waited:.0f} s: {where}"
+            f"no GPU ({size_text(request)}) was granted within {waited:.0f} s: {where}"
         )
 
 
-def _size_text(r: dict[str, Any]) -> str:
+def size_text(r: dict[str, Any]) -> str:
+    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GB"."""
     if r.get("gpus"):
         return f"{r['gpus']} GPU(s)"
     if r.get("profile"):
@@ -67,8 +79,13 @@ class BrokerClient:
 
     @classmethod
     def from_env(cls) -> BrokerClient:
-        """Inside a GPU kernel: the URL and kernel token the provisioner injected."""
-        return cls(os.environ.get(URL_ENV, ""), broker_token=os.environ.get(TOKEN_ENV, ""))
+        """Inside a GPU kernel: the URL and kernel token the provisioner injected. Elsewhere
+        (a plain kernel, a terminal) a Jupyter token in ``GPUBROKER_JUPYTER_TOKEN`` will do."""
+        return cls(
+            os.environ.get(URL_ENV, ""),
+            token=os.environ.get(JUPYTER_TOKEN_ENV, ""),
+            broker_token=os.environ.get(TOKEN_ENV, ""),
+        )
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
@@ -139,31 +156,47 @@ class BrokerClient:
     async def revoke_kernel_token(self, kernel_id: str) -> None:
         await self.call("DELETE", f"tokens/{kernel_id}")
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """The server-sent event stream, one decoded event at a time."""
-        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
-        request = HTTPRequest(
-            self.url + "events",
-            headers=self._headers(),
-            streaming_callback=chunks.put_nowait,
-            request_timeout=0,
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        """The server-sent event stream, one decoded event at a time.
+
+        Closing the iterator (or cancelling the task that reads it) closes the connection
+        at once, so the server drops the subscription. Tornado's HTTP client cannot abort
+        a streaming fetch, hence a connection of our own.
+        """
+        url = urlsplit(self.url + "events")
+        tls = url.scheme == "https"
+        stream = await TCPClient().connect(
+            url.hostname or "localhost",
+            url.port or (443 if tls else 80),
+            ssl_options=ssl.create_default_context() if tls else None,
+            timeout=self.timeout,
         )
-        fetch = asyncio.ensure_future(AsyncHTTPClient().fetch(request, raise_error=False))
-        fetch.add_done_callback(lambda _: chunks.put_nowait(None))
-        buffer = b""
+        response, reading = _Streamed(), None
         try:
-            while (chunk := await chunks.get()) is not None:
+            connection = HTTP1Connection(
+                stream, True, HTTP1ConnectionParameters(no_keep_alive=True)
+            )
+            headers = HTTPHeaders({**self._headers(), "Host": url.netloc})
+            headers["Accept"] = "text/event-stream"
+            await connection.write_headers(RequestStartLine("GET", url.path, "HTTP/1.1"), headers)
+            connection.finish()
+            reading = asyncio.ensure_future(response.read(connection))
+            buffer = b""
+            while (chunk := await response.chunks.get()) is not None:
                 buffer += chunk
-                while b"\n\n" in buffer:
+                while response.code < 400 and b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
                     for line in frame.decode().splitlines():
                         if line.startswith("data: "):
                             yield json.loads(line[6:])
-            response = fetch.result()
             if response.code >= 400:
-                raise _api_error(HTTPClientError(response.code, response=response))
+                raise _error_of(response.code, buffer, response.reason)
+            if response.error is not None:
+                raise response.error
         finally:
-            fetch.cancel()
+            stream.close()
+            if reading is not None:
+                reading.cancel()
 
     async def wait_for_grant(self, request_id: str, timeout: float) -> dict[str, Any]:
         """The request once granted (with its ``lease``), following the event stream.
@@ -176,15 +209,16 @@ class BrokerClient:
         start = loop.time()
 
         async def follow() -> dict[str, Any]:
-            async for event in self.events():
-                if event.get("kind") in ("hello", "positions", "granted", *TERMINAL):
-                    r = await self.request(request_id)
-                    if r["state"] == "granted":
-                        return r  # type: ignore[no-any-return]
-                    if r["state"] != "queued":
-                        raise BrokerAPIError(
-                            409, r["state"], f"request {r['state']}: {r['reason']}"
-                        )
+            async with contextlib.aclosing(self.events()) as events:
+                async for event in events:
+                    if event.get("kind") in ("hello", "positions", "granted", *TERMINAL):
+                        r = await self.request(request_id)
+                        if r["state"] == "granted":
+                            return r
+                        if r["state"] != "queued":
+                            raise BrokerAPIError(
+                                409, r["state"], f"request {r['state']}: {r['reason']}"
+                            )
             raise BrokerAPIError(503, "disconnected", "the broker closed the event stream")
 
         try:
@@ -193,10 +227,40 @@ class BrokerClient:
             raise GrantTimeout(await self.request(request_id), loop.time() - start) from None
 
 
+class _Streamed(HTTPMessageDelegate):
+    """A response read as it arrives: its status, then its body chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.code, self.reason = 0, ""
+        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        """The body so far; ``None`` once it ended (``error`` says if it broke)."""
+        self.error: Exception | None = None
+
+    async def read(self, connection: HTTP1Connection) -> None:
+        try:
+            await connection.read_response(self)
+        except Exception as e:  # the connection broke: the stream ends with this error
+            self.error = e
+        finally:
+            self.chunks.put_nowait(None)
+
+    def headers_received(
+        self, start_line: RequestStartLine | ResponseStartLine, headers: HTTPHeaders
+    ) -> None:
+        assert isinstance(start_line, ResponseStartLine)
+        self.code, self.reason = start_line.code, start_line.reason
+
+    def data_received(self, chunk: bytes) -> None:
+        self.chunks.put_nowait(chunk)
+
+
 def _api_error(e: HTTPClientError) -> BrokerAPIError:
-    body = e.response.body if e.response is not None else b""
+    return _error_of(e.code, e.response.body if e.response is not None else b"", str(e))
+
+
+def _error_of(code: int, body: bytes, fallback: str) -> BrokerAPIError:
     try:
         data = json.loads(body)
-        return BrokerAPIError(e.code, data.get("error", "error"), data.get("message", str(e)))
+        return BrokerAPIError(code, data.get("error", "error"), data.get("message", fallback))
     except (ValueError, AttributeError):
-        return BrokerAPIError(e.code, f"http_{e.code}", str(e))
+        return BrokerAPIError(code, f"http_{code}", fallback)

@@ -33,7 +33,7 @@ def demo_sizes(simulate: str) -> list[Size]:
 
 
 def run_demo(simulate: str, *, port: int = 8888, browser: bool = True, lab: bool = True) -> int:
-    sizes = demo_sizes(simulate)
+    sizes: list[Size | None] = [None, *demo_sizes(simulate)]  # None: the tour's on-demand kernel
     with tempfile.TemporaryDirectory(prefix="gpubroker-demo-") as tmp:
         names = [kernelspec.spec_for(s)[1]["display_name"] for s in sizes]
         for size in sizes:

@@ -1,4 +1,8 @@
-"""GPU kernelspecs: "Python 3 (GPU 1g.10gb)" started through ``gpubroker-provisioner``."""
+"""GPU kernelspecs: "Python 3 (GPU 1g.10gb)" started through ``gpubroker-provisioner``.
+
+Their kernels load the ``%gpu`` magic at start (IPython's ``--ext``), so the notebook
+can show its lease and ask for more without a ``%load_ext``.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,14 @@ from jupyter_client.kernelspec import KernelSpecManager
 from .broker.models import Size
 
 
-def spec_for(size: Size, job_class: str = "interactive") -> tuple[str, dict[str, object]]:
-    """(kernel name, kernel.json) for a kernel that waits for ``size`` before it starts."""
-    if size.gpus is not None:
-        config: dict[str, object] = {"gpus": size.gpus}
+def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, dict[str, object]]:
+    """(kernel name, kernel.json) for a kernel that waits for ``size`` before it starts;
+    ``None``: one that starts at once with no GPU and asks with ``%gpu request``."""
+    if size is None:
+        config: dict[str, object] = {"on_demand": True}
+        label, slug = "on demand", "on-demand"
+    elif size.gpus is not None:
+        config = {"gpus": size.gpus}
         label, slug = f"{size.gpus} GPU{'s' if size.gpus > 1 else ''}", f"{size.gpus}gpu"
     elif size.profile is not None:
         config, label, slug = {"gpu": size.profile}, size.profile, size.profile
@@ -28,7 +36,15 @@ def spec_for(size: Size, job_class: str = "interactive") -> tuple[str, dict[str,
         label, slug = f"{label}, {job_class}", f"{slug}-{job_class}"
     name = "python3-gpu-" + re.sub(r"[^a-z0-9._-]", "-", slug.lower())
     spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            "--ext",
+            "jupyter_gpubroker",
+        ],
         "display_name": f"Python 3 (GPU {label})",
         "language": "python",
         "metadata": {
@@ -39,7 +55,7 @@ def spec_for(size: Size, job_class: str = "interactive") -> tuple[str, dict[str,
 
 
 def install(
-    size: Size,
+    size: Size | None,
     job_class: str = "interactive",
     *,
     name: str | None = None,

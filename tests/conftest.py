@@ -1,9 +1,23 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package, and the jupyter-server ones shared by the
+server and kernel tests: a real jupyter-server with the extension on a simulated
+one-GPU MIG machine. Kernels reach its API over HTTP, so the tests that start them
+also request ``http_server_client`` (tests/server with an autouse fixture)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import pynvml
 import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpubroker.api import API_PREFIX
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.kernelspec import spec_for
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
 @pytest.fixture
@@ -17,4 +31,95 @@ def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pynvml, "CDLL", missing)
 
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+Api = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+def broker_config(tmp_path) -> dict[str, Any]:
+    """``c.GPUBroker``: one H100 cut in seven 1g.10gb slices, fast ticks, short leases."""
+    return {
+        "simulate": "dgx-h100-mig:1",
+        "state_file": str(tmp_path / "broker" / "state.sqlite"),
+        "tick_interval": 0.2,
+        "lease_ttl": 4.0,
+    }
+
+
+@pytest.fixture
+def jp_server_config(broker_config) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpubroker": True}},
+        "GPUBroker": broker_config,
+    }
+
+
+@pytest.fixture
+def gpu_kernelspec(jp_kernel_dir) -> Callable[..., str]:
+    """Write a kernelspec that starts IPython on a GPU through the provisioner."""
+
+    def make(name: str = "gpu-1g", **config: Any) -> str:
+        _, spec = spec_for(Size(profile="1g.10gb"))
+        spec["metadata"]["kernel_provisioner"]["config"] = config or {"gpu": "1g.10gb"}
+        spec_dir = jp_kernel_dir / name
+        spec_dir.mkdir(parents=True, exist_ok=True)
+        (spec_dir / "kernel.json").write_text(json.dumps(spec))
+        return name
+
+    return make
+
+
+@pytest.fixture
+def api(jp_fetch) -> Api:
+    """Call the broker API; returns (status, JSON body) without raising on 4xx.
+    ``raw``: send this text as the body instead of ``body`` as JSON."""
+
+    async def call(
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict | None = None,
+        raw: str | None = None,
+        **params,
+    ):
+        kwargs: dict[str, Any] = {"method": method, "params": params or None}
+        if raw is not None:
+            kwargs["body"] = raw
+        elif body is not None:
+            kwargs["body"] = json.dumps(body)
+        elif method == "POST":
+            kwargs["body"] = "{}"
+        if headers:
+            kwargs["headers"] = headers
+        try:
+            response = await jp_fetch(*API_PREFIX.split("/"), *path.split("/"), **kwargs)
+        except HTTPClientError as e:
+            assert e.response is not None
+            return e.code, json.loads(e.response.body or b"null")
+        return response.code, json.loads(response.body) if response.body else None
+
+    return call
+
+
+@pytest.fixture
+def run_in_kernel() -> Callable[[Any, str], Awaitable[str]]:
+    return _run_in_kernel
+
+
+async def _run_in_kernel(km: Any, code: str) -> str:
+    """Execute ``code`` in a running kernel and return what it printed."""
+    client = km.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append("\n".join(msg["content"]["traceback"]))
+
+        await client.execute_interactive(code, output_hook=hook, timeout=60)
+        return "".join(out).strip()
+    finally:
+        client.stop_channels()

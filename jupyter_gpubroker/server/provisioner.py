@@ -8,6 +8,12 @@ the GPU or MIG UUIDs) and a kernel-scoped token for the ``%gpu`` magic. A
 heartbeat renews the lease while the kernel process lives; a restart keeps
 the grant; shutdown releases it; a kernel that dies without shutdown stops
 renewing, and the broker takes the device back when the lease expires.
+``{"on_demand": true}`` starts the kernel at once with no GPU visible and the
+token only: the notebook asks with ``%gpu request``.
+
+Shutdown gives back every request the kernel owns, ``%gpu`` ones included; a
+restart gives back all but the provisioner's own (the new process has not
+pinned their devices).
 
 It reaches the broker over the HTTP API: the one embedded in this server
 (through its in-process token), or ``broker_url`` when the broker runs
@@ -22,7 +28,7 @@ import os
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode
 
 from ..client import BrokerAPIError, BrokerClient, GrantTimeout
 from . import registry
@@ -36,6 +42,9 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
     min_memory_gb = Float(0.0, help="Any GPU or MIG slice with at least this memory.").tag(
         config=True
     )
+    on_demand = Bool(
+        False, help="Start without a GPU (none visible); the notebook asks with %gpu request."
+    ).tag(config=True)
     job_class = Enum(
         ["interactive", "batch"], default_value="interactive", help="Job class of the request."
     ).tag(config=True)
@@ -56,8 +65,8 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         client = self._client()
-        granted = await self._acquire(client)
-        self.lease = granted["lease"]
+        if not self.on_demand:
+            self.lease = (await self._acquire(client))["lease"]
         if self._kernel_token is None:
             self._kernel_token = await client.kernel_token(self.kernel_id)
         env = dict(kwargs.get("env") or os.environ)
@@ -68,15 +77,15 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
         self._stop_heartbeat()
-        self._heartbeat = asyncio.ensure_future(self._renew_while_alive(self._client()))
+        if self.lease is not None:
+            self._heartbeat = asyncio.ensure_future(self._renew_while_alive(self._client()))
 
     async def cleanup(self, restart: bool = False) -> None:
         await super().cleanup(restart=restart)
-        if restart:
-            return  # a restarted kernel keeps its grant
-        self._stop_heartbeat()
+        if not restart:
+            self._stop_heartbeat()
         try:
-            await self._give_back(self._client())
+            await self._give_back(self._client(), keep_own=restart)
         except Exception as e:  # the server is going down with its broker
             self.log.info("Kernel %s: GPU left to expire with its lease (%s)", self.kernel_id, e)
 
@@ -144,29 +153,41 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                 await self._give_back(client)
             raise
 
-    async def _give_back(self, client: BrokerClient) -> None:
-        """Release the lease or withdraw the request, and revoke the kernel's token."""
-        if self.request_id:
-            with contextlib.suppress(BrokerAPIError):  # already ended: nothing to give back
-                await client.cancel(self.request_id)
+    async def _give_back(self, client: BrokerClient, keep_own: bool = False) -> None:
+        """Release or withdraw every live request this kernel owns (its ``%gpu`` ones too)
+        and revoke the kernel's token; ``keep_own``: all but the provisioner's own request,
+        and keep the token (a restart)."""
+        mine = [r for r in await client.requests() if r["owner"] == self.kernel_id]
+        for r in sorted(mine, key=lambda r: r["state"] != "queued"):  # withdraw, then release
+            if not (keep_own and r["id"] == self.request_id):
+                with contextlib.suppress(BrokerAPIError):  # ended meanwhile: nothing to do
+                    await client.cancel(r["id"])
+        if keep_own:
+            return
         if self._kernel_token is not None:
             with contextlib.suppress(BrokerAPIError):
                 await client.revoke_kernel_token(self.kernel_id)
         self.request_id = self.lease = self._kernel_token = None
 
     def gpu_env(self, api_url: str) -> dict[str, str]:
-        """What the kernel process needs: its devices pinned and its way to the broker."""
-        assert self.lease is not None and self._kernel_token is not None
-        devices = ",".join(self.lease["devices"])
-        return {
-            "CUDA_VISIBLE_DEVICES": devices,
-            "NVIDIA_VISIBLE_DEVICES": devices,
+        """What the kernel process needs: its devices pinned (none on demand) and its way
+        to the broker."""
+        assert self._kernel_token is not None
+        env = {
+            "CUDA_VISIBLE_DEVICES": "",
             "GPUBROKER_URL": api_url,
             "GPUBROKER_TOKEN": self._kernel_token,
             "GPUBROKER_KERNEL_ID": self.kernel_id,
-            "GPUBROKER_REQUEST_ID": self.lease["request_id"],
-            "GPUBROKER_LEASE_ID": self.lease["id"],
         }
+        if self.lease is not None:
+            devices = ",".join(self.lease["devices"])
+            env.update(
+                CUDA_VISIBLE_DEVICES=devices,
+                NVIDIA_VISIBLE_DEVICES=devices,
+                GPUBROKER_REQUEST_ID=self.lease["request_id"],
+                GPUBROKER_LEASE_ID=self.lease["id"],
+            )
+        return env
 
     async def _renew_while_alive(self, client: BrokerClient) -> None:
         """Renew the lease every third of its TTL for as long as the kernel process runs."""

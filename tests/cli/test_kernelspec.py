@@ -15,6 +15,12 @@ from jupyter_gpubroker.cli import main
         (["--gpu", "1g.10gb"], "python3-gpu-1g.10gb", "Python 3 (GPU 1g.10gb)", {"gpu": "1g.10gb"}),
         (["--gpus", "2"], "python3-gpu-2gpu", "Python 3 (GPU 2 GPUs)", {"gpus": 2}),
         (
+            ["--on-demand"],
+            "python3-gpu-on-demand",
+            "Python 3 (GPU on demand)",
+            {"on_demand": True},
+        ),
+        (
             ["--min-memory", "20", "--class", "batch"],
             "python3-gpu-20gb-batch",
             "Python 3 (GPU 20GB, batch)",

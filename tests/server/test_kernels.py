@@ -159,3 +159,49 @@ def test_kernelspec_config_maps_to_one_size(config, expected):
 def test_kernelspec_config_must_name_exactly_one_size(config):
     with pytest.raises(ValueError, match="exactly one of 'gpu'"):
         GPUProvisioner(kernel_id="k", kernel_spec=None, **config).size()
+
+
+async def test_on_demand_kernel_starts_at_once_with_no_gpu_and_a_token(
+    jp_serverapp, gpu_kernelspec, api, run_in_kernel
+):
+    mkm = jp_serverapp.kernel_manager
+    kid = await mkm.start_kernel(kernel_name=gpu_kernelspec("gpu-on-demand", on_demand=True))
+    out = await run_in_kernel(
+        mkm.get_kernel(kid),
+        "import os; e = os.environ; print(repr(e['CUDA_VISIBLE_DEVICES']), "
+        "e['GPUBROKER_KERNEL_ID'], e['GPUBROKER_TOKEN'][:4], 'GPUBROKER_LEASE_ID' in e)",
+    )
+    assert out == f"'' {kid} gpb_ False"
+    _, requests = await api("GET", "requests")
+    assert requests["requests"] == []
+
+
+async def test_restart_and_shutdown_give_back_the_kernels_other_requests(
+    jp_serverapp, gpu_kernelspec, api, run_in_kernel
+):
+    """What %gpu asked for in a kernel goes with the kernel process; the provisioner's own
+    grant survives a restart only."""
+    mkm = jp_serverapp.kernel_manager
+    kid = await mkm.start_kernel(kernel_name=gpu_kernelspec())
+    _, own = await api("GET", "leases")
+    (own,) = own["leases"]
+
+    async def kernels_others() -> list[dict]:
+        _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
+        for _ in range(5):
+            await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
+        _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
+        assert (held["state"], waiting["state"]) == ("granted", "queued")
+        return [held, waiting]
+
+    async def states(requests: list[dict]) -> list[str]:
+        return [(await api("GET", f"requests/{r['id']}"))[1]["state"] for r in requests]
+
+    others = await kernels_others()
+    await mkm.restart_kernel(kid)
+    assert await states(others) == ["released", "cancelled"]
+    assert await states([{"id": own["request_id"]}]) == ["granted"]
+
+    _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
+    await mkm.shutdown_kernel(kid)
+    assert await states([held, {"id": own["request_id"]}]) == ["released", "released"]

@@ -1,0 +1,236 @@
+"""Screenshots of the %gpu widgets in JupyterLab, rendered by headless Chromium.
+
+    python docs/screenshot.py   # docs/widgets.png and docs/widgets-queued.png
+
+Needs ``pip install playwright`` and a Chromium binary (Debian: ``apt-get install
+chromium``); Playwright's own browsers are not needed, it drives the system Chromium
+(``--chromium``, default /usr/bin/chromium).
+
+Starts JupyterLab with the broker on a simulated one-GPU H100 cut in seven 1g.10gb
+slices, all held by other users (a small server extension seeds them, puts a workload
+on every held slice and frees one slice once the tour's request has waited a while),
+opens binder/gpu-broker-tour.ipynb in its on-demand GPU kernel, runs it down to
+``%gpu usage`` and captures the queue widget while the request waits, then the
+notebook once granted. Nothing is written outside a temporary directory but the images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import Page, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+TOUR = "binder/gpu-broker-tour.ipynb"
+TOKEN = "screenshot"
+REQUEST_CELL = "%gpu request"
+LAST_CELL = "%gpu usage"
+
+SCENE = '''
+"""Screenshot scene: other users hold every slice, each slice busy; the tour's request
+gets a slice after it has waited WAIT_S seconds."""
+
+import math
+import time
+
+from tornado.ioloop import PeriodicCallback
+
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.server import registry
+
+WAIT_S = 6.0
+HOLDERS = ["alice", "alice", "alice", "bob", "bob", "carol", "carol"]
+WAITING = [("dave", "batch"), ("erin", "batch")]
+state = {"leases": [], "freed": False}
+
+
+def tick():
+    broker = registry.current()
+    if broker is None:
+        return
+    core, sim = broker.core, broker.backend.simulator
+    if not state["leases"]:
+        for user in HOLDERS:
+            r = core.submit(user, Size(profile="1g.10gb"), owner="training")
+            state["leases"].append(r.lease_id)
+        for user, job_class in WAITING:
+            core.submit(user, Size(profile="1g.10gb"), job_class=job_class, owner="sweep")
+    now = time.time()
+    for i, lease in enumerate(core.leases()):
+        for uuid in lease.devices:
+            wave = math.sin(now / 4 + i) + 0.4 * math.sin(now / 1.3 + 2 * i)
+            sim.set_load(
+                uuid,
+                utilization=int(max(5, min(99, 60 + 28 * wave))),
+                memory_used_mib=int(4600 + 1900 * wave),
+            )
+    waited = [e for e in core.queue() if e.request.job_class.value == "interactive"]
+    if not state["freed"] and waited and now - waited[0].request.submitted_at > WAIT_S:
+        core.release(state["leases"][0])
+        state["freed"] = True
+
+
+def _load_jupyter_server_extension(serverapp):
+    PeriodicCallback(tick, 1000).start()
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_setup(tmp: Path) -> dict[str, str]:
+    """Kernelspecs, server and kernel config, Lab settings and the scene, under ``tmp``;
+    returns the environment that points Jupyter at them."""
+    sys.path.insert(0, str(ROOT))
+    from jupyter_gpubroker import kernelspec
+    from jupyter_gpubroker.broker.models import Size
+
+    for size in (None, Size(profile="1g.10gb")):
+        kernelspec.install(size, prefix=str(tmp))
+    config = tmp / "config"
+    config.mkdir()
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps(
+            {
+                "ServerApp": {"jpserver_extensions": {"gpubroker_screenshot_scene": True}},
+                "GPUBroker": {"owner": "ada", "lease_ttl": 3600},
+            }
+        )
+    )
+    profile = tmp / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text("c.GPUMagics.refresh_interval = 1.0\n")
+    settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(SCENE))
+    return {
+        **os.environ,
+        "JUPYTER_TOKEN": TOKEN,
+        "JUPYTER_PATH": str(tmp / "share" / "jupyter"),
+        "JUPYTER_CONFIG_DIR": str(config),
+        "JUPYTER_DATA_DIR": str(tmp / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        "IPYTHONDIR": str(tmp / "ipython"),
+        "GPUBROKER_SIMULATE": "dgx-h100-mig:1",
+        "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(tmp), str(ROOT), os.environ.get("PYTHONPATH")])
+        ),
+    }
+
+
+def wait_for_server(base: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            request = urllib.request.Request(f"{base}/api/status?token={TOKEN}")
+            with urllib.request.urlopen(request, timeout=5):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("JupyterLab did not start") from None
+            time.sleep(0.5)
+
+
+def run_tour(page: Page, out: Path) -> None:
+    """Run the tour's cells one by one down to ``LAST_CELL``: capture the request's queue
+    widget while it waits (``<out>-queued.png``), then, once the widgets have filled,
+    the notebook from the request down (``out``)."""
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    page.keyboard.press("Control+b")  # more room: hide the file browser
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    cells.first.click()
+    page.keyboard.press("Escape")  # command mode
+    first = last = None
+    for i in range(cells.count()):
+        source = "".join(cells.nth(i).locator(".cm-content").all_text_contents())
+        page.keyboard.press("Shift+Enter")
+        if source.startswith(REQUEST_CELL):
+            first = cells.nth(i)
+            waiting = first.locator(".jp-OutputArea-output").get_by_text("Waiting for")
+            waiting.wait_for(timeout=60_000)
+            time.sleep(1.5)  # the requests ahead and the ETA
+            first.locator(".jp-OutputArea-output").screenshot(
+                path=str(out.with_name(f"{out.stem}-queued{out.suffix}"))
+            )
+        if source.startswith(LAST_CELL):
+            last = cells.nth(i)
+            break
+    assert first is not None and last is not None, "the tour has no request or usage cell"
+    last.get_by_text("My GPU-hours").wait_for(timeout=60_000)
+    time.sleep(25)  # a sparkline's worth of readings
+    top, bottom = first.bounding_box(), last.bounding_box()
+    assert top is not None and bottom is not None
+    page.screenshot(
+        path=str(out),
+        clip={
+            "x": top["x"],
+            "y": top["y"] - 8,
+            "width": top["width"],
+            "height": bottom["y"] + bottom["height"] - top["y"] + 16,
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "widgets.png",
+        help="the image (default docs/widgets.png; the queue widget goes next to it, "
+        "as widgets-queued.png)",
+    )
+    args = parser.parse_args()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
+        env = write_setup(Path(tmp))
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}"]
+        cmd += [f"--ServerApp.root_dir={ROOT}", "--ServerApp.ip=127.0.0.1"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-root")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            wait_for_server(base, proc)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(
+                    executable_path=args.chromium,
+                    args=[
+                        "--headless",
+                        "--no-sandbox",
+                        "--disable-gpu",
+                        "--disable-background-networking",
+                        "--disable-component-update",
+                        "--disable-sync",
+                    ],
+                )
+                page = browser.new_page(viewport={"width": 960, "height": 2400})
+                page.goto(f"{base}/lab/tree/{TOUR}?token={TOKEN}&reset")
+                run_tour(page, args.out)
+                browser.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The kernel's line to the broker: a loop of its own and live feeds shared by the widgets.
+
+While a cell runs the kernel's own event loop is blocked (``%gpu request`` may wait for
+minutes), so every broker call runs on a background thread with its own asyncio loop
+(``Runner``). Widgets do not each poll the broker: they subscribe to one event stream
+(``EventFeed``) and, while a status widget is open, to one device reading loop
+(``DevicePoll``). Each runs only while someone listens, and stops when the last
+listener leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from ..client import BrokerAPIError, BrokerClient
+
+T = TypeVar("T")
+if TYPE_CHECKING:
+    Log: TypeAlias = logging.Logger | logging.LoggerAdapter[Any]
+    """The app's traitlets logger (an adapter in some versions of traitlets)."""
+Listener = Callable[[Any], Awaitable[None]]
+TRANSIENT = (BrokerAPIError, OSError, asyncio.TimeoutError)
+"""What a lost or refused connection raises: retried by the feeds, reported by ``%gpu``."""
+
+
+def why(e: BaseException) -> str:
+    """An error from the broker or the network, in one line."""
+    return e.message if isinstance(e, BrokerAPIError) else str(e) or type(e).__name__
+
+
+class Runner:
+    """An asyncio loop on a daemon thread: one per kernel, for every broker call."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="gpubroker", daemon=True).start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop, in an empty context.
+
+        ipykernel then sends what the coroutine displays (widget updates) as replies to
+        the newest request, as it does for any thread the user starts; a copy of the
+        caller's context would tie every later update to the cell that started it.
+        """
+        return contextvars.Context().run(asyncio.run_coroutine_threadsafe, coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result; interrupted, it is cancelled."""
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
+
+
+class Broadcast:
+    """One stream of updates fanned out to listeners, running only while anyone listens.
+
+    Listeners are coroutine functions called on the runner's loop, one after another.
+    """
+
+    def __init__(self, runner: Runner, client: BrokerClient, log: Log) -> None:
+        self.runner, self.client, self.log = runner, client, log
+        self._listeners: list[Listener] = []
+        self._lock = threading.Lock()
+        self._task: concurrent.futures.Future[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Start delivering to ``listener``; returns the function that stops it."""
+        with self._lock:
+            self._listeners.append(listener)
+            if self._task is None:
+                self._task = self.runner.submit(self._run())
+        return lambda: self._unsubscribe(listener)
+
+    def _unsubscribe(self, listener: Listener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+            if not self._listeners and self._task is not None:
+                self._task.cancel()
+                self._task = None
+
+    async def publish(self, item: Any) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                await listener(item)
+            except TRANSIENT as e:  # the broker went away mid-update: the next one will do
+                self.log.info("GPU broker: a %%gpu widget could not update: %s", e)
+            except Exception:  # one broken listener must not stop the others' updates
+                self.log.warning("GPU broker: a %%gpu widget failed to update", exc_info=True)
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class EventFeed(Broadcast):
+    """The broker's server-sent events (this kernel's requests, and every queue change)."""
+
+    async def _run(self) -> None:
+        pause = 1.0
+        while True:
+            try:
+                async with contextlib.aclosing(self.client.events()) as events:
+                    async for event in events:
+                        pause = 1.0
+                        await self.publish(event)
+            except TRANSIENT as e:
+                self.log.info("GPU broker event stream lost (%s); reconnecting", e)
+            await asyncio.sleep(pause)  # a new stream starts with "hello": listeners resync
+            pause = min(2 * pause, 30.0)
+
+
+class DevicePoll(Broadcast):
+    """``GET devices`` every ``interval`` seconds: the live readings of every device.
+
+    The API keeps no history of readings yet, so the widgets keep their own short one.
+    """
+
+    interval = 3.0
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.publish(await self.client.devices())
+            except TRANSIENT as e:
+                self.log.info("GPU broker: could not read the devices: %s", e)
+            await asyncio.sleep(self.interval)

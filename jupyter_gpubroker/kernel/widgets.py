@@ -1,0 +1,449 @@
+"""The ``%gpu`` widgets: plain ipywidgets (no JavaScript of ours), each with a text form.
+
+A widget is a ``VBox`` of HTML, plus synced traits that state in data what the HTML
+shows, so a frontend or a test reads the model's state instead of scraping markup.
+Updates arrive on the runner's thread (ipywidgets sends from any thread); ``close()``
+stops them. Where there are no widgets (terminal IPython, ``nbconvert``), the
+``text/plain`` of a widget's display bundle carries the same facts as text; both forms
+are built from the same rows.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ipywidgets import HTML, Button, VBox
+from traitlets import Dict, Float, Int, List, Unicode
+
+from ..client import size_text
+from .feed import TRANSIENT, why
+from .session import Activity, Session, Tracker, duration
+
+HISTORY = 40
+"""Readings kept for a status widget's sparkline."""
+WAITING_HINT = "The cell waits for the grant; interrupt the kernel (■) to withdraw the request."
+COLORS = {"queued": "#e6a700", "granted": "#2e9d4f"}
+"""Status dot by request state; ended requests are grey."""
+CARD = (
+    "border:1px solid var(--jp-border-color2,#ccc);border-radius:6px;padding:8px 12px;"
+    "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;"
+    "color:var(--jp-ui-font-color1,#222);max-width:680px"
+)
+MUTED = "color:var(--jp-ui-font-color2,#666)"
+
+
+class GpuWidget(VBox):
+    """A VBox whose live updates end with it, and whose text/plain form says what it shows."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._stops: list[Callable[[], None]] = []
+        super().__init__(**kwargs)
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            bundle["text/plain"] = self.text()
+        return bundle
+
+    def close(self) -> None:
+        while self._stops:
+            self._stops.pop()()
+        super().close()
+
+
+# -------------------------------------------------------------- this kernel's request
+
+
+@dataclass(frozen=True)
+class Held:
+    """A held device with its latest readings, as the status widget shows it."""
+
+    uuid: str
+    label: str
+    profile: str | None
+    memory_mib: int
+    used_mib: int | None
+    utilization: float | None
+    mig: bool
+    temperature_c: float | None
+    """The device's, or its GPU's for a MIG slice (NVML reads it per GPU)."""
+
+    @property
+    def utilization_text(self) -> str:
+        if self.utilization is not None:
+            return f"{self.utilization:.0f}%"
+        return "n/a on MIG" if self.mig else "n/a"
+
+    @property
+    def memory_text(self) -> str:
+        used = "?" if self.used_mib is None else f"{self.used_mib / 1024:.1f}"
+        return f"{used} / {self.memory_mib / 1024:.1f} GiB"
+
+    @property
+    def temperature_text(self) -> str:
+        return "n/a" if self.temperature_c is None else f"{self.temperature_c:.0f} °C"
+
+    def memory_percent(self) -> float | None:
+        return None if self.used_mib is None else 100 * self.used_mib / max(self.memory_mib, 1)
+
+    def load(self) -> float | None:
+        """What the sparkline follows: utilization, or memory use where NVML hides it."""
+        return self.utilization if self.utilization is not None else self.memory_percent()
+
+    def reading(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "utilization_gpu": self.utilization,
+            "memory_used_mib": self.used_mib,
+            "temperature_c": self.temperature_c,
+        }
+
+    def headline(self) -> str:
+        return f"{self.label}: {self.profile or 'whole GPU'}, {self.memory_mib / 1024:.1f} GiB"
+
+
+def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
+    """The devices a granted request holds, with their readings from a ``GET devices``
+    reply (none while it waits or once it ended)."""
+    lease = tracker.lease
+    if tracker.state != "granted" or lease is None:
+        return []
+    return [
+        Held(
+            uuid=d["uuid"],
+            label=d["label"],
+            profile=d.get("profile"),
+            memory_mib=d["memory_mib"],
+            used_mib=d.get("memory_used_mib"),
+            utilization=d.get("utilization_gpu"),
+            mig=d["kind"] == "mig",
+            temperature_c=d["temperature_c"]
+            if d.get("temperature_c") is not None
+            else g.get("temperature_c"),
+        )
+        for g in gpus
+        for d in g["devices"]
+        if d["uuid"] in lease["devices"]
+    ]
+
+
+def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]:
+    """A request's headline and detail lines (the devices' readings aside)."""
+    r = tracker.request
+    size = f"{size_text(r)} ({r['job_class']})"
+    if tracker.state == "queued":
+        ahead = ", ".join(f"{n} {cls}" for cls, n in sorted(tracker.ahead.items())) or "none"
+        title = f"Waiting for {size}: position {r.get('position')} of {tracker.queue_length}"
+        return title, [f"ETA {eta_text(r.get('eta'))} · ahead: {ahead}"]
+    lease = tracker.lease
+    if tracker.state == "granted" and lease is not None:
+        details = f"held {duration(time.time() - when(lease['granted_at']))} · {activity.text()}"
+        if lease.get("reclaim_at"):
+            details += f" · reclaimed at {clock(lease['reclaim_at'])} unless used"
+        return f"Holding {size}", [details]
+    return f"{size}: {tracker.state}", [r["reason"]] if r.get("reason") else []
+
+
+def request_text(tracker: Tracker, activity: Activity, held: list[Held]) -> str:
+    title, lines = request_facts(tracker, activity)
+    devices = [
+        f"{h.headline()} ({h.uuid})\n  utilization {h.utilization_text} · memory "
+        f"{h.memory_text} · {h.temperature_text}"
+        for h in held
+    ]
+    if tracker.lease and tracker.state == "granted" and not held:
+        devices = [", ".join(tracker.lease["devices"])]
+    return "\n".join([title, *devices, *lines])
+
+
+def request_html(
+    tracker: Tracker, activity: Activity, held: list[Held], history: Iterable[float], note: str
+) -> str:
+    title, lines = request_facts(tracker, activity)
+    dot = f'<span style="color:{COLORS.get(tracker.state, "#999")}">●</span>'
+    rows = "".join(
+        f'<tr><td colspan="3" style="padding-top:6px"><b>{esc(h.headline())}</b>'
+        f'<div style="{MUTED};font-size:11px">{esc(h.uuid)}</div></td></tr>'
+        + _row("utilization", bar(h.utilization), h.utilization_text)
+        + _row("memory", bar(h.memory_percent()), h.memory_text)
+        + _row("temperature", "", h.temperature_text)
+        for h in held
+    )
+    if held:
+        followed = "utilization" if any(h.utilization is not None for h in held) else "memory"
+        rows += _row(f"{followed}, recent", sparkline(list(history)), "")
+    return (
+        f'<div style="{CARD}"><div style="font-weight:600">{dot} {esc(title)}</div>'
+        f'<table style="border-collapse:collapse">{rows}</table>'
+        + "".join(f'<div style="{MUTED}">{esc(line)}</div>' for line in [*lines, note] if line)
+        + "</div>"
+    )
+
+
+class RequestPanel(GpuWidget):
+    """This kernel's request: its place in the queue, then the lease's live readings.
+
+    Follows the tracker (grant, end); reads the devices every few seconds while granted.
+    The Cancel button shows while queued if the kernel is free to handle its click
+    (``%gpu request --no-wait``; a waiting cell is withdrawn by interrupting the kernel).
+    """
+
+    state = Unicode().tag(sync=True)
+    position = Int(None, allow_none=True).tag(sync=True)
+    eta = Unicode(None, allow_none=True).tag(sync=True)
+    ahead = Dict().tag(sync=True)
+    devices = List(Unicode()).tag(sync=True)
+    readings = List(Dict()).tag(sync=True)
+
+    def __init__(
+        self, tracker: Tracker, activity: Activity, *, cancellable: bool, gpus: list[Any]
+    ) -> None:
+        """``gpus``: a ``GET devices`` reply, so the first view is complete."""
+        self.tracker, self.activity, self.cancellable = tracker, activity, cancellable
+        self._gpus = gpus
+        self._history: deque[float] = deque(maxlen=HISTORY)
+        self._note = ""
+        self._lock = threading.RLock()
+        self._stop_readings: Callable[[], None] | None = None
+        self._html = HTML()
+        self.button = Button(description="Cancel request", icon="times", button_style="warning")
+        self.button.on_click(self._cancel)
+        super().__init__(children=[self._html, self.button])
+        self._stops += [tracker.watch(self._update), lambda: self._follow_readings(False)]
+        self._update()
+
+    @property
+    def session(self) -> Session:
+        return self.tracker.session
+
+    def text(self) -> str:
+        return request_text(self.tracker, self.activity, held_devices(self.tracker, self._gpus))
+
+    def _update(self) -> None:
+        with self._lock:  # the kernel's thread and the runner's both update it
+            self._render()
+
+    def _render(self) -> None:
+        t, held = self.tracker, held_devices(self.tracker, self._gpus)
+        waiting = t.state == "queued"
+        self._follow_readings(t.state == "granted")
+        with self.hold_sync():
+            self.state = t.state
+            self.position = t.request.get("position") if waiting else None
+            self.eta = t.request.get("eta") if waiting else None
+            self.ahead = dict(t.ahead) if waiting else {}
+            self.devices = list(t.lease["devices"]) if t.state == "granted" and t.lease else []
+            self.readings = [h.reading() for h in held]
+            note = self._note or (WAITING_HINT if waiting and not self.cancellable else "")
+            self._html.value = request_html(t, self.activity, held, self._history, note)
+        self.button.layout.display = None if waiting and self.cancellable else "none"
+
+    def _follow_readings(self, on: bool) -> None:
+        with self._lock:
+            if on and self._stop_readings is None:
+                self._stop_readings = self.session.devices.subscribe(self._on_devices)
+            elif not on and self._stop_readings is not None:
+                self._stop_readings()
+                self._stop_readings = None
+
+    async def _on_devices(self, gpus: list[dict[str, Any]]) -> None:
+        self._gpus = gpus
+        loads = [x for x in (h.load() for h in held_devices(self.tracker, gpus)) if x is not None]
+        if loads:
+            self._history.append(sum(loads) / len(loads))
+        self._update()
+
+    def _cancel(self, _: Button) -> None:
+        try:
+            self.session.withdraw(self.tracker)
+        except TRANSIENT as e:
+            self._note = f"could not cancel: {why(e)}"
+            self._update()
+
+
+# ------------------------------------------------------------------------ the queue
+
+
+QUEUE_HEADER = ("#", "user", "class", "size", "waiting", "ETA")
+
+
+def queue_rows(queue: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    now = time.time()
+    return [
+        (
+            str(e["position"]),
+            e["user"] + (" (you)" if e.get("mine") else ""),
+            e["job_class"],
+            size_text(e),
+            duration(now - when(e["submitted_at"])),
+            eta_text(e.get("eta")),
+        )
+        for e in queue
+    ]
+
+
+def queue_text(queue: list[dict[str, Any]]) -> str:
+    if not queue:
+        return "The GPU queue is empty."
+    rows = [QUEUE_HEADER, *queue_rows(queue)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(QUEUE_HEADER))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return f"GPU queue: {len(queue)} waiting\n" + "\n".join(line.rstrip() for line in lines)
+
+
+def queue_html(queue: list[dict[str, Any]]) -> str:
+    if not queue:
+        return f'<div style="{CARD}">The GPU queue is empty.</div>'
+    cell = "padding:2px 10px 2px 0;text-align:left"
+    head = "".join(f'<th style="{cell}">{esc(h)}</th>' for h in QUEUE_HEADER)
+    body = "".join(
+        f'<tr style="font-weight:{600 if e.get("mine") else 400}">'
+        + "".join(f'<td style="{cell}">{esc(c)}</td>' for c in row)
+        + "</tr>"
+        for e, row in zip(queue, queue_rows(queue), strict=True)
+    )
+    return (
+        f'<div style="{CARD}"><div style="font-weight:600">GPU queue: {len(queue)} waiting'
+        f'</div><table style="border-collapse:collapse"><tr>{head}</tr>{body}</table></div>'
+    )
+
+
+class QueueTable(GpuWidget):
+    """The whole queue, read again on every queue change."""
+
+    length = Int().tag(sync=True)
+
+    def __init__(self, session: Session, queue: list[dict[str, Any]]) -> None:
+        self.session, self.queue = session, queue
+        self._html = HTML()
+        super().__init__(children=[self._html])
+        self._show(queue)
+        self._stops.append(session.feed.subscribe(self._on_event))
+
+    def text(self) -> str:
+        return queue_text(self.queue)
+
+    async def _on_event(self, _: dict[str, Any]) -> None:
+        self._show(await self.session.client.queue())
+
+    def _show(self, queue: list[dict[str, Any]]) -> None:
+        self.queue = queue
+        with self.hold_sync():
+            self.length = len(queue)
+            self._html.value = queue_html(queue)
+
+
+# ------------------------------------------------------------------------- my usage
+
+
+def usage_rows(days: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    return [(datetime.fromisoformat(d["date"]).strftime("%a %d %b"), d["gpu_hours"]) for d in days]
+
+
+def usage_text(days: list[dict[str, Any]]) -> str:
+    top = max((h for _, h in usage_rows(days)), default=0.0) or 1.0
+    lines = [f"{day}  {'█' * round(20 * h / top):<20}  {hours(h)}" for day, h in usage_rows(days)]
+    total = sum(d["gpu_hours"] for d in days)
+    return f"My GPU-hours, last {len(days)} days: {hours(total)}\n" + "\n".join(lines)
+
+
+def usage_html(days: list[dict[str, Any]]) -> str:
+    top = max((h for _, h in usage_rows(days)), default=0.0) or 1.0
+    rows = "".join(
+        _row(day, bar(100 * h / top, "var(--jp-brand-color1,#1976d2)"), f"{hours(h)} h")
+        for day, h in usage_rows(days)
+    )
+    total = sum(d["gpu_hours"] for d in days)
+    return (
+        f'<div style="{CARD}"><div style="font-weight:600">My GPU-hours, last {len(days)} '
+        f'days: {hours(total)}</div><table style="border-collapse:collapse">{rows}</table></div>'
+    )
+
+
+class UsageChart(GpuWidget):
+    """My GPU-hours per day, as bars."""
+
+    total = Float().tag(sync=True)
+
+    def __init__(self, days: list[dict[str, Any]]) -> None:
+        self.days = days
+        super().__init__(children=[HTML(usage_html(days))])
+        self.total = sum(d["gpu_hours"] for d in days)
+
+    def text(self) -> str:
+        return usage_text(self.days)
+
+
+# -------------------------------------------------------------------------- helpers
+
+
+def hours(h: float) -> str:
+    return "<0.01" if 0 < h < 0.005 else f"{h:.2f}"
+
+
+def when(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def clock(iso: str) -> str:
+    """An API time as local wall-clock time."""
+    return datetime.fromisoformat(iso).astimezone().strftime("%H:%M")
+
+
+def eta_text(eta: str | None) -> str:
+    if not eta:
+        return "unknown"
+    left = when(eta) - time.time()
+    return f"{clock(eta)} (in {duration(left)})" if left > 0 else "any moment"
+
+
+def esc(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _row(label: str, graphic: str, value: str) -> str:
+    cell = "padding:1px 10px 1px 0"
+    return (
+        f'<tr><td style="{cell};{MUTED}">{esc(label)}</td><td style="{cell}">{graphic}</td>'
+        f'<td style="{cell}">{esc(value)}</td></tr>'
+    )
+
+
+def bar(percent: float | None, color: str = "#2e9d4f") -> str:
+    """A horizontal bar filled to ``percent`` (nothing if unknown)."""
+    if percent is None:
+        return ""
+    fill = max(0.0, min(100.0, percent))
+    return (
+        '<div style="display:inline-block;width:160px;height:10px;border-radius:3px;'
+        'vertical-align:middle;background:var(--jp-layout-color3,#e0e0e0)">'
+        f'<div style="width:{fill:.1f}%;height:100%;border-radius:3px;background:{color}">'
+        "</div></div>"
+    )
+
+
+def sparkline(values: list[float], width: int = 160, height: int = 26) -> str:
+    """An inline SVG line of percentages (0-100), oldest left."""
+    if len(values) < 2:
+        return f'<span style="{MUTED}">collecting readings…</span>'
+    step = width / (HISTORY - 1)
+    x0 = width - step * (len(values) - 1)
+    points = " ".join(
+        f"{x0 + i * step:.1f},{height - 2 - (height - 4) * max(0.0, min(100.0, v)) / 100:.1f}"
+        for i, v in enumerate(values)
+    )
+    return (
+        f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
+        f'<rect width="{width}" height="{height}" rx="3" fill="var(--jp-layout-color2,#f3f3f3)"/>'
+        f'<polyline points="{points}" fill="none" stroke="#2e9d4f" stroke-width="1.5"/></svg>'
+    )

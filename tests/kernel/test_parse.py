@@ -1,0 +1,57 @@
+"""``%gpu`` arguments: sizes in the API's terms, bad input as one line, ``--help``."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from jupyter_gpubroker.kernel import GpuError
+from jupyter_gpubroker.kernel.magic import PARSER, _HelpShown, requested_size
+
+
+@pytest.mark.parametrize(
+    ("line", "size"),
+    [
+        ("request 1g.10gb", {"profile": "1g.10gb"}),
+        ("request 2", {"gpus": 2}),
+        ("request 20GB", {"min_memory_gb": 20.0}),
+        ("request --gpus 2", {"gpus": 2}),
+        ("request --min-memory 20GB --class batch --no-wait", {"min_memory_gb": 20.0}),
+    ],
+)
+def test_sizes_reach_the_api_as_one_field(line, size):
+    assert requested_size(PARSER.parse_args(shlex.split(line))) == size
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("request 1g.10gb --gpus 2", "name one size: a MIG profile (1g.10gb), --gpus N"),
+        ("request --gpus 0", "'gpus' must be"),
+        ("request 8g.1tb", "unknown MIG profile '8g.1tb'"),
+    ],
+)
+def test_bad_sizes_are_one_line(line, message):
+    with pytest.raises(GpuError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        requested_size(PARSER.parse_args(shlex.split(line)))
+    assert e.value._render_traceback_() == [str(e.value)]
+
+
+def test_bad_options_name_the_subcommand():
+    with pytest.raises(GpuError) as e:
+        PARSER.parse_args(["request", "--min-memory", "lots"])
+    assert str(e.value) == (
+        "%gpu request: argument --min-memory: invalid gigabytes value: 'lots' "
+        "(see %gpu request --help)"
+    )
+
+
+def test_help_lists_the_commands_and_examples(capsys):
+    with pytest.raises(_HelpShown):
+        PARSER.parse_args(["--help"])
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: %gpu [-h] COMMAND ...")
+    for command in ("status", "request", "release", "queue", "usage"):
+        assert f"\n    {command} " in usage
+    assert "%gpu request 1g.10gb --no-wait" in usage
