@@ -10,6 +10,7 @@ decides nothing itself: every decision is the core's.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import hashlib
 import os
@@ -22,15 +23,27 @@ from typing import Any
 
 import yaml
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Dict, Enum, Float, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
 from .broker.core import Broker, BrokerConfig, Event, Quota
 from .broker.errors import Forbidden, InvalidRequest
+from .broker.health import (
+    CRITICAL_XIDS,
+    DEFAULT_DRAIN_REASONS,
+    SW_POWER_CAP,
+    HealthConfig,
+    HealthJudge,
+)
 from .broker.models import DeviceReading, check_name
 from .broker.policy import POLICIES, Window, make_policy
+from .broker.profiles import ALL_PROFILE_NAMES
+from .broker.reclaim import Decision, ReclaimConfig, Reclaimer
 from .broker.store import Store
+from .monitor.metrics import BrokerCollector
+from .monitor.sampler import KernelActions, Sampler
+from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
 
@@ -122,7 +135,112 @@ class GPUBroker(LoggingConfigurable):
         "the first group it names, which must be one of its user's (default: the first listed).",
     ).tag(config=True)
 
-    @validate("lease_ttl", "tick_interval")
+    # -- monitoring, health and reclaim
+
+    sample_interval = Float(
+        5.0,
+        help="Seconds between samples of every GPU and MIG slice (utilization, memory, "
+        "temperature, power, clock-event reasons, Xid and ECC events), kept in the state file "
+        "and driving health checks and idle reclaim.",
+    ).tag(config=True)
+    samples_kept = Float(
+        365 * 86400.0,
+        help="Seconds hourly samples are kept (raw samples are kept an hour, minute averages a "
+        "week).",
+    ).tag(config=True)
+    idle_timeout = Float(
+        3600.0,
+        help="Seconds a lease may sit idle (its kernel ran nothing and its GPU stayed under "
+        "idle_utilization_threshold) before its holder is warned; 0 disables idle reclaim. "
+        "Leases of kernels this server does not run are never reclaimed.",
+    ).tag(config=True)
+    idle_timeout_by_class = Dict(
+        key_trait=Unicode(),
+        value_trait=Float(),
+        help="idle_timeout per job class, e.g. {'batch': 14400}.",
+    ).tag(config=True)
+    idle_timeout_by_profile = Dict(
+        key_trait=Unicode(),
+        value_trait=Float(),
+        help="idle_timeout per MIG profile ('gpu' for whole GPUs), e.g. {'7g.80gb': 1800}; "
+        "wins over the class's.",
+    ).tag(config=True)
+    grace = Float(600.0, help="Seconds between the idle (or stalled) warning and the reclaim.").tag(
+        config=True
+    )
+    stalled_timeout = Float(
+        7200.0,
+        help="Seconds a kernel may stay busy while its GPU stays under "
+        "idle_utilization_threshold before it counts as stalled and is warned; only where the "
+        "GPU reports utilization (whole GPUs, MIG slices with GPM). 0 disables.",
+    ).tag(config=True)
+    idle_utilization_threshold = Float(
+        5.0, help="GPU utilization (percent) under which a GPU counts as unused."
+    ).tag(config=True)
+    reclaim_action = Enum(
+        ["shutdown", "revoke"],
+        default_value="shutdown",
+        help="What a reclaim does to the kernel: 'shutdown' shuts it down; 'revoke' interrupts "
+        "it and ends its lease, leaving it running without a grant (its process may keep the "
+        "device open until it exits).",
+    ).tag(config=True)
+    reclaim_exempt_users = SetTrait(
+        Unicode(), help="Users whose leases are never reclaimed for idleness or preempted."
+    ).tag(config=True)
+    reclaim_exempt_groups = SetTrait(
+        Unicode(), help="Groups whose requests' leases are never reclaimed or preempted."
+    ).tag(config=True)
+    preemption = Bool(
+        False,
+        help="Over-share preemption: when a user under their fair share waits, warn and then "
+        "(after grace) reclaim the newest lease it could use of a user over theirs.",
+    ).tag(config=True)
+    healthy_for = Float(
+        300.0, help="Seconds a drained GPU must show no fault before it takes grants again."
+    ).tag(config=True)
+    max_temperature = Float(
+        85.0,
+        help="GPU temperature (C) at which the GPU is drained; 0: only its own thermal slowdown.",
+    ).tag(config=True)
+    drain_on_power_cap = Bool(
+        False,
+        help="Also drain GPUs slowed by their software power cap (normal under full load).",
+    ).tag(config=True)
+    drain_xids = List(
+        Int(),
+        default_value=sorted(CRITICAL_XIDS),
+        help="Xid errors that drain a GPU (hardware faults; program faults such as 13, 31 or 43 "
+        "are the program's). Double-bit ECC errors always drain.",
+    ).tag(config=True)
+
+    @validate("idle_timeout", "grace", "stalled_timeout", "healthy_for", "max_temperature")
+    def _not_negative(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if not value >= 0:
+            raise TraitError(f"{proposal['trait'].name} must be zero or more, not {value}")
+        return value
+
+    @validate("idle_utilization_threshold")
+    def _percent(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if not 0 <= value <= 100:
+            raise TraitError(f"idle_utilization_threshold is a percent, not {value}")
+        return value
+
+    @validate("idle_timeout_by_class", "idle_timeout_by_profile")
+    def _check_timeouts(self, proposal: dict[str, Any]) -> dict[str, float]:
+        name, value = proposal["trait"].name, dict(proposal["value"])
+        if name == "idle_timeout_by_profile":
+            unknown = set(value) - ALL_PROFILE_NAMES - {"gpu"}
+            if unknown:
+                raise TraitError(f"GPUBroker.{name}: unknown profile(s) {', '.join(unknown)}")
+        try:
+            ReclaimConfig(**{name: value})
+        except InvalidRequest as e:
+            raise TraitError(f"GPUBroker.{name}: {e.message}") from None
+        return value
+
+    @validate("lease_ttl", "tick_interval", "sample_interval", "samples_kept")
     def _positive(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not value > 0:
@@ -146,6 +264,11 @@ class GPUBroker(LoggingConfigurable):
         self._subscribers: list[Callable[[Event], None]] = []
         self._readings: tuple[float, dict[str, DeviceReading]] = (0.0, {})
         self._ticker: PeriodicCallback | None = None
+        self._sampling: PeriodicCallback | None = None
+        self.sampler: Sampler | None = None
+        self.metrics: BrokerCollector | None = None
+        self.kernels: KernelActions | None = None
+        """The host's kernels, when it runs them (the server extension's ``ServerKernels``)."""
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
 
@@ -171,6 +294,7 @@ class GPUBroker(LoggingConfigurable):
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
         self.broker.subscribe(self._fan_out)
+        self._start_monitoring(self.broker, self.backend)
         self.service_token = self.issue_token(self.owner)
         """The token this server's own kernel provisioners use (never leaves the process)."""
         source = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
@@ -184,10 +308,75 @@ class GPUBroker(LoggingConfigurable):
         )
         return self.broker
 
+    def _start_monitoring(self, core: Broker, backend: NvmlBackend) -> None:
+        reclaim = ReclaimConfig(
+            idle_timeout_s=self.idle_timeout,
+            idle_timeout_by_class=dict(self.idle_timeout_by_class),
+            idle_timeout_by_profile=dict(self.idle_timeout_by_profile),
+            grace_s=self.grace,
+            stalled_timeout_s=self.stalled_timeout,
+            utilization_threshold=self.idle_utilization_threshold,
+            exempt_users=frozenset(self.reclaim_exempt_users),
+            exempt_groups=frozenset(self.reclaim_exempt_groups),
+            preemption=self.preemption,
+        )
+        health = HealthConfig(
+            max_temperature_c=self.max_temperature or None,
+            drain_clock_reasons=DEFAULT_DRAIN_REASONS
+            | (SW_POWER_CAP if self.drain_on_power_cap else 0),
+            drain_xids=frozenset(self.drain_xids),
+            healthy_for_s=self.healthy_for,
+        )
+        samples = SampleStore(core.store, self.sample_interval, hours_kept_s=self.samples_kept)
+        sampler = Sampler(
+            core, backend, samples, HealthJudge(health), Reclaimer(core, reclaim), log=self.log
+        )
+        self.sampler = sampler
+        self.metrics = BrokerCollector(core, lambda: sampler.latest)
+
+    def attach_kernels(self, kernels: KernelActions) -> None:
+        """Let idle reclaim see and act on the host's kernels."""
+        self.kernels = kernels
+        if self.sampler is not None:
+            self.sampler.kernels = kernels
+
     def start_ticking(self) -> None:
-        """Run ``tick`` every ``tick_interval`` seconds on the current IOLoop."""
+        """Run ``tick`` every ``tick_interval`` seconds and a sampling pass every
+        ``sample_interval`` seconds on the current IOLoop."""
         self._ticker = PeriodicCallback(self._tick, self.tick_interval * 1000)
         self._ticker.start()
+        self._sampling = PeriodicCallback(self.sample, self.sample_interval * 1000)
+        self._sampling.start()
+
+    async def sample(self) -> list[Decision]:
+        """One sampling pass (NVML read on a worker thread), then carry out its decisions."""
+        sampler = self.sampler
+        assert sampler is not None
+        try:
+            readings, events = await asyncio.to_thread(sampler.read)
+            if self._sampling is not None and not self._sampling.is_running():
+                return []  # stopped meanwhile: the store may be closed
+            decisions = sampler.apply(readings, events)
+        except Exception:
+            self.log.exception("GPU broker sampling failed")
+            return []
+        for d in decisions:
+            self.log.warning(
+                "GPU broker: %s lease %s of kernel %s%s: %s",
+                d.action,
+                d.lease_id,
+                d.owner or "-",
+                f" (reclaim at {time.ctime(d.deadline)})" if d.deadline else "",
+                d.reason,
+            )
+            if d.action == "reclaim" and self.kernels is not None:
+                try:
+                    await self.kernels.act(d, self.reclaim_action)
+                except Exception:
+                    self.log.exception(
+                        "GPU broker: cannot %s kernel %s", self.reclaim_action, d.owner
+                    )
+        return decisions
 
     def _tick(self) -> None:
         try:
@@ -196,8 +385,11 @@ class GPUBroker(LoggingConfigurable):
             self.log.exception("GPU broker tick failed")
 
     def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.stop()
+        for callback in (self._ticker, self._sampling):
+            if callback is not None:
+                callback.stop()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.broker is not None:
             self.broker.store.close()
         if self.backend is not None:

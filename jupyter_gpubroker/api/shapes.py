@@ -42,7 +42,7 @@ def request_json(r: Request, entry: QueueEntry | None = None) -> dict[str, Any]:
 
 def lease_json(lease: Lease) -> dict[str, Any]:
     d = lease.to_json()
-    for k in ("granted_at", "expires_at", "ended_at"):
+    for k in ("granted_at", "expires_at", "ended_at", "reclaim_at"):
         d[k] = iso(d[k])
     return d
 
@@ -93,10 +93,17 @@ def devices_json(
     admin: bool = True,
     kernel_id: str | None = None,
     owners: Mapping[str, str] | None = None,
+    drains: Mapping[str, tuple[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every GPU with its grantable devices, live readings and holders; other users'
-    holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of its
-    own kernel's leases only: ``owners`` maps the holders' request ids to their owners."""
+    """Every GPU with its grantable devices, live readings, holders and drain state; other
+    users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
+    its own kernel's leases only: ``owners`` maps the holders' request ids to their owners.
+    ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices."""
+    drains = drains or {}
+
+    def drained(*uuids: str) -> dict[str, Any] | None:
+        found = next((drains[u] for u in uuids if u in drains), None)
+        return None if found is None else {"reason": found[0], "since": iso(found[1])}
 
     def holder(lease: Lease | None) -> dict[str, Any] | None:
         if lease is None:
@@ -119,6 +126,7 @@ def devices_json(
             "model": g.model,
             "memory_mib": g.memory_mib,
             "mig_enabled": g.mig_enabled,
+            "drained": drained(g.uuid),
             **reading_json(readings.get(g.uuid)),
             "devices": [
                 {
@@ -130,6 +138,7 @@ def devices_json(
                     "memory_mib": d.memory_mib,
                     "gpu_equivalents": round(d.gpu_equivalents, 4),
                     "holder": holder(holders.get(d.uuid)),
+                    "drained": drained(d.uuid, g.uuid),
                     **reading_json(readings.get(d.uuid)),
                 }
                 for d in sorted(inventory.devices, key=lambda d: d.start or 0)
@@ -144,5 +153,23 @@ def event_json(e: Event, viewer: str, admin: bool) -> dict[str, Any]:
     """An event as a viewer may see it: their own in full, others' as a bare kind."""
     if admin or e.user == viewer:
         # the event's own fields win over a detail of the same name (a quota's "kind")
-        return {**e.to_json(), "kind": e.kind, "at": iso(e.at)}
+        d = {**e.to_json(), "kind": e.kind, "at": iso(e.at)}
+        if "deadline" in d:  # a warning's
+            d["deadline"] = iso(d["deadline"])
+        return d
     return {"kind": e.kind, "at": iso(e.at), "user": e.user}
+
+
+def samples_json(
+    uuid: str,
+    resolution_s: int,
+    samples: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A device's samples (``SampleStore.series``) and hardware events, times in ISO."""
+    return {
+        "uuid": uuid,
+        "resolution_s": resolution_s,
+        "samples": [{**s, "t": iso(s["t"]), "unhealthy": bool(s["unhealthy"])} for s in samples],
+        "events": [{**e, "at": iso(e["at"])} for e in events],
+    }

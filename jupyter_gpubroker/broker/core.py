@@ -172,6 +172,19 @@ Entity = tuple[str, str]
 """("user", name) or ("group", name)."""
 
 
+def request_shape(size: Size) -> str:
+    """What a request will hold, as the history of hold times keys it: ``gpu:N`` for N
+    whole GPUs, the profile for a MIG slice, "" when only the grant will tell."""
+    if size.gpus is not None:
+        return f"gpu:{size.gpus}"
+    return size.profile or ""
+
+
+def held_shape(profile: str, gpu_equivalents: float) -> str:
+    """What a lease held, in the same terms (its ``profile`` is ``gpu`` for whole GPUs)."""
+    return f"gpu:{round(gpu_equivalents)}" if profile == "gpu" else profile
+
+
 def decayed_integral(rate: float, seconds: float, half_life: float) -> float:
     """Usage accrued at ``rate`` over the last ``seconds``, decayed to now."""
     return float(rate * half_life / math.log(2) * (1.0 - 2.0 ** (-seconds / half_life)))
@@ -225,8 +238,10 @@ class Broker:
         self._gpu_eq_of_size: dict[str, float] = {}
         # budgets: (period index, closed GPU-hours) per entity
         self._budget_used: dict[Entity, tuple[int, float]] = {}
-        # hold-time history: moving average per (user, class) and per class
-        self._history: dict[tuple[str, str], float] = {}
+        # hold-time history: moving average per (user, class, shape), per (user, class)
+        # and per class, the shape ("" in the coarser keys) being what a lease held
+        self._history: dict[tuple[str, str, str], float] = {}
+        self._drains: dict[str, tuple[str, float]] = {}
         self._seq = store.next_seq()
         self._restore()
         self._recalc(self.clock.now())
@@ -356,12 +371,65 @@ class Broker:
             self.schedule()
         return lease
 
-    def reclaim(self, lease_id: str, reason: str) -> Lease:
-        """Take a lease back from its holder (idle reclaim, health, an admin)."""
+    def reclaim(
+        self,
+        lease_id: str,
+        reason: str,
+        *,
+        cause: str = "admin",
+        evidence: dict[str, Any] | None = None,
+    ) -> Lease:
+        """Take a lease back from its holder. ``cause`` (idle, stalled, preempted, admin)
+        and ``evidence`` (what the decision saw) are committed with the lease's end."""
         lease = self._active_lease(lease_id, None)
-        self._end_lease(lease, LeaseState.RECLAIMED, reason)
+        self._end_lease(lease, LeaseState.RECLAIMED, reason, (cause, evidence or {}))
         self.schedule()
         return lease
+
+    def warn(self, lease_id: str, reason: str, deadline: float) -> Lease:
+        """Tell a lease's holder it will be reclaimed at ``deadline``: a ``warning`` event,
+        and the lease's ``reclaim_at``. Deciding when is ``broker.reclaim``'s job."""
+        lease = self._active_lease(lease_id, None)
+        lease.reclaim_at = deadline
+        self._lease_event("warning", lease, {"reason": reason, "deadline": deadline})
+        return lease
+
+    def unwarn(self, lease_id: str, reason: str) -> Lease:
+        """Withdraw a warning (the holder is active again): a ``warning_cleared`` event."""
+        lease = self._active_lease(lease_id, None)
+        lease.reclaim_at = None
+        self._lease_event("warning_cleared", lease, {"reason": reason})
+        return lease
+
+    def drain(self, uuid: str, reason: str) -> None:
+        """Grant nothing more on a GPU (and every device on it) or on one device. Holders
+        keep their leases; they and the machine's watchers get a ``drained`` event."""
+        if uuid not in self.placer.gpus and uuid not in self.placer.devices:
+            raise NotFound(f"no GPU or device {uuid!r}")
+        if self._drains.get(uuid, ("",))[0] == reason:
+            return
+        now = self.clock.now()
+        since = self._drains.get(uuid, (reason, now))[1]
+        with self.store.transaction():
+            self.store.set_drain(uuid, reason, since)
+        self._drains[uuid] = (reason, since)
+        self.placer.drain(uuid)
+        self._device_event("drained", uuid, now, reason)
+
+    def undrain(self, uuid: str, reason: str) -> None:
+        """Grant on a drained GPU or device again, and run a scheduling pass."""
+        if uuid not in self._drains:
+            raise NotFound(f"{uuid!r} is not drained")
+        with self.store.transaction():
+            self.store.clear_drain(uuid)
+        del self._drains[uuid]
+        self.placer.undrain(uuid)
+        self._device_event("undrained", uuid, self.clock.now(), reason)
+        self.schedule()
+
+    def drained(self) -> dict[str, tuple[str, float]]:
+        """Drained GPU or device UUID -> (reason, since when)."""
+        return dict(self._drains)
 
     def tick(self) -> list[Lease]:
         """Expire leases whose holders stopped renewing, then schedule. Call periodically."""
@@ -629,7 +697,11 @@ class Broker:
 
     def _reserve(self, r: Request, now: float) -> _Reservation | None:
         """When and where the top blocked request will start, from leases' expected ends."""
-        ready = sorted((self._free_at(d.uuid, now), d.uuid) for d in self.placer.compatible(r.size))
+        ready = sorted(
+            (self._free_at(d.uuid, now), d.uuid)
+            for d in self.placer.compatible(r.size)
+            if not self.placer.is_drained(d)
+        )
         k = self.placer.units(r.size)
         if len(ready) < k:
             return None
@@ -710,7 +782,14 @@ class Broker:
         for entity in self._entities(lease.user, lease.group):
             self._held_eq[entity] += lease.gpu_equivalents
 
-    def _end_lease(self, lease: Lease, state: LeaseState, reason: str) -> None:
+    def _end_lease(
+        self,
+        lease: Lease,
+        state: LeaseState,
+        reason: str,
+        reclaim: tuple[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """End a lease; ``reclaim`` is the (cause, evidence) recorded with a reclaim."""
         now = self.clock.now()
         r = self._live[lease.request_id]
         lease.state, lease.ended_at, lease.reason = state, now, reason
@@ -718,6 +797,8 @@ class Broker:
         with self.store.transaction():
             self.store.end_lease(lease, r.job_class.value)
             self.store.end_request(r)
+            if reclaim is not None:
+                self.store.insert_reclaim(lease.id, now, reclaim[0], reason, reclaim[1])
         self._accrue(lease, now)
         self._add_accruing(lease, -1.0)
         del self._leases[lease.id], self._expected_end[lease.id]
@@ -729,24 +810,42 @@ class Broker:
         for entity in self._entities(lease.user, lease.group):
             self._held_eq[entity] -= lease.gpu_equivalents
             self._add_budget(entity, hours, now)
-        self._learn(r.user, r.job_class.value, now - lease.granted_at)
-        self._emit(Event(state.value, now, lease.user, r.id, lease.id, {"reason": reason}))
+        shape = held_shape(lease.profile, lease.gpu_equivalents)
+        self._learn(r.user, r.job_class.value, shape, now - lease.granted_at)
+        detail = {"reason": reason} if reclaim is None else {"reason": reason, "cause": reclaim[0]}
+        self._emit(Event(state.value, now, lease.user, r.id, lease.id, detail))
+
+    def _device_event(self, kind: str, uuid: str, now: float, reason: str) -> None:
+        """A machine-wide event about a GPU or device, then one to each lease holding it."""
+        detail = {"device": uuid, "reason": reason}
+        self._emit(Event(kind, now, "", detail=detail))
+        held = {self._holder[d.uuid] for d in self.placer.under(uuid) if d.uuid in self._holder}
+        for lease in sorted((self._leases[x] for x in held), key=lambda x: x.granted_at):
+            self._lease_event(kind, lease, detail)
+
+    def _lease_event(self, kind: str, lease: Lease, detail: dict[str, Any]) -> None:
+        self._emit(Event(kind, self.clock.now(), lease.user, lease.request_id, lease.id, detail))
 
     # -- durations
 
     def _history_duration(self, r: Request) -> float:
-        cls = r.job_class.value
-        return self._history.get(
-            (r.user, cls), self._history.get(("", cls), self.config.default_duration_s[cls])
-        )
+        """The user's average hold time for this class and shape (a user's 8-GPU jobs are
+        not their 1-GPU jobs: Helios' QSSF keys by user and GPU demand), else for this
+        class, else everyone's for this class."""
+        cls, h = r.job_class.value, self._history
+        shape = request_shape(r.size)
+        found = h.get((r.user, cls, shape)) if shape else None
+        if found is None:
+            found = h.get((r.user, cls, ""), h.get(("", cls, "")))
+        return found if found is not None else self.config.default_duration_s[cls]
 
     def _duration(self, r: Request) -> float:
         """Expected hold time: the request's own estimate, else its user's history."""
         return r.expected_duration_s or self._history_duration(r)
 
-    def _learn(self, user: str, job_class: str, held_s: float) -> None:
+    def _learn(self, user: str, job_class: str, shape: str, held_s: float) -> None:
         w = self.config.history_weight
-        for key in ((user, job_class), ("", job_class)):
+        for key in ((user, job_class, shape), (user, job_class, ""), ("", job_class, "")):
             old = self._history.get(key)
             self._history[key] = held_s if old is None else (1 - w) * old + w * held_s
 
@@ -754,6 +853,8 @@ class Broker:
         """List-schedule the queue over devices' expected free times to estimate starts."""
         free_at: dict[str, list[tuple[float, str]]] = defaultdict(list)
         for d in self.placer.devices.values():
+            if self.placer.is_drained(d):
+                continue
             free_at[d.profile or "gpu"].append((self._free_at(d.uuid, now), d.uuid))
         for heap in free_at.values():
             heapq.heapify(heap)
@@ -948,7 +1049,8 @@ class Broker:
             ) * 2.0 ** (-age / self.policy.half_life_s)
             for entity in self._entities(row["user"], row["grp"]):
                 self._charge(entity, amount, now)
-            self._learn(row["user"], row["job_class"], row["end"] - row["start"])
+            shape = held_shape(row["profile"], row["gpu_equivalents"])
+            self._learn(row["user"], row["job_class"], shape, row["end"] - row["start"])
         live = self.store.live_requests()
         self._live.update((r.id, r) for r in live if r.state is RequestState.GRANTED)
         lost: list[tuple[Lease, str]] = []
@@ -963,8 +1065,11 @@ class Broker:
             self._new_entity(r)  # live users count in the share totals, as they did before
             if r.state is RequestState.QUEUED:
                 self._enqueue(r)
+        self._drains = self.store.drains()
+        for uuid in self._drains:
+            self.placer.drain(uuid)
         for lease, reason in lost:
-            self._end_lease(lease, LeaseState.RECLAIMED, reason)
+            self._end_lease(lease, LeaseState.RECLAIMED, reason, ("lost", {"reason": reason}))
         for r in [r for r in self._live.values() if r.state is RequestState.QUEUED]:
             try:
                 self._check_satisfiable(r.size)

@@ -117,6 +117,18 @@ class DeviceReading:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class DeviceEvent:
+    """A hardware event NVML delivered through an event set. Xid errors and uncorrectable
+    (double-bit) ECC errors are point events: no reading shows them afterwards."""
+
+    uuid: str
+    """The GPU's UUID, or its MIG device's when NVML named the instance."""
+    kind: Literal["xid", "double_bit_ecc"]
+    code: int | None = None
+    """The Xid number (``None`` for ECC errors)."""
+
+
 # ---------------------------------------------------------------- requests
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}$")
@@ -306,6 +318,9 @@ class Lease:
     reason: str = ""
     profile: str = field(default="")
     """``gpu`` for whole GPUs, else the MIG profile held."""
+    reclaim_at: float | None = None
+    """When a pending warning says the lease will be reclaimed. Not stored: after a
+    restart the reclaimer judges the lease afresh and warns again before reclaiming."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

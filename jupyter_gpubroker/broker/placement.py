@@ -50,6 +50,9 @@ class Placer:
         self.free: dict[str, set[str]] = defaultdict(set)
         self.busy_slices: dict[str, int] = defaultdict(int)
         """Held compute slices per GPU uuid, for packing."""
+        self.held: set[str] = set()
+        self.drained: set[str] = set()
+        """Drained GPU or device UUIDs: never placed on, whether free or held."""
         for d in inventory.devices:
             self.add(d)
 
@@ -57,7 +60,8 @@ class Placer:
 
     def add(self, d: Device) -> None:
         self.devices[d.uuid] = d
-        self.free[device_class(d)].add(d.uuid)
+        if not self.is_drained(d):
+            self.free[device_class(d)].add(d.uuid)
 
     def remove(self, uuid: str) -> None:
         d = self.devices.pop(uuid)
@@ -68,16 +72,39 @@ class Placer:
             d = self.devices.get(u)
             if d is None:  # held since before a restart, gone from the inventory now
                 continue
-            self.free[device_class(d)].remove(u)
+            if not self.is_drained(d):  # a drained device is in no free list
+                self.free[device_class(d)].remove(u)
             self.busy_slices[d.gpu_uuid] += d.compute_slices
+            self.held.add(u)
 
     def release(self, uuids: Iterable[str]) -> None:
         for u in uuids:
             d = self.devices.get(u)
             if d is None:  # left the inventory while held
                 continue
-            self.free[device_class(d)].add(u)
+            self.held.discard(u)
+            if not self.is_drained(d):
+                self.free[device_class(d)].add(u)
             self.busy_slices[d.gpu_uuid] -= d.compute_slices
+
+    def drain(self, uuid: str) -> None:
+        """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
+        self.drained.add(uuid)
+        for d in self.under(uuid):
+            self.free[device_class(d)].discard(d.uuid)
+
+    def undrain(self, uuid: str) -> None:
+        self.drained.discard(uuid)
+        for d in self.under(uuid):
+            if d.uuid not in self.held and not self.is_drained(d):
+                self.free[device_class(d)].add(d.uuid)
+
+    def is_drained(self, d: Device) -> bool:
+        return d.uuid in self.drained or d.gpu_uuid in self.drained
+
+    def under(self, uuid: str) -> list[Device]:
+        """The devices a GPU UUID covers (every one on it), or the one device UUID names."""
+        return [d for d in self.devices.values() if uuid in (d.uuid, d.gpu_uuid)]
 
     def is_free(self, uuid: str) -> bool:
         d = self.devices.get(uuid)
@@ -148,6 +175,8 @@ class Placer:
         """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can."""
         best: tuple[tuple[int, int, int], MigPlan] | None = None
         for gpu in self.gpus.values():
+            if gpu.uuid in self.drained:
+                continue
             model = CATALOG.get(gpu.model or "")
             profile = model.profile(profile_name) if model and gpu.mig_enabled else None
             if model is None or profile is None:

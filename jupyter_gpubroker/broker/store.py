@@ -86,6 +86,44 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (kind, name)
     );
     """,
+    # 2: drained devices, reclaim evidence, device samples (downsampled tiers) and events
+    """
+    CREATE TABLE drains (
+        uuid TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        since REAL NOT NULL
+    );
+    CREATE TABLE reclaims (
+        lease_id TEXT PRIMARY KEY REFERENCES leases(id),
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL
+    );
+    CREATE INDEX reclaims_at ON reclaims(at);
+    CREATE TABLE samples (
+        uuid TEXT NOT NULL,
+        res INTEGER NOT NULL,
+        t REAL NOT NULL,
+        n INTEGER NOT NULL,
+        utilization_gpu REAL,
+        utilization_memory REAL,
+        memory_used_mib REAL,
+        temperature_c REAL,
+        power_w REAL,
+        clock_event_reasons INTEGER,
+        unhealthy INTEGER NOT NULL,
+        PRIMARY KEY (uuid, res, t)
+    ) WITHOUT ROWID;
+    CREATE TABLE device_events (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        code INTEGER
+    );
+    CREATE INDEX device_events_at ON device_events(uuid, at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -242,6 +280,24 @@ class Store:
     def delete_quota(self, kind: str, name: str) -> None:
         self.conn.execute("DELETE FROM quotas WHERE kind=? AND name=?", (kind, name))
 
+    def set_drain(self, uuid: str, reason: str, since: float) -> None:
+        self.conn.execute(
+            "INSERT INTO drains (uuid, reason, since) VALUES (?, ?, ?)"
+            " ON CONFLICT (uuid) DO UPDATE SET reason=excluded.reason",
+            (uuid, reason, since),
+        )
+
+    def clear_drain(self, uuid: str) -> None:
+        self.conn.execute("DELETE FROM drains WHERE uuid=?", (uuid,))
+
+    def insert_reclaim(
+        self, lease_id: str, at: float, kind: str, reason: str, evidence: dict[str, Any]
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO reclaims (lease_id, at, kind, reason, evidence) VALUES (?,?,?,?,?)",
+            (lease_id, at, kind, reason, json.dumps(evidence, sort_keys=True)),
+        )
+
     # -- reads
 
     def next_seq(self) -> int:
@@ -274,6 +330,19 @@ class Store:
 
     def quotas(self) -> list[dict[str, Any]]:
         return list(self.db.query("SELECT * FROM quotas ORDER BY kind, name"))
+
+    def drains(self) -> dict[str, tuple[str, float]]:
+        """Drained GPU or device UUID -> (reason, since)."""
+        rows = self.db.query("SELECT * FROM drains")
+        return {r["uuid"]: (r["reason"], r["since"]) for r in rows}
+
+    def reclaims(self, since: float | None = None) -> list[dict[str, Any]]:
+        """Reclaims from ``since`` on, oldest first, each with its evidence decoded."""
+        rows = self.db.query(
+            "SELECT * FROM reclaims WHERE at >= ? ORDER BY at",
+            [since if since is not None else float("-inf")],
+        )
+        return [{**r, "evidence": json.loads(r["evidence"])} for r in rows]
 
     def ledger(
         self, since: float | None = None, until: float | None = None

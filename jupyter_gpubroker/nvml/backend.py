@@ -8,12 +8,22 @@ chooses which.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pynvml
 
-from ..broker.models import Device, DeviceReading, Gpu, Health, Inventory, ProcessInfo
+from ..broker.models import (
+    Device,
+    DeviceEvent,
+    DeviceReading,
+    Gpu,
+    Health,
+    Inventory,
+    ProcessInfo,
+)
 from ..broker.profiles import GpuModel, model_for_name
 from .presets import PRESET_NAMES
 
@@ -28,6 +38,10 @@ SIMULATE_ENV = "GPUBROKER_SIMULATE"
 _T = TypeVar("_T")
 _MIB = 1 << 20
 _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
+_WATCHED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+_GPM_METRICS = (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+GPM_MIN_INTERVAL_S = 1.0
+"""GPM metrics are computed between two samples; closer ones reuse the last result."""
 
 
 class NvmlUnavailable(RuntimeError):
@@ -53,6 +67,12 @@ class NvmlBackend:
         self.simulator = simulator
         self.log = log or logging.getLogger(__name__)
         self._open = False
+        self._events: Any = None
+        self._gpm_support: dict[str, bool] = {}
+        self._gpm: dict[str, tuple[float, Any, tuple[float, float] | None]] = {}
+        """MIG device UUID -> (when, GPM sample, metrics from the previous interval)."""
+        self._gpm_lock = threading.Lock()
+        """Readings may be taken on several threads; a GPM sample must be freed once."""
 
     def open(self) -> NvmlBackend:
         if self._open:
@@ -80,6 +100,7 @@ class NvmlBackend:
             return
         self._open = False
         try:
+            self._free_samples()
             pynvml.nvmlShutdown()
         finally:
             if self.simulator is not None:
@@ -207,10 +228,16 @@ class NvmlBackend:
             ("utilization_gpu", "utilization_memory"), pynvml.nvmlDeviceGetUtilizationRates
         )
         memory = probe(("memory_used_mib", "memory_total_mib"), pynvml.nvmlDeviceGetMemoryInfo)
+        rates = None if util is None else (float(util.gpu), float(util.memory))
+        if rates is None and is_mig_device_handle(handle):
+            rates = self._gpm_rates(uuid, handle)
+            if rates is not None:
+                unsupported.remove("utilization_gpu")
+                unsupported.remove("utilization_memory")
         return DeviceReading(
             uuid,
-            utilization_gpu=None if util is None else float(util.gpu),
-            utilization_memory=None if util is None else float(util.memory),
+            utilization_gpu=None if rates is None else rates[0],
+            utilization_memory=None if rates is None else rates[1],
             memory_used_mib=None if memory is None else memory.used // _MIB,
             memory_total_mib=None if memory is None else memory.total // _MIB,
             temperature_c=probe(("temperature_c",), _temperature),
@@ -222,6 +249,112 @@ class NvmlBackend:
             processes=probe(("processes",), _processes) or (),
             unsupported=tuple(unsupported),
         )
+
+    # -------------------------------------------------------------- GPM (MIG utilization)
+
+    def _gpm_rates(self, uuid: str, handle: Any) -> tuple[float, float] | None:
+        """A MIG device's (graphics activity, DRAM bandwidth) percent from GPM (Hopper and
+        newer): NVML's classic utilization calls are not supported on MIG. Computed between
+        this call's sample and the previous one; None on the first call or without GPM.
+        DRAM bandwidth stands in for the classic call's memory utilization."""
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        if not self._has_gpm(parent):
+            return None
+        with self._gpm_lock:
+            return self._gpm_interval(uuid, handle, parent)
+
+    def _gpm_interval(self, uuid: str, handle: Any, parent: Any) -> tuple[float, float] | None:
+        now = time.monotonic()
+        last = self._gpm.get(uuid)
+        if last is not None and now - last[0] < GPM_MIN_INTERVAL_S:
+            return last[2]
+        sample = pynvml.nvmlGpmSampleAlloc()
+        try:
+            gi = pynvml.nvmlDeviceGetGpuInstanceId(handle)
+            pynvml.nvmlGpmMigSampleGet(parent, gi, sample)
+            rates = None if last is None else _gpm_metrics(last[1], sample)
+        except pynvml.NVMLError:
+            pynvml.nvmlGpmSampleFree(sample)
+            raise
+        if last is not None:
+            pynvml.nvmlGpmSampleFree(last[1])
+        self._gpm[uuid] = (now, sample, rates)
+        return rates
+
+    def _has_gpm(self, parent: Any) -> bool:
+        key = pynvml.nvmlDeviceGetUUID(parent)
+        known = self._gpm_support.get(key)
+        if known is None:
+            try:
+                known = bool(pynvml.nvmlGpmQueryDeviceSupport(parent).isSupportedDevice)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                known = False
+            self._gpm_support[key] = known
+        return known
+
+    def _free_samples(self) -> None:
+        for _, sample, _ in self._gpm.values():
+            pynvml.nvmlGpmSampleFree(sample)
+        self._gpm.clear()
+        if self._events is not None:
+            pynvml.nvmlEventSetFree(self._events)
+            self._events = None
+
+    # -------------------------------------------------------------- events
+
+    def poll_events(self) -> list[DeviceEvent]:
+        """Xid and double-bit ECC errors NVML delivered since the last call, without
+        waiting. The first call registers for them on every GPU that reports them."""
+        if self._events is None:
+            self._events = self._register_events()
+        found: list[DeviceEvent] = []
+        while True:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._events, 0)
+            except pynvml.NVMLError_Timeout:
+                return found
+            except pynvml.NVMLError as e:  # a lost GPU, a driver in trouble: next time
+                self.log.warning("reading NVML events failed: %s", e)
+                return found
+            found.append(self._event(data))
+
+    def _register_events(self) -> Any:
+        events = pynvml.nvmlEventSetCreate()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                wanted = pynvml.nvmlDeviceGetSupportedEventTypes(handle) & _WATCHED_EVENTS
+                if wanted:
+                    pynvml.nvmlDeviceRegisterEvents(handle, wanted, events)
+            except pynvml.NVMLError as e:
+                self.log.warning("GPU %d: cannot watch Xid and ECC events (%s)", index, e)
+        return events
+
+    def _event(self, data: Any) -> DeviceEvent:
+        """An event, named by its MIG device when NVML says which instance it hit."""
+        uuid = pynvml.nvmlDeviceGetUUID(data.device)
+        if data.gpuInstanceId != _NOT_AVAILABLE:
+            for mig in _mig_handles(data.device):
+                if pynvml.nvmlDeviceGetGpuInstanceId(mig) == data.gpuInstanceId:
+                    uuid = pynvml.nvmlDeviceGetUUID(mig)
+                    break
+        if data.eventType & pynvml.nvmlEventTypeDoubleBitEccError:
+            return DeviceEvent(uuid, "double_bit_ecc")
+        return DeviceEvent(uuid, "xid", int(data.eventData))
+
+
+def _gpm_metrics(first: Any, second: Any) -> tuple[float, float] | None:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(_GPM_METRICS)
+    request.sample1, request.sample2 = first, second
+    for i, metric in enumerate(_GPM_METRICS):
+        request.metrics[i].metricId = metric
+    pynvml.nvmlGpmMetricsGet(request)
+    graphics, dram = (request.metrics[i] for i in range(len(_GPM_METRICS)))
+    if graphics.nvmlReturn != pynvml.NVML_SUCCESS or dram.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    return float(graphics.value), float(dram.value)
 
 
 def _mig_enabled(handle: Any) -> bool:

@@ -17,13 +17,17 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   utilization on MIG-enabled GPUs and on MIG devices;
 - faults: a lost GPU answers GpuIsLost to every call on it and its MIG
   devices; over-temperature raises the temperature past the slowdown
-  threshold and sets the thermal clock-event reasons; Xid errors arrive
-  through event sets (``nvmlEventSetWait``).
+  threshold and sets the thermal clock-event reasons; Xid and double-bit ECC
+  errors arrive through event sets (``nvmlEventSetWait``);
+- GPM, when built with ``gpm=True`` (Hopper GPUs have it): MIG activity between two
+  ``nvmlGpmMigSampleGet`` samples, from the load integrated over time.
 
 Choices where NVML documents nothing: GPU-wide sensors (utilization,
 temperature, power, clocks) answer NotSupported on MIG device handles; a GPU
 instance's id is the swizzle id of its memory slices; the sensors follow the
-load set with :meth:`SimulatedNvml.set_load`. GPM is not simulated.
+load set with :meth:`SimulatedNvml.set_load`; GPM reports a GPU instance's graphics
+and SM activity as its compute instances' utilization, DRAM bandwidth as their
+memory utilization.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ _CI_SLICES = {
     pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
 }
 """Compute-instance profiles (their NVML id is the constant) and their compute slices."""
+_GPM_ACTIVITY = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 0,
+    pynvml.NVML_GPM_METRIC_SM_UTIL: 0,
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 1,
+}
+"""GPM metrics simulated: which activity integral (utilization, memory) each reports."""
 _ERROR_TEXT = {
     pynvml.NVML_ERROR_IN_USE: "In use by another client",
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
@@ -112,9 +122,20 @@ class _Unit:
     """Memory in use besides the listed processes."""
     processes: dict[int, int] = field(default_factory=dict)
     """pid -> used MiB."""
+    busy_s: float = 0.0
+    memory_busy_s: float = 0.0
+    """Utilization and memory utilization integrated over time (GPM's counters)."""
+    accrued_at: float = field(default_factory=time.monotonic)
 
     def used_mib(self) -> int:
         return self.memory_used_mib + sum(self.processes.values())
+
+    def accrue(self) -> None:
+        """Bring the activity integrals up to now (before the load changes, or a sample)."""
+        now = time.monotonic()
+        self.busy_s += self.utilization / 100 * (now - self.accrued_at)
+        self.memory_busy_s += self.memory_utilization / 100 * (now - self.accrued_at)
+        self.accrued_at = now
 
 
 @dataclass(eq=False, kw_only=True)
@@ -215,9 +236,22 @@ _Device = _Gpu | _MigDevice
 @dataclass(frozen=True)
 class _Event:
     gpu: _Gpu
-    xid: int
+    kind: int
+    """The NVML event type."""
+    data: int
     gpu_instance_id: int
     compute_instance_id: int
+
+
+@dataclass(eq=False)
+class _GpmSample:
+    """What ``nvmlGpmMigSampleGet`` recorded: a GPU instance's activity integrals."""
+
+    source: _GpuInstance | None = None
+    at: float = 0.0
+    busy: tuple[float, float] = (0.0, 0.0)
+    rates: tuple[float, float] = (0.0, 0.0)
+    """Utilization and memory utilization at the time (for two samples at one instant)."""
 
 
 @dataclass(eq=False)
@@ -382,8 +416,9 @@ class SimulatedNvml:
     simulated GPU or MIG device is named by its UUID, as in NVML.
     """
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, *, gpm: bool = False) -> None:
         self.topology = topology
+        self.gpm = gpm
         self._hidden: set[str] = set()
         self._lock = threading.RLock()
         self._handles: dict[int, tuple[str, Any]] = {}
@@ -451,6 +486,7 @@ class SimulatedNvml:
         MIG device's utilization is hidden by NVML but drives its GPU's power and heat."""
         with self._lock:
             unit = self._load_target(uuid)
+            unit.accrue()
             if utilization is not None:
                 unit.utilization = _percent(utilization, "utilization")
             if memory_utilization is not None:
@@ -487,16 +523,21 @@ class SimulatedNvml:
     def inject_xid(self, uuid: str, xid: int) -> None:
         """Raise an Xid error on a GPU or MIG device, delivered to every event set
         registered for Xid errors on its GPU."""
+        self._deliver(uuid, pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    def inject_ecc_error(self, uuid: str) -> None:
+        """Raise an uncorrectable (double-bit) ECC error on a GPU or MIG device."""
+        self._deliver(uuid, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+
+    def _deliver(self, uuid: str, kind: int, data: int) -> None:
+        """Queue an event in every event set registered for ``kind`` on the unit's GPU."""
         with self._lock:
             unit = self._unit(uuid)
             gpu = unit.gpu
             ids = (unit.gi.id, unit.id) if isinstance(unit, _MigDevice) else (_NOT_AVAILABLE,) * 2
-            for kind, obj in self._handles.values():
-                if (
-                    kind == "events"
-                    and obj.masks.get(gpu, 0) & pynvml.nvmlEventTypeXidCriticalError
-                ):
-                    obj.pending.append(_Event(gpu, xid, *ids))
+            for what, obj in self._handles.values():
+                if what == "events" and obj.masks.get(gpu, 0) & kind:
+                    obj.pending.append(_Event(gpu, kind, data, *ids))
 
     def clear_faults(self, uuid: str) -> None:
         """Undo lost and overheat faults on the GPU of ``uuid``."""
@@ -546,7 +587,7 @@ class SimulatedNvml:
         entry = self._handles.get(_address(handle) or 0)
         if entry is None or entry[0] != kind:
             raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if kind != "events" and entry[1].gpu.lost:
+        if kind not in ("events", "gpm") and entry[1].gpu.lost:
             raise _Fail(pynvml.NVML_ERROR_GPU_IS_LOST)
         return entry[1]
 
@@ -944,6 +985,64 @@ class SimulatedNvml:
         del self._handles[device.ci_handle], self._handles[device.handle]
         del self._units[device.uuid]
 
+    # -------------------------------------------------------------- C symbols: GPM
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> None:
+        info = _out(ref)
+        _check_version(
+            info, (pynvml.NVML_GPM_SUPPORT_VERSION,), pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        )
+        self._whole_gpu(handle)
+        info.isSupportedDevice = int(self.gpm)
+
+    def nvmlGpmSampleAlloc(self, out: Any) -> None:
+        address = self._new_address()
+        self._handles[address] = ("gpm", _GpmSample())
+        _set_handle(out, address)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._lookup(sample, "gpm")
+        del self._handles[_address(sample) or 0]
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gi_id: Any, sample: Any) -> None:
+        gpu = self._mig_gpu(handle)
+        if not self.gpm:
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gi = _found(gpu.instances.get(_val(gi_id)))
+        record: _GpmSample = self._lookup(sample, "gpm")
+        units = list(gi.computes.values())
+        for unit in units:
+            unit.accrue()
+
+        def share(value: Callable[[_MigDevice], float]) -> float:
+            return sum(value(m) * m.slices for m in units) / gi.profile.compute_slices
+
+        record.source, record.at = gi, time.monotonic()
+        record.busy = (share(lambda m: m.busy_s), share(lambda m: m.memory_busy_s))
+        record.rates = (share(lambda m: m.utilization), share(lambda m: m.memory_utilization))
+
+    def nvmlGpmMetricsGet(self, ref: Any) -> None:
+        request = _out(ref)
+        _check_version(
+            request,
+            (pynvml.NVML_GPM_METRICS_GET_VERSION,),
+            pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+        )
+        first: _GpmSample = self._lookup(request.sample1, "gpm")
+        second: _GpmSample = self._lookup(request.sample2, "gpm")
+        if first.source is None or first.source is not second.source:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        elapsed = second.at - first.at
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            which = _GPM_ACTIVITY.get(metric.metricId)
+            if which is None:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            delta = second.busy[which] - first.busy[which]
+            metric.value = 100 * delta / elapsed if elapsed > 0 else second.rates[which]
+            metric.nvmlReturn = pynvml.NVML_SUCCESS
+
     # -------------------------------------------------------------- C symbols: events
 
     def nvmlEventSetCreate(self, out: Any) -> None:
@@ -969,7 +1068,7 @@ class SimulatedNvml:
         event = events.pending.popleft()
         data = _out(ref)
         data.device = _pointer(event.gpu.handle, pynvml.c_nvmlDevice_t)
-        data.eventType, data.eventData = pynvml.nvmlEventTypeXidCriticalError, event.xid
+        data.eventType, data.eventData = event.kind, event.data
         data.gpuInstanceId, data.computeInstanceId = (
             event.gpu_instance_id,
             event.compute_instance_id,

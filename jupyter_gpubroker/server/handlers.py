@@ -29,9 +29,10 @@ from ..api.shapes import (
     parse_iso,
     queue_json,
     request_json,
+    samples_json,
 )
 from ..broker.core import Event, Quota
-from ..broker.errors import BrokerError, Forbidden, InvalidRequest
+from ..broker.errors import BrokerError, Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size
 from ..runtime import GPUBroker, Scope
 
@@ -155,8 +156,24 @@ class DevicesHandler(BrokerHandler):
             self.admin,
             kernel_id=self.scope.kernel_id,
             owners=owners,
+            drains=core.drained(),
         )
         self.reply({"gpus": gpus})
+
+
+class DeviceMetricsHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self, uuid: str) -> None:
+        """A GPU's or MIG slice's samples since ``since`` (default: the last hour)."""
+        core, sampler = self.runtime.core, self.runtime.sampler
+        if sampler is None or (uuid not in core.placer.gpus and uuid not in core.placer.devices):
+            raise NotFound(f"no GPU or device {uuid!r}")
+        now = core.clock.now()
+        since = time_arg(self, "since")
+        since = now - 3600.0 if since is None else since
+        resolution, samples = sampler.samples.series(uuid, since, now)
+        self.reply(samples_json(uuid, resolution, samples, sampler.samples.events(uuid, since)))
 
 
 class QueueHandler(BrokerHandler):
@@ -261,7 +278,7 @@ class UsageHandler(BrokerHandler):
     def get(self) -> None:
         """GPU-hours by user, group, profile or class; a non-admin sees only their own."""
         by = self.get_argument("by", "user")
-        since, until = (self._time_arg(k) for k in ("since", "until"))
+        since, until = (time_arg(self, k) for k in ("since", "until"))
         core = self.runtime.core
         if self.admin:
             usage = core.usage(since, until, by)
@@ -271,14 +288,16 @@ class UsageHandler(BrokerHandler):
             raise Forbidden("only admins see usage grouped by anything but their own user")
         self.reply({"by": by, "gpu_hours": usage})
 
-    def _time_arg(self, name: str) -> float | None:
-        value = self.get_argument(name, None)
-        if value is None:
-            return None
-        try:
-            return parse_iso(value)
-        except ValueError:
-            raise InvalidRequest(f"'{name}' must be an ISO 8601 time, not {value!r}") from None
+
+def time_arg(handler: BrokerHandler, name: str) -> float | None:
+    """An ISO 8601 query argument as UTC seconds (None when absent)."""
+    value = handler.get_argument(name, None)
+    if value is None:
+        return None
+    try:
+        return parse_iso(value)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be an ISO 8601 time, not {value!r}") from None
 
 
 class QuotasHandler(BrokerHandler):
@@ -416,6 +435,7 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
     routes = [
         ("me", MeHandler),
         ("devices", DevicesHandler),
+        (f"devices/{ident}/metrics", DeviceMetricsHandler),
         ("queue", QueueHandler),
         ("requests", RequestsHandler),
         (f"requests/{ident}", RequestHandler),

@@ -150,6 +150,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     granted = await _requests_and_leases(check, owner)
     await _malformed_and_impossible(check, owner)
     await _usage(check, owner)
+    await _device_metrics(check, runtime, gpu)
     kernel = await _kernel_token(check, granted)
     await _unauthenticated(check, granted)
     await _events(check, jp_http_port, jp_base_url, jp_serverapp.identity_provider.token)
@@ -320,6 +321,23 @@ async def _usage(check: CheckedApi, owner: str) -> None:
         assert (await check("GET", "usage", expect=400, **params))["error"] == "invalid_request"
 
 
+async def _device_metrics(check: CheckedApi, runtime: Any, gpu: dict[str, Any]) -> None:
+    """Samples of a GPU and of a MIG slice, after two sampling passes."""
+    for _ in range(2):
+        await runtime.sample()
+    for uuid in (gpu["uuid"], gpu["devices"][0]["uuid"]):
+        metrics = await check("GET", f"devices/{uuid}/metrics", expect=200)
+        assert metrics["uuid"] == uuid and metrics["resolution_s"] == 5
+        assert len(metrics["samples"]) == 2 and metrics["events"] == []
+    two_days_ago = iso(datetime.now(timezone.utc) - timedelta(days=2))
+    older = await check("GET", f"devices/{uuid}/metrics", expect=200, since=two_days_ago)
+    assert older["resolution_s"] == 60  # two days back: minute averages
+    bad = await check("GET", f"devices/{uuid}/metrics", expect=400, since="yesterday")
+    assert bad["error"] == "invalid_request"
+    missing = await check("GET", "devices/GPU-nope/metrics", expect=404)
+    assert missing["error"] == "not_found"
+
+
 async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str, str]:
     """A kernel-scoped token: what it may do, and the 403s of what it may not."""
     issued = await check("POST", "tokens", {"kernel_id": "k1"}, expect=201)
@@ -368,6 +386,7 @@ async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:
         "kind": "user",
         "name": "someone",
         "kernel_id": "k1",
+        "uuid": granted["lease"]["devices"][0],
     }
     for template, method in operations():
         path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)[1:]

@@ -169,6 +169,7 @@ async def test_every_operation_refuses_a_caller_without_a_valid_credential(world
         "kind": "user",
         "name": "alice",
         "kernel_id": "k1",
+        "uuid": state["held"]["lease"]["devices"][0],
     }
     strangers = [
         {},

@@ -1,0 +1,326 @@
+"""Taking GPUs back: idle and stalled leases, and (optionally) over-share borrowers.
+
+Every few seconds the host observes what each lease's devices and kernel are doing
+(:class:`Observation`); :meth:`Reclaimer.step` turns that into warnings, withdrawn
+warnings and reclaims, applies them through the broker (``warn``, ``unwarn``,
+``reclaim`` with its evidence) and returns them, so that the host can shut the
+reclaimed kernels down. Nothing here reads a clock or touches a kernel.
+
+- **Idle**: the kernel ran nothing for ``idle_timeout`` AND the GPU stayed under
+  ``utilization_threshold`` as long. Where NVML reports no utilization (a MIG slice
+  without GPM) a change in the holder's GPU processes or their memory counts as
+  GPU activity.
+- **Stalled**: the kernel has been busy for ``stalled_timeout`` while its GPU, which
+  does report utilization, stayed under the threshold (a hung cell, a wait on input).
+- **Computing**: a busy kernel whose GPU is above the threshold or reports nothing.
+  It is never reclaimed; neither is a lease whose kernel the host cannot see (a CLI
+  lease, a kernel of another server): there is no evidence either way.
+- **Preempted** (off by default): a user over their fair share holds a slice that a
+  waiting user under theirs could use.
+
+A verdict is first a warning with a deadline ``grace`` away; the lease is reclaimed
+if the verdict still holds at the deadline, and the warning withdrawn as soon as it
+does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import InvalidRequest
+from .models import JobClass, Lease, Request, RequestState
+
+if TYPE_CHECKING:
+    from .core import Broker
+
+MEMORY_ACTIVITY_MIB = 16.0
+"""A change of the holder's GPU memory by more than this counts as GPU activity."""
+
+Cause = Literal["idle", "stalled", "preempted"]
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """A kernel as the host sees it."""
+
+    execution_state: str
+    """``idle``, ``busy``, ``starting``, ... (the Jupyter kernel status)."""
+    last_activity: float
+    """When it last started or finished running code."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One look at a lease. ``None``: not known (e.g. MIG utilization without GPM)."""
+
+    utilization: float | None = None
+    """Highest GPU utilization (percent) over the lease's devices."""
+    memory_used_mib: float | None = None
+    processes: int | None = None
+    kernel: KernelState | None = None
+
+
+@dataclass(frozen=True)
+class ReclaimConfig:
+    idle_timeout_s: float = 3600.0
+    """How long a lease may sit idle before its holder is warned; 0 disables."""
+    idle_timeout_by_class: Mapping[str, float] = field(default_factory=dict)
+    idle_timeout_by_profile: Mapping[str, float] = field(default_factory=dict)
+    """Overrides: a profile's (``gpu`` for whole GPUs) wins over a class's."""
+    grace_s: float = 600.0
+    """Time between the warning and the reclaim."""
+    stalled_timeout_s: float = 7200.0
+    """How long a busy kernel may leave its GPU under the threshold; 0 disables."""
+    utilization_threshold: float = 5.0
+    """GPU utilization (percent) under which a GPU counts as unused."""
+    exempt_users: frozenset[str] = frozenset()
+    exempt_groups: frozenset[str] = frozenset()
+    preemption: bool = False
+    """Warn and reclaim over-share borrowers when an under-share user waits."""
+
+    def __post_init__(self) -> None:
+        timeouts = {
+            "idle_timeout_s": self.idle_timeout_s,
+            "stalled_timeout_s": self.stalled_timeout_s,
+            "grace_s": self.grace_s,
+            **{f"idle timeout of class {k!r}": v for k, v in self.idle_timeout_by_class.items()},
+            **{f"idle timeout of {k!r}": v for k, v in self.idle_timeout_by_profile.items()},
+        }
+        for name, v in timeouts.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InvalidRequest(f"{name} must be zero or more seconds, not {v!r}")
+        unknown = set(self.idle_timeout_by_class) - {c.value for c in JobClass}
+        if unknown:
+            raise InvalidRequest(f"unknown job class(es) {', '.join(sorted(unknown))}")
+        if not 0 <= self.utilization_threshold <= 100:
+            raise InvalidRequest("utilization_threshold is a percent from 0 to 100")
+
+    def idle_timeout(self, profile: str, job_class: str) -> float:
+        by_profile, by_class = self.idle_timeout_by_profile, self.idle_timeout_by_class
+        return by_profile.get(profile, by_class.get(job_class, self.idle_timeout_s))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``step`` did to one lease, and why."""
+
+    action: Literal["warn", "clear", "reclaim"]
+    lease_id: str
+    owner: str
+    """The request's owner (a kernel id) whose kernel the host acts on."""
+    cause: Cause
+    reason: str
+    evidence: dict[str, Any]
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    cause: Cause
+    reason: str
+    evidence: dict[str, Any]
+
+
+@dataclass
+class _Track:
+    gpu_active_at: float
+    """When the GPU was last seen in use (the grant to begin with)."""
+    footprint: tuple[int | None, float | None] | None = None
+    """The holder's (processes, memory) at the last look."""
+    warning: tuple[Cause, float, float] | None = None
+    """(cause, warned at, deadline) of a pending warning."""
+
+
+class Reclaimer:
+    """Judges every active lease of ``broker`` at each :meth:`step`."""
+
+    def __init__(self, broker: Broker, config: ReclaimConfig | None = None) -> None:
+        self.broker = broker
+        self.config = config or ReclaimConfig()
+        self._tracks: dict[str, _Track] = {}
+
+    def step(self, observations: Mapping[str, Observation]) -> list[Decision]:
+        """Judge each active lease by its observation (lease id -> ``Observation``),
+        apply the warnings and reclaims due, and return them."""
+        now = self.broker.clock.now()
+        leases = {x.id: x for x in self.broker.leases()}
+        for gone in self._tracks.keys() - leases.keys():
+            del self._tracks[gone]
+        verdicts: dict[str, _Verdict | None] = {}
+        for lease in leases.values():
+            track = self._tracks.setdefault(lease.id, _Track(lease.granted_at))
+            request = self.broker.request(lease.request_id)
+            obs = observations.get(lease.id, Observation())
+            verdicts[lease.id] = self._judge(lease, request, track, obs, now)
+        if self.config.preemption:
+            for lease_id, preempted in self._preemptions(leases).items():
+                verdicts[lease_id] = verdicts[lease_id] or preempted
+        decisions = []
+        for lease_id, verdict in verdicts.items():
+            decision = self._act(leases[lease_id], self._tracks[lease_id], verdict, now)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
+
+    # -- verdicts
+
+    def exempt(self, lease: Lease, request: Request) -> bool:
+        cfg = self.config
+        return lease.user in cfg.exempt_users or bool(cfg.exempt_groups & set(request.groups))
+
+    def _judge(
+        self, lease: Lease, request: Request, track: _Track, obs: Observation, now: float
+    ) -> _Verdict | None:
+        cfg = self.config
+        if obs.utilization is not None:
+            if obs.utilization >= cfg.utilization_threshold:
+                track.gpu_active_at = now
+        else:
+            footprint = (obs.processes, obs.memory_used_mib)
+            if track.footprint is not None and _moved(track.footprint, footprint):
+                track.gpu_active_at = now
+            track.footprint = footprint
+        kernel = obs.kernel
+        if kernel is None or self.exempt(lease, request):
+            return None
+        gpu_quiet_s = now - track.gpu_active_at
+        since_activity_s = max(now - kernel.last_activity, 0.0)
+        evidence: dict[str, Any] = {
+            "kernel_state": kernel.execution_state,
+            "kernel_last_activity": kernel.last_activity,
+            "utilization": obs.utilization,
+            "utilization_threshold": cfg.utilization_threshold,
+            "gpu_quiet_s": round(gpu_quiet_s, 3),
+            "memory_used_mib": obs.memory_used_mib,
+            "processes": obs.processes,
+        }
+        below = f"the GPU under {cfg.utilization_threshold:g}%"
+        if kernel.execution_state == "busy":
+            if obs.utilization is None or not cfg.stalled_timeout_s:
+                return None  # computing, or no way to tell: never reclaimed
+            stalled_s = min(since_activity_s, gpu_quiet_s)
+            if stalled_s < cfg.stalled_timeout_s:
+                return None
+            evidence.update(stalled_s=round(stalled_s, 3), timeout_s=cfg.stalled_timeout_s)
+            reason = f"stalled: kernel busy for {_span(since_activity_s)} with {below}"
+            return _Verdict("stalled", reason, evidence)
+        timeout = cfg.idle_timeout(lease.profile, request.job_class.value)
+        if kernel.execution_state != "idle" or not timeout:
+            return None
+        idle_s = min(since_activity_s, gpu_quiet_s)
+        if idle_s < timeout:
+            return None
+        evidence.update(idle_s=round(idle_s, 3), timeout_s=timeout)
+        gpu = below if obs.utilization is not None else "no change on the GPU"
+        reason = f"idle for {_span(idle_s)}: the kernel ran nothing, {gpu}"
+        return _Verdict("idle", reason, evidence)
+
+    def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:
+        """Borrowed leases to take back: for each waiting request whose user is under their
+        fair share, the newest lease it could use of a user who would still be at or over
+        theirs without it. A fair share is the machine's GPU-equivalents split by share
+        among the users holding or waiting."""
+        b = self.broker
+        waiting = [r for r in b.live_requests() if r.state is RequestState.QUEUED]
+        if not waiting:
+            return {}
+        quotas = b.quotas()
+
+        def share(user: str) -> float:
+            q = quotas.get(("user", user))
+            return q.share if q and q.share is not None else b.config.default_share
+
+        users = {x.user for x in leases.values()} | {r.user for r in waiting}
+        capacity = sum(d.gpu_equivalents for d in b.placer.devices.values())
+        total = sum(share(u) for u in users)
+        fair = {u: capacity * share(u) / total for u in users}
+        held: dict[str, float] = defaultdict(float)
+        for x in leases.values():
+            held[x.user] += x.gpu_equivalents
+        owners = {x.id: b.request(x.request_id) for x in leases.values()}
+        victims: dict[str, _Verdict] = {}
+        for r in waiting:
+            fits = b.placer.compatible(r.size)
+            if not fits or b.placer.has_free_for(r.size):
+                continue  # nothing could serve it, or it waits for another reason
+            need = min(d.gpu_equivalents for d in fits) * b.placer.units(r.size)
+            if held[r.user] + need > fair[r.user] + 1e-9:
+                continue
+            usable = {d.uuid for d in fits}
+            candidates = [
+                x
+                for x in leases.values()
+                if x.id not in victims
+                and x.user != r.user
+                and not self.exempt(x, owners[x.id])
+                and set(x.devices) <= usable
+                and len(x.devices) >= b.placer.units(r.size)
+                and held[x.user] - x.gpu_equivalents >= fair[x.user] - 1e-9
+            ]
+            if not candidates:
+                continue
+            victim = max(candidates, key=lambda x: x.granted_at)  # the least work lost
+            evidence = {
+                "holder_gpu_equivalents": held[victim.user],
+                "holder_fair_share": round(fair[victim.user], 4),
+                "waiting_user": r.user,
+                "waiting_user_gpu_equivalents": held[r.user],
+                "waiting_user_fair_share": round(fair[r.user], 4),
+                "waiting_request": r.id,
+            }
+            reason = (
+                f"preempted: {victim.user} holds {held[victim.user]:.2f} GPU-equivalents, over "
+                f"a fair share of {fair[victim.user]:.2f}, while {r.user} (under theirs) waits"
+            )
+            victims[victim.id] = _Verdict("preempted", reason, evidence)
+            held[victim.user] -= victim.gpu_equivalents
+            held[r.user] += need
+        return victims
+
+    # -- actions
+
+    def _act(
+        self, lease: Lease, track: _Track, verdict: _Verdict | None, now: float
+    ) -> Decision | None:
+        owner = self.broker.request(lease.request_id).owner
+        if verdict is None:
+            if track.warning is None:
+                return None
+            cause = track.warning[0]
+            track.warning = None
+            reason = "in use again" if cause != "preempted" else "no longer needed"
+            self.broker.unwarn(lease.id, reason)
+            return Decision("clear", lease.id, owner, cause, reason, {})
+        if track.warning is None or track.warning[0] != verdict.cause:
+            deadline = now + self.config.grace_s
+            track.warning = (verdict.cause, now, deadline)
+            self.broker.warn(lease.id, verdict.reason, deadline)
+            return Decision(
+                "warn", lease.id, owner, verdict.cause, verdict.reason, verdict.evidence, deadline
+            )
+        _, warned_at, deadline = track.warning
+        if now < deadline:
+            return None
+        evidence = {**verdict.evidence, "warned_at": warned_at, "deadline": deadline}
+        self.broker.reclaim(lease.id, verdict.reason, cause=verdict.cause, evidence=evidence)
+        return Decision("reclaim", lease.id, owner, verdict.cause, verdict.reason, evidence)
+
+
+def _moved(before: tuple[int | None, float | None], after: tuple[int | None, float | None]) -> bool:
+    (p0, m0), (p1, m1) = before, after
+    if p0 != p1:
+        return True
+    return m0 is not None and m1 is not None and abs(m1 - m0) > MEMORY_ACTIVITY_MIB
+
+
+def _span(seconds: float) -> str:
+    """A duration as a person reads it: ``45 s``, ``12 min``, ``2.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,173 @@
+"""Prometheus metrics of the broker, served with the host's own (``/metrics``).
+
+A custom collector: every value is read from the broker and the sampler's last
+readings at scrape time, so a scrape shows exactly the state the API shows. Grants,
+reclaims and waits are counted from the broker's events since the host started,
+as Prometheus counters are. Register it in the registry the host serves
+(jupyter-server's ``/metrics`` serves prometheus-client's default ``REGISTRY``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from ..broker.core import Broker, Event
+from ..broker.models import DeviceReading, Health, JobClass, RequestState
+from ..broker.placement import device_class
+
+WAIT_BUCKETS = (1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
+"""Upper bounds (s) of the queue-wait histogram: seconds for a free slice to a day."""
+DEVICE_LABELS = ("uuid", "gpu", "profile")
+GPU_LABELS = ("uuid", "gpu")
+
+
+class BrokerCollector:
+    """Collects the broker's metrics; ``readings`` returns the latest device readings."""
+
+    def __init__(self, broker: Broker, readings: Callable[[], dict[str, DeviceReading]]) -> None:
+        self.broker, self.readings = broker, readings
+        self.grants = 0
+        self.reclaims: Counter[str] = Counter()
+        self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)
+        self.wait_sum = 0.0
+        self._unsubscribe = broker.subscribe(self._count)
+        self._registry: CollectorRegistry | None = None
+
+    def register(self, registry: CollectorRegistry) -> None:
+        registry.register(self)
+        self._registry = registry
+
+    def close(self) -> None:
+        """Stop counting and leave the registry."""
+        self._unsubscribe()
+        if self._registry is not None:
+            self._registry.unregister(self)
+            self._registry = None
+
+    def _count(self, event: Event) -> None:
+        if event.kind == "granted":
+            self.grants += 1
+            waited = float(event.detail.get("waited_s", 0.0))
+            self.wait_counts[bisect.bisect_left(WAIT_BUCKETS, waited)] += 1
+            self.wait_sum += waited
+        elif event.kind == "reclaimed":
+            self.reclaims[str(event.detail.get("cause", "admin"))] += 1
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric families without values (so registering does not collect)."""
+        return self._families(with_values=False)
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(with_values=True)
+
+    def _families(self, with_values: bool) -> Iterator[Metric]:
+        fams = _Families()
+        if with_values:
+            self._fill(fams)
+        yield from fams.all()
+
+    def _fill(self, f: _Families) -> None:
+        b = self.broker
+        readings = self.readings()
+        holders = b.holders()
+        index = {g.uuid: str(g.index) for g in b.inventory.gpus}
+        states: Counter[tuple[str, str]] = Counter()
+        for d in b.inventory.devices:
+            labels = [d.uuid, str(d.gpu_index), device_class(d)]
+            held = d.uuid in holders
+            f.allocated.add_metric(labels, float(held))
+            drained = b.placer.is_drained(d)
+            f.drained.add_metric(labels, float(drained))
+            states[device_class(d), "drained" if drained else "held" if held else "free"] += 1
+            r = readings.get(d.uuid)
+            if r is not None and d.kind == "mig":  # a whole GPU's are its GPU's, below
+                _device_readings(f, labels, r)
+        for (profile, state), n in sorted(states.items()):
+            f.devices.add_metric([profile, state], n)
+        drained_gpus = b.drained()
+        for g in b.inventory.gpus:
+            labels = [g.uuid, index[g.uuid]]
+            r = readings.get(g.uuid)
+            healthy = r is not None and r.health is Health.OK and g.uuid not in drained_gpus
+            f.healthy.add_metric(labels, float(healthy))
+            if r is None:
+                continue
+            if not g.mig_enabled:
+                _device_readings(f, [g.uuid, index[g.uuid], "gpu"], r)
+            if r.temperature_c is not None:
+                f.temperature.add_metric(labels, r.temperature_c)
+            if r.power_mw is not None:
+                f.power.add_metric(labels, r.power_mw / 1000)
+        queued = [r for r in b.live_requests() if r.state is RequestState.QUEUED]
+        waiting = Counter(r.job_class.value for r in queued)
+        for job_class in JobClass:
+            f.queue.add_metric([job_class.value], waiting[job_class.value])
+        cumulative, buckets = 0, []
+        for bound, n in zip([*map(str, WAIT_BUCKETS), "+Inf"], self.wait_counts, strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        f.wait.add_metric([], buckets, self.wait_sum)
+        f.grants.add_metric([], self.grants)
+        for cause, n in sorted(self.reclaims.items()):
+            f.reclaims.add_metric([cause], n)
+
+
+def _device_readings(f: _Families, labels: list[str], r: DeviceReading) -> None:
+    if r.utilization_gpu is not None:
+        f.utilization.add_metric(labels, r.utilization_gpu)
+    if r.memory_used_mib is not None:
+        f.memory_used.add_metric(labels, r.memory_used_mib * 2**20)
+    if r.memory_total_mib is not None:
+        f.memory_total.add_metric(labels, r.memory_total_mib * 2**20)
+
+
+class _Families:
+    """Every metric family the collector exposes, empty until filled."""
+
+    def __init__(self) -> None:
+        def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"gpubroker_{name}", doc, labels=list(labels))
+
+        self.utilization = gauge(
+            "device_utilization_percent",
+            "GPU utilization of a whole GPU or MIG slice (MIG: from GPM, where supported).",
+            DEVICE_LABELS,
+        )
+        self.memory_used = gauge("device_memory_used_bytes", "Memory in use.", DEVICE_LABELS)
+        self.memory_total = gauge("device_memory_total_bytes", "Memory.", DEVICE_LABELS)
+        self.allocated = gauge(
+            "device_allocated", "1 while a lease holds the device, else 0.", DEVICE_LABELS
+        )
+        self.drained = gauge(
+            "device_drained", "1 while the device takes no new grants, else 0.", DEVICE_LABELS
+        )
+        self.devices = gauge(
+            "devices", "Grantable devices by profile and state.", ("profile", "state")
+        )
+        self.temperature = gauge("gpu_temperature_celsius", "GPU temperature.", GPU_LABELS)
+        self.power = gauge("gpu_power_watts", "GPU power draw.", GPU_LABELS)
+        self.healthy = gauge(
+            "gpu_healthy", "1 when the GPU reads healthy and is not drained, else 0.", GPU_LABELS
+        )
+        self.queue = gauge("queue_length", "Requests waiting, by job class.", ("job_class",))
+        self.wait = HistogramMetricFamily(
+            "gpubroker_wait_seconds", "Time granted requests waited in the queue.", labels=[]
+        )
+        self.grants = CounterMetricFamily("gpubroker_grants", "Grants.", labels=[])
+        self.reclaims = CounterMetricFamily(
+            "gpubroker_reclaims", "Leases reclaimed, by cause.", labels=["cause"]
+        )
+
+    def all(self) -> list[Any]:
+        return list(vars(self).values())

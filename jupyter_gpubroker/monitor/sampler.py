@@ -1,0 +1,113 @@
+"""One sampling pass: read every GPU and MIG slice, record, judge health and leases.
+
+The host (``GPUBroker``) runs a pass every ``sample_interval`` seconds: :meth:`Sampler.read`
+(NVML only, so it may run on a worker thread), then :meth:`Sampler.apply` on the
+broker's thread, which records the samples, drains or recovers GPUs as the
+``HealthJudge`` decides, observes each lease (its devices' readings and, through a
+``KernelSource``, its kernel) and lets the ``Reclaimer`` warn and reclaim. It returns
+the reclaimer's decisions for the host to carry out on the kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from ..broker.core import Broker
+from ..broker.health import HealthJudge
+from ..broker.models import DeviceEvent, DeviceReading, Inventory
+from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
+from .samples import SampleStore
+
+
+class Reader(Protocol):
+    """What the sampler reads through: an ``NvmlBackend``."""
+
+    def read_all(self, inventory: Inventory | None = None) -> dict[str, DeviceReading]: ...
+
+    def poll_events(self) -> list[DeviceEvent]: ...
+
+
+class KernelSource(Protocol):
+    """The kernels behind leases, as the host sees them (``server.reclaimer``)."""
+
+    def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
+        """The state of each owner that is a kernel the host knows; it may forget others."""
+        ...
+
+
+class KernelActions(KernelSource, Protocol):
+    """A ``KernelSource`` that also acts on the kernel of a reclaimed lease."""
+
+    async def act(self, decision: Decision, action: str) -> None:
+        """``shutdown`` the kernel of ``decision.owner``; ``revoke``: interrupt it."""
+        ...
+
+
+class Sampler:
+    def __init__(
+        self,
+        broker: Broker,
+        reader: Reader,
+        samples: SampleStore,
+        health: HealthJudge,
+        reclaimer: Reclaimer,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.broker, self.reader, self.samples = broker, reader, samples
+        self.health, self.reclaimer = health, reclaimer
+        self.log = log or logging.getLogger(__name__)
+        self.kernels: KernelSource | None = None
+        self.latest: dict[str, DeviceReading] = {}
+        """The last pass's readings, by GPU or device UUID."""
+        gpus = {g.uuid for g in broker.inventory.gpus}
+        health.adopt((u for u in broker.drained() if u in gpus), broker.clock.now())
+
+    def read(self) -> tuple[dict[str, DeviceReading], list[DeviceEvent]]:
+        """Read NVML (no store, no broker change: safe on a worker thread)."""
+        return self.reader.read_all(self.broker.inventory), self.reader.poll_events()
+
+    def apply(
+        self, readings: dict[str, DeviceReading], events: list[DeviceEvent]
+    ) -> list[Decision]:
+        """Record a pass's readings, act on health, judge the leases."""
+        broker, now = self.broker, self.broker.clock.now()
+        self.latest = readings
+        self.samples.record(now, readings, events)
+        for e in events:
+            self.log.warning("GPU broker: %s %s on %s", e.kind, e.code or "", e.uuid)
+        inventory = broker.inventory
+        gpu_of = {g.uuid: g.uuid for g in inventory.gpus} | {
+            d.uuid: d.gpu_uuid for d in inventory.devices
+        }
+        for change in self.health.assess(now, readings, events, gpu_of):
+            if change.drain:
+                self.log.warning("GPU broker: draining GPU %s: %s", change.gpu_uuid, change.reason)
+                broker.drain(change.gpu_uuid, change.reason)
+            elif change.gpu_uuid in broker.drained():
+                self.log.info("GPU broker: GPU %s is back: %s", change.gpu_uuid, change.reason)
+                broker.undrain(change.gpu_uuid, change.reason)
+        return self.reclaimer.step(self.observe(readings))
+
+    def sample(self) -> list[Decision]:
+        """A whole pass on the calling thread."""
+        return self.apply(*self.read())
+
+    def observe(self, readings: Mapping[str, DeviceReading]) -> dict[str, Observation]:
+        """Each active lease's devices (and kernel, when a source knows it) right now."""
+        leases = self.broker.leases()
+        owners = {x.id: self.broker.request(x.request_id).owner for x in leases}
+        kernels = self.kernels.observe(set(owners.values()) - {""}) if self.kernels else {}
+        observed = {}
+        for lease in leases:
+            seen = [readings[d] for d in lease.devices if d in readings]
+            utilization = [r.utilization_gpu for r in seen if r.utilization_gpu is not None]
+            memory = [r.memory_used_mib for r in seen if r.memory_used_mib is not None]
+            observed[lease.id] = Observation(
+                utilization=max(utilization) if utilization else None,
+                memory_used_mib=float(sum(memory)) if memory else None,
+                processes=sum(len(r.processes) for r in seen) if seen else None,
+                kernel=kernels.get(owners[lease.id]),
+            )
+        return observed

@@ -1,0 +1,110 @@
+"""The server's kernels as idle reclaim sees them, and what a reclaim does to them.
+
+A lease belongs to a kernel when its request's owner is that kernel's id (the GPU
+provisioner and ``%gpu`` both submit so). Whether the kernel is idle is read from
+its IOPub channel, not from jupyter-server's ``last_activity``: that one also moves
+on every message a kernel sends by itself, such as a widget refreshing in the
+background, so a notebook showing a live GPU widget would never look idle. Only
+the status changes around requests the user sent (running a cell, a widget
+interaction) count here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from jupyter_client.session import Session
+from jupyter_core.utils import ensure_async
+
+from ..broker.clock import Clock
+from ..broker.reclaim import Decision, KernelState
+
+USER_REQUESTS = ("execute_request", "comm_msg")
+"""Requests whose handling counts as the kernel being used."""
+NOTICE_S = 2.0
+"""How long a reclaimed kernel lives on before it is shut down, so that its widgets can
+show why. Its lease, and so its device, went back to the queue at the reclaim."""
+
+
+class _Watch:
+    """One kernel's execution state and last activity, from its IOPub status messages."""
+
+    def __init__(self, kernel: Any, clock: Clock) -> None:
+        self.clock = clock
+        state = getattr(kernel, "execution_state", "idle")
+        self.state = state if state in ("idle", "busy") else "idle"
+        last = getattr(kernel, "last_activity", None)
+        self.last_activity = last.timestamp() if last is not None else clock.now()
+        self.session = Session(config=kernel.session.config, key=kernel.session.key)
+        self.stream = kernel.connect_iopub()
+        self.stream.on_recv(self._on_message)
+
+    def _on_message(self, parts: list[bytes]) -> None:
+        _, message = self.session.feed_identities(parts)
+        msg = self.session.deserialize(message, content=False)
+        parent = (msg.get("parent_header") or {}).get("msg_type")
+        if msg["header"]["msg_type"] != "status" or parent not in USER_REQUESTS:
+            return
+        state = self.session.deserialize(message)["content"]["execution_state"]
+        if state in ("idle", "busy"):
+            self.state, self.last_activity = state, self.clock.now()
+
+    def observe(self) -> KernelState:
+        return KernelState(self.state, self.last_activity)
+
+    def close(self) -> None:
+        if not self.stream.closed():
+            self.stream.close()
+
+
+class ServerKernels:
+    """The ``KernelActions`` of a jupyter-server: its ``kernel_manager``'s kernels."""
+
+    def __init__(self, kernel_manager: Any, clock: Clock, log: logging.Logger) -> None:
+        self.kernel_manager, self.clock, self.log = kernel_manager, clock, log
+        self._watches: dict[str, _Watch] = {}
+        self._shutdowns: set[asyncio.Task[None]] = set()
+
+    def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
+        """Watch the kernels among ``owners`` (and stop watching the others)."""
+        kernels = {o for o in owners if o in self.kernel_manager}
+        for gone in self._watches.keys() - kernels:
+            self._watches.pop(gone).close()
+        for kernel_id in kernels - self._watches.keys():
+            try:
+                self._watches[kernel_id] = _Watch(
+                    self.kernel_manager.get_kernel(kernel_id), self.clock
+                )
+            except Exception as e:  # starting, or going away: next pass
+                self.log.debug("GPU broker: cannot watch kernel %s yet: %s", kernel_id, e)
+        return {k: w.observe() for k, w in self._watches.items()}
+
+    async def act(self, decision: Decision, action: str) -> None:
+        """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S`` later."""
+        kernel_id = decision.owner
+        if kernel_id not in self.kernel_manager:
+            return
+        if action == "revoke":
+            await ensure_async(self.kernel_manager.interrupt_kernel(kernel_id))
+            return
+        task = asyncio.ensure_future(self._shut_down(kernel_id))
+        self._shutdowns.add(task)
+        task.add_done_callback(self._shutdowns.discard)
+
+    async def _shut_down(self, kernel_id: str) -> None:
+        await asyncio.sleep(NOTICE_S)
+        try:
+            if kernel_id in self.kernel_manager:
+                await ensure_async(self.kernel_manager.shutdown_kernel(kernel_id))
+        except Exception:
+            self.log.exception("GPU broker: cannot shut down reclaimed kernel %s", kernel_id)
+
+    def close(self) -> None:
+        for watch in self._watches.values():
+            watch.close()
+        self._watches.clear()
+        for task in self._shutdowns:
+            task.cancel()

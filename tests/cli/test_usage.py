@@ -1,0 +1,88 @@
+"""`jupyter gpubroker usage`: GPU-hours and cost from a state file, as a table or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timezone
+
+import pytest
+
+from jupyter_gpubroker.broker.clock import VirtualClock
+from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.cli import main
+from jupyter_gpubroker.nvml import open_backend
+
+MONDAY_9AM = datetime(2024, 5, 13, 9, tzinfo=timezone.utc).timestamp()
+
+
+@pytest.fixture
+def state(tmp_path):  # type: ignore[no-untyped-def]
+    """Two days of leases: ann holds a whole GPU 2 h each day, bob a 1g.5gb slice 7 h."""
+    path = tmp_path / "state.sqlite"
+    with open_backend("workstation-a100") as backend:
+        inventory = backend.inventory()
+    clock = VirtualClock(MONDAY_9AM)
+    broker = Broker(Store(path), inventory, clock=clock)
+    for _ in range(2):
+        ann = broker.submit("ann", Size(gpus=1), groups=["lab"])
+        bob = broker.submit("bob", Size(profile="1g.5gb"))
+        clock.advance(2 * 3600)
+        broker.release(ann.lease_id)  # type: ignore[arg-type]
+        clock.advance(5 * 3600)
+        broker.release(bob.lease_id)  # type: ignore[arg-type]
+        clock.advance(17 * 3600)
+    broker.store.close()
+    return path
+
+
+def rows(capsys: pytest.CaptureFixture[str], *args: str) -> list[list[str]]:
+    assert main(["usage", *args, "--csv"]) == 0
+    return list(csv.reader(io.StringIO(capsys.readouterr().out)))
+
+
+def test_csv_by_user_group_and_day(capsys, state) -> None:
+    assert rows(capsys, "--state", str(state)) == [
+        ["user", "gpu_hours"],
+        ["ann", "4.0000"],
+        ["bob", "2.0000"],  # 14 h of a slice of 1 compute slice in 7
+    ]
+    assert rows(capsys, "--state", str(state), "--by", "group")[1:] == [
+        ["lab", "4.0000"],
+        ["", "2.0000"],
+    ]
+    by_day = rows(capsys, "--state", str(state), "--by", "day", "--since", "2024-05-14")
+    assert by_day == [["day", "gpu_hours"], ["2024-05-14", "3.0000"]]
+
+
+def test_prices_and_the_table(capsys, state, tmp_path) -> None:
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(
+        "currency: EUR\nper_gpu_hour: {gpu: 4.0, '*': 3.5}\n"
+        "bands:\n  - {name: peak, start: '08:00', end: '10:00', days: mon-fri, factor: 2}\n"
+    )
+    got = rows(capsys, "--state", str(state), "--prices", str(prices), "--by", "profile")
+    # Each day: 1 peak GPU-hour + 1 off-peak for ann; bob's 7 slice-hours, 1 of them peak.
+    assert got == [
+        ["profile", "gpu_hours", "cost"],
+        ["gpu", "4.0000", f"{2 * (4 * 2 + 4):.2f}"],
+        ["1g.5gb", "2.0000", f"{2 * (3.5 * 2 / 7 + 3.5 * 6 / 7):.2f}"],
+    ]
+    assert main(["usage", "--state", str(state), "--prices", str(prices)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["user", "gpu_hours", "cost"]
+    assert table[-1] == "total 6.0000 GPU-hours, 32.00 EUR"
+
+
+def test_bad_input_is_one_line(capsys, state, tmp_path) -> None:
+    for args in (
+        ["--since", "yesterday"],
+        ["--timezone", "Mars/Olympus"],
+        ["--prices", str(tmp_path / "missing.yaml")],
+    ):
+        assert main(["usage", "--state", str(state), *args]) == 1
+        assert capsys.readouterr().err.startswith("error: ")
+    assert main(["usage", "--state", str(tmp_path / "none.sqlite")]) == 1
+    assert "no broker state file" in capsys.readouterr().err

@@ -1,0 +1,75 @@
+"""c.GPUBroker's monitoring, health and reclaim traits: passed to the core, bad values refused."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
+
+from jupyter_gpubroker.broker.health import SW_POWER_CAP
+from jupyter_gpubroker.runtime import GPUBroker
+
+
+def make(tmp_path, **traits) -> GPUBroker:  # type: ignore[no-untyped-def]
+    c = Config()
+    c.GPUBroker.simulate = "workstation-a100"
+    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    for k, v in traits.items():
+        setattr(c.GPUBroker, k, v)
+    return GPUBroker(config=c)
+
+
+def test_traits_reach_the_reclaimer_and_the_health_judge(tmp_path) -> None:
+    rt = make(
+        tmp_path,
+        idle_timeout=900.0,
+        idle_timeout_by_class={"batch": 7200},
+        idle_timeout_by_profile={"1g.5gb": 600},
+        grace=60.0,
+        stalled_timeout=0.0,
+        idle_utilization_threshold=2.5,
+        reclaim_exempt_users={"vip"},
+        reclaim_exempt_groups={"oncall"},
+        preemption=True,
+        healthy_for=30.0,
+        max_temperature=0.0,
+        drain_on_power_cap=True,
+        drain_xids=[79],
+    )
+    rt.start()
+    try:
+        assert rt.sampler is not None
+        reclaim = rt.sampler.reclaimer.config
+        assert reclaim.idle_timeout("1g.5gb", "batch") == 600
+        assert reclaim.idle_timeout("gpu", "batch") == 7200
+        assert reclaim.idle_timeout("gpu", "interactive") == 900
+        assert (reclaim.grace_s, reclaim.stalled_timeout_s, reclaim.utilization_threshold) == (
+            60,
+            0,
+            2.5,
+        )
+        assert reclaim.exempt_users == {"vip"} and reclaim.exempt_groups == {"oncall"}
+        assert reclaim.preemption
+        health = rt.sampler.health.config
+        assert health.max_temperature_c is None and health.healthy_for_s == 30
+        assert health.drain_clock_reasons & SW_POWER_CAP and health.drain_xids == {79}
+    finally:
+        rt.stop()
+
+
+@pytest.mark.parametrize(
+    "trait, value",
+    [
+        ("idle_timeout", -1.0),
+        ("grace", -5.0),
+        ("sample_interval", 0.0),
+        ("idle_utilization_threshold", 120.0),
+        ("idle_timeout_by_class", {"urgent": 60}),
+        ("idle_timeout_by_class", {"batch": -60}),
+        ("idle_timeout_by_profile", {"9g.99gb": 60}),
+        ("reclaim_action", "kill"),
+    ],
+)
+def test_bad_values_are_refused(tmp_path, trait: str, value: object) -> None:
+    with pytest.raises(TraitError):
+        make(tmp_path, **{trait: value}).start()

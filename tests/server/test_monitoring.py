@@ -1,0 +1,100 @@
+"""Monitoring through a real server: the broker's Prometheus metrics at the server's own
+/metrics (authenticated), and a GPU's health and drain state in the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from openapi_check import EventStream, validate
+from prometheus_client.parser import text_string_to_metric_families
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpubroker.api import API_PREFIX
+
+
+async def scrape(jp_fetch: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = await jp_fetch("metrics")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.body.decode())
+        for s in family.samples
+        if s.name.startswith("gpubroker_")
+    }
+
+
+async def test_metrics_endpoint_matches_the_api(jp_fetch: Any, jp_serverapp: Any, api: Any) -> None:
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    for _ in range(3):
+        assert (await api("POST", "requests", {"profile": "1g.10gb"}))[0] == 201
+    await runtime.sample()
+    metrics = await scrape(jp_fetch)
+    _, devices = await api("GET", "devices")
+    (gpu,) = devices["gpus"]
+    held = [d for d in gpu["devices"] if d["holder"]]
+    assert metrics[("gpubroker_devices", (("profile", "1g.10gb"), ("state", "held")))] == 3
+    assert metrics[("gpubroker_devices", (("profile", "1g.10gb"), ("state", "free")))] == 4
+    for d in gpu["devices"]:
+        labels = (("gpu", "0"), ("profile", "1g.10gb"), ("uuid", d["uuid"]))
+        assert metrics[("gpubroker_device_allocated", labels)] == (d in held)
+    gpu_labels = (("gpu", "0"), ("uuid", gpu["uuid"]))
+    assert metrics[("gpubroker_gpu_healthy", gpu_labels)] == 1
+    assert metrics[("gpubroker_gpu_temperature_celsius", gpu_labels)] == pytest.approx(
+        gpu["temperature_c"], abs=2
+    )
+    assert metrics[("gpubroker_grants_total", ())] == 3
+    assert metrics[("gpubroker_queue_length", (("job_class", "interactive"),))] == 0
+
+    with pytest.raises(HTTPClientError) as refused:  # jupyter-server's own auth applies
+        await jp_fetch("metrics", headers={"Authorization": ""})
+    assert refused.value.code == 403
+
+
+async def test_an_overheated_gpu_is_drained_in_the_api(
+    jp_fetch: Any, jp_serverapp: Any, api: Any, jp_http_port: int, jp_base_url: str
+) -> None:
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": "k1"})
+    _, devices = await api("GET", "devices")
+    gpu = devices["gpus"][0]["uuid"]
+    assert devices["gpus"][0]["drained"] is None
+    token = jp_serverapp.identity_provider.token
+    stream = await EventStream.open(
+        jp_http_port, f"{jp_base_url}{API_PREFIX}/events", {"Authorization": f"token {token}"}
+    )
+    try:
+        assert (await stream.next())["kind"] == "hello"
+        runtime.backend.simulator.inject_overheat(gpu, 95)
+        await runtime.sample()
+        drained = []
+        while len(drained) < 2:  # the machine's, then the holder's
+            event = await stream.next()
+            validate(event, "#/components/schemas/Event", "event")
+            if event["kind"] == "drained":
+                drained.append(event)
+    finally:
+        stream.close()
+    assert [(e["user"], e["lease_id"]) for e in drained] == [
+        ("", None),
+        (held["user"], held["lease_id"]),
+    ]
+    assert drained[0]["device"] == gpu
+    status, devices = await api("GET", "devices")
+    validate(devices, "#/components/schemas/Devices", "devices")
+    (drained,) = devices["gpus"]
+    assert "temperature 95 C" in drained["drained"]["reason"]
+    assert all(d["drained"] == drained["drained"] for d in drained["devices"])
+    status, r = await api("POST", "requests", {"profile": "1g.10gb"})
+    assert (status, r["state"]) == (201, "queued")  # nothing is granted on it
+    metrics = await scrape(jp_fetch)
+    assert metrics[("gpubroker_gpu_healthy", (("gpu", "0"), ("uuid", gpu)))] == 0
+    assert metrics[("gpubroker_devices", (("profile", "1g.10gb"), ("state", "drained")))] == 7
+    assert (
+        metrics[
+            (
+                "gpubroker_device_allocated",
+                (("gpu", "0"), ("profile", "1g.10gb"), ("uuid", held["lease"]["devices"][0])),
+            )
+        ]
+        == 1
+    )
