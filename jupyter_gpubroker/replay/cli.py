@@ -1,0 +1,96 @@
+"""``jupyter gpubroker replay``: its arguments and command (the CLI module adds it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..broker.policy import POLICIES
+from . import DEFAULT_COMPRESS, DEFAULT_INVENTORY, DEFAULT_USERS, FORMATS, STARVE_AFTER_S
+from .driver import replay
+from .metrics import summarize
+from .report import json_ready, table
+from .traces import TraceError, load
+
+
+def add_replay_command(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "replay",
+        help="replay a cluster trace through the broker on simulated GPUs",
+        description="Replay a trace through the real broker core on a virtual clock (no "
+        "sleeping) and print wait, utilization, fairness and cost figures. Formats: openb "
+        "(Alibaba GPU-sharing pods), philly (Microsoft Philly jobs), generic (CSV with "
+        "submit_s, duration_s, gpus and optional user, group, class).",
+    )
+    p.add_argument("--trace", required=True, metavar="FILE", help="the trace CSV file")
+    p.add_argument("--format", choices=FORMATS, default="generic", help="default: generic")
+    p.add_argument("--policy", choices=tuple(POLICIES), default="broker", help="default: broker")
+    p.add_argument(
+        "--inventory",
+        metavar="TOPOLOGY",
+        help="the simulated machine: a preset with :N GPUs or a topology file "
+        f"(default per format: {_per_format(DEFAULT_INVENTORY)})",
+    )
+    p.add_argument(
+        "--compress",
+        type=float,
+        metavar="X",
+        help="divide the gaps between submissions by X, keeping durations "
+        f"(default per format: {_per_format(DEFAULT_COMPRESS)})",
+    )
+    p.add_argument(
+        "--users",
+        type=int,
+        default=DEFAULT_USERS,
+        metavar="N",
+        help="synthetic users for jobs the trace gives none (openb; generic without a user "
+        f"column), by a hash of the job's resource template (default {DEFAULT_USERS})",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="replay only the first N jobs")
+    p.add_argument(
+        "--static-mig",
+        action="store_true",
+        help="never re-cut MIG GPUs (default: idle MIG GPUs are re-cut for every policy)",
+    )
+    p.add_argument(
+        "--starve-after",
+        type=float,
+        default=STARVE_AFTER_S / 3600,
+        metavar="HOURS",
+        help="a wait longer than this counts as starved (default %(default)g)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_replay)
+
+
+def _per_format(defaults: dict[str, Any]) -> str:
+    return ", ".join(f"{fmt} {value}" for fmt, value in defaults.items())
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        trace = load(args.trace, args.format, args.users)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.limit is not None:
+        trace = trace.head(args.limit)
+    compress = args.compress if args.compress is not None else DEFAULT_COMPRESS[args.format]
+    if not compress > 0 or (args.limit is not None and args.limit < 1):
+        print("error: --compress and --limit must be positive", file=sys.stderr)
+        return 2
+    run = replay(
+        trace,
+        args.policy,
+        inventory=args.inventory or DEFAULT_INVENTORY[args.format],
+        compress=compress,
+        dynamic_mig=not args.static_mig,
+    )
+    summary = summarize(run, args.starve_after * 3600)
+    if args.json:
+        print(json.dumps(json_ready(summary), allow_nan=False))
+    else:
+        print(table([summary]))
+    return 0
