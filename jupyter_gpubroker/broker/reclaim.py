@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import InvalidRequest
 from .models import JobClass, Lease, Request, RequestState
+from .text import duration
 
 if TYPE_CHECKING:
     from .core import Broker
@@ -206,7 +207,7 @@ class Reclaimer:
             if stalled_s < cfg.stalled_timeout_s:
                 return None
             evidence.update(stalled_s=round(stalled_s, 3), timeout_s=cfg.stalled_timeout_s)
-            reason = f"stalled: kernel busy for {_span(since_activity_s)} with {below}"
+            reason = f"stalled: kernel busy for {duration(since_activity_s)} with {below}"
             return _Verdict("stalled", reason, evidence)
         timeout = cfg.idle_timeout(lease.profile, request.job_class.value)
         if kernel.execution_state != "idle" or not timeout:
@@ -216,7 +217,7 @@ class Reclaimer:
             return None
         evidence.update(idle_s=round(idle_s, 3), timeout_s=timeout)
         gpu = below if obs.utilization is not None else "no change on the GPU"
-        reason = f"idle for {_span(idle_s)}: the kernel ran nothing, {gpu}"
+        reason = f"idle for {duration(idle_s)}: the kernel ran nothing, {gpu}"
         return _Verdict("idle", reason, evidence)
 
     def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:
@@ -315,12 +316,3 @@ def _moved(before: tuple[int | None, float | None], after: tuple[int | None, flo
     if p0 != p1:
         return True
     return m0 is not None and m1 is not None and abs(m1 - m0) > MEMORY_ACTIVITY_MIB
-
-
-def _span(seconds: float) -> str:
-    """A duration as a person reads it: ``45 s``, ``12 min``, ``2.5 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

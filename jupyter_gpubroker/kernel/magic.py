@@ -24,11 +24,12 @@ from traitlets.log import get_logger
 
 from ..broker.errors import BrokerError
 from ..broker.models import Size
+from ..broker.text import duration
 from ..client import BrokerAPIError, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
-from .session import Activity, Session, Tracker, duration
+from .session import Activity, Session, Tracker
 from .widgets import (
     GpuWidget,
     QueueTable,

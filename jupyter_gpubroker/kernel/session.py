@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.getipython import get_ipython
 
+from ..broker.text import duration
 from ..client import BrokerAPIError, BrokerClient, size_text
 from . import GpuError
 from .cuda import cuda_initialised
@@ -309,15 +310,6 @@ def holding(request: dict[str, Any]) -> str:
     if request["state"] == "granted" and request.get("lease"):
         return f"holds {', '.join(request['lease']['devices'])} ({size_text(request)})"
     return f"waits for {size_text(request)} at position {request.get('position')} in the queue"
-
-
-def duration(seconds: float) -> str:
-    """A short human duration: "40 s", "3 min", "2 h 05 min"."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
 
 
 def _kernel_id() -> str:

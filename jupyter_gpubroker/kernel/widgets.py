@@ -22,9 +22,10 @@ from typing import Any
 from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
+from ..broker.text import duration
 from ..client import size_text
 from .feed import TRANSIENT, why
-from .session import Activity, Session, Tracker, duration
+from .session import Activity, Session, Tracker
 
 HISTORY = 40
 """Readings kept for a status widget's sparkline."""

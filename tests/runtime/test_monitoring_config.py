@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from runtime_helpers import make
 from traitlets import TraitError
-from traitlets.config import Config
 
 from jupyter_gpubroker.broker.health import SW_POWER_CAP
-from jupyter_gpubroker.runtime import GPUBroker
-
-
-def make(tmp_path, **traits) -> GPUBroker:  # type: ignore[no-untyped-def]
-    c = Config()
-    c.GPUBroker.simulate = "workstation-a100"
-    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
-    for k, v in traits.items():
-        setattr(c.GPUBroker, k, v)
-    return GPUBroker(config=c)
 
 
 def test_traits_reach_the_reclaimer_and_the_health_judge(tmp_path) -> None:

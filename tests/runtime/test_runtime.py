@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from runtime_helpers import make
 from traitlets import TraitError
-from traitlets.config import Config
 
 from jupyter_gpubroker.broker.core import Quota
 from jupyter_gpubroker.broker.errors import InvalidRequest
-from jupyter_gpubroker.runtime import GPUBroker, Scope
-
-
-def make(tmp_path, **traits) -> GPUBroker:  # type: ignore[no-untyped-def]
-    c = Config()
-    c.GPUBroker.simulate = "workstation-a100"
-    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
-    for k, v in traits.items():
-        setattr(c.GPUBroker, k, v)
-    return GPUBroker(config=c)
+from jupyter_gpubroker.runtime import Scope
 
 
 def test_builds_the_configured_broker(tmp_path) -> None:
