@@ -125,7 +125,11 @@ async def test_an_idle_kernel_is_warned_then_reclaimed_and_its_widget_shows_it(
         warned = next(i for i, x in enumerate(texts) if re.search(r"reclaimed at \S+ unless", x))
         ended = next(i for i, x in enumerate(texts) if ": reclaimed" in x)
         assert warned < ended
-        assert any(s.get("state") == "reclaimed" for s in spy.states)
+        # the model's state may arrive in a message of its own, after the text's
+        await until(
+            "the widget model to say reclaimed",
+            lambda: any(s.get("state") == "reclaimed" for s in spy.states),
+        )
         # And the kernel was shut down (after a short notice).
         await until("the kernel to be shut down", lambda: kernel_id not in km)
     finally:
