@@ -287,6 +287,7 @@ class Broker:
             raise InvalidRequest(f"owner must be text of at most {MAX_OWNER} characters")
         if expected_duration_s is not None and not (
             isinstance(expected_duration_s, (int, float))
+            and not isinstance(expected_duration_s, bool)
             and 0 < expected_duration_s <= MAX_DURATION_S
         ):
             raise InvalidRequest("expected_duration_s must be between 0 and a year")

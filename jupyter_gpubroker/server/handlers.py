@@ -279,13 +279,11 @@ class UsageHandler(BrokerHandler):
         """GPU-hours by user, group, profile or class; a non-admin sees only their own."""
         by = self.get_argument("by", "user")
         since, until = (time_arg(self, k) for k in ("since", "until"))
-        core = self.runtime.core
-        if self.admin:
-            usage = core.usage(since, until, by)
-        elif by == "user":
-            usage = {self.user: core.usage(since, until, "user").get(self.user, 0.0)}
-        else:
-            raise Forbidden("only admins see usage grouped by anything but their own user")
+        usage = self.runtime.core.usage(since, until, by)  # a bad 'by' is a 400 for anyone
+        if not self.admin:
+            if by != "user":
+                raise Forbidden("only admins see usage grouped by anything but their own user")
+            usage = {self.user: usage.get(self.user, 0.0)}
         self.reply({"by": by, "gpu_hours": usage})
 
 

@@ -91,6 +91,8 @@ def test_a_multi_gpu_request_takes_all_of_its_gpus_at_once(make_broker):
         ({"expected_duration_s": -5}, "expected_duration_s"),
         ({"expected_duration_s": float("nan")}, "expected_duration_s"),
         ({"expected_duration_s": 400 * 86400}, "expected_duration_s"),
+        ({"expected_duration_s": True}, "expected_duration_s"),
+        ({"expected_duration_s": "600"}, "expected_duration_s"),
     ],
 )
 def test_malformed_submits_are_refused_and_write_nothing(make_broker, kwargs, match):

@@ -235,6 +235,8 @@ async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
     assert set(usage["gpu_hours"]) == {"bob"}
     for by in ("group", "profile", "job_class"):
         await bob.refused("GET", "usage", by=by)
+    bad = await bob("GET", "usage", by="bogus", expect=400)  # bad input is a 400 for anyone
+    assert bad["error"] == "invalid_request"
 
     quotas = (await bob("GET", "quotas", expect=200))["quotas"]
     assert [(q["kind"], q["name"]) for q in quotas] == [("user", "bob")]
