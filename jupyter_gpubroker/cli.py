@@ -190,8 +190,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             if backend.simulator
             else f"NVIDIA driver {pynvml.nvmlSystemGetDriverVersion()}"
         )
-    holders = _holders(state)
-    report = {"source": source, "gpus": devices_json(inventory, readings, holders)}
+    holders, drains = _state_view(state)
+    report = {
+        "source": source,
+        "gpus": devices_json(inventory, readings, holders, drains=drains),
+    }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -199,13 +202,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _holders(state: Path) -> dict[str, Lease]:
-    """Device uuid -> active lease, read from the state file without changing it."""
+def _state_view(state: Path) -> tuple[dict[str, Lease], dict[str, tuple[str, float]]]:
+    """Device uuid -> active lease, and drained uuid -> (reason, since), from the state
+    file (none when there is no file yet)."""
     if not state.exists():
-        return {}
+        return {}, {}
     store = Store(state)
     try:
-        return {d: lease for lease, _ in store.active_leases() for d in lease.devices}
+        holders = {d: lease for lease, _ in store.active_leases() for d in lease.devices}
+        return holders, store.drains()
     finally:
         store.close()
 
@@ -221,13 +226,13 @@ def render_status(report: dict[str, Any]) -> str:
                 _pct(g.get("utilization_gpu")),
                 _num(g.get("temperature_c"), "C"),
                 _num(g.get("power_w"), "W"),
-                "" if g.get("health", "ok") == "ok" else g["health"].upper(),
+                _gpu_state(g),
                 g["uuid"],
             )
         )
         for d in g["devices"]:
             if d["kind"] == "gpu":
-                rows[-1] = (*rows[-1][:6], _holder_text(d["holder"]), g["uuid"])
+                rows[-1] = (*rows[-1][:6], _holder_text(d), g["uuid"])
                 continue
             rows.append(
                 (
@@ -237,16 +242,17 @@ def render_status(report: dict[str, Any]) -> str:
                     _pct(d.get("utilization_gpu")),
                     "",
                     "",
-                    _holder_text(d["holder"]),
+                    _holder_text(d),
                     d["uuid"],
                 )
             )
     lines = [_table(rows)]
     n_dev = sum(len(g["devices"]) for g in report["gpus"])
     held = sum(1 for g in report["gpus"] for d in g["devices"] if d["holder"])
+    drained = sum(1 for g in report["gpus"] for d in g["devices"] if d.get("drained"))
     lines.append("")
     lines.append(
-        f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held "
+        f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
         f"({report['source']}); utilization '-' = not supported there (MIG)"
     )
     return "\n".join(lines)
@@ -260,8 +266,17 @@ def _num(v: float | None, unit: str) -> str:
     return "-" if v is None else f"{v:.0f}{unit}"
 
 
-def _holder_text(holder: dict[str, Any] | None) -> str:
-    return "free" if holder is None else f"{holder['user']} ({holder['lease_id']})"
+def _gpu_state(g: dict[str, Any]) -> str:
+    """A GPU row's last column but one: its trouble, if any."""
+    if g.get("drained"):
+        return f"DRAINED: {g['drained']['reason']}"
+    return "" if g.get("health", "ok") == "ok" else g["health"].upper()
+
+
+def _holder_text(d: dict[str, Any]) -> str:
+    holder = d["holder"]
+    text = "free" if holder is None else f"{holder['user']} ({holder['lease_id']})"
+    return f"{text}, drained" if d.get("drained") else text
 
 
 # ------------------------------------------------------------ broker commands

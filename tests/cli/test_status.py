@@ -54,7 +54,7 @@ def test_holders_come_from_the_state_file(capsys, tmp_path) -> None:
     assert main(["status", "--simulate", "h200-mig-balanced", "--state", str(state)]) == 0
     table = capsys.readouterr().out
     assert f"ada ({lease_id})" in table
-    assert "2 GPUs, 8 grantable devices, 1 held" in table
+    assert "2 GPUs, 8 grantable devices, 1 held, 0 drained" in table
 
 
 def test_whole_gpus_show_their_utilization(capsys, tmp_path) -> None:
@@ -86,3 +86,25 @@ def test_command_line_entry_point() -> None:
     assert "--simulate" in out and "--json" in out
     bare = subprocess.run([sys.executable, "-m", "jupyter_gpubroker.cli"], capture_output=True)
     assert bare.returncode == 2
+
+
+def test_drained_gpus_show_with_their_reason(capsys, tmp_path) -> None:
+    state = tmp_path / "state.sqlite"
+    with open_backend("h200-mig-balanced") as backend:
+        inventory = backend.inventory()
+    broker = Broker(Store(state), inventory)
+    gpu = inventory.gpus[1].uuid
+    broker.drain(gpu, "temperature 93 C over 85 C")
+    broker.store.close()
+
+    report = status_json(capsys, "--simulate", "h200-mig-balanced", "--state", str(state))
+    drained = {g["uuid"]: g["drained"] for g in report["gpus"]}
+    assert drained[gpu]["reason"] == "temperature 93 C over 85 C"
+    assert drained[inventory.gpus[0].uuid] is None
+    on_gpu = [d for g in report["gpus"] if g["uuid"] == gpu for d in g["devices"]]
+    assert len(on_gpu) == 4 and all(d["drained"] for d in on_gpu)
+
+    assert main(["status", "--simulate", "h200-mig-balanced", "--state", str(state)]) == 0
+    table = capsys.readouterr().out
+    assert "DRAINED: temperature 93 C over 85 C" in table
+    assert "0 held, 4 drained" in table
