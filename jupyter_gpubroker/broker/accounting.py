@@ -21,7 +21,7 @@ from .errors import InvalidRequest
 from .policy import Window
 from .store import Store
 
-GROUPINGS = ("user", "group", "profile", "day")
+GROUPINGS = ("user", "group", "profile", "job_class", "day")
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,8 @@ def usage(
     prices: Prices | None = None,
 ) -> list[UsageRow]:
     """GPU-hours (and their cost, with ``prices``) of ``rows`` inside [since, until),
-    grouped by user, group (``""``: none), profile or local day; largest first (days in
-    order)."""
+    grouped by user, group (``""``: none), profile, job class or local day; largest first
+    (days in order)."""
     if by not in GROUPINGS:
         raise InvalidRequest(f"usage is grouped by {', '.join(GROUPINGS)}, not {by!r}")
     if since > until:
@@ -133,7 +133,7 @@ def usage(
     return [UsageRow(k, hours[k], cost[k] if prices else None) for k in keys]
 
 
-_COLUMN = {"user": "user", "group": "grp", "profile": "profile"}
+_COLUMN = {"user": "user", "group": "grp", "profile": "profile", "job_class": "job_class"}
 
 
 def _hours(band: PriceBand) -> tuple[float, float]:

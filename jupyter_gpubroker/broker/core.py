@@ -25,8 +25,10 @@ import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import timezone
 from typing import Any, Protocol
 
+from . import accounting
 from .clock import Clock, SystemClock
 from .errors import (
     Conflict,
@@ -557,31 +559,13 @@ class Broker:
     def usage(
         self, since: float | None = None, until: float | None = None, by: str = "user"
     ) -> dict[str, float]:
-        """GPU-hours per user, group, profile or class, over [since, until), live leases
-        included up to now."""
-        if by not in ("user", "group", "profile", "job_class"):
-            raise InvalidRequest("usage is grouped by 'user', 'group', 'profile' or 'job_class'")
+        """GPU-hours per user, group, profile, job class or UTC day over [since, until),
+        live leases included up to now (``accounting.usage`` over the store)."""
         now = self.clock.now()
+        rows = accounting.holdings(self.store, now)
         lo, hi = since if since is not None else -math.inf, until if until is not None else now
-        if lo > hi:
-            raise InvalidRequest("'since' is after 'until'")
-        col = {"group": "grp"}.get(by, by)
-        out: dict[str, float] = defaultdict(float)
-        for row in self.store.ledger(lo, math.inf):
-            overlap = min(row["end"], hi) - max(row["start"], lo)
-            if overlap > 0:
-                out[row[col]] += row["gpu_equivalents"] * overlap / 3600.0
-        for lease in self._leases.values():
-            overlap = min(now, hi) - max(lease.granted_at, lo)
-            if overlap > 0:
-                key = {
-                    "user": lease.user,
-                    "group": lease.group,
-                    "profile": lease.profile,
-                    "job_class": self._live[lease.request_id].job_class.value,
-                }[by]
-                out[key] += lease.gpu_equivalents * overlap / 3600.0
-        return dict(out)
+        found = accounting.usage(rows, since=lo, until=hi, by=by, tz=timezone.utc)
+        return {row.key: row.gpu_hours for row in found}
 
     # ------------------------------------------------- policy context (policy.Context)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 from broker_helpers import WEDNESDAY_10AM, make_inventory, mig_inventory, whole_inventory
 
@@ -362,6 +364,8 @@ def test_usage_by_user_group_profile_and_class(make_broker, clock):
     assert broker.usage(by="group") == pytest.approx({"physics": 2.0, "chem": 6 / 7})
     assert broker.usage(by="profile") == pytest.approx({"gpu": 2.0, "3g.40gb": 6 / 7})
     assert broker.usage(by="job_class") == pytest.approx({"batch": 2.0, "interactive": 6 / 7})
+    day = datetime.fromtimestamp(t0, timezone.utc).date().isoformat()  # both hours in one day
+    assert broker.usage(by="day") == pytest.approx({day: 2.0 + 6 / 7})
     # a window cuts both ended and live leases
     half = broker.usage(since=t0 + HOUR / 2, until=t0 + 1.5 * HOUR)
     assert half == pytest.approx({"alice": 1.0, "bob": 3 / 7})
