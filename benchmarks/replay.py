@@ -22,6 +22,11 @@ with the parameters that did best on these same traces (so it flatters itself):
 see ``TUNED``; the defaults are what ``--policy broker`` runs.
 
     python benchmarks/replay.py [--quick] [--traces DIR] [--out DIR]
+    python benchmarks/replay.py --check [--traces DIR]
+
+``--check`` is the full-trace test (the test suite runs on committed excerpts): each
+trace loads with the counts documented in ``benchmarks/README.md``, and its first
+``QUICK_JOBS`` jobs replay under every policy; it exits 1 naming what differs.
 """
 
 from __future__ import annotations
@@ -29,21 +34,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from jupyter_gpubroker.broker.models import Request  # noqa: E402
-from jupyter_gpubroker.broker.policy import Context, Policy, make_policy  # noqa: E402
-from jupyter_gpubroker.replay import load, replay, summarize  # noqa: E402
-from jupyter_gpubroker.replay.driver import Timeline  # noqa: E402
-from jupyter_gpubroker.replay.report import header, json_ready, table  # noqa: E402
+from jupyter_gpubroker.broker.models import Request
+from jupyter_gpubroker.broker.policy import Context, Policy, make_policy
+from jupyter_gpubroker.replay import (
+    DEFAULT_COMPRESS,
+    DEFAULT_INVENTORY,
+    Trace,
+    TraceError,
+    load,
+    replay,
+    summarize,
+)
+from jupyter_gpubroker.replay.driver import Timeline
+from jupyter_gpubroker.replay.report import header, json_ready, table
 
 HERE = Path(__file__).resolve().parent
 TRACES = HERE.parent.parent / "shared" / "data" / "traces"
@@ -187,7 +196,67 @@ def run(scenario: Scenario, traces: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
+DOCUMENTED = {
+    ("openb", "openb_pod_list_default.csv"): {
+        "jobs": 7064,  # 8,152 tasks less 1,088 CPU-only ones
+        "skipped": {"CPU-only tasks (num_gpu 0)": 1088},
+        "shares of one GPU": 3078,
+        "users": 32,
+    },
+    ("philly", "philly_vc_jobs.csv"): {
+        "jobs": 82247,
+        "skipped": {},
+        "shares of one GPU": 0,
+        "users": 15,  # the virtual clusters, each its own user and group
+    },
+}
+"""What each full trace loads to, as benchmarks/README.md describes it."""
+
+
+def facts(trace: Trace) -> dict[str, object]:
+    return {
+        "jobs": len(trace.jobs),
+        "skipped": trace.skipped,
+        "shares of one GPU": sum(1 for j in trace.jobs if j.gpus < 1),
+        "users": len({j.user for j in trace.jobs}),
+    }
+
+
+def check(traces: Path) -> list[str]:
+    """What differs from the documented full traces, and any slice replay that breaks an
+    invariant of the figures (none: the traces are as the results describe them)."""
+    problems = []
+    for (fmt, file), documented in DOCUMENTED.items():
+        trace = load(traces / file, fmt)
+        found = facts(trace)
+        problems += [
+            f"{file}: {key} is {found[key]!r}, documented {want!r}"
+            for key, want in documented.items()
+            if found[key] != want
+        ]
+        head = trace.head(QUICK_JOBS)
+        for policy in ("fcfs", "slurm", "broker"):
+            result = replay(
+                head, policy, inventory=DEFAULT_INVENTORY[fmt], compress=DEFAULT_COMPRESS[fmt]
+            )
+            s = summarize(result)
+            where = f"{file}, first {QUICK_JOBS} jobs, {policy}"
+            if s["jobs"] + sum(result.skipped.values()) != QUICK_JOBS:
+                problems.append(f"{where}: {s['jobs']} replayed + {result.skipped} skipped")
+            if not 0 <= s["median_wait_s"] <= s["p95_wait_s"] <= s["max_wait_s"]:
+                problems.append(f"{where}: waits out of order {s}")
+            if not (0 < s["utilization_busy"] <= 1 and 0 < s["jain"] <= 1):
+                problems.append(f"{where}: utilization or Jain's index outside (0, 1] {s}")
+        print(f"checked {file}", flush=True)
+    return problems
+
+
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib  # only here: --check runs with the test extras, without matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     shown = ("openb", "philly")
     fig, axes = plt.subplots(2, len(shown), figsize=(13, 7), sharex="col")
     for col, name in enumerate(shown):
@@ -219,8 +288,20 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help=f"first {QUICK_JOBS} jobs of each trace only"
     )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="check the full traces against their documented counts; write nothing",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.check:
+        try:
+            problems = check(args.traces)
+        except TraceError as e:
+            sys.exit(f"{e}; give the folder holding the public traces with --traces")
+        print("\n".join(problems) or f"the traces in {args.traces} are as documented")
+        sys.exit(1 if problems else 0)
     results = {s.name: run(s, args.traces, args.quick) for s in SCENARIOS}
     (args.out / "results").mkdir(parents=True, exist_ok=True)
     summaries = {name: r["summaries"] for name, r in results.items()}
