@@ -9,7 +9,7 @@ chromium``); Playwright's own browsers are not needed, it drives the system Chro
 Starts JupyterLab with the broker on a simulated one-GPU H100 cut in seven 1g.10gb
 slices, all held by other users (a small server extension seeds them, puts a workload
 on every held slice and frees one slice once the tour's request has waited a while),
-opens binder/gpu-broker-tour.ipynb in its on-demand GPU kernel, runs it down to
+opens jupyter_gpubroker/tour/gpu-broker-tour.ipynb in its on-demand GPU kernel, runs it down to
 ``%gpu usage`` and captures the queue widget while the request waits, then the
 notebook once granted. Nothing is written outside a temporary directory but the images.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
-TOUR = "binder/gpu-broker-tour.ipynb"
+TOUR = "jupyter_gpubroker/tour/gpu-broker-tour.ipynb"
 TOKEN = "screenshot"
 REQUEST_CELL = "%gpu request"
 LAST_CELL = "%gpu usage"

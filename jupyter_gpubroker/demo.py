@@ -1,25 +1,32 @@
 """``jupyter gpubroker demo``: JupyterLab with the broker on a simulated GPU machine.
 
-Everything the demo writes (GPU kernelspecs, the broker's state file) lives in
-a temporary directory that is removed when the server stops, so a demo leaves
-nothing behind in the user's Jupyter setup.
+Everything the demo writes (GPU kernelspecs, the broker's state file, a copy of
+the tour and any notebook made during the demo) lives in a temporary directory
+that is removed when the server stops, so a demo leaves nothing behind in the
+user's Jupyter setup or in the directory it was started from. Ctrl-C and
+SIGTERM both stop the server (its kernels with it) before that directory goes.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 from . import kernelspec
 from .broker.models import Size
 from .nvml import SIMULATE_ENV, open_backend
 from .paths import STATE_FILE_ENV
 
-TOUR = Path("binder") / "gpu-broker-tour.ipynb"
+TOUR = Path(__file__).parent / "tour" / "gpu-broker-tour.ipynb"
+"""The tour notebook, package data (so an installed wheel has it); binder/ copies it."""
+STOP_TIMEOUT_S = 30
+"""How long the server may take to shut its kernels down before it is killed."""
 
 
 def demo_sizes(simulate: str) -> list[Size]:
@@ -34,37 +41,76 @@ def demo_sizes(simulate: str) -> list[Size]:
 
 def run_demo(simulate: str, *, port: int = 8888, browser: bool = True, lab: bool = True) -> int:
     sizes: list[Size | None] = [None, *demo_sizes(simulate)]  # None: the tour's on-demand kernel
-    with tempfile.TemporaryDirectory(prefix="gpubroker-demo-") as tmp:
-        names = [kernelspec.spec_for(s)[1]["display_name"] for s in sizes]
-        for size in sizes:
-            kernelspec.install(size, prefix=tmp)
-        jupyter_path = os.pathsep.join(
-            p for p in (str(Path(tmp) / "share" / "jupyter"), os.environ.get("JUPYTER_PATH")) if p
-        )
-        env = {
-            **os.environ,
-            "JUPYTER_PATH": jupyter_path,
-            SIMULATE_ENV: simulate,
-            STATE_FILE_ENV: str(Path(tmp) / "state.sqlite"),
-        }
-        cmd = [sys.executable, "-m", "jupyterlab" if lab else "jupyter_server", f"--port={port}"]
-        if not browser:
-            cmd.append("--no-browser")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-root")
-        if lab and TOUR.exists():
-            cmd.append(f"--LabApp.default_url=/lab/tree/{TOUR.as_posix()}")
-        print(f"jupyter-gpubroker demo on a simulated '{simulate}' machine", flush=True)
-        print("GPU kernels: " + ", ".join(str(n) for n in names), flush=True)
-        print(f"state: {env[STATE_FILE_ENV]} (removed on exit); Ctrl-C to stop", flush=True)
-        proc = subprocess.Popen(cmd, env=env)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpubroker-demo-") as tmp:
+            return _serve(Path(tmp), simulate, sizes, port=port, browser=browser, lab=lab)
+    except KeyboardInterrupt:  # before the server started
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM stops the demo as Ctrl-C does, so the temporary directory is removed."""
+    raise KeyboardInterrupt
+
+
+def _serve(
+    tmp: Path, simulate: str, sizes: list[Size | None], *, port: int, browser: bool, lab: bool
+) -> int:
+    """Run the server in ``tmp`` until it exits or the demo is interrupted."""
+    names = [kernelspec.spec_for(s)[1]["display_name"] for s in sizes]
+    for size in sizes:
+        kernelspec.install(size, prefix=str(tmp))
+    notebooks = tmp / "notebooks"
+    notebooks.mkdir()
+    shutil.copy(TOUR, notebooks / TOUR.name)
+    jupyter_path = os.pathsep.join(
+        p for p in (str(tmp / "share" / "jupyter"), os.environ.get("JUPYTER_PATH")) if p
+    )
+    env = {
+        **os.environ,
+        "JUPYTER_PATH": jupyter_path,
+        SIMULATE_ENV: simulate,
+        STATE_FILE_ENV: str(tmp / "state.sqlite"),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab" if lab else "jupyter_server",
+        f"--port={port}",
+        f"--ServerApp.root_dir={notebooks}",
+    ]
+    if not browser:
+        cmd.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    if lab:
+        cmd.append(f"--LabApp.default_url=/lab/tree/{TOUR.name}")
+    print(f"jupyter-gpubroker demo on a simulated '{simulate}' machine", flush=True)
+    print("GPU kernels: " + ", ".join(str(n) for n in names), flush=True)
+    print(f"state: {env[STATE_FILE_ENV]} (removed on exit); Ctrl-C to stop", flush=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=notebooks)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        _stop(proc)
+        return 0
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the server and wait until it is gone (jupyter-server stops on SIGTERM
+    without asking, shutting its kernels down first). Another Ctrl-C meanwhile is
+    ignored: leaving would remove the directory under a server still running."""
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        proc.terminate()
         try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            proc.send_signal(signal.SIGINT)  # jupyter asks for confirmation on the first one
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            return 0
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -9,10 +9,20 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
+
+from jupyter_gpubroker.demo import TOUR
+
+TOKEN = "demo-test-token"
 
 
 def free_port() -> int:
@@ -21,61 +31,115 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def get(url: str, token: str) -> object:
-    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read())
+@dataclass
+class Demo:
+    proc: subprocess.Popen[str]
+    base: str
+    out: str = ""
+
+    def request(
+        self, path: str, method: str = "GET", body: object = None
+    ) -> urllib.request.Request:
+        return urllib.request.Request(
+            f"{self.base}/{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {TOKEN}"},
+        )
+
+    def call(self, path: str, method: str = "GET", body: object = None) -> Any:
+        with urllib.request.urlopen(self.request(path, method, body), timeout=30) as response:
+            return json.loads(response.read())
+
+    def stop(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+        self.out, _ = self.proc.communicate(timeout=60)
+
+    @property
+    def state_dir(self) -> Path:
+        """The temporary directory the demo said it runs in."""
+        return Path(self.out.split("state: ")[1].split("/state.sqlite")[0])
 
 
-@pytest.mark.slow
-def test_demo_serves_the_broker_on_a_simulated_machine(tmp_path: Path) -> None:
-    port, token = free_port(), "demo-test-token"
+@contextmanager
+def demo(tmp_path: Path, cwd: Path, *args: str) -> Iterator[Demo]:
+    """The demo started in ``cwd`` with a Jupyter setup of its own under ``tmp_path``,
+    once it serves the broker's API; stopped with SIGINT unless the test stopped it."""
+    port = free_port()
     env = {
         **os.environ,
         "HOME": str(tmp_path),
-        "JUPYTER_TOKEN": token,
+        "JUPYTER_TOKEN": TOKEN,
         "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
         "JUPYTER_DATA_DIR": str(tmp_path / "data"),
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
     }
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_gpubroker.cli",
-            "demo",
-            "--port",
-            str(port),
-            "--no-browser",
-            "--simulate",
-            "h200-mig-balanced",
-        ],
+        [sys.executable, "-m", "jupyter_gpubroker.cli", "demo", "--port", str(port)]
+        + ["--no-browser", *args],
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    base = f"http://127.0.0.1:{port}"
+    running = Demo(proc, f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + 90
         while True:
             try:
-                devices = get(f"{base}/gpubroker/api/v1/devices", token)
+                running.call("gpubroker/api/v1/devices")
                 break
             except OSError:
                 assert proc.poll() is None, "the demo exited early"
                 assert time.monotonic() < deadline, "the demo did not come up"
                 time.sleep(0.5)
-        gpus = devices["gpus"]  # type: ignore[index]
+        yield running
+    finally:
+        if proc.poll() is None:
+            running.stop(signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_demo_serves_the_broker_on_a_simulated_machine(tmp_path: Path) -> None:
+    with demo(tmp_path, tmp_path, "--simulate", "h200-mig-balanced") as running:
+        gpus = running.call("gpubroker/api/v1/devices")["gpus"]
         assert [g["name"] for g in gpus] == ["NVIDIA H200"] * 2
         profiles = sorted(d["profile"] for g in gpus for d in g["devices"])
         assert profiles == ["1g.18gb"] * 4 + ["2g.35gb"] * 2 + ["3g.71gb"] * 2
-        specs = get(f"{base}/api/kernelspecs", token)["kernelspecs"]  # type: ignore[index]
+        specs = running.call("api/kernelspecs")["kernelspecs"]
         assert {"python3-gpu-1g.18gb", "python3-gpu-2g.35gb", "python3-gpu-3g.71gb"} <= set(specs)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    assert "simulated 'h200-mig-balanced' machine" in out
-    state_dir = out.split("state: ")[1].split("/state.sqlite")[0]
-    assert not Path(state_dir).exists(), "the demo left its temporary files behind"
+        running.stop(signal.SIGINT)  # Ctrl-C
+    assert "simulated 'h200-mig-balanced' machine" in running.out
+    assert not running.state_dir.exists(), "the demo left its temporary files behind"
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_demo_and_its_kernels_and_the_checkout_stays_as_it_was(
+    tmp_path: Path,
+) -> None:
+    cwd = tmp_path / "where-the-demo-was-started"
+    cwd.mkdir()
+    tour = TOUR.read_bytes()
+    with demo(tmp_path, cwd) as running:
+        with pytest.raises(urllib.error.HTTPError) as redirect:
+            urllib.request.build_opener(NoRedirect).open(running.request(""))
+        assert redirect.value.headers["Location"].rstrip("?") == "/lab/tree/gpu-broker-tour.ipynb"
+        opened = running.call("api/contents/gpu-broker-tour.ipynb")
+        assert opened["content"]["metadata"]["kernelspec"]["name"] == "python3-gpu-on-demand"
+        running.call("api/contents/gpu-broker-tour.ipynb", "PUT", opened)  # as autosave does
+        running.call("api/contents", "POST", {"type": "notebook"})  # File > New > Notebook
+        running.call("api/kernels", "POST", {"name": "python3"})
+        children = psutil.Process(running.proc.pid).children(recursive=True)
+        assert len(children) >= 2  # the server and the kernel
+        running.stop(signal.SIGTERM)
+    assert running.proc.returncode == 0
+    assert not [c.pid for c in children if c.is_running()], "SIGTERM left processes running"
+    assert not running.state_dir.exists(), "the demo left its temporary files behind"
+    assert list(cwd.iterdir()) == [], "the demo wrote where it was started"
+    assert TOUR.read_bytes() == tour

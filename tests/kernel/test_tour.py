@@ -1,15 +1,14 @@
-"""binder/gpu-broker-tour.ipynb, executed top to bottom against the test server."""
+"""The tour the demo opens (package data), executed top to bottom against the test server."""
 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import nbformat
 
+from jupyter_gpubroker.demo import TOUR
 from jupyter_gpubroker.kernelspec import spec_for
 
-TOUR = Path(__file__).parents[2] / "binder" / "gpu-broker-tour.ipynb"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
