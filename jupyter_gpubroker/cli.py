@@ -162,9 +162,9 @@ def _add_broker_commands(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
         help="start JupyterLab on a simulated GPU machine with the broker and GPU kernels",
-        description="Start JupyterLab with the embedded broker on a simulated machine, GPU "
-        "kernelspecs installed in a temporary prefix and state in a temporary file. "
-        "Ctrl-C stops it and removes the temporary files.",
+        description="Start JupyterLab with the embedded broker on a simulated machine, in a "
+        "temporary directory holding the GPU kernelspecs, the state file and a copy of the "
+        "tour, which it opens. Ctrl-C or SIGTERM stops it and removes that directory.",
     )
     demo.add_argument(
         "--simulate",
