@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from ipykernel.kernelspec import RESOURCES
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .broker.models import Size
@@ -68,6 +70,7 @@ def install(
     if display_name:
         spec["display_name"] = display_name
     with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(RESOURCES, tmp, dirs_exist_ok=True)  # the launcher's Python logo
         (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=1))
         return str(
             KernelSpecManager().install_kernel_spec(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from jupyter_client.kernelspec import KernelSpecManager
 
 from jupyter_gpubroker.cli import main
 
@@ -37,6 +39,16 @@ def test_install_writes_a_provisioned_kernelspec(tmp_path, capsys, args, name, d
         "config": config,
     }
     assert f"installed {display}" in capsys.readouterr().out
+
+
+def test_a_gpu_kernelspec_has_the_logos_of_the_stock_python_kernel(tmp_path):
+    """The launcher shows the Python logo on a GPU kernel's tile, not a plain letter."""
+    stock = Path(KernelSpecManager().get_kernel_spec("python3").resource_dir)
+    logos = {p.name: p.read_bytes() for p in stock.glob("logo-*")}
+    assert {"logo-32x32.png", "logo-64x64.png"} <= set(logos)
+    assert main(["kernelspec", "install", "--gpu", "1g.10gb", "--prefix", str(tmp_path)]) == 0
+    installed = tmp_path / "share/jupyter/kernels/python3-gpu-1g.10gb"
+    assert {p.name: p.read_bytes() for p in installed.glob("logo-*")} == logos
 
 
 def test_install_refuses_a_bad_size(tmp_path, capsys):
