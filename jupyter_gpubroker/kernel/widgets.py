@@ -71,7 +71,6 @@ class Held:
 
     uuid: str
     label: str
-    profile: str | None
     memory_mib: int
     used_mib: int | None
     utilization: float | None
@@ -110,7 +109,9 @@ class Held:
         }
 
     def headline(self) -> str:
-        return f"{self.label}: {self.profile or 'whole GPU'}, {self.memory_mib / 1024:.1f} GiB"
+        """The device and its memory; a MIG slice's label names its profile already."""
+        name = self.label if self.mig else f"{self.label} (whole GPU)"
+        return f"{name}, {self.memory_mib / 1024:.1f} GiB"
 
 
 def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
@@ -123,7 +124,6 @@ def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
         Held(
             uuid=d["uuid"],
             label=d["label"],
-            profile=d.get("profile"),
             memory_mib=d["memory_mib"],
             used_mib=d.get("memory_used_mib"),
             utilization=d.get("utilization_gpu"),
@@ -347,19 +347,29 @@ class QueueTable(GpuWidget):
 # ------------------------------------------------------------------------- my usage
 
 
+USAGE_SCALE_MIN_H = 1.0
+"""The GPU-hours a full usage bar stands for at least (one GPU for an hour), so that a
+few minutes on a slice draw as a sliver, not as a full bar."""
+
+
 def usage_rows(days: list[dict[str, Any]]) -> list[tuple[str, float]]:
     return [(datetime.fromisoformat(d["date"]).strftime("%a %d %b"), d["gpu_hours"]) for d in days]
 
 
+def usage_scale(days: list[dict[str, Any]]) -> float:
+    """The GPU-hours of a full bar: the busiest day's, or :data:`USAGE_SCALE_MIN_H`."""
+    return max([USAGE_SCALE_MIN_H, *(d["gpu_hours"] for d in days)])
+
+
 def usage_text(days: list[dict[str, Any]]) -> str:
-    top = max((h for _, h in usage_rows(days)), default=0.0) or 1.0
+    top = usage_scale(days)
     lines = [f"{day}  {'█' * round(20 * h / top):<20}  {hours(h)}" for day, h in usage_rows(days)]
     total = sum(d["gpu_hours"] for d in days)
     return f"My GPU-hours, last {len(days)} days: {hours(total)}\n" + "\n".join(lines)
 
 
 def usage_html(days: list[dict[str, Any]]) -> str:
-    top = max((h for _, h in usage_rows(days)), default=0.0) or 1.0
+    top = usage_scale(days)
     rows = "".join(
         _row(day, bar(100 * h / top, "var(--jp-brand-color1,#1976d2)"), f"{hours(h)} h")
         for day, h in usage_rows(days)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 from jupyter_gpubroker.kernel.session import Activity
-from jupyter_gpubroker.kernel.widgets import queue_text, request_facts, usage_text
+from jupyter_gpubroker.kernel.widgets import (
+    Held,
+    queue_text,
+    request_facts,
+    request_html,
+    request_text,
+    usage_html,
+    usage_text,
+)
 
 
 def iso(minutes: float) -> str:
@@ -74,3 +83,30 @@ def test_queue_and_usage_tables():
         "Fri 27 Nov  ████████████████████  2.00",
         "Sat 28 Nov  █████                 0.50",
     ]
+
+
+def test_a_held_slice_names_its_profile_once_beside_the_title():
+    lease = {"granted_at": iso(-1), "devices": ["MIG-x"]}
+    tracker = SimpleNamespace(state="granted", request={**REQUEST, "lease": lease}, lease=lease)
+    held = Held("MIG-x", "GPU 0 / 1g.10gb@3", 10048, 512, None, True, 40.0)
+    assert request_text(tracker, Activity(), [held]).splitlines()[:2] == [  # type: ignore[arg-type]
+        "Holding 1g.10gb (interactive)",
+        "GPU 0 / 1g.10gb@3, 9.8 GiB (MIG-x)",
+    ]
+    assert "<b>GPU 0 / 1g.10gb@3, 9.8 GiB</b>" in request_html(tracker, Activity(), [held], [], "")  # type: ignore[arg-type]
+    whole = Held("GPU-y", "GPU 1", 81559, 0, 0.0, False, 40.0)
+    assert whole.headline() == "GPU 1 (whole GPU), 79.6 GiB"
+
+
+def bar_widths(html: str) -> list[float]:
+    """The filled share (%) of each usage bar."""
+    return [float(w) for w in re.findall(r"width:([0-9.]+)%", html)]
+
+
+def test_a_few_minutes_of_usage_draw_as_a_sliver_not_a_full_bar():
+    days = [{"date": f"2026-11-{d}", "gpu_hours": 0.0} for d in range(23, 29)]
+    days.append({"date": "2026-11-29", "gpu_hours": 0.003})  # 11 s on a whole GPU
+    assert bar_widths(usage_html(days)) == [0.0] * 6 + [0.3]
+    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  <0.01"
+    busy = [{"date": "2026-11-28", "gpu_hours": 0.5}, {"date": "2026-11-29", "gpu_hours": 4.0}]
+    assert bar_widths(usage_html(busy)) == [12.5, 100.0]  # the busiest day fills its bar
