@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,7 +32,6 @@ from pathlib import Path
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
-TOUR = "jupyter_gpubroker/tour/gpu-broker-tour.ipynb"
 TOKEN = "screenshot"
 REQUEST_CELL = "%gpu request"
 LAST_CELL = "%gpu usage"
@@ -203,8 +203,13 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
         env = write_setup(Path(tmp))
+        from jupyter_gpubroker.demo import TOUR  # the checkout's, on sys.path by write_setup
+
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}"]
-        cmd += [f"--ServerApp.root_dir={ROOT}", "--ServerApp.ip=127.0.0.1"]
+        notebooks = Path(tmp) / "notebooks"  # running the cells must not rewrite the tour
+        notebooks.mkdir()
+        shutil.copy(TOUR, notebooks)
+        cmd += [f"--ServerApp.root_dir={notebooks}", "--ServerApp.ip=127.0.0.1"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -223,7 +228,7 @@ def main() -> None:
                     ],
                 )
                 page = browser.new_page(viewport={"width": 960, "height": 2400})
-                page.goto(f"{base}/lab/tree/{TOUR}?token={TOKEN}&reset")
+                page.goto(f"{base}/lab/tree/{TOUR.name}?token={TOKEN}&reset")
                 run_tour(page, args.out)
                 browser.close()
         finally:
