@@ -358,7 +358,7 @@ def usage_rows(days: list[dict[str, Any]]) -> list[tuple[str, float]]:
 
 def usage_scale(days: list[dict[str, Any]]) -> float:
     """The GPU-hours of a full bar: the busiest day's, or :data:`USAGE_SCALE_MIN_H`."""
-    return max([USAGE_SCALE_MIN_H, *(d["gpu_hours"] for d in days)])
+    return max([USAGE_SCALE_MIN_H, *(float(d["gpu_hours"]) for d in days)])
 
 
 def usage_text(days: list[dict[str, Any]]) -> str:
