@@ -95,7 +95,15 @@ class GPUBroker(LoggingConfigurable):
         config=True
     )
     lease_ttl = Float(
-        120.0, help="Seconds a lease lives without a heartbeat before it expires."
+        120.0,
+        help="Seconds a lease, or a request waiting in the queue, lives without a heartbeat "
+        "from its holder before it expires.",
+    ).tag(config=True)
+    vacate_timeout = Float(
+        60.0,
+        help="Seconds the devices of an ended lease wait for its processes to exit (as NVML "
+        "lists them) before they are drained with the lingering pid as the reason; until "
+        "then nobody is granted them.",
     ).tag(config=True)
     tick_interval = Float(
         2.0, help="Seconds between the broker's housekeeping passes (expiry, scheduling)."
@@ -213,7 +221,14 @@ class GPUBroker(LoggingConfigurable):
         "are the program's). Double-bit ECC errors always drain.",
     ).tag(config=True)
 
-    @validate("idle_timeout", "grace", "stalled_timeout", "healthy_for", "max_temperature")
+    @validate(
+        "idle_timeout",
+        "grace",
+        "stalled_timeout",
+        "healthy_for",
+        "max_temperature",
+        "vacate_timeout",
+    )
     def _not_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not value >= 0:
@@ -288,8 +303,13 @@ class GPUBroker(LoggingConfigurable):
             store,
             self.backend.inventory(),
             policy=policy,
-            config=BrokerConfig(lease_ttl_s=self.lease_ttl, dynamic_mig=self.dynamic_mig),
+            config=BrokerConfig(
+                lease_ttl_s=self.lease_ttl,
+                dynamic_mig=self.dynamic_mig,
+                vacate_timeout_s=self.vacate_timeout,
+            ),
             partitioner=MigPartitioner(self.backend) if self.dynamic_mig else None,
+            processes=self.backend,
         )
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())

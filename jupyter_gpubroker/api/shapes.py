@@ -35,6 +35,7 @@ def request_json(r: Request, entry: QueueEntry | None = None) -> dict[str, Any]:
     d = r.to_json()
     d["submitted_at"] = iso(r.submitted_at)
     d["ended_at"] = iso(r.ended_at)
+    d["expires_at"] = iso(d["expires_at"])
     d["position"] = entry.position if entry else None
     d["eta"] = iso(entry.eta) if entry else None
     return d
