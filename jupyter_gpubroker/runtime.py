@@ -95,9 +95,13 @@ class GPUBroker(LoggingConfigurable):
         config=True
     )
     lease_ttl = Float(
-        120.0,
-        help="Seconds a lease, or a request waiting in the queue, lives without a heartbeat "
-        "from its holder before it expires.",
+        120.0, help="Seconds a lease lives without a heartbeat from its holder before it expires."
+    ).tag(config=True)
+    request_ttl = Float(
+        None,
+        allow_none=True,
+        help="Seconds a request waiting in the queue lives without a heartbeat from its holder "
+        "(the client waiting for it) before it expires; None: lease_ttl.",
     ).tag(config=True)
     vacate_timeout = Float(
         60.0,
@@ -255,8 +259,10 @@ class GPUBroker(LoggingConfigurable):
             raise TraitError(f"GPUBroker.{name}: {e.message}") from None
         return value
 
-    @validate("lease_ttl", "tick_interval", "sample_interval", "samples_kept")
-    def _positive(self, proposal: dict[str, Any]) -> float:
+    @validate("lease_ttl", "request_ttl", "tick_interval", "sample_interval", "samples_kept")
+    def _positive(self, proposal: dict[str, Any]) -> float | None:
+        if proposal["value"] is None:  # request_ttl: the lease's
+            return None
         value = float(proposal["value"])
         if not value > 0:
             raise TraitError(f"{proposal['trait'].name} must be positive, not {value}")
@@ -305,6 +311,7 @@ class GPUBroker(LoggingConfigurable):
             policy=policy,
             config=BrokerConfig(
                 lease_ttl_s=self.lease_ttl,
+                request_ttl_s=self.request_ttl,
                 dynamic_mig=self.dynamic_mig,
                 vacate_timeout_s=self.vacate_timeout,
             ),
