@@ -157,6 +157,7 @@ class DevicesHandler(BrokerHandler):
             kernel_id=self.scope.kernel_id,
             owners=owners,
             drains=core.drained(),
+            vacating=core.vacating(),
         )
         self.reply({"gpus": gpus})
 

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import pytest
+from openapi_check import validate
 
 from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.client import BrokerClient
@@ -179,11 +180,15 @@ async def test_a_reclaimed_slice_waits_for_the_old_kernel_to_exit(
     jp_serverapp: Any, gpu_kernelspec: Any, api: Any
 ) -> None:
     km = jp_serverapp.kernel_manager
-    kernel_id, _, old, waiting = await reclaimed_kernel(jp_serverapp, gpu_kernelspec, api)
+    kernel_id, pid, old, waiting = await reclaimed_kernel(jp_serverapp, gpu_kernelspec, api)
     try:
         await asyncio.sleep(1.0)  # ticks pass, the old process still runs on the slice
         _, r = await api("GET", f"requests/{waiting['id']}")
         assert r["state"] == "queued" and kernel_id in km
+        _, devices = await api("GET", "devices")
+        (slice_,) = [d for d in devices["gpus"][0]["devices"] if d["uuid"] == old["devices"][0]]
+        validate(slice_, "#/components/schemas/Device", "a vacating slice")
+        assert slice_["holder"] is None and slice_["vacating"]["pids"] == [pid]
     finally:
         await km.shutdown_kernel(kernel_id)
 
