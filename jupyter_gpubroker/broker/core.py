@@ -1,11 +1,12 @@
 """The broker: one class that holds every decision about GPUs.
 
 ``Broker`` queues requests, grants devices in policy order with EASY
-backfill, keeps leases alive while their holders renew them, and records
-usage. Every front (server extension, hub service, CLI, trace replay, tests)
-drives this class; it never reads the time (a clock is injected), never
-touches hardware (an inventory and an optional MIG partitioner are), and
-commits every change to the store before it returns.
+backfill, keeps requests and leases alive while their holders renew them,
+hands a device on only once its last holder's processes have left it, and
+records usage. Every front (server extension, hub service, CLI, trace replay,
+tests) drives this class; it never reads the time (a clock is injected), never
+touches hardware (an inventory, an optional MIG partitioner and an optional
+process probe are), and commits every change to the store before it returns.
 
 The queue is kept in *buckets*: one FIFO per (user, group, class, size).
 Priorities only ever grow with age, so within a bucket the oldest request is
