@@ -46,14 +46,16 @@ class BrokerAPIError(Exception):
 
 
 class GrantTimeout(Exception):
-    """No grant within the time allowed; carries the last queue position."""
+    """No grant within the time allowed (the request was withdrawn); carries the last
+    queue position."""
 
     def __init__(self, request: dict[str, Any], waited: float) -> None:
         self.request, self.waited = request, waited
         pos = request.get("position")
         where = f"still at position {pos} in the queue" if pos else "still waiting"
         super().__init__(
-            f"no GPU ({size_text(request)}) was granted within {waited:.0f} s: {where}"
+            f"no GPU ({size_text(request)}) was granted within {waited:.0f} s ({where}): "
+            "the request was withdrawn"
         )
 
 
@@ -137,8 +139,14 @@ class BrokerClient:
     async def cancel(self, request_id: str) -> dict[str, Any]:
         return await self.call("DELETE", f"requests/{request_id}")  # type: ignore[no-any-return]
 
+    async def renew_request(self, request_id: str) -> dict[str, Any]:
+        return await self.call("POST", f"requests/{request_id}/renew")  # type: ignore[no-any-return]
+
     async def leases(self) -> list[dict[str, Any]]:
         return (await self.call("GET", "leases"))["leases"]  # type: ignore[no-any-return]
+
+    async def lease(self, lease_id: str) -> dict[str, Any]:
+        return await self.call("GET", f"leases/{lease_id}")  # type: ignore[no-any-return]
 
     async def renew(self, lease_id: str) -> dict[str, Any]:
         return await self.call("POST", f"leases/{lease_id}/renew")  # type: ignore[no-any-return]
@@ -199,11 +207,13 @@ class BrokerClient:
                 reading.cancel()
 
     async def wait_for_grant(self, request_id: str, timeout: float) -> dict[str, Any]:
-        """The request once granted (with its ``lease``), following the event stream.
+        """The request once granted (with its ``lease``), following the event stream and
+        renewing the request meanwhile (a waiter that dies stops renewing: its request
+        expires instead of being granted to nobody).
 
-        Raises ``GrantTimeout`` after ``timeout`` seconds (the request stays queued:
-        the caller decides whether to cancel it) and ``BrokerAPIError`` if it ends
-        without a grant.
+        Giving up withdraws the request: after ``timeout`` seconds (``GrantTimeout``) or
+        when the wait is cancelled (Ctrl-C, an abandoned kernel start). Raises
+        ``BrokerAPIError`` if the request ends without a grant.
         """
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -221,10 +231,40 @@ class BrokerClient:
                             )
             raise BrokerAPIError(503, "disconnected", "the broker closed the event stream")
 
+        renewing = asyncio.ensure_future(self._renew_request_while_queued(request_id))
         try:
             return await asyncio.wait_for(follow(), timeout)
         except asyncio.TimeoutError:
-            raise GrantTimeout(await self.request(request_id), loop.time() - start) from None
+            last = await self.request(request_id)
+            await self._withdraw(request_id)
+            raise GrantTimeout(last, loop.time() - start) from None
+        except BaseException:
+            await self._withdraw(request_id)
+            raise
+        finally:
+            renewing.cancel()
+
+    async def _renew_request_while_queued(self, request_id: str) -> None:
+        """Renew a queued request every third of its TTL until it leaves the queue."""
+        interval = 10.0
+        while True:
+            try:
+                r = await self.renew_request(request_id)
+            except BrokerAPIError as e:
+                if e.status < 500:  # ended, or not ours: nothing left to keep alive
+                    return
+            except OSError:
+                pass  # the broker is unreachable for now: try again next beat
+            else:
+                if r["state"] != "queued":
+                    return
+                interval = (r.get("ttl_s") or 3 * interval) / 3
+            await asyncio.sleep(interval)
+
+    async def _withdraw(self, request_id: str) -> None:
+        """Cancel a request that is no longer waited for (or release it, granted meanwhile)."""
+        with contextlib.suppress(BrokerAPIError, OSError):
+            await self.cancel(request_id)
 
 
 class _Streamed(HTTPMessageDelegate):

@@ -95,7 +95,19 @@ class GPUBroker(LoggingConfigurable):
         config=True
     )
     lease_ttl = Float(
-        120.0, help="Seconds a lease lives without a heartbeat before it expires."
+        120.0, help="Seconds a lease lives without a heartbeat from its holder before it expires."
+    ).tag(config=True)
+    request_ttl = Float(
+        None,
+        allow_none=True,
+        help="Seconds a request waiting in the queue lives without a heartbeat from its holder "
+        "(the client waiting for it) before it expires; None: lease_ttl.",
+    ).tag(config=True)
+    vacate_timeout = Float(
+        60.0,
+        help="Seconds the devices of an ended lease wait for its processes to exit (as NVML "
+        "lists them) before they are drained with the lingering pid as the reason; until "
+        "then nobody is granted them.",
     ).tag(config=True)
     tick_interval = Float(
         2.0, help="Seconds between the broker's housekeeping passes (expiry, scheduling)."
@@ -213,7 +225,14 @@ class GPUBroker(LoggingConfigurable):
         "are the program's). Double-bit ECC errors always drain.",
     ).tag(config=True)
 
-    @validate("idle_timeout", "grace", "stalled_timeout", "healthy_for", "max_temperature")
+    @validate(
+        "idle_timeout",
+        "grace",
+        "stalled_timeout",
+        "healthy_for",
+        "max_temperature",
+        "vacate_timeout",
+    )
     def _not_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not value >= 0:
@@ -240,8 +259,10 @@ class GPUBroker(LoggingConfigurable):
             raise TraitError(f"GPUBroker.{name}: {e.message}") from None
         return value
 
-    @validate("lease_ttl", "tick_interval", "sample_interval", "samples_kept")
-    def _positive(self, proposal: dict[str, Any]) -> float:
+    @validate("lease_ttl", "request_ttl", "tick_interval", "sample_interval", "samples_kept")
+    def _positive(self, proposal: dict[str, Any]) -> float | None:
+        if proposal["value"] is None:  # request_ttl: the lease's
+            return None
         value = float(proposal["value"])
         if not value > 0:
             raise TraitError(f"{proposal['trait'].name} must be positive, not {value}")
@@ -288,8 +309,14 @@ class GPUBroker(LoggingConfigurable):
             store,
             self.backend.inventory(),
             policy=policy,
-            config=BrokerConfig(lease_ttl_s=self.lease_ttl, dynamic_mig=self.dynamic_mig),
+            config=BrokerConfig(
+                lease_ttl_s=self.lease_ttl,
+                request_ttl_s=self.request_ttl,
+                dynamic_mig=self.dynamic_mig,
+                vacate_timeout_s=self.vacate_timeout,
+            ),
             partitioner=MigPartitioner(self.backend) if self.dynamic_mig else None,
+            processes=self.backend,
         )
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())

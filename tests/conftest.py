@@ -42,6 +42,7 @@ def broker_config(tmp_path) -> dict[str, Any]:
         "state_file": str(tmp_path / "broker" / "state.sqlite"),
         "tick_interval": 0.2,
         "lease_ttl": 4.0,
+        "request_ttl": 60.0,  # what the tests queue through the API is not renewed
     }
 
 

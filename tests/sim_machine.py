@@ -81,12 +81,14 @@ class Machine:
 
     def run(self, seconds: float) -> list[Decision]:
         """Sample every ``INTERVAL`` seconds for ``seconds`` of virtual time, renewing every
-        lease as its holder would; the decisions made meanwhile."""
+        lease and queued request as its holder would; the decisions made meanwhile."""
         made: list[Decision] = []
         for _ in range(round(seconds / INTERVAL)):
             self.clock.advance(INTERVAL)
             for lease in self.broker.leases():
                 self.broker.renew(lease.id)
+            for r in self.broker.live_requests():
+                self.broker.renew_request(r.id)
             self.broker.tick()
             made += self.sampler.sample()
         self.decisions += made

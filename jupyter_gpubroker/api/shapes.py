@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from ..broker.core import Event, QueueEntry
+from ..broker.core import Event, QueueEntry, Vacating
 from ..broker.models import DeviceReading, Inventory, Lease, Request
 
 
@@ -35,6 +35,7 @@ def request_json(r: Request, entry: QueueEntry | None = None) -> dict[str, Any]:
     d = r.to_json()
     d["submitted_at"] = iso(r.submitted_at)
     d["ended_at"] = iso(r.ended_at)
+    d["expires_at"] = iso(d["expires_at"])
     d["position"] = entry.position if entry else None
     d["eta"] = iso(entry.eta) if entry else None
     return d
@@ -94,12 +95,18 @@ def devices_json(
     kernel_id: str | None = None,
     owners: Mapping[str, str] | None = None,
     drains: Mapping[str, tuple[str, float]] | None = None,
+    vacating: Mapping[str, Vacating] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
     its own kernel's leases only: ``owners`` maps the holders' request ids to their owners.
-    ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices."""
-    drains = drains or {}
+    ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices.
+    ``vacating``: devices of ended leases still waiting for their processes to exit."""
+    drains, vacating = drains or {}, vacating or {}
+
+    def left(uuid: str) -> dict[str, Any] | None:
+        v = vacating.get(uuid)
+        return None if v is None else {"since": iso(v.since), "pids": list(v.pids)}
 
     def drained(*uuids: str) -> dict[str, Any] | None:
         found = next((drains[u] for u in uuids if u in drains), None)
@@ -139,6 +146,7 @@ def devices_json(
                     "gpu_equivalents": round(d.gpu_equivalents, 4),
                     "holder": holder(holders.get(d.uuid)),
                     "drained": drained(d.uuid, g.uuid),
+                    "vacating": left(d.uuid),
                     **reading_json(readings.get(d.uuid)),
                 }
                 for d in sorted(inventory.devices, key=lambda d: d.start or 0)

@@ -1,11 +1,12 @@
 """The broker: one class that holds every decision about GPUs.
 
 ``Broker`` queues requests, grants devices in policy order with EASY
-backfill, keeps leases alive while their holders renew them, and records
-usage. Every front (server extension, hub service, CLI, trace replay, tests)
-drives this class; it never reads the time (a clock is injected), never
-touches hardware (an inventory and an optional MIG partitioner are), and
-commits every change to the store before it returns.
+backfill, keeps requests and leases alive while their holders renew them,
+hands a device on only once its last holder's processes have left it, and
+records usage. Every front (server extension, hub service, CLI, trace replay,
+tests) drives this class; it never reads the time (a clock is injected), never
+touches hardware (an inventory, an optional MIG partitioner and an optional
+process probe are), and commits every change to the store before it returns.
 
 The queue is kept in *buckets*: one FIFO per (user, group, class, size).
 Priorities only ever grow with age, so within a bucket the oldest request is
@@ -71,12 +72,36 @@ class Partitioner(Protocol):
     def destroy(self, device_uuid: str) -> None: ...
 
 
+class ProcessProbe(Protocol):
+    """What runs on a device (``jupyter_gpubroker.nvml.NvmlBackend``): the pids of its
+    compute processes, ``()`` when none or when the device cannot be asked."""
+
+    def compute_pids(self, device_uuid: str) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class Vacating:
+    """A device whose lease ended while a process still ran on it: granted to nobody
+    until that process is gone, drained once ``vacate_timeout_s`` has passed."""
+
+    since: float
+    lease_id: str
+    """The lease that ended ("" when the device was found busy at the broker's start)."""
+    pids: tuple[int, ...]
+
+
 @dataclass
 class BrokerConfig:
     """Knobs of the broker itself (the policy has its own)."""
 
     lease_ttl_s: float = 120.0
     """A lease whose holder stops renewing for this long expires."""
+    request_ttl_s: float | None = None
+    """A queued request whose holder stops renewing for this long expires (None: the
+    lease TTL)."""
+    vacate_timeout_s: float = 60.0
+    """How long an ended lease's devices wait for its processes to exit before they are
+    drained (only with a process probe)."""
     dynamic_mig: bool = False
     """Re-cut idle MIG GPUs to fit waiting profiles (needs a partitioner)."""
     default_share: float = 1.0
@@ -90,6 +115,10 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.lease_ttl_s <= MAX_DURATION_S:
             raise InvalidRequest("lease_ttl_s must be between 1 s and a year")
+        if self.request_ttl_s is not None and not 1 <= self.request_ttl_s <= MAX_DURATION_S:
+            raise InvalidRequest("request_ttl_s must be between 1 s and a year")
+        if not 0 <= self.vacate_timeout_s <= MAX_DURATION_S:
+            raise InvalidRequest("vacate_timeout_s must be between 0 and a year")
         if not self.default_share > 0:
             raise InvalidRequest("default_share must be positive")
         if not 0 < self.history_weight <= 1:
@@ -202,13 +231,17 @@ class Broker:
         policy: Policy | None = None,
         config: BrokerConfig | None = None,
         partitioner: Partitioner | None = None,
+        processes: ProcessProbe | None = None,
     ) -> None:
+        """``processes``: what runs on a device. Without one, a lease's devices are free
+        the moment it ends (the replay, engines that enforce placement themselves)."""
         self.store = store
         self.inventory = inventory
         self.clock = clock or SystemClock()
         self.policy = policy or BrokerPolicy()
         self.config = config or BrokerConfig()
         self.partitioner = partitioner
+        self.processes = processes
         if self.config.dynamic_mig and partitioner is None:
             raise InvalidRequest("dynamic MIG needs a partitioner")
         self.placer = Placer(inventory)
@@ -244,6 +277,10 @@ class Broker:
         # and per class, the shape ("" in the coarser keys) being what a lease held
         self._history: dict[tuple[str, str, str], float] = {}
         self._drains: dict[str, tuple[str, float]] = {}
+        self._vacating: dict[str, Vacating] = {}
+        self._request_deadlines: list[tuple[float, str]] = []
+        """(expires_at, request id) of queued requests, a heap; stale entries (renewed,
+        ended) are skipped as they come up."""
         self._seq = store.next_seq()
         self._restore()
         self._recalc(self.clock.now())
@@ -303,12 +340,15 @@ class Broker:
             submitted_at=now,
             owner=owner,
             expected_duration_s=expected_duration_s,
+            expires_at=now + self.request_ttl_s,
+            ttl_s=self.request_ttl_s,
         )
         self._check_quota_admits(r, now)
         with self.store.transaction():
             self.store.insert_request(r, self._seq)
         self._seq += 1
         self._enqueue(r)
+        heapq.heappush(self._request_deadlines, (now + self.request_ttl_s, r.id))
         if self._new_entity(r):
             self._recalc_due = True
         self._emit(Event("queued", now, user, r.id, detail={"size": size.key}))
@@ -323,13 +363,23 @@ class Broker:
             assert r.lease_id is not None
             self.release(r.lease_id, user)
             return r
-        now = self.clock.now()
-        r.state, r.ended_at, r.reason = RequestState.CANCELLED, now, "cancelled by its owner"
-        with self.store.transaction():
-            self.store.end_request(r)
-        self._dequeue(r)
-        self._emit(Event("cancelled", now, r.user, r.id))
+        self._end_queued(r, RequestState.CANCELLED, "cancelled by its owner")
         self.schedule()
+        return r
+
+    @property
+    def request_ttl_s(self) -> float:
+        return self.config.request_ttl_s or self.config.lease_ttl_s
+
+    def renew_request(self, request_id: str, user: str | None = None) -> Request:
+        """Keep a queued request alive for another TTL: its holder's heartbeat while it
+        waits. A granted one is returned as it is (its lease is renewed instead)."""
+        r = self._own_request(request_id, user)
+        if r.state is RequestState.QUEUED:
+            r.expires_at = self.clock.now() + self.request_ttl_s
+            with self.store.transaction():
+                self.store.renew_request(r)
+            heapq.heappush(self._request_deadlines, (r.expires_at, r.id))
         return r
 
     def request(self, request_id: str, user: str | None = None) -> Request:
@@ -434,11 +484,22 @@ class Broker:
         """Drained GPU or device UUID -> (reason, since when)."""
         return dict(self._drains)
 
+    def vacating(self) -> dict[str, Vacating]:
+        """Devices of ended leases that a process still runs on, by UUID."""
+        return dict(self._vacating)
+
     def tick(self) -> list[Lease]:
-        """Expire leases whose holders stopped renewing, then schedule. Call periodically."""
+        """Expire leases and queued requests whose holders stopped renewing, free or drain
+        the devices that were vacating, then schedule. Call periodically."""
         now = self.clock.now()
         for lease in [x for x in self._leases.values() if x.expires_at <= now]:
             self._end_lease(lease, LeaseState.EXPIRED, "its holder stopped renewing it")
+        deadlines = self._request_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            r = self._live.get(heapq.heappop(deadlines)[1])
+            if r is not None and r.state is RequestState.QUEUED and (r.expires_at or 0) <= now:
+                self._end_queued(r, RequestState.EXPIRED, "its holder stopped renewing it")
+        self._check_vacating(now)
         granted = self.schedule()
         self.store.checkpoint()
         return granted
@@ -601,6 +662,15 @@ class Broker:
         self._waiting.remove(r)
         if r.state is not RequestState.GRANTED:
             del self._live[r.id]
+
+    def _end_queued(self, r: Request, state: RequestState, reason: str) -> None:
+        """End a request that never got a grant (cancelled, expired, refused)."""
+        now = self.clock.now()
+        r.state, r.ended_at, r.reason = state, now, reason
+        with self.store.transaction():
+            self.store.end_request(r)
+        self._dequeue(r)
+        self._emit(Event(state.value, now, r.user, r.id, detail={"reason": reason}))
 
     def _own_request(self, request_id: str, user: str | None) -> Request:
         r = self.request(request_id, user)
@@ -788,9 +858,9 @@ class Broker:
         self._add_accruing(lease, -1.0)
         del self._leases[lease.id], self._expected_end[lease.id]
         del self._live[r.id]
-        self.placer.release(lease.devices)
         for d in lease.devices:
             self._holder.pop(d, None)
+        self._vacate(lease, now)
         hours = lease.gpu_equivalents * (now - lease.granted_at) / 3600.0
         for entity in self._entities(lease.user, lease.group):
             self._held_eq[entity] -= lease.gpu_equivalents
@@ -799,6 +869,45 @@ class Broker:
         self._learn(r.user, r.job_class.value, shape, now - lease.granted_at)
         detail = {"reason": reason} if reclaim is None else {"reason": reason, "cause": reclaim[0]}
         self._emit(Event(state.value, now, lease.user, r.id, lease.id, detail))
+
+    def _vacate(self, lease: Lease, now: float) -> None:
+        """Give an ended lease's devices back, each once no process runs on it.
+
+        The rule: a device that the probe shows a compute process on when its lease ends
+        (the previous holder's: nobody else was allowed on it) stays out of placement as
+        *vacating*; ``tick`` frees it once the probe shows it empty, or drains it, naming
+        the process, after ``vacate_timeout_s``. A device showing nothing is free at once,
+        so an ordinary release is granted again in the same pass.
+        """
+        busy = {d: self._pids(d) for d in lease.devices}
+        self.placer.release(d for d, pids in busy.items() if not pids)
+        for d, pids in busy.items():
+            if pids:
+                self._vacating[d] = Vacating(now, lease.id, pids)
+                detail = {"device": d, "pids": list(pids)}
+                self._emit(Event("vacating", now, lease.user, lease.request_id, lease.id, detail))
+
+    def _pids(self, uuid: str) -> tuple[int, ...]:
+        if self.processes is None or uuid not in self.placer.devices:
+            return ()
+        return self.processes.compute_pids(uuid)
+
+    def _check_vacating(self, now: float) -> None:
+        for uuid, v in list(self._vacating.items()):
+            pids = self._pids(uuid)
+            if pids and now - v.since < self.config.vacate_timeout_s:
+                continue
+            del self._vacating[uuid]
+            if pids:
+                after = f"lease {v.lease_id} ended" if v.lease_id else "the broker started"
+                self.drain(
+                    uuid,
+                    f"process {pids[0]} still ran on it {now - v.since:.0f} s after {after}; "
+                    "undrain it once that process is gone",
+                )
+            self.placer.release([uuid])
+            if not pids:
+                self._emit(Event("vacated", now, "", lease_id=v.lease_id, detail={"device": uuid}))
 
     def _device_event(self, kind: str, uuid: str, now: float, reason: str) -> None:
         """A machine-wide event about a GPU or device, then one to each lease holding it."""
@@ -1049,18 +1158,23 @@ class Broker:
         for r in live:
             self._new_entity(r)  # live users count in the share totals, as they did before
             if r.state is RequestState.QUEUED:
+                # Like a lease: a fresh TTL for its holder to find the broker again.
+                r.expires_at = max(r.expires_at or now, now + self.request_ttl_s)
+                r.ttl_s = self.request_ttl_s
                 self._enqueue(r)
+                heapq.heappush(self._request_deadlines, (r.expires_at, r.id))
         self._drains = self.store.drains()
         for uuid in self._drains:
             self.placer.drain(uuid)
+        for uuid in [u for u in self.placer.devices if u not in self._holder]:
+            pids = self._pids(uuid)  # a lease ended before the restart, its process lingers
+            if pids:
+                self.placer.hold([uuid])
+                self._vacating[uuid] = Vacating(now, "", pids)
         for lease, reason in lost:
             self._end_lease(lease, LeaseState.RECLAIMED, reason, ("lost", {"reason": reason}))
         for r in [r for r in self._live.values() if r.state is RequestState.QUEUED]:
             try:
                 self._check_satisfiable(r.size)
             except Unsatisfiable as e:
-                r.state, r.ended_at, r.reason = RequestState.REFUSED, now, e.message
-                with self.store.transaction():
-                    self.store.end_request(r)
-                self._dequeue(r)
-                self._emit(Event("refused", now, r.user, r.id, detail={"reason": e.message}))
+                self._end_queued(r, RequestState.REFUSED, e.message)

@@ -270,6 +270,10 @@ class Request:
     lease_id: str | None = None
     ended_at: float | None = None
     reason: str = ""
+    expires_at: float | None = None
+    """While queued: when it expires unless its holder renews it (``Broker.renew_request``)."""
+    ttl_s: float | None = None
+    """How long a renewal keeps it queued. Not stored: the broker's configuration sets it."""
 
     @property
     def group(self) -> str:
@@ -290,6 +294,8 @@ class Request:
             "lease_id": self.lease_id,
             "ended_at": self.ended_at,
             "reason": self.reason,
+            "expires_at": self.expires_at if self.state is RequestState.QUEUED else None,
+            "ttl_s": self.ttl_s if self.state is RequestState.QUEUED else None,
         }
 
 

@@ -124,6 +124,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX device_events_at ON device_events(uuid, at);
     """,
+    # 3: a queued request lives while its holder renews it
+    """
+    ALTER TABLE requests ADD COLUMN expires_at REAL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -193,7 +197,7 @@ class Store:
     def insert_request(self, r: Request, seq: int) -> None:
         self.conn.execute(
             "INSERT INTO requests (id, seq, user, groups, size, job_class, owner, submitted_at,"
-            " expected_duration_s, state) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            " expected_duration_s, state, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 r.id,
                 seq,
@@ -205,8 +209,12 @@ class Store:
                 r.submitted_at,
                 r.expected_duration_s,
                 r.state.value,
+                r.expires_at,
             ),
         )
+
+    def renew_request(self, r: Request) -> None:
+        self.conn.execute("UPDATE requests SET expires_at=? WHERE id=?", (r.expires_at, r.id))
 
     def end_request(self, r: Request) -> None:
         self.conn.execute(
@@ -373,6 +381,7 @@ def request_from_row(row: dict[str, Any]) -> Request:
         lease_id=row["lease_id"],
         ended_at=row["ended_at"],
         reason=row["reason"],
+        expires_at=row["expires_at"],
     )
 
 

@@ -2,8 +2,9 @@
 
 A kernel holds at most one live request: the provisioner's (a GPU kernelspec) or one
 made with ``%gpu request``. The ``Tracker`` follows it through the event feed; the
-``Session`` pins the granted devices in the process environment, renews leases it
-obtained itself (the provisioner renews its own), and unpins them when the lease ends.
+``Session`` renews its ``%gpu`` request while it waits, pins the granted devices in the
+process environment, renews leases it obtained itself (the provisioner renews its own),
+and unpins them when the lease ends.
 """
 
 from __future__ import annotations
@@ -238,47 +239,54 @@ class Session:
         tracker.update(self.call(self.client.cancel(tracker.id)))
 
     def changed(self, tracker: Tracker) -> None:
-        """Pin the devices of a grant in this process's environment; unpin them when the
-        lease ends."""
+        """Keep a waiting request alive; pin the devices of a grant in this process's
+        environment; unpin them when the lease ends."""
         lease = tracker.lease
-        if tracker.state == "granted" and lease is not None:
+        if tracker.state == "queued":
+            self._renew("request", tracker.request)
+        elif tracker.state == "granted" and lease is not None:
             devices = ",".join(lease["devices"])
             os.environ.update(CUDA_VISIBLE_DEVICES=devices, NVIDIA_VISIBLE_DEVICES=devices)
             self._pinned = tracker.id
             if lease["id"] != os.environ.get(LEASE_ENV):
-                self._renew(lease)
-        elif tracker.state not in LIVE and self._pinned == tracker.id:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # nothing held: no device visible
-            os.environ.pop("NVIDIA_VISIBLE_DEVICES", None)
-            self._pinned = None
+                self._renew("lease", lease)
+            else:
+                self._stop_renewing()  # the provisioner's own: it renews it
+        elif tracker.state not in LIVE:
             self._stop_renewing()
+            if self._pinned == tracker.id:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ""  # nothing held: no device visible
+                os.environ.pop("NVIDIA_VISIBLE_DEVICES", None)
+                self._pinned = None
 
-    # -- heartbeat of leases obtained by %gpu
+    # -- heartbeat of the %gpu request while it waits, then of its lease
 
-    def _renew(self, lease: dict[str, Any]) -> None:
-        if self._heartbeat is not None and self._heartbeat[0] == lease["id"]:
+    def _renew(self, kind: str, held: dict[str, Any]) -> None:
+        """Renew ``held``, a queued request or a lease (``kind``), every third of its TTL."""
+        if self._heartbeat is not None and self._heartbeat[0] == held["id"]:
             return
         self._stop_renewing()
-        self._heartbeat = (lease["id"], self.runner.submit(self._heartbeats(lease)))
+        self._heartbeat = (held["id"], self.runner.submit(self._heartbeats(kind, held)))
 
     def _stop_renewing(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat[1].cancel()
             self._heartbeat = None
 
-    async def _heartbeats(self, lease: dict[str, Any]) -> None:
-        """Renew every third of the lease's TTL while this kernel process lives."""
+    async def _heartbeats(self, kind: str, held: dict[str, Any]) -> None:
+        """Renew while this kernel process lives (and the request or lease does)."""
+        renew = self.client.renew if kind == "lease" else self.client.renew_request
         while True:
-            await asyncio.sleep(lease["ttl_s"] / 3)
+            await asyncio.sleep(held["ttl_s"] / 3)
             try:
-                await self.client.renew(lease["id"])
+                await renew(held["id"])
             except BrokerAPIError as e:  # ended elsewhere: expired, reclaimed, released
-                self.log.warning("GPU lease %s lost: %s", lease["id"], e.message)
+                self.log.warning("GPU %s %s lost: %s", kind, held["id"], e.message)
                 if self.tracker is not None:
                     await self.tracker.refresh()
                 return
             except TRANSIENT as e:
-                self.log.info("GPU lease %s not renewed this time: %s", lease["id"], e)
+                self.log.info("GPU %s %s not renewed this time: %s", kind, held["id"], e)
 
     # -- the rest of the API, as %gpu shows it
 

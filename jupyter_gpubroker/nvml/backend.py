@@ -214,6 +214,16 @@ class NvmlBackend:
         uuids = dict.fromkeys([*(g.uuid for g in inv.gpus), *(d.uuid for d in inv.devices)])
         return {uuid: self.read(uuid) for uuid in uuids}
 
+    def compute_pids(self, device_uuid: str) -> tuple[int, ...]:
+        """Pids of the compute processes on a GPU or MIG device (the broker's process
+        probe); ``()`` when there are none or NVML cannot tell (a lost GPU is drained by
+        its health check instead)."""
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
+            return tuple(p.pid for p in _processes(handle))
+        except pynvml.NVMLError:
+            return ()
+
     def _read(self, uuid: str, handle: Any) -> DeviceReading:
         unsupported: list[str] = []
 

@@ -33,6 +33,7 @@ memory utilization.
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import threading
 import time
@@ -120,12 +121,22 @@ class _Unit:
     memory_utilization: int = 0
     memory_used_mib: int = 0
     """Memory in use besides the listed processes."""
-    processes: dict[int, int] = field(default_factory=dict)
-    """pid -> used MiB."""
+    pids: dict[int, int] = field(default_factory=dict)
+    """pid -> used MiB (read through ``processes``)."""
+    followed: set[int] = field(default_factory=set)
+    """Pids of real OS processes: listed while they run, gone once they exit."""
     busy_s: float = 0.0
     memory_busy_s: float = 0.0
     """Utilization and memory utilization integrated over time (GPM's counters)."""
     accrued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def processes(self) -> dict[int, int]:
+        """pid -> used MiB of what runs here now (a followed process that exited is gone)."""
+        for pid in [p for p in self.followed if not _running(p)]:
+            self.followed.discard(pid)
+            self.pids.pop(pid, None)
+        return self.pids
 
     def used_mib(self) -> int:
         return self.memory_used_mib + sum(self.processes.values())
@@ -262,6 +273,22 @@ class _EventSet:
 
 
 # ------------------------------------------------------------------ ctypes plumbing
+
+
+def _running(pid: int) -> bool:
+    """Whether OS process ``pid`` exists and is no zombie (an exited child not yet reaped
+    has released its devices)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:  # no /proc: believe kill
+        return True
 
 
 def _val(arg: Any) -> Any:
@@ -499,14 +526,22 @@ class SimulatedNvml:
                     )
                 unit.memory_used_mib = memory_used_mib
 
-    def add_process(self, uuid: str, pid: int, used_memory_mib: int = 0) -> None:
-        """Start a fake compute process on a whole GPU or a MIG device."""
+    def add_process(
+        self, uuid: str, pid: int, used_memory_mib: int = 0, *, follow: bool = False
+    ) -> None:
+        """Start a fake compute process on a whole GPU or a MIG device. ``follow``: ``pid``
+        is a real OS process (a kernel), listed for as long as it runs, as NVML lists a
+        process that keeps a device open until it exits."""
         with self._lock:
-            self._load_target(uuid).processes[pid] = used_memory_mib
+            unit = self._load_target(uuid)
+            unit.processes[pid] = used_memory_mib
+            if follow:
+                unit.followed.add(pid)
 
     def remove_process(self, uuid: str, pid: int) -> None:
         with self._lock:
             unit = self._load_target(uuid)
+            unit.followed.discard(pid)
             if unit.processes.pop(pid, None) is None:
                 raise ValueError(f"no simulated process {pid} on {uuid}")
 

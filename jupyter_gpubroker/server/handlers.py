@@ -157,6 +157,7 @@ class DevicesHandler(BrokerHandler):
             kernel_id=self.scope.kernel_id,
             owners=owners,
             drains=core.drained(),
+            vacating=core.vacating(),
         )
         self.reply({"gpus": gpus})
 
@@ -235,6 +236,14 @@ class RequestHandler(BrokerHandler):
     def delete(self, request_id: str) -> None:
         r = self.own_request(request_id)
         self.reply(self.with_lease(self.runtime.core.cancel(r.id)))
+
+
+class RequestRenewHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def post(self, request_id: str) -> None:
+        r = self.own_request(request_id)
+        self.reply(self.with_lease(self.runtime.core.renew_request(r.id)))
 
 
 class LeasesHandler(BrokerHandler):
@@ -437,6 +446,7 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         ("queue", QueueHandler),
         ("requests", RequestsHandler),
         (f"requests/{ident}", RequestHandler),
+        (f"requests/{ident}/renew", RequestRenewHandler),
         ("leases", LeasesHandler),
         (f"leases/{ident}", LeaseHandler),
         (f"leases/{ident}/renew", RenewHandler),

@@ -147,7 +147,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             return await client.wait_for_grant(r["id"], self.wait_timeout)
         except GrantTimeout as e:
             await self._give_back(client)
-            raise RuntimeError(f"{e}; the request was withdrawn, try again later") from None
+            raise RuntimeError(f"{e}; try again later") from None
         except BaseException:  # start cancelled or failed: leave no request behind
             with contextlib.suppress(Exception):
                 await self._give_back(client)
@@ -200,10 +200,29 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             try:
                 await client.renew(lease_id)
             except BrokerAPIError as e:
-                self.log.warning("Kernel %s lost its GPU lease: %s", self.kernel_id, e.message)
+                await self._log_lease_end(client, lease_id, e)
                 return
             except Exception as e:  # broker unreachable for now: try again next beat
                 self.log.warning("Kernel %s could not renew its GPU lease: %s", self.kernel_id, e)
+
+    async def _log_lease_end(self, client: BrokerClient, lease_id: str, e: BrokerAPIError) -> None:
+        """Why the lease could not be renewed: given back through the API (``%gpu release``)
+        is the user's choice, an info line; expired or reclaimed is a loss, a warning."""
+        try:
+            lease = await client.lease(lease_id)
+        except Exception:
+            lease = None
+        if lease is not None and lease["state"] == "released":
+            self.log.info(
+                "Kernel %s gave its GPU lease %s back (%s)",
+                self.kernel_id,
+                lease_id,
+                lease["reason"],
+            )
+        else:
+            self.log.warning(
+                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, e.message
+            )
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:

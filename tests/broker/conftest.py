@@ -10,7 +10,7 @@ import pytest
 from broker_helpers import WEDNESDAY_10AM, whole_inventory
 
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.core import Broker, BrokerConfig, Partitioner
+from jupyter_gpubroker.broker.core import Broker, BrokerConfig, Partitioner, ProcessProbe
 from jupyter_gpubroker.broker.models import Inventory
 from jupyter_gpubroker.broker.policy import Policy
 from jupyter_gpubroker.broker.store import Store
@@ -39,7 +39,8 @@ BrokerFactory = Callable[..., Broker]
 @pytest.fixture
 def make_broker(clock: VirtualClock, store: Store) -> BrokerFactory:
     """A broker on the in-memory store and the virtual clock; keywords override
-    ``inventory`` (default: 4 whole GPUs), ``store``, ``policy``, ``config``, ``partitioner``.
+    ``inventory`` (default: 4 whole GPUs), ``store``, ``policy``, ``config``, ``partitioner``,
+    ``processes``.
     Calls share the test's store: a second broker restores what the first one wrote."""
 
     def make(
@@ -49,6 +50,7 @@ def make_broker(clock: VirtualClock, store: Store) -> BrokerFactory:
         policy: Policy | None = None,
         config: BrokerConfig | None = None,
         partitioner: Partitioner | None = None,
+        processes: ProcessProbe | None = None,
     ) -> Broker:
         return Broker(
             store,
@@ -57,6 +59,7 @@ def make_broker(clock: VirtualClock, store: Store) -> BrokerFactory:
             policy=policy,
             config=config,
             partitioner=partitioner,
+            processes=processes,
         )
 
     return make

@@ -206,6 +206,7 @@ def test_tick_expires_leases_not_renewed_and_frees_them_for_the_queue(make_broke
     dead_devices = broker.lease(dead.lease_id).devices
     clock.advance(99)
     broker.renew(alive.lease_id)
+    broker.renew_request(waiting.id)  # carol still waits
     assert broker.tick() == []
     clock.advance(1)  # bob's lease is exactly 100 s old
     granted = broker.tick()

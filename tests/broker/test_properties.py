@@ -3,7 +3,8 @@
 - a device is never held by two leases, in memory or in the SQLite file;
 - a grant never takes a user past their concurrent quota;
 - queue positions are always exactly 1..n;
-- under aging, every request is eventually granted (none starves).
+- under aging, every request is eventually granted (none starves);
+- nothing is granted to a holder that stopped renewing its request.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class BrokerMachine(RuleBasedStateMachine):
     def _on_event(self, event) -> None:  # type: ignore[no-untyped-def]
         if event.kind != "granted":
             return
+        if event.user == "dee" and event.detail["waited_s"] >= self.broker.request_ttl_s:
+            self.violations.append(f"{event.request_id} granted after its holder left")
         limit = self.limits.get(event.user)
         held = sum(x.gpu_equivalents for x in self.broker.leases(event.user))
         if limit is not None and held > limit + 1e-9:
@@ -83,7 +86,11 @@ class BrokerMachine(RuleBasedStateMachine):
         for lease in self.broker.leases():
             if lease.user != "dee":  # dee's kernels die silently: their leases must expire
                 self.broker.renew(lease.id, lease.user)
+        for entry in self.broker.queue():
+            if entry.request.user != "dee":  # and so must the requests they left queued
+                self.broker.renew_request(entry.request.id, entry.request.user)
         self.broker.tick()
+        assert all(e.request.expires_at > self.clock.now() for e in self.broker.queue())
 
     @rule(user=st.sampled_from(USERS), limit=st.one_of(st.none(), st.sampled_from([1.0, 2.0, 3.0])))
     def set_quota(self, user: str, limit: float | None) -> None:
@@ -102,7 +109,7 @@ class BrokerMachine(RuleBasedStateMachine):
         }
 
     @invariant()
-    def quotas_respected_at_every_grant(self) -> None:
+    def quotas_respected_and_nothing_granted_to_who_left(self) -> None:
         assert not self.violations, self.violations
 
     @invariant()

@@ -168,3 +168,24 @@ def test_broker_state_file_is_created_under_missing_directories(tmp_path, clock)
     broker = Broker(Store(path), whole_inventory(1), clock=clock)
     broker.submit("alice", Size(gpus=1))
     assert path.exists()
+
+
+def test_a_request_queued_before_the_upgrade_gets_a_ttl_from_the_broker(state_file, clock):
+    """A version-2 file (no request liveness) upgrades in place; its queued request lives on
+    with a fresh TTL, as a lease does after a restart."""
+    conn = sqlite3.connect(state_file)
+    for script in MIGRATIONS[:2]:
+        conn.executescript(script)
+    conn.execute("PRAGMA user_version=2")
+    conn.execute(
+        "INSERT INTO requests (id, seq, user, groups, size, job_class, submitted_at, state)"
+        " VALUES ('r-old', 1, 'alice', '[]', 'gpus=1', 'batch', 10.0, 'queued')"
+    )
+    conn.commit()
+    conn.close()
+    broker = Broker(Store(state_file), whole_inventory(1), clock=clock)
+    assert broker.store.schema_version == SCHEMA_VERSION
+    r = broker.request("r-old")
+    assert r.state is RequestState.QUEUED and r.expires_at == clock.now() + 120.0
+    broker.tick()
+    assert broker.request("r-old").state is RequestState.GRANTED

@@ -225,6 +225,21 @@ async def test_interrupt_or_timeout_withdraws_a_waiting_request(
     assert q["length"] == 0
 
 
+async def test_a_request_left_waiting_is_kept_alive_by_its_kernel(
+    kernel, notebook, api, fill, wait_until, jp_serverapp
+):
+    config = jp_serverapp.web_app.settings["gpubroker"].core.config
+    config.request_ttl_s, config.lease_ttl_s = 1.0, 60.0  # the other workload's leases last
+    kid = await kernel()
+    await fill(7)
+    await notebook(kid, "%gpu request 1g.10gb --no-wait")
+    waiting = await wait_until(lambda: queued_request(api, kid))
+    _, before = await api("GET", f"requests/{waiting['id']}")
+    await asyncio.sleep(3.0)  # three TTLs: the kernel's heartbeat renews it meanwhile
+    _, after = await api("GET", f"requests/{waiting['id']}")
+    assert after["state"] == "queued" and after["expires_at"] > before["expires_at"]
+
+
 async def test_plain_kernel_asks_for_the_broker_then_uses_a_jupyter_token(
     kernel, notebook, broker_env
 ):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import pynvml
@@ -165,3 +167,22 @@ def test_a_simulated_backend_leaves_pynvml_as_it_found_it():
     backend.close()  # closing twice is harmless
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         backend.inventory()
+
+
+def test_a_followed_process_is_listed_on_its_device_until_it_exits(open_sim):
+    """The broker's process probe: a kernel that keeps its MIG slice open shows on it for
+    as long as the process runs, as NVML shows it."""
+    backend = open_sim("h200-mig-balanced")
+    device = backend.inventory().devices[1]
+    assert backend.compute_pids(device.uuid) == ()
+    kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        backend.simulator.add_process(device.uuid, kernel.pid, 300, follow=True)
+        assert backend.compute_pids(device.uuid) == (kernel.pid,)
+        assert backend.read(device.uuid).processes[0].pid == kernel.pid
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert backend.compute_pids(device.uuid) == ()
+    assert backend.read(device.uuid).processes == ()
+    assert backend.compute_pids("MIG-no-such-device") == ()

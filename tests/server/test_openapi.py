@@ -216,12 +216,19 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     await asyncio.sleep(0.01)
     renewed = await check("POST", f"leases/{lease['id']}/renew", expect=200)
     assert parse(renewed["expires_at"]) > parse(lease["expires_at"])
+    kept = await check("POST", f"requests/{waiting['id']}/renew", expect=200)
+    assert kept["state"] == "queued" and kept["position"] == 1 and kept["ttl_s"] > 0
+    assert parse(kept["expires_at"]) > parse(waiting["expires_at"])
+    assert first["expires_at"] is None  # a granted request lives by its lease
 
     cancelled = await check("DELETE", f"requests/{waiting['id']}", expect=200)
     assert cancelled["state"] == "cancelled" and cancelled["position"] is None
-    assert cancelled["ended_at"] is not None
-    conflict = await check("DELETE", f"requests/{waiting['id']}", expect=409)
-    assert conflict["error"] == "conflict"
+    assert cancelled["ended_at"] is not None and cancelled["expires_at"] is None
+    for method, path in (
+        ("DELETE", f"requests/{waiting['id']}"),
+        ("POST", f"requests/{waiting['id']}/renew"),
+    ):
+        assert (await check(method, path, expect=409))["error"] == "conflict"
 
     released = await check("DELETE", f"leases/{lease['id']}", expect=200)
     assert released["state"] == "released" and released["ended_at"] is not None
@@ -240,6 +247,7 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     for method, path in (
         ("GET", "requests/r-000000000000"),
         ("DELETE", "requests/r-000000000000"),
+        ("POST", "requests/r-000000000000/renew"),
         ("GET", "leases/l-000000000000"),
         ("DELETE", "leases/l-000000000000"),
         ("POST", "leases/l-000000000000/renew"),
@@ -359,6 +367,7 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
     for method, path, body in (
         ("GET", f"requests/{granted['id']}", None),
         ("DELETE", f"requests/{granted['id']}", None),
+        ("POST", f"requests/{granted['id']}/renew", None),
         ("GET", f"leases/{lease_id}", None),
         ("DELETE", f"leases/{lease_id}", None),
         ("POST", f"leases/{lease_id}/renew", None),
