@@ -451,7 +451,7 @@ class UnknownPathHandler(BrokerHandler):
 
 def handlers() -> list[tuple[str, type[BrokerHandler]]]:
     """URL patterns (relative to the server's base URL) and their handlers."""
-    ident = r"([\w.-]+)"
+    ident = r"([^/]+)"  # any segment: the handler says what is wrong with it (400, 404)
     routes = [
         ("me", MeHandler),
         ("devices", DevicesHandler),
@@ -464,7 +464,7 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         (f"leases/{ident}/renew", RenewHandler),
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),
-        (r"quotas/(user|group)/([^/]+)", QuotaHandler),
+        (f"quotas/{ident}/{ident}", QuotaHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),
         (f"tokens/{ident}", TokenHandler),

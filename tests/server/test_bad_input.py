@@ -109,7 +109,7 @@ async def test_a_quota_put_with_an_empty_body_does_not_reset_the_quota(api: Api)
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE", "PATCH"])
 async def test_an_unknown_api_path_is_the_apis_json_404(api: Api, method: str) -> None:
     raw = "{}" if method in ("POST", "PUT", "PATCH") else None
-    for path in ("nope", "requests/r-1/nope", "quotas/team/x", "leases/l-1/renew/x", "v2/me"):
+    for path in ("nope", "requests/r-1/nope", "quotas/user/x/y", "leases/l-1/renew/x", "v2/me"):
         status, reply = await api(method, path, raw=raw)
         assert status == 404, (method, path, reply)
         assert reply["error"] == "not_found" and path in reply["message"]
