@@ -31,7 +31,7 @@ from ..api.shapes import (
     request_json,
     samples_json,
 )
-from ..broker.core import Event, Quota
+from ..broker.core import QUOTA_BOUNDS, Event, Quota
 from ..broker.errors import BrokerError, Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size
 from ..runtime import GPUBroker, Scope
@@ -326,15 +326,15 @@ class QuotaHandler(BrokerHandler):
     def put(self, kind: str, name: str) -> None:
         self.require_admin()
         data = self.body()
+        unknown = set(data) - set(QUOTA_BOUNDS)
+        if unknown:
+            raise InvalidRequest(f"unknown quota field(s): {', '.join(sorted(unknown))}")
         if all(v is None for v in data.values()):
             raise InvalidRequest(
                 "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
                 "DELETE it to go back to the defaults"
             )
-        try:
-            quota = Quota(**data)
-        except TypeError as e:
-            raise InvalidRequest(f"bad quota: {e}") from None
+        quota = Quota(**data)
         self.runtime.core.set_quota(kind, name, quota)
         self.reply({"kind": kind, "name": name, **quota.to_json()})
 
