@@ -25,7 +25,7 @@ import math
 import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timezone
 from typing import Any, Protocol
 
@@ -38,6 +38,7 @@ from .errors import (
     NotFound,
     PartitionFailed,
     QuotaExceeded,
+    StorageFull,
     Unsatisfiable,
 )
 from .models import (
@@ -50,6 +51,7 @@ from .models import (
     RequestState,
     Size,
     check_name,
+    finite_number,
 )
 from .placement import MigPlan, Placer
 from .policy import BrokerPolicy, Policy
@@ -62,6 +64,14 @@ log = logging.getLogger(__name__)
 MAX_DURATION_S = 366 * 86400.0
 MAX_GROUPS = 32
 MAX_OWNER = 256
+QUOTA_BOUNDS = {
+    "share": (1e-3, 1e6),
+    "max_gpus": (0.0, 1e6),
+    "gpu_hours": (0.0, 1e9),
+    "period_s": (60.0, 10 * 366 * 86400.0),
+}
+"""Each quota field's inclusive range: a share outside it would make fair-share factors
+divide by zero, a period shorter than a minute would make budget periods overflow."""
 
 
 class Partitioner(Protocol):
@@ -171,14 +181,13 @@ class Quota:
     period_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("share", "max_gpus", "gpu_hours", "period_s"):
+        """Refuse any value a later step (fair share, budget periods) could not use."""
+        for name, (lo, hi) in QUOTA_BOUNDS.items():
             v = getattr(self, name)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InvalidRequest(f"quota {name} must be a finite number, not {v!r}")
-            if v < 0 or (name in ("share", "period_s") and v == 0):
-                raise InvalidRequest(f"quota {name} must be positive, not {v!r}")
+            if v is not None and not (finite_number(v) and lo <= v <= hi):
+                raise InvalidRequest(
+                    f"quota {name} must be a number from {lo:.15g} to {hi:.15g}, not {v!r}"
+                )
         if (self.gpu_hours is None) != (self.period_s is None):
             raise InvalidRequest("a GPU-hour budget needs both gpu_hours and period_s")
 
@@ -376,9 +385,10 @@ class Broker:
         waits. A granted one is returned as it is (its lease is renewed instead)."""
         r = self._own_request(request_id, user)
         if r.state is RequestState.QUEUED:
-            r.expires_at = self.clock.now() + self.request_ttl_s
+            expires_at = self.clock.now() + self.request_ttl_s
             with self.store.transaction():
-                self.store.renew_request(r)
+                self.store.renew_request(replace(r, expires_at=expires_at))
+            r.expires_at = expires_at
             heapq.heappush(self._request_deadlines, (r.expires_at, r.id))
         return r
 
@@ -411,9 +421,10 @@ class Broker:
     def renew(self, lease_id: str, user: str | None = None) -> Lease:
         """Extend a lease by its TTL: the holder's heartbeat."""
         lease = self._active_lease(lease_id, user)
-        lease.expires_at = self.clock.now() + lease.ttl_s
+        expires_at = self.clock.now() + lease.ttl_s
         with self.store.transaction():
-            self.store.renew_lease(lease)
+            self.store.renew_lease(replace(lease, expires_at=expires_at))
+        lease.expires_at = expires_at
         return lease
 
     def release(self, lease_id: str, user: str | None = None, *, schedule: bool = True) -> Lease:
@@ -496,9 +507,14 @@ class Broker:
             self._end_lease(lease, LeaseState.EXPIRED, "its holder stopped renewing it")
         deadlines = self._request_deadlines
         while deadlines and deadlines[0][0] <= now:
-            r = self._live.get(heapq.heappop(deadlines)[1])
+            due = heapq.heappop(deadlines)
+            r = self._live.get(due[1])
             if r is not None and r.state is RequestState.QUEUED and (r.expires_at or 0) <= now:
-                self._end_queued(r, RequestState.EXPIRED, "its holder stopped renewing it")
+                try:
+                    self._end_queued(r, RequestState.EXPIRED, "its holder stopped renewing it")
+                except StorageFull:
+                    heapq.heappush(deadlines, due)  # expire it once the file can be written
+                    raise
         self._check_vacating(now)
         granted = self.schedule()
         self.store.checkpoint()
@@ -564,6 +580,9 @@ class Broker:
                     granted.append(self._grant(r, fit, now))
                 except PartitionFailed as e:
                     log.warning("could not re-cut a GPU for request %s: %s", r.id, e.message)
+                except StorageFull as e:  # the change that called this pass is committed
+                    log.warning("no grant until the state file can be written: %s", e.message)
+                    break
                 advance(k)
         finally:
             for w in walks.values():
@@ -589,10 +608,11 @@ class Broker:
         if kind not in ("user", "group"):
             raise InvalidRequest(f"quota kind must be 'user' or 'group', not {kind!r}")
         check_name(name, kind)
+        budget = self._closed_budget((kind, name), quota, self.clock.now())  # before the commit
         with self.store.transaction():
             self.store.upsert_quota(kind, name, quota.to_json())
         self._quotas[(kind, name)] = quota
-        self._load_budget((kind, name), quota, self.clock.now())
+        self._set_budget((kind, name), budget)
         self._recalc_due = True
         self._emit(
             Event(
@@ -666,9 +686,9 @@ class Broker:
     def _end_queued(self, r: Request, state: RequestState, reason: str) -> None:
         """End a request that never got a grant (cancelled, expired, refused)."""
         now = self.clock.now()
+        with self.store.transaction():  # memory changes only once the file has
+            self.store.end_request(replace(r, state=state, ended_at=now, reason=reason))
         r.state, r.ended_at, r.reason = state, now, reason
-        with self.store.transaction():
-            self.store.end_request(r)
         self._dequeue(r)
         self._emit(Event(state.value, now, r.user, r.id, detail={"reason": reason}))
 
@@ -847,13 +867,16 @@ class Broker:
         """End a lease; ``reclaim`` is the (cause, evidence) recorded with a reclaim."""
         now = self.clock.now()
         r = self._live[lease.request_id]
-        lease.state, lease.ended_at, lease.reason = state, now, reason
-        r.state, r.ended_at, r.reason = RequestState(state.value), now, reason
-        with self.store.transaction():
-            self.store.end_lease(lease, r.job_class.value)
-            self.store.end_request(r)
+        r_state = RequestState(state.value)
+        with self.store.transaction():  # memory changes only once the file has
+            self.store.end_lease(
+                replace(lease, state=state, ended_at=now, reason=reason), r.job_class.value
+            )
+            self.store.end_request(replace(r, state=r_state, ended_at=now, reason=reason))
             if reclaim is not None:
                 self.store.insert_reclaim(lease.id, now, reclaim[0], reason, reclaim[1])
+        lease.state, lease.ended_at, lease.reason = state, now, reason
+        r.state, r.ended_at, r.reason = r_state, now, reason
         self._accrue(lease, now)
         self._add_accruing(lease, -1.0)
         del self._leases[lease.id], self._expected_end[lease.id]
@@ -1021,15 +1044,22 @@ class Broker:
                 spent += lease.gpu_equivalents * (now - max(lease.granted_at, start)) / 3600.0
         return spent
 
-    def _load_budget(self, entity: Entity, q: Quota, now: float) -> None:
-        """GPU-hours of ``entity``'s leases that ended in the current period, from the ledger."""
+    def _closed_budget(self, entity: Entity, q: Quota, now: float) -> tuple[int, float] | None:
+        """The current period of ``entity``'s budget and the GPU-hours of its leases that
+        ended in it, from the ledger (None without a budget). Reads only."""
         if q.period_s is None:
-            self._budget_used.pop(entity, None)
-            return
+            return None
         period = int(now // q.period_s)
         rows = self.store.ledger(since=period * q.period_s)
-        spent = sum(r["gpu_hours"] for r in rows if entity in self._entities(r["user"], r["grp"]))
-        self._budget_used[entity] = (period, spent)
+        return period, sum(
+            r["gpu_hours"] for r in rows if entity in self._entities(r["user"], r["grp"])
+        )
+
+    def _set_budget(self, entity: Entity, budget: tuple[int, float] | None) -> None:
+        if budget is None:
+            self._budget_used.pop(entity, None)
+        else:
+            self._budget_used[entity] = budget
 
     def _add_budget(self, entity: Entity, hours: float, now: float) -> None:
         q = self._quotas.get(entity)
@@ -1130,11 +1160,14 @@ class Broker:
         """Rebuild memory from the store after a start or a crash."""
         now = self.clock.now()
         for row in self.store.quotas():
-            self._quotas[(row["kind"], row["name"])] = Quota(
-                row["share"], row["max_gpus"], row["gpu_hours"], row["period_s"]
-            )
-        for entity, q in self._quotas.items():
-            self._load_budget(entity, q, now)
+            entity = (row["kind"], row["name"])
+            try:
+                q = Quota(row["share"], row["max_gpus"], row["gpu_hours"], row["period_s"])
+            except InvalidRequest as e:  # written by an older version that let it through
+                log.warning("ignoring the stored quota of %s %r: %s", *entity, e.message)
+                continue
+            self._quotas[entity] = q
+            self._set_budget(entity, self._closed_budget(entity, q, now))
         horizon = now - 10 * self.policy.half_life_s
         for row in self.store.ledger(since=horizon):
             age = max(now - row["end"], 0.0)

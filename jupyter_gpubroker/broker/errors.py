@@ -72,3 +72,10 @@ class PartitionFailed(BrokerError):
 
     code = "partition_failed"
     status = 503
+
+
+class StorageFull(BrokerError):
+    """The state file could not be written (a full disk or an I/O error); nothing changed."""
+
+    code = "storage_full"
+    status = 507

@@ -7,6 +7,7 @@ every front renders them through ``to_json`` so all of them show one shape.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -156,6 +157,16 @@ class JobClass(str, Enum):
     BATCH = "batch"
 
 
+def finite_number(value: object) -> bool:
+    """A JSON number that fits a float: not a bool, NaN, an infinity or a huge integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the largest float
+        return False
+
+
 def check_name(value: str, what: str) -> str:
     """A user or group name: 1-64 characters of letters, digits and ``_.@+-``."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
@@ -187,6 +198,8 @@ class Size:
                 raise InvalidRequest(f"'gpus' must be a whole number, not {self.gpus!r}")
             if not 1 <= self.gpus <= MAX_GPUS:
                 raise InvalidRequest(f"'gpus' must be between 1 and {MAX_GPUS}, not {self.gpus}")
+        if self.profile is not None and not isinstance(self.profile, str):
+            raise InvalidRequest(f"'profile' must be a MIG profile name, not {self.profile!r}")
         if self.profile is not None and self.profile not in ALL_PROFILE_NAMES:
             raise UnknownProfile(
                 f"unknown MIG profile {self.profile!r}; known profiles: "
@@ -194,11 +207,10 @@ class Size:
             )
         if self.min_memory_gb is not None:
             m = self.min_memory_gb
-            if isinstance(m, bool) or not isinstance(m, (int, float)) or m != m:
-                raise InvalidRequest(f"'min_memory_gb' must be a number, not {m!r}")
-            if not 0 < m <= MAX_MEMORY_GB:
+            if not finite_number(m) or not 0 < m <= MAX_MEMORY_GB:
                 raise InvalidRequest(
-                    f"'min_memory_gb' must be above 0 and at most {MAX_MEMORY_GB:g}, not {m:g}"
+                    f"'min_memory_gb' must be a number above 0 and at most {MAX_MEMORY_GB:g}, "
+                    f"not {m!r}"
                 )
 
     @property

@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlite_utils
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, StorageFull
 from .models import JobClass, Lease, LeaseState, Request, RequestState, Size
 
 # Each entry upgrades the schema by one version; never edit a released one.
@@ -165,14 +165,24 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """All statements inside commit together or not at all."""
-        self.conn.execute("BEGIN IMMEDIATE")
+        """All statements inside commit together or not at all. A full disk or an I/O
+        error on the way is a ``StorageFull`` (HTTP 507), after rolling back."""
         try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as e:
+            if not _out_of_storage(e):
+                raise
+            raise StorageFull(
+                f"the state file {self.path} could not be written ({e}): free disk space "
+                "there, then try again"
+            ) from e
 
     @property
     def schema_version(self) -> int:
@@ -365,6 +375,14 @@ class Store:
                 ],
             )
         )
+
+
+def _out_of_storage(e: sqlite3.OperationalError) -> bool:
+    """SQLITE_FULL (a full disk, or the file at its page limit) or SQLITE_IOERR."""
+    code = getattr(e, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return code & 0xFF in (13, 10)
+    return str(e).startswith(("database or disk is full", "disk I/O error"))
 
 
 def request_from_row(row: dict[str, Any]) -> Request:

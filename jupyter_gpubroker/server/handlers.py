@@ -31,7 +31,7 @@ from ..api.shapes import (
     request_json,
     samples_json,
 )
-from ..broker.core import Event, Quota
+from ..broker.core import QUOTA_BOUNDS, Event, Quota
 from ..broker.errors import BrokerError, Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size
 from ..runtime import GPUBroker, Scope
@@ -49,6 +49,8 @@ class BrokerHandler(APIHandler):
         return self.settings["gpubroker"]  # type: ignore[no-any-return]
 
     async def prepare(self) -> None:  # type: ignore[override]
+        if not self.check_host():  # jupyter-server's DNS-rebinding guard, for kernel tokens too
+            raise web.HTTPError(403, "the Host header does not name this server")
         token = self.request.headers.get(TOKEN_HEADER)
         if token is None:
             await super().prepare()
@@ -90,10 +92,14 @@ class BrokerHandler(APIHandler):
         super()._handle_request_exception(e)  # type: ignore[arg-type]
 
     def body(self) -> dict[str, Any]:
+        """The body's JSON object; an empty body, bytes that are not UTF-8 and JSON that
+        is malformed or nested too deep are 400s."""
+        if not self.request.body:
+            raise InvalidRequest("the body is empty: send a JSON object")
         try:
-            data = json.loads(self.request.body or b"{}")
-        except json.JSONDecodeError as e:
-            raise InvalidRequest(f"the body is not valid JSON: {e}") from None
+            data = json.loads(self.request.body)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+            raise InvalidRequest(f"the body is not valid UTF-8 JSON: {e}") from None
         if not isinstance(data, dict):
             raise InvalidRequest("the body must be a JSON object")
         return data
@@ -329,10 +335,15 @@ class QuotaHandler(BrokerHandler):
     def put(self, kind: str, name: str) -> None:
         self.require_admin()
         data = self.body()
-        try:
-            quota = Quota(**data)
-        except TypeError as e:
-            raise InvalidRequest(f"bad quota: {e}") from None
+        unknown = set(data) - set(QUOTA_BOUNDS)
+        if unknown:
+            raise InvalidRequest(f"unknown quota field(s): {', '.join(sorted(unknown))}")
+        if all(v is None for v in data.values()):
+            raise InvalidRequest(
+                "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
+                "DELETE it to go back to the defaults"
+            )
+        quota = Quota(**data)
         self.runtime.core.set_quota(kind, name, quota)
         self.reply({"kind": kind, "name": name, **quota.to_json()})
 
@@ -436,9 +447,20 @@ class EventsHandler(BrokerHandler):
         await self.flush()
 
 
+class UnknownPathHandler(BrokerHandler):
+    """Any other path under the API prefix: the API's JSON 404 (403 without a valid
+    credential), not Jupyter's HTML page."""
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        await super().prepare()
+        if self.current_user is None:
+            raise web.HTTPError(403)
+        raise NotFound(f"no API path {self.request.path!r}; see the API document, openapi.yaml")
+
+
 def handlers() -> list[tuple[str, type[BrokerHandler]]]:
     """URL patterns (relative to the server's base URL) and their handlers."""
-    ident = r"([\w.-]+)"
+    ident = r"([^/]+)"  # any segment: the handler says what is wrong with it (400, 404)
     routes = [
         ("me", MeHandler),
         ("devices", DevicesHandler),
@@ -452,9 +474,10 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         (f"leases/{ident}/renew", RenewHandler),
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),
-        (r"quotas/(user|group)/([^/]+)", QuotaHandler),
+        (f"quotas/{ident}/{ident}", QuotaHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),
         (f"tokens/{ident}", TokenHandler),
     ]
-    return [(f"/{API_PREFIX}/{path}", handler) for path, handler in routes]
+    found = [(f"/{API_PREFIX}/{path}", handler) for path, handler in routes]
+    return [*found, (f"/{API_PREFIX}(?:/.*)?", UnknownPathHandler)]

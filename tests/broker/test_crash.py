@@ -3,6 +3,8 @@
 A worker process (``crash_worker.py``) storms a broker with random calls and
 prints every acknowledged one; we SIGKILL it at random moments, check the
 SQLite file against what it acknowledged, and start it again on the same file.
+The same again over REST: client threads storm a real ``jupyter server`` over HTTP,
+and what they got a success for is what was acknowledged.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from live_server import LiveServer
 
 from jupyter_gpubroker.broker.store import SCHEMA_VERSION, Store
 
@@ -132,3 +136,95 @@ def test_killed_broker_restarts_consistent(tmp_path):
     kinds = [line[0] for line in acked]
     assert kinds.count("S") >= 100 and kinds.count("R") >= 20 and kinds.count("C") >= 10
     assert busy_rounds >= ROUNDS // 2, "the storm should leave leases and a queue behind"
+
+
+REST_ROUNDS = 4
+REST_CLIENTS = 3
+REST_SIZES = ({"profile": "1g.10gb"}, {"min_memory_gb": 5}, {"min_memory_gb": 9.5})
+
+
+def rest_storm(server: LiveServer, seed: int, acked: list[str], lock: threading.Lock) -> None:
+    """One client: random submits, cancels, releases and renews until the server dies.
+    Appends what it got a success for, as ``check_file`` reads it (S, R, C lines), and
+    anything else that went wrong as an ``E`` line."""
+    rng = random.Random(seed)
+    conn = server.connection()
+    mine: list[str] = []
+
+    def ack(line: str) -> None:
+        with lock:
+            acked.append(line)
+
+    try:
+        while True:
+            op = rng.random()
+            if op < 0.45:
+                body = {**rng.choice(REST_SIZES), "owner": f"k-{rng.randrange(1000)}"}
+                if rng.random() < 0.5:
+                    body["job_class"] = "batch"
+                status, reply = server.call("POST", "requests", body, conn)
+                assert status == 201, reply
+                ack(f"S {reply['id']}")
+                mine.append(reply["id"])
+            elif op < 0.7:
+                leases = server.call("GET", "leases", conn=conn)[1]["leases"]
+                if not leases:
+                    continue
+                lease_id = rng.choice(leases)["id"]
+                status, reply = server.call("DELETE", f"leases/{lease_id}", conn=conn)
+                assert status in (200, 409), reply  # another client may have released it
+                if status == 200:
+                    ack(f"R {lease_id}")
+            elif op < 0.85 and mine:
+                rid = mine.pop(rng.randrange(len(mine)))
+                status, reply = server.call("DELETE", f"requests/{rid}", conn=conn)
+                assert status in (200, 409), reply  # it ended meanwhile
+                if status == 200:
+                    ack(f"C {rid} {reply['state']}")
+            else:
+                for lease in server.call("GET", "leases", conn=conn)[1]["leases"]:
+                    status, reply = server.call("POST", f"leases/{lease['id']}/renew", conn=conn)
+                    assert status in (200, 409), reply
+    except OSError:  # killed: a refused or cut connection
+        return
+    except Exception as e:  # reported by the test, not lost in a thread
+        ack(f"E {e!r}")
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_killed_server_restarts_consistent_over_rest(tmp_path):
+    path = tmp_path / "state.sqlite"
+    server = LiveServer(tmp_path, path, lease_ttl=5.0, tick_interval=0.1)
+    rng = random.Random(SEED)
+    acked: list[str] = []
+    lock = threading.Lock()
+    for _ in range(REST_ROUNDS):
+        server.start()  # on the file the last round's kill left
+        clients = [
+            threading.Thread(target=rest_storm, args=(server, rng.randrange(2**32), acked, lock))
+            for _ in range(REST_CLIENTS)
+        ]
+        for c in clients:
+            c.start()
+        time.sleep(rng.uniform(0.5, 2.0))
+        server.kill()
+        for c in clients:
+            c.join(timeout=30)
+        assert not any(c.is_alive() for c in clients)
+        assert not [line for line in acked if line.startswith("E ")]
+        check_file(path, acked)
+
+    server.start()
+    try:
+        for line in acked:  # every acknowledged request is there after the restart
+            kind, ident, *_ = line.split()
+            if kind == "S":
+                assert server.call("GET", f"requests/{ident}")[0] == 200, ident
+        held = [d for x in server.call("GET", "leases")[1]["leases"] for d in x["devices"]]
+        assert len(held) == len(set(held)), "a device is in two active leases"
+    finally:
+        server.stop()
+    kinds = [line[0] for line in acked]
+    assert kinds.count("S") >= 40 and kinds.count("R") >= 5 and kinds.count("C") >= 5

@@ -155,6 +155,13 @@ def test_a_restart_remembers_the_budget_spent_in_a_long_period(state_file):
         {"gpu_hours": 10},  # no period
         {"period_s": DAY},  # no budget
         {"gpu_hours": 10, "period_s": 0},
+        {"gpu_hours": 10, "period_s": 1e-300},  # budget periods would overflow
+        {"gpu_hours": 10, "period_s": 59},
+        {"gpu_hours": 10, "period_s": 1e300},
+        {"share": 1e-300},  # fair-share factors would divide by zero
+        {"share": 1e300},
+        {"max_gpus": 10**400},  # beyond any float
+        {"gpu_hours": float("inf"), "period_s": DAY},
     ],
 )
 def test_bad_quotas_are_invalid_requests(kwargs):
@@ -181,3 +188,26 @@ def test_quotas_are_stored(make_broker):
         3,
         100,
     )
+
+
+def test_a_refused_quota_writes_nothing_and_the_broker_goes_on(make_broker):
+    broker = make_broker()
+    with pytest.raises(InvalidRequest, match="period_s"):
+        broker.set_quota("user", "alice", Quota(gpu_hours=1, period_s=1e-300))
+    assert broker.store.quotas() == [] and broker.quotas() == {}
+    assert broker.submit("alice", Size(gpus=1)).state is RequestState.GRANTED
+
+
+def test_a_stored_quota_no_later_step_could_use_is_ignored_at_restart(state_file, clock, caplog):
+    """Written by a version that let it through, it must not keep the broker from starting."""
+    first = Broker(Store(state_file), whole_inventory(1), clock=clock)
+    first.set_quota("user", "bob", Quota(max_gpus=2))
+    with first.store.transaction():
+        first.store.upsert_quota(
+            "user", "alice", {"share": None, "max_gpus": None, "gpu_hours": 1, "period_s": 1e-300}
+        )
+    first.store.close()
+    again = Broker(Store(state_file), whole_inventory(1), clock=clock)
+    assert again.quotas() == {("user", "bob"): Quota(max_gpus=2)}
+    assert "ignoring the stored quota of user 'alice'" in caplog.text
+    assert again.submit("alice", Size(gpus=1)).state is RequestState.GRANTED

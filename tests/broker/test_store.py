@@ -8,7 +8,7 @@ import pytest
 from broker_helpers import whole_inventory
 
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import InvalidRequest
+from jupyter_gpubroker.broker.errors import InvalidRequest, StorageFull
 from jupyter_gpubroker.broker.models import (
     JobClass,
     Lease,
@@ -189,3 +189,50 @@ def test_a_request_queued_before_the_upgrade_gets_a_ttl_from_the_broker(state_fi
     assert r.state is RequestState.QUEUED and r.expires_at == clock.now() + 120.0
     broker.tick()
     assert broker.request("r-old").state is RequestState.GRANTED
+
+
+def test_a_full_state_file_is_a_storage_full_error_naming_it(state_file):
+    """For real: SQLite's page limit raises SQLITE_FULL, as a full disk does."""
+    broker = Broker(Store(state_file), whole_inventory(1))
+    broker.store.conn.execute(
+        f"PRAGMA max_page_count={broker.store.conn.execute('PRAGMA page_count').fetchone()[0]}"
+    )
+    submitted = []
+    with pytest.raises(StorageFull, match=f"state file {state_file} could not be written"):
+        for _ in range(5000):
+            submitted.append(broker.submit("alice", Size(gpus=1), owner="x" * 256).id)
+    assert [r.id for r in broker.live_requests()] == submitted  # the refused one is nowhere
+    assert [r.id for r in broker.store.live_requests()] == submitted
+    assert not broker.store.conn.in_transaction
+
+
+@pytest.mark.parametrize("step", ["cancel", "release", "renew", "expire"])
+def test_a_change_the_file_refuses_leaves_the_broker_as_it_was(
+    make_broker, clock, monkeypatch, step
+):
+    """A write that fails (disk full, I/O error) changes nothing in memory either."""
+    broker = make_broker(whole_inventory(1))
+    held = broker.submit("alice", Size(gpus=1))
+    queued = broker.submit("bob", Size(gpus=1))
+    lease = broker.lease(held.lease_id)
+    before = (broker.lease(held.lease_id).to_json(), held.to_json(), queued.to_json())
+
+    def full(*args: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    for write in ("end_request", "end_lease", "renew_lease"):
+        monkeypatch.setattr(broker.store, write, full)
+    clock.advance(lease.ttl_s + 1 if step == "expire" else 1)
+    with pytest.raises(StorageFull):
+        {
+            "cancel": lambda: broker.cancel(queued.id),
+            "release": lambda: broker.release(lease.id),
+            "renew": lambda: broker.renew(lease.id),
+            "expire": broker.tick,
+        }[step]()
+    assert (lease.to_json(), held.to_json(), queued.to_json()) == before
+    assert broker.holders() == dict.fromkeys(lease.devices, lease)
+    assert [e.request.id for e in broker.queue()] == [queued.id]
+    monkeypatch.undo()
+    assert broker.release(lease.id).state is LeaseState.RELEASED  # and works once it can
+    assert broker.request(queued.id).state is RequestState.GRANTED

@@ -199,3 +199,31 @@ class EventStream:
 
     def close(self) -> None:
         self.stream.close()
+
+
+async def until_full(
+    api: Api, method: str, call: Callable[[int], tuple[str, Any]], limit: int = 2000
+) -> tuple[int, Any, list[Any]]:
+    """Make the ``i``-th call ``call(i)`` -> (path, body) until one is refused (the state
+    file is full); returns its status and reply, and the replies of those accepted."""
+    accepted: list[Any] = []
+    for i in range(limit):
+        path, body = call(i)
+        status, reply = await api(method, path, body)
+        if status >= 300:
+            check_response(method, path, status, reply, body)
+            return status, reply, accepted
+        accepted.append(reply)
+    raise AssertionError(f"{limit} calls of {method} were all accepted")
+
+
+def fill_state_file(store: Any) -> int:
+    """Let the broker's SQLite file grow no more (SQLite then raises SQLITE_FULL, as on a
+    full disk); returns its size in pages, to lift the limit with ``free_state_file``."""
+    pages = int(store.conn.execute("PRAGMA page_count").fetchone()[0])
+    store.conn.execute(f"PRAGMA max_page_count={pages}")
+    return pages
+
+
+def free_state_file(store: Any, pages: int) -> None:
+    store.conn.execute(f"PRAGMA max_page_count={pages * 1000}")

@@ -22,8 +22,12 @@ from openapi_check import (
     EventStream,
     check_response,
     documented_responses,
+    fill_state_file,
+    find_operation,
+    free_state_file,
     load_document,
     operations,
+    until_full,
     validate,
 )
 from tornado import web
@@ -159,6 +163,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     await check("DELETE", "tokens/k1", expect=204)
     refused = await check("GET", "me", headers=kernel, expect=403)
     assert refused["error"] == "http_403"
+    await _storage_full(check, runtime.core.store)
 
     missing = documented_responses() - check.seen
     assert not missing, f"documented but never produced: {sorted(missing)}"
@@ -404,6 +409,19 @@ async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:
             reply = await check(method.upper(), path, body, headers=headers, expect=403)
             assert reply["error"] == "http_403"
     assert (await check("GET", f"leases/{values['lease_id']}", expect=200))["state"] == "active"
+
+
+async def _storage_full(check: CheckedApi, store: Any) -> None:
+    """A state file that cannot grow (as on a full disk): submits and quotas are 507s."""
+    pages = fill_state_file(store)
+    for method, call in (
+        ("POST", lambda i: ("requests", {"profile": "1g.10gb", "owner": "o" * 256})),
+        ("PUT", lambda i: (f"quotas/group/g{i:04}{'x' * 58}", {"share": 2})),
+    ):
+        status, reply, _ = await until_full(check.api, method, call)
+        assert (status, reply["error"]) == (507, "storage_full")
+        check.record(find_operation(method, call(0)[0]), method, status)
+    free_state_file(store, pages)
 
 
 async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> None:

@@ -1,0 +1,137 @@
+"""A real ``jupyter server`` process with the extension on a simulated machine, for tests
+that drive it from outside over HTTP and kill it (schemathesis, the REST crash test)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jupyter_gpubroker.api import API_PREFIX
+
+TOKEN = "live-server-token"
+EXTENSIONS = {  # only ours: the others slow every start down
+    "jupyter_gpubroker": True,
+    "jupyterlab": False,
+    "jupyter_lsp": False,
+    "jupyter_server_terminals": False,
+    "notebook_shim": False,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """``jupyter server`` on ``state_file`` (one H100 in seven 1g.10gb slices unless
+    ``GPUBroker`` options say otherwise), its Jupyter dirs under ``home``."""
+
+    def __init__(self, home: Path, state_file: Path, **broker: Any) -> None:
+        self.home, self.state_file = home, state_file
+        self.broker = {"simulate": "dgx-h100-mig:1", **broker}
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = home / "server.log"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{API_PREFIX}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {TOKEN}"}
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start it on a fresh port and wait until the API answers."""
+        self.port = free_port()
+        options = [f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]
+        env = {
+            **os.environ,
+            "HOME": str(self.home),
+            "JUPYTER_CONFIG_DIR": str(self.home / "config"),
+            "JUPYTER_DATA_DIR": str(self.home / "data"),
+            "JUPYTER_RUNTIME_DIR": str(self.home / "runtime"),
+        }
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "jupyter_server",
+                    f"--ServerApp.port={self.port}",
+                    "--ServerApp.port_retries=0",
+                    f"--IdentityProvider.token={TOKEN}",
+                    "--ServerApp.open_browser=False",
+                    "--allow-root",
+                    f"--ServerApp.jpserver_extensions={EXTENSIONS}",
+                    f"--GPUBroker.state_file={self.state_file}",
+                    *options,
+                ],
+                env=env,
+                cwd=self.home,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.call("GET", "me")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"the server did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        conn: http.client.HTTPConnection | None = None,
+    ) -> tuple[int, Any]:
+        """(status, JSON reply) of one API call, on ``conn`` if given (kept alive)."""
+        own = conn is None
+        conn = conn or self.connection()
+        try:
+            conn.request(
+                method,
+                f"/{API_PREFIX}/{path}",
+                body=None if body is None else json.dumps(body),
+                headers=self.headers,
+            )
+            response = conn.getresponse()
+            data = response.read()
+            return response.status, json.loads(data) if data else None
+        finally:
+            if own:
+                conn.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """A clean shutdown (Ctrl-C)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()

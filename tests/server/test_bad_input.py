@@ -1,0 +1,159 @@
+"""No input makes the API answer 500: every bad body, field, path, Host header or a full
+state file is a JSON 4xx (507 for storage) that says what is wrong, with nothing written."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openapi_check import check_response, fill_state_file, free_state_file, until_full
+
+from jupyter_gpubroker.api import TOKEN_HEADER
+
+Api = Any
+BODY_ROUTES = [("POST", "requests"), ("POST", "tokens"), ("PUT", "quotas/user/ann")]
+NOT_JSON_OBJECTS = {
+    "not UTF-8": b'{"profile": "1g.10gb\xff"}',
+    "nested 10000 deep": '{"profile": ' * 10_000 + "1" + "}" * 10_000,
+    "a list nested 100000 deep": "[" * 100_000 + "]" * 100_000,
+    "an integer of 5000 digits": "1" * 5000,
+    "empty": "",
+}
+
+
+async def nothing_written(api: Api) -> None:
+    """No request, lease or quota exists, and the broker still takes a good request."""
+    assert (await api("GET", "requests"))[1] == {"requests": []}
+    assert (await api("GET", "quotas"))[1] == {"quotas": []}
+    status, reply = await api("POST", "requests", {"profile": "1g.10gb"})
+    assert (status, reply["state"]) == (201, "granted")
+
+
+async def refused(api: Api, method: str, path: str, status: int = 400, **kwargs: Any) -> str:
+    got, reply = await api(method, path, **kwargs)
+    assert (got, reply["error"]) == (status, "invalid_request" if status == 400 else got), reply
+    check_response(method, path, got, reply, kwargs.get("body"))
+    return str(reply["message"])
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES)
+@pytest.mark.parametrize("raw", NOT_JSON_OBJECTS.values(), ids=list(NOT_JSON_OBJECTS))
+async def test_a_body_that_is_not_a_json_object_is_a_400(
+    api: Api, method: str, path: str, raw: str | bytes
+) -> None:
+    message = await refused(api, method, path, raw=raw)
+    assert "body" in message
+    await nothing_written(api)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"profile": []},
+        {"profile": {}},
+        {"profile": 7},
+        {"gpus": "2"},
+        {"gpus": 1.5},
+        {"gpus": True},
+        {"min_memory_gb": "20"},
+        {"min_memory_gb": 10**400},
+        {"min_memory_gb": [20]},
+        {"profile": "1g.10gb", "job_class": []},
+        {"profile": "1g.10gb", "owner": {}},
+        {"profile": "1g.10gb", "expected_duration_s": "60"},
+        {"profile": "1g.10gb", "expected_duration_s": 10**400},
+        {"profile": "1g.10gb", "groups": [[]]},
+        {"profile": "1g.10gb", "groups": {}},
+    ],
+    ids=lambda body: json.dumps(body)[:40],
+)
+async def test_a_request_field_of_the_wrong_type_is_a_400(api: Api, body: dict[str, Any]) -> None:
+    await refused(api, "POST", "requests", body=body)
+    await nothing_written(api)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"gpu_hours": 1, "period_s": 1e-300},  # budget periods would overflow
+        {"gpu_hours": 1, "period_s": 59},
+        {"gpu_hours": 1, "period_s": 1e300},
+        {"share": 1e-300},  # fair-share factors would divide by zero
+        {"share": 1e300},
+        {"max_gpus": 10**400},
+        {"gpu_hours": [], "period_s": 3600},
+        {"share": {}},
+        {},  # nothing to set: DELETE resets a quota
+        {"share": None, "max_gpus": None},
+    ],
+    ids=lambda body: json.dumps(body)[:40],
+)
+async def test_a_quota_no_later_step_could_use_is_refused_before_anything_is_written(
+    api: Api, body: dict[str, Any]
+) -> None:
+    user = (await api("GET", "me"))[1]["user"]
+    await refused(api, "PUT", f"quotas/user/{user}", body=body)
+    await nothing_written(api)
+
+
+async def test_a_quota_put_with_an_empty_body_does_not_reset_the_quota(api: Api) -> None:
+    user = (await api("GET", "me"))[1]["user"]
+    assert (await api("PUT", f"quotas/user/{user}", {"max_gpus": 2}))[0] == 200
+    message = await refused(api, "PUT", f"quotas/user/{user}", raw="")
+    assert "empty" in message
+    (quota,) = (await api("GET", "quotas"))[1]["quotas"]
+    assert quota["max_gpus"] == 2
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE", "PATCH"])
+async def test_an_unknown_api_path_is_the_apis_json_404(api: Api, method: str) -> None:
+    raw = "{}" if method in ("POST", "PUT", "PATCH") else None
+    for path in ("nope", "requests/r-1/nope", "quotas/user/x/y", "leases/l-1/renew/x", "v2/me"):
+        status, reply = await api(method, path, raw=raw)
+        assert status == 404, (method, path, reply)
+        assert reply["error"] == "not_found" and path in reply["message"]
+        # Without a credential it tells nothing, as every API path does.
+        status, reply = await api(method, path, raw=raw, headers={"Authorization": ""})
+        assert (status, reply["error"]) == (403, "http_403"), (method, path, reply)
+
+
+async def test_a_kernel_token_is_refused_under_a_foreign_host_like_a_jupyter_token(
+    api: Api,
+) -> None:
+    token = (await api("POST", "tokens", {"kernel_id": "k1"}))[1]["token"]
+    foreign = {"Host": "gpus.attacker.example"}
+    for credential in ({}, {TOKEN_HEADER: token}):
+        status, reply = await api("GET", "me", headers={**credential, **foreign})
+        assert (status, reply["error"]) == (403, "http_403"), credential
+        status, reply = await api(
+            "POST", "requests", {"profile": "1g.10gb"}, {**credential, **foreign}
+        )
+        assert status == 403, credential
+        assert (await api("GET", "me", headers=credential))[0] == 200
+    assert (await api("GET", "requests"))[1] == {"requests": []}
+
+
+async def test_a_full_state_file_is_a_507_that_names_it_and_writes_nothing(
+    api: Api, jp_serverapp: Any, broker_config: dict[str, Any]
+) -> None:
+    """The file is made full for real: SQLite's page limit raises SQLITE_FULL, the same
+    error a full disk does."""
+    store = jp_serverapp.web_app.settings["gpubroker"].core.store
+    pages = fill_state_file(store)
+    body = {"profile": "1g.10gb", "owner": "x" * 256}
+    status, reply, accepted = await until_full(api, "POST", lambda i: ("requests", body))
+    assert (status, reply["error"]) == (507, "storage_full")
+    assert broker_config["state_file"] in reply["message"] and "disk" in reply["message"]
+    names = [f"user{i:03}" + "x" * 50 for i in range(2000)]
+    status, reply, quotas = await until_full(
+        api, "PUT", lambda i: (f"quotas/user/{names[i]}", {"share": 2})
+    )
+    assert (status, reply["error"]) == (507, "storage_full")
+    listed = (await api("GET", "requests"))[1]["requests"]
+    assert [r["id"] for r in listed] == [r["id"] for r in accepted]
+    assert len((await api("GET", "quotas"))[1]["quotas"]) == len(quotas)
+
+    free_state_file(store, pages)  # space freed: it works again
+    assert (await api("POST", "requests", body))[0] == 201
+    assert (await api("PUT", f"quotas/user/{names[len(quotas)]}", {"share": 2}))[0] == 200
