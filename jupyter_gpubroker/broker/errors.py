@@ -72,3 +72,13 @@ class PartitionFailed(BrokerError):
 
     code = "partition_failed"
     status = 503
+
+
+class StateFileError(BrokerError):
+    """The broker cannot use its state file: corrupt, unreadable, too new or in use.
+
+    The message is one sentence, ``<file>: <cause>; <what to do>``, shown as is by
+    every front (the API's 503, a GPU kernel's failed start, the CLI)."""
+
+    code = "broker_unavailable"
+    status = 503
