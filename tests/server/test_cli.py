@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
 import sys
 
 import pytest
@@ -12,20 +15,37 @@ from jupyter_gpubroker.api import API_PREFIX
 
 
 @pytest.fixture
-def cli(jp_serverapp, jp_http_port, jp_base_url):  # type: ignore[no-untyped-def]
-    """Run `jupyter gpubroker ...` in a subprocess against the test server."""
-    url = f"http://localhost:{jp_http_port}{jp_base_url}{API_PREFIX}"
+def broker_url(jp_http_port, jp_base_url) -> str:  # type: ignore[no-untyped-def]
+    return f"http://localhost:{jp_http_port}{jp_base_url}{API_PREFIX}"
+
+
+@pytest.fixture
+def start_cli(jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+    """Start `jupyter gpubroker ...` in a subprocess against the test server (or ``url``,
+    with ``token``); no traceback may ever reach its stderr."""
     token = jp_serverapp.identity_provider.token
 
-    async def run(*args: str, json_out: bool = True) -> tuple[int, object, str]:
-        argv = [sys.executable, "-m", "jupyter_gpubroker.cli", *args[:1], "--url", url]
-        argv += ["--token", token, *(["--json"] if json_out else []), *args[1:]]
-        proc = await asyncio.create_subprocess_exec(
+    async def start(*args: str, json_out: bool = True, url: str = "", token: str = token):  # type: ignore[no-untyped-def]
+        argv = [sys.executable, "-m", "jupyter_gpubroker.cli", *args[:1]]
+        argv += ["--url", url or broker_url, "--token", token]
+        argv += [*(["--json"] if json_out else []), *args[1:]]
+        return await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
+
+    return start
+
+
+@pytest.fixture
+def cli(start_cli):  # type: ignore[no-untyped-def]
+    """Run `jupyter gpubroker ...` to its end: (exit status, JSON or text out, stderr)."""
+
+    async def run(*args: str, json_out: bool = True, **where: str) -> tuple[int, object, str]:
+        proc = await start_cli(*args, json_out=json_out, **where)
         out, err = await proc.communicate()
         text = out.decode()
         data = json.loads(text) if json_out and proc.returncode == 0 else text
+        assert "Traceback" not in err.decode()
         return proc.returncode or 0, data, err.decode()
 
     return run
@@ -78,3 +98,104 @@ async def test_bad_input_is_one_clear_line(cli):  # type: ignore[no-untyped-def]
     assert code == 1 and "whole GPU" in err
     code, _, err = await cli("release", "l-nope")
     assert code == 1 and "no lease 'l-nope'" in err
+
+
+async def fill_the_gpu(api) -> list[str]:  # type: ignore[no-untyped-def]
+    """Take all seven 1g.10gb slices: the next request queues."""
+    leases = []
+    for _ in range(7):
+        _, r = await api("POST", "requests", {"profile": "1g.10gb"})
+        leases.append(r["lease"]["id"])
+    return leases
+
+
+async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(start_cli, api):  # type: ignore[no-untyped-def]
+    await fill_the_gpu(api)
+    proc = await start_cli("request", "1g.10gb", json_out=False)
+    assert b"queued at position 1" in await proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    _, err = await proc.communicate()
+    assert proc.returncode == 130
+    assert re.fullmatch(r"interrupted: request r-\S+ withdrawn\n", err.decode())
+    _, queue = await api("GET", "queue")
+    assert queue["length"] == 0
+
+
+async def test_a_wait_that_times_out_is_withdrawn(cli, api):  # type: ignore[no-untyped-def]
+    await fill_the_gpu(api)
+    code, _, err = await cli("request", "1g.10gb", "--timeout", "0.5")
+    assert code == 1
+    assert err.endswith("still at position 1 in the queue; the request was withdrawn\n")
+    _, queue = await api("GET", "queue")
+    assert queue["length"] == 0
+
+
+async def test_run_of_a_missing_command_says_so_and_gives_the_slice_back(cli, api):  # type: ignore[no-untyped-def]
+    code, _, err = await cli("run", "1g.10gb", "--", "/nonexistent/cmd", json_out=False)
+    assert code == 127
+    assert err.strip() == "error: cannot run /nonexistent/cmd: No such file or directory"
+    _, leases = await api("GET", "leases")
+    assert leases["leases"] == []
+
+
+async def test_run_stops_its_command_when_the_lease_is_lost(cli, api, tmp_path):  # type: ignore[no-untyped-def]
+    pid_file = tmp_path / "pid"
+    script = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    running = asyncio.ensure_future(
+        cli("run", "1g.10gb", "--", sys.executable, "-c", script, json_out=False)
+    )
+    while not pid_file.exists() or not pid_file.read_text():
+        await asyncio.sleep(0.1)
+    _, leases = await api("GET", "leases")
+    (lease,) = leases["leases"]
+    await api("DELETE", f"leases/{lease['id']}")  # ended by someone else (an admin, a reclaim)
+
+    code, _, err = await running  # within a third of the 4 s TTL, not the 600 s sleep
+    assert code == 1
+    assert f"error: lost lease {lease['id']} (" in err and "stopping the command" in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+async def test_a_wrong_token_or_url_says_what_to_check(cli, broker_url):  # type: ignore[no-untyped-def]
+    code, _, err = await cli("queue", token="wrong")
+    assert code == 1
+    assert err.strip() == (
+        f"error: the broker at {broker_url} refused the token: check --token or "
+        "$GPUBROKER_TOKEN, or the Jupyter server's token (jupyter server list)"
+    )
+    wrong = broker_url.replace("gpubroker/api/v1", "gpu/api")
+    code, _, err = await cli("queue", url=wrong)
+    assert code == 1
+    assert err.strip() == f"error: no GPU broker at {wrong}: check --url (it ends in /{API_PREFIX})"
+
+
+async def test_status_shows_the_running_servers_broker(cli, api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+    _, r = await api("POST", "requests", {"profile": "1g.10gb"})
+    (held,) = r["lease"]["devices"]
+    jp_serverapp.write_server_info_file()  # what `jupyter server list` reads
+    try:
+        for where in ({"url": broker_url}, {}):
+            argv = [sys.executable, "-m", "jupyter_gpubroker.cli", "status", "--json"]
+            if where:
+                argv += ["--url", broker_url, "--token", jp_serverapp.identity_provider.token]
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "GPUBROKER_SIMULATE": ""},  # no local hardware to read
+            )
+            out, err = await proc.communicate()
+            assert proc.returncode == 0, err
+            report = json.loads(out)
+            assert report["source"] == (
+                f"broker at {broker_url}"
+                if where
+                else f"broker of the Jupyter server at {broker_url}"
+            )
+            holders = {d["uuid"]: d["holder"] for g in report["gpus"] for d in g["devices"]}
+            assert holders[held]["lease_id"] == r["lease"]["id"]
+    finally:
+        jp_serverapp.remove_server_info_file()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -96,3 +98,26 @@ async def test_a_gpu_kernel_start_fails_with_the_same_sentence(
     with pytest.raises(RuntimeError) as info:
         await jp_serverapp.kernel_manager.start_kernel(kernel_name=gpu_kernelspec())
     assert str(info.value).startswith(sentence)
+
+
+@CASES
+async def test_cli_status_says_it(
+    jp_serverapp: Any, broker_config: dict[str, Any], request: Any
+) -> None:
+    sentence = expected(broker_config["state_file"], request.node.callspec.params["broker_config"])
+    jp_serverapp.write_server_info_file()  # found as `jupyter server list` finds it
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "jupyter_gpubroker.cli",
+            "status",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+    finally:
+        jp_serverapp.remove_server_info_file()
+    assert proc.returncode == 1 and out == b""
+    assert err.decode().startswith(f"error: {sentence}")
+    assert err.decode().count("\n") == 1
