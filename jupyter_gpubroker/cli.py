@@ -294,22 +294,24 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _broker_report(args: argparse.Namespace) -> dict[str, Any] | None:
     """The devices as the broker at --url ($GPUBROKER_URL) sees them, or else that of the
-    first running Jupyter server with one; None when none runs one."""
-    named = bool(args.url or os.environ.get(URL_ENV))
-    clients = iter([_client(args)]) if named else _server_clients(args.token)
-    for client in clients:
-        args.broker_url = client.url.rstrip("/")
+    first running Jupyter server whose broker answers; None when no server runs one."""
+    if args.url or os.environ.get(URL_ENV):
+        client = _client(args)
+        return {"source": f"broker at {args.broker_url}", "gpus": asyncio.run(client.devices())}
+    not_started: BrokerAPIError | None = None
+    for client in _server_clients(args.token):
         try:
             gpus = asyncio.run(client.devices())
-        except (OSError, BrokerAPIError) as e:
-            # A server found on disk may be gone or run without the extension; a named
-            # broker must answer, and one that did not start says why (503).
-            if named or getattr(e, "status", 0) == 503:
-                raise
+        except BrokerAPIError as e:  # no extension there (404), or its broker did not start
+            if e.status == 503 and not_started is None:
+                not_started, args.broker_url = e, client.url.rstrip("/")
             continue
-        whose = "broker" if named else "broker of the Jupyter server"
-        return {"source": f"{whose} at {args.broker_url}", "gpus": gpus}
-    args.broker_url = ""
+        except OSError:  # a server that left its file behind
+            continue
+        url = client.url.rstrip("/")
+        return {"source": f"broker of the Jupyter server at {url}", "gpus": gpus}
+    if not_started is not None:  # a server runs, but its broker could not start: say why
+        raise not_started
     return None
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -51,6 +53,25 @@ def cli(start_cli):  # type: ignore[no-untyped-def]
     return run
 
 
+@contextlib.asynccontextmanager
+async def held(api, n: int = 1) -> AsyncIterator[list[dict]]:  # type: ignore[no-untyped-def]
+    """``n`` granted 1g.10gb requests (7 fill the GPU: the next one queues), renewed every
+    second so that they outlive their 4 s TTL however slowly a CLI starts."""
+    granted = [(await api("POST", "requests", {"profile": "1g.10gb"}))[1] for _ in range(n)]
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(1)
+            for r in granted:
+                await api("POST", f"leases/{r['lease']['id']}/renew")
+
+    renewing = asyncio.ensure_future(renew())
+    try:
+        yield granted
+    finally:
+        renewing.cancel()
+
+
 async def test_request_then_release(cli, api):  # type: ignore[no-untyped-def]
     code, r, _ = await cli("request", "1g.10gb")
     assert code == 0 and r["state"] == "granted"
@@ -65,21 +86,18 @@ async def test_request_then_release(cli, api):  # type: ignore[no-untyped-def]
 
 
 async def test_queued_request_shows_in_the_queue_and_is_granted_on_release(cli, api):  # type: ignore[no-untyped-def]
-    leases = []
-    for _ in range(7):
-        _, r = await api("POST", "requests", {"profile": "1g.10gb"})
-        leases.append(r["lease"]["id"])
-    code, r, _ = await cli("request", "1g.10gb", "--no-wait", "--class", "batch")
-    assert code == 0 and r["state"] == "queued" and r["position"] == 1
+    async with held(api, 7) as full:
+        code, r, _ = await cli("request", "1g.10gb", "--no-wait", "--class", "batch")
+        assert code == 0 and r["state"] == "queued" and r["position"] == 1
 
-    code, queue, _ = await cli("queue")
-    assert [(e["position"], e["id"], e["job_class"]) for e in queue] == [(1, r["id"], "batch")]
-    code, table, _ = await cli("queue", json_out=False)
-    assert "1g.10gb" in table and "1 waiting" in table
+        code, queue, _ = await cli("queue")
+        assert [(e["position"], e["id"], e["job_class"]) for e in queue] == [(1, r["id"], "batch")]
+        code, table, _ = await cli("queue", json_out=False)
+        assert "1g.10gb" in table and "1 waiting" in table
 
-    await api("DELETE", f"leases/{leases[0]}")
-    _, after = await api("GET", f"requests/{r['id']}")
-    assert after["state"] == "granted"
+        await api("DELETE", f"leases/{full[0]['lease']['id']}")
+        _, after = await api("GET", f"requests/{r['id']}")
+        assert after["state"] == "granted"
 
 
 async def test_run_holds_a_slice_for_the_command_and_releases_it(cli, api):  # type: ignore[no-untyped-def]
@@ -100,21 +118,12 @@ async def test_bad_input_is_one_clear_line(cli):  # type: ignore[no-untyped-def]
     assert code == 1 and "no lease 'l-nope'" in err
 
 
-async def fill_the_gpu(api) -> list[str]:  # type: ignore[no-untyped-def]
-    """Take all seven 1g.10gb slices: the next request queues."""
-    leases = []
-    for _ in range(7):
-        _, r = await api("POST", "requests", {"profile": "1g.10gb"})
-        leases.append(r["lease"]["id"])
-    return leases
-
-
 async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(start_cli, api):  # type: ignore[no-untyped-def]
-    await fill_the_gpu(api)
-    proc = await start_cli("request", "1g.10gb", json_out=False)
-    assert b"queued at position 1" in await proc.stderr.readline()
-    proc.send_signal(signal.SIGINT)
-    _, err = await proc.communicate()
+    async with held(api, 7):
+        proc = await start_cli("request", "1g.10gb", json_out=False)
+        assert b"queued at position 1" in await proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = await proc.communicate()
     assert proc.returncode == 130
     assert re.fullmatch(r"interrupted: request r-\S+ withdrawn\n", err.decode())
     _, queue = await api("GET", "queue")
@@ -122,8 +131,8 @@ async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(start_cli,
 
 
 async def test_a_wait_that_times_out_is_withdrawn(cli, api):  # type: ignore[no-untyped-def]
-    await fill_the_gpu(api)
-    code, _, err = await cli("request", "1g.10gb", "--timeout", "0.5")
+    async with held(api, 7):
+        code, _, err = await cli("request", "1g.10gb", "--timeout", "0.5")
     assert code == 1
     assert err.endswith("still at position 1 in the queue; the request was withdrawn\n")
     _, queue = await api("GET", "queue")
@@ -173,29 +182,28 @@ async def test_a_wrong_token_or_url_says_what_to_check(cli, broker_url):  # type
 
 
 async def test_status_shows_the_running_servers_broker(cli, api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
-    _, r = await api("POST", "requests", {"profile": "1g.10gb"})
-    (held,) = r["lease"]["devices"]
     jp_serverapp.write_server_info_file()  # what `jupyter server list` reads
     try:
-        for where in ({"url": broker_url}, {}):
-            argv = [sys.executable, "-m", "jupyter_gpubroker.cli", "status", "--json"]
-            if where:
-                argv += ["--url", broker_url, "--token", jp_serverapp.identity_provider.token]
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, "GPUBROKER_SIMULATE": ""},  # no local hardware to read
-            )
-            out, err = await proc.communicate()
-            assert proc.returncode == 0, err
-            report = json.loads(out)
-            assert report["source"] == (
-                f"broker at {broker_url}"
-                if where
-                else f"broker of the Jupyter server at {broker_url}"
-            )
-            holders = {d["uuid"]: d["holder"] for g in report["gpus"] for d in g["devices"]}
-            assert holders[held]["lease_id"] == r["lease"]["id"]
+        async with held(api) as (r,):
+            for where in ({"url": broker_url}, {}):
+                argv = [sys.executable, "-m", "jupyter_gpubroker.cli", "status", "--json"]
+                if where:
+                    argv += ["--url", broker_url, "--token", jp_serverapp.identity_provider.token]
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env={**os.environ, "GPUBROKER_SIMULATE": ""},  # no local hardware to read
+                )
+                out, err = await proc.communicate()
+                assert proc.returncode == 0, err
+                report = json.loads(out)
+                assert report["source"] == (
+                    f"broker at {broker_url}"
+                    if where
+                    else f"broker of the Jupyter server at {broker_url}"
+                )
+                holders = {d["uuid"]: d["holder"] for g in report["gpus"] for d in g["devices"]}
+                assert holders[r["lease"]["devices"][0]]["lease_id"] == r["lease"]["id"]
     finally:
         jp_serverapp.remove_server_info_file()
