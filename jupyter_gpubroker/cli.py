@@ -420,7 +420,10 @@ def _gpu_state(g: dict[str, Any]) -> str:
 
 def _holder_text(d: dict[str, Any]) -> str:
     holder = d["holder"]
-    text = "free" if holder is None else f"{holder['user']} ({holder['lease_id']})"
+    if holder is None:
+        text = "free"
+    else:  # another user's lease, seen through a broker's API, shows no id
+        text = holder["user"] + (f" ({holder['lease_id']})" if holder["lease_id"] else "")
     return f"{text}, drained" if d.get("drained") else text
 
 

@@ -11,7 +11,7 @@ import pytest
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import Store
-from jupyter_gpubroker.cli import main
+from jupyter_gpubroker.cli import main, render_status
 from jupyter_gpubroker.nvml import open_backend
 
 
@@ -163,3 +163,28 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path) -> None:
     )
     assert done.stdout == "{\n"
     assert done.stderr == ""
+
+
+def test_another_users_lease_seen_through_an_api_shows_its_user_only() -> None:
+    report = {
+        "source": "broker at http://h/gpubroker/api/v1",
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-1",
+                "name": "NVIDIA H100",
+                "mig_enabled": False,
+                "memory_mib": 81920,
+                "devices": [
+                    {
+                        "kind": "gpu",
+                        "uuid": "GPU-1",
+                        "holder": {"user": "bob", "lease_id": None, "request_id": None},
+                    }
+                ],
+            }
+        ],
+    }
+    table = render_status(report)
+    assert "  bob  " in table and "None" not in table
+    assert "(broker at http://h/gpubroker/api/v1)" in table
