@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from asyncio.subprocess import Process
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import pynvml
 from . import kernelspec
 from .api import API_PREFIX
 from .api.shapes import devices_json
-from .broker.errors import BrokerError
+from .broker.errors import BrokerError, InvalidRequest
 from .broker.models import Lease, Size
 from .broker.store import Store
 from .client import TOKEN_ENV, URL_ENV, BrokerAPIError, BrokerClient, GrantTimeout
@@ -29,6 +31,9 @@ from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
 from .replay.cli import add_replay_command
 from .usage_cli import add_usage_command
+
+STOP_GRACE_S = 5.0
+"""Seconds ``run`` gives its command after SIGTERM before it kills it."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,13 +44,78 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except (NvmlUnavailable, TopologyError, BrokerError, BrokerAPIError, GrantTimeout) as e:
+    except KeyboardInterrupt:
+        print(f"interrupted{getattr(args, 'withdrawn', '')}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `status --json | head`: the reader left; say nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except BrokerAPIError as e:
+        print(f"error: {_api_error_text(args, e)}", file=sys.stderr)
+        return 1
+    except GrantTimeout as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (NvmlUnavailable, TopologyError, BrokerError) as e:
         print(f"error: {getattr(e, 'message', None) or e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the network (connection refused, unknown host) or a local file
+        url = getattr(args, "broker_url", "")
+        if url:
+            print(f"error: {_unreachable(url, e.strerror or str(e))}", file=sys.stderr)
+        else:
+            print(f"error: {e}", file=sys.stderr)
         return 1
 
 
+def _unreachable(url: str, why: str) -> str:
+    return (
+        f"could not reach the GPU broker at {url} ({why}): check --url (or ${URL_ENV}) "
+        "and that the Jupyter server is running"
+    )
+
+
+def _api_error_text(args: argparse.Namespace, e: BrokerAPIError) -> str:
+    """What an API error means for the person at the terminal. Errors the broker raised
+    carry their own sentence; those of the web server in front of it (code ``http_<n>``,
+    or a body not from the broker) say what to check."""
+    url = getattr(args, "broker_url", "") or "the broker"
+    from_server = e.code in ("error", f"http_{e.status}")
+    if e.status == 599:
+        return _unreachable(url, e.message)
+    if from_server and e.status in (401, 403):
+        return (
+            f"the broker at {url} refused the token: check --token or ${TOKEN_ENV}, or the "
+            "Jupyter server's token (jupyter server list)"
+        )
+    if from_server and e.status == 404:
+        return f"no GPU broker at {url}: check --url (it ends in /{API_PREFIX})"
+    return e.message
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reads ``-5GB`` as a (bad) size to explain, not as an unknown option."""
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        if re.match(r"-\d", arg_string):
+            return None
+        return super()._parse_optional(arg_string)
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``: a number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jupyter gpubroker",
         description="A notebook-centric GPU broker: queues, leases and shares GPUs and MIG slices.",
     )
@@ -53,9 +123,11 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="show the GPUs and MIG slices, their load, and who holds them",
-        description="Show every GPU and MIG slice NVML reports (or the simulated machine), "
-        "its live load, and the lease holding it according to the broker's state file.",
+        description="Show every GPU and MIG slice, its live load and the lease holding it: "
+        "as the running Jupyter server's broker sees them (or the broker at --url), else as "
+        "NVML (or --simulate) and the broker's state file (--state) say.",
     )
+    _connection_args(status)
     status.add_argument(
         "--simulate",
         metavar="TOPOLOGY",
@@ -69,7 +141,6 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"the broker's state file (default ${STATE_FILE_ENV}, else {default_state_path()})",
     )
-    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(func=cmd_status)
     _add_broker_commands(sub)
     add_replay_command(sub)
@@ -77,22 +148,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=None,
+        help=f"the broker API URL, ending in /{API_PREFIX} (default ${URL_ENV}, else that of "
+        "the running Jupyter server)",
+    )
+    p.add_argument("--token", default=None, help="a Jupyter token (default: the server's)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
 def _add_broker_commands(sub: Any) -> None:
     """Commands that talk to a running broker through its API."""
 
     def connected(name: str, **kw: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, **kw)
-        p.add_argument(
-            "--url",
-            default=None,
-            help=f"the broker API URL (default ${URL_ENV}, else that of the running "
-            "Jupyter server)",
-        )
-        p.add_argument("--token", default=None, help="a Jupyter token (default: the server's)")
-        p.add_argument("--json", action="store_true", help="print JSON")
+        _connection_args(p)
         return p
 
-    queue = connected("queue", help="show the waiting requests, their positions and ETAs")
+    queue = connected(
+        "queue",
+        help="show the waiting requests, their positions and ETAs",
+        description="List the requests waiting for a GPU, in the order the broker will "
+        "grant them, with each one's size, class, submission time and estimated grant time.",
+    )
     queue.set_defaults(func=cmd_queue)
 
     def sized(p: argparse.ArgumentParser) -> None:
@@ -109,14 +189,30 @@ def _add_broker_commands(sub: Any) -> None:
     )
     sized(request)
     request.add_argument("--no-wait", action="store_true", help="return once queued")
-    request.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
+    request.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=600.0,
+        help="seconds to wait; then the request is withdrawn",
+    )
     request.set_defaults(func=cmd_request)
 
-    renew = connected("renew", help="renew a lease (a heartbeat)")
-    renew.add_argument("lease_id")
+    renew = connected(
+        "renew",
+        help="renew a lease or a waiting request (a heartbeat)",
+        description="Renew a lease (l-...) or a queued request (r-..., e.g. one made with "
+        "'request --no-wait') for another TTL. A lease or request nobody renews expires: the "
+        "GPU goes to the next request, and a waiting request leaves the queue.",
+    )
+    renew.add_argument("id", help="a lease id (l-...) or request id (r-...)")
     renew.set_defaults(func=cmd_renew)
 
-    release = connected("release", help="release a lease or withdraw a request")
+    release = connected(
+        "release",
+        help="release a lease or withdraw a request",
+        description="Give a lease's GPU back (l-...) or withdraw a request (r-...), queued "
+        "or granted; the next request in the queue is granted at once.",
+    )
     release.add_argument("id", help="a lease id (l-...) or request id (r-...)")
     release.set_defaults(func=cmd_release)
 
@@ -124,10 +220,12 @@ def _add_broker_commands(sub: Any) -> None:
         "run",
         help="run a command on a granted GPU, renewing the lease while it runs",
         description="Wait for a grant, run COMMAND with CUDA_VISIBLE_DEVICES set, renew the "
-        "lease while it runs, release it when it ends. Exits with the command's status.",
+        "lease while it runs, release it when it ends. Exits with the command's status. If "
+        "the lease is lost (ended by the broker, or not renewable within its TTL) the "
+        "command is stopped (SIGTERM, then SIGKILL).",
     )
     sized(run)
-    run.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a grant")
+    run.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for a grant")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     run.set_defaults(func=cmd_run)
 
@@ -181,7 +279,49 @@ def _add_broker_commands(sub: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """The running broker's view when there is one (or --url names one), else the local
+    hardware's and the state file's."""
+    report = None
+    if args.state is None and args.simulate is None:
+        report = _broker_report(args)
+    if report is None:
+        report = _local_report(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_status(report))
+    return 0
+
+
+def _broker_report(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The devices as the broker at --url ($GPUBROKER_URL) sees them, or else that of the
+    first running Jupyter server whose broker answers; None when no server runs one."""
+    if args.url or os.environ.get(URL_ENV):
+        client = _client(args)
+        return {"source": f"broker at {args.broker_url}", "gpus": asyncio.run(client.devices())}
+    not_started: BrokerAPIError | None = None
+    for client in _server_clients(args.token):
+        try:
+            gpus = asyncio.run(client.devices())
+        except BrokerAPIError as e:  # no extension there (404), or its broker did not start
+            if e.status == 503 and not_started is None:
+                not_started, args.broker_url = e, client.url.rstrip("/")
+            continue
+        except OSError:  # a server that left its file behind
+            continue
+        url = client.url.rstrip("/")
+        return {"source": f"broker of the Jupyter server at {url}", "gpus": gpus}
+    if not_started is not None:  # a server runs, but its broker could not start: say why
+        raise not_started
+    return None
+
+
+def _local_report(args: argparse.Namespace) -> dict[str, Any]:
     state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
+    if args.state is not None and not state.exists():
+        raise InvalidRequest(
+            f"{state}: no such state file; check --state (a broker creates it when it first starts)"
+        )
     with open_backend(args.simulate) as backend:
         inventory = backend.inventory()
         readings = backend.read_all(inventory)
@@ -191,15 +331,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             else f"NVIDIA driver {pynvml.nvmlSystemGetDriverVersion()}"
         )
     holders, drains = _state_view(state)
-    report = {
+    return {
         "source": source,
+        "state": str(state) if state.exists() else None,
         "gpus": devices_json(inventory, readings, holders, drains=drains),
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render_status(report))
-    return 0
 
 
 def _state_view(state: Path) -> tuple[dict[str, Lease], dict[str, tuple[str, float]]]:
@@ -253,9 +389,19 @@ def render_status(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
-        f"({report['source']}); utilization '-' = not supported there (MIG)"
+        f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
     )
     return "\n".join(lines)
+
+
+def _read_from(report: dict[str, Any]) -> str:
+    """Where the report comes from: a running broker, or the hardware and a state file."""
+    if "state" not in report:
+        return str(report["source"])
+    state = report["state"]
+    return f"{report['source']}; no broker running; " + (
+        f"holders from {state}" if state else "no state file yet"
+    )
 
 
 def _pct(v: float | None) -> str:
@@ -275,7 +421,10 @@ def _gpu_state(g: dict[str, Any]) -> str:
 
 def _holder_text(d: dict[str, Any]) -> str:
     holder = d["holder"]
-    text = "free" if holder is None else f"{holder['user']} ({holder['lease_id']})"
+    if holder is None:
+        text = "free"
+    else:  # another user's lease, seen through a broker's API, shows no id
+        text = holder["user"] + (f" ({holder['lease_id']})" if holder["lease_id"] else "")
     return f"{text}, drained" if d.get("drained") else text
 
 
@@ -286,18 +435,31 @@ def _client(args: argparse.Namespace) -> BrokerClient:
     """A client for --url/--token, $GPUBROKER_URL (+ $GPUBROKER_TOKEN inside a GPU kernel),
     or else the first running Jupyter server."""
     url = args.url or os.environ.get(URL_ENV)
-    if url:
-        return BrokerClient(url, token=args.token or "", broker_token=os.environ.get(TOKEN_ENV, ""))
+    found = (
+        BrokerClient(url, token=args.token or "", broker_token=os.environ.get(TOKEN_ENV, ""))
+        if url
+        else next(_server_clients(args.token), None)
+    )
+    if found is None:
+        raise BrokerAPIError(
+            0,
+            "no_server",
+            f"no running Jupyter server found: start one, or pass --url / set {URL_ENV}",
+        )
+    args.broker_url = found.url.rstrip("/")
+    return found
+
+
+def _server_clients(token: str | None) -> Iterator[BrokerClient]:
+    """A client of the broker API of each running Jupyter server (as `jupyter server list`
+    finds them)."""
     from jupyter_server.serverapp import list_running_servers
 
     for server in list_running_servers():
-        return BrokerClient(
+        yield BrokerClient(
             server["url"].rstrip("/") + "/" + API_PREFIX,
-            token=args.token or server.get("token", ""),
+            token=token or server.get("token", ""),
         )
-    raise BrokerAPIError(
-        0, "no_server", f"no running Jupyter server found: start one, or pass --url / set {URL_ENV}"
-    )
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -326,21 +488,43 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def _size_fields(text: str) -> dict[str, Any]:
+    if text.strip().startswith("-"):
+        digits = text.strip()[1:].isdigit()
+        raise InvalidRequest(
+            f"a GPU count must be positive, not {text}"
+            if digits
+            else f"sizes cannot be negative: {text} (give e.g. 1g.10gb, 2 or 20GB)"
+        )
     return Size.parse(text).to_json()
 
 
-def cmd_request(args: argparse.Namespace) -> int:
-    async def go() -> dict[str, Any]:
-        client = _client(args)
-        r = await client.submit(**_size_fields(args.size), job_class=args.job_class, owner="cli")
-        if r["state"] == "queued" and not args.no_wait:
-            print(f"queued at position {r['position']} (request {r['id']})", file=sys.stderr)
-            r = await client.wait_for_grant(r["id"], args.timeout)
+async def _granted(client: BrokerClient, args: argparse.Namespace, owner: str) -> dict[str, Any]:
+    """Submit the request and wait for its grant (unless --no-wait). A request whose
+    wait ends (timeout, Ctrl-C, error) is withdrawn by ``wait_for_grant``: nothing is
+    granted to a caller who left."""
+    fields = _size_fields(args.size)
+    r = await client.submit(**fields, job_class=args.job_class, owner=owner)
+    if r["state"] != "queued" or getattr(args, "no_wait", False):
         return r
+    print(f"queued at position {r['position']} (request {r['id']})", file=sys.stderr)
+    try:
+        return await client.wait_for_grant(r["id"], args.timeout)
+    except BaseException:
+        args.withdrawn = f": request {r['id']} withdrawn"
+        raise
 
-    r = asyncio.run(go())
+
+def cmd_request(args: argparse.Namespace) -> int:
+    client = _client(args)
+    r = asyncio.run(_granted(client, args, "cli"))
     if r["state"] != "granted":
-        _print(args, r, f"request {r['id']} is {r['state']} at position {r['position']}")
+        _print(
+            args,
+            r,
+            f"request {r['id']} is {r['state']} at position {r['position']}\n"
+            f"# renew within {r['ttl_s']:g} s or it leaves the queue: "
+            f"jupyter gpubroker renew {r['id']}",
+        )
         return 0
     lease = r["lease"]
     _print(
@@ -354,7 +538,12 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 
 def cmd_renew(args: argparse.Namespace) -> int:
-    lease = asyncio.run(_client(args).renew(args.lease_id))
+    client = _client(args)
+    if args.id.startswith("r-"):
+        r = asyncio.run(client.renew_request(args.id))
+        _print(args, r, f"request {r['id']} is {r['state']}; expires at {r['expires_at']}")
+        return 0
+    lease = asyncio.run(client.renew(args.id))
     _print(args, lease, f"lease {lease['id']} expires at {lease['expires_at']}")
     return 0
 
@@ -378,23 +567,62 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(client: BrokerClient, args: argparse.Namespace, command: list[str]) -> int:
-    r = await client.submit(**_size_fields(args.size), job_class=args.job_class, owner="cli-run")
+    r = await _granted(client, args, "cli-run")
     try:
-        if r["state"] == "queued":
-            print(f"queued at position {r['position']}", file=sys.stderr)
-            r = await client.wait_for_grant(r["id"], args.timeout)
         lease = r["lease"]
         devices = ",".join(lease["devices"])
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
-        proc = await asyncio.create_subprocess_exec(*command, env=env)
-        while True:
-            try:
-                return await asyncio.wait_for(proc.wait(), lease["ttl_s"] / 3)
-            except asyncio.TimeoutError:
-                await client.renew(lease["id"])
+        try:
+            proc = await asyncio.create_subprocess_exec(*command, env=env)
+        except OSError as e:  # as a shell says it: 127 not found, 126 not runnable
+            print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
+            return 127 if isinstance(e, FileNotFoundError) else 126
+        try:
+            return await _hold(client, lease, proc)
+        finally:
+            if proc.returncode is None:  # lost lease, Ctrl-C: never leave it running
+                await _stop(proc)
     finally:
-        with contextlib.suppress(BrokerAPIError):
+        with contextlib.suppress(BrokerAPIError, OSError):
             await client.cancel(r["id"])
+
+
+async def _hold(client: BrokerClient, lease: dict[str, Any], proc: Process) -> int:
+    """Renew the lease while the command runs; its exit status, or 1 once the lease is
+    lost: ended by the broker, or not renewed within its TTL (the broker unreachable)."""
+    loop = asyncio.get_running_loop()
+    ttl = float(lease["ttl_s"])
+    renewed = loop.time()
+    while True:
+        try:
+            return await asyncio.wait_for(proc.wait(), ttl / 3)
+        except asyncio.TimeoutError:
+            pass
+        try:
+            await client.renew(lease["id"])
+            renewed = loop.time()
+            continue
+        except BrokerAPIError as e:
+            transient = e.status >= 500
+            why = e.message
+        except OSError as e:
+            transient, why = True, e.strerror or str(e)
+        if transient and loop.time() - renewed < ttl:
+            continue  # try again until the lease would have expired anyway
+        print(f"error: lost lease {lease['id']} ({why}): stopping the command", file=sys.stderr)
+        return 1
+
+
+async def _stop(proc: Process) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after ``STOP_GRACE_S``."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
 
 
 def cmd_kernelspec_install(args: argparse.Namespace) -> int:

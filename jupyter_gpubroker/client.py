@@ -30,6 +30,7 @@ from tornado.httputil import (
 from tornado.tcpclient import TCPClient
 
 from .api import TOKEN_HEADER
+from .broker.text import duration
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
@@ -54,7 +55,7 @@ class GrantTimeout(Exception):
         pos = request.get("position")
         where = f"still at position {pos} in the queue" if pos else "still waiting"
         super().__init__(
-            f"no GPU ({size_text(request)}) was granted within {waited:.0f} s ({where}): "
+            f"no GPU ({size_text(request)}) was granted within {duration(waited)}: {where}; "
             "the request was withdrawn"
         )
 

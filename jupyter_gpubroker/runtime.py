@@ -46,6 +46,7 @@ from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
+from .statelock import StateLock
 
 
 @dataclass(frozen=True)
@@ -292,32 +293,51 @@ class GPUBroker(LoggingConfigurable):
         """The host's kernels, when it runs them (the server extension's ``ServerKernels``)."""
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
+        self._lock: StateLock | None = None
 
     # ----------------------------------------------------------- lifecycle
 
     def start(self) -> Broker:
-        """Open the hardware and the state file and build the core (no event loop needed)."""
+        """Open the hardware and the state file and build the core (no event loop needed).
+
+        Raises ``StateFileError`` when the state file is unusable or another broker holds
+        it, and leaves nothing open when any step fails."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> Broker:
         params = dict(self.policy_params)
         if self.policy == "broker":
             params.setdefault("timezone", self.timezone)
             if self.windows:
                 params["windows"] = tuple(Window.from_dict(w) for w in self.windows)
         policy = make_policy(self.policy, **params)
+        state = Path(self.state_file).expanduser()
+        if self.state_file != ":memory:":
+            self._lock = StateLock(state)
+            self._lock.acquire(self.api_url)
         self.backend = open_backend(self.simulate, log=self.log)
-        store = Store(Path(self.state_file).expanduser())
-        self.broker = Broker(
-            store,
-            self.backend.inventory(),
-            policy=policy,
-            config=BrokerConfig(
-                lease_ttl_s=self.lease_ttl,
-                request_ttl_s=self.request_ttl,
-                dynamic_mig=self.dynamic_mig,
-                vacate_timeout_s=self.vacate_timeout,
-            ),
-            partitioner=MigPartitioner(self.backend) if self.dynamic_mig else None,
-            processes=self.backend,
-        )
+        store = Store(state)
+        try:
+            self.broker = Broker(
+                store,
+                self.backend.inventory(),
+                policy=policy,
+                config=BrokerConfig(
+                    lease_ttl_s=self.lease_ttl,
+                    request_ttl_s=self.request_ttl,
+                    dynamic_mig=self.dynamic_mig,
+                    vacate_timeout_s=self.vacate_timeout,
+                ),
+                partitioner=MigPartitioner(self.backend) if self.dynamic_mig else None,
+                processes=self.backend,
+            )
+        except BaseException:
+            store.close()
+            raise
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
         self.broker.subscribe(self._fan_out)
@@ -421,6 +441,9 @@ class GPUBroker(LoggingConfigurable):
             self.broker.store.close()
         if self.backend is not None:
             self.backend.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @property
     def core(self) -> Broker:

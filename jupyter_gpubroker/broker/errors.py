@@ -79,3 +79,13 @@ class StorageFull(BrokerError):
 
     code = "storage_full"
     status = 507
+
+
+class StateFileError(BrokerError):
+    """The broker cannot use its state file: corrupt, unreadable, too new or in use.
+
+    The message is one sentence, ``<file>: <cause>; <what to do>``, shown as is by
+    every front (the API's 503, a GPU kernel's failed start, the CLI)."""
+
+    code = "broker_unavailable"
+    status = 503

@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlite_utils
 
-from .errors import InvalidRequest, StorageFull
+from .errors import InvalidRequest, StateFileError, StorageFull
 from .models import JobClass, Lease, LeaseState, Request, RequestState, Size
 
 # Each entry upgrades the schema by one version; never edit a released one.
@@ -139,17 +139,44 @@ class Store:
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidRequest("synchronous must be 'NORMAL' or 'FULL'")
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: transactions are opened explicitly by ``transaction()``.
-        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db = sqlite_utils.Database(self.conn)
-        if self.path != ":memory:":
-            self.db.enable_wal()
-            self.conn.execute("PRAGMA wal_autocheckpoint=10000")
-        self.conn.execute(f"PRAGMA synchronous={synchronous}")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: transactions are opened explicitly by ``transaction()``.
+            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as e:
+            raise self._unusable(e) from None
+        try:
+            self.db = sqlite_utils.Database(self.conn)
+            if self.path != ":memory:":
+                self.db.enable_wal()
+                self.conn.execute("PRAGMA wal_autocheckpoint=10000")
+            self.conn.execute(f"PRAGMA synchronous={synchronous}")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except (OSError, sqlite3.Error, StateFileError) as e:
+            self.conn.close()
+            raise self._unusable(e) from None
+
+    def _unusable(self, e: Exception) -> StateFileError:
+        """The one-sentence error for a state file that cannot be opened: its name, the
+        cause and what to do."""
+        if isinstance(e, StateFileError):
+            return e
+        text = getattr(e, "strerror", None) or str(e)
+        if isinstance(e, sqlite3.DatabaseError) and "not a database" in text:
+            cause = "not a SQLite database"
+            todo = "move it aside (the broker then starts with an empty state) or restore a backup"
+        elif isinstance(e, PermissionError) or "readonly" in text or "permission" in text.lower():
+            cause = f"permission denied ({text})"
+            todo = "give this user read and write access to it and its directory"
+        else:
+            cause = f"cannot be opened ({text})"
+            todo = "check that it is a file (not a directory) this user can read and write"
+        return StateFileError(
+            f"{self.path}: {cause}; {todo}, or set c.GPUBroker.state_file (or $GPUBROKER_STATE) "
+            "to another file"
+        )
 
     def close(self) -> None:
         self.conn.close()
@@ -191,9 +218,10 @@ class Store:
     def _migrate(self) -> None:
         version = self.schema_version
         if version > SCHEMA_VERSION:
-            raise InvalidRequest(
-                f"state file {self.path} has schema version {version}, newer than this "
-                f"jupyter-gpubroker understands ({SCHEMA_VERSION}); upgrade the package"
+            raise StateFileError(
+                f"{self.path}: schema version {version} is newer than this jupyter-gpubroker "
+                f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
+                "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
             )
         for i in range(version, SCHEMA_VERSION):
             with self.transaction() as c:

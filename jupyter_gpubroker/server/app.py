@@ -3,9 +3,12 @@
 Auto-enabled on install (``jupyter-config/``). On start it builds the broker
 from ``c.GPUBroker.*`` (state in the Jupyter data dir by default), serves the
 API under ``{base_url}gpubroker/api/v1/`` and runs the broker's tick on the
-server's event loop. Kernels started with the ``gpubroker-provisioner`` find
-the broker through ``current()``. Idle reclaim watches and acts on this server's
-kernels; the broker's Prometheus metrics join the server's own at ``/metrics``.
+server's event loop. Kernels started with the ``gpubroker-provisioner`` find the
+broker through ``current()``. A broker that cannot start (its state file corrupt,
+too new or in use by another server) leaves the server running with every API
+route answering 503 with the reason, and GPU kernel starts failing with it. Idle
+reclaim watches and acts on this server's kernels; the broker's Prometheus metrics
+join the server's own at ``/metrics``.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from jupyter_server.utils import url_path_join
 
 from .. import __version__
 from ..api import API_PREFIX
+from ..broker.errors import BrokerError
+from ..nvml import NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
 from . import registry
 from .handlers import handlers
 from .reclaimer import ServerKernels
+from .unavailable import unavailable_handlers
 
 
 class GPUBrokerExtension(ExtensionApp):
@@ -31,7 +37,17 @@ class GPUBrokerExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         self.gpubroker = GPUBroker(parent=self)
         self.gpubroker.api_url = url_path_join(self.serverapp.connection_url, API_PREFIX)
-        core = self.gpubroker.start()
+        self.kernels: ServerKernels | None = None
+        self.why_not = ""
+        try:
+            core = self.gpubroker.start()
+        except (BrokerError, NvmlUnavailable, TopologyError) as e:
+            # Serve on, loudly: the API answers 503 with this sentence, GPU kernels fail
+            # with it, and the log says it once as an error.
+            self.why_not = getattr(e, "message", None) or str(e)
+            self.log.error("GPU broker not started: %s", self.why_not)
+            registry.set_current(None, self.why_not)
+            return
         registry.set_current(self.gpubroker)
         self.settings["gpubroker"] = self.gpubroker
         self.kernels = ServerKernels(self.serverapp.kernel_manager, core.clock, self.log)
@@ -41,9 +57,10 @@ class GPUBrokerExtension(ExtensionApp):
         self.gpubroker.start_ticking()
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(handlers())
+        self.handlers.extend(unavailable_handlers(self.why_not) if self.why_not else handlers())
 
     async def stop_extension(self) -> None:
         registry.set_current(None)
-        self.kernels.close()
-        self.gpubroker.stop()
+        if self.kernels is not None:
+            self.kernels.close()
+            self.gpubroker.stop()

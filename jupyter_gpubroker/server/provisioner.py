@@ -107,7 +107,8 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         runtime = registry.current()
         if runtime is None:
             raise RuntimeError(
-                "gpubroker-provisioner: no GPU broker in this process; start the kernel from "
+                registry.why_not()
+                or "gpubroker-provisioner: no GPU broker in this process; start the kernel from "
                 "a Jupyter server with the jupyter_gpubroker extension, or set "
                 "c.GPUProvisioner.broker_url"
             )

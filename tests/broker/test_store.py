@@ -8,7 +8,7 @@ import pytest
 from broker_helpers import whole_inventory
 
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import InvalidRequest, StorageFull
+from jupyter_gpubroker.broker.errors import InvalidRequest, StateFileError, StorageFull
 from jupyter_gpubroker.broker.models import (
     JobClass,
     Lease,
@@ -58,7 +58,7 @@ def test_a_newer_schema_is_refused_with_a_clear_error(state_file):
     conn = sqlite3.connect(state_file)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     conn.close()
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(StateFileError) as info:
         Store(state_file)
     msg = info.value.message
     assert str(state_file) in msg
@@ -68,6 +68,31 @@ def test_a_newer_schema_is_refused_with_a_clear_error(state_file):
     conn = sqlite3.connect(state_file)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
     assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def test_a_file_that_is_not_a_database_is_named_with_its_cause(tmp_path):
+    garbage = tmp_path / "state.sqlite"
+    garbage.write_bytes(b"\x00not sqlite at all\xff" * 100)
+    with pytest.raises(StateFileError) as info:
+        Store(garbage)
+    msg = info.value.message
+    assert msg.startswith(f"{garbage}: not a SQLite database; move it aside")
+    assert info.value.status == 503
+    assert garbage.read_bytes() == b"\x00not sqlite at all\xff" * 100  # left as it was
+
+
+def test_a_directory_in_place_of_the_file_is_named_with_its_cause(tmp_path):
+    # (an unreadable file cannot be tested as root, who reads anything: a directory fails
+    # the same way, at the open)
+    (tmp_path / "state.sqlite").mkdir()
+    with pytest.raises(StateFileError, match=r"state.sqlite: cannot be opened \(unable to open"):
+        Store(tmp_path / "state.sqlite")
+
+
+def test_a_state_file_under_a_file_is_named_with_its_cause(tmp_path):
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(StateFileError, match=r"plain/state.sqlite: cannot be opened \(File exists"):
+        Store(tmp_path / "plain" / "state.sqlite")
 
 
 def test_file_store_uses_wal_and_memory_store_works(state_file, store):

@@ -11,8 +11,22 @@ import pytest
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import Store
-from jupyter_gpubroker.cli import main
+from jupyter_gpubroker.cli import main, render_status
 from jupyter_gpubroker.nvml import open_backend
+
+
+@pytest.fixture(autouse=True)
+def _alone(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """No Jupyter server runs (none is found in this runtime dir), no broker URL is set."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.delenv("GPUBROKER_URL", raising=False)
+    monkeypatch.setenv("GPUBROKER_STATE", str(tmp_path / "default-state.sqlite"))
+
+
+def empty_state(tmp_path) -> str:
+    """A state file as a broker leaves it before its first request."""
+    Store(tmp_path / "empty.sqlite").close()
+    return str(tmp_path / "empty.sqlite")
 
 
 def status_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -21,7 +35,7 @@ def status_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 
 def test_json_lists_every_gpu_and_slice(capsys, tmp_path) -> None:
-    report = status_json(capsys, "--simulate", "dgx-h100-mig", "--state", str(tmp_path / "none"))
+    report = status_json(capsys, "--simulate", "dgx-h100-mig", "--state", empty_state(tmp_path))
     assert report["source"] == "simulated: dgx-h100-mig"
     assert len(report["gpus"]) == 8
     slices = [d for g in report["gpus"] for d in g["devices"]]
@@ -58,7 +72,7 @@ def test_holders_come_from_the_state_file(capsys, tmp_path) -> None:
 
 
 def test_whole_gpus_show_their_utilization(capsys, tmp_path) -> None:
-    report = status_json(capsys, "--simulate", "dgx-h100", "--state", str(tmp_path / "x"))
+    report = status_json(capsys, "--simulate", "dgx-h100", "--state", empty_state(tmp_path))
     assert [d["kind"] for g in report["gpus"] for d in g["devices"]] == ["gpu"] * 8
     assert all(g["utilization_gpu"] == 0 for g in report["gpus"])
 
@@ -108,3 +122,69 @@ def test_drained_gpus_show_with_their_reason(capsys, tmp_path) -> None:
     table = capsys.readouterr().out
     assert "DRAINED: temperature 93 C over 85 C" in table
     assert "0 held, 4 drained" in table
+
+
+def test_a_missing_state_file_is_an_error(capsys, tmp_path) -> None:
+    missing = tmp_path / "no" / "such.sqlite"
+    assert main(["status", "--simulate", "dgx-h100-mig", "--state", str(missing)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {missing}: no such state file; check --state (a broker creates it when it "
+        "first starts)\n"
+    )
+    assert not missing.exists()
+
+
+def test_a_corrupt_state_file_is_one_line(capsys, tmp_path) -> None:
+    garbage = tmp_path / "state.sqlite"
+    garbage.write_bytes(b"not a database" * 100)
+    assert main(["status", "--simulate", "dgx-h100-mig", "--state", str(garbage)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {garbage}: not a SQLite database; move it aside")
+    assert err.count("\n") == 1
+
+
+def test_the_table_says_what_it_read(capsys, tmp_path) -> None:
+    state = empty_state(tmp_path)
+    assert main(["status", "--simulate", "dgx-h100-mig:1", "--state", state]) == 0
+    assert f"(simulated: dgx-h100-mig:1; no broker running; holders from {state})" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path) -> None:
+    """`status --json | head -1`: the pipe closes under a long report."""
+    done = subprocess.run(
+        f"{sys.executable} -m jupyter_gpubroker.cli status --simulate dgx-h100-mig:64 "
+        f"--state {empty_state(tmp_path)} --json | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == "{\n"
+    assert done.stderr == ""
+
+
+def test_another_users_lease_seen_through_an_api_shows_its_user_only() -> None:
+    report = {
+        "source": "broker at http://h/gpubroker/api/v1",
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-1",
+                "name": "NVIDIA H100",
+                "mig_enabled": False,
+                "memory_mib": 81920,
+                "devices": [
+                    {
+                        "kind": "gpu",
+                        "uuid": "GPU-1",
+                        "holder": {"user": "bob", "lease_id": None, "request_id": None},
+                    }
+                ],
+            }
+        ],
+    }
+    table = render_status(report)
+    assert "  bob  " in table and "None" not in table
+    assert "(broker at http://h/gpubroker/api/v1)" in table

@@ -6,6 +6,7 @@ import json
 
 from replay_helpers import OPENB_HEADER
 
+from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli import main
 
 GENERIC = ("submit_s,duration_s,gpus,user,class", "0,100,1,ann,interactive", "10,50,1,bob,batch")
@@ -64,6 +65,7 @@ def test_a_bad_row_exits_2_naming_the_line(write_trace, capsys):
 
 
 def test_status_still_works_beside_replay(tmp_path, capsys):
+    Store(tmp_path / "s.sqlite").close()  # status reads an existing state file
     args = ["status", "--simulate", "dgx-h100-mig:1", "--state", str(tmp_path / "s.sqlite")]
     assert main([*args, "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["gpus"]) == 1

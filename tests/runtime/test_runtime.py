@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 from runtime_helpers import make
 from traitlets import TraitError
 
 from jupyter_gpubroker.broker.core import Quota
-from jupyter_gpubroker.broker.errors import InvalidRequest
+from jupyter_gpubroker.broker.errors import InvalidRequest, StateFileError
 from jupyter_gpubroker.runtime import Scope
 
 
@@ -84,3 +87,32 @@ def test_kernel_tokens_are_scoped_replaced_and_revoked(tmp_path) -> None:
     rt.revoke_tokens("k1", user="alice")
     assert rt.scope_of(second) is None
     assert rt.scope_of("gpb_made-up") is None
+
+
+def test_a_second_broker_on_the_same_state_file_is_refused_naming_the_first(tmp_path) -> None:
+    first = make(tmp_path)
+    first.api_url = "http://127.0.0.1:8888/gpubroker/api/v1"
+    first.start()
+    second = make(tmp_path)
+    try:
+        with pytest.raises(StateFileError) as info:
+            second.start()
+        assert info.value.message.startswith(
+            f"{tmp_path / 'state.sqlite'}: in use by another GPU broker (pid {os.getpid()} on "
+            f"{socket.gethostname()}, serving http://127.0.0.1:8888/gpubroker/api/v1)"
+        )
+        assert second.broker is None
+    finally:
+        first.stop()
+    second.start()  # the first one gave the file back
+    second.stop()
+
+
+def test_a_broker_that_fails_to_start_gives_the_state_file_back(tmp_path) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("people: {}\n")
+    with pytest.raises(InvalidRequest):
+        make(tmp_path, quotas_file=str(quotas)).start()
+    rt = make(tmp_path)
+    rt.start()
+    rt.stop()

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import re
+import signal
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -12,23 +17,59 @@ from jupyter_gpubroker.api import API_PREFIX
 
 
 @pytest.fixture
-def cli(jp_serverapp, jp_http_port, jp_base_url):  # type: ignore[no-untyped-def]
-    """Run `jupyter gpubroker ...` in a subprocess against the test server."""
-    url = f"http://localhost:{jp_http_port}{jp_base_url}{API_PREFIX}"
+def broker_url(jp_http_port, jp_base_url) -> str:  # type: ignore[no-untyped-def]
+    return f"http://localhost:{jp_http_port}{jp_base_url}{API_PREFIX}"
+
+
+@pytest.fixture
+def start_cli(jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+    """Start `jupyter gpubroker ...` in a subprocess against the test server (or ``url``,
+    with ``token``); no traceback may ever reach its stderr."""
     token = jp_serverapp.identity_provider.token
 
-    async def run(*args: str, json_out: bool = True) -> tuple[int, object, str]:
-        argv = [sys.executable, "-m", "jupyter_gpubroker.cli", *args[:1], "--url", url]
-        argv += ["--token", token, *(["--json"] if json_out else []), *args[1:]]
-        proc = await asyncio.create_subprocess_exec(
+    async def start(*args: str, json_out: bool = True, url: str = "", token: str = token):  # type: ignore[no-untyped-def]
+        argv = [sys.executable, "-m", "jupyter_gpubroker.cli", *args[:1]]
+        argv += ["--url", url or broker_url, "--token", token]
+        argv += [*(["--json"] if json_out else []), *args[1:]]
+        return await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
+
+    return start
+
+
+@pytest.fixture
+def cli(start_cli):  # type: ignore[no-untyped-def]
+    """Run `jupyter gpubroker ...` to its end: (exit status, JSON or text out, stderr)."""
+
+    async def run(*args: str, json_out: bool = True, **where: str) -> tuple[int, object, str]:
+        proc = await start_cli(*args, json_out=json_out, **where)
         out, err = await proc.communicate()
         text = out.decode()
         data = json.loads(text) if json_out and proc.returncode == 0 else text
+        assert "Traceback" not in err.decode()
         return proc.returncode or 0, data, err.decode()
 
     return run
+
+
+@contextlib.asynccontextmanager
+async def held(api, n: int = 1) -> AsyncIterator[list[dict]]:  # type: ignore[no-untyped-def]
+    """``n`` granted 1g.10gb requests (7 fill the GPU: the next one queues), renewed every
+    second so that they outlive their 4 s TTL however slowly a CLI starts."""
+    granted = [(await api("POST", "requests", {"profile": "1g.10gb"}))[1] for _ in range(n)]
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(1)
+            for r in granted:
+                await api("POST", f"leases/{r['lease']['id']}/renew")
+
+    renewing = asyncio.ensure_future(renew())
+    try:
+        yield granted
+    finally:
+        renewing.cancel()
 
 
 async def test_request_then_release(cli, api):  # type: ignore[no-untyped-def]
@@ -45,21 +86,21 @@ async def test_request_then_release(cli, api):  # type: ignore[no-untyped-def]
 
 
 async def test_queued_request_shows_in_the_queue_and_is_granted_on_release(cli, api):  # type: ignore[no-untyped-def]
-    leases = []
-    for _ in range(7):
-        _, r = await api("POST", "requests", {"profile": "1g.10gb"})
-        leases.append(r["lease"]["id"])
-    code, r, _ = await cli("request", "1g.10gb", "--no-wait", "--class", "batch")
-    assert code == 0 and r["state"] == "queued" and r["position"] == 1
+    async with held(api, 7) as full:
+        code, r, _ = await cli("request", "1g.10gb", "--no-wait", "--class", "batch")
+        assert code == 0 and r["state"] == "queued" and r["position"] == 1
 
-    code, queue, _ = await cli("queue")
-    assert [(e["position"], e["id"], e["job_class"]) for e in queue] == [(1, r["id"], "batch")]
-    code, table, _ = await cli("queue", json_out=False)
-    assert "1g.10gb" in table and "1 waiting" in table
+        code, queue, _ = await cli("queue")
+        assert [(e["position"], e["id"], e["job_class"]) for e in queue] == [(1, r["id"], "batch")]
+        code, renewed, _ = await cli("renew", r["id"])  # a --no-wait request stays alive
+        assert code == 0 and renewed["state"] == "queued"
+        assert renewed["expires_at"] > r["expires_at"]
+        code, table, _ = await cli("queue", json_out=False)
+        assert "1g.10gb" in table and "1 waiting" in table
 
-    await api("DELETE", f"leases/{leases[0]}")
-    _, after = await api("GET", f"requests/{r['id']}")
-    assert after["state"] == "granted"
+        await api("DELETE", f"leases/{full[0]['lease']['id']}")
+        _, after = await api("GET", f"requests/{r['id']}")
+        assert after["state"] == "granted"
 
 
 async def test_run_holds_a_slice_for_the_command_and_releases_it(cli, api):  # type: ignore[no-untyped-def]
@@ -78,3 +119,94 @@ async def test_bad_input_is_one_clear_line(cli):  # type: ignore[no-untyped-def]
     assert code == 1 and "whole GPU" in err
     code, _, err = await cli("release", "l-nope")
     assert code == 1 and "no lease 'l-nope'" in err
+
+
+async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(start_cli, api):  # type: ignore[no-untyped-def]
+    async with held(api, 7):
+        proc = await start_cli("request", "1g.10gb", json_out=False)
+        assert b"queued at position 1" in await proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = await proc.communicate()
+    assert proc.returncode == 130
+    assert re.fullmatch(r"interrupted: request r-\S+ withdrawn\n", err.decode())
+    _, queue = await api("GET", "queue")
+    assert queue["length"] == 0
+
+
+async def test_a_wait_that_times_out_is_withdrawn(cli, api):  # type: ignore[no-untyped-def]
+    async with held(api, 7):
+        code, _, err = await cli("request", "1g.10gb", "--timeout", "0.5")
+    assert code == 1
+    assert err.endswith("still at position 1 in the queue; the request was withdrawn\n")
+    _, queue = await api("GET", "queue")
+    assert queue["length"] == 0
+
+
+async def test_run_of_a_missing_command_says_so_and_gives_the_slice_back(cli, api):  # type: ignore[no-untyped-def]
+    code, _, err = await cli("run", "1g.10gb", "--", "/nonexistent/cmd", json_out=False)
+    assert code == 127
+    assert err.strip() == "error: cannot run /nonexistent/cmd: No such file or directory"
+    _, leases = await api("GET", "leases")
+    assert leases["leases"] == []
+
+
+async def test_run_stops_its_command_when_the_lease_is_lost(cli, api, tmp_path):  # type: ignore[no-untyped-def]
+    pid_file = tmp_path / "pid"
+    script = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    running = asyncio.ensure_future(
+        cli("run", "1g.10gb", "--", sys.executable, "-c", script, json_out=False)
+    )
+    while not pid_file.exists() or not pid_file.read_text():
+        await asyncio.sleep(0.1)
+    _, leases = await api("GET", "leases")
+    (lease,) = leases["leases"]
+    await api("DELETE", f"leases/{lease['id']}")  # ended by someone else (an admin, a reclaim)
+
+    code, _, err = await running  # within a third of the 4 s TTL, not the 600 s sleep
+    assert code == 1
+    assert f"error: lost lease {lease['id']} (" in err and "stopping the command" in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+async def test_a_wrong_token_or_url_says_what_to_check(cli, broker_url):  # type: ignore[no-untyped-def]
+    code, _, err = await cli("queue", token="wrong")
+    assert code == 1
+    assert err.strip() == (
+        f"error: the broker at {broker_url} refused the token: check --token or "
+        "$GPUBROKER_TOKEN, or the Jupyter server's token (jupyter server list)"
+    )
+    wrong = broker_url.replace("gpubroker/api/v1", "gpu/api")
+    code, _, err = await cli("queue", url=wrong)
+    assert code == 1
+    assert err.strip() == f"error: no GPU broker at {wrong}: check --url (it ends in /{API_PREFIX})"
+
+
+async def test_status_shows_the_running_servers_broker(cli, api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+    jp_serverapp.write_server_info_file()  # what `jupyter server list` reads
+    try:
+        async with held(api) as (r,):
+            for where in ({"url": broker_url}, {}):
+                argv = [sys.executable, "-m", "jupyter_gpubroker.cli", "status", "--json"]
+                if where:
+                    argv += ["--url", broker_url, "--token", jp_serverapp.identity_provider.token]
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env={**os.environ, "GPUBROKER_SIMULATE": ""},  # no local hardware to read
+                )
+                out, err = await proc.communicate()
+                assert proc.returncode == 0, err
+                report = json.loads(out)
+                assert report["source"] == (
+                    f"broker at {broker_url}"
+                    if where
+                    else f"broker of the Jupyter server at {broker_url}"
+                )
+                holders = {d["uuid"]: d["holder"] for g in report["gpus"] for d in g["devices"]}
+                assert holders[r["lease"]["devices"][0]]["lease_id"] == r["lease"]["id"]
+    finally:
+        jp_serverapp.remove_server_info_file()

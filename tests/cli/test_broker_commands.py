@@ -1,0 +1,95 @@
+"""The broker commands' mistakes, each one clear line (no server needed to make them)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from jupyter_gpubroker.cli import _hold, _stop, main
+
+NOWHERE = "http://127.0.0.1:9/gpubroker/api/v1"  # the discard port: nothing listens
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's usage errors
+        code = int(e.code or 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def test_an_unreachable_broker_says_what_to_check(capsys) -> None:
+    code, err = run(capsys, "queue", "--url", NOWHERE)
+    assert code == 1
+    assert err == (
+        f"error: could not reach the GPU broker at {NOWHERE} (Connection refused): check --url "
+        "(or $GPUBROKER_URL) and that the Jupyter server is running\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        ("-2", "error: a GPU count must be positive, not -2\n"),
+        ("-5GB", "error: sizes cannot be negative: -5GB (give e.g. 1g.10gb, 2 or 20GB)\n"),
+    ],
+)
+def test_a_negative_size_is_named_as_such(capsys, size: str, message: str) -> None:
+    assert run(capsys, "request", "--url", NOWHERE, size) == (1, message)
+    assert run(capsys, "request", "--url", NOWHERE, "--", size) == (1, message)
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan"])
+def test_a_timeout_must_be_positive(capsys, timeout: str) -> None:
+    code, err = run(capsys, "request", "--url", NOWHERE, "--timeout", timeout, "1g.10gb")
+    assert code == 2
+    assert f"argument --timeout: must be more than 0 seconds, not {timeout}" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("queue", "in the order the broker will grant them"),
+        ("renew", "A lease or request nobody renews expires"),
+        ("release", "withdraw a request (r-...)"),
+    ],
+)
+def test_every_command_describes_itself(capsys, command: str, words: str) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert words in " ".join(capsys.readouterr().out.split())
+
+
+class Unreachable:
+    """A broker that stopped answering: every renewal is refused a connection."""
+
+    def __init__(self) -> None:
+        self.renewals = 0
+
+    async def renew(self, lease_id: str) -> None:
+        self.renewals += 1
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_run_retries_an_unreachable_broker_until_the_ttl_then_stops_the_command(capsys) -> None:
+    broker = Unreachable()
+
+    async def go() -> tuple[int, int | None]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import time; time.sleep(600)"
+        )
+        code = await _hold(broker, {"id": "l-1", "ttl_s": 0.9}, proc)  # type: ignore[arg-type]
+        alive = proc.returncode
+        await _stop(proc)
+        return code, alive
+
+    code, alive_at_loss = asyncio.run(go())
+    assert code == 1 and alive_at_loss is None
+    assert broker.renewals >= 2  # retried, not given up at the first failure
+    assert capsys.readouterr().err == (
+        "error: lost lease l-1 (Connection refused): stopping the command\n"
+    )

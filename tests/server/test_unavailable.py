@@ -1,0 +1,123 @@
+"""A server whose broker cannot use its state file serves on and says why, everywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_gpubroker.broker.store import SCHEMA_VERSION
+from jupyter_gpubroker.statelock import StateLock
+
+
+def garbage(state: Path) -> None:
+    state.write_bytes(b"this is not a database\n" * 200)
+
+
+def too_new(state: Path) -> None:
+    conn = sqlite3.connect(state)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+
+
+def locked(state: Path) -> StateLock:
+    lock = StateLock(state)
+    lock.acquire("http://127.0.0.1:8888/gpubroker/api/v1")
+    return lock
+
+
+@pytest.fixture
+def broker_config(broker_config: dict[str, Any], request: Any) -> Iterator[dict[str, Any]]:
+    """The state file, spoiled by ``request.param`` before the server starts."""
+    state = Path(broker_config["state_file"])
+    state.parent.mkdir(parents=True, exist_ok=True)
+    spoil: Callable[[Path], Any] = request.param
+    held = spoil(state)
+    yield broker_config
+    if isinstance(held, StateLock):
+        held.release()
+
+
+def expected(state: str, spoil: Callable[[Path], Any]) -> str:
+    if spoil is garbage:
+        return f"{state}: not a SQLite database; move it aside"
+    if spoil is too_new:
+        return (
+            f"{state}: schema version {SCHEMA_VERSION + 1} is newer than this "
+            f"jupyter-gpubroker supports ({SCHEMA_VERSION}); upgrade the package"
+        )
+    return (
+        f"{state}: in use by another GPU broker (pid {os.getpid()} on {socket.gethostname()}, "
+        "serving http://127.0.0.1:8888/gpubroker/api/v1); use that server, stop it, or give "
+        "this one its own state file"
+    )
+
+
+CASES = pytest.mark.parametrize("broker_config", [garbage, too_new, locked], indirect=True)
+
+
+@CASES
+async def test_every_api_route_answers_503_naming_the_file_and_the_cause(
+    api: Any, broker_config: dict[str, Any], request: Any
+) -> None:
+    sentence = expected(broker_config["state_file"], request.node.callspec.params["broker_config"])
+    for method, path in [
+        ("GET", "devices"),
+        ("POST", "requests"),
+        ("DELETE", "leases/l-1"),
+        ("GET", "no/such/route"),
+    ]:
+        status, reply = await api(method, path)
+        assert status == 503, (method, path, reply)
+        assert reply["error"] == "broker_unavailable"
+        assert reply["message"].startswith(sentence)
+
+
+@CASES
+async def test_the_reason_needs_a_credential(jp_fetch: Any, broker_config: dict[str, Any]) -> None:
+    from tornado.httpclient import HTTPClientError
+
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("gpubroker", "api", "v1", "devices", headers={"Authorization": ""})
+    assert info.value.code == 403
+    assert broker_config["state_file"] not in (info.value.response.body or b"").decode()
+
+
+@CASES
+async def test_a_gpu_kernel_start_fails_with_the_same_sentence(
+    jp_serverapp: Any, gpu_kernelspec: Any, broker_config: dict[str, Any], request: Any
+) -> None:
+    sentence = expected(broker_config["state_file"], request.node.callspec.params["broker_config"])
+    with pytest.raises(RuntimeError) as info:
+        await jp_serverapp.kernel_manager.start_kernel(kernel_name=gpu_kernelspec())
+    assert str(info.value).startswith(sentence)
+
+
+@CASES
+async def test_cli_status_says_it(
+    jp_serverapp: Any, broker_config: dict[str, Any], request: Any
+) -> None:
+    sentence = expected(broker_config["state_file"], request.node.callspec.params["broker_config"])
+    jp_serverapp.write_server_info_file()  # found as `jupyter server list` finds it
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "jupyter_gpubroker.cli",
+            "status",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+    finally:
+        jp_serverapp.remove_server_info_file()
+    assert proc.returncode == 1 and out == b""
+    assert err.decode().startswith(f"error: {sentence}")
+    assert err.decode().count("\n") == 1
