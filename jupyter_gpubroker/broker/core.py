@@ -286,6 +286,8 @@ class Broker:
         # and per class, the shape ("" in the coarser keys) being what a lease held
         self._history: dict[tuple[str, str, str], float] = {}
         self._drains: dict[str, tuple[str, float]] = {}
+        self._drain_cause: dict[str, str] = {}
+        """Who drained each drained device: ``health`` lifts only its own drains."""
         self._vacating: dict[str, Vacating] = {}
         self._request_deadlines: list[tuple[float, str]] = []
         """(expires_at, request id) of queued requests, a heap; stale entries (renewed,
@@ -465,18 +467,24 @@ class Broker:
         self._lease_event("warning_cleared", lease, {"reason": reason})
         return lease
 
-    def drain(self, uuid: str, reason: str) -> None:
+    def drain(self, uuid: str, reason: str, cause: str = "admin") -> None:
         """Grant nothing more on a GPU (and every device on it) or on one device. Holders
-        keep their leases; they and the machine's watchers get a ``drained`` event."""
+        keep their leases; they and the machine's watchers get a ``drained`` event.
+
+        ``cause`` says who drained it (``health``, ``vacate``, ``admin``): a device drained
+        for any other cause stays so when its health recovers."""
         if uuid not in self.placer.gpus and uuid not in self.placer.devices:
             raise NotFound(f"no GPU or device {uuid!r}")
         if self._drains.get(uuid, ("",))[0] == reason:
             return
         now = self.clock.now()
         since = self._drains.get(uuid, (reason, now))[1]
+        if self._drain_cause.get(uuid, "health") != "health":
+            cause = self._drain_cause[uuid]  # a health fault does not take an admin's drain over
         with self.store.transaction():
-            self.store.set_drain(uuid, reason, since)
+            self.store.set_drain(uuid, reason, since, cause)
         self._drains[uuid] = (reason, since)
+        self._drain_cause[uuid] = cause
         self.placer.drain(uuid)
         self._device_event("drained", uuid, now, reason)
 
@@ -486,7 +494,7 @@ class Broker:
             raise NotFound(f"{uuid!r} is not drained")
         with self.store.transaction():
             self.store.clear_drain(uuid)
-        del self._drains[uuid]
+        del self._drains[uuid], self._drain_cause[uuid]
         self.placer.undrain(uuid)
         self._device_event("undrained", uuid, self.clock.now(), reason)
         self.schedule()
@@ -494,6 +502,10 @@ class Broker:
     def drained(self) -> dict[str, tuple[str, float]]:
         """Drained GPU or device UUID -> (reason, since when)."""
         return dict(self._drains)
+
+    def drained_by(self, cause: str) -> set[str]:
+        """The GPUs and devices drained for ``cause``."""
+        return {uuid for uuid, c in self._drain_cause.items() if c == cause}
 
     def vacating(self) -> dict[str, Vacating]:
         """Devices of ended leases that a process still runs on, by UUID."""
@@ -927,6 +939,7 @@ class Broker:
                     uuid,
                     f"process {pids[0]} still ran on it {now - v.since:.0f} s after {after}; "
                     "undrain it once that process is gone",
+                    cause="vacate",
                 )
             self.placer.release([uuid])
             if not pids:
@@ -1197,6 +1210,7 @@ class Broker:
                 self._enqueue(r)
                 heapq.heappush(self._request_deadlines, (r.expires_at, r.id))
         self._drains = self.store.drains()
+        self._drain_cause = self.store.drain_causes()
         for uuid in self._drains:
             self.placer.drain(uuid)
         for uuid in [u for u in self.placer.devices if u not in self._holder]:

@@ -128,6 +128,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE requests ADD COLUMN expires_at REAL;
     """,
+    # 4: who drained a device (until now only health checks did)
+    """
+    ALTER TABLE drains ADD COLUMN cause TEXT NOT NULL DEFAULT 'health';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -326,11 +330,11 @@ class Store:
     def delete_quota(self, kind: str, name: str) -> None:
         self.conn.execute("DELETE FROM quotas WHERE kind=? AND name=?", (kind, name))
 
-    def set_drain(self, uuid: str, reason: str, since: float) -> None:
+    def set_drain(self, uuid: str, reason: str, since: float, cause: str) -> None:
         self.conn.execute(
-            "INSERT INTO drains (uuid, reason, since) VALUES (?, ?, ?)"
-            " ON CONFLICT (uuid) DO UPDATE SET reason=excluded.reason",
-            (uuid, reason, since),
+            "INSERT INTO drains (uuid, reason, since, cause) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (uuid) DO UPDATE SET reason=excluded.reason, cause=excluded.cause",
+            (uuid, reason, since, cause),
         )
 
     def clear_drain(self, uuid: str) -> None:
@@ -381,6 +385,10 @@ class Store:
         """Drained GPU or device UUID -> (reason, since)."""
         rows = self.db.query("SELECT * FROM drains")
         return {r["uuid"]: (r["reason"], r["since"]) for r in rows}
+
+    def drain_causes(self) -> dict[str, str]:
+        """Drained GPU or device UUID -> who drained it (``health``, ``vacate``, ...)."""
+        return {r["uuid"]: r["cause"] for r in self.db.query("SELECT uuid, cause FROM drains")}
 
     def reclaims(self, since: float | None = None) -> list[dict[str, Any]]:
         """Reclaims from ``since`` on, oldest first, each with its evidence decoded."""

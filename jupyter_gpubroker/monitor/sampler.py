@@ -62,7 +62,7 @@ class Sampler:
         self.latest: dict[str, DeviceReading] = {}
         """The last pass's readings, by GPU or device UUID."""
         gpus = {g.uuid for g in broker.inventory.gpus}
-        health.adopt((u for u in broker.drained() if u in gpus), broker.clock.now())
+        health.adopt(broker.drained_by("health") & gpus, broker.clock.now())
 
     def read(self) -> tuple[dict[str, DeviceReading], list[DeviceEvent]]:
         """Read NVML (no store, no broker change: safe on a worker thread)."""
@@ -84,8 +84,8 @@ class Sampler:
         for change in self.health.assess(now, readings, events, gpu_of):
             if change.drain:
                 self.log.warning("GPU broker: draining GPU %s: %s", change.gpu_uuid, change.reason)
-                broker.drain(change.gpu_uuid, change.reason)
-            elif change.gpu_uuid in broker.drained():
+                broker.drain(change.gpu_uuid, change.reason, cause="health")
+            elif change.gpu_uuid in broker.drained_by("health"):
                 self.log.info("GPU broker: GPU %s is back: %s", change.gpu_uuid, change.reason)
                 broker.undrain(change.gpu_uuid, change.reason)
         return self.reclaimer.step(self.observe(readings))

@@ -188,3 +188,27 @@ def test_a_restarted_broker_keeps_a_faulty_gpu_drained_until_healthy(machine: Ma
         assert gpu not in again.broker.drained()
     finally:
         again.close()
+
+
+def test_health_lifts_only_its_own_drains_also_after_a_restart(machine: Machine) -> None:
+    """A GPU an admin (or a lingering process) drained stays drained when its health is
+    fine: recovery undrains only what a health check drained."""
+    held, hot = (g.uuid for g in machine.broker.inventory.gpus)
+    machine.broker.drain(held, "replacing its fan")  # an admin's drain, no fault at all
+    machine.sim.inject_overheat(hot)
+    machine.run(5)
+    machine.broker.drain(hot, "lingering process", cause="vacate")  # on top of the fault
+    machine.close()
+    again = Machine(
+        "dgx-h100-mig:2",
+        health=HealthConfig(healthy_for_s=60),
+        store=machine.store,
+        clock=machine.clock,
+    )
+    try:
+        again.run(120)
+        assert again.broker.drained()[held][0] == "replacing its fan"
+        assert again.broker.drained_by("admin") == {held}
+        assert again.broker.drained_by("vacate") == {hot}
+    finally:
+        again.close()
