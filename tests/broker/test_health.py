@@ -175,12 +175,7 @@ def test_a_restarted_broker_keeps_a_faulty_gpu_drained_until_healthy(machine: Ma
     machine.sim.inject_overheat(gpu)
     machine.run(5)
     machine.close()
-    again = Machine(
-        "dgx-h100-mig:2",
-        health=HealthConfig(healthy_for_s=60),
-        store=machine.store,
-        clock=machine.clock,
-    )
+    again = restarted(machine)
     try:
         again.run(30)
         assert gpu in again.broker.drained()  # adopted: healthy for 30 s only
@@ -199,12 +194,7 @@ def test_health_lifts_only_its_own_drains_also_after_a_restart(machine: Machine)
     machine.run(5)
     machine.broker.drain(hot, "lingering process", cause="vacate")  # on top of the fault
     machine.close()
-    again = Machine(
-        "dgx-h100-mig:2",
-        health=HealthConfig(healthy_for_s=60),
-        store=machine.store,
-        clock=machine.clock,
-    )
+    again = restarted(machine)
     try:
         again.run(120)
         assert again.broker.drained()[held][0] == "replacing its fan"
@@ -212,3 +202,13 @@ def test_health_lifts_only_its_own_drains_also_after_a_restart(machine: Machine)
         assert again.broker.drained_by("vacate") == {hot}
     finally:
         again.close()
+
+
+def restarted(machine: Machine) -> Machine:
+    """A new broker and sampler on the same state file and clock (a restart)."""
+    return Machine(
+        "dgx-h100-mig:2",
+        health=HealthConfig(healthy_for_s=60),
+        store=machine.store,
+        clock=machine.clock,
+    )
