@@ -6,6 +6,7 @@ also request ``http_server_client`` (tests/server with an autouse fixture)."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,13 @@ from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.kernelspec import spec_for
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let SIGINT act as Ctrl-C in this process and the subprocesses the tests start (the
+    demo, servers, the CLI), even when the suite runs as a background job, which starts
+    with SIGINT ignored: the tests that send it would otherwise wait for nothing."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -112,8 +112,18 @@ def kernel(
 
 
 @pytest.fixture
-def fill(api: Callable[..., Awaitable[Any]]) -> Callable[[int], Awaitable[list[str]]]:
-    """Take ``n`` of the seven 1g.10gb slices for another workload; returns the lease ids."""
+def fill(
+    api: Callable[..., Awaitable[Any]], request: pytest.FixtureRequest
+) -> Callable[[int], Awaitable[list[str]]]:
+    """Take ``n`` of the seven 1g.10gb slices for another workload, which keeps renewing
+    them (however slow the machine, they do not expire under the test); returns the lease
+    ids. A lease the test releases is simply no longer renewed."""
+
+    async def renew(leases: list[str]) -> None:
+        while True:
+            await asyncio.sleep(1)
+            for lease in leases:
+                await api("POST", f"leases/{lease}/renew")
 
     async def take(n: int = 7) -> list[str]:
         leases = []
@@ -121,6 +131,7 @@ def fill(api: Callable[..., Awaitable[Any]]) -> Callable[[int], Awaitable[list[s
             status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
             assert status == 201 and r["state"] == "granted", r
             leases.append(r["lease"]["id"])
+        request.addfinalizer(asyncio.ensure_future(renew(leases)).cancel)
         return leases
 
     return take
