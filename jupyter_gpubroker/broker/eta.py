@@ -82,9 +82,14 @@ def predicted_starts(
         )
         return None if est is None else (now + est.low, now + est.median, now + est.high)
 
+    known: dict[tuple[str, str, str, str], Sequence[float] | None] = {}
+
     def holds(r: Request) -> Sequence[float] | None:
-        est = predictor.hold(r.user, r.group, r.job_class.value, request_shape(r.size))
-        return None if est is None else (est.low, est.median, est.high)
+        key = (r.user, r.group, r.job_class.value, request_shape(r.size))
+        if key not in known:
+            est = predictor.hold(*key)
+            known[key] = None if est is None else (est.low, est.median, est.high)
+        return known[key]
 
     starts = list_schedule(view, queue, ends, holds, 3, now)
     out: dict[str, Eta | None] = {}
@@ -111,34 +116,36 @@ def list_schedule(
 ) -> dict[str, list[float]]:
     """Each request's start in each pass (infinite where unknown or never)."""
     placer, held, dynamic = view.placer, view.holders(), view.config.dynamic_mig
+    never, idle = [math.inf] * passes, [now] * passes
     lease_ends: dict[str, Sequence[float]] = {}
     for lease in held.values():
         if lease.id not in lease_ends:
-            lease_ends[lease.id] = ends(lease) or [math.inf] * passes
+            lease_ends[lease.id] = [max(now, t) for t in ends(lease) or never]
+    free = {
+        d.uuid: never
+        if placer.is_drained(d)
+        else (lease_ends[held[d.uuid].id] if d.uuid in held else idle)
+        for d in placer.devices.values()
+    }
+    mig = {g.uuid for g in placer.gpus.values() if g.mig_enabled} if dynamic else set()
+    by_class: dict[str, list[str]] = defaultdict(list)
+    by_gpu: dict[str, list[tuple[str, int]]] = {g: [] for g in mig}
+    for d in placer.devices.values():
+        if d.kind == "mig" and d.gpu_uuid in mig:
+            by_gpu[d.gpu_uuid].append((d.uuid, d.compute_slices))
+        else:
+            by_class[device_class(d)].append(d.uuid)
     starts = {r.id: [math.inf] * passes for r in queue}
     for p in range(passes):
-
-        def free_at(uuid: str, p: int = p) -> float:
-            d = placer.devices[uuid]
-            if placer.is_drained(d):
-                return math.inf
-            lease = held.get(uuid)
-            return now if lease is None else max(now, lease_ends[lease.id][p])
-
-        heaps: dict[str, list[tuple[float, str]]] = defaultdict(list)
-        slots: dict[str, list[float]] = {}
-        if dynamic:
-            slots = {g.uuid: [] for g in placer.gpus.values() if g.mig_enabled}
-        for d in placer.devices.values():
-            if d.kind == "mig" and d.gpu_uuid in slots:
-                slots[d.gpu_uuid] += [free_at(d.uuid)] * d.compute_slices
-            else:
-                heaps[device_class(d)].append((free_at(d.uuid), d.uuid))
+        heaps = {c: [(free[u][p], u) for u in uuids] for c, uuids in by_class.items()}
         for heap in heaps.values():
             heapq.heapify(heap)
-        for g, s in slots.items():
+        slots: dict[str, list[float]] = {}
+        for g, cut in by_gpu.items():
+            s = [t for u, n in cut for t in [free[u][p]] * n]
             s += [math.inf if g in placer.drained else now] * (COMPUTE_SLICES - len(s))
             s.sort()  # slices not cut into any device are free to cut now
+            slots[g] = s
         for r in queue:
             hold = holds(r)
             length = math.inf if hold is None else hold[p]
@@ -150,7 +157,7 @@ def list_schedule(
                 s[:need] = [start + length] * need
                 s.sort()
             elif r.size.gpus is not None or r.size.profile is not None:
-                heap, k = heaps[r.size.profile or WHOLE_GPU], r.size.gpus or 1
+                heap, k = heaps.get(r.size.profile or WHOLE_GPU, []), r.size.gpus or 1
                 if len(heap) < k:
                     continue
                 taken = [heapq.heappop(heap) for _ in range(k)]
