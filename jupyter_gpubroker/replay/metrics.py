@@ -22,8 +22,10 @@
   (``Broker.schedule``), averaged over the passes.
 - **ETA accuracy** (when the replay asked for it, see :mod:`.accuracy`): the
   median relative error of the predicted start (its median) and of Slurm's
-  ``squeue --start``, and the share of estimates whose stated range covered
-  the real start; over every estimate and over those made at submission.
+  ``squeue --start``, the share of estimates whose stated range covered
+  the real start, and the share that started later than the predicted median
+  (``late``: 0.5 when unbiased); over every estimate and over those made at
+  submission.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def eta_stats(estimates: Sequence[Estimate]) -> dict[str, dict[str, float]]:
             "unknown": len(chosen) - len(known),
             "median_rel_error": percentile([relative_error(e, p.median) for e, p in known], 0.5),
             "coverage": _ratio(sum(p.low <= e.start <= p.high for e, p in known), len(known)),
+            "late": _ratio(sum(e.start > p.median for e, p in known), len(known)),
             "squeue_median_rel_error": percentile(
                 [relative_error(e, e.squeue) for e in chosen if e.squeue is not None], 0.5
             ),
