@@ -700,10 +700,9 @@ class Broker:
         if len(ready) < k:
             return None
         shadow = ready[k - 1][0]
-        needed = sorted((x for x in ready if x[0] <= shadow), key=lambda x: (x[0], not x[1], x[2]))[
-            -k:
-        ]
-        return _Reservation(frozenset(u for _, _, u in needed), shadow)
+        by_then = [x for x in ready if x[0] <= shadow]
+        by_then.sort(key=lambda x: (x[0], not x[1], x[2]))  # idle last: taken first
+        return _Reservation(frozenset(u for _, _, u in by_then[-k:]), shadow)
 
     def _free_at(self, uuid: str, now: float) -> float:
         """When a device is expected to be free: now, or its lease's expected end."""
