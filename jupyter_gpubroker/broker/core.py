@@ -547,12 +547,14 @@ class Broker:
             for k, size in self._waiting.sizes.items()
             if strict or self._could_place(size)
         }
-        front: list[tuple[float, float, str, Request]] = []
+        front: list[tuple[float, float, int, str, Request]] = []
 
         def advance(size_key: str) -> None:
             nxt = next(walks[size_key], None)
             if nxt is not None:
-                heapq.heappush(front, (-nxt[0], nxt[1].submitted_at, size_key, nxt[1]))
+                p, head = nxt
+                order = self._waiting.order(head)
+                heapq.heappush(front, (-p, head.submitted_at, order, size_key, head))
 
         granted: list[Lease] = []
         blocked: Request | None = None
@@ -562,7 +564,7 @@ class Broker:
             for k in walks:
                 advance(k)
             while front:
-                _, _, k, r = heapq.heappop(front)
+                _, _, _, k, r = heapq.heappop(front)
                 if not strict and not self._could_place(r.size):
                     continue  # this size is out of free devices: drop it from the pass
                 if self._quota_blocks(r, now):
@@ -606,7 +608,7 @@ class Broker:
         now = self.clock.now()
         ranked = sorted(
             ((self._rank(r), r) for r in self._waiting),
-            key=lambda pr: (-pr[0], pr[1].submitted_at),
+            key=lambda pr: (-pr[0], pr[1].submitted_at, self._waiting.order(pr[1])),
         )
         etas = self._project([r for _, r in ranked], now)
         return [QueueEntry(i + 1, r, p, etas.get(r.id)) for i, (p, r) in enumerate(ranked)]
@@ -783,17 +785,26 @@ class Broker:
         return None
 
     def _reserve(self, r: Request, now: float) -> _Reservation | None:
-        """When and where the top blocked request will start, from leases' expected ends."""
+        """When and where the top blocked request will start, from leases' expected ends.
+
+        It starts when its k-th device frees (its shadow time) and is given the k
+        devices that free *latest* by then, as textbook EASY does: a device free now
+        and not needed at the shadow time may run a job of any length. Among devices
+        freeing at the same instant an idle one is reserved before a held one (a
+        lease past its expected end may run on).
+        """
         ready = sorted(
-            (self._free_at(d.uuid, now), d.uuid)
+            (self._free_at(d.uuid, now), d.uuid in self._holder, d.uuid)
             for d in self.placer.compatible(r.size)
             if not self.placer.is_drained(d)
         )
         k = self.placer.units(r.size)
         if len(ready) < k:
             return None
-        chosen = ready[:k]
-        return _Reservation(frozenset(u for _, u in chosen), chosen[-1][0])
+        shadow = ready[k - 1][0]
+        by_then = [x for x in ready if x[0] <= shadow]
+        by_then.sort(key=lambda x: (x[0], not x[1], x[2]))  # idle last: taken first
+        return _Reservation(frozenset(u for _, _, u in by_then[-k:]), shadow)
 
     def _free_at(self, uuid: str, now: float) -> float:
         """When a device is expected to be free: now, or its lease's expected end."""

@@ -7,6 +7,10 @@ need ranking. Each size keeps a heap of its buckets; an entry goes stale when
 its bucket's head or its user's fair share changes, and is skipped when it
 comes up (lazy deletion). A scheduling pass therefore costs a few heap
 operations per decision, not a sort of the whole queue.
+
+Equal priorities and submit times are ordered by arrival (``order``), never by
+which bucket was ranked first: the order of the queue must not depend on how
+requests are grouped into users.
 """
 
 from __future__ import annotations
@@ -30,7 +34,11 @@ class WaitQueue:
     def __init__(self, rank: Callable[[Request], float]) -> None:
         self._rank = rank
         self._buckets: dict[BucketKey, deque[Request]] = {}
-        self._heaps: dict[str, list[tuple[float, float, int, int, BucketKey]]] = defaultdict(list)
+        self._heaps: dict[str, list[tuple[float, float, int, int, int, BucketKey]]] = defaultdict(
+            list
+        )
+        self._order: dict[str, int] = {}
+        self._arrivals = itertools.count()
         self._version: dict[BucketKey, int] = {}
         self._user_epoch: dict[str, int] = defaultdict(int)
         self.sizes: dict[str, Size] = {}
@@ -45,7 +53,13 @@ class WaitQueue:
         for bucket in self._buckets.values():
             yield from bucket
 
+    def order(self, r: Request) -> int:
+        """The waiting request's arrival rank: what breaks ties of priority and submit time."""
+        return self._order[r.id]
+
     def add(self, r: Request) -> None:
+        """Queue ``r`` behind every request added before it (add in submission order)."""
+        self._order[r.id] = next(self._arrivals)
         key = bucket_key(r)
         bucket = self._buckets.get(key)
         if bucket is None:
@@ -60,6 +74,7 @@ class WaitQueue:
         key = bucket_key(r)
         bucket = self._buckets[key]
         was_head = bucket[0] is r
+        del self._order[r.id]
         if was_head:
             bucket.popleft()
         else:
@@ -90,26 +105,33 @@ class WaitQueue:
         """The heads of one size's buckets, best first. Granting a yielded head
         (``remove``) ranks that bucket's next request into the walk."""
         heap = self._heaps[size_key]
-        seen: list[tuple[float, float, int, int, BucketKey]] = []
+        seen: list[tuple[float, float, int, int, int, BucketKey]] = []
         try:
             while heap:
                 entry = heapq.heappop(heap)
-                key = entry[4]
-                if self._version.get(key) != entry[2]:
+                key = entry[5]
+                if self._version.get(key) != entry[3]:
                     continue
-                if self._user_epoch[key[1]] != entry[3]:
+                if self._user_epoch[key[1]] != entry[4]:
                     self._push(key)  # ranked before its user's share changed
                     continue
                 seen.append(entry)
                 yield -entry[0], self._buckets[key][0]
         finally:
             for entry in seen:
-                if self._version.get(entry[4]) == entry[2]:
+                if self._version.get(entry[5]) == entry[3]:
                     heapq.heappush(heap, entry)
 
     def _push(self, key: BucketKey) -> None:
         head = self._buckets[key][0]
         version = next(self._tick)
         self._version[key] = version
-        entry = (-self._rank(head), head.submitted_at, version, self._user_epoch[key[1]], key)
+        entry = (
+            -self._rank(head),
+            head.submitted_at,
+            self._order[head.id],
+            version,
+            self._user_epoch[key[1]],
+            key,
+        )
         heapq.heappush(self._heaps[key[0]], entry)

@@ -61,6 +61,13 @@ def add_replay_command(sub: Any) -> None:
         metavar="HOURS",
         help="a wait longer than this counts as starved (default %(default)g)",
     )
+    p.add_argument(
+        "--eta-every",
+        type=float,
+        metavar="MINUTES",
+        help="measure the start estimates: ask them at each job's submission and every "
+        "MINUTES while it waits, and report their error against the real starts",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_replay)
 
@@ -78,8 +85,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.limit is not None:
         trace = trace.head(args.limit)
     compress = args.compress if args.compress is not None else DEFAULT_COMPRESS[args.format]
-    if not compress > 0 or (args.limit is not None and args.limit < 1):
-        print("error: --compress and --limit must be positive", file=sys.stderr)
+    if not compress > 0 or any(v is not None and not v > 0 for v in (args.limit, args.eta_every)):
+        print("error: --compress, --limit and --eta-every must be positive", file=sys.stderr)
         return 2
     run = replay(
         trace,
@@ -87,6 +94,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         inventory=args.inventory or DEFAULT_INVENTORY[args.format],
         compress=compress,
         dynamic_mig=not args.static_mig,
+        eta_every_s=args.eta_every * 60 if args.eta_every is not None else None,
     )
     summary = summarize(run, args.starve_after * 3600)
     if args.json:

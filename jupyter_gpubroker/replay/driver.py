@@ -11,6 +11,10 @@ Each job tells the broker its true duration (``expected_duration_s``): the
 policies use it only to place backfill reservations. The ``broker`` policy
 ranks by each user's *history* of hold times, never by this claim.
 
+With ``eta_every_s``, an :class:`~.accuracy.EtaProbe` also asks the start
+estimators about every waiting job, at submission and every ``eta_every_s``
+while it waits, and records what they said against its real start.
+
 Dynamic MIG (re-cutting idle MIG GPUs to the profile a request needs) is on
 for every policy by default: on the default all-1g.10gb layout nothing larger
 could run without it. It gives the baselines a capability Slurm and Kubernetes
@@ -33,6 +37,7 @@ from ..broker.placement import WHOLE_GPU
 from ..broker.policy import Policy, make_policy
 from ..broker.store import Store
 from ..nvml import MigPartitioner, open_backend
+from .accuracy import Estimate, EtaProbe
 from .sizing import Sizer
 from .traces import Job, Trace
 
@@ -83,6 +88,8 @@ class Replay:
     decisions: int
     decision_cpu_s: float
     wall_s: float
+    etas: list[Estimate] | None = None
+    """The start estimates made while jobs waited, if the replay asked for them."""
 
 
 def replay(
@@ -92,15 +99,19 @@ def replay(
     inventory: str = "dgx-h100-mig:64",
     compress: float = 1.0,
     dynamic_mig: bool = True,
+    eta_every_s: float | None = None,
 ) -> Replay:
     """Replay ``trace`` under ``policy`` (a name or a configured policy) on the
     simulated machine ``inventory``.
 
     ``compress`` divides the gaps between submissions (durations are kept), so
     a trace that never queues on its own cluster loads a smaller one.
+    ``eta_every_s`` (seconds) measures the start estimates (see :mod:`.accuracy`).
     """
     if not compress > 0:
         raise ValueError(f"the time compression factor must be positive, not {compress}")
+    if eta_every_s is not None and not eta_every_s > 0:
+        raise ValueError(f"the ETA sampling interval must be positive, not {eta_every_s}")
     wall0 = time.perf_counter()
     chosen = make_policy(policy) if isinstance(policy, str) else policy
     with open_backend(inventory) as backend:
@@ -116,7 +127,8 @@ def replay(
             config=BrokerConfig(dynamic_mig=dynamic),
             partitioner=MigPartitioner(backend) if dynamic else None,
         )
-        run = _Run(broker, clock, Sizer(inv), len(inv.gpus))
+        probe = EtaProbe(eta_every_s) if eta_every_s is not None else None
+        run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe)
         run.play([(origin + (j.submit_s - origin) / compress, j) for j in trace.jobs])
     return Replay(
         trace=trace,
@@ -131,14 +143,23 @@ def replay(
         decisions=run.decisions,
         decision_cpu_s=run.cpu_s,
         wall_s=time.perf_counter() - wall0,
+        etas=probe.estimates if probe is not None else None,
     )
 
 
 class _Run:
     """The event loop of one replay and what it records."""
 
-    def __init__(self, broker: Broker, clock: VirtualClock, sizer: Sizer, gpus: int) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        clock: VirtualClock,
+        sizer: Sizer,
+        gpus: int,
+        probe: EtaProbe | None = None,
+    ) -> None:
         self.broker, self.clock, self.sizer, self.capacity = broker, clock, sizer, float(gpus)
+        self.probe = probe
         self.outcomes: list[Outcome] = []
         self.timeline = Timeline()
         self.skipped: Counter[str] = Counter()
@@ -162,8 +183,11 @@ class _Run:
             self.clock.set(now)
             while self._ends and self._ends[0][0] <= now:
                 self._finish(heapq.heappop(self._ends)[2], now)
+            submitted: list[str] = []
             while i < len(arrivals) and arrivals[i][0] <= now:
-                self._submit(arrivals[i][1], now)
+                rid = self._submit(arrivals[i][1], now)
+                if rid is not None:
+                    submitted.append(rid)
                 i += 1
             t0 = time.process_time()
             granted = self.broker.schedule()
@@ -171,13 +195,16 @@ class _Run:
             self.decisions += 1
             for lease in granted:
                 self._start(lease, now)
+            if self.probe is not None:
+                self.probe.after_pass(self.broker, submitted, now)
             self._record(now)
 
-    def _submit(self, job: Job, now: float) -> None:
+    def _submit(self, job: Job, now: float) -> str | None:
+        """Submit ``job``; its request id, or None when it was skipped."""
         size = self.sizer.size(job.gpus)
         if size is None:
             self.skipped[f"jobs needing {job.gpus:g} whole GPUs (the inventory has fewer)"] += 1
-            return
+            return None
         try:
             r = self.broker.submit(
                 job.user,
@@ -189,9 +216,10 @@ class _Run:
             )
         except Unsatisfiable as e:
             self.skipped[f"jobs refused: {e.message}"] += 1
-            return
+            return None
         self._jobs[r.id] = (job, now, size)
         self._waiting[size] += 1
+        return r.id
 
     def _start(self, lease: Lease, now: float) -> None:
         job, _, size = self._jobs[lease.request_id]
@@ -200,11 +228,15 @@ class _Run:
             del self._waiting[size]
         self._allocated += lease.gpu_equivalents
         heapq.heappush(self._ends, (now + job.duration_s, next(self._grants), lease.id))
+        if self.probe is not None:
+            self.probe.granted(lease.request_id, now)
 
     def _finish(self, lease_id: str, now: float) -> None:
         lease = self.broker.release(lease_id, schedule=False)
         job, submitted, _ = self._jobs.pop(lease.request_id)
         self._allocated -= lease.gpu_equivalents
+        if self.probe is not None:
+            self.probe.ended(lease, job.job_class.value, now)
         self.outcomes.append(
             Outcome(
                 job.user,

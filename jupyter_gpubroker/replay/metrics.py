@@ -20,6 +20,12 @@
   day, the broker policy's own bound).
 - **Scheduler CPU time per decision**: process CPU time of one scheduling pass
   (``Broker.schedule``), averaged over the passes.
+- **ETA accuracy** (when the replay asked for it, see :mod:`.accuracy`): the
+  median relative error of the predicted start (its median) and of Slurm's
+  ``squeue --start``, the share of estimates whose stated range covered
+  the real start, and the share that started later than the predicted median
+  (``late``: 0.5 when unbiased); over every estimate and over those made at
+  submission.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .accuracy import Estimate, relative_error
 from .driver import Outcome, Replay, Timeline
 
 STARVE_AFTER_S = 24 * 3600.0
@@ -98,6 +105,24 @@ def utilization(timeline: Timeline, capacity: float) -> dict[str, float]:
     }
 
 
+def eta_stats(estimates: Sequence[Estimate]) -> dict[str, dict[str, float]]:
+    """ETA accuracy over all estimates and over those made at submission."""
+    out = {}
+    for label, chosen in (("all", estimates), ("at_submit", [e for e in estimates if e.at_submit])):
+        known = [(e, e.predicted) for e in chosen if e.predicted is not None]
+        out[label] = {
+            "estimates": len(chosen),
+            "unknown": len(chosen) - len(known),
+            "median_rel_error": percentile([relative_error(e, p.median) for e, p in known], 0.5),
+            "coverage": _ratio(sum(p.low <= e.start <= p.high for e, p in known), len(known)),
+            "late": _ratio(sum(e.start > p.median for e, p in known), len(known)),
+            "squeue_median_rel_error": percentile(
+                [relative_error(e, e.squeue) for e in chosen if e.squeue is not None], 0.5
+            ),
+        }
+    return out
+
+
 def summarize(run: Replay, starve_after_s: float = STARVE_AFTER_S) -> dict[str, Any]:
     """Every figure of one replay as one JSON-ready dict."""
     outcomes = run.outcomes
@@ -125,6 +150,7 @@ def summarize(run: Replay, starve_after_s: float = STARVE_AFTER_S) -> dict[str, 
         "decisions": run.decisions,
         "cpu_ms_per_decision": _ratio(run.decision_cpu_s * 1e3, run.decisions),
         "wall_s": run.wall_s,
+        **({"eta": eta_stats(run.etas)} if run.etas is not None else {}),
     }
 
 

@@ -29,6 +29,10 @@ ROWS: tuple[Row, ...] = (
     ("fragmentation, queue non-empty", lambda s: s["fragmentation"], "%"),
     ("Jain's index (tenants)", lambda s: s["jain"], "f"),
     ("starved (wait > threshold)", lambda s: s["starved"], "n"),
+    ("ETA median relative error", lambda s: _eta(s, "median_rel_error"), "f"),
+    ("ETA 80% range coverage", lambda s: _eta(s, "coverage"), "%"),
+    ("ETA unknown", lambda s: _eta(s, "unknown"), "n"),
+    ("squeue --start median rel. error", lambda s: _eta(s, "squeue_median_rel_error"), "f"),
     ("CPU ms per decision", lambda s: s["cpu_ms_per_decision"], "f"),
     ("replay wall time", lambda s: s["wall_s"], "w"),
 )
@@ -83,6 +87,10 @@ def json_ready(value: Any) -> Any:
 
 def _cls(s: dict[str, Any], job_class: str, key: str) -> Any:
     return s["by_class"].get(job_class, {}).get(key)
+
+
+def _eta(s: dict[str, Any], key: str) -> Any:
+    return s.get("eta", {}).get("all", {}).get(key)
 
 
 def _missing(v: Any) -> bool:

@@ -127,7 +127,8 @@ def load_openb(path: str | Path, users: int = DEFAULT_USERS) -> Trace:
     jobs: list[Job] = []
     skipped: Counter[str] = Counter()
     required = ("num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time")
-    for row in _rows(path, required):
+    rows = _Rows(path, required)
+    for row in rows:
         num_gpu = row.integer("num_gpu", 0)
         if num_gpu == 0:
             skipped["CPU-only tasks (num_gpu 0)"] += 1
@@ -156,20 +157,20 @@ def load_openb(path: str | Path, users: int = DEFAULT_USERS) -> Trace:
                 job_class=OPENB_QOS[qos],
             )
         )
-    return _trace(
-        path,
-        jobs,
-        skipped,
-        (
-            f"users are synthetic: {users} users, each task's by the CRC-32 of its "
-            "resource template (the trace has no user column)",
-        ),
+    made = len({j.user for j in jobs})
+    notes = (
+        f"users are synthetic: {made} users (of {users} allowed by --users), each task's by "
+        "the CRC-32 of its resource template (the trace has no user column)",
+        *rows.ignored(required, "cpu_milli, memory_mib and gpu_spec only pick the synthetic user"),
     )
+    return _trace(path, jobs, skipped, notes)
 
 
 def load_philly(path: str | Path) -> Trace:
     jobs: list[Job] = []
-    for row in _rows(path, ("timestamp", "duration", "num_gpus", "cluster")):
+    required = ("timestamp", "duration", "num_gpus", "cluster")
+    rows = _Rows(path, required)
+    for row in rows:
         try:
             when = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S")
         except ValueError:
@@ -184,19 +185,20 @@ def load_philly(path: str | Path) -> Trace:
                 group=tenant,
             )
         )
-    return _trace(
-        path,
-        jobs,
-        Counter(),
-        ("tenants are Philly's virtual clusters (real), each its own user and group",),
+    notes = (
+        "tenants are Philly's virtual clusters (real), each its own user and group",
+        *rows.ignored(required),
     )
+    return _trace(path, jobs, Counter(), notes)
 
 
 def load_generic(path: str | Path, users: int = DEFAULT_USERS) -> Trace:
     _check_users(users)
     jobs: list[Job] = []
-    synthetic = 0
-    for row in _rows(path, ("submit_s", "duration_s", "gpus")):
+    synthetic: set[str] = set()
+    anonymous = 0
+    rows = _Rows(path, ("submit_s", "duration_s", "gpus"))
+    for row in rows:
         gpus = row.number("gpus")
         if not (0 < gpus < 1 or (gpus >= 1 and gpus == int(gpus))):
             row.fail(f"gpus must be a whole number >= 1 or a share in (0, 1), not {gpus:g}")
@@ -210,7 +212,8 @@ def load_generic(path: str | Path, users: int = DEFAULT_USERS) -> Trace:
             user = row.name("user")
         else:
             user = synthetic_user(f"{gpus:g}|{group}|{job_class.value}", users)
-            synthetic += 1
+            synthetic.add(user)
+            anonymous += 1
         jobs.append(
             Job(
                 submit_s=row.number("submit_s"),
@@ -221,11 +224,15 @@ def load_generic(path: str | Path, users: int = DEFAULT_USERS) -> Trace:
                 job_class=job_class,
             )
         )
-    notes = (
-        (f"users are synthetic for {synthetic} jobs without one: {users} users by template",)
-        if synthetic
-        else ()
-    )
+    notes = rows.ignored(("submit_s", "duration_s", "gpus", "user", "group", "class"))
+    if anonymous:
+        made = len(synthetic)
+        notes = (
+            f"users are synthetic for {anonymous} jobs without one: {made} "
+            f"user{'s' if made != 1 else ''} (of {users} allowed by --users) by the CRC-32 of the "
+            "template (gpus, group, class)",
+            *notes,
+        )
     return _trace(path, jobs, Counter(), notes)
 
 
@@ -276,30 +283,44 @@ class _Row:
         return value
 
 
-def _rows(path: str | Path, required: tuple[str, ...]) -> Iterator[_Row]:
-    """The rows of a CSV file with a header; fails on a missing column or a short row."""
-    path = Path(path)
-    try:
-        f = path.open(newline="")
-    except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
-    with f:
-        reader = csv.DictReader(f)
-        missing = [c for c in required if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(
-                f"{path}:1: the header lacks column(s) {', '.join(missing)} "
-                f"(it has {', '.join(reader.fieldnames or ()) or 'nothing'})"
-            )
-        for values in reader:
-            where = f"{path}:{reader.line_num}"
-            if None in values or None in values.values():
-                more = "more" if None in values else "fewer"
+class _Rows:
+    """The rows of a CSV file with a header; fails on a missing column or a short row.
+    ``columns`` is the header, read when iteration starts."""
+
+    def __init__(self, path: str | Path, required: tuple[str, ...]) -> None:
+        self.path, self.required = Path(path), required
+        self.columns: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[_Row]:
+        path = self.path
+        try:
+            f = path.open(newline="")
+        except OSError as e:
+            raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
+        with f:
+            reader = csv.DictReader(f)
+            self.columns = tuple(reader.fieldnames or ())
+            missing = [c for c in self.required if c not in self.columns]
+            if missing:
                 raise TraceError(
-                    f"{where}: the row has {more} columns than the header's "
-                    f"{len(reader.fieldnames or ())}"
+                    f"{path}:1: the header lacks column(s) {', '.join(missing)} "
+                    f"(it has {', '.join(self.columns) or 'nothing'})"
                 )
-            yield _Row(where, values)
+            for values in reader:
+                where = f"{path}:{reader.line_num}"
+                if None in values or None in values.values():
+                    more = "more" if None in values else "fewer"
+                    raise TraceError(
+                        f"{where}: the row has {more} columns than the header's {len(self.columns)}"
+                    )
+                yield _Row(where, values)
+
+    def ignored(self, used: tuple[str, ...], also: str = "") -> tuple[str, ...]:
+        """A note naming the header's columns the replay does not use, if any."""
+        unused = [c for c in self.columns if c not in used]
+        if not unused:
+            return ()
+        return (f"columns ignored: {', '.join(unused)}" + (f"; {also}" if also else ""),)
 
 
 def _check_users(users: int) -> None:

@@ -263,12 +263,14 @@ def test_slurm_fair_share_weight():
 
 
 def test_broker_policy_max_wait_tier_outranks_everything():
-    p = BrokerPolicy(max_wait_s=HOUR)
+    p = BrokerPolicy(max_wait_s=2 * HOUR, tier_fraction=0.5)
     ctx = FlatContext()
     now = WEDNESDAY_10AM
     young = p.priority(req(now - HOUR + 1, JobClass.INTERACTIVE), ctx, now)
     old_batch = p.priority(req(now - HOUR, JobClass.BATCH), FlatContext(share=0.0), now)
+    older = p.priority(req(now - HOUR - 1, JobClass.BATCH), FlatContext(share=0.0), now)
     assert old_batch > young + 1e8
+    assert older > old_batch  # oldest first within the tier
 
 
 # ---------------------------------------------------------------- make_policy
@@ -297,6 +299,7 @@ def test_make_policy_names_the_choices_for_an_unknown_policy():
         ("slurm", {"recalc_interval_s": -1}, "recalc_interval_s"),
         ("broker", {"entry_penalty_s": -1}, "entry_penalty_s"),
         ("broker", {"max_wait_s": 0}, "max_wait_s"),
+        ("broker", {"tier_fraction": 0}, "tier_fraction"),
         ("fcfs", {"backfill_depth": -1}, "backfill_depth"),
         ("broker", {"timezone": "Nowhere/Land"}, "time zone"),
     ],

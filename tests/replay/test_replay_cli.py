@@ -53,8 +53,9 @@ def test_the_table_says_what_was_replayed_and_that_users_are_synthetic(write_tra
     assert main([*args, "--inventory", "dgx-h100-mig:1", "--compress", "2"]) == 0
     out = capsys.readouterr().out
     assert "inventory: dgx-h100-mig:1 (1 GPUs, dynamic MIG on); time compression x2" in out
-    assert "users are synthetic: 4 users" in out
-    assert "interactive p95 wait" in out and "broker" in out.splitlines()[5]
+    assert "users are synthetic: 2 users (of 4 allowed by --users)" in out
+    assert "note:      columns ignored: name, cpu_milli, memory_mib, gpu_spec, pod_phase" in out
+    assert "interactive p95 wait" in out and "broker" in out.splitlines()[6]
 
 
 def test_a_bad_row_exits_2_naming_the_line(write_trace, capsys):

@@ -139,7 +139,31 @@ def test_generic_columns_and_defaults(write_trace):
     assert anon.user == synthetic_user("2||batch", 32) and anon.job_class is JobClass.BATCH
     assert (bob.gpus, bob.duration_s) == (1, MIN_DURATION_S)
     assert isinstance(anon.gpus, int)
-    assert trace.notes == ("users are synthetic for 1 jobs without one: 32 users by template",)
+    assert trace.notes == (
+        "users are synthetic for 1 jobs without one: 1 user (of 32 allowed by --users) by the "
+        "CRC-32 of the template (gpus, group, class)",
+    )
+
+
+def test_one_gpu_jobs_without_users_replay_as_one_user_and_the_note_says_so(write_trace):
+    rows = [f"{i},10,1" for i in range(50)]
+    trace = load(write_trace("submit_s,duration_s,gpus,site", [r + ",x" for r in rows]), "generic")
+    assert {j.user for j in trace.jobs} == {synthetic_user("1||batch", 32)}
+    assert trace.notes == (
+        "users are synthetic for 50 jobs without one: 1 user (of 32 allowed by --users) by the "
+        "CRC-32 of the template (gpus, group, class)",
+        "columns ignored: site",
+    )
+
+
+def test_openb_says_which_columns_it_ignores(write_trace):
+    trace = load_openb(write_trace(OPENB_HEADER, OPENB_ROWS), users=8)
+    assert trace.notes[1] == (
+        "columns ignored: name, cpu_milli, memory_mib, gpu_spec, pod_phase; "
+        "cpu_milli, memory_mib and gpu_spec only pick the synthetic user"
+    )
+    made = len({j.user for j in trace.jobs})
+    assert trace.notes[0].startswith(f"users are synthetic: {made} users (of 8 allowed")
 
 
 def test_generic_needs_only_three_columns(write_trace):

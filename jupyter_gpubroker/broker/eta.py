@@ -1,0 +1,178 @@
+"""When waiting requests will start: estimates with a range, or "unknown".
+
+The queue is list-scheduled in priority order over the devices' expected free
+times: each request starts where its devices free earliest and holds them for
+its expected duration. With dynamic MIG a MIG GPU is seen as its compute
+slices (a ``3g`` request needs three slices of one GPU free, whatever they are
+cut as now), since idle slices are re-cut; without it, as its slices.
+
+Two estimators share the list-schedule:
+
+- :func:`predicted_starts`, from the run-time predictor: a lease's end from the
+  holds of its kind that lasted longer than it has so far, a waiting request's
+  hold from its kind's history; the schedule is run once with every duration
+  at the predictor's low quantile, once at the median and once at the high
+  one, which gives each start a (low, median, high) range. A request behind a
+  lease whose end nobody can know (it ran longer than any before) has no
+  estimate: ``None``, shown as "unknown", never "any moment".
+- :func:`limit_starts`, Slurm's ``squeue --start``: every running job runs to its
+  limit and every waiting job holds its limit. One point per request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .core import held_shape, request_shape
+from .models import Lease, Request
+from .placement import WHOLE_GPU, Placer, device_class
+from .predictor import Predictor
+from .profiles import CATALOG, COMPUTE_SLICES
+
+
+@dataclass(frozen=True)
+class Eta:
+    """A start estimate (epoch seconds); ``high`` is infinite when only a bound is known."""
+
+    low: float
+    median: float
+    high: float
+
+
+Ends = Callable[[Lease], Sequence[float] | None]
+"""A lease's expected end, one per pass; None when unknown."""
+Holds = Callable[[Request], Sequence[float] | None]
+"""A waiting request's expected hold, one per pass; None when unknown."""
+
+
+class Config(Protocol):
+    @property
+    def dynamic_mig(self) -> bool: ...
+
+
+class View(Protocol):
+    """What the estimators read of a broker (``Broker`` has all of it)."""
+
+    @property
+    def placer(self) -> Placer: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    def holders(self) -> dict[str, Lease]: ...
+
+    def request(self, request_id: str, user: str | None = None) -> Request: ...
+
+
+def predicted_starts(
+    view: View, queue: Sequence[Request], predictor: Predictor, now: float
+) -> dict[str, Eta | None]:
+    """Every waiting request's start range from the predictor (``queue`` in priority order)."""
+
+    def ends(lease: Lease) -> Sequence[float] | None:
+        r = view.request(lease.request_id)
+        shape = held_shape(lease.profile, lease.gpu_equivalents)
+        est = predictor.remaining(
+            lease.user, lease.group, r.job_class.value, shape, now - lease.granted_at
+        )
+        return None if est is None else (now + est.low, now + est.median, now + est.high)
+
+    known: dict[tuple[str, str, str, str], Sequence[float] | None] = {}
+
+    def holds(r: Request) -> Sequence[float] | None:
+        key = (r.user, r.group, r.job_class.value, request_shape(r.size))
+        if key not in known:
+            est = predictor.hold(*key)
+            known[key] = None if est is None else (est.low, est.median, est.high)
+        return known[key]
+
+    starts = list_schedule(view, queue, ends, holds, 3, now)
+    out: dict[str, Eta | None] = {}
+    for r in queue:
+        low, median, high = starts[r.id]
+        out[r.id] = None if math.isinf(median) else Eta(low, median, high)
+    return out
+
+
+def limit_starts(
+    view: View, queue: Sequence[Request], limit: Callable[[Request], float], now: float
+) -> dict[str, float | None]:
+    """Slurm's ``squeue --start``: every job runs to ``limit`` of its request."""
+
+    def ends(lease: Lease) -> Sequence[float]:
+        return (lease.granted_at + limit(view.request(lease.request_id)),)
+
+    starts = list_schedule(view, queue, ends, lambda r: (limit(r),), 1, now)
+    return {r.id: None if math.isinf(starts[r.id][0]) else starts[r.id][0] for r in queue}
+
+
+def list_schedule(
+    view: View, queue: Sequence[Request], ends: Ends, holds: Holds, passes: int, now: float
+) -> dict[str, list[float]]:
+    """Each request's start in each pass (infinite where unknown or never)."""
+    placer, held, dynamic = view.placer, view.holders(), view.config.dynamic_mig
+    never, idle = [math.inf] * passes, [now] * passes
+    lease_ends: dict[str, Sequence[float]] = {}
+    for lease in held.values():
+        if lease.id not in lease_ends:
+            lease_ends[lease.id] = [max(now, t) for t in ends(lease) or never]
+    free = {
+        d.uuid: never
+        if placer.is_drained(d)
+        else (lease_ends[held[d.uuid].id] if d.uuid in held else idle)
+        for d in placer.devices.values()
+    }
+    mig = {g.uuid for g in placer.gpus.values() if g.mig_enabled} if dynamic else set()
+    by_class: dict[str, list[str]] = defaultdict(list)
+    by_gpu: dict[str, list[tuple[str, int]]] = {g: [] for g in mig}
+    for d in placer.devices.values():
+        if d.kind == "mig" and d.gpu_uuid in mig:
+            by_gpu[d.gpu_uuid].append((d.uuid, d.compute_slices))
+        else:
+            by_class[device_class(d)].append(d.uuid)
+    starts = {r.id: [math.inf] * passes for r in queue}
+    for p in range(passes):
+        heaps = {c: [(free[u][p], u) for u in uuids] for c, uuids in by_class.items()}
+        for heap in heaps.values():
+            heapq.heapify(heap)
+        slots: dict[str, list[float]] = {}
+        for g, cut in by_gpu.items():
+            s = [t for u, n in cut for t in [free[u][p]] * n]
+            s += [math.inf if g in placer.drained else now] * (COMPUTE_SLICES - len(s))
+            s.sort()  # slices not cut into any device are free to cut now
+            slots[g] = s
+        for r in queue:
+            hold = holds(r)
+            length = math.inf if hold is None else hold[p]
+            if r.size.profile is not None and slots:
+                need = _compute_slices(r.size.profile)
+                gpu = min(slots, key=lambda g: slots[g][need - 1])
+                s = slots[gpu]
+                start = s[need - 1]
+                s[:need] = [start + length] * need
+                s.sort()
+            elif r.size.gpus is not None or r.size.profile is not None:
+                heap, k = heaps.get(r.size.profile or WHOLE_GPU, []), r.size.gpus or 1
+                if len(heap) < k:
+                    continue
+                taken = [heapq.heappop(heap) for _ in range(k)]
+                start = taken[-1][0]
+                for _, u in taken:
+                    heapq.heappush(heap, (start + length, u))
+            else:
+                continue  # a memory-sized request: where it goes is the grant's choice
+            starts[r.id][p] = start
+    return starts
+
+
+def _compute_slices(profile: str) -> int:
+    for model in CATALOG.values():
+        p = model.profile(profile)
+        if p:
+            return p.compute_slices
+    return COMPUTE_SLICES

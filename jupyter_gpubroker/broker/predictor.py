@@ -1,0 +1,137 @@
+"""Run-time prediction from history: how long a request will hold its grant, and how
+much longer a lease already held for ``elapsed`` seconds will run.
+
+Hold times are kept per (user, class, shape), (user, class), (group, class) and
+(class): the newest ``max_samples`` of each, weighted by recency (a sample
+``half_life`` samples older weighs half as much). An estimate comes from the
+finest key with at least ``min_samples`` samples, else the finest with any, so a
+user's 8-GPU jobs are judged by their own 8-GPU history once there is some
+(Helios' QSSF keys by user and GPU demand).
+
+Quantiles, not a mean: hold times are heavy-tailed (one tenant runs one-minute
+and month-long jobs), so a mean says little and a range says what is known.
+
+A lease already held for a while is judged by the holds of its key that lasted
+longer than it has so far (the conditional distribution): a lease held 3 h is
+unlikely to end in 2 s. When no hold was ever that long, its end is unknown
+(``None``), never "now".
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+Key = tuple[str, str, str, str]
+"""(user, group, job class, shape); "" where a coarser key leaves a part out."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A duration in seconds: the low, median and high quantiles, and what they rest on."""
+
+    low: float
+    median: float
+    high: float
+    samples: int
+    basis: str
+    """Which history: ``user+shape``, ``user``, ``group`` or ``class``."""
+
+
+@dataclass
+class _History:
+    """The newest hold times of one key and, computed on demand, their weighted sort."""
+
+    held: deque[float]
+    values: list[float] | None = None
+    """Sorted hold times, with ``cum`` the running sum of their recency weights."""
+    cum: list[float] | None = None
+
+
+class Predictor:
+    """Recency-weighted quantiles of past hold times, per user, group, class and shape."""
+
+    def __init__(
+        self,
+        *,
+        max_samples: int = 64,
+        half_life: float = 16.0,
+        min_samples: int = 3,
+        quantiles: tuple[float, float, float] = (0.1, 0.5, 0.9),
+    ) -> None:
+        if max_samples < 1 or min_samples < 1 or not half_life > 0:
+            raise ValueError("max_samples, min_samples and half_life must be positive")
+        low, median, high = quantiles
+        if not 0 <= low <= median <= high <= 1:
+            raise ValueError(f"quantiles must rise within [0, 1], not {quantiles!r}")
+        self.max_samples, self.min_samples, self.quantiles = max_samples, min_samples, quantiles
+        self._weights = [2.0 ** (-i / half_life) for i in range(max_samples)]
+        """Weight of the i-th newest sample."""
+        self._history: dict[Key, _History] = {}
+
+    @staticmethod
+    def keys(user: str, group: str, job_class: str, shape: str) -> list[tuple[str, Key]]:
+        """(basis, key) of every history a hold is learnt under and looked up by, finest
+        first; no group level for a request without a group."""
+        keys = [("user+shape", (user, "", job_class, shape)), ("user", (user, "", job_class, ""))]
+        if group:
+            keys.append(("group", ("", group, job_class, "")))
+        keys.append(("class", ("", "", job_class, "")))
+        return keys
+
+    def learn(self, user: str, group: str, job_class: str, shape: str, held_s: float) -> None:
+        """Record one ended hold (seconds) under every key it belongs to."""
+        for _, key in self.keys(user, group, job_class, shape):
+            h = self._history.get(key)
+            if h is None:
+                h = self._history[key] = _History(deque(maxlen=self.max_samples))
+            h.held.append(held_s)
+            h.values = h.cum = None
+
+    def hold(self, user: str, group: str, job_class: str, shape: str) -> Estimate | None:
+        """How long a new request of this user, group, class and shape will hold its
+        grant; None without any history of its class."""
+        return self.remaining(user, group, job_class, shape, 0.0)
+
+    def remaining(
+        self, user: str, group: str, job_class: str, shape: str, elapsed: float
+    ) -> Estimate | None:
+        """How much longer a lease held for ``elapsed`` seconds will run, from the holds
+        that lasted longer than that; None when none did (its end is unknown)."""
+        best: tuple[Estimate, int] | None = None
+        for basis, key in self.keys(user, group, job_class, shape):
+            h = self._history.get(key)
+            if h is None:
+                continue
+            values, cum = self._sorted(h)
+            first = bisect.bisect_right(values, elapsed) if elapsed > 0 else 0
+            n = len(values) - first
+            if n == 0:
+                continue
+            if best is None or (best[1] < self.min_samples <= n):
+                low, median, high = (
+                    self._quantile(values, cum, first, q) - elapsed for q in self.quantiles
+                )
+                best = (Estimate(low, median, high, n, basis), n)
+            if n >= self.min_samples:
+                break
+        return best[0] if best else None
+
+    def _sorted(self, h: _History) -> tuple[list[float], list[float]]:
+        if h.values is None or h.cum is None:
+            newest_first = reversed(h.held)
+            pairs = sorted(zip(newest_first, self._weights, strict=False))
+            h.values = [v for v, _ in pairs]
+            h.cum, total = [], 0.0
+            for _, w in pairs:
+                total += w
+                h.cum.append(total)
+        return h.values, h.cum
+
+    @staticmethod
+    def _quantile(values: list[float], cum: list[float], first: int, q: float) -> float:
+        """The weighted ``q``-quantile of ``values[first:]``."""
+        base = cum[first - 1] if first else 0.0
+        i = bisect.bisect_left(cum, base + q * (cum[-1] - base), lo=first)
+        return values[min(i, len(values) - 1)]

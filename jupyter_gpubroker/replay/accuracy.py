@@ -1,0 +1,93 @@
+"""How right the start estimates a waiting user sees are: measured during a replay.
+
+For every job that waits, the probe asks two estimators when it will start:
+at its submission (after the pass that could not grant it) and then at the
+first instant at least ``every_s`` after the previous sample, while it waits:
+
+- ``predicted``: :func:`~jupyter_gpubroker.broker.eta.predicted_starts`, the
+  run-time predictor's (low, median, high) range. Its history is only what the
+  replay has seen end so far: never a job's own duration.
+- ``squeue``: :func:`~jupyter_gpubroker.broker.eta.limit_starts`, Slurm's
+  ``squeue --start``, every job running to its limit. The replay's jobs declare
+  their true duration (``expected_duration_s``), so its limits are exact: the
+  best case of that estimator, which real limits (padded by their users) are not.
+
+Each estimate is scored against the job's real start: the absolute error over
+the wait that really remained from the instant of the estimate (at least
+``FLOOR_S``, so a wait of a second does not make an error of hours look
+small), and whether the range covered the real start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..broker.core import Broker, held_shape
+from ..broker.eta import Eta, limit_starts, predicted_starts
+from ..broker.models import Lease, Request
+from ..broker.predictor import Predictor
+
+FLOOR_S = 60.0
+"""The smallest remaining wait an error is divided by."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one estimator said at ``at`` about a job that really started at ``start``."""
+
+    at: float
+    start: float
+    at_submit: bool
+    predicted: Eta | None
+    squeue: float | None
+
+
+@dataclass
+class EtaProbe:
+    """Asks the estimators while jobs wait; the driver calls its hooks."""
+
+    every_s: float
+    predictor: Predictor = field(default_factory=Predictor)
+    estimates: list[Estimate] = field(default_factory=list)
+    _open: dict[str, list[tuple[float, bool, Eta | None, float | None]]] = field(
+        default_factory=dict
+    )
+    _next_sample: float = -math.inf
+
+    def after_pass(self, broker: Broker, submitted: Sequence[str], now: float) -> None:
+        """Estimate for the requests just submitted and still waiting, and for every
+        waiting request when a sample is due."""
+        fresh = [rid for rid in submitted if broker.request(rid).lease_id is None]
+        due = now >= self._next_sample
+        if not fresh and not (due and self._open):
+            return
+        queue = [e.request for e in broker.queue()]
+        predicted = predicted_starts(broker, queue, self.predictor, now)
+        squeue = limit_starts(broker, queue, lambda r: _limit(broker, r), now)
+        asked = set(fresh)
+        for rid in fresh:
+            self._open[rid] = [(now, True, predicted[rid], squeue[rid])]
+        if due:
+            for rid in self._open.keys() - asked:
+                self._open[rid].append((now, False, predicted[rid], squeue[rid]))
+            self._next_sample = now + self.every_s
+
+    def granted(self, request_id: str, now: float) -> None:
+        for at, at_submit, predicted, squeue in self._open.pop(request_id, []):
+            self.estimates.append(Estimate(at, now, at_submit, predicted, squeue))
+
+    def ended(self, lease: Lease, job_class: str, now: float) -> None:
+        """Teach the predictor a hold that just ended."""
+        shape = held_shape(lease.profile, lease.gpu_equivalents)
+        self.predictor.learn(lease.user, lease.group, job_class, shape, now - lease.granted_at)
+
+
+def _limit(broker: Broker, r: Request) -> float:
+    return r.expected_duration_s or broker.config.default_duration_s[r.job_class.value]
+
+
+def relative_error(e: Estimate, said: float) -> float:
+    """``|said - start|`` over the wait that really remained (at least ``FLOOR_S``)."""
+    return abs(said - e.start) / max(e.start - e.at, FLOOR_S)

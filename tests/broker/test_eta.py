@@ -1,0 +1,93 @@
+"""Start estimates: a range from the predictor, "unknown" when nobody can know, squeue's point."""
+
+from __future__ import annotations
+
+from broker_helpers import FakePartitioner, make_inventory, whole_inventory
+
+from jupyter_gpubroker.broker.core import BrokerConfig
+from jupyter_gpubroker.broker.eta import Eta, limit_starts, predicted_starts
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.broker.predictor import Predictor
+
+
+def queue_of(broker):
+    return [e.request for e in broker.queue()]
+
+
+def test_the_range_adds_the_remaining_time_of_the_lease_and_the_holds_ahead(make_broker, clock):
+    predictor = Predictor(half_life=1e9)
+    for held in range(100, 1000, 100):  # 100 s .. 900 s: p10 100, p50 500, p90 900
+        predictor.learn("ann", "", "interactive", "gpu:1", float(held))
+    broker = make_broker(whole_inventory(1))
+    broker.submit("ann", Size(gpus=1))
+    clock.advance(50)
+    bob = broker.submit("bob", Size(gpus=1))
+    cy = broker.submit("cy", Size(gpus=1))
+    now = clock.now()
+    etas = predicted_starts(broker, queue_of(broker), predictor, now)
+    # ann's lease, 50 s in: 50, 450 or 850 s more; bob then holds 100, 500 or 900 s
+    # (no history of his own: everyone's interactive holds)
+    assert etas[bob.id] == Eta(now + 50, now + 450, now + 850)
+    assert etas[cy.id] == Eta(now + 150, now + 950, now + 1750)
+
+
+def test_behind_a_lease_held_longer_than_any_before_the_eta_is_unknown(make_broker, clock):
+    predictor = Predictor()
+    for _ in range(5):
+        predictor.learn("ann", "", "interactive", "gpu:1", 100.0)
+    broker = make_broker(whole_inventory(1))
+    broker.submit("ann", Size(gpus=1))
+    clock.advance(3600)  # far past every hold of its kind: not "any moment now"
+    bob = broker.submit("bob", Size(gpus=1))
+    assert predicted_starts(broker, queue_of(broker), predictor, clock.now()) == {bob.id: None}
+
+
+def test_without_any_history_there_is_no_estimate(make_broker, clock):
+    broker = make_broker(whole_inventory(1))
+    broker.submit("ann", Size(gpus=1))
+    bob = broker.submit("bob", Size(gpus=1))
+    assert predicted_starts(broker, queue_of(broker), Predictor(), clock.now()) == {bob.id: None}
+
+
+def test_squeue_start_runs_every_job_to_its_limit(make_broker, clock):
+    broker = make_broker(whole_inventory(2))
+    t0 = clock.now()
+    broker.submit("ann", Size(gpus=1), expected_duration_s=100)
+    broker.submit("ann", Size(gpus=1), expected_duration_s=300)
+    clock.advance(10)
+    big = broker.submit("bob", Size(gpus=2), expected_duration_s=50)
+    small = broker.submit("cy", Size(gpus=1), expected_duration_s=20)
+    starts = limit_starts(
+        broker, queue_of(broker), lambda r: r.expected_duration_s or 0, clock.now()
+    )
+    assert starts[big.id] == t0 + 300
+    assert starts[small.id] in (t0 + 100, t0 + 350)  # before or after big, by priority
+
+
+def mig_layout_busy(make_broker, clock, dynamic=False):
+    """One GPU cut 3g + 3 x 1g, every slice held to a known limit; bob waits for a 3g.
+    Returns how long squeue says bob waits."""
+    inv = make_inventory([("3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb")])
+    if dynamic:
+        broker = make_broker(
+            inv, config=BrokerConfig(dynamic_mig=True), partitioner=FakePartitioner(inv)
+        )
+    else:
+        broker = make_broker(inv)
+    broker.submit("ann", Size(profile="3g.40gb"), expected_duration_s=1000)
+    for i in range(3):
+        broker.submit("ann", Size(profile="1g.10gb"), expected_duration_s=100 * (i + 1))
+    wanted = broker.submit("bob", Size(profile="3g.40gb"), expected_duration_s=10)
+    starts = limit_starts(
+        broker, queue_of(broker), lambda r: r.expected_duration_s or 0, clock.now()
+    )
+    return starts[wanted.id] - clock.now()
+
+
+def test_on_a_static_mig_layout_a_profile_waits_for_a_slice_of_its_own(make_broker, clock):
+    assert mig_layout_busy(make_broker, clock) == 1000
+
+
+def test_with_dynamic_mig_freed_slices_can_be_cut_into_the_profile(make_broker, clock):
+    # the slice never cut is free now, two 1g slices by 200 s: three compute slices
+    assert mig_layout_busy(make_broker, clock, dynamic=True) == 200
