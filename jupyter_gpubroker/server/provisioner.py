@@ -16,8 +16,15 @@ restart gives back all but the provisioner's own (the new process has not
 pinned their devices).
 
 It reaches the broker over the HTTP API: the one embedded in this server
-(through its in-process token), or ``broker_url`` when the broker runs
-elsewhere (a JupyterHub service).
+(through its in-process service token), or ``broker_url`` when the broker runs
+elsewhere (a JupyterHub service, with ``jupyter_token``).
+
+Whose kernel it is: jupyter-server does not tell a provisioner which user started
+the kernel, so every kernel of a server is charged to the user its token acts for:
+the server's owner for the embedded broker (one user per server, as under
+JupyterHub), the token's user for ``broker_url``. On a multi-user server
+(``c.GPUBroker.identity = "username"``) kernels started through the provisioner are
+therefore the owner's; the kernel token's reply names that user, and the log says it.
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ import os
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
-from ..client import BrokerAPIError, BrokerClient, GrantTimeout
+from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive
 from . import registry
 
 LIVE = ("queued", "granted")
@@ -54,7 +61,21 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
     broker_url = Unicode(
         "", help="API URL of a broker outside this server; empty: the embedded broker."
     ).tag(config=True)
-    broker_token = Unicode("", help="Jupyter token for broker_url.").tag(config=True)
+    jupyter_token = Unicode(
+        "",
+        help="Jupyter (or JupyterHub) token for broker_url: the user the broker charges "
+        "this server's kernels to.",
+    ).tag(config=True)
+    broker_token = Unicode("", help="Deprecated: use jupyter_token (same meaning).").tag(
+        config=True
+    )
+
+    @observe("broker_token")
+    def _deprecated_broker_token(self, change: dict[str, Any]) -> None:
+        self.log.warning(
+            "GPUProvisioner.broker_token is deprecated: set GPUProvisioner.jupyter_token"
+        )
+        self.jupyter_token = change["new"]
 
     request_id: str | None = None
     lease: dict[str, Any] | None = None
@@ -68,7 +89,9 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         if not self.on_demand:
             self.lease = (await self._acquire(client))["lease"]
         if self._kernel_token is None:
-            self._kernel_token = await client.kernel_token(self.kernel_id)
+            issued = await client.issue_kernel_token(self.kernel_id)
+            self._kernel_token = issued["token"]
+            self.log.info("Kernel %s: its GPUs are charged to %s", self.kernel_id, issued["user"])
         env = dict(kwargs.get("env") or os.environ)
         env.update(self.gpu_env(client.url))
         kwargs["env"] = env
@@ -103,7 +126,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     def _client(self) -> BrokerClient:
         if self.broker_url:
-            return BrokerClient(self.broker_url, token=self.broker_token)
+            return BrokerClient(self.broker_url, token=self.jupyter_token)
         runtime = registry.current()
         if runtime is None:
             raise RuntimeError(
@@ -112,7 +135,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "a Jupyter server with the jupyter_gpubroker extension, or set "
                 "c.GPUProvisioner.broker_url"
             )
-        return BrokerClient(runtime.api_url, broker_token=runtime.service_token)
+        return BrokerClient(runtime.api_url, kernel_token=runtime.service_token)
 
     def size(self) -> dict[str, Any]:
         """The request's size in the API's terms, from the kernelspec's config."""
@@ -191,24 +214,22 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         return env
 
     async def _renew_while_alive(self, client: BrokerClient) -> None:
-        """Renew the lease every third of its TTL for as long as the kernel process runs."""
+        """Renew the lease (``keep_alive``) for as long as the kernel process runs; a
+        process that is gone stops renewing, and the lease expires."""
         assert self.lease is not None
-        lease_id, interval = self.lease["id"], self.lease["ttl_s"] / 3
-        while True:
-            await asyncio.sleep(interval)
-            if await self.poll() is not None:
-                return  # the process is gone: stop renewing, the lease will expire
-            try:
-                await client.renew(lease_id)
-            except BrokerAPIError as e:
-                await self._log_lease_end(client, lease_id, e)
-                return
-            except Exception as e:  # broker unreachable for now: try again next beat
-                self.log.warning("Kernel %s could not renew its GPU lease: %s", self.kernel_id, e)
+        lease_id = self.lease["id"]
 
-    async def _log_lease_end(self, client: BrokerClient, lease_id: str, e: BrokerAPIError) -> None:
+        async def alive() -> bool:
+            return await self.poll() is None
+
+        lost = await keep_alive(client.renew, self.lease, alive=alive)
+        if lost is not None:
+            await self._log_lease_end(client, lease_id, lost)
+
+    async def _log_lease_end(self, client: BrokerClient, lease_id: str, lost: Lost) -> None:
         """Why the lease could not be renewed: given back through the API (``%gpu release``)
-        is the user's choice, an info line; expired or reclaimed is a loss, a warning."""
+        is the user's choice, an info line; expired, reclaimed or refused is a loss, a
+        warning."""
         try:
             lease = await client.lease(lease_id)
         except Exception:
@@ -222,7 +243,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             )
         else:
             self.log.warning(
-                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, e.message
+                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
             )
 
     def _stop_heartbeat(self) -> None:
