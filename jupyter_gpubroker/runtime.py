@@ -436,6 +436,7 @@ class GPUBroker(LoggingConfigurable):
                 callback.stop()
         if self.metrics is not None:
             self.metrics.close()
+            self.metrics = None  # stopping twice is harmless
         if self._core is not None:
             self._core.store.close()
         if self.backend is not None:

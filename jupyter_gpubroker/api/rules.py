@@ -115,9 +115,9 @@ class BrokerAPI:
         """Every GPU and device with the sampler's latest readings (no NVML call here)."""
         core = self.core
         holders = core.holders()
-        holder_of = None
+        kernel_of = None
         if who.kernel_id is not None:  # a kernel token sees only its kernel's ids
-            holder_of = {x.request_id: core.request(x.request_id).owner for x in holders.values()}
+            kernel_of = {x.request_id: core.request(x.request_id).owner for x in holders.values()}
         gpus = devices_json(
             core.inventory,
             self.runtime.readings(),
@@ -125,7 +125,7 @@ class BrokerAPI:
             who.user,
             who.admin,
             kernel_id=who.kernel_id,
-            owners=holder_of,
+            kernel_of=kernel_of,
             drains=core.drained(),
             vacating=core.vacating(),
         )
