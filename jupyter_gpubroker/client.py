@@ -133,7 +133,7 @@ class BrokerClient:
         self, url: str, token: str = "", kernel_token: str = "", timeout: float = 30.0
     ) -> None:
         """``token``: a Jupyter token; ``kernel_token``: a token the broker issued (a
-        kernel's ``GPUBROKER_TOKEN``, or a server's own service token). One of them, or
+        kernel's ``GPUBROKER_TOKEN``). One of them, or
         neither on an open server."""
         if not url:
             raise ValueError(f"no broker URL: set {URL_ENV} or pass --url")

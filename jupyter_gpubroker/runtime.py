@@ -124,7 +124,9 @@ class GPUBroker(LoggingConfigurable):
         "identity provider's username (multi-user setups); only admin_users are admins.",
     ).tag(config=True)
     owner = Unicode(
-        help="The server owner's user name (default $JUPYTERHUB_USER, else the OS user)."
+        help="The server owner's user name (default $JUPYTERHUB_USER, else the OS user): "
+        "with identity='owner' every caller and this broker's admin; the user a kernel is "
+        "charged to when no request started it."
     ).tag(config=True)
 
     @default("owner")
@@ -278,7 +280,6 @@ class GPUBroker(LoggingConfigurable):
         super().__init__(**kwargs)
         self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
-        self._service_hash = ""
         self._subscribers: list[Callable[[Event], None]] = []
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
@@ -337,11 +338,6 @@ class GPUBroker(LoggingConfigurable):
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
         self._core.subscribe(self._fan_out)
         self._start_monitoring(self._core, self.backend)
-        self.service_token = "gpb_" + secrets.token_urlsafe(24)
-        """The token this server's own kernel provisioners use: it acts for the owner
-        (jupyter-server does not tell a provisioner who started its kernel), lives in
-        memory only and never leaves the process."""
-        self._service_hash = _hash(self.service_token)
         source = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
         self.log.info(
             "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",
@@ -471,12 +467,9 @@ class GPUBroker(LoggingConfigurable):
         with store.transaction():
             store.revoke_kernel_tokens(kernel_id, user)
 
-    def token_holder(self, token: str) -> tuple[str, str | None] | None:
-        """(user, kernel id) a token acts for; the service token: (owner, None)."""
-        h = _hash(token)
-        if h == self._service_hash:
-            return self.owner, None
-        return self.core.store.kernel_token(h)
+    def token_holder(self, token: str) -> tuple[str, str] | None:
+        """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""
+        return self.core.store.kernel_token(_hash(token))
 
     # ------------------------------------------------------------- readings
 

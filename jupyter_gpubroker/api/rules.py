@@ -78,8 +78,7 @@ class BrokerAPI:
         return self.identify(username if rt.identity == "username" else rt.owner, groups=groups)
 
     def token_identity(self, token: str) -> Identity | None:
-        """Whom a broker-issued token (a kernel's, or the service token) speaks for;
-        ``None`` when unknown or revoked."""
+        """Whom a kernel token speaks for; ``None`` when unknown or revoked."""
         held = self.runtime.token_holder(token)
         return None if held is None else self.identify(*held)
 
@@ -289,8 +288,8 @@ class BrokerAPI:
             raise Forbidden("a kernel token cannot issue or revoke tokens")
 
     def issue_token(self, who: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        """A kernel-scoped token of ``who`` for one of its kernels; the reply names whom
-        it acts for (a server's service token: the server's owner)."""
+        """A kernel-scoped token of ``who`` for one of its kernels; the reply names the
+        user it acts for, whom its kernel's requests are charged to."""
         self._require_user(who)
         kernel_id = body.get("kernel_id")
         if not isinstance(kernel_id, str) or not KERNEL_ID.fullmatch(kernel_id):
