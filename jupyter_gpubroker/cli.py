@@ -26,7 +26,14 @@ from .api.shapes import devices_json
 from .broker.errors import BrokerError, InvalidRequest
 from .broker.models import Lease, Size
 from .broker.store import Store
-from .client import TOKEN_ENV, URL_ENV, BrokerAPIError, BrokerClient, GrantTimeout
+from .client import (
+    TOKEN_ENV,
+    URL_ENV,
+    BrokerAPIError,
+    BrokerClient,
+    GrantTimeout,
+    keep_alive,
+)
 from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
 from .replay.cli import add_replay_command
@@ -436,7 +443,7 @@ def _client(args: argparse.Namespace) -> BrokerClient:
     or else the first running Jupyter server."""
     url = args.url or os.environ.get(URL_ENV)
     found = (
-        BrokerClient(url, token=args.token or "", broker_token=os.environ.get(TOKEN_ENV, ""))
+        BrokerClient(url, token=args.token or "", kernel_token=os.environ.get(TOKEN_ENV, ""))
         if url
         else next(_server_clients(args.token), None)
     )
@@ -588,29 +595,21 @@ async def _run(client: BrokerClient, args: argparse.Namespace, command: list[str
 
 
 async def _hold(client: BrokerClient, lease: dict[str, Any], proc: Process) -> int:
-    """Renew the lease while the command runs; its exit status, or 1 once the lease is
-    lost: ended by the broker, or not renewed within its TTL (the broker unreachable)."""
-    loop = asyncio.get_running_loop()
-    ttl = float(lease["ttl_s"])
-    renewed = loop.time()
-    while True:
-        try:
-            return await asyncio.wait_for(proc.wait(), ttl / 3)
-        except asyncio.TimeoutError:
-            pass
-        try:
-            await client.renew(lease["id"])
-            renewed = loop.time()
-            continue
-        except BrokerAPIError as e:
-            transient = e.status >= 500
-            why = e.message
-        except OSError as e:
-            transient, why = True, e.strerror or str(e)
-        if transient and loop.time() - renewed < ttl:
-            continue  # try again until the lease would have expired anyway
+    """Renew the lease while the command runs (``keep_alive``); its exit status, or 1
+    once the lease is lost: ended by the broker, refused, or not renewed within its TTL."""
+    renewing = asyncio.ensure_future(keep_alive(client.renew, lease))
+    exiting = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.wait({renewing, exiting}, return_when=asyncio.FIRST_COMPLETED)
+        if exiting.done():
+            return exiting.result()
+        lost = renewing.result()
+        why = lost.message if lost is not None else "no longer renewed"
         print(f"error: lost lease {lease['id']} ({why}): stopping the command", file=sys.stderr)
         return 1
+    finally:
+        renewing.cancel()
+        exiting.cancel()
 
 
 async def _stop(proc: Process) -> None:

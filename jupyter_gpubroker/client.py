@@ -15,7 +15,8 @@ import contextlib
 import json
 import os
 import ssl
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -69,16 +70,75 @@ def size_text(r: dict[str, Any]) -> str:
     return f">= {r.get('min_memory_gb')} GB"
 
 
+@dataclass(frozen=True)
+class Lost:
+    """Why ``keep_alive`` stopped keeping a lease or a queued request alive."""
+
+    cause: str
+    """``gone``: it ended at the broker (404, 409: expired, reclaimed, released);
+    ``refused``: the broker will not let this caller renew it (403, another 4xx);
+    ``unreachable``: no renewal got through for a whole TTL."""
+    message: str
+
+
+RETRY_S = 0.5
+"""First wait before renewing again after a network error; it doubles up to a third of
+the TTL."""
+
+
+async def keep_alive(
+    renew: Callable[[str], Awaitable[dict[str, Any]]],
+    held: dict[str, Any],
+    *,
+    request: bool = False,
+    alive: Callable[[], Awaitable[bool]] | None = None,
+) -> Lost | None:
+    """Renew ``held`` (a lease, or a queued request when ``request``) every third of its
+    TTL with ``renew`` (``BrokerClient.renew`` or ``renew_request``): the one heartbeat of
+    the provisioner, the ``%gpu`` magic and ``jupyter gpubroker run``, with one policy.
+
+    Returns why it stopped, once: ``Lost`` when it is gone (404, 409) or refused (403 and
+    any other 4xx, never retried), or when network errors and 5xx, retried with a
+    backoff, kept every renewal out for a whole TTL; ``None`` when a request left the
+    queue (granted or ended) or ``alive`` says its holder is gone. Cancel it to stop.
+    """
+    loop = asyncio.get_running_loop()
+    ttl = float(held["ttl_s"])
+    renewed, wait, retry = loop.time(), ttl / 3, RETRY_S
+    while True:
+        await asyncio.sleep(max(0.0, min(wait, renewed + ttl - loop.time())))
+        if alive is not None and not await alive():
+            return None
+        try:
+            reply = await renew(held["id"])
+        except BrokerAPIError as e:
+            if e.status < 500:
+                return Lost("gone" if e.status in (404, 409) else "refused", e.message)
+            why = e.message
+        except OSError as e:
+            why = e.strerror or str(e)
+        else:
+            if request and reply["state"] != "queued":
+                return None
+            ttl = float(reply.get("ttl_s") or ttl)
+            renewed, wait, retry = loop.time(), ttl / 3, RETRY_S
+            continue
+        if loop.time() - renewed >= ttl:
+            return Lost("unreachable", why)
+        wait, retry = min(retry, ttl / 3), retry * 2
+
+
 class BrokerClient:
     def __init__(
-        self, url: str, token: str = "", broker_token: str = "", timeout: float = 30.0
+        self, url: str, token: str = "", kernel_token: str = "", timeout: float = 30.0
     ) -> None:
-        """``token``: a Jupyter token; ``broker_token``: one the broker issued (a
-        kernel's ``GPUBROKER_TOKEN``). One of them, or neither on an open server."""
+        """``token``: a Jupyter token; ``kernel_token``: a token the broker issued (a
+        kernel's ``GPUBROKER_TOKEN``). One of them, or
+        neither on an open server."""
         if not url:
             raise ValueError(f"no broker URL: set {URL_ENV} or pass --url")
         self.url = url.rstrip("/") + "/"
-        self.token, self.broker_token, self.timeout = token, broker_token, timeout
+        self.token, self.kernel_token, self.timeout = token, kernel_token, timeout
 
     @classmethod
     def from_env(cls) -> BrokerClient:
@@ -87,13 +147,13 @@ class BrokerClient:
         return cls(
             os.environ.get(URL_ENV, ""),
             token=os.environ.get(JUPYTER_TOKEN_ENV, ""),
-            broker_token=os.environ.get(TOKEN_ENV, ""),
+            kernel_token=os.environ.get(TOKEN_ENV, ""),
         )
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        if self.broker_token:
-            headers[TOKEN_HEADER] = self.broker_token
+        if self.kernel_token:
+            headers[TOKEN_HEADER] = self.kernel_token
         elif self.token:
             headers["Authorization"] = f"token {self.token}"
         return headers
@@ -158,9 +218,9 @@ class BrokerClient:
     async def usage(self, **query: Any) -> dict[str, Any]:
         return await self.call("GET", "usage", **query)  # type: ignore[no-any-return]
 
-    async def kernel_token(self, kernel_id: str) -> str:
-        reply = await self.call("POST", "tokens", {"kernel_id": kernel_id})
-        return str(reply["token"])
+    async def issue_kernel_token(self, kernel_id: str) -> dict[str, Any]:
+        """``{token, user, kernel_id}``: a token for one kernel, acting for ``user``."""
+        return await self.call("POST", "tokens", {"kernel_id": kernel_id})  # type: ignore[no-any-return]
 
     async def revoke_kernel_token(self, kernel_id: str) -> None:
         await self.call("DELETE", f"tokens/{kernel_id}")
@@ -232,7 +292,7 @@ class BrokerClient:
                             )
             raise BrokerAPIError(503, "disconnected", "the broker closed the event stream")
 
-        renewing = asyncio.ensure_future(self._renew_request_while_queued(request_id))
+        renewing = asyncio.ensure_future(self._keep_queued(request_id))
         try:
             return await asyncio.wait_for(follow(), timeout)
         except asyncio.TimeoutError:
@@ -245,22 +305,10 @@ class BrokerClient:
         finally:
             renewing.cancel()
 
-    async def _renew_request_while_queued(self, request_id: str) -> None:
-        """Renew a queued request every third of its TTL until it leaves the queue."""
-        interval = 10.0
-        while True:
-            try:
-                r = await self.renew_request(request_id)
-            except BrokerAPIError as e:
-                if e.status < 500:  # ended, or not ours: nothing left to keep alive
-                    return
-            except OSError:
-                pass  # the broker is unreachable for now: try again next beat
-            else:
-                if r["state"] != "queued":
-                    return
-                interval = (r.get("ttl_s") or 3 * interval) / 3
-            await asyncio.sleep(interval)
+    async def _keep_queued(self, request_id: str) -> None:
+        """Renew a queued request until it leaves the queue (``keep_alive``)."""
+        with contextlib.suppress(BrokerAPIError, OSError):  # the wait itself will say why
+            await keep_alive(self.renew_request, await self.request(request_id), request=True)
 
     async def _withdraw(self, request_id: str) -> None:
         """Cancel a request that is no longer waited for (or release it, granted meanwhile)."""

@@ -3,9 +3,11 @@
 ``GPUBroker`` is the one traitlets-configured object (``c.GPUBroker.*``) that
 every host of the broker starts: the jupyter-server extension (embedded, the
 default) and, under JupyterHub, the broker service. It builds the core from
-configuration, runs its periodic ``tick``, caches device readings, issues the
-kernel-scoped tokens, and fans broker events out to live subscribers. It
-decides nothing itself: every decision is the core's.
+configuration, runs its periodic ``tick`` and sampling pass (whose latest
+readings ``GET devices`` and ``/metrics`` both show), issues the kernel-scoped
+tokens (kept hashed in the state file), and fans broker events out to live
+subscribers. It decides nothing itself: every decision is the core's, every
+rule of the API is ``api.rules``'.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
 from .broker.core import Broker, BrokerConfig, Event, Quota
-from .broker.errors import Forbidden, InvalidRequest
+from .broker.errors import InvalidRequest
 from .broker.health import (
     CRITICAL_XIDS,
     DEFAULT_DRAIN_REASONS,
@@ -47,14 +48,6 @@ from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
 from .statelock import StateLock
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Who a token speaks for: a user, and for kernel tokens the kernel it is bound to."""
-
-    user: str
-    kernel_id: str | None = None
 
 
 class GPUBroker(LoggingConfigurable):
@@ -127,10 +120,13 @@ class GPUBroker(LoggingConfigurable):
         default_value="owner",
         help="Whose requests an API call makes. 'owner': every authenticated caller is the "
         "server's owner (a single-user Jupyter server, where the token already grants "
-        "everything). 'username': the identity provider's username (multi-user setups).",
+        "everything), and the owner is the admin of this embedded broker. 'username': the "
+        "identity provider's username (multi-user setups); only admin_users are admins.",
     ).tag(config=True)
     owner = Unicode(
-        help="The server owner's user name (default $JUPYTERHUB_USER, else the OS user)."
+        help="The server owner's user name (default $JUPYTERHUB_USER, else the OS user): "
+        "with identity='owner' every caller and this broker's admin; the user a kernel is "
+        "charged to when no request started it."
     ).tag(config=True)
 
     @default("owner")
@@ -139,7 +135,9 @@ class GPUBroker(LoggingConfigurable):
 
     admin_users = SetTrait(
         Unicode(),
-        help="Users allowed to see every lease and change quotas. The owner always is.",
+        help="Users allowed to see every lease and change quotas. With identity='owner' the "
+        "server's owner is one too (the single user of that server); with "
+        "identity='username' only the users named here are.",
     ).tag(config=True)
     user_groups = Dict(
         key_trait=Unicode(),
@@ -280,11 +278,9 @@ class GPUBroker(LoggingConfigurable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.broker: Broker | None = None
+        self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
-        self._tokens: dict[str, Scope] = {}
         self._subscribers: list[Callable[[Event], None]] = []
-        self._readings: tuple[float, dict[str, DeviceReading]] = (0.0, {})
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
         self.sampler: Sampler | None = None
@@ -322,7 +318,7 @@ class GPUBroker(LoggingConfigurable):
         self.backend = open_backend(self.simulate, log=self.log)
         store = Store(state)
         try:
-            self.broker = Broker(
+            self._core = Broker(
                 store,
                 self.backend.inventory(),
                 policy=policy,
@@ -340,20 +336,18 @@ class GPUBroker(LoggingConfigurable):
             raise
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
-        self.broker.subscribe(self._fan_out)
-        self._start_monitoring(self.broker, self.backend)
-        self.service_token = self.issue_token(self.owner)
-        """The token this server's own kernel provisioners use (never leaves the process)."""
+        self._core.subscribe(self._fan_out)
+        self._start_monitoring(self._core, self.backend)
         source = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
         self.log.info(
             "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",
-            len(self.broker.inventory.devices),
-            len(self.broker.inventory.gpus),
+            len(self._core.inventory.devices),
+            len(self._core.inventory.gpus),
             source,
             self.policy,
             self.state_file,
         )
-        return self.broker
+        return self._core
 
     def _start_monitoring(self, core: Broker, backend: NvmlBackend) -> None:
         reclaim = ReclaimConfig(
@@ -378,6 +372,7 @@ class GPUBroker(LoggingConfigurable):
         sampler = Sampler(
             core, backend, samples, HealthJudge(health), Reclaimer(core, reclaim), log=self.log
         )
+        sampler.latest = backend.read_all(core.inventory)  # GET devices has readings at once
         self.sampler = sampler
         self.metrics = BrokerCollector(core, lambda: sampler.latest)
 
@@ -437,8 +432,9 @@ class GPUBroker(LoggingConfigurable):
                 callback.stop()
         if self.metrics is not None:
             self.metrics.close()
-        if self.broker is not None:
-            self.broker.store.close()
+            self.metrics = None  # stopping twice is harmless
+        if self._core is not None:
+            self._core.store.close()
         if self.backend is not None:
             self.backend.close()
         if self._lock is not None:
@@ -447,56 +443,40 @@ class GPUBroker(LoggingConfigurable):
 
     @property
     def core(self) -> Broker:
-        if self.broker is None:
+        if self._core is None:
             raise RuntimeError("the GPU broker has not been started")
-        return self.broker
+        return self._core
 
-    # ------------------------------------------------------------ identity
+    # -------------------------------------------------------------- tokens
 
-    def is_admin(self, user: str) -> bool:
-        return user == self.owner or user in self.admin_users
-
-    def groups_for(self, user: str, asked: list[str]) -> list[str]:
-        """The groups a request of ``user`` may name: its own, never someone else's."""
-        mine = list(self.user_groups.get(user, []))
-        foreign = [g for g in asked if g not in mine]
-        if foreign:
-            raise Forbidden(
-                f"{user} is not a member of group(s) {', '.join(foreign)}"
-                + (f"; their groups: {', '.join(mine)}" if mine else "")
-            )
-        return asked or mine
-
-    def issue_token(self, user: str, kernel_id: str | None = None) -> str:
-        """A secret that acts as ``user``; bound to ``kernel_id``, it acts only on that
-        kernel's requests. A kernel's new token replaces its old one (that user's only:
-        another user naming the same kernel id must not revoke it)."""
-        if kernel_id is not None:
-            self.revoke_tokens(kernel_id, user)
+    def issue_token(self, user: str, kernel_id: str) -> str:
+        """A secret that acts as ``user`` on ``kernel_id``'s requests only. Its sha256
+        is kept in the state file, so it outlives a restart of the broker, until the
+        kernel's tokens are revoked. A kernel's new token replaces its old one (that
+        user's only: another user naming the same kernel id must not revoke it)."""
         token = "gpb_" + secrets.token_urlsafe(24)
-        self._tokens[_hash(token)] = Scope(user, kernel_id)
+        store = self.core.store
+        with store.transaction():
+            store.revoke_kernel_tokens(kernel_id, user)
+            store.insert_kernel_token(_hash(token), user, kernel_id, self.core.clock.now())
         return token
 
     def revoke_tokens(self, kernel_id: str, user: str | None = None) -> None:
         """Revoke a kernel's tokens (only ``user``'s, when given)."""
-        for h in [
-            h
-            for h, scope in self._tokens.items()
-            if scope.kernel_id == kernel_id and user in (None, scope.user)
-        ]:
-            del self._tokens[h]
+        store = self.core.store
+        with store.transaction():
+            store.revoke_kernel_tokens(kernel_id, user)
 
-    def scope_of(self, token: str) -> Scope | None:
-        return self._tokens.get(_hash(token))
+    def token_holder(self, token: str) -> tuple[str, str] | None:
+        """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""
+        return self.core.store.kernel_token(_hash(token))
 
     # ------------------------------------------------------------- readings
 
-    def readings(self, max_age: float = 1.0) -> dict[str, DeviceReading]:
-        """Live readings of every GPU and device, at most ``max_age`` seconds old."""
-        at, cached = self._readings
-        if time.monotonic() - at > max_age and self.backend is not None:
-            self._readings = (time.monotonic(), self.backend.read_all(self.core.inventory))
-        return self._readings[1]
+    def readings(self) -> dict[str, DeviceReading]:
+        """The sampler's latest readings of every GPU and device (what ``/metrics``
+        shows too); never a read of NVML on the caller's thread."""
+        return self.sampler.latest if self.sampler is not None else {}
 
     # --------------------------------------------------------------- events
 

@@ -1,4 +1,5 @@
-"""The broker's one HTTP API: its JSON shapes (``shapes``) and description (``openapi.yaml``)."""
+"""The broker's one HTTP API: its rules (``rules.BrokerAPI``, given an ``identity.Identity``),
+its JSON shapes (``shapes``) and its description (``openapi.yaml``)."""
 
 API_PREFIX = "gpubroker/api/v1"
 TOKEN_HEADER = "X-GPUBroker-Token"

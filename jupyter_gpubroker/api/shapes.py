@@ -93,13 +93,14 @@ def devices_json(
     viewer: str | None = None,
     admin: bool = True,
     kernel_id: str | None = None,
-    owners: Mapping[str, str] | None = None,
+    kernel_of: Mapping[str, str] | None = None,
     drains: Mapping[str, tuple[str, float]] | None = None,
     vacating: Mapping[str, Vacating] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
-    its own kernel's leases only: ``owners`` maps the holders' request ids to their owners.
+    its own kernel's leases only: ``kernel_of`` maps the holders' request ids to their
+    kernels (the requests' ``owner``).
     ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices.
     ``vacating``: devices of ended leases still waiting for their processes to exit."""
     drains, vacating = drains or {}, vacating or {}
@@ -117,7 +118,7 @@ def devices_json(
             return None
         visible = admin or (
             lease.user == viewer
-            and (kernel_id is None or (owners or {}).get(lease.request_id) == kernel_id)
+            and (kernel_id is None or (kernel_of or {}).get(lease.request_id) == kernel_id)
         )
         return {
             "user": lease.user,

@@ -132,6 +132,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE drains ADD COLUMN cause TEXT NOT NULL DEFAULT 'health';
     """,
+    # 5: kernel tokens outlive a broker restart (their sha256, never the token)
+    """
+    CREATE TABLE kernel_tokens (
+        hash TEXT PRIMARY KEY,
+        user TEXT NOT NULL,
+        kernel_id TEXT NOT NULL,
+        issued_at REAL NOT NULL
+    );
+    CREATE INDEX kernel_tokens_kernel ON kernel_tokens(kernel_id, user);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -348,7 +358,27 @@ class Store:
             (lease_id, at, kind, reason, json.dumps(evidence, sort_keys=True)),
         )
 
+    def revoke_kernel_tokens(self, kernel_id: str, user: str | None = None) -> None:
+        """Forget a kernel's tokens (only ``user``'s, when given)."""
+        self.conn.execute(
+            "DELETE FROM kernel_tokens WHERE kernel_id=? AND (? IS NULL OR user=?)",
+            (kernel_id, user, user),
+        )
+
+    def insert_kernel_token(self, token_hash: str, user: str, kernel_id: str, at: float) -> None:
+        self.conn.execute(
+            "INSERT INTO kernel_tokens (hash, user, kernel_id, issued_at) VALUES (?,?,?,?)",
+            (token_hash, user, kernel_id, at),
+        )
+
     # -- reads
+
+    def kernel_token(self, token_hash: str) -> tuple[str, str] | None:
+        """The (user, kernel id) a kernel token's hash stands for."""
+        row = self.conn.execute(
+            "SELECT user, kernel_id FROM kernel_tokens WHERE hash=?", (token_hash,)
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
 
     def next_seq(self) -> int:
         return int(

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from IPython.core.getipython import get_ipython
 
 from ..broker.text import duration
-from ..client import BrokerAPIError, BrokerClient, size_text
+from ..client import BrokerClient, keep_alive, size_text
 from . import GpuError
 from .cuda import cuda_initialised
-from .feed import TRANSIENT, DevicePoll, EventFeed, Runner
+from .feed import DevicePoll, EventFeed, Runner
 
 if TYPE_CHECKING:
     from .feed import Log
@@ -276,17 +276,11 @@ class Session:
     async def _heartbeats(self, kind: str, held: dict[str, Any]) -> None:
         """Renew while this kernel process lives (and the request or lease does)."""
         renew = self.client.renew if kind == "lease" else self.client.renew_request
-        while True:
-            await asyncio.sleep(held["ttl_s"] / 3)
-            try:
-                await renew(held["id"])
-            except BrokerAPIError as e:  # ended elsewhere: expired, reclaimed, released
-                self.log.warning("GPU %s %s lost: %s", kind, held["id"], e.message)
-                if self.tracker is not None:
-                    await self.tracker.refresh()
-                return
-            except TRANSIENT as e:
-                self.log.info("GPU %s %s not renewed this time: %s", kind, held["id"], e)
+        lost = await keep_alive(renew, held, request=kind == "request")
+        if lost is not None:  # ended elsewhere (expired, reclaimed, released) or refused
+            self.log.warning("GPU %s %s lost: %s", kind, held["id"], lost.message)
+            if self.tracker is not None:
+                await self.tracker.refresh()
 
     # -- the rest of the API, as %gpu shows it
 

@@ -19,6 +19,7 @@ from jupyter_server.utils import url_path_join
 
 from .. import __version__
 from ..api import API_PREFIX
+from ..api.rules import BrokerAPI
 from ..broker.errors import BrokerError
 from ..nvml import NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
@@ -50,6 +51,7 @@ class GPUBrokerExtension(ExtensionApp):
             return
         registry.set_current(self.gpubroker)
         self.settings["gpubroker"] = self.gpubroker
+        self.settings["gpubroker_api"] = BrokerAPI(self.gpubroker)
         self.kernels = ServerKernels(self.serverapp.kernel_manager, core.clock, self.log)
         self.gpubroker.attach_kernels(self.kernels)
         if self.gpubroker.metrics is not None:  # served by the server's own /metrics

@@ -15,9 +15,17 @@ Shutdown gives back every request the kernel owns, ``%gpu`` ones included; a
 restart gives back all but the provisioner's own (the new process has not
 pinned their devices).
 
-It reaches the broker over the HTTP API: the one embedded in this server
-(through its in-process token), or ``broker_url`` when the broker runs
-elsewhere (a JupyterHub service).
+It reaches the broker over the HTTP API: the one embedded in this server (with
+the kernel's own token, issued in-process), or ``broker_url`` when the broker
+runs elsewhere (a JupyterHub service, with ``jupyter_token``).
+
+Whose kernel it is: jupyter-server does not pass the starting user to a
+provisioner, but its request handler is in the call context (``CallContext``) of
+the kernel start; on the embedded broker the kernel is charged to that handler's
+user (as ``c.GPUBroker.identity`` maps it: the owner in "owner" mode), or to the
+server's owner when no request started it. Through ``broker_url`` it is charged
+to ``jupyter_token``'s user. The provisioner's own calls use the kernel's token,
+which acts for that user on this kernel's requests only; the log says whose.
 """
 
 from __future__ import annotations
@@ -28,9 +36,12 @@ import os
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Bool, Enum, Float, Int, Unicode
+from jupyter_server.base.call_context import CallContext
+from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
-from ..client import BrokerAPIError, BrokerClient, GrantTimeout
+from ..api.rules import BrokerAPI
+from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive
+from ..runtime import GPUBroker
 from . import registry
 
 LIVE = ("queued", "granted")
@@ -54,21 +65,37 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
     broker_url = Unicode(
         "", help="API URL of a broker outside this server; empty: the embedded broker."
     ).tag(config=True)
-    broker_token = Unicode("", help="Jupyter token for broker_url.").tag(config=True)
+    jupyter_token = Unicode(
+        "",
+        help="Jupyter (or JupyterHub) token for broker_url: the user the broker charges "
+        "this server's kernels to.",
+    ).tag(config=True)
+    broker_token = Unicode("", help="Deprecated: use jupyter_token (same meaning).").tag(
+        config=True
+    )
+
+    @observe("broker_token")
+    def _deprecated_broker_token(self, change: dict[str, Any]) -> None:
+        self.log.warning(
+            "GPUProvisioner.broker_token is deprecated: set GPUProvisioner.jupyter_token"
+        )
+        self.jupyter_token = change["new"]
 
     request_id: str | None = None
     lease: dict[str, Any] | None = None
     _kernel_token: str | None = None
+    charged_to = ""
+    """The user this kernel's requests are charged to (its token acts for)."""
     _heartbeat: asyncio.Task[None] | None = None
 
     # -- jupyter_client hooks
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        if self._kernel_token is None:  # a restart keeps the kernel's token and its user
+            await self._issue_token()
         client = self._client()
         if not self.on_demand:
             self.lease = (await self._acquire(client))["lease"]
-        if self._kernel_token is None:
-            self._kernel_token = await client.kernel_token(self.kernel_id)
         env = dict(kwargs.get("env") or os.environ)
         env.update(self.gpu_env(client.url))
         kwargs["env"] = env
@@ -91,19 +118,26 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info: dict[str, Any] = await super().get_provisioner_info()
-        info.update(gpubroker_request_id=self.request_id, gpubroker_lease=self.lease)
+        info.update(
+            gpubroker_request_id=self.request_id,
+            gpubroker_lease=self.lease,
+            # a restored kernel keeps acting, and giving back, as its user (the kernel
+            # token is as secret as the connection file's key, persisted beside it)
+            gpubroker_token=self._kernel_token,
+            gpubroker_charged_to=self.charged_to,
+        )
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
         await super().load_provisioner_info(provisioner_info)
         self.request_id = provisioner_info.get("gpubroker_request_id")
         self.lease = provisioner_info.get("gpubroker_lease")
+        self._kernel_token = provisioner_info.get("gpubroker_token")
+        self.charged_to = provisioner_info.get("gpubroker_charged_to", "")
 
     # -- the broker
 
-    def _client(self) -> BrokerClient:
-        if self.broker_url:
-            return BrokerClient(self.broker_url, token=self.broker_token)
+    def _embedded(self) -> GPUBroker:
         runtime = registry.current()
         if runtime is None:
             raise RuntimeError(
@@ -112,7 +146,38 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "a Jupyter server with the jupyter_gpubroker extension, or set "
                 "c.GPUProvisioner.broker_url"
             )
-        return BrokerClient(runtime.api_url, broker_token=runtime.service_token)
+        return runtime
+
+    def _client(self) -> BrokerClient:
+        """The embedded broker through this kernel's own token (it acts only on this
+        kernel's requests), or ``broker_url`` as the user of ``jupyter_token``."""
+        if self.broker_url:
+            return BrokerClient(self.broker_url, token=self.jupyter_token)
+        return BrokerClient(self._embedded().api_url, kernel_token=self._kernel_token or "")
+
+    async def _issue_token(self) -> None:
+        """This kernel's token, for the user it is charged to: on the embedded broker the
+        user whose request started it (``CallContext``: the Jupyter handler of that request;
+        the server's owner when no request did), through ``broker_url`` the token's user."""
+        if self.broker_url:
+            issued = await self._client().issue_kernel_token(self.kernel_id)
+            self._kernel_token, self.charged_to = issued["token"], str(issued["user"])
+        else:
+            runtime = self._embedded()
+            handler = CallContext.get(CallContext.JUPYTER_HANDLER)
+            login = getattr(getattr(handler, "current_user", None), "username", None)
+            api = BrokerAPI(runtime)
+            who = api.user_identity(login) if login else api.identify(runtime.owner)
+            self._kernel_token = runtime.issue_token(who.user, self.kernel_id)
+            self.charged_to = who.user
+        self.log.info("Kernel %s: its GPUs are charged to %s", self.kernel_id, self.charged_to)
+
+    async def _revoke_token(self, client: BrokerClient) -> None:
+        if self.broker_url:
+            with contextlib.suppress(BrokerAPIError):
+                await client.revoke_kernel_token(self.kernel_id)
+        else:
+            self._embedded().revoke_tokens(self.kernel_id, self.charged_to)
 
     def size(self) -> dict[str, Any]:
         """The request's size in the API's terms, from the kernelspec's config."""
@@ -158,6 +223,8 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Release or withdraw every live request this kernel owns (its ``%gpu`` ones too)
         and revoke the kernel's token; ``keep_own``: all but the provisioner's own request,
         and keep the token (a restart)."""
+        if self._kernel_token is None:  # never started: nothing asked, nothing to revoke
+            return
         mine = [r for r in await client.requests() if r["owner"] == self.kernel_id]
         for r in sorted(mine, key=lambda r: r["state"] != "queued"):  # withdraw, then release
             if not (keep_own and r["id"] == self.request_id):
@@ -165,9 +232,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                     await client.cancel(r["id"])
         if keep_own:
             return
-        if self._kernel_token is not None:
-            with contextlib.suppress(BrokerAPIError):
-                await client.revoke_kernel_token(self.kernel_id)
+        await self._revoke_token(client)
         self.request_id = self.lease = self._kernel_token = None
 
     def gpu_env(self, api_url: str) -> dict[str, str]:
@@ -191,24 +256,22 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         return env
 
     async def _renew_while_alive(self, client: BrokerClient) -> None:
-        """Renew the lease every third of its TTL for as long as the kernel process runs."""
+        """Renew the lease (``keep_alive``) for as long as the kernel process runs; a
+        process that is gone stops renewing, and the lease expires."""
         assert self.lease is not None
-        lease_id, interval = self.lease["id"], self.lease["ttl_s"] / 3
-        while True:
-            await asyncio.sleep(interval)
-            if await self.poll() is not None:
-                return  # the process is gone: stop renewing, the lease will expire
-            try:
-                await client.renew(lease_id)
-            except BrokerAPIError as e:
-                await self._log_lease_end(client, lease_id, e)
-                return
-            except Exception as e:  # broker unreachable for now: try again next beat
-                self.log.warning("Kernel %s could not renew its GPU lease: %s", self.kernel_id, e)
+        lease_id = self.lease["id"]
 
-    async def _log_lease_end(self, client: BrokerClient, lease_id: str, e: BrokerAPIError) -> None:
+        async def alive() -> bool:
+            return await self.poll() is None
+
+        lost = await keep_alive(client.renew, self.lease, alive=alive)
+        if lost is not None:
+            await self._log_lease_end(client, lease_id, lost)
+
+    async def _log_lease_end(self, client: BrokerClient, lease_id: str, lost: Lost) -> None:
         """Why the lease could not be renewed: given back through the API (``%gpu release``)
-        is the user's choice, an info line; expired or reclaimed is a loss, a warning."""
+        is the user's choice, an info line; expired, reclaimed or refused is a loss, a
+        warning."""
         try:
             lease = await client.lease(lease_id)
         except Exception:
@@ -222,7 +285,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             )
         else:
             self.log.warning(
-                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, e.message
+                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
             )
 
     def _stop_heartbeat(self) -> None:

@@ -118,7 +118,8 @@ async def test_cancel_button_withdraws_a_waiting_request(kernel, notebook, api, 
 
 
 async def test_status_widget_updates_live_until_closed(kernel, notebook, api, jp_serverapp):
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    simulator = runtime.backend.simulator
     kid = await kernel()
     nb = await notebook(
         kid,
@@ -142,9 +143,11 @@ async def test_status_widget_updates_live_until_closed(kernel, notebook, api, jp
         )
 
     simulator.set_load(device, memory_used_mib=2048)  # a workload starts on the slice
+    await runtime.sample()  # the broker's next sampling pass reads it
     nb = await notebook(kid, read_until_seen(2048, close=True))
     assert nb.stdout(0) == "True False False"  # updated, then closed: no reading, no stream
     simulator.set_load(device, memory_used_mib=4096)
+    await runtime.sample()
     nb = await notebook(kid, read_until_seen(4096))
     assert nb.stdout(0) == "False False False"  # a closed widget hears nothing more
 

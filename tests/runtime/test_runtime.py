@@ -11,7 +11,6 @@ from traitlets import TraitError
 
 from jupyter_gpubroker.broker.core import Quota
 from jupyter_gpubroker.broker.errors import InvalidRequest, StateFileError
-from jupyter_gpubroker.runtime import Scope
 
 
 def test_builds_the_configured_broker(tmp_path) -> None:
@@ -78,15 +77,40 @@ def test_bad_traits_are_refused(tmp_path) -> None:
 
 def test_kernel_tokens_are_scoped_replaced_and_revoked(tmp_path) -> None:
     rt = make(tmp_path)
-    first = rt.issue_token("alice", "k1")
-    second = rt.issue_token("alice", "k1")
-    assert rt.scope_of(first) is None  # a kernel's new token replaces the old one
-    assert rt.scope_of(second) == Scope("alice", "k1")
-    rt.revoke_tokens("k1", user="bob")
-    assert rt.scope_of(second) == Scope("alice", "k1")  # bob cannot revoke alice's
-    rt.revoke_tokens("k1", user="alice")
-    assert rt.scope_of(second) is None
-    assert rt.scope_of("gpb_made-up") is None
+    rt.start()
+    try:
+        first = rt.issue_token("alice", "k1")
+        second = rt.issue_token("alice", "k1")
+        assert rt.token_holder(first) is None  # a kernel's new token replaces the old one
+        assert rt.token_holder(second) == ("alice", "k1")
+        rt.revoke_tokens("k1", user="bob")
+        assert rt.token_holder(second) == ("alice", "k1")  # bob cannot revoke alice's
+        rt.revoke_tokens("k1", user="alice")
+        assert rt.token_holder(second) is None
+        assert rt.token_holder("gpb_made-up") is None
+    finally:
+        rt.stop()
+
+
+def test_kernel_tokens_outlive_a_restart_until_revoked_and_are_stored_hashed(tmp_path) -> None:
+    rt = make(tmp_path)
+    rt.start()
+    kept, revoked = rt.issue_token("alice", "k1"), rt.issue_token("bob", "k2")
+    rt.revoke_tokens("k2", user="bob")
+    rt.stop()
+    raw = (tmp_path / "state.sqlite").read_bytes() + (
+        (tmp_path / "state.sqlite-wal").read_bytes()
+        if (tmp_path / "state.sqlite-wal").exists()
+        else b""
+    )
+    assert kept.encode() not in raw
+    again = make(tmp_path)
+    again.start()
+    try:
+        assert again.token_holder(kept) == ("alice", "k1")
+        assert again.token_holder(revoked) is None
+    finally:
+        again.stop()
 
 
 def test_a_second_broker_on_the_same_state_file_is_refused_naming_the_first(tmp_path) -> None:
@@ -101,7 +125,8 @@ def test_a_second_broker_on_the_same_state_file_is_refused_naming_the_first(tmp_
             f"{tmp_path / 'state.sqlite'}: in use by another GPU broker (pid {os.getpid()} on "
             f"{socket.gethostname()}, serving http://127.0.0.1:8888/gpubroker/api/v1)"
         )
-        assert second.broker is None
+        with pytest.raises(RuntimeError, match="not been started"):
+            second.core  # noqa: B018
     finally:
         first.stop()
     second.start()  # the first one gave the file back

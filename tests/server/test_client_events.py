@@ -12,7 +12,9 @@ from jupyter_gpubroker.client import BrokerAPIError, BrokerClient
 
 async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, api):
     runtime = jp_serverapp.web_app.settings["gpubroker"]
-    client = BrokerClient(runtime.api_url, broker_token=runtime.service_token)
+    client = BrokerClient(
+        runtime.api_url, kernel_token=runtime.issue_token(runtime.owner, "k-events")
+    )
     async with contextlib.aclosing(client.events()) as events:
         hello = await anext(events)
         assert hello["kind"] == "hello" and len(runtime._subscribers) == 1
@@ -25,7 +27,7 @@ async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, ap
 
 
 async def test_a_refused_stream_raises_the_brokers_error(jp_serverapp):
-    client = BrokerClient(jp_serverapp.web_app.settings["gpubroker"].api_url, broker_token="nope")
+    client = BrokerClient(jp_serverapp.web_app.settings["gpubroker"].api_url, kernel_token="nope")
     with pytest.raises(BrokerAPIError) as e:
         await anext(client.events())
     assert e.value.status == 403 and "unknown or revoked" in e.value.message

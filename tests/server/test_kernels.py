@@ -205,3 +205,13 @@ async def test_restart_and_shutdown_give_back_the_kernels_other_requests(
     _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
     await mkm.shutdown_kernel(kid)
     assert await states([held, {"id": own["request_id"]}]) == ["released", "released"]
+
+
+def test_the_deprecated_broker_token_still_configures_the_jupyter_token(caplog) -> None:
+    from traitlets.config import Config
+
+    c = Config()
+    c.GPUProvisioner.broker_token = "hub-token"
+    provisioner = GPUProvisioner(kernel_id="k1", config=c)
+    assert provisioner.jupyter_token == "hub-token"
+    assert "set GPUProvisioner.jupyter_token" in caplog.text

@@ -106,7 +106,9 @@ async def test_a_waiting_client_keeps_its_request_alive_past_the_ttl(
     short_lived: Any, api: Any
 ) -> None:
     runtime, held = short_lived, await fill(api)
-    client = BrokerClient(runtime.api_url, broker_token=runtime.service_token)
+    client = BrokerClient(
+        runtime.api_url, kernel_token=runtime.issue_token(runtime.owner, "k-wait")
+    )
     r = await client.submit(profile="1g.10gb")
     waiting = asyncio.ensure_future(client.wait_for_grant(r["id"], 30))
     await asyncio.sleep(3.0)  # three TTLs in the queue

@@ -445,3 +445,28 @@ async def test_a_request_is_charged_only_to_its_users_own_groups(world: World) -
     assert mine["groups"] == ["lab"] and mine["lease"]["group"] == "lab"  # her first group
     other = await bob("POST", "requests", {"profile": "1g.10gb", "groups": ["lab-b"]}, expect=201)
     assert other["lease"]["group"] == "lab-b"
+
+
+# --------------------------------------------------------------------- kernels
+
+
+async def test_a_kernel_a_user_starts_is_charged_to_that_user(
+    world: World, jp_fetch: Any, gpu_kernelspec: Any
+) -> None:
+    alice, carol = world.user("alice"), world.user("carol")
+    started = await jp_fetch(
+        "api",
+        "kernels",
+        method="POST",
+        body=json.dumps({"name": gpu_kernelspec()}),
+        headers=alice.headers,
+    )
+    kernel_id = json.loads(started.body)["id"]
+    try:
+        (mine,) = (await alice("GET", "requests", expect=200))["requests"]
+        assert (mine["user"], mine["owner"], mine["state"]) == ("alice", kernel_id, "granted")
+        (seen,) = (await carol("GET", "requests", expect=200))["requests"]
+        assert seen["user"] == "alice"  # not the server's owner, root-owner
+    finally:
+        await jp_fetch("api", "kernels", kernel_id, method="DELETE", headers=alice.headers)
+    assert (await alice("GET", "requests", expect=200))["requests"] == []

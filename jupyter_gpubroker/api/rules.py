@@ -1,0 +1,336 @@
+"""The API's rules, once for every host: who may see and do what, and the answers.
+
+``BrokerAPI`` is what a host calls. A host (the jupyter-server extension's handlers
+today, a JupyterHub service later) parses its HTTP input, builds an ``Identity`` from
+its own auth with ``identify`` / ``token_identity``, calls one method per operation and
+writes the JSON-ready answer it gets back; errors are the core's typed ``BrokerError``s,
+which carry their HTTP status. Nothing here knows tornado or Jupyter.
+
+The rules: a user sees and acts on their own requests and leases; an admin on everyone's;
+a kernel-scoped token only on its own kernel's requests (never as an admin, and it
+cannot issue or revoke tokens). Other users' objects are shown without ids, holders
+or tokens (``api.shapes``). Only admins change quotas or see usage by anything but
+their own user.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..broker.core import QUOTA_BOUNDS, Broker, Event, Quota
+from ..broker.errors import Forbidden, InvalidRequest, NotFound
+from ..broker.models import Lease, Request, Size
+from .identity import Identity
+from .shapes import (
+    devices_json,
+    event_json,
+    lease_json,
+    parse_iso,
+    queue_json,
+    request_json,
+    samples_json,
+)
+
+if TYPE_CHECKING:
+    from ..runtime import GPUBroker
+
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups"}
+KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+class BrokerAPI:
+    """Every operation of the API for a running broker (``runtime``)."""
+
+    def __init__(self, runtime: GPUBroker) -> None:
+        self.runtime = runtime
+
+    @property
+    def core(self) -> Broker:
+        return self.runtime.core
+
+    # ------------------------------------------------------------ identity
+
+    def identify(
+        self, user: str, kernel_id: str | None = None, groups: Iterable[str] = ()
+    ) -> Identity:
+        """The identity of ``user`` (bound to ``kernel_id`` for a kernel token): its groups
+        are ``c.GPUBroker.user_groups``' plus those its host knows (``groups``). Admins are
+        ``c.GPUBroker.admin_users`` and, in "owner" mode, the server's owner (the one user of
+        a single-user server); a kernel token is never an admin."""
+        rt = self.runtime
+        named = [*rt.user_groups.get(user, []), *groups]
+        admin = user in rt.admin_users or (rt.identity == "owner" and user == rt.owner)
+        return Identity(
+            user=user,
+            groups=tuple(dict.fromkeys(named)),
+            admin=admin and kernel_id is None,
+            kernel_id=kernel_id,
+        )
+
+    def user_identity(self, username: str, groups: Iterable[str] = ()) -> Identity:
+        """A logged-in user: in "owner" mode (a single-user server, whose credentials
+        already grant everything) every caller is the owner; in "username" mode the name
+        the host's login gave."""
+        rt = self.runtime
+        return self.identify(username if rt.identity == "username" else rt.owner, groups=groups)
+
+    def token_identity(self, token: str) -> Identity | None:
+        """Whom a kernel token speaks for; ``None`` when unknown or revoked."""
+        held = self.runtime.token_holder(token)
+        return None if held is None else self.identify(*held)
+
+    def me(self, who: Identity) -> dict[str, Any]:
+        return {"user": who.user, "admin": who.admin, "kernel_id": who.kernel_id}
+
+    # ---------------------------------------------------------- visibility
+
+    @staticmethod
+    def _viewer(who: Identity) -> str | None:
+        """The user whose objects ``who`` may see: ``None`` (everyone's) for an admin."""
+        return None if who.admin else who.user
+
+    @staticmethod
+    def _kernel_may(who: Identity, holder: str) -> bool:
+        """Whether ``who`` may act on a request held by ``holder`` (its ``owner``)."""
+        return who.kernel_id in (None, holder)
+
+    def _own_request(self, who: Identity, request_id: str) -> Request:
+        r = self.core.request(request_id, self._viewer(who))
+        if not self._kernel_may(who, r.owner):
+            raise Forbidden("a kernel token acts only on its own kernel's requests")
+        return r
+
+    def _own_lease(self, who: Identity, lease_id: str) -> Lease:
+        lease = self.core.lease(lease_id, self._viewer(who))
+        self._own_request(who, lease.request_id)
+        return lease
+
+    # -------------------------------------------------------------- devices
+
+    def devices(self, who: Identity) -> dict[str, Any]:
+        """Every GPU and device with the sampler's latest readings (no NVML call here)."""
+        core = self.core
+        holders = core.holders()
+        kernel_of = None
+        if who.kernel_id is not None:  # a kernel token sees only its kernel's ids
+            kernel_of = {x.request_id: core.request(x.request_id).owner for x in holders.values()}
+        gpus = devices_json(
+            core.inventory,
+            self.runtime.readings(),
+            holders,
+            who.user,
+            who.admin,
+            kernel_id=who.kernel_id,
+            kernel_of=kernel_of,
+            drains=core.drained(),
+            vacating=core.vacating(),
+        )
+        return {"gpus": gpus}
+
+    def device_metrics(self, who: Identity, uuid: str, since: str | None) -> dict[str, Any]:
+        """A GPU's or MIG slice's samples since ``since`` (default: the last hour)."""
+        core, sampler = self.core, self.runtime.sampler
+        if sampler is None or (uuid not in core.placer.gpus and uuid not in core.placer.devices):
+            raise NotFound(f"no GPU or device {uuid!r}")
+        now = core.clock.now()
+        start = parse_time("since", since)
+        start = now - 3600.0 if start is None else start
+        resolution, samples = sampler.samples.series(uuid, start, now)
+        return samples_json(uuid, resolution, samples, sampler.samples.events(uuid, start))
+
+    # ------------------------------------------------------ queue, requests
+
+    def queue(self, who: Identity) -> dict[str, Any]:
+        entries = self.core.queue()
+        queue = queue_json(entries, who.user, who.admin, kernel_id=who.kernel_id)
+        return {"queue": queue, "length": len(entries)}
+
+    def _with_lease(self, r: Request) -> dict[str, Any]:
+        entry = next((e for e in self.core.queue() if e.request.id == r.id), None)
+        d = request_json(r, entry)
+        d["lease"] = lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
+        return d
+
+    def requests(self, who: Identity) -> dict[str, Any]:
+        """Live requests: mine (a kernel token: its kernel's); an admin's: all."""
+        entries = {e.request.id: e for e in self.core.queue()}
+        return {
+            "requests": [
+                request_json(r, entries.get(r.id))
+                for r in self.core.live_requests(self._viewer(who))
+                if self._kernel_may(who, r.owner)
+            ]
+        }
+
+    def submit(self, who: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        """A new request of ``who``; a kernel token's is always held by its kernel, a
+        user's by the ``owner`` it names (the API's name for the holder: a kernel id, 'cli')."""
+        unknown = set(body) - REQUEST_FIELDS
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+        size = Size(**{k: body[k] for k in SIZE_FIELDS if body.get(k) is not None})
+        holder = who.kernel_id if who.kernel_id is not None else body.get("owner", "")
+        r = self.core.submit(
+            who.user,
+            size,
+            groups=self._groups(who, body.get("groups", [])),
+            job_class=body.get("job_class", "interactive"),
+            owner=holder,
+            expected_duration_s=body.get("expected_duration_s"),
+        )
+        return self._with_lease(r)
+
+    @staticmethod
+    def _groups(who: Identity, asked: Any) -> list[str]:
+        """The groups a request may name: its user's own, never someone else's (none
+        named: all of its user's, the first charged)."""
+        if not isinstance(asked, list) or not all(isinstance(g, str) for g in asked):
+            raise InvalidRequest("'groups' must be a list of group names")
+        foreign = [g for g in asked if g not in who.groups]
+        if foreign:
+            raise Forbidden(
+                f"{who.user} is not a member of group(s) {', '.join(foreign)}"
+                + (f"; their groups: {', '.join(who.groups)}" if who.groups else "")
+            )
+        return asked or list(who.groups)
+
+    def request(self, who: Identity, request_id: str) -> dict[str, Any]:
+        return self._with_lease(self._own_request(who, request_id))
+
+    def cancel(self, who: Identity, request_id: str) -> dict[str, Any]:
+        r = self._own_request(who, request_id)
+        return self._with_lease(self.core.cancel(r.id))
+
+    def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
+        r = self._own_request(who, request_id)
+        return self._with_lease(self.core.renew_request(r.id))
+
+    # --------------------------------------------------------------- leases
+
+    def leases(self, who: Identity) -> dict[str, Any]:
+        """Active leases: mine (a kernel token: its kernel's); an admin's: all."""
+        core = self.core
+        return {
+            "leases": [
+                lease_json(x)
+                for x in core.leases(self._viewer(who))
+                if self._kernel_may(who, core.request(x.request_id).owner)
+            ]
+        }
+
+    def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:
+        return lease_json(self._own_lease(who, lease_id))
+
+    def release(self, who: Identity, lease_id: str) -> dict[str, Any]:
+        lease = self._own_lease(who, lease_id)
+        return lease_json(self.core.release(lease.id))
+
+    def renew(self, who: Identity, lease_id: str) -> dict[str, Any]:
+        lease = self._own_lease(who, lease_id)
+        return lease_json(self.core.renew(lease.id))
+
+    # ----------------------------------------------------- usage and quotas
+
+    def usage(
+        self, who: Identity, by: str = "user", since: str | None = None, until: str | None = None
+    ) -> dict[str, Any]:
+        """GPU-hours by user, group, profile or class; a non-admin sees only their own."""
+        start, end = parse_time("since", since), parse_time("until", until)
+        usage = self.core.usage(start, end, by)  # a bad 'by' is a 400 for anyone
+        if not who.admin:
+            if by != "user":
+                raise Forbidden("only admins see usage grouped by anything but their own user")
+            usage = {who.user: usage.get(who.user, 0.0)}
+        return {"by": by, "gpu_hours": usage}
+
+    def quotas(self, who: Identity) -> dict[str, Any]:
+        return {
+            "quotas": [
+                {"kind": kind, "name": name, **q.to_json()}
+                for (kind, name), q in self.core.quotas().items()
+                if who.admin or (kind, name) == ("user", who.user)
+            ]
+        }
+
+    @staticmethod
+    def _require_admin(who: Identity) -> None:
+        if not who.admin:
+            raise Forbidden("only admins change quotas")
+
+    def set_quota(
+        self, who: Identity, kind: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._require_admin(who)
+        unknown = set(body) - set(QUOTA_BOUNDS)
+        if unknown:
+            raise InvalidRequest(f"unknown quota field(s): {', '.join(sorted(unknown))}")
+        if all(v is None for v in body.values()):
+            raise InvalidRequest(
+                "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
+                "DELETE it to go back to the defaults"
+            )
+        quota = Quota(**body)
+        self.core.set_quota(kind, name, quota)
+        return {"kind": kind, "name": name, **quota.to_json()}
+
+    def delete_quota(self, who: Identity, kind: str, name: str) -> None:
+        self._require_admin(who)
+        self.core.delete_quota(kind, name)
+
+    # --------------------------------------------------------------- tokens
+
+    @staticmethod
+    def _require_user(who: Identity) -> None:
+        if who.kernel_id is not None:
+            raise Forbidden("a kernel token cannot issue or revoke tokens")
+
+    def issue_token(self, who: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        """A kernel-scoped token of ``who`` for one of its kernels; the reply names the
+        user it acts for, whom its kernel's requests are charged to."""
+        self._require_user(who)
+        kernel_id = body.get("kernel_id")
+        if not isinstance(kernel_id, str) or not KERNEL_ID.fullmatch(kernel_id):
+            raise InvalidRequest("'kernel_id' must be a kernel id (letters, digits, '-')")
+        token = self.runtime.issue_token(who.user, kernel_id)
+        return {"token": token, "user": who.user, "kernel_id": kernel_id}
+
+    def revoke_tokens(self, who: Identity, kernel_id: str) -> None:
+        self._require_user(who)
+        self.runtime.revoke_tokens(kernel_id, who.user)
+
+    # --------------------------------------------------------------- events
+
+    def event(self, who: Identity, e: Event) -> dict[str, Any] | None:
+        """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
+        (others' reduced to a bare kind); a kernel token only its own kernel's."""
+        if who.kernel_id is not None:
+            if e.request_id is None or e.user != who.user:
+                return None
+            if self.core.request(e.request_id).owner != who.kernel_id:
+                return None
+        return event_json(e, who.user, who.admin)
+
+    def positions(self, who: Identity) -> dict[str, Any]:
+        """The queue's length and the positions and ETAs of ``who``'s waiting requests."""
+        entries = self.core.queue()
+        return {
+            "queue_length": len(entries),
+            "requests": [
+                request_json(e.request, e)
+                for e in entries
+                if e.request.user == who.user and self._kernel_may(who, e.request.owner)
+            ],
+        }
+
+
+def parse_time(name: str, value: str | None) -> float | None:
+    """An ISO 8601 query argument as UTC seconds (None when absent)."""
+    if value is None:
+        return None
+    try:
+        return parse_iso(value)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be an ISO 8601 time, not {value!r}") from None

@@ -1,0 +1,105 @@
+"""The API's rules called without HTTP: who is an admin, who sees and does what."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpubroker.api.identity import Identity
+from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.errors import Forbidden
+
+SLICE = {"profile": "1g.10gb"}
+
+
+def test_on_a_multi_user_server_only_the_named_admins_are_admins(team: BrokerAPI) -> None:
+    assert team.user_identity("carol").admin
+    assert not team.user_identity("alice").admin
+    owner = team.user_identity("root-owner")  # the OS user running the server: nobody special
+    assert not owner.admin
+    with pytest.raises(Forbidden, match="only admins change quotas"):
+        team.set_quota(owner, "user", "alice", {"max_gpus": 1})
+
+
+def test_on_a_single_user_server_every_caller_is_the_owner_and_its_admin(start) -> None:
+    api = start(owner="dana")
+    who = api.user_identity("anyone-the-token-names")
+    assert (who.user, who.admin) == ("dana", True)
+    assert api.set_quota(who, "user", "dana", {"max_gpus": 1})["max_gpus"] == 1
+
+
+def test_a_kernel_token_is_never_an_admin_and_acts_only_on_its_kernel(team: BrokerAPI) -> None:
+    carol = team.user_identity("carol")
+    token = team.issue_token(carol, {"kernel_id": "k1"})
+    assert (token["user"], token["kernel_id"]) == ("carol", "k1")
+    k1 = team.token_identity(token["token"])
+    assert k1 == Identity("carol", (), admin=False, kernel_id="k1")
+    mine = team.submit(k1, {**SLICE, "owner": "someone-else"})
+    assert mine["owner"] == "k1"  # a kernel's requests are its own
+    other = team.submit(carol, {**SLICE, "owner": "notebook-2"})
+    with pytest.raises(Forbidden, match="own kernel's requests"):
+        team.cancel(k1, other["id"])
+    assert [r["id"] for r in team.requests(k1)["requests"]] == [mine["id"]]
+    with pytest.raises(Forbidden, match="cannot issue or revoke tokens"):
+        team.issue_token(k1, {"kernel_id": "k2"})
+
+
+def test_a_user_sees_others_requests_only_without_ids(team: BrokerAPI) -> None:
+    alice, bob = team.user_identity("alice"), team.user_identity("bob")
+    held = team.submit(alice, {**SLICE, "owner": "alice-nb"})
+    with pytest.raises(Forbidden, match="belongs to another user"):
+        team.request(bob, held["id"])
+    with pytest.raises(Forbidden, match="belongs to another user"):
+        team.release(bob, held["lease"]["id"])
+    (device,) = [
+        d for g in team.devices(bob)["gpus"] for d in g["devices"] if d["holder"] is not None
+    ]
+    assert device["holder"] == {"user": "alice", "lease_id": None, "request_id": None}
+    assert team.leases(bob) == {"leases": []}
+    assert len(team.leases(team.user_identity("carol"))["leases"]) == 1
+
+
+def test_groups_come_from_config_and_from_the_host(team: BrokerAPI) -> None:
+    alice = team.user_identity("alice", groups=["hub-team"])  # as a hub host would add them
+    assert alice.groups == ("lab", "hub-team")
+    assert team.submit(alice, {**SLICE, "groups": ["hub-team"]})["groups"] == ["hub-team"]
+    with pytest.raises(Forbidden, match="not a member of group"):
+        team.submit(alice, {**SLICE, "groups": ["physics"]})
+
+
+def test_devices_show_the_samplers_readings_without_reading_nvml(team: BrokerAPI) -> None:
+    runtime = team.runtime
+    assert runtime.backend is not None and runtime.sampler is not None
+
+    def no_nvml(*args: object) -> None:
+        raise AssertionError("GET devices read NVML")
+
+    runtime.backend.read_all = no_nvml  # type: ignore[method-assign]
+    (gpu,) = team.devices(team.user_identity("alice"))["gpus"]
+    latest = runtime.sampler.latest[gpu["uuid"]]
+    assert gpu["memory_used_mib"] == latest.memory_used_mib and gpu["health"] == "ok"
+
+
+def test_a_kernel_token_survives_a_broker_restart_until_revoked(start) -> None:
+    api = start(identity="username", owner="root-owner")
+    alice = api.user_identity("alice")
+    kept = api.issue_token(alice, {"kernel_id": "k1"})["token"]
+    revoked = api.issue_token(alice, {"kernel_id": "k2"})["token"]
+    api.revoke_tokens(alice, "k2")
+    api.runtime.stop()
+    again = start(identity="username", owner="root-owner")
+    assert again.token_identity(kept) == Identity("alice", kernel_id="k1")
+    assert again.token_identity(revoked) is None
+
+
+def test_a_kernel_token_sees_only_its_kernels_events(team: BrokerAPI) -> None:
+    alice = team.user_identity("alice")
+    k1 = team.token_identity(team.issue_token(alice, {"kernel_id": "k1"})["token"])
+    assert k1 is not None
+    seen: list[object] = []
+    team.runtime.subscribe(seen.append)
+    team.submit(alice, {**SLICE, "owner": "notebook"})
+    own = team.submit(k1, SLICE)
+    views = [v for v in (team.event(k1, e) for e in seen) if v is not None]
+    assert [v["kind"] for v in views] == ["queued", "granted"]
+    assert {v["request_id"] for v in views} == {own["id"]}
+    assert len([v for v in (team.event(alice, e) for e in seen) if v is not None]) == 4
