@@ -28,10 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .core import held_shape, request_shape
 from .models import Lease, Request
 from .placement import WHOLE_GPU, Placer, device_class
-from .predictor import Predictor
+from .predictor import Predictor, held_shape, request_shape
 from .profiles import CATALOG, COMPUTE_SLICES
 
 

@@ -23,8 +23,23 @@ import bisect
 from collections import deque
 from dataclasses import dataclass
 
+from .models import Size
+
 Key = tuple[str, str, str, str]
 """(user, group, job class, shape); "" where a coarser key leaves a part out."""
+
+
+def request_shape(size: Size) -> str:
+    """What a request will hold, as the history of hold times keys it: ``gpu:N`` for N
+    whole GPUs, the profile for a MIG slice, "" when only the grant will tell."""
+    if size.gpus is not None:
+        return f"gpu:{size.gpus}"
+    return size.profile or ""
+
+
+def held_shape(profile: str, gpu_equivalents: float) -> str:
+    """What a lease held, in the same terms (its ``profile`` is ``gpu`` for whole GPUs)."""
+    return f"gpu:{round(gpu_equivalents)}" if profile == "gpu" else profile
 
 
 @dataclass(frozen=True)
