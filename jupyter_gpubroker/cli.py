@@ -32,6 +32,7 @@ from .client import (
     BrokerAPIError,
     BrokerClient,
     GrantTimeout,
+    eta_text,
     keep_alive,
 )
 from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
@@ -487,7 +488,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 size,
                 e["job_class"],
                 e["submitted_at"][11:19],
-                (e["eta"] or "-")[11:19] or "-",
+                eta_text(e),
             )
         )
     _print(args, queue, _table(rows) + f"\n{len(queue)} waiting")

@@ -15,8 +15,10 @@ import contextlib
 import json
 import os
 import ssl
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -31,7 +33,7 @@ from tornado.httputil import (
 from tornado.tcpclient import TCPClient
 
 from .api import TOKEN_HEADER
-from .broker.text import duration
+from .broker.text import duration, start_estimate
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
@@ -68,6 +70,21 @@ def size_text(r: dict[str, Any]) -> str:
     if r.get("profile"):
         return str(r["profile"])
     return f">= {r.get('min_memory_gb')} GB"
+
+
+def eta_text(r: dict[str, Any]) -> str:
+    """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
+    ``eta_known`` and ``position`` of the API): "10:40 (10:20-11:30)", "unknown; position 3"."""
+    span = r.get("eta_range")
+    estimate = None
+    if r.get("eta_known") and span and r.get("eta"):
+        high = _seconds(span["high"]) if span.get("high") else None
+        estimate = (_seconds(span["low"]), _seconds(r["eta"]), high)
+    return start_estimate(estimate, r.get("position"), time.time())
+
+
+def _seconds(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ tokens never.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from ..broker.core import Event, QueueEntry, Vacating
+from ..broker.eta import Eta
 from ..broker.models import DeviceReading, Inventory, Lease, Request
 
 
@@ -37,8 +39,21 @@ def request_json(r: Request, entry: QueueEntry | None = None) -> dict[str, Any]:
     d["ended_at"] = iso(r.ended_at)
     d["expires_at"] = iso(d["expires_at"])
     d["position"] = entry.position if entry else None
-    d["eta"] = iso(entry.eta) if entry else None
+    d.update(eta_json(entry.eta if entry else None))
     return d
+
+
+def eta_json(eta: Eta | None) -> dict[str, Any]:
+    """A start estimate: ``eta`` the median, ``eta_range`` its low and high end (``high``
+    null when unbounded), ``eta_known`` false when the broker cannot know it."""
+    if eta is None:
+        return {"eta": None, "eta_range": None, "eta_known": False}
+    high = iso(eta.high) if math.isfinite(eta.high) else None
+    return {
+        "eta": iso(eta.median),
+        "eta_range": {"low": iso(eta.low), "high": high},
+        "eta_known": True,
+    }
 
 
 def lease_json(lease: Lease) -> dict[str, Any]:
@@ -60,7 +75,7 @@ def queue_json(
         out.append(
             {
                 "position": e.position,
-                "eta": iso(e.eta),
+                **eta_json(e.eta),
                 "user": r.user,
                 "job_class": r.job_class.value,
                 **r.size.to_json(),

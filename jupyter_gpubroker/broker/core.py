@@ -41,6 +41,7 @@ from .errors import (
     StorageFull,
     Unsatisfiable,
 )
+from .eta import Eta, predicted_starts
 from .models import (
     Device,
     Inventory,
@@ -55,6 +56,7 @@ from .models import (
 )
 from .placement import MigPlan, Placer
 from .policy import BrokerPolicy, Policy
+from .predictor import Predictor, held_shape, request_shape
 from .profiles import CATALOG
 from .queue import WaitQueue
 from .store import Store
@@ -62,6 +64,9 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 MAX_DURATION_S = 366 * 86400.0
+ETA_MAX_AGE_S = 30.0
+"""How long the queue's start estimates stand without a change: the leases' elapsed
+times, which they rest on, move on."""
 MAX_GROUPS = 32
 MAX_OWNER = 256
 QUOTA_BOUNDS = {
@@ -119,8 +124,6 @@ class BrokerConfig:
         default_factory=lambda: {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
     )
     """Expected hold time before any history exists, per job class."""
-    history_weight: float = 0.3
-    """Weight of the newest lease in the moving average of hold times."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.lease_ttl_s <= MAX_DURATION_S:
@@ -131,8 +134,6 @@ class BrokerConfig:
             raise InvalidRequest("vacate_timeout_s must be between 0 and a year")
         if not self.default_share > 0:
             raise InvalidRequest("default_share must be positive")
-        if not 0 < self.history_weight <= 1:
-            raise InvalidRequest("history_weight must be in (0, 1]")
         for k, v in self.default_duration_s.items():
             if k not in {c.value for c in JobClass} or not 0 < v <= MAX_DURATION_S:
                 raise InvalidRequest(f"bad default duration {k!r}: {v!r}")
@@ -165,8 +166,9 @@ class QueueEntry:
     position: int
     request: Request
     priority: float
-    eta: float | None
-    """Expected start (epoch seconds), from current leases' expected ends and the queue ahead."""
+    eta: Eta | None
+    """Expected start (epoch seconds) as a (low, median, high) range from the run-time
+    predictor (``eta.predicted_starts``); None when the broker cannot know it."""
 
 
 @dataclass(frozen=True)
@@ -210,19 +212,6 @@ class _Reservation:
 
 Entity = tuple[str, str]
 """("user", name) or ("group", name)."""
-
-
-def request_shape(size: Size) -> str:
-    """What a request will hold, as the history of hold times keys it: ``gpu:N`` for N
-    whole GPUs, the profile for a MIG slice, "" when only the grant will tell."""
-    if size.gpus is not None:
-        return f"gpu:{size.gpus}"
-    return size.profile or ""
-
-
-def held_shape(profile: str, gpu_equivalents: float) -> str:
-    """What a lease held, in the same terms (its ``profile`` is ``gpu`` for whole GPUs)."""
-    return f"gpu:{round(gpu_equivalents)}" if profile == "gpu" else profile
 
 
 def decayed_integral(rate: float, seconds: float, half_life: float) -> float:
@@ -282,9 +271,12 @@ class Broker:
         self._gpu_eq_of_size: dict[str, float] = {}
         # budgets: (period index, closed GPU-hours) per entity
         self._budget_used: dict[Entity, tuple[int, float]] = {}
-        # hold-time history: moving average per (user, class, shape), per (user, class)
-        # and per class, the shape ("" in the coarser keys) being what a lease held
-        self._history: dict[tuple[str, str, str], float] = {}
+        self.predictor = Predictor()
+        """Hold times of ended leases: expected durations and start estimates."""
+        self._changes = 0
+        """Counts events: every change of leases, queue or devices emits one."""
+        self._etas: tuple[tuple[int, float], float, dict[str, Eta | None]] | None = None
+        """(changes and ranking instant, when, estimates) of the last ``queue()``."""
         self._drains: dict[str, tuple[str, float]] = {}
         self._drain_cause: dict[str, str] = {}
         """Who drained each drained device: ``health`` lifts only its own drains."""
@@ -610,7 +602,7 @@ class Broker:
             ((self._rank(r), r) for r in self._waiting),
             key=lambda pr: (-pr[0], pr[1].submitted_at, self._waiting.order(pr[1])),
         )
-        etas = self._project([r for _, r in ranked], now)
+        etas = self._start_estimates([r for _, r in ranked], now)
         return [QueueEntry(i + 1, r, p, etas.get(r.id)) for i, (p, r) in enumerate(ranked)]
 
     def holders(self) -> dict[str, Lease]:
@@ -679,6 +671,7 @@ class Broker:
     # ------------------------------------------------------------ internals
 
     def _emit(self, event: Event) -> None:
+        self._changes += 1
         for listener in list(self._listeners):
             try:
                 listener(event)
@@ -912,7 +905,9 @@ class Broker:
             self._held_eq[entity] -= lease.gpu_equivalents
             self._add_budget(entity, hours, now)
         shape = held_shape(lease.profile, lease.gpu_equivalents)
-        self._learn(r.user, r.job_class.value, shape, now - lease.granted_at)
+        self.predictor.learn(
+            lease.user, lease.group, r.job_class.value, shape, now - lease.granted_at
+        )
         detail = {"reason": reason} if reclaim is None else {"reason": reason, "cause": reclaim[0]}
         self._emit(Event(state.value, now, lease.user, r.id, lease.id, detail))
 
@@ -970,57 +965,24 @@ class Broker:
     # -- durations
 
     def _history_duration(self, r: Request) -> float:
-        """The user's average hold time for this class and shape (a user's 8-GPU jobs are
-        not their 1-GPU jobs: Helios' QSSF keys by user and GPU demand), else for this
-        class, else everyone's for this class."""
-        cls, h = r.job_class.value, self._history
-        shape = request_shape(r.size)
-        found = h.get((r.user, cls, shape)) if shape else None
-        if found is None:
-            found = h.get((r.user, cls, ""), h.get(("", cls, "")))
-        return found if found is not None else self.config.default_duration_s[cls]
+        """The median hold time of the request's kind (the predictor's finest history
+        with enough samples: user and shape, user, group, class), else the class default."""
+        cls = r.job_class.value
+        est = self.predictor.hold(r.user, r.group, cls, request_shape(r.size))
+        return est.median if est is not None else self.config.default_duration_s[cls]
 
     def _duration(self, r: Request) -> float:
-        """Expected hold time: the request's own estimate, else its user's history."""
+        """Expected hold time: the request's own estimate, else its kind's history."""
         return r.expected_duration_s or self._history_duration(r)
 
-    def _learn(self, user: str, job_class: str, shape: str, held_s: float) -> None:
-        w = self.config.history_weight
-        for key in ((user, job_class, shape), (user, job_class, ""), ("", job_class, "")):
-            old = self._history.get(key)
-            self._history[key] = held_s if old is None else (1 - w) * old + w * held_s
-
-    def _project(self, ranked: list[Request], now: float) -> dict[str, float]:
-        """List-schedule the queue over devices' expected free times to estimate starts."""
-        free_at: dict[str, list[tuple[float, str]]] = defaultdict(list)
-        for d in self.placer.devices.values():
-            if self.placer.is_drained(d):
-                continue
-            free_at[d.profile or "gpu"].append((self._free_at(d.uuid, now), d.uuid))
-        for heap in free_at.values():
-            heapq.heapify(heap)
-        mem = {d.uuid: d.memory_mib for d in self.placer.devices.values()}
-        etas: dict[str, float] = {}
-        for r in ranked:
-            if r.size.gpus is not None:
-                classes, k = ["gpu"], r.size.gpus
-            elif r.size.profile is not None:
-                classes, k = [r.size.profile], 1
-            else:
-                need = r.size.min_memory_gb * 1024  # type: ignore[operator]
-                classes = [c for c, h in free_at.items() if h and any(mem[u] >= need for _, u in h)]
-                classes = sorted(classes, key=lambda c: free_at[c][0][0])[:1]
-                k = 1
-            if not classes or len(free_at[classes[0]]) < k:
-                continue
-            heap = free_at[classes[0]]
-            taken = [heapq.heappop(heap) for _ in range(k)]
-            start = taken[-1][0]
-            etas[r.id] = start
-            end = start + self._duration(r)
-            for _, u in taken:
-                heapq.heappush(heap, (end, u))
-        return etas
+    def _start_estimates(self, ranked: list[Request], now: float) -> dict[str, Eta | None]:
+        """``predicted_starts`` of the queue in priority order, computed again only after
+        a change (an event, a new ranking) or ``ETA_MAX_AGE_S``: polling the queue stays
+        cheap and its estimates stable between changes."""
+        key = (self._changes, self._ranked_at)
+        if self._etas is None or self._etas[0] != key or now - self._etas[1] > ETA_MAX_AGE_S:
+            self._etas = (key, now, predicted_starts(self, ranked, self.predictor, now))
+        return self._etas[2]
 
     # -- quotas and budgets
 
@@ -1201,7 +1163,8 @@ class Broker:
             for entity in self._entities(row["user"], row["grp"]):
                 self._charge(entity, amount, now)
             shape = held_shape(row["profile"], row["gpu_equivalents"])
-            self._learn(row["user"], row["job_class"], shape, row["end"] - row["start"])
+            held_s = row["end"] - row["start"]
+            self.predictor.learn(row["user"], row["grp"], row["job_class"], shape, held_s)
         live = self.store.live_requests()
         self._live.update((r.id, r) for r in live if r.state is RequestState.GRANTED)
         lost: list[tuple[Lease, str]] = []

@@ -28,10 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .core import held_shape, request_shape
 from .models import Lease, Request
 from .placement import WHOLE_GPU, Placer, device_class
-from .predictor import Predictor
+from .predictor import Predictor, held_shape, request_shape
 from .profiles import CATALOG, COMPUTE_SLICES
 
 
@@ -136,6 +135,7 @@ def list_schedule(
         else:
             by_class[device_class(d)].append(d.uuid)
     starts = {r.id: [math.inf] * passes for r in queue}
+    lengths = [holds(r) or never for r in queue]
     for p in range(passes):
         heaps = {c: [(free[u][p], u) for u in uuids] for c, uuids in by_class.items()}
         for heap in heaps.values():
@@ -146,9 +146,8 @@ def list_schedule(
             s += [math.inf if g in placer.drained else now] * (COMPUTE_SLICES - len(s))
             s.sort()  # slices not cut into any device are free to cut now
             slots[g] = s
-        for r in queue:
-            hold = holds(r)
-            length = math.inf if hold is None else hold[p]
+        for r, hold in zip(queue, lengths, strict=True):
+            length = hold[p]
             if r.size.profile is not None and slots:
                 need = _compute_slices(r.size.profile)
                 gpu = min(slots, key=lambda g: slots[g][need - 1])

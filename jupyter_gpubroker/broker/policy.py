@@ -32,10 +32,11 @@ implementations):
     max_wait_s`` a request jumps to a top tier served oldest-first (there it
     still waits for older requests and for devices to free, so a tier that
     started at ``max_wait_s`` itself would let requests cross it); ``E`` is the request's
-    expected GPU-hours from its user's history (shortest expected service
-    first, as Helios' QSSF). A grant charges an entry penalty to the user's
-    and group's usage at once (as Kueue's admission fair sharing does), so a
-    burst of requests cannot take every free device in one pass.
+    expected GPU-hours from the median of its kind's past holds, the user's of
+    its shape first (shortest expected service first, as Helios' QSSF). A grant
+    charges an entry penalty to the user's and group's usage at once (as Kueue's
+    admission fair sharing does), so a burst of requests cannot take every free
+    device in one pass.
 """
 
 from __future__ import annotations

@@ -23,8 +23,23 @@ import bisect
 from collections import deque
 from dataclasses import dataclass
 
+from .models import Size
+
 Key = tuple[str, str, str, str]
 """(user, group, job class, shape); "" where a coarser key leaves a part out."""
+
+
+def request_shape(size: Size) -> str:
+    """What a request will hold, as the history of hold times keys it: ``gpu:N`` for N
+    whole GPUs, the profile for a MIG slice, "" when only the grant will tell."""
+    if size.gpus is not None:
+        return f"gpu:{size.gpus}"
+    return size.profile or ""
+
+
+def held_shape(profile: str, gpu_equivalents: float) -> str:
+    """What a lease held, in the same terms (its ``profile`` is ``gpu`` for whole GPUs)."""
+    return f"gpu:{round(gpu_equivalents)}" if profile == "gpu" else profile
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,8 @@ class _History:
     values: list[float] | None = None
     """Sorted hold times, with ``cum`` the running sum of their recency weights."""
     cum: list[float] | None = None
+    whole: tuple[float, float, float] | None = None
+    """The quantiles of all of them (a new request's hold), kept: the policy asks often."""
 
 
 class Predictor:
@@ -87,7 +104,7 @@ class Predictor:
             if h is None:
                 h = self._history[key] = _History(deque(maxlen=self.max_samples))
             h.held.append(held_s)
-            h.values = h.cum = None
+            h.values = h.cum = h.whole = None
 
     def hold(self, user: str, group: str, job_class: str, shape: str) -> Estimate | None:
         """How long a new request of this user, group, class and shape will hold its
@@ -104,15 +121,12 @@ class Predictor:
             h = self._history.get(key)
             if h is None:
                 continue
-            values, cum = self._sorted(h)
-            first = bisect.bisect_right(values, elapsed) if elapsed > 0 else 0
-            n = len(values) - first
+            first = bisect.bisect_right(self._sorted(h)[0], elapsed) if elapsed > 0 else 0
+            n = len(h.held) - first
             if n == 0:
                 continue
             if best is None or (best[1] < self.min_samples <= n):
-                low, median, high = (
-                    self._quantile(values, cum, first, q) - elapsed for q in self.quantiles
-                )
+                low, median, high = self._quantiles(h, first, elapsed)
                 best = (Estimate(low, median, high, n, basis), n)
             if n >= self.min_samples:
                 break
@@ -128,6 +142,17 @@ class Predictor:
                 total += w
                 h.cum.append(total)
         return h.values, h.cum
+
+    def _quantiles(self, h: _History, first: int, elapsed: float) -> tuple[float, float, float]:
+        """The low, median and high quantile of the holds from ``first`` on, less ``elapsed``."""
+        found = h.whole if first == 0 else None
+        if found is None:
+            values, cum = self._sorted(h)
+            low, median, high = (self._quantile(values, cum, first, q) for q in self.quantiles)
+            found = (low, median, high)
+            if first == 0:
+                h.whole = found
+        return found[0] - elapsed, found[1] - elapsed, found[2] - elapsed
 
     @staticmethod
     def _quantile(values: list[float], cum: list[float], first: int, q: float) -> float:

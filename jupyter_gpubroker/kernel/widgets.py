@@ -22,8 +22,9 @@ from typing import Any
 from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
+from ..broker.text import clock as wall_clock
 from ..broker.text import duration
-from ..client import size_text
+from ..client import eta_text, size_text
 from .feed import TRANSIENT, why
 from .session import Activity, Session, Tracker
 
@@ -145,7 +146,7 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
     if tracker.state == "queued":
         ahead = ", ".join(f"{n} {cls}" for cls, n in sorted(tracker.ahead.items())) or "none"
         title = f"Waiting for {size}: position {r.get('position')} of {tracker.queue_length}"
-        return title, [f"ETA {eta_text(r.get('eta'))} · ahead: {ahead}"]
+        return title, [f"ETA {eta_text(r)} · ahead: {ahead}"]
     lease = tracker.lease
     if tracker.state == "granted" and lease is not None:
         details = f"held {duration(time.time() - when(lease['granted_at']))} · {activity.text()}"
@@ -287,7 +288,7 @@ def queue_rows(queue: list[dict[str, Any]]) -> list[tuple[str, ...]]:
             e["job_class"],
             size_text(e),
             duration(now - when(e["submitted_at"])),
-            eta_text(e.get("eta")),
+            eta_text(e),
         )
         for e in queue
     ]
@@ -408,14 +409,7 @@ def when(iso: str) -> float:
 
 def clock(iso: str) -> str:
     """An API time as local wall-clock time."""
-    return datetime.fromisoformat(iso).astimezone().strftime("%H:%M")
-
-
-def eta_text(eta: str | None) -> str:
-    if not eta:
-        return "unknown"
-    left = when(eta) - time.time()
-    return f"{clock(eta)} (in {duration(left)})" if left > 0 else "any moment"
+    return wall_clock(when(iso))
 
 
 def esc(text: str) -> str:

@@ -4,8 +4,9 @@ For every job that waits, the probe asks two estimators when it will start:
 at its submission (after the pass that could not grant it) and then at the
 first instant at least ``every_s`` after the previous sample, while it waits:
 
-- ``predicted``: :func:`~jupyter_gpubroker.broker.eta.predicted_starts`, the
-  run-time predictor's (low, median, high) range. Its history is only what the
+- ``predicted``: what ``Broker.queue()`` shows,
+  :func:`~jupyter_gpubroker.broker.eta.predicted_starts` from the broker's
+  run-time predictor: a (low, median, high) range. Its history is only what the
   replay has seen end so far: never a job's own duration.
 - ``squeue``: :func:`~jupyter_gpubroker.broker.eta.limit_starts`, Slurm's
   ``squeue --start``, every job running to its limit. The replay's jobs declare
@@ -24,10 +25,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..broker.core import Broker, held_shape
-from ..broker.eta import Eta, limit_starts, predicted_starts
-from ..broker.models import Lease, Request
-from ..broker.predictor import Predictor
+from ..broker.core import Broker
+from ..broker.eta import Eta, limit_starts
+from ..broker.models import Request
 
 FLOOR_S = 60.0
 """The smallest remaining wait an error is divided by."""
@@ -49,7 +49,6 @@ class EtaProbe:
     """Asks the estimators while jobs wait; the driver calls its hooks."""
 
     every_s: float
-    predictor: Predictor = field(default_factory=Predictor)
     estimates: list[Estimate] = field(default_factory=list)
     _open: dict[str, list[tuple[float, bool, Eta | None, float | None]]] = field(
         default_factory=dict
@@ -63,8 +62,9 @@ class EtaProbe:
         due = now >= self._next_sample
         if not fresh and not (due and self._open):
             return
-        queue = [e.request for e in broker.queue()]
-        predicted = predicted_starts(broker, queue, self.predictor, now)
+        entries = broker.queue()
+        queue = [e.request for e in entries]
+        predicted = {e.request.id: e.eta for e in entries}
         squeue = limit_starts(broker, queue, lambda r: _limit(broker, r), now)
         asked = set(fresh)
         for rid in fresh:
@@ -77,11 +77,6 @@ class EtaProbe:
     def granted(self, request_id: str, now: float) -> None:
         for at, at_submit, predicted, squeue in self._open.pop(request_id, []):
             self.estimates.append(Estimate(at, now, at_submit, predicted, squeue))
-
-    def ended(self, lease: Lease, job_class: str, now: float) -> None:
-        """Teach the predictor a hold that just ended."""
-        shape = held_shape(lease.profile, lease.gpu_equivalents)
-        self.predictor.learn(lease.user, lease.group, job_class, shape, now - lease.granted_at)
 
 
 def _limit(broker: Broker, r: Request) -> float:

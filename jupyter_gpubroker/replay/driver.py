@@ -235,8 +235,6 @@ class _Run:
         lease = self.broker.release(lease_id, schedule=False)
         job, submitted, _ = self._jobs.pop(lease.request_id)
         self._allocated -= lease.gpu_equivalents
-        if self.probe is not None:
-            self.probe.ended(lease, job.job_class.value, now)
         self.outcomes.append(
             Outcome(
                 job.user,

@@ -103,3 +103,20 @@ def test_a_kernel_token_sees_only_its_kernels_events(team: BrokerAPI) -> None:
     assert [v["kind"] for v in views] == ["queued", "granted"]
     assert {v["request_id"] for v in views} == {own["id"]}
     assert len([v for v in (team.event(alice, e) for e in seen) if v is not None]) == 4
+
+
+def test_a_waiting_request_shows_its_eta_range_or_that_it_is_unknown(team: BrokerAPI) -> None:
+    alice, bob = team.user_identity("alice"), team.user_identity("bob")
+    for i in range(7):
+        team.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+    unknown = team.submit(bob, SLICE)  # no hold has ever ended: nobody can know
+    assert (unknown["position"], unknown["eta"], unknown["eta_range"]) == (1, None, None)
+    assert unknown["eta_known"] is False
+    team.cancel(bob, unknown["id"])
+    for held in (600.0, 1200.0, 1800.0):
+        team.core.predictor.learn("alice", "lab", "interactive", "1g.10gb", held)
+    known = team.submit(bob, SLICE)
+    span = known["eta_range"]
+    assert known["eta_known"] is True and span["low"] < known["eta"] < span["high"]
+    (entry,) = team.queue(bob)["queue"]
+    assert (entry["eta"], entry["eta_range"], entry["eta_known"]) == (known["eta"], span, True)

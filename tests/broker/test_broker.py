@@ -15,6 +15,7 @@ from jupyter_gpubroker.broker.errors import (
     NotFound,
     Unsatisfiable,
 )
+from jupyter_gpubroker.broker.eta import Eta
 from jupyter_gpubroker.broker.models import LeaseState, RequestState, Size
 
 HOUR = 3600.0
@@ -40,27 +41,36 @@ def test_submit_is_granted_at_once_when_a_device_is_free(make_broker):
     assert broker.queue() == []
 
 
-def test_submit_queues_with_position_and_eta_when_full(make_broker, clock):
+def test_submit_queues_with_position_and_an_eta_range_from_past_holds(make_broker, clock):
     broker = make_broker(whole_inventory(1))
-    holder = broker.submit("alice", Size(gpus=1), expected_duration_s=HOUR)
+    for held in (600, 1200, 1800, 2400, 3000):  # p10 600, p50 1800, p90 3000 (recency-weighted)
+        past = broker.submit("alice", Size(gpus=1))
+        clock.advance(held)
+        broker.release(past.lease_id)
+    broker.submit("alice", Size(gpus=1))
     clock.advance(60)
     bob = broker.submit("bob", Size(gpus=1), expected_duration_s=2 * HOUR)
-    clock.advance(60)
-    carol = broker.submit("carol", Size(gpus=1), expected_duration_s=HOUR)
+    carol = broker.submit("carol", Size(gpus=1))
     assert bob.state is carol.state is RequestState.QUEUED
-    queue = broker.queue()
+    queue, now = broker.queue(), clock.now()
     assert [(e.position, e.request.id) for e in queue] == [(1, bob.id), (2, carol.id)]
-    granted_at = broker.lease(holder.lease_id).granted_at
-    assert queue[0].eta == pytest.approx(granted_at + HOUR)
-    assert queue[1].eta == pytest.approx(granted_at + 3 * HOUR)  # after bob's two hours
+    # alice's lease, 60 s in, ends like her holds that lasted longer; bob, with no history
+    # of his own, then holds like everyone's interactive holds
+    assert queue[0].eta == Eta(now + 540, now + 1740, now + 2940)
+    assert queue[1].eta == Eta(now + 1140, now + 3540, now + 5940)
 
 
-def test_eta_is_now_when_the_holder_is_overdue(make_broker, clock):
-    broker = make_broker(whole_inventory(1))
-    broker.submit("alice", Size(gpus=1), expected_duration_s=600)
-    broker.submit("bob", Size(gpus=1))
-    clock.advance(HOUR)
-    assert broker.queue()[0].eta == clock.now()
+def test_behind_kernels_with_no_expected_end_the_eta_is_unknown_poll_after_poll(make_broker, clock):
+    broker = make_broker(mig_inventory(gpus=1))
+    for i in range(7):  # every slice held by a kernel that said nothing of its length
+        broker.submit(f"user{i}", Size(profile="1g.10gb"), owner=f"kernel-{i}")
+    clock.advance(3 * HOUR)  # past the class default: the old ETA was "now" at every poll
+    waiting = [broker.submit(u, Size(profile="1g.10gb")) for u in ("ann", "bob", "cy")]
+    for _ in range(3):
+        for r in waiting:
+            broker.renew_request(r.id)
+        assert [(e.position, e.eta) for e in broker.queue()] == [(1, None), (2, None), (3, None)]
+        clock.advance(8)
 
 
 def test_a_profile_request_takes_a_slice(make_broker):

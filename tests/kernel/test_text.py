@@ -30,17 +30,38 @@ def local_clock(minutes: float) -> str:
 REQUEST = {"profile": "1g.10gb", "job_class": "interactive", "reason": ""}
 
 
-def test_a_waiting_request_says_where_it_stands():
-    tracker = SimpleNamespace(
+def waiting(**eta: object) -> SimpleNamespace:
+    return SimpleNamespace(
         state="queued",
-        request={**REQUEST, "position": 3, "eta": iso(12.5)},
+        request={**REQUEST, "position": 3, **eta},
         lease=None,
         ahead={"interactive": 1, "batch": 1},
         queue_length=5,
     )
+
+
+def test_a_waiting_request_says_where_it_stands_with_its_eta_range():
+    span = {"low": iso(10), "high": iso(70)}
+    tracker = waiting(eta=iso(30), eta_range=span, eta_known=True)
     title, lines = request_facts(tracker, Activity())  # type: ignore[arg-type]
     assert title == "Waiting for 1g.10gb (interactive): position 3 of 5"
-    assert lines == [f"ETA {local_clock(12.5)} (in 12 min) · ahead: 1 batch, 1 interactive"]
+    ahead = "ahead: 1 batch, 1 interactive"
+    assert lines == [f"ETA {local_clock(30)} ({local_clock(10)}-{local_clock(70)}) · {ahead}"]
+
+
+def test_an_eta_the_broker_cannot_know_says_so_with_the_position():
+    tracker = waiting(eta=None, eta_range=None, eta_known=False)
+    (line,) = request_facts(tracker, Activity())[1]  # type: ignore[arg-type]
+    assert line == "ETA unknown; position 3 · ahead: 1 batch, 1 interactive"
+
+
+def test_any_moment_only_once_the_low_end_is_now():
+    later = waiting(eta=iso(20), eta_range={"low": iso(-1), "high": iso(50)}, eta_known=True)
+    (line,) = request_facts(later, Activity())[1]  # type: ignore[arg-type]
+    assert line.startswith(f"ETA {local_clock(20)} (now-{local_clock(50)}) · ")
+    due = waiting(eta=iso(-1), eta_range={"low": iso(-2), "high": iso(50)}, eta_known=True)
+    (line,) = request_facts(due, Activity())[1]  # type: ignore[arg-type]
+    assert line.startswith(f"ETA any moment (by {local_clock(50)}) · ")
 
 
 def test_a_lease_under_a_reclaim_warning_shows_the_deadline():
@@ -67,15 +88,17 @@ def test_an_ended_request_gives_its_reason():
 def test_queue_and_usage_tables():
     queue = [
         {"position": 1, "user": "ada", "mine": True, "job_class": "interactive",
-         "profile": "1g.10gb", "submitted_at": iso(-3), "eta": None},
+         "profile": "1g.10gb", "submitted_at": iso(-3), "eta": None, "eta_known": False},
         {"position": 2, "user": "bob", "mine": False, "job_class": "batch", "gpus": 2,
-         "submitted_at": iso(-0.5), "eta": None},
+         "submitted_at": iso(-0.5), "eta": iso(90), "eta_known": True,
+         "eta_range": {"low": iso(60), "high": None}},
     ]  # fmt: skip
+    later = f"{local_clock(60)} or later"
     assert queue_text(queue).splitlines() == [
         "GPU queue: 2 waiting",
         "#  user       class        size      waiting  ETA",
-        "1  ada (you)  interactive  1g.10gb   3 min    unknown",
-        "2  bob        batch        2 GPU(s)  30 s     unknown",
+        "1  ada (you)  interactive  1g.10gb   3 min    unknown; position 1",
+        f"2  bob        batch        2 GPU(s)  30 s     {local_clock(90)} ({later})",
     ]
     days = [{"date": "2026-11-27", "gpu_hours": 2.0}, {"date": "2026-11-28", "gpu_hours": 0.5}]
     assert usage_text(days).splitlines() == [
