@@ -19,12 +19,13 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..broker.core import QUOTA_BOUNDS, Broker, Event, Quota
+from ..broker.core import QUOTA_BOUNDS, Broker, Quota
 from ..broker.errors import Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size
 from .identity import Identity
 from .shapes import (
     devices_json,
+    envelope,
     event_json,
     lease_json,
     parse_iso,
@@ -34,7 +35,7 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import GPUBroker
+    from ..runtime import GPUBroker, Positions, Published
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups"}
@@ -301,29 +302,68 @@ class BrokerAPI:
         self._require_user(who)
         self.runtime.revoke_tokens(kernel_id, who.user)
 
+    # ------------------------------------------------------------- overview
+
+    def overview(self, who: Identity) -> dict[str, Any]:
+        """The whole picture a front shows, in one call: who I am, the devices with their
+        holders, readings and health, the queue, and my requests and leases, each as
+        ``who`` may see it."""
+        return {
+            "me": self.me(who),
+            **self.devices(who),
+            **self.queue(who),
+            **self.requests(who),
+            **self.leases(who),
+        }
+
     # --------------------------------------------------------------- events
 
-    def event(self, who: Identity, e: Event) -> dict[str, Any] | None:
+    def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
-        (others' reduced to a bare kind); a kernel token only its own kernel's."""
+        (others' reduced to whose it is); a kernel token only its own kernel's."""
+        e = published.event
         if who.kernel_id is not None:
             if e.request_id is None or e.user != who.user:
                 return None
             if self.core.request(e.request_id).owner != who.kernel_id:
                 return None
-        return event_json(e, who.user, who.admin)
+        return event_json(published.id, e, who.user, who.admin)
 
-    def positions(self, who: Identity) -> dict[str, Any]:
-        """The queue's length and the positions and ETAs of ``who``'s waiting requests."""
-        entries = self.core.queue()
-        return {
-            "queue_length": len(entries),
-            "requests": [
-                request_json(e.request, e)
-                for e in entries
-                if e.request.user == who.user and self._kernel_may(who, e.request.owner)
-            ],
+    def positions(self, who: Identity, kind: str = "positions") -> dict[str, Any]:
+        """``who``'s waiting requests with positions and ETAs, and the queue's length."""
+        return self._positions_json(who, self.runtime.positions(), kind)
+
+    def moved(self, who: Identity, positions: Positions) -> dict[str, Any] | None:
+        """A ``positions`` event for ``who`` if one of its waiting requests moved."""
+        mine = (
+            who.user in positions.moved_users
+            if who.kernel_id is None
+            else (who.user, who.kernel_id) in positions.moved_holders
+        )
+        return self._positions_json(who, positions, "positions") if mine else None
+
+    def _positions_json(self, who: Identity, p: Positions, kind: str) -> dict[str, Any]:
+        entries = [e for e in p.by_user.get(who.user, []) if self._kernel_may(who, e.request.owner)]
+        data = {
+            "queue_length": p.length,
+            "requests": [request_json(e.request, e) for e in entries],
+            "ahead": {e.request.id: p.ahead[e.request.id] for e in entries},
         }
+        return envelope(p.id, kind, p.at, data)
+
+    def resume(self, who: Identity, last_event_id: int | None) -> list[dict[str, Any]]:
+        """What a stream starts with: a ``hello`` with ``who``'s positions; after a
+        reconnect (``last_event_id``) the events it missed, then its positions; a
+        ``snapshot`` (the overview) when those events are no longer kept."""
+        rt = self.runtime
+        if last_event_id is None:
+            return [self.positions(who, "hello")]
+        missed = rt.since(last_event_id)
+        if missed is None:
+            at = self.core.clock.now()
+            return [envelope(rt.last_event_id, "snapshot", at, self.overview(who))]
+        seen = (self.event(who, p) for p in missed)
+        return [*(e for e in seen if e is not None), self.positions(who)]
 
 
 def parse_time(name: str, value: str | None) -> float | None:

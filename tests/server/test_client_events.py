@@ -17,7 +17,7 @@ async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, ap
     )
     async with contextlib.aclosing(client.events()) as events:
         hello = await anext(events)
-        assert hello["kind"] == "hello" and len(runtime._subscribers) == 1
+        assert hello["type"] == "hello" and len(runtime._subscribers) == 1
     await api("POST", "requests", {"profile": "1g.10gb"})  # the server writes to it, and learns
     for _ in range(50):
         if not runtime._subscribers:
