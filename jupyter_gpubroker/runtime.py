@@ -13,6 +13,7 @@ rule of the API is ``api.rules``'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import hashlib
 import os
@@ -524,10 +525,10 @@ class GPUBroker(LoggingConfigurable):
             listener(published)
         if not self._positions_due:
             self._positions_due = True
-            try:  # once the burst is over: the next pass of the event loop
+            # once the burst is over: the next pass of the event loop (without a loop,
+            # in a script or a test, they are computed when asked for)
+            with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().call_soon(self._update_positions)
-            except RuntimeError:  # no loop (a script, a test): computed when asked for
-                pass
 
     def _update_positions(self) -> None:
         if self._core is None:

@@ -72,9 +72,10 @@ class Tracker:
     """One of this kernel's requests, followed from the queue to its end.
 
     Driven by the event feed on the runner's loop: while queued, its ``positions``
-    events bring its position, ETA and the requests ahead of it; an event about the
-    request (or a new stream's first) re-reads the request. It listens while queued (a grant must be noticed
-    with no widget open) and, once granted, while a widget watches it.
+    events bring its position, ETA and the requests ahead of it; an event about
+    the request (or a new stream's first) re-reads the request. It listens while
+    queued (a grant must be noticed with no widget open) and, once granted, while a
+    widget watches it.
     """
 
     def __init__(self, session: Session, request: dict[str, Any]) -> None:
