@@ -380,7 +380,7 @@ class _Streamed(HTTPMessageDelegate):
 def _message(frame: str) -> dict[str, Any] | None:
     """One server-sent message's JSON (``None`` for a comment, such as a keepalive)."""
     data = [line[5:].lstrip() for line in frame.splitlines() if line.startswith("data:")]
-    return json.loads("\n".join(data)) if data else None  # type: ignore[no-any-return]
+    return json.loads("\n".join(data)) if data else None
 
 
 def _api_error(e: HTTPClientError) -> BrokerAPIError:

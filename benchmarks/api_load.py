@@ -1,0 +1,186 @@
+"""API load: clients submitting, renewing and cancelling over HTTP while event streams are open.
+
+A real ``jupyter server`` with the extension (``tests/live_server.py``) on a simulated
+``dgx-h100-mig:8`` (56 1g.10gb slices). For each level of open event streams (each a
+kernel-scoped token of its own, as waiting kernels hold them), ``--clients`` coroutines
+loop for ``--seconds``: submit a request, renew it (its lease when granted, the request
+when queued), cancel it. The same clients first make bare ``GET me`` calls (there is no
+``api/status``: ``me`` is the cheapest authenticated call) for the baseline the
+submissions are compared with.
+
+    python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10] [--json]
+
+Not a test: speed belongs here. One process drives every client and stream (asyncio,
+keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
+own share of the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from live_server import TOKEN, LiveServer  # noqa: E402
+
+from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
+
+SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection (the load generator must stay cheap)."""
+
+    def __init__(self, port: int, headers: dict[str, str]) -> None:
+        self.port = port
+        self.head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def call(self, method: str, path: str, body: str = "") -> tuple[int, Any]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        data = body.encode()
+        self.writer.write(
+            f"{method} /{API_PREFIX}/{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+            f"{self.head}Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        status = int(head.split(" ", 2)[1])
+        length = 0
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        raw = await self.reader.readexactly(length) if length else b""
+        return status, json.loads(raw) if raw else None
+
+
+async def open_stream(port: int, token: str, received: list[int]) -> asyncio.Task[None]:
+    """An SSE stream as a waiting kernel holds it, read and counted until cancelled."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"GET /{API_PREFIX}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"{TOKEN_HEADER}: {token}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    await reader.readuntil(b"data:")  # the hello: subscribed
+
+    async def read() -> None:
+        try:
+            while chunk := await reader.read(65536):
+                received[0] += chunk.count(b"\ndata:")
+        finally:
+            writer.close()
+
+    return asyncio.ensure_future(read())
+
+
+async def client_loop(conn: Connection, until: float, latencies: list[float], ops: list[int]):
+    while time.perf_counter() < until:
+        t = time.perf_counter()
+        status, r = await conn.call("POST", "requests", SLICE)
+        latencies.append(time.perf_counter() - t)
+        assert status == 201, r
+        ops[0] += 1
+        renew = f"leases/{r['lease']['id']}/renew" if r["lease"] else f"requests/{r['id']}/renew"
+        t = time.perf_counter()
+        status, _ = await conn.call("POST", renew)
+        latencies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        status, _ = await conn.call("DELETE", f"requests/{r['id']}")
+        latencies.append(time.perf_counter() - t)
+        assert status == 200
+
+
+async def bare_loop(conn: Connection, until: float, latencies: list[float], ops: list[int]):
+    while time.perf_counter() < until:
+        t = time.perf_counter()
+        status, _ = await conn.call("GET", "me")
+        latencies.append(time.perf_counter() - t)
+        assert status == 200
+        ops[0] += 1
+
+
+async def measure(port: int, clients: int, seconds: float, loop: Any) -> tuple[float, float]:
+    """(operations/s of ``loop``'s first call, p99 ms over all its calls)."""
+    headers = {"Authorization": f"token {TOKEN}"}
+    conns = [Connection(port, headers) for _ in range(clients)]
+    latencies: list[float] = []
+    ops = [0]
+    start = time.perf_counter()
+    await asyncio.gather(*(loop(c, start + seconds, latencies, ops) for c in conns))
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        if c.writer is not None:
+            c.writer.close()
+    p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) > 1 else 0.0
+    return ops[0] / elapsed, p99
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as home:
+        server = LiveServer(
+            Path(home), Path(home) / "state.sqlite", simulate="dgx-h100-mig:8", lease_ttl=600
+        )
+        server.start()
+        try:
+            port = server.port
+            admin = Connection(port, {"Authorization": f"token {TOKEN}"})
+            bare, bare_p99 = await measure(port, args.clients, args.seconds, bare_loop)
+            results = []
+            streams: list[asyncio.Task[None]] = []
+            received = [0]
+            for level in args.streams:
+                while len(streams) < level:
+                    status, t = await admin.call(
+                        "POST", "tokens", json.dumps({"kernel_id": f"bench-{len(streams)}"})
+                    )
+                    assert status == 201, t
+                    streams.append(await open_stream(port, t["token"], received))
+                before = received[0]
+                rate, p99 = await measure(port, args.clients, args.seconds, client_loop)
+                results.append(
+                    {
+                        "streams": level,
+                        "clients": args.clients,
+                        "submissions_per_s": round(rate, 1),
+                        "p99_ms": round(p99, 1),
+                        "bare_get_me_per_s": round(bare, 1),
+                        "bare_get_me_p99_ms": round(bare_p99, 1),
+                        "ratio_to_bare_get": round(rate / bare, 3),
+                        "messages_delivered": received[0] - before,
+                    }
+                )
+                if not args.json:
+                    print(results[-1], flush=True)
+            for s in streams:
+                s.cancel()
+            return results
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--streams", default="0,200,1000")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.streams = [int(x) for x in args.streams.split(",")]
+    results = asyncio.run(run(args))
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
