@@ -519,7 +519,8 @@ class GPUBroker(LoggingConfigurable):
 
     def _fan_out(self, event: Event) -> None:
         self.last_event_id += 1
-        published = Published(self.last_event_id, event)
+        holder = None if event.request_id is None else self.core.request(event.request_id).owner
+        published = Published(self.last_event_id, event, holder)
         self._recent.append(published)
         for listener in list(self._subscribers):
             listener(published)
@@ -577,6 +578,8 @@ class Published:
 
     id: int
     event: Event
+    owner: str | None = None
+    """Its request's holder (a kernel id), read once for every stream's visibility check."""
 
 
 @dataclass

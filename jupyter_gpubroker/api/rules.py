@@ -322,11 +322,8 @@ class BrokerAPI:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
         (others' reduced to whose it is); a kernel token only its own kernel's."""
         e = published.event
-        if who.kernel_id is not None:
-            if e.request_id is None or e.user != who.user:
-                return None
-            if self.core.request(e.request_id).owner != who.kernel_id:
-                return None
+        if who.kernel_id is not None and (e.user != who.user or published.owner != who.kernel_id):
+            return None
         return event_json(published.id, e, who.user, who.admin)
 
     def positions(self, who: Identity, kind: str = "positions") -> dict[str, Any]:
