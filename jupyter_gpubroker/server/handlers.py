@@ -243,15 +243,21 @@ class EventsHandler(BrokerHandler):
         last = self._last_event_id()
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        items: asyncio.Queue[Published | Positions | None] = asyncio.Queue()
+        items: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._items = items
         api, who = self.api, self.who
-        unsubscribe = api.runtime.subscribe(items.put_nowait)
+
+        def deliver(item: Published | Positions) -> None:
+            """Decided at once, during the fan-out: the stream wakes only for what it sends."""
+            seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
+            if seen is not None:
+                items.put_nowait(seen)
+
+        unsubscribe = api.runtime.subscribe(deliver)
         try:
             for message in api.resume(who, last):  # no await since subscribing: no gap
                 self._write(message)
             await self.flush()
-            unsent = False
             while True:
                 try:
                     item = await asyncio.wait_for(items.get(), self.keepalive_s)
@@ -261,13 +267,13 @@ class EventsHandler(BrokerHandler):
                     continue
                 if item is None:  # the client went away
                     return
-                seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
-                if seen is not None:
-                    self._write(seen)
-                    unsent = True
-                if unsent and items.empty():  # a burst goes out in one write
-                    await self.flush()
-                    unsent = False
+                self._write(item)
+                while not items.empty():  # a burst goes out in one write
+                    queued = items.get_nowait()
+                    if queued is None:
+                        return
+                    self._write(queued)
+                await self.flush()
         except StreamClosedError:
             pass
         finally:
