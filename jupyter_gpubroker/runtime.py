@@ -443,6 +443,7 @@ class GPUBroker(LoggingConfigurable):
             self.log.exception("GPU broker tick failed")
 
     def stop(self) -> None:
+        self._positions_due = False
         for callback in (self._ticker, self._sampling):
             if callback is not None:
                 callback.stop()
@@ -529,13 +530,13 @@ class GPUBroker(LoggingConfigurable):
             # once the burst is over: the next pass of the event loop (without a loop,
             # in a script or a test, they are computed when asked for)
             with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().call_soon(self._update_positions)
+                asyncio.get_running_loop().call_soon(self._positions_later)
+
+    def _positions_later(self) -> None:
+        if self._positions_due:  # not computed meanwhile (on demand), nor stopped
+            self._update_positions()
 
     def _update_positions(self) -> None:
-        if self._core is None:
-            return
-        if self._positions is not None and not self._positions_due:
-            return  # computed meanwhile, on demand
         self._positions_due = False
         now = Positions.of(self.core.queue(), self.last_event_id, self.core.clock.now())
         before, self._positions = self._positions, now
