@@ -50,8 +50,11 @@ class Connection:
         assert self.reader is not None
         data = body.encode()
         self.writer.write(
-            f"{method} /{API_PREFIX}/{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-            f"{self.head}Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            (
+                f"{method} /{API_PREFIX}/{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                f"{self.head}Content-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n"
+            ).encode()
             + data
         )
         head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1")
