@@ -291,10 +291,10 @@ class GPUBroker(LoggingConfigurable):
         self.backend: NvmlBackend | None = None
         self._subscribers: list[Callable[[Published | Positions], None]] = []
         self._recent: deque[Published] = deque(maxlen=max(1, self.event_buffer))
-        self.first_event_id = int(time.time() * 1e6)
-        """Ids start at the start time in microseconds: an id a client kept from an
-        earlier run of the broker is older than any this run sent."""
-        self.last_event_id = self.first_event_id - 1
+        self.last_event_id = int(time.time() * 1e6)
+        """The id of the newest event. Ids count up from the start time in microseconds,
+        so an id a client kept from an earlier run of the broker is older than any of
+        this run's (it gets a snapshot)."""
         self._positions: Positions | None = None
         self._positions_due = False
         self._ticker: PeriodicCallback | None = None
