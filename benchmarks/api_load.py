@@ -2,13 +2,15 @@
 
 A real ``jupyter server`` with the extension (``tests/live_server.py``) on a simulated
 ``dgx-h100-mig:8`` (56 1g.10gb slices). For each level of open event streams (each a
-kernel-scoped token of its own, as waiting kernels hold them), ``--clients`` coroutines
+kernel-scoped token of its own, as idle kernels hold them, or with ``--viewer user`` the
+submitting user's own, which get every event in full), ``--clients`` coroutines
 loop for ``--seconds``: submit a request, renew it (its lease when granted, the request
 when queued), cancel it. The same clients first make bare ``GET me`` calls (there is no
 ``api/status``: ``me`` is the cheapest authenticated call) for the baseline the
 submissions are compared with.
 
-    python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10] [--json]
+    python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10]
+                                  [--viewer kernel|user] [--json]
 
 Not a test: speed belongs here. One process drives every client and stream (asyncio,
 keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
@@ -68,12 +70,12 @@ class Connection:
         return status, json.loads(raw) if raw else None
 
 
-async def open_stream(port: int, token: str, received: list[int]) -> asyncio.Task[None]:
-    """An SSE stream as a waiting kernel holds it, read and counted until cancelled."""
+async def open_stream(port: int, auth: str, received: list[int]) -> asyncio.Task[None]:
+    """An SSE stream (``auth``: its credential header), read and counted until cancelled."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         f"GET /{API_PREFIX}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"{TOKEN_HEADER}: {token}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        f"{auth}\r\nAccept: text/event-stream\r\n\r\n".encode()
     )
     await reader.readuntil(b"data:")  # the hello: subscribed
 
@@ -144,16 +146,19 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             received = [0]
             for level in args.streams:
                 while len(streams) < level:
-                    status, t = await admin.call(
-                        "POST", "tokens", json.dumps({"kernel_id": f"bench-{len(streams)}"})
-                    )
-                    assert status == 201, t
-                    streams.append(await open_stream(port, t["token"], received))
+                    auth = f"Authorization: token {TOKEN}"
+                    if args.viewer == "kernel":
+                        kernel = json.dumps({"kernel_id": f"bench-{len(streams)}"})
+                        status, t = await admin.call("POST", "tokens", kernel)
+                        assert status == 201, t
+                        auth = f"{TOKEN_HEADER}: {t['token']}"
+                    streams.append(await open_stream(port, auth, received))
                 before = received[0]
                 rate, p99 = await measure(port, args.clients, args.seconds, client_loop)
                 results.append(
                     {
                         "streams": level,
+                        "viewer": args.viewer,
                         "clients": args.clients,
                         "submissions_per_s": round(rate, 1),
                         "p99_ms": round(p99, 1),
@@ -177,6 +182,13 @@ def main() -> None:
     parser.add_argument("--streams", default="0,200,1000")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--viewer",
+        choices=("kernel", "user"),
+        default="kernel",
+        help="who holds the streams: idle kernels (a kernel token each: they get only "
+        "their own kernel's events) or the submitting user's own fronts (every event)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.streams = [int(x) for x in args.streams.split(",")]

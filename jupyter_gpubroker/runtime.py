@@ -581,6 +581,8 @@ class Published:
     event: Event
     owner: str | None = None
     """Its request's holder (a kernel id), read once for every stream's visibility check."""
+    views: dict[bool, dict[str, Any]] = field(default_factory=dict, compare=False)
+    """Its JSON in full and reduced (``api.rules``), made once for every stream."""
 
 
 @dataclass

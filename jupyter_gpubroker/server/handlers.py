@@ -243,20 +243,21 @@ class EventsHandler(BrokerHandler):
         last = self._last_event_id()
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        items: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        items: asyncio.Queue[str | None] = asyncio.Queue()
         self._items = items
         api, who = self.api, self.who
 
         def deliver(item: Published | Positions) -> None:
-            """Decided at once, during the fan-out: the stream wakes only for what it sends."""
+            """Decided at once, during the fan-out: the stream wakes only for what it
+            sends, and a message every stream sends alike is encoded once."""
             seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
             if seen is not None:
-                items.put_nowait(seen)
+                items.put_nowait(_frame(seen))
 
         unsubscribe = api.runtime.subscribe(deliver)
         try:
             for message in api.resume(who, last):  # no await since subscribing: no gap
-                self._write(message)
+                self.write(_frame(message))
             await self.flush()
             while True:
                 try:
@@ -267,12 +268,12 @@ class EventsHandler(BrokerHandler):
                     continue
                 if item is None:  # the client went away
                     return
-                self._write(item)
+                self.write(item)
                 while not items.empty():  # a burst goes out in one write
                     queued = items.get_nowait()
                     if queued is None:
                         return
-                    self._write(queued)
+                    self.write(queued)
                 await self.flush()
         except StreamClosedError:
             pass
@@ -297,8 +298,18 @@ class EventsHandler(BrokerHandler):
         if items is not None:
             items.put_nowait(None)
 
-    def _write(self, message: dict[str, Any]) -> None:
-        self.write(f"id: {message['id']}\ndata: {json.dumps(message)}\n\n")
+
+_encoded: tuple[dict[str, Any], str] | None = None
+"""The last message encoded: during a fan-out, every stream that sees an event alike
+gets the same message object (``api.rules.event``), one after another."""
+
+
+def _frame(message: dict[str, Any]) -> str:
+    """A message as one server-sent event: its ``id:`` line and its JSON."""
+    global _encoded
+    if _encoded is None or _encoded[0] is not message:
+        _encoded = (message, f"id: {message['id']}\ndata: {json.dumps(message)}\n\n")
+    return _encoded[1]
 
 
 class UnknownPathHandler(BrokerHandler):
