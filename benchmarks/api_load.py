@@ -11,6 +11,7 @@ submissions are compared with.
 
     python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10]
                                   [--viewer kernel|user] [--json]
+    python benchmarks/api_load.py --fanout 200,1000 [--json]
 
 Not a test: speed belongs here. One process drives every client and stream (asyncio,
 keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
@@ -33,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_server import TOKEN, LiveServer  # noqa: E402
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
+from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
+from jupyter_gpubroker.runtime import GPUBroker, Positions  # noqa: E402
+from jupyter_gpubroker.server.handlers import _frame  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
 
@@ -168,13 +172,54 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "messages_delivered": received[0] - before,
                     }
                 )
-                if not args.json:
-                    print(results[-1], flush=True)
             for s in streams:
                 s.cancel()
             return results
         finally:
             server.stop()
+
+
+def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
+    """Event-loop time per event with ``waiting`` kernels queued, each following its own
+    stream: the broker in process (no HTTP), each event then its coalesced positions
+    pass, every stream's share decided and encoded as the server does it."""
+    with tempfile.TemporaryDirectory() as home:
+        rt = GPUBroker(
+            simulate="dgx-h100-mig:1", state_file=f"{home}/s.sqlite", identity="username"
+        )
+        rt.start()
+        api = BrokerAPI(rt)
+        alice = api.user_identity("alice")
+        for _ in range(7):
+            api.submit(alice, {"profile": "1g.10gb", "owner": "held"})
+        sent = [0]
+        for i in range(waiting):
+            kernel = api.token_identity(api.issue_token(alice, {"kernel_id": f"k{i}"})["token"])
+            assert kernel is not None
+            api.submit(kernel, {"profile": "1g.10gb"})
+
+            def deliver(item: Any, who: Any = kernel) -> None:
+                seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
+                if seen is not None:
+                    _frame(seen)
+                    sent[0] += 1
+
+            rt.subscribe(deliver)
+        rt.positions()
+        sent[0] = 0
+        start = time.perf_counter()
+        for _ in range(events // 2):  # each moves every waiter's queue length
+            r = api.submit(alice, {"profile": "1g.10gb", "owner": "x"})
+            rt._positions_later()
+            api.cancel(alice, r["id"])
+            rt._positions_later()
+        per_event = (time.perf_counter() - start) / events
+        rt.stop()
+    return {
+        "waiting_kernels": waiting,
+        "loop_ms_per_event": round(per_event * 1000, 1),
+        "messages_per_event": sent[0] / events,
+    }
 
 
 def main() -> None:
@@ -189,12 +234,20 @@ def main() -> None:
         help="who holds the streams: idle kernels (a kernel token each: they get only "
         "their own kernel's events) or the submitting user's own fronts (every event)",
     )
+    parser.add_argument(
+        "--fanout",
+        default="",
+        help="instead: event-loop time per event with these numbers of waiting kernels, "
+        "each with its own stream, e.g. 200,1000 (in process, no HTTP)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    args.streams = [int(x) for x in args.streams.split(",")]
-    results = asyncio.run(run(args))
-    if args.json:
-        print(json.dumps(results, indent=2))
+    if args.fanout:
+        results = [fanout(int(n)) for n in args.fanout.split(",")]
+    else:
+        args.streams = [int(x) for x in args.streams.split(",")]
+        results = asyncio.run(run(args))
+    print(json.dumps(results, indent=2) if args.json else "\n".join(map(str, results)))
 
 
 if __name__ == "__main__":

@@ -598,6 +598,8 @@ class Positions:
     at: float
     length: int
     by_user: dict[str, list[QueueEntry]]
+    by_holder: dict[tuple[str, str], list[QueueEntry]]
+    """Waiting requests by (user, owner): a kernel's own, without scanning its user's."""
     ahead: dict[str, dict[str, int]]
     """Request id -> requests ahead of it by job class."""
     moved_users: set[str] = field(default_factory=set)
@@ -606,13 +608,16 @@ class Positions:
     @classmethod
     def of(cls, entries: list[QueueEntry], event_id: int, at: float) -> Positions:
         by_user: dict[str, list[QueueEntry]] = {}
+        by_holder: dict[tuple[str, str], list[QueueEntry]] = {}
         ahead: dict[str, dict[str, int]] = {}
         classes: Counter[str] = Counter()
         for e in entries:
-            by_user.setdefault(e.request.user, []).append(e)
-            ahead[e.request.id] = dict(classes)
-            classes[e.request.job_class.value] += 1
-        return cls(event_id, at, len(entries), by_user, ahead)
+            r = e.request
+            by_user.setdefault(r.user, []).append(e)
+            by_holder.setdefault((r.user, r.owner), []).append(e)
+            ahead[r.id] = dict(classes)
+            classes[r.job_class.value] += 1
+        return cls(event_id, at, len(entries), by_user, by_holder, ahead)
 
     def _seen(self) -> dict[str, tuple[int, float | None]]:
         return {e.request.id: (e.position, e.eta) for es in self.by_user.values() for e in es}

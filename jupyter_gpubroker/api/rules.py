@@ -149,8 +149,15 @@ class BrokerAPI:
         queue = queue_json(entries, who.user, who.admin, kernel_id=who.kernel_id)
         return {"queue": queue, "length": len(entries)}
 
-    def _with_lease(self, r: Request) -> dict[str, Any]:
-        entry = next((e for e in self.core.queue() if e.request.id == r.id), None)
+    def _with_lease(self, r: Request, changed: bool = False) -> dict[str, Any]:
+        """The request with its lease and queue entry; ``changed``: right after a change
+        the broker announced (submit, cancel), whose positions the event streams need
+        too, so they are computed once for both."""
+        if changed:
+            mine = self.runtime.positions().by_holder.get((r.user, r.owner), [])
+        else:
+            mine = self.core.queue()
+        entry = next((e for e in mine if e.request.id == r.id), None)
         d = request_json(r, entry)
         d["lease"] = lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
         return d
@@ -182,7 +189,7 @@ class BrokerAPI:
             owner=holder,
             expected_duration_s=body.get("expected_duration_s"),
         )
-        return self._with_lease(r)
+        return self._with_lease(r, changed=True)
 
     @staticmethod
     def _groups(who: Identity, asked: Any) -> list[str]:
@@ -203,7 +210,7 @@ class BrokerAPI:
 
     def cancel(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
-        return self._with_lease(self.core.cancel(r.id))
+        return self._with_lease(self.core.cancel(r.id), changed=True)
 
     def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
@@ -343,7 +350,10 @@ class BrokerAPI:
         return self._positions_json(who, positions, "positions") if mine else None
 
     def _positions_json(self, who: Identity, p: Positions, kind: str) -> dict[str, Any]:
-        entries = [e for e in p.by_user.get(who.user, []) if self._kernel_may(who, e.request.owner)]
+        if who.kernel_id is None:
+            entries = p.by_user.get(who.user, [])
+        else:
+            entries = p.by_holder.get((who.user, who.kernel_id), [])
         data = {
             "queue_length": p.length,
             "requests": [request_json(e.request, e) for e in entries],
