@@ -242,8 +242,12 @@ class BrokerClient:
     async def revoke_kernel_token(self, kernel_id: str) -> None:
         await self.call("DELETE", f"tokens/{kernel_id}")
 
-    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
-        """The server-sent event stream, one decoded event at a time.
+    async def events(
+        self, last_event_id: int | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The server-sent event stream, one decoded message (``{v, id, type, at, data}``)
+        at a time; from after ``last_event_id`` when given (what a reconnect missed, or a
+        ``snapshot`` when the broker no longer has it).
 
         Closing the iterator (or cancelling the task that reads it) closes the connection
         at once, so the server drops the subscription. Tornado's HTTP client cannot abort
@@ -264,6 +268,8 @@ class BrokerClient:
             )
             headers = HTTPHeaders({**self._headers(), "Host": url.netloc})
             headers["Accept"] = "text/event-stream"
+            if last_event_id is not None:
+                headers["Last-Event-ID"] = str(last_event_id)
             await connection.write_headers(RequestStartLine("GET", url.path, "HTTP/1.1"), headers)
             connection.finish()
             reading = asyncio.ensure_future(response.read(connection))
@@ -272,9 +278,9 @@ class BrokerClient:
                 buffer += chunk
                 while response.code < 400 and b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
-                    for line in frame.decode().splitlines():
-                        if line.startswith("data: "):
-                            yield json.loads(line[6:])
+                    message = _message(frame.decode())
+                    if message is not None:
+                        yield message
             if response.code >= 400:
                 raise _error_of(response.code, buffer, response.reason)
             if response.error is not None:
@@ -284,10 +290,33 @@ class BrokerClient:
             if reading is not None:
                 reading.cancel()
 
+    async def follow(self, pause: float = RETRY_S) -> AsyncGenerator[dict[str, Any], None]:
+        """``events`` for as long as it is read: a lost stream (network errors, 5xx, the
+        server closing it) is reopened with the last id seen, after a pause that doubles
+        up to 30 s, so nothing is missed (the broker sends a ``snapshot`` instead when it
+        no longer has what was). A refusal (4xx) is raised."""
+        last: int | None = None
+        wait = pause
+        while True:
+            try:
+                async with contextlib.aclosing(self.events(last)) as events:
+                    async for message in events:
+                        last, wait = message.get("id", last), pause
+                        yield message
+            except BrokerAPIError as e:
+                if e.status < 500:
+                    raise
+            except OSError:
+                pass
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, 30.0)
+
     async def wait_for_grant(self, request_id: str, timeout: float) -> dict[str, Any]:
         """The request once granted (with its ``lease``), following the event stream and
         renewing the request meanwhile (a waiter that dies stops renewing: its request
-        expires instead of being granted to nobody).
+        expires instead of being granted to nobody). The request is read when the stream
+        starts (or restarts from a snapshot) and once granted; positions come with the
+        events, and a reconnect resumes the stream where it broke.
 
         Giving up withdraws the request: after ``timeout`` seconds (``GrantTimeout``) or
         when the wait is cancelled (Ctrl-C, an abandoned kernel start). Raises
@@ -297,9 +326,12 @@ class BrokerClient:
         start = loop.time()
 
         async def follow() -> dict[str, Any]:
-            async with contextlib.aclosing(self.events()) as events:
-                async for event in events:
-                    if event.get("kind") in ("hello", "positions", "granted", *TERMINAL):
+            async with contextlib.aclosing(self.follow()) as events:
+                async for message in events:
+                    kind, data = message["type"], message["data"]
+                    if kind in ("hello", "snapshot") or (
+                        kind == "granted" and data.get("request_id") == request_id
+                    ):
                         r = await self.request(request_id)
                         if r["state"] == "granted":
                             return r
@@ -307,7 +339,9 @@ class BrokerClient:
                             raise BrokerAPIError(
                                 409, r["state"], f"request {r['state']}: {r['reason']}"
                             )
-            raise BrokerAPIError(503, "disconnected", "the broker closed the event stream")
+                    elif kind in TERMINAL and data.get("request_id") == request_id:
+                        raise BrokerAPIError(409, kind, f"request {kind}: {data['reason']}")
+            raise AssertionError("follow() ends only with an error")
 
         renewing = asyncio.ensure_future(self._keep_queued(request_id))
         try:
@@ -358,6 +392,12 @@ class _Streamed(HTTPMessageDelegate):
 
     def data_received(self, chunk: bytes) -> None:
         self.chunks.put_nowait(chunk)
+
+
+def _message(frame: str) -> dict[str, Any] | None:
+    """One server-sent message's JSON (``None`` for a comment, such as a keepalive)."""
+    data = [line[5:].lstrip() for line in frame.splitlines() if line.startswith("data:")]
+    return json.loads("\n".join(data)) if data else None
 
 
 def _api_error(e: HTTPClientError) -> BrokerAPIError:

@@ -13,12 +13,15 @@ rule of the API is ``api.rules``'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import hashlib
 import os
 import secrets
 import time
+from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
-from .broker.core import Broker, BrokerConfig, Event, Quota
+from .broker.core import Broker, BrokerConfig, Event, QueueEntry, Quota
 from .broker.errors import InvalidRequest
 from .broker.health import (
     CRITICAL_XIDS,
@@ -144,6 +147,12 @@ class GPUBroker(LoggingConfigurable):
         value_trait=List(Unicode()),
         help="Groups each user belongs to, e.g. {'alice': ['lab-a']}: a request is charged to "
         "the first group it names, which must be one of its user's (default: the first listed).",
+    ).tag(config=True)
+
+    event_buffer = Int(
+        1000,
+        help="Recent events kept for event streams that reconnect (SSE Last-Event-ID); a "
+        "client further behind gets a snapshot of the whole picture instead.",
     ).tag(config=True)
 
     # -- monitoring, health and reclaim
@@ -280,7 +289,14 @@ class GPUBroker(LoggingConfigurable):
         super().__init__(**kwargs)
         self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
-        self._subscribers: list[Callable[[Event], None]] = []
+        self._subscribers: list[Callable[[Published | Positions], None]] = []
+        self._recent: deque[Published] = deque(maxlen=max(1, self.event_buffer))
+        self.last_event_id = int(time.time() * 1e6)
+        """The id of the newest event. Ids count up from the start time in microseconds,
+        so an id a client kept from an earlier run of the broker is older than any of
+        this run's (it gets a snapshot)."""
+        self._positions: Positions | None = None
+        self._positions_due = False
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
         self.sampler: Sampler | None = None
@@ -427,6 +443,7 @@ class GPUBroker(LoggingConfigurable):
             self.log.exception("GPU broker tick failed")
 
     def stop(self) -> None:
+        self._positions_due = False
         for callback in (self._ticker, self._sampling):
             if callback is not None:
                 callback.stop()
@@ -480,13 +497,53 @@ class GPUBroker(LoggingConfigurable):
 
     # --------------------------------------------------------------- events
 
-    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+    def subscribe(self, listener: Callable[[Published | Positions], None]) -> Callable[[], None]:
+        """Call ``listener`` with every event (``Published``, with its stream id) and,
+        once per burst of events, with the queue's new ``Positions`` when any moved."""
         self._subscribers.append(listener)
         return lambda: self._subscribers.remove(listener)
 
+    def since(self, event_id: int) -> list[Published] | None:
+        """The events after ``event_id``; ``None`` when some of them are no longer kept
+        (or the id is not one of this run's): the caller needs a snapshot."""
+        oldest = self._recent[0].id if self._recent else self.last_event_id + 1
+        if not oldest - 1 <= event_id <= self.last_event_id:
+            return None
+        return [p for p in self._recent if p.id > event_id]
+
+    def positions(self) -> Positions:
+        """The queue's positions now (computed at most once per change)."""
+        if self._positions is None or self._positions_due:
+            self._update_positions()
+        assert self._positions is not None
+        return self._positions
+
     def _fan_out(self, event: Event) -> None:
+        self.last_event_id += 1
+        holder = None if event.request_id is None else self.core.request(event.request_id).owner
+        published = Published(self.last_event_id, event, holder)
+        self._recent.append(published)
         for listener in list(self._subscribers):
-            listener(event)
+            listener(published)
+        if not self._positions_due:
+            self._positions_due = True
+            # once the burst is over: the next pass of the event loop (without a loop,
+            # in a script or a test, they are computed when asked for)
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon(self._positions_later)
+
+    def _positions_later(self) -> None:
+        if self._positions_due:  # not computed meanwhile (on demand), nor stopped
+            self._update_positions()
+
+    def _update_positions(self) -> None:
+        self._positions_due = False
+        now = Positions.of(self.core.queue(), self.last_event_id, self.core.clock.now())
+        before, self._positions = self._positions, now
+        now.moved_since(before)
+        if now.moved_users:
+            for listener in list(self._subscribers):
+                listener(now)
 
     # --------------------------------------------------------------- quotas
 
@@ -514,3 +571,63 @@ class GPUBroker(LoggingConfigurable):
 
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Published:
+    """A broker event as the streams send it: with its id, for resume."""
+
+    id: int
+    event: Event
+    owner: str | None = None
+    """Its request's holder (a kernel id), read once for every stream's visibility check."""
+    views: dict[bool, dict[str, Any]] = field(default_factory=dict, compare=False)
+    """Its JSON in full and reduced (``api.rules``), made once for every stream."""
+
+
+@dataclass
+class Positions:
+    """The queue once, after a burst of events: every subscriber takes its own part.
+
+    ``moved_users`` and ``moved_holders`` ((user, owner) pairs) name whose waiting
+    requests moved since the last computation: position, ETA, or the queue's length.
+    """
+
+    id: int
+    """The last event id these positions reflect."""
+    at: float
+    length: int
+    by_user: dict[str, list[QueueEntry]]
+    by_holder: dict[tuple[str, str], list[QueueEntry]]
+    """Waiting requests by (user, owner): a kernel's own, without scanning its user's."""
+    ahead: dict[str, dict[str, int]]
+    """Request id -> requests ahead of it by job class."""
+    moved_users: set[str] = field(default_factory=set)
+    moved_holders: set[tuple[str, str]] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, entries: list[QueueEntry], event_id: int, at: float) -> Positions:
+        by_user: dict[str, list[QueueEntry]] = {}
+        by_holder: dict[tuple[str, str], list[QueueEntry]] = {}
+        ahead: dict[str, dict[str, int]] = {}
+        classes: Counter[str] = Counter()
+        for e in entries:
+            r = e.request
+            by_user.setdefault(r.user, []).append(e)
+            by_holder.setdefault((r.user, r.owner), []).append(e)
+            ahead[r.id] = dict(classes)
+            classes[r.job_class.value] += 1
+        return cls(event_id, at, len(entries), by_user, by_holder, ahead)
+
+    def _seen(self) -> dict[str, tuple[int, float | None]]:
+        return {e.request.id: (e.position, e.eta) for es in self.by_user.values() for e in es}
+
+    def moved_since(self, before: Positions | None) -> None:
+        """Fill ``moved_*`` from the previous computation."""
+        old = {} if before is None else before._seen()
+        same_length = before is not None and before.length == self.length
+        for user, entries in self.by_user.items():
+            for e in entries:
+                if not same_length or old.get(e.request.id) != (e.position, e.eta):
+                    self.moved_users.add(user)
+                    self.moved_holders.add((user, e.request.owner))

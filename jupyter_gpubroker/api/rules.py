@@ -19,12 +19,13 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..broker.core import QUOTA_BOUNDS, Broker, Event, Quota
+from ..broker.core import QUOTA_BOUNDS, Broker, Quota
 from ..broker.errors import Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size
 from .identity import Identity
 from .shapes import (
     devices_json,
+    envelope,
     event_json,
     lease_json,
     parse_iso,
@@ -34,7 +35,7 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import GPUBroker
+    from ..runtime import GPUBroker, Positions, Published
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups"}
@@ -148,8 +149,15 @@ class BrokerAPI:
         queue = queue_json(entries, who.user, who.admin, kernel_id=who.kernel_id)
         return {"queue": queue, "length": len(entries)}
 
-    def _with_lease(self, r: Request) -> dict[str, Any]:
-        entry = next((e for e in self.core.queue() if e.request.id == r.id), None)
+    def _with_lease(self, r: Request, changed: bool = False) -> dict[str, Any]:
+        """The request with its lease and queue entry; ``changed``: right after a change
+        the broker announced (submit, cancel), whose positions the event streams need
+        too, so they are computed once for both."""
+        if changed:
+            mine = self.runtime.positions().by_holder.get((r.user, r.owner), [])
+        else:
+            mine = self.core.queue()
+        entry = next((e for e in mine if e.request.id == r.id), None)
         d = request_json(r, entry)
         d["lease"] = lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
         return d
@@ -181,7 +189,7 @@ class BrokerAPI:
             owner=holder,
             expected_duration_s=body.get("expected_duration_s"),
         )
-        return self._with_lease(r)
+        return self._with_lease(r, changed=True)
 
     @staticmethod
     def _groups(who: Identity, asked: Any) -> list[str]:
@@ -202,7 +210,7 @@ class BrokerAPI:
 
     def cancel(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
-        return self._with_lease(self.core.cancel(r.id))
+        return self._with_lease(self.core.cancel(r.id), changed=True)
 
     def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
@@ -301,29 +309,71 @@ class BrokerAPI:
         self._require_user(who)
         self.runtime.revoke_tokens(kernel_id, who.user)
 
+    # ------------------------------------------------------------- overview
+
+    def overview(self, who: Identity) -> dict[str, Any]:
+        """The whole picture a front shows, in one call: who I am, the devices with their
+        holders, readings and health, the queue, and my requests and leases, each as
+        ``who`` may see it."""
+        return {
+            "me": self.me(who),
+            **self.devices(who),
+            **self.queue(who),
+            **self.requests(who),
+            **self.leases(who),
+        }
+
     # --------------------------------------------------------------- events
 
-    def event(self, who: Identity, e: Event) -> dict[str, Any] | None:
+    def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
-        (others' reduced to a bare kind); a kernel token only its own kernel's."""
-        if who.kernel_id is not None:
-            if e.request_id is None or e.user != who.user:
-                return None
-            if self.core.request(e.request_id).owner != who.kernel_id:
-                return None
-        return event_json(e, who.user, who.admin)
+        (others' reduced to whose it is); a kernel token only its own kernel's."""
+        e = published.event
+        if who.kernel_id is not None and (e.user != who.user or published.owner != who.kernel_id):
+            return None
+        full = who.admin or e.user == who.user  # the same for every viewer who sees it so
+        if full not in published.views:
+            published.views[full] = event_json(published.id, e, who.user, who.admin)
+        return published.views[full]
 
-    def positions(self, who: Identity) -> dict[str, Any]:
-        """The queue's length and the positions and ETAs of ``who``'s waiting requests."""
-        entries = self.core.queue()
-        return {
-            "queue_length": len(entries),
-            "requests": [
-                request_json(e.request, e)
-                for e in entries
-                if e.request.user == who.user and self._kernel_may(who, e.request.owner)
-            ],
+    def positions(self, who: Identity, kind: str = "positions") -> dict[str, Any]:
+        """``who``'s waiting requests with positions and ETAs, and the queue's length."""
+        return self._positions_json(who, self.runtime.positions(), kind)
+
+    def moved(self, who: Identity, positions: Positions) -> dict[str, Any] | None:
+        """A ``positions`` event for ``who`` if one of its waiting requests moved."""
+        mine = (
+            who.user in positions.moved_users
+            if who.kernel_id is None
+            else (who.user, who.kernel_id) in positions.moved_holders
+        )
+        return self._positions_json(who, positions, "positions") if mine else None
+
+    def _positions_json(self, who: Identity, p: Positions, kind: str) -> dict[str, Any]:
+        if who.kernel_id is None:
+            entries = p.by_user.get(who.user, [])
+        else:
+            entries = p.by_holder.get((who.user, who.kernel_id), [])
+        data = {
+            "queue_length": p.length,
+            "requests": [request_json(e.request, e) for e in entries],
+            "ahead": {e.request.id: p.ahead[e.request.id] for e in entries},
         }
+        return envelope(p.id, kind, p.at, data)
+
+    def resume(self, who: Identity, last_event_id: int | None) -> list[dict[str, Any]]:
+        """What a stream starts with: a ``hello`` with ``who``'s positions; after a
+        reconnect (``last_event_id``) the events it missed, then its positions; a
+        ``snapshot`` (the overview) when those events are no longer kept."""
+        rt = self.runtime
+        if last_event_id is None:
+            return [self.positions(who, "hello")]
+        missed = rt.since(last_event_id)
+        if missed is None:
+            at = self.core.clock.now()
+            return [envelope(rt.last_event_id, "snapshot", at, self.overview(who))]
+        seen = (self.event(who, p) for p in missed)
+        return [*(e for e in seen if e is not None), self.positions(who)]
 
 
 def parse_time(name: str, value: str | None) -> float | None:

@@ -173,15 +173,25 @@ def devices_json(
     ]
 
 
-def event_json(e: Event, viewer: str, admin: bool) -> dict[str, Any]:
-    """An event as a viewer may see it: their own in full, others' as a bare kind."""
+EVENT_VERSION = 1
+"""The version of the event envelope ``{v, id, type, at, data}``."""
+
+
+def envelope(event_id: int, kind: str, at: float, data: dict[str, Any]) -> dict[str, Any]:
+    """One message of the event stream: versioned, with its stream id (for resume)."""
+    return {"v": EVENT_VERSION, "id": event_id, "type": kind, "at": iso(at), "data": data}
+
+
+def event_json(event_id: int, e: Event, viewer: str, admin: bool) -> dict[str, Any]:
+    """A broker event as a viewer may see it: their own in full (its detail nested
+    under ``data``), others' with only the user it is about."""
     if admin or e.user == viewer:
-        # the event's own fields win over a detail of the same name (a quota's "kind")
-        d = {**e.to_json(), "kind": e.kind, "at": iso(e.at)}
-        if "deadline" in d:  # a warning's
-            d["deadline"] = iso(d["deadline"])
-        return d
-    return {"kind": e.kind, "at": iso(e.at), "user": e.user}
+        data = e.to_json()["data"]
+        if "deadline" in data:  # a warning's
+            data["deadline"] = iso(data["deadline"])
+    else:
+        data = {"user": e.user}
+    return envelope(event_id, e.kind, e.at, data)
 
 
 def samples_json(

@@ -151,13 +151,17 @@ class Event:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The event's type, time and data: who and what it is about, with the detail
+        nested under ``data`` (never over the envelope: a quota's ``kind`` is its own)."""
         return {
-            "kind": self.kind,
+            "type": self.kind,
             "at": self.at,
-            "user": self.user,
-            "request_id": self.request_id,
-            "lease_id": self.lease_id,
-            **self.detail,
+            "data": {
+                "user": self.user,
+                "request_id": self.request_id,
+                "lease_id": self.lease_id,
+                **self.detail,
+            },
         }
 
 

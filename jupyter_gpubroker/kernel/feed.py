@@ -109,20 +109,17 @@ class Broadcast:
 
 
 class EventFeed(Broadcast):
-    """The broker's server-sent events (this kernel's requests, and every queue change)."""
+    """The broker's server-sent events (this kernel's requests, and its positions)."""
 
     async def _run(self) -> None:
-        pause = 1.0
-        while True:
+        while True:  # a reconnect resumes where the stream broke (``BrokerClient.follow``)
             try:
-                async with contextlib.aclosing(self.client.events()) as events:
+                async with contextlib.aclosing(self.client.follow(pause=1.0)) as events:
                     async for event in events:
-                        pause = 1.0
                         await self.publish(event)
-            except TRANSIENT as e:
-                self.log.info("GPU broker event stream lost (%s); reconnecting", e)
-            await asyncio.sleep(pause)  # a new stream starts with "hello": listeners resync
-            pause = min(2 * pause, 30.0)
+            except TRANSIENT as e:  # refused (the token revoked, say): try again later
+                self.log.info("GPU broker event stream refused (%s); retrying", e)
+            await asyncio.sleep(30.0)
 
 
 class DevicePoll(Broadcast):

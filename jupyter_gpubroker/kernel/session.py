@@ -71,10 +71,11 @@ class Activity:
 class Tracker:
     """One of this kernel's requests, followed from the queue to its end.
 
-    Driven by the event feed on the runner's loop: while queued, every queue change
-    re-reads its position, ETA and the requests ahead of it; an event about the
-    request re-reads the request. It listens while queued (a grant must be noticed
-    with no widget open) and, once granted, while a widget watches it.
+    Driven by the event feed on the runner's loop: while queued, its ``positions``
+    events bring its position, ETA and the requests ahead of it; an event about
+    the request (or a new stream's first) re-reads the request. It listens while
+    queued (a grant must be noticed with no widget open) and, once granted, while a
+    widget watches it.
     """
 
     def __init__(self, session: Session, request: dict[str, Any]) -> None:
@@ -132,12 +133,13 @@ class Tracker:
             self.session.runner.submit(self.refresh())
 
     async def _on_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("kind")
-        if (
-            event.get("request_id") == self.id
-            or kind == "hello"
-            or (kind == "positions" and self.state == "queued")
-        ):
+        kind, data = event["type"], event["data"]
+        if kind == "positions" and self.state == "queued":
+            mine = next((r for r in data["requests"] if r["id"] == self.id), None)
+            if mine is not None:  # the event carries it all: no need to ask
+                self.queue_length, self.ahead = data["queue_length"], data["ahead"][self.id]
+                self.update({**self.request, **mine})
+        elif data.get("request_id") == self.id or kind in ("hello", "snapshot"):
             await self.refresh()
 
     async def refresh(self) -> None:

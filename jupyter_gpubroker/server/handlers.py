@@ -24,8 +24,8 @@ from tornado.iostream import StreamClosedError
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI
-from ..broker.core import Event
 from ..broker.errors import BrokerError, InvalidRequest, NotFound
+from ..runtime import Positions, Published
 
 
 class BrokerHandler(APIHandler):
@@ -223,57 +223,93 @@ class TokenHandler(BrokerHandler):
         self.finish()
 
 
+class OverviewHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.reply(self.api.overview(self.who))
+
+
 class EventsHandler(BrokerHandler):
-    """Server-sent events: the caller's own events in full, and after each change the
-    positions and ETAs of the caller's waiting requests."""
+    """Server-sent events with ids: the caller's own events in full and, when one of its
+    waiting requests moves, its new positions; a reconnect with ``Last-Event-ID`` (or
+    ``?last_event_id=``) gets what it missed, or a snapshot when that is gone."""
 
     keepalive_s = 15.0
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        last = self._last_event_id()
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        events: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._events = events
+        items: asyncio.Queue[str | None] = asyncio.Queue()
+        self._items = items
         api, who = self.api, self.who
-        unsubscribe = api.runtime.subscribe(events.put_nowait)
+
+        def deliver(item: Published | Positions) -> None:
+            """Decided at once, during the fan-out: the stream wakes only for what it
+            sends, and a message every stream sends alike is encoded once."""
+            seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
+            if seen is not None:
+                items.put_nowait(_frame(seen))
+
+        unsubscribe = api.runtime.subscribe(deliver)
         try:
-            await self._send({"kind": "hello", **api.positions(who)})
+            for message in api.resume(who, last):  # no await since subscribing: no gap
+                self.write(_frame(message))
+            await self.flush()
             while True:
                 try:
-                    event = await asyncio.wait_for(events.get(), self.keepalive_s)
+                    item = await asyncio.wait_for(items.get(), self.keepalive_s)
                 except asyncio.TimeoutError:
                     self.write(": keepalive\n\n")
                     await self.flush()
                     continue
-                if event is None:  # the client went away
+                if item is None:  # the client went away
                     return
-                await self._send_seen(event)
-                while not events.empty():  # coalesce a burst into one positions update
-                    queued = events.get_nowait()
-                    if queued is not None:
-                        await self._send_seen(queued)
-                await self._send({"kind": "positions", **api.positions(who)})
+                self.write(item)
+                while not items.empty():  # a burst goes out in one write
+                    queued = items.get_nowait()
+                    if queued is None:
+                        return
+                    self.write(queued)
+                await self.flush()
         except StreamClosedError:
             pass
         finally:
             unsubscribe()
 
+    def _last_event_id(self) -> int | None:
+        text = self.request.headers.get("Last-Event-ID") or self.get_argument("last_event_id", None)
+        if text is None or text == "":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidRequest(
+                f"Last-Event-ID must be the id of an event of this stream, not {text!r}; "
+                "reconnect without it to start afresh"
+            ) from None
+
     def on_connection_close(self) -> None:
         """Stop streaming at once rather than at the next event or keepalive."""
-        events = getattr(self, "_events", None)
-        if events is not None:
-            events.put_nowait(None)
+        items = getattr(self, "_items", None)
+        if items is not None:
+            items.put_nowait(None)
 
-    async def _send_seen(self, event: Event) -> None:
-        seen = self.api.event(self.who, event)
-        if seen is not None:
-            await self._send(seen)
 
-    async def _send(self, data: dict[str, Any]) -> None:
-        self.write(f"data: {json.dumps(data)}\n\n")
-        await self.flush()
+_encoded: tuple[dict[str, Any], str] | None = None
+"""The last message encoded: during a fan-out, every stream that sees an event alike
+gets the same message object (``api.rules.event``), one after another."""
+
+
+def _frame(message: dict[str, Any]) -> str:
+    """A message as one server-sent event: its ``id:`` line and its JSON."""
+    global _encoded
+    if _encoded is None or _encoded[0] is not message:
+        _encoded = (message, f"id: {message['id']}\ndata: {json.dumps(message)}\n\n")
+    return _encoded[1]
 
 
 class UnknownPathHandler(BrokerHandler):
@@ -292,6 +328,7 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
     ident = r"([^/]+)"  # any segment: the handler says what is wrong with it (400, 404)
     routes = [
         ("me", MeHandler),
+        ("overview", OverviewHandler),
         ("devices", DevicesHandler),
         (f"devices/{ident}/metrics", DeviceMetricsHandler),
         ("queue", QueueHandler),

@@ -100,8 +100,8 @@ def test_a_kernel_token_sees_only_its_kernels_events(team: BrokerAPI) -> None:
     team.submit(alice, {**SLICE, "owner": "notebook"})
     own = team.submit(k1, SLICE)
     views = [v for v in (team.event(k1, e) for e in seen) if v is not None]
-    assert [v["kind"] for v in views] == ["queued", "granted"]
-    assert {v["request_id"] for v in views} == {own["id"]}
+    assert [v["type"] for v in views] == ["queued", "granted"]
+    assert {v["data"]["request_id"] for v in views} == {own["id"]}
     assert len([v for v in (team.event(alice, e) for e in seen) if v is not None]) == 4
 
 

@@ -341,7 +341,7 @@ def test_events_follow_a_request_through_its_life(make_broker, clock):
     ]
     granted = seen[4]
     assert granted.request_id == b.id and granted.lease_id == b.lease_id
-    assert granted.to_json()["devices"] == list(broker.lease(b.lease_id).devices)
+    assert granted.to_json()["data"]["devices"] == list(broker.lease(b.lease_id).devices)
 
 
 def test_unsubscribe_and_a_broken_listener(make_broker):

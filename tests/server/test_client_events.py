@@ -1,24 +1,42 @@
-"""``BrokerClient.events``: the server-sent stream, and what closing it does."""
+"""``BrokerClient.events``: the server-sent stream, what closing it does, resuming it
+after a reconnect, and following a wait without reading the request again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 
 from jupyter_gpubroker.client import BrokerAPIError, BrokerClient
+from jupyter_gpubroker.server import handlers
+
+SLICE = {"profile": "1g.10gb"}
+BUFFER = 8
+
+
+@pytest.fixture
+def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
+    # Leases outlive the test; a short ring of recent events, to fall behind it.
+    return {**broker_config, "lease_ttl": 120.0, "event_buffer": BUFFER}
+
+
+def kernel_client(runtime: Any, kernel_id: str) -> BrokerClient:
+    return BrokerClient(runtime.api_url, kernel_token=runtime.issue_token(runtime.owner, kernel_id))
+
+
+async def take(events: Any, n: int) -> list[dict[str, Any]]:
+    return [await asyncio.wait_for(anext(events), 10) for _ in range(n)]
 
 
 async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, api):
     runtime = jp_serverapp.web_app.settings["gpubroker"]
-    client = BrokerClient(
-        runtime.api_url, kernel_token=runtime.issue_token(runtime.owner, "k-events")
-    )
+    client = kernel_client(runtime, "k-events")
     async with contextlib.aclosing(client.events()) as events:
         hello = await anext(events)
-        assert hello["kind"] == "hello" and len(runtime._subscribers) == 1
-    await api("POST", "requests", {"profile": "1g.10gb"})  # the server writes to it, and learns
+        assert hello["type"] == "hello" and len(runtime._subscribers) == 1
+    await api("POST", "requests", SLICE)  # the server writes to it, and learns
     for _ in range(50):
         if not runtime._subscribers:
             break
@@ -31,3 +49,85 @@ async def test_a_refused_stream_raises_the_brokers_error(jp_serverapp):
     with pytest.raises(BrokerAPIError) as e:
         await anext(client.events())
     assert e.value.status == 403 and "unknown or revoked" in e.value.message
+
+
+async def test_a_reconnect_resumes_where_the_stream_broke(jp_serverapp):
+    """What happened while the client was away arrives on reconnect, each event once and
+    in order, then its positions; nothing is read again."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    client = kernel_client(runtime, "k-resume")
+    async with contextlib.aclosing(client.events()) as events:
+        (hello,) = await take(events, 1)
+        held = await client.submit(**SLICE)
+        queued, granted = await take(events, 2)
+    assert (queued["type"], granted["type"]) == ("queued", "granted")
+    assert hello["id"] < queued["id"] < granted["id"]
+
+    await client.release(held["lease"]["id"])  # while away
+    again = await client.submit(**SLICE)
+    async with contextlib.aclosing(client.events(granted["id"])) as events:
+        missed = await take(events, 4)
+    assert [(e["type"], e["data"]["request_id"]) for e in missed[:3]] == [
+        ("released", held["id"]),
+        ("queued", again["id"]),
+        ("granted", again["id"]),
+    ]
+    assert [e["id"] for e in missed[:3]] == list(range(granted["id"] + 1, granted["id"] + 4))
+    assert missed[3]["type"] == "positions" and missed[3]["data"]["requests"] == []
+
+
+async def test_a_client_too_far_behind_gets_a_snapshot_first(jp_serverapp, api):
+    """Events it missed are no longer kept (or its id is from another run of the broker):
+    it starts again from the whole picture, as GET overview shows it."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    client = kernel_client(runtime, "k-behind")
+    async with contextlib.aclosing(client.events()) as events:
+        (hello,) = await take(events, 1)
+    mine = await client.submit(**SLICE)
+    for _ in range(BUFFER):  # more events than the broker keeps
+        await api("POST", "requests", SLICE)
+    for last in (hello["id"], 1):
+        async with contextlib.aclosing(client.events(last)) as events:
+            (snapshot,) = await take(events, 1)
+        assert snapshot["type"] == "snapshot"
+        assert snapshot["data"] == await client.call("GET", "overview")
+        assert [r["id"] for r in snapshot["data"]["requests"]] == [mine["id"]]
+
+
+async def test_a_waiting_client_follows_its_positions_without_reading_its_request(
+    jp_serverapp, api, monkeypatch
+):
+    """Every move in the queue reaches the waiting kernel as a positions event carrying
+    its request; it reads its request when the stream starts and once granted, however
+    often the queue moves."""
+    reads: list[str] = []
+    get = handlers.RequestHandler.get
+
+    def counted(self: Any, request_id: str) -> Any:
+        reads.append(request_id)
+        return get(self, request_id)
+
+    monkeypatch.setattr(handlers.RequestHandler, "get", counted)
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    held = [(await api("POST", "requests", SLICE))[1] for _ in range(7)]
+    assert all(r["state"] == "granted" for r in held)
+    ahead = [(await api("POST", "requests", SLICE))[1] for _ in range(3)]
+    client = kernel_client(runtime, "k-wait")
+    mine = await client.submit(**SLICE)
+    assert mine["position"] == 4
+
+    async with contextlib.aclosing(client.events()) as events:
+        (hello,) = await take(events, 1)
+        assert [r["position"] for r in hello["data"]["requests"]] == [4]
+        waiting = asyncio.ensure_future(client.wait_for_grant(mine["id"], 30))
+        for i, r in enumerate(ahead):
+            await api("DELETE", f"requests/{r['id']}")
+            while (e := await asyncio.wait_for(anext(events), 10))["type"] != "positions":
+                pass
+            (moved,) = e["data"]["requests"]
+            assert (moved["id"], moved["position"]) == (mine["id"], 3 - i)
+            assert e["data"]["queue_length"] == 3 - i
+        await api("DELETE", f"leases/{held[0]['lease']['id']}")
+        granted = await asyncio.wait_for(waiting, 10)
+    assert granted["state"] == "granted" and granted["lease"]["devices"]
+    assert len(reads) <= 3  # the renewal loop's first read, the stream's start, the grant

@@ -63,15 +63,15 @@ async def test_an_overheated_gpu_is_drained_in_the_api(
         jp_http_port, f"{jp_base_url}{API_PREFIX}/events", {"Authorization": f"token {token}"}
     )
     try:
-        assert (await stream.next())["kind"] == "hello"
+        assert (await stream.next())["type"] == "hello"
         runtime.backend.simulator.inject_overheat(gpu, 95)
         await runtime.sample()
         drained = []
         while len(drained) < 2:  # the machine's, then the holder's
             event = await stream.next()
             validate(event, "#/components/schemas/Event", "event")
-            if event["kind"] == "drained":
-                drained.append(event)
+            if event["type"] == "drained":
+                drained.append(event["data"])
     finally:
         stream.close()
     assert [(e["user"], e["lease_id"]) for e in drained] == [

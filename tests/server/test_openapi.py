@@ -425,7 +425,8 @@ async def _storage_full(check: CheckedApi, store: Any) -> None:
 
 
 async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> None:
-    """The event stream: a hello, then each change and a positions snapshot, all valid."""
+    """The event stream: a hello, then each change and the caller's positions when its
+    waiting request moves, all valid envelopes with increasing ids; the overview."""
     seen: list[dict[str, Any]] = []
     url = f"{base_url}{API_PREFIX}/events"
     stream = await EventStream.open(port, url, {"Authorization": f"token {token}"})
@@ -433,9 +434,9 @@ async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> No
     async def until(kind: str) -> dict[str, Any]:
         while True:
             event = await stream.next()
-            validate(event, EVENT, f"event {event.get('kind')}")
+            validate(event, EVENT, f"event {event.get('type')}")
             seen.append(event)
-            if event["kind"] == kind:
+            if event["type"] == kind:
                 return event
 
     async def fill() -> None:
@@ -446,34 +447,48 @@ async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> No
     try:
         assert stream.status == 200 and stream.content_type == "text/event-stream"
         hello = await until("hello")
-        assert seen == [hello] and hello["requests"] == []
+        assert seen == [hello] and hello["data"]["requests"] == []
         check.record("/events", "get", 200)
 
         granted = await check("POST", "requests", {"profile": "1g.10gb"}, expect=201)
-        assert (await until("queued"))["request_id"] == granted["id"]
+        assert (await until("queued"))["data"]["request_id"] == granted["id"]
         event = await until("granted")
-        assert event["lease_id"] == granted["lease"]["id"]
-        assert event["devices"] == granted["lease"]["devices"]
-        assert (await until("positions"))["queue_length"] == 0
+        assert event["data"]["lease_id"] == granted["lease"]["id"]
+        assert event["data"]["devices"] == granted["lease"]["devices"]
 
         await fill()
         waiting = await check("POST", "requests", {"profile": "1g.10gb"}, expect=201)
         assert waiting["state"] == "queued"
-        positions = await until("positions")
-        while positions["queue_length"] == 0:
-            positions = await until("positions")
+        positions = (await until("positions"))["data"]
+        assert positions["queue_length"] == 1
         assert [(r["id"], r["position"]) for r in positions["requests"]] == [(waiting["id"], 1)]
         assert positions["requests"][0]["eta"] is not None
+        assert positions["ahead"] == {waiting["id"]: {}}
+
+        overview = await check("GET", "overview", expect=200)
+        assert [e["id"] for e in overview["queue"]] == [waiting["id"]]
+        assert {r["id"] for r in overview["requests"]} >= {granted["id"], waiting["id"]}
+        assert {x["id"] for x in overview["leases"]} >= {granted["lease"]["id"]}
 
         await check("DELETE", f"leases/{granted['lease']['id']}", expect=200)
-        assert (await until("released"))["lease_id"] == granted["lease"]["id"]
-        assert (await until("granted"))["request_id"] == waiting["id"]
+        assert (await until("released"))["data"]["lease_id"] == granted["lease"]["id"]
+        assert (await until("granted"))["data"]["request_id"] == waiting["id"]
 
-        await check("PUT", "quotas/user/ann", {"share": 3}, expect=200)
-        quota = await until("quota")
-        assert quota["user"] == "ann" and quota["name"] == "ann" and quota["share"] == 3
+        await check("PUT", "quotas/group/lab", {"share": 3}, expect=200)
+        quota = (await until("quota"))["data"]
+        assert (quota["kind"], quota["name"], quota["user"], quota["share"]) == (
+            "group",
+            "lab",
+            "",
+            3,
+        )
         await check("DELETE", f"requests/{waiting['id']}", expect=200)
-        assert (await until("released"))["request_id"] == waiting["id"]
+        assert (await until("released"))["data"]["request_id"] == waiting["id"]
     finally:
         stream.close()
-    assert [e["kind"] for e in seen].count("hello") == 1
+    assert [e["type"] for e in seen].count("hello") == 1
+    ids = [e["id"] for e in seen if e["type"] not in ("hello", "positions")]
+    assert ids == sorted(set(ids))  # each event once, in order
+    assert [e["id"] for e in seen] == sorted(e["id"] for e in seen)
+    bad = await check("GET", "events", expect=400, last_event_id="yesterday")
+    assert "Last-Event-ID" in bad["message"]

@@ -95,14 +95,14 @@ async def test_an_idle_kernel_is_warned_then_reclaimed_and_its_widget_shows_it(
             jp_http_port, f"{jp_base_url}{API_PREFIX}/events", {TOKEN_HEADER: token}
         )
         seen: list[dict[str, Any]] = []
-        while not any(e["kind"] == "reclaimed" for e in seen):
+        while not any(e["type"] == "reclaimed" for e in seen):
             event = await stream.next(timeout=30)
-            validate(event, EVENT, f"event {event['kind']}")
-            if event.get("request_id") == request["id"]:
+            validate(event, EVENT, f"event {event['type']}")
+            if event["data"].get("request_id") == request["id"]:
                 seen.append(event)
-        kinds = [e["kind"] for e in seen]
+        kinds = [e["type"] for e in seen]
         assert kinds[kinds.index("warning") :] == ["warning", "reclaimed"]
-        warning, reclaimed = seen[-2], seen[-1]
+        warning, reclaimed = seen[-2]["data"], seen[-1]["data"]
         assert warning["lease_id"] == request["lease_id"] and warning["deadline"]
         assert warning["reason"].startswith("idle for")
         assert reclaimed["cause"] == "idle" and reclaimed["reason"].startswith("idle for")

@@ -247,17 +247,17 @@ async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
     events: list[dict[str, Any]] = []
     try:
         hello = await stream.next()
-        assert hello["kind"] == "hello"
-        assert {r["id"] for r in hello["requests"]} == {state["bob_waiting"]["id"]}
+        assert hello["type"] == "hello"
+        assert {r["id"] for r in hello["data"]["requests"]} == {state["bob_waiting"]["id"]}
         await world.user("alice")("DELETE", f"leases/{state['held']['lease']['id']}", expect=200)
-        while not events or events[-1]["kind"] != "positions":
+        while not events or events[-1]["type"] != "positions":
             events.append(await stream.next())
             validate(events[-1], EVENT, "an event bob got")
     finally:
         stream.close()
-    alices = [e for e in events if e.get("user") == "alice"]
-    assert "released" in [e["kind"] for e in alices]
-    assert all(set(e) == {"kind", "at", "user"} for e in alices)
+    alices = [e for e in events if e["data"].get("user") == "alice"]
+    assert "released" in [e["type"] for e in alices]
+    assert all(e["data"] == {"user": "alice"} for e in alices)
     assert not leaks(world.seen["bob"] + [json.dumps(events)], state["secrets"])
 
     # carol, an admin, sees everyone's.
@@ -377,17 +377,18 @@ async def test_a_kernel_token_acts_only_on_its_own_kernels_requests(
     url = f"{jp_base_url}{API_PREFIX}/events"
     stream = await EventStream.open(jp_http_port, url, {TOKEN_HEADER: state["token"]})
     try:
-        assert (await stream.next())["requests"] == []
+        assert (await stream.next())["data"]["requests"] == []
         await alice("DELETE", f"requests/{state['waiting']['id']}", expect=200)  # not k1's
         mine = await k1("POST", "requests", {"profile": "1g.10gb"}, expect=201)
         events = [await stream.next()]
-        while [e["kind"] for e in events[-2:]] != ["queued", "positions"]:
+        while [e["type"] for e in events[-2:]] != ["queued", "positions"]:
             events.append(await stream.next())
     finally:
         stream.close()
-    kinds = [e["kind"] for e in events]
+    kinds = [e["type"] for e in events]
     assert "cancelled" not in kinds
-    assert [e["request_id"] for e in events if e["kind"] == "queued"] == [mine["id"]]
+    assert [e["data"]["request_id"] for e in events if e["type"] == "queued"] == [mine["id"]]
+    assert [r["id"] for r in events[-1]["data"]["requests"]] == [mine["id"]]
     others = [held["id"], held["lease"]["id"], held["owner"], state["waiting"]["id"]]
     others.append(state["waiting"]["owner"])  # alice's, but not this kernel's
     assert not leaks(world.seen["k1"] + [json.dumps(events)], others)
@@ -470,3 +471,46 @@ async def test_a_kernel_a_user_starts_is_charged_to_that_user(
     finally:
         await jp_fetch("api", "kernels", kernel_id, method="DELETE", headers=alice.headers)
     assert (await alice("GET", "requests", expect=200))["requests"] == []
+
+
+# ------------------------------------------------------------------- the overview
+
+
+async def test_the_overview_shows_each_caller_what_it_may_see(world: World) -> None:
+    """One call, the same picture as the separate reads: a user sees others' holders and
+    queue entries without ids, an admin everyone's, a kernel token its kernel's only."""
+    state = await alice_and_bob(world)
+    bob, carol = world.user("bob"), world.user("carol")
+    k1 = world.kernel(state["token"], "k1")
+    for caller in (bob, carol, k1):
+        overview = await caller("GET", "overview", expect=200)
+        parts = {"me": await caller("GET", "me", expect=200)}
+        for path in ("devices", "queue", "requests", "leases"):
+            parts.update(await caller("GET", path, expect=200))
+        assert overview == parts
+
+    mine = await bob("GET", "overview", expect=200)
+    assert {r["id"] for r in mine["requests"]} == {
+        state["bob_held"]["id"],
+        state["bob_waiting"]["id"],
+    }
+    assert [x["id"] for x in mine["leases"]] == [state["bob_held"]["lease"]["id"]]
+    assert not leaks([json.dumps(mine)], state["secrets"])
+
+    everyone = await carol("GET", "overview", expect=200)
+    assert everyone["me"]["admin"] and all(e["id"] for e in everyone["queue"])
+    assert len(everyone["leases"]) == 7
+    assert all(d["holder"]["lease_id"] for d in everyone["gpus"][0]["devices"])
+
+    kernel = await k1("GET", "overview", expect=200)
+    assert [r["id"] for r in kernel["requests"]] == [state["in_k1"]["id"]]
+    assert [x["id"] for x in kernel["leases"]] == [state["in_k1"]["lease"]["id"]]
+    assert all(e["id"] is None for e in kernel["queue"])  # alice's waiting one is not k1's
+    held = [d["holder"] for d in kernel["gpus"][0]["devices"] if d["holder"]["lease_id"]]
+    assert held == [
+        {
+            "user": "alice",
+            "lease_id": state["in_k1"]["lease"]["id"],
+            "request_id": state["in_k1"]["id"],
+        }
+    ]

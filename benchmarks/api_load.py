@@ -1,0 +1,254 @@
+"""API load: clients submitting, renewing and cancelling over HTTP while event streams are open.
+
+A real ``jupyter server`` with the extension (``tests/live_server.py``) on a simulated
+``dgx-h100-mig:8`` (56 1g.10gb slices). For each level of open event streams (each a
+kernel-scoped token of its own, as idle kernels hold them, or with ``--viewer user`` the
+submitting user's own, which get every event in full), ``--clients`` coroutines
+loop for ``--seconds``: submit a request, renew it (its lease when granted, the request
+when queued), cancel it. The same clients first make bare ``GET me`` calls (there is no
+``api/status``: ``me`` is the cheapest authenticated call) for the baseline the
+submissions are compared with.
+
+    python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10]
+                                  [--viewer kernel|user] [--json]
+    python benchmarks/api_load.py --fanout 200,1000 [--json]
+
+Not a test: speed belongs here. One process drives every client and stream (asyncio,
+keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
+own share of the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from live_server import TOKEN, LiveServer  # noqa: E402
+
+from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
+from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
+from jupyter_gpubroker.runtime import GPUBroker, Positions  # noqa: E402
+from jupyter_gpubroker.server.handlers import _frame  # noqa: E402
+
+SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection (the load generator must stay cheap)."""
+
+    def __init__(self, port: int, headers: dict[str, str]) -> None:
+        self.port = port
+        self.head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def call(self, method: str, path: str, body: str = "") -> tuple[int, Any]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        data = body.encode()
+        self.writer.write(
+            (
+                f"{method} /{API_PREFIX}/{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                f"{self.head}Content-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n"
+            ).encode()
+            + data
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        status = int(head.split(" ", 2)[1])
+        length = 0
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        raw = await self.reader.readexactly(length) if length else b""
+        return status, json.loads(raw) if raw else None
+
+
+async def open_stream(port: int, auth: str, received: list[int]) -> asyncio.Task[None]:
+    """An SSE stream (``auth``: its credential header), read and counted until cancelled."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"GET /{API_PREFIX}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"{auth}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    await reader.readuntil(b"data:")  # the hello: subscribed
+
+    async def read() -> None:
+        try:
+            while chunk := await reader.read(65536):
+                received[0] += chunk.count(b"\ndata:")
+        finally:
+            writer.close()
+
+    return asyncio.ensure_future(read())
+
+
+async def client_loop(conn: Connection, until: float, latencies: list[float], ops: list[int]):
+    while time.perf_counter() < until:
+        t = time.perf_counter()
+        status, r = await conn.call("POST", "requests", SLICE)
+        latencies.append(time.perf_counter() - t)
+        assert status == 201, r
+        ops[0] += 1
+        renew = f"leases/{r['lease']['id']}/renew" if r["lease"] else f"requests/{r['id']}/renew"
+        t = time.perf_counter()
+        status, _ = await conn.call("POST", renew)
+        latencies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        status, _ = await conn.call("DELETE", f"requests/{r['id']}")
+        latencies.append(time.perf_counter() - t)
+        assert status == 200
+
+
+async def bare_loop(conn: Connection, until: float, latencies: list[float], ops: list[int]):
+    while time.perf_counter() < until:
+        t = time.perf_counter()
+        status, _ = await conn.call("GET", "me")
+        latencies.append(time.perf_counter() - t)
+        assert status == 200
+        ops[0] += 1
+
+
+async def measure(port: int, clients: int, seconds: float, loop: Any) -> tuple[float, float]:
+    """(operations/s of ``loop``'s first call, p99 ms over all its calls)."""
+    headers = {"Authorization": f"token {TOKEN}"}
+    conns = [Connection(port, headers) for _ in range(clients)]
+    latencies: list[float] = []
+    ops = [0]
+    start = time.perf_counter()
+    await asyncio.gather(*(loop(c, start + seconds, latencies, ops) for c in conns))
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        if c.writer is not None:
+            c.writer.close()
+    p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) > 1 else 0.0
+    return ops[0] / elapsed, p99
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as home:
+        server = LiveServer(
+            Path(home), Path(home) / "state.sqlite", simulate="dgx-h100-mig:8", lease_ttl=600
+        )
+        server.start()
+        try:
+            port = server.port
+            admin = Connection(port, {"Authorization": f"token {TOKEN}"})
+            bare, bare_p99 = await measure(port, args.clients, args.seconds, bare_loop)
+            results = []
+            streams: list[asyncio.Task[None]] = []
+            received = [0]
+            for level in args.streams:
+                while len(streams) < level:
+                    auth = f"Authorization: token {TOKEN}"
+                    if args.viewer == "kernel":
+                        kernel = json.dumps({"kernel_id": f"bench-{len(streams)}"})
+                        status, t = await admin.call("POST", "tokens", kernel)
+                        assert status == 201, t
+                        auth = f"{TOKEN_HEADER}: {t['token']}"
+                    streams.append(await open_stream(port, auth, received))
+                before = received[0]
+                rate, p99 = await measure(port, args.clients, args.seconds, client_loop)
+                results.append(
+                    {
+                        "streams": level,
+                        "viewer": args.viewer,
+                        "clients": args.clients,
+                        "submissions_per_s": round(rate, 1),
+                        "p99_ms": round(p99, 1),
+                        "bare_get_me_per_s": round(bare, 1),
+                        "bare_get_me_p99_ms": round(bare_p99, 1),
+                        "ratio_to_bare_get": round(rate / bare, 3),
+                        "messages_delivered": received[0] - before,
+                    }
+                )
+            for s in streams:
+                s.cancel()
+            return results
+        finally:
+            server.stop()
+
+
+def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
+    """Event-loop time per event with ``waiting`` kernels queued, each following its own
+    stream: the broker in process (no HTTP), each event then its coalesced positions
+    pass, every stream's share decided and encoded as the server does it."""
+    with tempfile.TemporaryDirectory() as home:
+        rt = GPUBroker(
+            simulate="dgx-h100-mig:1", state_file=f"{home}/s.sqlite", identity="username"
+        )
+        rt.start()
+        api = BrokerAPI(rt)
+        alice = api.user_identity("alice")
+        for _ in range(7):
+            api.submit(alice, {"profile": "1g.10gb", "owner": "held"})
+        sent = [0]
+        for i in range(waiting):
+            kernel = api.token_identity(api.issue_token(alice, {"kernel_id": f"k{i}"})["token"])
+            assert kernel is not None
+            api.submit(kernel, {"profile": "1g.10gb"})
+
+            def deliver(item: Any, who: Any = kernel) -> None:
+                seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
+                if seen is not None:
+                    _frame(seen)
+                    sent[0] += 1
+
+            rt.subscribe(deliver)
+        rt.positions()
+        sent[0] = 0
+        start = time.perf_counter()
+        for _ in range(events // 2):  # each moves every waiter's queue length
+            r = api.submit(alice, {"profile": "1g.10gb", "owner": "x"})
+            rt._positions_later()
+            api.cancel(alice, r["id"])
+            rt._positions_later()
+        per_event = (time.perf_counter() - start) / events
+        rt.stop()
+    return {
+        "waiting_kernels": waiting,
+        "loop_ms_per_event": round(per_event * 1000, 1),
+        "messages_per_event": sent[0] / events,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--streams", default="0,200,1000")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--viewer",
+        choices=("kernel", "user"),
+        default="kernel",
+        help="who holds the streams: idle kernels (a kernel token each: they get only "
+        "their own kernel's events) or the submitting user's own fronts (every event)",
+    )
+    parser.add_argument(
+        "--fanout",
+        default="",
+        help="instead: event-loop time per event with these numbers of waiting kernels, "
+        "each with its own stream, e.g. 200,1000 (in process, no HTTP)",
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.fanout:
+        results = [fanout(int(n)) for n in args.fanout.split(",")]
+    else:
+        args.streams = [int(x) for x in args.streams.split(",")]
+        results = asyncio.run(run(args))
+    print(json.dumps(results, indent=2) if args.json else "\n".join(map(str, results)))
+
+
+if __name__ == "__main__":
+    main()
