@@ -128,12 +128,15 @@ def list_schedule(
     }
     mig = {g.uuid for g in placer.gpus.values() if g.mig_enabled} if dynamic else set()
     by_class: dict[str, list[str]] = defaultdict(list)
+    largest: dict[str, int] = defaultdict(int)
+    """Per class, the memory (MiB) of its largest device, for memory-sized requests."""
     by_gpu: dict[str, list[tuple[str, int]]] = {g: [] for g in mig}
     for d in placer.devices.values():
         if d.kind == "mig" and d.gpu_uuid in mig:
             by_gpu[d.gpu_uuid].append((d.uuid, d.compute_slices))
         else:
             by_class[device_class(d)].append(d.uuid)
+            largest[device_class(d)] = max(largest[device_class(d)], d.memory_mib)
     starts = {r.id: [math.inf] * passes for r in queue}
     lengths = [holds(r) or never for r in queue]
     for p in range(passes):
@@ -163,8 +166,14 @@ def list_schedule(
                 start = taken[-1][0]
                 for _, u in taken:
                     heapq.heappush(heap, (start + length, u))
-            else:
-                continue  # a memory-sized request: where it goes is the grant's choice
+            else:  # memory-sized: one device of the earliest-free class that is large enough
+                mib = (r.size.min_memory_gb or 0.0) * 1024
+                fits = [c for c, heap in heaps.items() if heap and largest[c] >= mib]
+                if not fits:
+                    continue  # only on slices a re-cut would make: the grant's choice
+                heap = heaps[min(fits, key=lambda c: heaps[c][0][0])]
+                start, u = heapq.heappop(heap)
+                heapq.heappush(heap, (start + length, u))
             starts[r.id][p] = start
     return starts
 

@@ -42,6 +42,19 @@ def test_behind_a_lease_held_longer_than_any_before_the_eta_is_unknown(make_brok
     assert predicted_starts(broker, queue_of(broker), predictor, clock.now()) == {bob.id: None}
 
 
+def test_a_memory_sized_request_gets_the_range_of_a_device_large_enough(make_broker, clock):
+    predictor = Predictor(half_life=1e9)
+    for held in range(100, 1000, 100):
+        predictor.learn("ann", "", "interactive", "gpu:1", float(held))
+    broker = make_broker(whole_inventory(1))
+    broker.submit("ann", Size(gpus=1))
+    clock.advance(50)
+    bob = broker.submit("bob", Size(min_memory_gb=40))  # an 80 GB GPU will do, once free
+    now = clock.now()
+    etas = predicted_starts(broker, queue_of(broker), predictor, now)
+    assert etas[bob.id] == Eta(now + 50, now + 450, now + 850)
+
+
 def test_without_any_history_there_is_no_estimate(make_broker, clock):
     broker = make_broker(whole_inventory(1))
     broker.submit("ann", Size(gpus=1))
