@@ -297,6 +297,8 @@ class GPUBroker(LoggingConfigurable):
         this run's (it gets a snapshot)."""
         self._positions: Positions | None = None
         self._positions_due = False
+        self._positions_ranked_at: float | None = None
+        """The core's ranking instant the last positions reflect (``Broker.ranked_at``)."""
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
         self.sampler: Sampler | None = None
@@ -437,8 +439,16 @@ class GPUBroker(LoggingConfigurable):
         return decisions
 
     def _tick(self) -> None:
+        """The core's housekeeping, then the queue's positions again when aging re-ranked
+        it without any event (a waiting widget would show a stale position)."""
         try:
             self.core.tick()
+            if (
+                self._subscribers
+                and not self._positions_due  # an event's computation is on its way
+                and self._positions_ranked_at != self.core.ranked_at
+            ):
+                self._update_positions()
         except Exception:
             self.log.exception("GPU broker tick failed")
 
@@ -538,6 +548,7 @@ class GPUBroker(LoggingConfigurable):
 
     def _update_positions(self) -> None:
         self._positions_due = False
+        self._positions_ranked_at = self.core.ranked_at
         now = Positions.of(self.core.queue(), self.last_event_id, self.core.clock.now())
         before, self._positions = self._positions, now
         now.moved_since(before)

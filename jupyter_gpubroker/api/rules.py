@@ -11,25 +11,35 @@ a kernel-scoped token only on its own kernel's requests (never as an admin, and 
 cannot issue or revoke tokens). Other users' objects are shown without ids, holders
 or tokens (``api.shapes``). Only admins change quotas or see usage by anything but
 their own user.
+
+Admin operations (cancel another user's request, change a request's class, drain and
+undrain a device, set and delete quotas) each write one audit record (``Store.audited``)
+in the same transaction as their change, so nothing an admin did is acknowledged
+unrecorded; reclaim records and the audit log are for admins only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..broker.core import QUOTA_BOUNDS, Broker, Quota
-from ..broker.errors import Forbidden, InvalidRequest, NotFound
-from ..broker.models import Lease, Request, Size
+from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from ..broker.models import Lease, Request, Size, check_name
+from ..broker.store import AuditRecord
 from .identity import Identity
 from .shapes import (
+    audit_json,
     devices_json,
+    drain_json,
     envelope,
     event_json,
     lease_json,
     parse_iso,
     queue_json,
+    reclaim_json,
     request_json,
     samples_json,
 )
@@ -40,6 +50,10 @@ if TYPE_CHECKING:
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups"}
 KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+MAX_REASON = 500
+AUDIT_PAGE = 100
+"""Audit records per page unless ``limit`` says otherwise (at most ``MAX_AUDIT_PAGE``)."""
+MAX_AUDIT_PAGE = 1000
 
 
 class BrokerAPI:
@@ -208,9 +222,35 @@ class BrokerAPI:
     def request(self, who: Identity, request_id: str) -> dict[str, Any]:
         return self._with_lease(self._own_request(who, request_id))
 
-    def cancel(self, who: Identity, request_id: str) -> dict[str, Any]:
+    def cancel(self, who: Identity, request_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Withdraw (or release) one's own request; an admin's cancel of another user's
+        is audited, and its holder's event says who cancelled it and why (``reason``)."""
         r = self._own_request(who, request_id)
-        return self._with_lease(self.core.cancel(r.id), changed=True)
+        if r.user == who.user:
+            return self._with_lease(self.core.cancel(r.id), changed=True)
+        why = _reason(reason)
+        detail = {"user": r.user, "state": r.state.value, "reason": why}
+        with self._audited(who, "cancel", r.id, detail):
+            done = self.core.cancel(r.id, by=who.user, reason=why)
+        return self._with_lease(done, changed=True)
+
+    def change_request(
+        self, who: Identity, request_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An admin moves a waiting request to the other class (``job_class``)."""
+        self._require_admin(who, "change a request's class")
+        unknown = set(body) - {"job_class", "reason"}
+        if unknown or "job_class" not in body:
+            raise InvalidRequest(
+                "send {'job_class': 'interactive' or 'batch'} (and an optional 'reason')"
+                + (f", not field(s) {', '.join(sorted(unknown))}" if unknown else "")
+            )
+        r = self.core.request(request_id)
+        detail = {"user": r.user, "job_class": body["job_class"], "was": r.job_class.value}
+        detail["reason"] = _reason(body.get("reason"))
+        with self._audited(who, "set_class", r.id, detail):
+            changed = self.core.set_job_class(r.id, body["job_class"], by=who.user)
+        return self._with_lease(changed, changed=True)
 
     def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
@@ -264,9 +304,20 @@ class BrokerAPI:
         }
 
     @staticmethod
-    def _require_admin(who: Identity) -> None:
+    @staticmethod
+    def _require_admin(who: Identity, what: str = "change quotas") -> None:
         if not who.admin:
-            raise Forbidden("only admins change quotas")
+            kernel = "; a kernel token never acts as one" if who.kernel_id else ""
+            raise Forbidden(f"only admins {what} ({who.user} is not one{kernel})")
+
+    @contextmanager
+    def _audited(
+        self, who: Identity, action: str, target: str, detail: dict[str, Any]
+    ) -> Iterator[None]:
+        """Run an admin's change with its audit record, committed together."""
+        record = AuditRecord(self.core.clock.now(), who.user, action, target, detail)
+        with self.core.store.audited(record):
+            yield
 
     def set_quota(
         self, who: Identity, kind: str, name: str, body: dict[str, Any]
@@ -281,12 +332,144 @@ class BrokerAPI:
                 "DELETE it to go back to the defaults"
             )
         quota = Quota(**body)
-        self.core.set_quota(kind, name, quota)
+        with self._audited(who, "set_quota", f"{kind}:{name}", quota.to_json()):
+            self.core.set_quota(kind, name, quota)
         return {"kind": kind, "name": name, **quota.to_json()}
 
     def delete_quota(self, who: Identity, kind: str, name: str) -> None:
         self._require_admin(who)
-        self.core.delete_quota(kind, name)
+        with self._audited(who, "delete_quota", f"{kind}:{name}", {}):
+            self.core.delete_quota(kind, name)
+
+    # ------------------------------------------------------- drains (admins)
+
+    def drain(self, who: Identity, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An admin drains a GPU or device: nothing new is granted on it until an admin
+        undrains it, whatever its health; holders keep their leases and get an event."""
+        self._require_admin(who, "drain and undrain devices")
+        unknown = set(body) - {"reason"}
+        if unknown or not isinstance(body.get("reason"), str) or not body["reason"].strip():
+            raise InvalidRequest("send {'reason': '<why it is drained>'}, nothing else")
+        reason = _reason(body["reason"])
+        core = self.core
+        self._device(uuid)
+        before, cause = core.drained().get(uuid), core.drain_cause(uuid)
+        detail = {"reason": reason, "was": None if before is None else before[0], "cause": cause}
+        with self._audited(who, "drain", uuid, detail):
+            core.drain(uuid, f"drained by {who.user}: {reason}", cause="admin")
+        message = f"{uuid} takes no new grants until an admin undrains it"
+        if before is not None and cause == "health":
+            message += f", even once healthy (its health check drained it: {before[0]})"
+        return self._drain_state(uuid, message + "; its holders keep their leases")
+
+    def undrain(self, who: Identity, uuid: str, reason: str | None = None) -> dict[str, Any]:
+        """An admin lifts a drain, never a health check's: a GPU drained by its health
+        check is lifted by it once it recovers; an admin's drain of a GPU still faulty is
+        handed to its health check, which lifts it then."""
+        self._require_admin(who, "drain and undrain devices")
+        why = _reason(reason)
+        core = self.core
+        gpu = self._device(uuid)
+        cause, drain = core.drain_cause(uuid), core.drained().get(uuid)
+        healthy_for = self._healthy_for()
+        if drain is None:
+            over = core.drained().get(gpu)
+            if over is not None:
+                raise Conflict(f"{uuid} is not drained itself; its GPU {gpu} is: undrain that")
+            raise Conflict(f"{uuid} is not drained")
+        if cause == "health":
+            raise Conflict(
+                f"{uuid} was drained by its health check ({drain[0]}); it takes grants again "
+                f"on its own once it shows no fault for {healthy_for:g} s, and an admin cannot "
+                "lift it before"
+            )
+        faults = self._faults(uuid)
+        detail = {"reason": why, "was": drain[0], "cause": cause, "faults": list(faults)}
+        with self._audited(who, "undrain", uuid, detail):
+            if faults:
+                still = (
+                    f"still unhealthy ({', '.join(faults)}): drained until it shows no fault "
+                    f"for {healthy_for:g} s"
+                )
+                core.drain(uuid, still, cause="health", replace=True)
+            else:
+                core.undrain(uuid, f"undrained by {who.user}" + (f": {why}" if why else ""))
+        if faults:
+            message = (
+                f"{uuid} stays drained: its health check still finds it faulty "
+                f"({', '.join(faults)}) and lifts the drain once it shows no fault for "
+                f"{healthy_for:g} s"
+            )
+        elif gpu != uuid and core.drained().get(gpu):
+            message = f"{uuid} is undrained, but its GPU {gpu} is still drained"
+        else:
+            message = f"{uuid} takes grants again"
+        return self._drain_state(uuid, message)
+
+    def _device(self, uuid: str) -> str:
+        """The GPU of a GPU or device UUID (404 when neither)."""
+        placer = self.core.placer
+        if uuid in placer.gpus:
+            return uuid
+        if uuid in placer.devices:
+            return placer.devices[uuid].gpu_uuid
+        raise NotFound(f"no GPU or device {uuid!r}")
+
+    def _faults(self, uuid: str) -> tuple[str, ...]:
+        """What a GPU's health check still holds against it (devices: nothing of their own)."""
+        sampler = self.runtime.sampler
+        if sampler is None or uuid not in self.core.placer.gpus:
+            return ()
+        return sampler.health.unhealthy(uuid)
+
+    def _healthy_for(self) -> float:
+        sampler = self.runtime.sampler
+        return sampler.health.config.healthy_for_s if sampler is not None else 0.0
+
+    def _drain_state(self, uuid: str, message: str) -> dict[str, Any]:
+        core = self.core
+        return drain_json(uuid, core.drained().get(uuid), core.drain_cause(uuid), message)
+
+    # --------------------------------------------- reclaims and audit (admins)
+
+    def reclaims(
+        self,
+        who: Identity,
+        user: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> dict[str, Any]:
+        """Reclaimed leases with their cause and the evidence the decision saw."""
+        self._require_admin(who, "see reclaim records")
+        if user is not None:
+            check_name(user, "user")
+        rows = self.core.store.reclaims(
+            parse_time("since", since), parse_time("until", until), user
+        )
+        return {"reclaims": [reclaim_json(r) for r in rows]}
+
+    def audit(
+        self,
+        who: Identity,
+        since: str | None = None,
+        actor: str | None = None,
+        after: str | None = None,
+        limit: str | None = None,
+    ) -> dict[str, Any]:
+        """What admins did, oldest first, a page at a time: ``next_after`` is the ``after``
+        of the next page (null on the last)."""
+        self._require_admin(who, "read the audit log")
+        if actor is not None:
+            check_name(actor, "actor")
+        page = parse_int("limit", limit, 1, MAX_AUDIT_PAGE, AUDIT_PAGE)
+        start = parse_int("after", after, 0, 2**62, 0)
+        rows = self.core.store.audit(parse_time("since", since), actor, start, page + 1)
+        more = len(rows) > page
+        rows = rows[:page]
+        return {
+            "audit": [audit_json(r) for r in rows],
+            "next_after": rows[-1]["id"] if more else None,
+        }
 
     # --------------------------------------------------------------- tokens
 
@@ -374,6 +557,28 @@ class BrokerAPI:
             return [envelope(rt.last_event_id, "snapshot", at, self.overview(who))]
         seen = (self.event(who, p) for p in missed)
         return [*(e for e in seen if e is not None), self.positions(who)]
+
+
+def _reason(value: Any) -> str:
+    """An admin's optional reason: text of at most ``MAX_REASON`` characters."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > MAX_REASON:
+        raise InvalidRequest(f"'reason' must be text of at most {MAX_REASON} characters")
+    return value.strip()
+
+
+def parse_int(name: str, value: str | None, lo: int, hi: int, default: int) -> int:
+    """An integer query argument in [lo, hi] (``default`` when absent)."""
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = lo - 1
+    if not lo <= n <= hi:
+        raise InvalidRequest(f"'{name}' must be an integer from {lo} to {hi}, not {value!r}")
+    return n
 
 
 def parse_time(name: str, value: str | None) -> float | None:

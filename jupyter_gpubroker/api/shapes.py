@@ -207,3 +207,52 @@ def samples_json(
         "samples": [{**s, "t": iso(s["t"]), "unhealthy": bool(s["unhealthy"])} for s in samples],
         "events": [{**e, "at": iso(e["at"])} for e in events],
     }
+
+
+EVIDENCE_TIMES = ("kernel_last_activity", "warned_at", "deadline")
+"""The evidence fields of a reclaim that are instants (UTC seconds in the store)."""
+
+
+def reclaim_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A reclaim record (``Store.reclaims``): whose lease, when, why (``cause``,
+    ``reason``) and what the reclaimer saw (``evidence``: idle time, utilization, the
+    kernel's activity; the admin who took it)."""
+    evidence = dict(row["evidence"])
+    for k in EVIDENCE_TIMES:
+        if isinstance(evidence.get(k), (int, float)):
+            evidence[k] = iso(evidence[k])
+    return {
+        "lease_id": row["lease_id"],
+        "request_id": row["request_id"],
+        "user": row["user"],
+        "group": row["grp"],
+        "profile": row["profile"],
+        "devices": list(row["devices"]),
+        "granted_at": iso(row["granted_at"]),
+        "at": iso(row["at"]),
+        "cause": row["kind"],
+        "reason": row["reason"],
+        "evidence": evidence,
+    }
+
+
+def audit_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An audit record (``Store.audit``)."""
+    return {
+        "id": row["id"],
+        "at": iso(row["at"]),
+        "actor": row["actor"],
+        "action": row["action"],
+        "target": row["target"],
+        "detail": row["detail"],
+    }
+
+
+def drain_json(
+    uuid: str, drain: tuple[str, float] | None, cause: str | None, message: str
+) -> dict[str, Any]:
+    """A GPU's or device's own drain after an admin's drain or undrain, and what it means."""
+    drained = (
+        None if drain is None else {"reason": drain[0], "since": iso(drain[1]), "cause": cause}
+    )
+    return {"uuid": uuid, "drained": drained, "message": message}

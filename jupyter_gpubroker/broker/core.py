@@ -218,6 +218,13 @@ Entity = tuple[str, str]
 """("user", name) or ("group", name)."""
 
 
+def _job_class(value: JobClass | str) -> JobClass:
+    try:
+        return JobClass(value)
+    except ValueError:
+        raise InvalidRequest(f"job class must be 'interactive' or 'batch', not {value!r}") from None
+
+
 def decayed_integral(rate: float, seconds: float, half_life: float) -> float:
     """Usage accrued at ``rate`` over the last ``seconds``, decayed to now."""
     return float(rate * half_life / math.log(2) * (1.0 - 2.0 ** (-seconds / half_life)))
@@ -323,12 +330,7 @@ class Broker:
             raise InvalidRequest(f"at most {MAX_GROUPS} groups per request")
         for g in groups:
             check_name(g, "group")
-        try:
-            job_class = JobClass(job_class)
-        except ValueError:
-            raise InvalidRequest(
-                f"job class must be 'interactive' or 'batch', not {job_class!r}"
-            ) from None
+        job_class = _job_class(job_class)
         if not isinstance(owner, str) or len(owner) > MAX_OWNER:
             raise InvalidRequest(f"owner must be text of at most {MAX_OWNER} characters")
         if expected_duration_s is not None and not (
@@ -363,14 +365,50 @@ class Broker:
             self.schedule()
         return r
 
-    def cancel(self, request_id: str, user: str | None = None) -> Request:
-        """Withdraw a queued request; a granted one is released instead."""
+    def cancel(
+        self, request_id: str, user: str | None = None, *, by: str = "", reason: str = ""
+    ) -> Request:
+        """Withdraw a queued request; a granted one is released instead.
+
+        ``by``: an admin cancelling another user's request, with ``reason``: a queued one
+        ends ``cancelled``, a granted one is reclaimed (cause ``admin``), and the event its
+        holder gets names ``by`` and the reason."""
         r = self._own_request(request_id, user)
-        if r.state is RequestState.GRANTED:
+        granted = r.state is RequestState.GRANTED
+        why = f"{'reclaimed' if granted else 'cancelled'} by {by}" + (
+            f": {reason}" if reason else ""
+        )
+        if granted:
             assert r.lease_id is not None
-            self.release(r.lease_id, user)
+            if by:
+                self.reclaim(r.lease_id, why, cause="admin", evidence={"by": by}, by=by)
+            else:
+                self.release(r.lease_id, user)
             return r
-        self._end_queued(r, RequestState.CANCELLED, "cancelled by its owner")
+        self._end_queued(r, RequestState.CANCELLED, why if by else "cancelled by its owner", by)
+        self.schedule()
+        return r
+
+    def set_job_class(self, request_id: str, job_class: JobClass | str, *, by: str = "") -> Request:
+        """Move a waiting request to the other class (interactive <-> batch): the queue's
+        order reflects it at once, and its holder gets a ``reclassed`` event."""
+        new = _job_class(job_class)
+        r = self._own_request(request_id, None)
+        if r.state is not RequestState.QUEUED:
+            raise Conflict(
+                f"request {request_id!r} is {r.state.value}: only a waiting one changes class"
+            )
+        old = r.job_class
+        if new is old:
+            return r
+        with self.store.transaction():
+            self.store.set_job_class(r.id, new.value)
+        order = self._waiting.order(r)
+        self._waiting.remove(r)
+        r.job_class = new
+        self._waiting.add(r, order)
+        detail = {"job_class": new.value, "was": old.value, "by": by}
+        self._emit(Event("reclassed", self.clock.now(), r.user, r.id, detail=detail))
         self.schedule()
         return r
 
@@ -440,11 +478,13 @@ class Broker:
         *,
         cause: str = "admin",
         evidence: dict[str, Any] | None = None,
+        by: str = "",
     ) -> Lease:
         """Take a lease back from its holder. ``cause`` (idle, stalled, preempted, admin)
-        and ``evidence`` (what the decision saw) are committed with the lease's end."""
+        and ``evidence`` (what the decision saw) are committed with the lease's end; ``by``
+        names the admin who took it, in its event."""
         lease = self._active_lease(lease_id, None)
-        self._end_lease(lease, LeaseState.RECLAIMED, reason, (cause, evidence or {}))
+        self._end_lease(lease, LeaseState.RECLAIMED, reason, (cause, evidence or {}), by)
         self.schedule()
         return lease
 
@@ -463,20 +503,23 @@ class Broker:
         self._lease_event("warning_cleared", lease, {"reason": reason})
         return lease
 
-    def drain(self, uuid: str, reason: str, cause: str = "admin") -> None:
+    def drain(self, uuid: str, reason: str, cause: str = "admin", *, replace: bool = False) -> None:
         """Grant nothing more on a GPU (and every device on it) or on one device. Holders
         keep their leases; they and the machine's watchers get a ``drained`` event.
 
         ``cause`` says who drained it (``health``, ``vacate``, ``admin``): a device drained
-        for any other cause stays so when its health recovers."""
+        for any other cause stays so when its health recovers. A health fault does not
+        take another cause's drain over, unless ``replace`` (an admin handing a drain back
+        to a GPU's health check)."""
         if uuid not in self.placer.gpus and uuid not in self.placer.devices:
             raise NotFound(f"no GPU or device {uuid!r}")
-        if self._drains.get(uuid, ("",))[0] == reason:
+        if not replace and self._drain_cause.get(uuid, "health") != "health":
+            cause = self._drain_cause[uuid]  # a health fault does not take an admin's drain over
+        drained = self._drains.get(uuid)
+        if drained is not None and (drained[0], self._drain_cause[uuid]) == (reason, cause):
             return
         now = self.clock.now()
         since = self._drains.get(uuid, (reason, now))[1]
-        if self._drain_cause.get(uuid, "health") != "health":
-            cause = self._drain_cause[uuid]  # a health fault does not take an admin's drain over
         with self.store.transaction():
             self.store.set_drain(uuid, reason, since, cause)
         self._drains[uuid] = (reason, since)
@@ -498,6 +541,11 @@ class Broker:
     def drained(self) -> dict[str, tuple[str, float]]:
         """Drained GPU or device UUID -> (reason, since when)."""
         return dict(self._drains)
+
+    def drain_cause(self, uuid: str) -> str | None:
+        """Who drained a GPU or device itself (``health``, ``vacate``, ``admin``); None
+        when it is not drained itself."""
+        return self._drain_cause.get(uuid)
 
     def drained_by(self, cause: str) -> set[str]:
         """The GPUs and devices drained for ``cause``."""
@@ -609,6 +657,12 @@ class Broker:
         etas = self._start_estimates([r for _, r in ranked], now)
         return [QueueEntry(i + 1, r, p, etas.get(r.id)) for i, (p, r) in enumerate(ranked)]
 
+    @property
+    def ranked_at(self) -> float:
+        """The instant the queue's priorities were last evaluated at: the queue's order
+        changes with it (aging) even when no event happened."""
+        return self._ranked_at
+
     def holders(self) -> dict[str, Lease]:
         """Device uuid -> the active lease holding it."""
         return {d: self._leases[lid] for d, lid in self._holder.items()}
@@ -624,14 +678,7 @@ class Broker:
         self._quotas[(kind, name)] = quota
         self._set_budget((kind, name), budget)
         self._recalc_due = True
-        self._emit(
-            Event(
-                "quota",
-                self.clock.now(),
-                name if kind == "user" else "",
-                detail={"kind": kind, "name": name, **quota.to_json()},
-            )
-        )
+        self._quota_event(kind, name, quota)
         self.schedule()  # a raised limit may let waiting requests go
         return quota
 
@@ -642,7 +689,14 @@ class Broker:
             self.store.delete_quota(kind, name)
         del self._quotas[(kind, name)]
         self._recalc_due = True
+        self._quota_event(kind, name, Quota())
         self.schedule()
+
+    def _quota_event(self, kind: str, name: str, quota: Quota) -> None:
+        """A ``quota`` event: the limits now in force (all null: the defaults)."""
+        user = name if kind == "user" else ""
+        detail = {"kind": kind, "name": name, **quota.to_json()}
+        self._emit(Event("quota", self.clock.now(), user, detail=detail))
 
     def quotas(self) -> dict[Entity, Quota]:
         return dict(self._quotas)
@@ -694,14 +748,16 @@ class Broker:
         if r.state is not RequestState.GRANTED:
             del self._live[r.id]
 
-    def _end_queued(self, r: Request, state: RequestState, reason: str) -> None:
-        """End a request that never got a grant (cancelled, expired, refused)."""
+    def _end_queued(self, r: Request, state: RequestState, reason: str, by: str = "") -> None:
+        """End a request that never got a grant (cancelled, expired, refused); ``by``: the
+        admin who cancelled it."""
         now = self.clock.now()
         with self.store.transaction():  # memory changes only once the file has
             self.store.end_request(replace(r, state=state, ended_at=now, reason=reason))
         r.state, r.ended_at, r.reason = state, now, reason
         self._dequeue(r)
-        self._emit(Event(state.value, now, r.user, r.id, detail={"reason": reason}))
+        detail = {"reason": reason, "by": by} if by else {"reason": reason}
+        self._emit(Event(state.value, now, r.user, r.id, detail=detail))
 
     def _own_request(self, request_id: str, user: str | None) -> Request:
         r = self.request(request_id, user)
@@ -883,8 +939,10 @@ class Broker:
         state: LeaseState,
         reason: str,
         reclaim: tuple[str, dict[str, Any]] | None = None,
+        by: str = "",
     ) -> None:
-        """End a lease; ``reclaim`` is the (cause, evidence) recorded with a reclaim."""
+        """End a lease; ``reclaim`` is the (cause, evidence) recorded with a reclaim, ``by``
+        the admin who reclaimed it."""
         now = self.clock.now()
         r = self._live[lease.request_id]
         r_state = RequestState(state.value)
@@ -913,6 +971,8 @@ class Broker:
             lease.user, lease.group, r.job_class.value, shape, now - lease.granted_at
         )
         detail = {"reason": reason} if reclaim is None else {"reason": reason, "cause": reclaim[0]}
+        if by:
+            detail["by"] = by
         self._emit(Event(state.value, now, lease.user, r.id, lease.id, detail))
 
     def _vacate(self, lease: Lease, now: float) -> None:

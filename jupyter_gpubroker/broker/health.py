@@ -85,6 +85,12 @@ class HealthJudge:
         for uuid in drained:
             self._unhealthy.setdefault(uuid, _Unhealthy(now, {"restart"}))
 
+    def unhealthy(self, gpu_uuid: str) -> tuple[str, ...]:
+        """The kinds of fault a GPU showed since it was last healthy for ``healthy_for_s``
+        (empty: none): until then its health check keeps it drained."""
+        state = self._unhealthy.get(gpu_uuid)
+        return () if state is None else tuple(sorted(state.kinds))
+
     def faults(self, reading: DeviceReading | None) -> dict[str, str]:
         """What is wrong with a GPU by its reading: fault kind -> description."""
         if reading is None:

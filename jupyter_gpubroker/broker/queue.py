@@ -57,9 +57,10 @@ class WaitQueue:
         """The waiting request's arrival rank: what breaks ties of priority and submit time."""
         return self._order[r.id]
 
-    def add(self, r: Request) -> None:
-        """Queue ``r`` behind every request added before it (add in submission order)."""
-        self._order[r.id] = next(self._arrivals)
+    def add(self, r: Request, order: int | None = None) -> None:
+        """Queue ``r`` behind every request added before it (add in submission order), or
+        at its former arrival rank ``order`` (put back after a change of its class)."""
+        self._order[r.id] = next(self._arrivals) if order is None else order
         key = bucket_key(r)
         bucket = self._buckets.get(key)
         if bucket is None:

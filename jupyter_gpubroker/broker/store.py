@@ -16,6 +16,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,33 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX kernel_tokens_kernel ON kernel_tokens(kernel_id, user);
     """,
+    # 6: what admins did (who, what, target, detail, when)
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX audit_at ON audit(at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One admin action: who did what to which object, with what detail, when."""
+
+    at: float
+    actor: str
+    action: str
+    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``."""
+    target: str
+    """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>``."""
+    detail: dict[str, Any]
 
 
 class Store:
@@ -153,6 +179,7 @@ class Store:
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidRequest("synchronous must be 'NORMAL' or 'FULL'")
         self.path = str(path)
+        self._audit: AuditRecord | None = None
         try:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +239,10 @@ class Store:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                if self._audit is not None:
+                    self._insert_audit(self._audit)
                 self.conn.execute("COMMIT")
+                self._audit = None
             except BaseException:
                 if self.conn.in_transaction:
                     self.conn.execute("ROLLBACK")
@@ -224,6 +254,27 @@ class Store:
                 f"the state file {self.path} could not be written ({e}): free disk space "
                 "there, then try again"
             ) from e
+
+    @contextmanager
+    def audited(self, record: AuditRecord) -> Iterator[None]:
+        """Record an admin action with the change it makes: ``record`` is written in the
+        first transaction committed inside the block, so the change and its record
+        commit together; if the block changes nothing, on its own at the end. A block
+        that raises before committing anything records nothing (nothing changed)."""
+        self._audit = record
+        try:
+            yield
+            if self._audit is not None:
+                with self.transaction():
+                    pass
+        finally:
+            self._audit = None
+
+    def _insert_audit(self, a: AuditRecord) -> None:
+        self.conn.execute(
+            "INSERT INTO audit (at, actor, action, target, detail) VALUES (?,?,?,?,?)",
+            (a.at, a.actor, a.action, a.target, json.dumps(a.detail, sort_keys=True)),
+        )
 
     @property
     def schema_version(self) -> int:
@@ -340,6 +391,9 @@ class Store:
     def delete_quota(self, kind: str, name: str) -> None:
         self.conn.execute("DELETE FROM quotas WHERE kind=? AND name=?", (kind, name))
 
+    def set_job_class(self, request_id: str, job_class: str) -> None:
+        self.conn.execute("UPDATE requests SET job_class=? WHERE id=?", (job_class, request_id))
+
     def set_drain(self, uuid: str, reason: str, since: float, cause: str) -> None:
         self.conn.execute(
             "INSERT INTO drains (uuid, reason, since, cause) VALUES (?, ?, ?, ?)"
@@ -420,13 +474,38 @@ class Store:
         """Drained GPU or device UUID -> who drained it (``health``, ``vacate``, ...)."""
         return {r["uuid"]: r["cause"] for r in self.db.query("SELECT uuid, cause FROM drains")}
 
-    def reclaims(self, since: float | None = None) -> list[dict[str, Any]]:
-        """Reclaims from ``since`` on, oldest first, each with its evidence decoded."""
+    def reclaims(
+        self, since: float | None = None, until: float | None = None, user: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Reclaims in [since, until) (of ``user``'s leases, when given), oldest first, each
+        with its evidence decoded and its lease's user, group, profile, devices and
+        ``granted_at``."""
         rows = self.db.query(
-            "SELECT * FROM reclaims WHERE at >= ? ORDER BY at",
-            [since if since is not None else float("-inf")],
+            "SELECT r.*, l.request_id, l.user, l.grp, l.profile, l.devices, l.granted_at"
+            " FROM reclaims r JOIN leases l ON l.id = r.lease_id"
+            " WHERE r.at >= ? AND r.at < ? AND (? IS NULL OR l.user = ?) ORDER BY r.at",
+            [_low(since), _high(until), user, user],
         )
-        return [{**r, "evidence": json.loads(r["evidence"])} for r in rows]
+        return [
+            {**r, "evidence": json.loads(r["evidence"]), "devices": json.loads(r["devices"])}
+            for r in rows
+        ]
+
+    def audit(
+        self,
+        since: float | None = None,
+        actor: str | None = None,
+        after: int | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Audit records from ``since`` on (by ``actor``, after the record id ``after``,
+        when given), oldest first, at most ``limit``, each with its detail decoded."""
+        rows = self.db.query(
+            "SELECT * FROM audit WHERE at >= ? AND id > ? AND (? IS NULL OR actor = ?)"
+            " ORDER BY id LIMIT ?",
+            [_low(since), after or 0, actor, actor, limit],
+        )
+        return [{**r, "detail": json.loads(r["detail"])} for r in rows]
 
     def ledger(
         self, since: float | None = None, until: float | None = None
@@ -435,12 +514,17 @@ class Store:
         return list(
             self.db.query(
                 "SELECT * FROM ledger WHERE end >= ? AND end < ? ORDER BY end",
-                [
-                    since if since is not None else float("-inf"),
-                    until if until is not None else float("inf"),
-                ],
+                [_low(since), _high(until)],
             )
         )
+
+
+def _low(since: float | None) -> float:
+    return since if since is not None else float("-inf")
+
+
+def _high(until: float | None) -> float:
+    return until if until is not None else float("inf")
 
 
 def _out_of_storage(e: sqlite3.OperationalError) -> bool:

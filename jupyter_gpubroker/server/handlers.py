@@ -83,6 +83,13 @@ class BrokerHandler(APIHandler):
             raise InvalidRequest("the body must be a JSON object")
         return data
 
+    def reason(self) -> Any:
+        """An admin's optional ``reason``: the query's, else the JSON body's, if any."""
+        reason = self.get_argument("reason", None)
+        if reason is None and self.request.body:
+            return self.body().get("reason")
+        return reason
+
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -108,6 +115,20 @@ class DeviceMetricsHandler(BrokerHandler):
     @authorized
     def get(self, uuid: str) -> None:
         self.reply(self.api.device_metrics(self.who, uuid, self.get_argument("since", None)))
+
+
+class DrainHandler(BrokerHandler):
+    """An admin's drain of a GPU or device."""
+
+    @web.authenticated
+    @authorized
+    def post(self, uuid: str) -> None:
+        self.reply(self.api.drain(self.who, uuid, self.body()))
+
+    @web.authenticated
+    @authorized
+    def delete(self, uuid: str) -> None:
+        self.reply(self.api.undrain(self.who, uuid, self.reason()))
 
 
 class QueueHandler(BrokerHandler):
@@ -137,8 +158,13 @@ class RequestHandler(BrokerHandler):
 
     @web.authenticated
     @authorized
+    def patch(self, request_id: str) -> None:
+        self.reply(self.api.change_request(self.who, request_id, self.body()))
+
+    @web.authenticated
+    @authorized
     def delete(self, request_id: str) -> None:
-        self.reply(self.api.cancel(self.who, request_id))
+        self.reply(self.api.cancel(self.who, request_id, self.reason()))
 
 
 class RequestRenewHandler(BrokerHandler):
@@ -201,6 +227,22 @@ class QuotaHandler(BrokerHandler):
         self.api.delete_quota(self.who, kind, name)
         self.set_status(204)
         self.finish()
+
+
+class ReclaimsHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        user, since, until = (self.get_argument(k, None) for k in ("user", "since", "until"))
+        self.reply(self.api.reclaims(self.who, user, since, until))
+
+
+class AuditHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        args = (self.get_argument(k, None) for k in ("since", "actor", "after", "limit"))
+        self.reply(self.api.audit(self.who, *args))
 
 
 class TokensHandler(BrokerHandler):
@@ -331,6 +373,7 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         ("overview", OverviewHandler),
         ("devices", DevicesHandler),
         (f"devices/{ident}/metrics", DeviceMetricsHandler),
+        (f"devices/{ident}/drain", DrainHandler),
         ("queue", QueueHandler),
         ("requests", RequestsHandler),
         (f"requests/{ident}", RequestHandler),
@@ -341,6 +384,8 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),
         (f"quotas/{ident}/{ident}", QuotaHandler),
+        ("reclaims", ReclaimsHandler),
+        ("audit", AuditHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),
         (f"tokens/{ident}", TokenHandler),

@@ -1,0 +1,232 @@
+"""Admin operations through the API layer: each audited, each for admins only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.clock import VirtualClock
+from jupyter_gpubroker.broker.errors import Conflict, Forbidden
+from jupyter_gpubroker.runtime import Positions, Published
+
+SLICE = {"profile": "1g.10gb"}
+
+
+def seen_by(api: BrokerAPI, user: str, published: list[Any]) -> list[dict[str, Any]]:
+    """The events ``user`` got, as its event stream would send them."""
+    who = api.user_identity(user)
+    views = (api.event(who, p) for p in published if isinstance(p, Published))
+    return [v for v in views if v is not None]
+
+
+def test_an_admin_cancels_another_users_requests_and_the_holder_hears_who_and_why(
+    team: BrokerAPI,
+) -> None:
+    alice, carol = team.user_identity("alice"), team.user_identity("carol")
+    held = [team.submit(alice, {**SLICE, "owner": f"nb-{i}"}) for i in range(7)]
+    waiting = team.submit(alice, {**SLICE, "owner": "nb-waiting"})
+    published: list[Any] = []
+    team.runtime.subscribe(published.append)
+
+    cancelled = team.cancel(carol, waiting["id"], "the queue is closed for maintenance")
+    assert cancelled["state"] == "cancelled"
+    taken = team.cancel(carol, held[0]["id"])
+    assert taken["state"] == "reclaimed" and taken["lease"]["state"] == "reclaimed"
+
+    events = {e["type"]: e["data"] for e in seen_by(team, "alice", published)}
+    assert events["cancelled"]["by"] == "carol"
+    assert events["cancelled"]["reason"] == (
+        "cancelled by carol: the queue is closed for maintenance"
+    )
+    assert (events["reclaimed"]["by"], events["reclaimed"]["cause"]) == ("carol", "admin")
+    (record,) = team.reclaims(carol)["reclaims"]
+    assert (record["lease_id"], record["user"], record["cause"]) == (
+        held[0]["lease"]["id"],
+        "alice",
+        "admin",
+    )
+    assert record["evidence"] == {"by": "carol"}
+
+    log = team.audit(carol)["audit"]
+    assert [(a["actor"], a["action"], a["target"]) for a in log] == [
+        ("carol", "cancel", waiting["id"]),
+        ("carol", "cancel", held[0]["id"]),
+    ]
+    assert log[0]["detail"] == {
+        "user": "alice",
+        "state": "queued",
+        "reason": "the queue is closed for maintenance",
+    }
+    team.cancel(alice, held[1]["id"])  # her own: no admin action
+    assert len(team.audit(carol)["audit"]) == 2
+
+
+def test_the_audit_log_is_in_the_state_file_paged_and_filtered(start) -> None:
+    traits: dict[str, Any] = {"identity": "username", "admin_users": {"carol", "dana"}}
+    api = start(**traits)
+    carol, dana = api.user_identity("carol"), api.user_identity("dana")
+    for i in range(3):
+        api.set_quota(carol, "user", f"u{i}", {"max_gpus": 1})
+    api.delete_quota(dana, "user", "u0")
+    api.runtime.stop()
+
+    again = start(**traits)
+    carol = again.user_identity("carol")
+    first = again.audit(carol, limit="2")
+    assert [a["target"] for a in first["audit"]] == ["user:u0", "user:u1"]
+    rest = again.audit(carol, after=str(first["next_after"]), limit="2")
+    assert [(a["actor"], a["action"], a["target"]) for a in rest["audit"]] == [
+        ("carol", "set_quota", "user:u2"),
+        ("dana", "delete_quota", "user:u0"),
+    ]
+    assert rest["next_after"] is None
+    assert [a["actor"] for a in again.audit(carol, actor="dana")["audit"]] == ["dana"]
+    assert again.audit(carol, since="2999-01-01T00:00:00Z")["audit"] == []
+
+
+def test_a_refused_admin_action_writes_no_audit_record(team: BrokerAPI) -> None:
+    alice, carol = team.user_identity("alice"), team.user_identity("carol")
+    granted = team.submit(alice, SLICE)
+    with pytest.raises(Conflict, match="only a waiting one changes class"):
+        team.change_request(carol, granted["id"], {"job_class": "batch"})
+    with pytest.raises(Forbidden, match="only admins"):
+        team.change_request(alice, granted["id"], {"job_class": "batch"})
+    assert team.audit(carol)["audit"] == []
+
+
+def test_non_admins_and_kernel_tokens_are_refused_every_admin_operation(team: BrokerAPI) -> None:
+    bob, carol = team.user_identity("bob"), team.user_identity("carol")
+    kernel = team.token_identity(team.issue_token(carol, {"kernel_id": "k1"})["token"])
+    assert kernel is not None
+    gpu = team.devices(carol)["gpus"][0]["uuid"]
+    mine = team.submit(bob, SLICE)
+    for who in (bob, kernel):
+        for call in (
+            lambda: team.change_request(who, mine["id"], {"job_class": "batch"}),
+            lambda: team.drain(who, gpu, {"reason": "x"}),
+            lambda: team.undrain(who, gpu),
+            lambda: team.reclaims(who),
+            lambda: team.audit(who),
+        ):
+            with pytest.raises(Forbidden, match="only admins"):
+                call()
+
+
+def test_a_class_change_reorders_the_queue_at_once(start) -> None:
+    api = start(identity="username", admin_users={"carol"}, lease_ttl=3600, request_ttl=3600)
+    alice, bob, carol = (api.user_identity(u) for u in ("alice", "bob", "carol"))
+    for i in range(7):
+        api.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+    batch = api.submit(bob, {**SLICE, "job_class": "batch"})
+    urgent = api.submit(bob, {**SLICE, "job_class": "interactive"})
+    published: list[Any] = []
+    api.runtime.subscribe(published.append)
+
+    changed = api.change_request(carol, batch["id"], {"job_class": "interactive"})
+    api.change_request(carol, urgent["id"], {"job_class": "batch", "reason": "it can wait"})
+    assert changed["job_class"] == "interactive"
+    assert [e["id"] for e in api.queue(carol)["queue"]] == [batch["id"], urgent["id"]]
+    (first, second) = [e for e in seen_by(api, "bob", published) if e["type"] == "reclassed"]
+    assert (first["data"]["job_class"], first["data"]["was"], first["data"]["by"]) == (
+        "interactive",
+        "batch",
+        "carol",
+    )
+    assert second["data"]["request_id"] == urgent["id"]
+    assert api.request(bob, urgent["id"])["job_class"] == "batch"
+    assert [a["detail"]["reason"] for a in api.audit(carol)["audit"]] == ["", "it can wait"]
+
+
+def test_an_admin_drains_a_gpu_and_its_holders_are_told(team: BrokerAPI) -> None:
+    alice, carol = team.user_identity("alice"), team.user_identity("carol")
+    held = team.submit(alice, SLICE)
+    gpu = team.devices(carol)["gpus"][0]["uuid"]
+    published: list[Any] = []
+    team.runtime.subscribe(published.append)
+
+    state = team.drain(carol, gpu, {"reason": "replacing a fan"})
+    assert state["drained"]["cause"] == "admin"
+    assert state["drained"]["reason"] == "drained by carol: replacing a fan"
+    assert "until an admin undrains it" in state["message"]
+    (told,) = [e for e in seen_by(team, "alice", published) if e["data"].get("lease_id")]
+    assert (told["type"], told["data"]["lease_id"]) == ("drained", held["lease"]["id"])
+    assert team.submit(alice, SLICE)["state"] == "queued"  # nothing new is granted on it
+
+    state = team.undrain(carol, gpu, "the fan is in")
+    assert state == {"uuid": gpu, "drained": None, "message": f"{gpu} takes grants again"}
+    assert [a["action"] for a in team.audit(carol)["audit"]] == ["drain", "undrain"]
+    assert team.requests(alice)["requests"][-1]["state"] == "granted"  # it was, at once
+
+
+def test_an_admin_undrain_never_lifts_a_health_drain(start) -> None:
+    api = start(identity="username", admin_users={"carol"}, healthy_for=0.0)
+    carol = api.user_identity("carol")
+    runtime = api.runtime
+    assert runtime.backend is not None and runtime.sampler is not None
+    gpu = api.devices(carol)["gpus"][0]["uuid"]
+    runtime.backend.simulator.inject_overheat(gpu, 95)
+    runtime.sampler.sample()
+    with pytest.raises(Conflict, match="drained by its health check .*temperature 95 C"):
+        api.undrain(carol, gpu)
+
+    # An admin's drain over it holds even once the GPU is healthy ...
+    taken = api.drain(carol, gpu, {"reason": "checking the cooling"})
+    assert taken["drained"]["cause"] == "admin" and "even once healthy" in taken["message"]
+    # ... and, lifted while the GPU is still hot, goes back to the health check,
+    handed = api.undrain(carol, gpu)
+    assert handed["drained"]["cause"] == "health"
+    assert "stays drained" in handed["message"] and "temperature" in handed["message"]
+    # which lifts it once the GPU recovers.
+    runtime.backend.simulator.clear_faults(gpu)
+    runtime.sampler.sample()
+    assert api.devices(carol)["gpus"][0]["drained"] is None
+
+
+def test_positions_follow_the_queue_when_aging_reorders_it(start) -> None:
+    """No event happens, yet the oldest request enters the oldest-first tier and moves
+    ahead: its holder's stream gets its new position at the next tick."""
+    always = {"name": "always", "start": "00:00", "end": "24:00"}
+    api = start(
+        identity="username",
+        lease_ttl=3600,
+        request_ttl=3600,
+        policy_params={"max_wait_s": 400, "recalc_interval_s": 10},
+        windows=[{**always, "weights": {"interactive": 2000, "batch": 0}}],
+    )
+    runtime = api.runtime
+    clock = runtime.core.clock = VirtualClock(time.time())
+    alice, bob, dana = (api.user_identity(u) for u in ("alice", "bob", "dana"))
+    for i in range(7):
+        api.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+    old = api.submit(bob, {**SLICE, "job_class": "batch"})
+    clock.advance(100)
+    api.submit(dana, SLICE)
+    assert api.request(bob, old["id"])["position"] == 2
+    runtime.positions()  # what the streams last sent
+    moved: list[Positions] = []
+    runtime.subscribe(lambda p: moved.append(p) if isinstance(p, Positions) else None)
+
+    clock.advance(210)  # bob's request has waited 310 s, past 3/4 of max_wait_s
+    runtime._tick()
+    (positions,) = moved
+    assert "bob" in positions.moved_users
+    assert api.moved(bob, positions)["data"]["requests"][0]["position"] == 1
+
+
+def test_deleting_a_quota_tells_its_user_the_defaults_are_back(team: BrokerAPI) -> None:
+    carol = team.user_identity("carol")
+    team.set_quota(carol, "user", "alice", {"max_gpus": 1})
+    published: list[Any] = []
+    team.runtime.subscribe(published.append)
+    team.delete_quota(carol, "user", "alice")
+    (event,) = seen_by(team, "alice", published)
+    assert event["type"] == "quota"
+    assert {k: event["data"][k] for k in ("kind", "name", "max_gpus", "share")} == {
+        "kind": "user",
+        "name": "alice",
+        "max_gpus": None,
+        "share": None,
+    }
