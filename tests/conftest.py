@@ -95,6 +95,7 @@ def api(jp_fetch) -> Api:
             kwargs["body"] = raw
         elif body is not None:
             kwargs["body"] = json.dumps(body)
+            kwargs["allow_nonstandard_methods"] = method == "DELETE"  # a DELETE with a body
         elif method == "POST":
             kwargs["body"] = "{}"
         if headers:

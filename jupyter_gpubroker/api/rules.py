@@ -225,10 +225,10 @@ class BrokerAPI:
     def cancel(self, who: Identity, request_id: str, reason: str | None = None) -> dict[str, Any]:
         """Withdraw (or release) one's own request; an admin's cancel of another user's
         is audited, and its holder's event says who cancelled it and why (``reason``)."""
+        why = _reason(reason)
         r = self._own_request(who, request_id)
         if r.user == who.user:
             return self._with_lease(self.core.cancel(r.id), changed=True)
-        why = _reason(reason)
         detail = {"user": r.user, "state": r.state.value, "reason": why}
         with self._audited(who, "cancel", r.id, detail):
             done = self.core.cancel(r.id, by=who.user, reason=why)

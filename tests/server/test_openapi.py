@@ -47,6 +47,7 @@ def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
         "lease_ttl": 120.0,
         "owner": "owner",
         "user_groups": {"owner": ["lab"]},
+        "healthy_for": 0.0,  # a GPU is healthy again at the first sample without a fault
     }
 
 
@@ -156,6 +157,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     await _usage(check, owner)
     await _device_metrics(check, runtime, gpu)
     kernel = await _kernel_token(check, granted)
+    await _admin(check, runtime, gpu, granted, kernel)
     await _unauthenticated(check, granted)
     await _events(check, jp_http_port, jp_base_url, jp_serverapp.identity_provider.token)
 
@@ -392,6 +394,92 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
     return kernel
 
 
+async def _admin(
+    check: CheckedApi,
+    runtime: Any,
+    gpu: dict[str, Any],
+    granted: dict[str, Any],
+    kernel: dict[str, str],
+) -> None:
+    """Drain and undrain, a class change, reclaim records and the audit log, as the
+    owner (this server's admin); a kernel token is refused each of them."""
+    uuid, slice_uuid = gpu["uuid"], gpu["devices"][0]["uuid"]
+    drained = await check("POST", f"devices/{uuid}/drain", {"reason": "a fan"}, expect=200)
+    assert drained["drained"]["cause"] == "admin"
+    assert drained["drained"]["reason"] == f"drained by {runtime.owner}: a fan"
+    for body in ({}, {"reason": " "}, {"reason": "x", "until": "never"}):
+        await check("POST", f"devices/{uuid}/drain", body, expect=400)
+    await check("POST", "devices/GPU-nope/drain", {"reason": "x"}, expect=404)
+
+    waiting = await check(
+        "POST", "requests", {"profile": "1g.10gb", "job_class": "batch"}, expect=201
+    )
+    assert waiting["state"] == "queued"  # nothing is granted on a drained GPU
+    moved = await check(
+        "PATCH", f"requests/{waiting['id']}", {"job_class": "interactive"}, expect=200
+    )
+    assert moved["job_class"] == "interactive" and moved["position"] == 1
+    await check("PATCH", f"requests/{waiting['id']}", {"job_class": "urgent"}, expect=400)
+    await check("PATCH", "requests/r-000000000000", {"job_class": "batch"}, expect=404)
+    busy = await check("PATCH", f"requests/{granted['id']}", {"job_class": "batch"}, expect=409)
+    assert "only a waiting one" in busy["message"]
+
+    not_itself = await check("DELETE", f"devices/{slice_uuid}/drain", expect=409)
+    assert uuid in not_itself["message"]
+    await check("DELETE", "devices/GPU-nope/drain", expect=404)
+    await check("DELETE", f"devices/{uuid}/drain", expect=400, reason="x" * 501)
+    lifted = await check("DELETE", f"devices/{uuid}/drain", expect=200, reason="fan replaced")
+    assert lifted["drained"] is None
+    assert (await check("GET", f"requests/{waiting['id']}", expect=200))["state"] == "granted"
+    await check("DELETE", f"requests/{waiting['id']}", expect=400, reason="x" * 501)
+    await check("DELETE", f"requests/{waiting['id']}", expect=200)
+
+    runtime.backend.simulator.inject_overheat(uuid, 95)
+    await runtime.sample()
+    refused = await check("DELETE", f"devices/{uuid}/drain", expect=409)
+    assert "health check" in refused["message"]
+    runtime.backend.simulator.clear_faults(uuid)
+    await runtime.sample()
+    assert (await check("GET", "devices", expect=200))["gpus"][0]["drained"] is None
+
+    leases = (await check("GET", "leases", expect=200))["leases"]
+    taken = next(x for x in leases if x["id"] != granted["lease"]["id"])
+    now = datetime.now(timezone.utc).timestamp()
+    evidence = {"kernel_state": "idle", "kernel_last_activity": now - 7200, "idle_s": 7200.0}
+    runtime.core.reclaim(taken["id"], "idle for 2 h", cause="idle", evidence=evidence)
+    (record,) = (await check("GET", "reclaims", expect=200))["reclaims"]
+    assert (record["lease_id"], record["cause"], record["evidence"]["idle_s"]) == (
+        taken["id"],
+        "idle",
+        7200.0,
+    )
+    assert parse(record["evidence"]["kernel_last_activity"]) < parse(record["at"])
+    assert (await check("GET", "reclaims", expect=200, user=runtime.owner))["reclaims"]
+    assert (await check("GET", "reclaims", expect=200, user="nobody"))["reclaims"] == []
+    await check("GET", "reclaims", expect=400, since="yesterday")
+
+    log = (await check("GET", "audit", expect=200))["audit"]
+    assert [a["action"] for a in log if a["action"] not in ("set_quota", "delete_quota")] == [
+        "drain",
+        "set_class",
+        "undrain",
+    ]
+    assert {a["actor"] for a in log} == {runtime.owner}
+    page = await check("GET", "audit", expect=200, actor=runtime.owner, limit="1")
+    assert len(page["audit"]) == 1 and page["next_after"] == log[0]["id"]
+    await check("GET", "audit", expect=400, limit="0")
+
+    for method, path, body in (
+        ("PATCH", f"requests/{granted['id']}", {"job_class": "batch"}),
+        ("POST", f"devices/{uuid}/drain", {"reason": "x"}),
+        ("DELETE", f"devices/{uuid}/drain", None),
+        ("GET", "reclaims", None),
+        ("GET", "audit", None),
+    ):
+        reply = await check(method, path, body, headers=kernel, expect=403)
+        assert reply["error"] == "forbidden" and "only admins" in reply["message"]
+
+
 async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:
     """Every operation refuses a call without a credential, and one with a made-up token."""
     values = {
@@ -404,7 +492,7 @@ async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:
     }
     for template, method in operations():
         path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)[1:]
-        body = {} if method in ("post", "put") else None
+        body = {} if method in ("post", "put", "patch") else None
         for headers in (NO_CREDENTIAL, {TOKEN_HEADER: "gpb_made-up"}):
             reply = await check(method.upper(), path, body, headers=headers, expect=403)
             assert reply["error"] == "http_403"

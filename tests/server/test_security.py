@@ -181,7 +181,7 @@ async def test_every_operation_refuses_a_caller_without_a_valid_credential(world
     for template, method in operations():
         path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], template)[1:]
         body = {"profile": "1g.10gb"} if (template, method) == ("/requests", "post") else None
-        if method in ("post", "put") and body is None:
+        if method in ("post", "put", "patch") and body is None:
             body = {}
         for headers in strangers:
             status, reply = await world.api(method.upper(), path, body, headers=headers)
@@ -322,6 +322,77 @@ async def test_a_user_cannot_act_on_another_users_objects(world: World) -> None:
     await carol("PUT", "quotas/user/alice", {"max_gpus": 0.5}, expect=200)
     assert [q["name"] for q in (await alice("GET", "quotas", expect=200))["quotas"]] == ["alice"]
     await carol("DELETE", "quotas/user/alice", expect=204)
+
+
+# ------------------------------------------------------------------ admin operations
+
+
+async def test_only_admins_use_the_admin_operations_and_each_is_audited(
+    world: World, jp_http_port: int, jp_base_url: str
+) -> None:
+    state = await alice_and_bob(world)
+    alice, bob, carol = world.user("alice"), world.user("bob"), world.user("carol")
+    k1 = world.kernel(state["token"], "k1")
+    waiting, held = state["waiting"], state["held"]
+    (gpu,) = (await carol("GET", "devices", expect=200))["gpus"]
+    admin_only = [
+        ("PATCH", f"requests/{waiting['id']}", {"job_class": "batch"}),
+        ("PATCH", f"requests/{state['bob_waiting']['id']}", {"job_class": "batch"}),
+        ("PATCH", "requests/r-000000000000", {"job_class": "batch"}),  # no oracle: 403, not 404
+        ("POST", f"devices/{gpu['uuid']}/drain", {"reason": "mine now"}),
+        ("DELETE", f"devices/{gpu['uuid']}/drain", None),
+        ("GET", "reclaims", None),
+        ("GET", "audit", None),
+    ]
+    for caller in (alice, bob, k1):
+        for method, path, body in admin_only:
+            assert "only admins" in await caller.refused(method, path, body)
+    assert "another user" in await bob.refused(
+        "DELETE", f"requests/{waiting['id']}", reason="bob wants it"
+    )
+
+    url = f"{jp_base_url}{API_PREFIX}/events"
+    streams = {
+        name: await EventStream.open(jp_http_port, url, {"Authorization": f"token {name}-token"})
+        for name in ("alice", "bob")
+    }
+    got: dict[str, list[dict[str, Any]]] = {"alice": [], "bob": []}
+    try:
+        for stream in streams.values():
+            assert (await stream.next())["type"] == "hello"
+        await carol("DELETE", f"requests/{waiting['id']}", expect=200, reason="over quota")
+        taken = await carol(
+            "DELETE", f"requests/{held['id']}", {"reason": "maintenance"}, expect=200
+        )
+        assert taken["state"] == "reclaimed"
+        drained = await carol("POST", f"devices/{gpu['uuid']}/drain", {"reason": "fan"}, expect=200)
+        assert drained["drained"]["cause"] == "admin"
+        for name, stream in streams.items():
+            while not [e for e in got[name] if e["type"] == "drained" and e["data"].get("user")]:
+                got[name].append(await stream.next())
+                validate(got[name][-1], EVENT, f"an event {name} got")
+    finally:
+        for stream in streams.values():
+            stream.close()
+    mine = {e["type"]: e["data"] for e in got["alice"] if e["data"].get("user") == "alice"}
+    assert (mine["cancelled"]["by"], mine["cancelled"]["reason"]) == (
+        "carol",
+        "cancelled by carol: over quota",
+    )
+    assert (mine["reclaimed"]["by"], mine["reclaimed"]["cause"]) == ("carol", "admin")
+    assert mine["reclaimed"]["reason"] == "reclaimed by carol: maintenance"
+    theirs = [e for e in got["bob"] if e["data"].get("user") == "alice"]
+    assert theirs and all(e["data"] == {"user": "alice"} for e in theirs)
+    assert not leaks(world.seen["bob"] + [json.dumps(got["bob"])], state["secrets"])
+
+    log = (await carol("GET", "audit", expect=200))["audit"]
+    assert [(a["actor"], a["action"], a["target"]) for a in log] == [
+        ("carol", "cancel", waiting["id"]),
+        ("carol", "cancel", held["id"]),
+        ("carol", "drain", gpu["uuid"]),
+    ]
+    (reclaim,) = (await carol("GET", "reclaims", expect=200, user="alice"))["reclaims"]
+    assert (reclaim["request_id"], reclaim["evidence"]) == (held["id"], {"by": "carol"})
 
 
 # -------------------------------------------------------------- kernel-scoped tokens
