@@ -104,15 +104,15 @@ def test_non_admins_and_kernel_tokens_are_refused_every_admin_operation(team: Br
     gpu = team.devices(carol)["gpus"][0]["uuid"]
     mine = team.submit(bob, SLICE)
     for who in (bob, kernel):
-        for call in (
-            lambda: team.change_request(who, mine["id"], {"job_class": "batch"}),
-            lambda: team.drain(who, gpu, {"reason": "x"}),
-            lambda: team.undrain(who, gpu),
-            lambda: team.reclaims(who),
-            lambda: team.audit(who),
+        for operation, args in (
+            (team.change_request, (mine["id"], {"job_class": "batch"})),
+            (team.drain, (gpu, {"reason": "x"})),
+            (team.undrain, (gpu,)),
+            (team.reclaims, ()),
+            (team.audit, ()),
         ):
             with pytest.raises(Forbidden, match="only admins"):
-                call()
+                operation(who, *args)
 
 
 def test_a_class_change_reorders_the_queue_at_once(start) -> None:
