@@ -222,6 +222,9 @@ def _add_broker_commands(sub: Any) -> None:
         "or granted; the next request in the queue is granted at once.",
     )
     release.add_argument("id", help="a lease id (l-...) or request id (r-...)")
+    release.add_argument(
+        "--reason", default=None, help="why (an admin withdrawing another user's request)"
+    )
     release.set_defaults(func=cmd_release)
 
     run = connected(
@@ -236,6 +239,8 @@ def _add_broker_commands(sub: Any) -> None:
     run.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for a grant")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     run.set_defaults(func=cmd_run)
+
+    _add_admin_commands(connected)
 
     kernelspec = sub.add_parser("kernelspec", help="install GPU kernelspecs")
     ks_sub = kernelspec.add_subparsers(metavar="ACTION")
@@ -559,10 +564,105 @@ def cmd_renew(args: argparse.Namespace) -> int:
 def cmd_release(args: argparse.Namespace) -> int:
     client = _client(args)
     if args.id.startswith("r-"):
-        done = asyncio.run(client.cancel(args.id))
+        done = asyncio.run(client.cancel(args.id, args.reason))
     else:
         done = asyncio.run(client.release(args.id))
     _print(args, done, f"{args.id}: {done['state']}")
+    return 0
+
+
+def _add_admin_commands(connected: Any) -> None:
+    """Commands for the broker's admins (anyone else is refused by the broker)."""
+    drain = connected(
+        "drain",
+        help="(admins) grant nothing more on a GPU or MIG slice",
+        description="Drain a GPU (and its slices) or one slice: nothing new is granted on it "
+        "until an admin undrains it, whatever its health; holders keep their leases and are "
+        "told. Recorded in the audit log.",
+    )
+    drain.add_argument("uuid", help="a GPU or MIG UUID (GPU-..., MIG-...; see 'status')")
+    drain.add_argument("--reason", required=True, help="why, shown to the holders")
+    drain.set_defaults(func=cmd_drain)
+
+    undrain = connected(
+        "undrain",
+        help="(admins) let a drained GPU or MIG slice take grants again",
+        description="Lift an admin's drain. A GPU its health check drained is lifted by the "
+        "health check once it recovers, never by hand; one still faulty stays drained by its "
+        "health check. Recorded in the audit log.",
+    )
+    undrain.add_argument("uuid", help="a GPU or MIG UUID")
+    undrain.add_argument("--reason", default=None, help="why, shown to the holders")
+    undrain.set_defaults(func=cmd_undrain)
+
+    reclass = connected(
+        "reclass",
+        help="(admins) move a waiting request to the other class",
+        description="Make a waiting request interactive or batch; its place in the queue "
+        "follows at once. Recorded in the audit log.",
+    )
+    reclass.add_argument("id", help="a waiting request's id (r-...)")
+    reclass.add_argument("job_class", choices=["interactive", "batch"])
+    reclass.add_argument("--reason", default=None, help="why, shown to its holder")
+    reclass.set_defaults(func=cmd_reclass)
+
+    audit = connected(
+        "audit",
+        help="(admins) show what admins did",
+        description="The audit log, oldest first: who cancelled, reclassed, drained or "
+        "undrained what, and who changed which quota, with their reasons.",
+    )
+    audit.add_argument("--since", default=None, help="from this time on (ISO 8601, UTC)")
+    audit.add_argument("--actor", default=None, help="only this admin's actions")
+    audit.set_defaults(func=cmd_audit)
+
+    reclaims = connected(
+        "reclaims",
+        help="(admins) show the leases taken back, with cause and evidence",
+        description="Every reclaimed lease, oldest first: whose, when, why (idle, stalled, "
+        "preempted, lost, admin) and what the decision saw (idle time, utilization, the "
+        "kernel's last activity); --json prints the whole evidence.",
+    )
+    reclaims.add_argument("--user", default=None, help="only this user's leases")
+    reclaims.add_argument("--since", default=None, help="from this time on (ISO 8601, UTC)")
+    reclaims.add_argument("--until", default=None, help="before this time (ISO 8601, UTC)")
+    reclaims.set_defaults(func=cmd_reclaims)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    state = asyncio.run(_client(args).drain(args.uuid, args.reason))
+    _print(args, state, state["message"])
+    return 0
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    state = asyncio.run(_client(args).undrain(args.uuid, args.reason))
+    _print(args, state, state["message"])
+    return 0
+
+
+def cmd_reclass(args: argparse.Namespace) -> int:
+    r = asyncio.run(_client(args).change_class(args.id, args.job_class, args.reason))
+    _print(args, r, f"request {r['id']} is {r['job_class']}, at position {r['position']}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    records = asyncio.run(_client(args).audit(since=args.since, actor=args.actor))
+    rows = [("AT", "ACTOR", "ACTION", "TARGET", "REASON")]
+    rows += [
+        (a["at"][:19], a["actor"], a["action"], a["target"], a["detail"].get("reason", ""))
+        for a in records
+    ]
+    _print(args, records, _table(rows) + f"\n{len(records)} record(s)")
+    return 0
+
+
+def cmd_reclaims(args: argparse.Namespace) -> int:
+    found = asyncio.run(_client(args).reclaims(user=args.user, since=args.since, until=args.until))
+    rows = [("AT", "USER", "CAUSE", "LEASE", "REASON")]
+    rows += [(x["at"][:19], x["user"], x["cause"], x["lease_id"], x["reason"]) for x in found]
+    _print(args, found, _table(rows) + f"\n{len(found)} reclaim(s)")
     return 0
 
 

@@ -214,8 +214,15 @@ class BrokerClient:
     async def request(self, request_id: str) -> dict[str, Any]:
         return await self.call("GET", f"requests/{request_id}")  # type: ignore[no-any-return]
 
-    async def cancel(self, request_id: str) -> dict[str, Any]:
-        return await self.call("DELETE", f"requests/{request_id}")  # type: ignore[no-any-return]
+    async def cancel(self, request_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Withdraw (or release) a request; an admin may cancel anyone's, with a reason."""
+        return await self.call("DELETE", f"requests/{request_id}", reason=reason)  # type: ignore[no-any-return]
+
+    async def change_class(
+        self, request_id: str, job_class: str, reason: str | None = None
+    ) -> dict[str, Any]:
+        body = {"job_class": job_class, **({"reason": reason} if reason else {})}
+        return await self.call("PATCH", f"requests/{request_id}", body)  # type: ignore[no-any-return]
 
     async def renew_request(self, request_id: str) -> dict[str, Any]:
         return await self.call("POST", f"requests/{request_id}/renew")  # type: ignore[no-any-return]
@@ -234,6 +241,28 @@ class BrokerClient:
 
     async def usage(self, **query: Any) -> dict[str, Any]:
         return await self.call("GET", "usage", **query)  # type: ignore[no-any-return]
+
+    # -- admins
+
+    async def drain(self, uuid: str, reason: str) -> dict[str, Any]:
+        return await self.call("POST", f"devices/{uuid}/drain", {"reason": reason})  # type: ignore[no-any-return]
+
+    async def undrain(self, uuid: str, reason: str | None = None) -> dict[str, Any]:
+        return await self.call("DELETE", f"devices/{uuid}/drain", reason=reason)  # type: ignore[no-any-return]
+
+    async def reclaims(self, **query: Any) -> list[dict[str, Any]]:
+        return (await self.call("GET", "reclaims", **query))["reclaims"]  # type: ignore[no-any-return]
+
+    async def audit(self, **query: Any) -> list[dict[str, Any]]:
+        """The whole audit log matching ``query`` (``since``, ``actor``), page by page."""
+        records: list[dict[str, Any]] = []
+        after = None
+        while True:
+            page = await self.call("GET", "audit", after=after, **query)
+            records += page["audit"]
+            after = page["next_after"]
+            if after is None:
+                return records
 
     async def issue_kernel_token(self, kernel_id: str) -> dict[str, Any]:
         """``{token, user, kernel_id}``: a token for one kernel, acting for ``user``."""

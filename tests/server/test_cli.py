@@ -212,3 +212,32 @@ async def test_status_shows_the_running_servers_broker(cli, api, jp_serverapp, b
                 assert holders[r["lease"]["devices"][0]]["lease_id"] == r["lease"]["id"]
     finally:
         jp_serverapp.remove_server_info_file()
+
+
+async def test_an_admin_drains_reclasses_and_reads_the_audit_log(cli, api):  # type: ignore[no-untyped-def]
+    _, devices = await api("GET", "devices")
+    gpu = devices["gpus"][0]["uuid"]
+    code, drained, _ = await cli("drain", gpu, "--reason", "a fan")
+    assert code == 0 and drained["drained"]["cause"] == "admin"
+    _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "job_class": "batch"})
+    assert waiting["state"] == "queued"  # nothing is granted on a drained GPU
+    code, text, _ = await cli("reclass", waiting["id"], "interactive", json_out=False)
+    assert (code, text.strip()) == (0, f"request {waiting['id']} is interactive, at position 1")
+    code, text, _ = await cli("undrain", gpu, "--reason", "fan replaced", json_out=False)
+    assert (code, text.strip()) == (0, f"{gpu} takes grants again")
+    code, _, err = await cli("undrain", gpu)
+    assert (code, err.strip()) == (1, f"error: {gpu} is not drained")
+
+    code, text, _ = await cli("audit", json_out=False)
+    lines = text.splitlines()
+    assert code == 0 and lines[-1] == "3 record(s)"
+    assert [line.split()[2:4] for line in lines[1:-1]] == [
+        ["drain", gpu],
+        ["set_class", waiting["id"]],
+        ["undrain", gpu],
+    ]
+    assert lines[1].endswith("a fan") and lines[3].endswith("fan replaced")
+    code, found, _ = await cli("reclaims")
+    assert (code, found) == (0, [])
+    code, _, err = await cli("reclaims", "--since", "yesterday")
+    assert code == 1 and "'since' must be an ISO 8601 time" in err
