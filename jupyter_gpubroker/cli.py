@@ -343,23 +343,25 @@ def _local_report(args: argparse.Namespace) -> dict[str, Any]:
             if backend.simulator
             else f"NVIDIA driver {pynvml.nvmlSystemGetDriverVersion()}"
         )
-    holders, drains = _state_view(state)
+    holders, drains, causes = _state_view(state)
     return {
         "source": source,
         "state": str(state) if state.exists() else None,
-        "gpus": devices_json(inventory, readings, holders, drains=drains),
+        "gpus": devices_json(inventory, readings, holders, drains=drains, causes=causes),
     }
 
 
-def _state_view(state: Path) -> tuple[dict[str, Lease], dict[str, tuple[str, float]]]:
-    """Device uuid -> active lease, and drained uuid -> (reason, since), from the state
-    file (none when there is no file yet)."""
+def _state_view(
+    state: Path,
+) -> tuple[dict[str, Lease], dict[str, tuple[str, float]], dict[str, str]]:
+    """Device uuid -> active lease, drained uuid -> (reason, since) and who drained it,
+    from the state file (none when there is no file yet)."""
     if not state.exists():
-        return {}, {}
+        return {}, {}, {}
     store = Store(state)
     try:
         holders = {d: lease for lease, _ in store.active_leases() for d in lease.devices}
-        return holders, store.drains()
+        return holders, store.drains(), store.drain_causes()
     finally:
         store.close()
 

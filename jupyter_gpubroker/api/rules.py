@@ -142,6 +142,7 @@ class BrokerAPI:
             kernel_of=kernel_of,
             drains=core.drained(),
             vacating=core.vacating(),
+            causes=core.drain_causes(),
         )
         return {"gpus": gpus}
 

@@ -111,22 +111,27 @@ def devices_json(
     kernel_of: Mapping[str, str] | None = None,
     drains: Mapping[str, tuple[str, float]] | None = None,
     vacating: Mapping[str, Vacating] | None = None,
+    causes: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
     its own kernel's leases only: ``kernel_of`` maps the holders' request ids to their
     kernels (the requests' ``owner``).
     ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices.
+    ``causes``: who drained each (``health``, ``vacate``, ``admin``; default ``health``).
     ``vacating``: devices of ended leases still waiting for their processes to exit."""
-    drains, vacating = drains or {}, vacating or {}
+    drains, vacating, causes = drains or {}, vacating or {}, causes or {}
 
     def left(uuid: str) -> dict[str, Any] | None:
         v = vacating.get(uuid)
         return None if v is None else {"since": iso(v.since), "pids": list(v.pids)}
 
     def drained(*uuids: str) -> dict[str, Any] | None:
-        found = next((drains[u] for u in uuids if u in drains), None)
-        return None if found is None else {"reason": found[0], "since": iso(found[1])}
+        found = next((u for u in uuids if u in drains), None)
+        if found is None:
+            return None
+        reason, since = drains[found]
+        return {"reason": reason, "since": iso(since), "cause": causes.get(found, "health")}
 
     def holder(lease: Lease | None) -> dict[str, Any] | None:
         if lease is None:

@@ -547,6 +547,10 @@ class Broker:
         when it is not drained itself."""
         return self._drain_cause.get(uuid)
 
+    def drain_causes(self) -> dict[str, str]:
+        """Drained GPU or device UUID -> who drained it."""
+        return dict(self._drain_cause)
+
     def drained_by(self, cause: str) -> set[str]:
         """The GPUs and devices drained for ``cause``."""
         return {uuid for uuid, c in self._drain_cause.items() if c == cause}

@@ -154,6 +154,10 @@ def test_an_admin_drains_a_gpu_and_its_holders_are_told(team: BrokerAPI) -> None
     (told,) = [e for e in seen_by(team, "alice", published) if e["data"].get("lease_id")]
     assert (told["type"], told["data"]["lease_id"]) == ("drained", held["lease"]["id"])
     assert team.submit(alice, SLICE)["state"] == "queued"  # nothing new is granted on it
+    (shown,) = team.devices(alice)["gpus"]
+    assert (
+        shown["drained"]["cause"] == "admin" and shown["devices"][0]["drained"]["cause"] == "admin"
+    )
 
     state = team.undrain(carol, gpu, "the fan is in")
     assert state == {"uuid": gpu, "drained": None, "message": f"{gpu} takes grants again"}
@@ -169,6 +173,7 @@ def test_an_admin_undrain_never_lifts_a_health_drain(start) -> None:
     gpu = api.devices(carol)["gpus"][0]["uuid"]
     runtime.backend.simulator.inject_overheat(gpu, 95)
     runtime.sampler.sample()
+    assert api.devices(carol)["gpus"][0]["drained"]["cause"] == "health"
     with pytest.raises(Conflict, match="drained by its health check .*temperature 95 C"):
         api.undrain(carol, gpu)
 

@@ -114,6 +114,7 @@ def test_drained_gpus_show_with_their_reason(capsys, tmp_path) -> None:
     report = status_json(capsys, "--simulate", "h200-mig-balanced", "--state", str(state))
     drained = {g["uuid"]: g["drained"] for g in report["gpus"]}
     assert drained[gpu]["reason"] == "temperature 93 C over 85 C"
+    assert drained[gpu]["cause"] == "admin"  # the state file says who drained it
     assert drained[inventory.gpus[0].uuid] is None
     on_gpu = [d for g in report["gpus"] if g["uuid"] == gpu for d in g["devices"]]
     assert len(on_gpu) == 4 and all(d["drained"] for d in on_gpu)
