@@ -360,6 +360,8 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
     try:
         for stream in streams.values():
             assert (await stream.next())["type"] == "hello"
+        reclassed = {"job_class": "batch", "reason": "nightly run"}
+        await carol("PATCH", f"requests/{state['bob_waiting']['id']}", reclassed, expect=200)
         await carol("DELETE", f"requests/{waiting['id']}", expect=200, reason="over quota")
         taken = await carol(
             "DELETE", f"requests/{held['id']}", {"reason": "maintenance"}, expect=200
@@ -381,12 +383,20 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
     )
     assert (mine["reclaimed"]["by"], mine["reclaimed"]["cause"]) == ("carol", "admin")
     assert mine["reclaimed"]["reason"] == "reclaimed by carol: maintenance"
+    (moved,) = [e["data"] for e in got["bob"] if e["type"] == "reclassed"]
+    assert (moved["request_id"], moved["job_class"], moved["by"]) == (
+        state["bob_waiting"]["id"],
+        "batch",
+        "carol",
+    )
+    assert [e["data"] for e in got["alice"] if e["type"] == "reclassed"] == [{"user": "bob"}]
     theirs = [e for e in got["bob"] if e["data"].get("user") == "alice"]
     assert theirs and all(e["data"] == {"user": "alice"} for e in theirs)
     assert not leaks(world.seen["bob"] + [json.dumps(got["bob"])], state["secrets"])
 
     log = (await carol("GET", "audit", expect=200))["audit"]
     assert [(a["actor"], a["action"], a["target"]) for a in log] == [
+        ("carol", "set_class", state["bob_waiting"]["id"]),
         ("carol", "cancel", waiting["id"]),
         ("carol", "cancel", held["id"]),
         ("carol", "drain", gpu["uuid"]),
