@@ -305,7 +305,6 @@ class BrokerAPI:
         }
 
     @staticmethod
-    @staticmethod
     def _require_admin(who: Identity, what: str = "change quotas") -> None:
         if not who.admin:
             kernel = "; a kernel token never acts as one" if who.kernel_id else ""
@@ -357,7 +356,7 @@ class BrokerAPI:
         before, cause = core.drained().get(uuid), core.drain_cause(uuid)
         detail = {"reason": reason, "was": None if before is None else before[0], "cause": cause}
         with self._audited(who, "drain", uuid, detail):
-            core.drain(uuid, f"drained by {who.user}: {reason}", cause="admin")
+            core.drain(uuid, f"drained by {who.user}: {reason}", cause="admin", take_over=True)
         message = f"{uuid} takes no new grants until an admin undrains it"
         if before is not None and cause == "health":
             message += f", even once healthy (its health check drained it: {before[0]})"
@@ -392,7 +391,7 @@ class BrokerAPI:
                     f"still unhealthy ({', '.join(faults)}): drained until it shows no fault "
                     f"for {healthy_for:g} s"
                 )
-                core.drain(uuid, still, cause="health", replace=True)
+                core.drain(uuid, still, cause="health", take_over=True)
             else:
                 core.undrain(uuid, f"undrained by {who.user}" + (f": {why}" if why else ""))
         if faults:

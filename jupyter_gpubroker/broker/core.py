@@ -503,17 +503,19 @@ class Broker:
         self._lease_event("warning_cleared", lease, {"reason": reason})
         return lease
 
-    def drain(self, uuid: str, reason: str, cause: str = "admin", *, replace: bool = False) -> None:
+    def drain(
+        self, uuid: str, reason: str, cause: str = "admin", *, take_over: bool = False
+    ) -> None:
         """Grant nothing more on a GPU (and every device on it) or on one device. Holders
         keep their leases; they and the machine's watchers get a ``drained`` event.
 
         ``cause`` says who drained it (``health``, ``vacate``, ``admin``): a device drained
         for any other cause stays so when its health recovers. A health fault does not
-        take another cause's drain over, unless ``replace`` (an admin handing a drain back
-        to a GPU's health check)."""
+        take another cause's drain over; ``take_over`` does (an admin's own drain, or an
+        admin handing a drain back to a GPU's health check)."""
         if uuid not in self.placer.gpus and uuid not in self.placer.devices:
             raise NotFound(f"no GPU or device {uuid!r}")
-        if not replace and self._drain_cause.get(uuid, "health") != "health":
+        if not take_over and self._drain_cause.get(uuid, "health") != "health":
             cause = self._drain_cause[uuid]  # a health fault does not take an admin's drain over
         drained = self._drains.get(uuid)
         if drained is not None and (drained[0], self._drain_cause[uuid]) == (reason, cause):

@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.errors import Conflict, Forbidden
+from jupyter_gpubroker.broker.errors import Conflict, Forbidden, StorageFull
 from jupyter_gpubroker.runtime import Positions, Published
 
 SLICE = {"profile": "1g.10gb"}
@@ -235,3 +235,34 @@ def test_deleting_a_quota_tells_its_user_the_defaults_are_back(team: BrokerAPI) 
         "max_gpus": None,
         "share": None,
     }
+
+
+def test_an_admin_change_and_its_audit_record_commit_together_or_not_at_all(
+    team: BrokerAPI,
+) -> None:
+    carol = team.user_identity("carol")
+    gpu = team.devices(carol)["gpus"][0]["uuid"]
+    conn = team.core.store.conn
+    pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+    conn.execute(f"PRAGMA max_page_count={pages}")  # the file cannot grow: as on a full disk
+    done: list[str] = []
+    with pytest.raises(StorageFull):
+        for i in range(200):
+            reason = f"full {i} " + "x" * 400
+            team.drain(carol, gpu, {"reason": reason})
+            done.append(reason)
+    conn.execute(f"PRAGMA max_page_count={pages * 1000}")
+    assert [a["detail"]["reason"] for a in team.audit(carol)["audit"]] == done
+    shown = team.devices(carol)["gpus"][0]["drained"]
+    assert (shown["reason"] if shown else None) == (
+        f"drained by carol: {done[-1]}" if done else None
+    )
+
+
+def test_an_admins_drain_takes_over_a_lingering_processs(team: BrokerAPI) -> None:
+    carol = team.user_identity("carol")
+    (device, *_) = team.devices(carol)["gpus"][0]["devices"]
+    team.core.drain(device["uuid"], "process 4242 still ran on it", cause="vacate")
+    state = team.drain(carol, device["uuid"], {"reason": "checking it"})
+    assert state["drained"]["cause"] == "admin"
+    assert team.undrain(carol, device["uuid"])["drained"] is None
