@@ -33,7 +33,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from copy import deepcopy
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ class HubAuthFromSettings:
 
     @property
     def hub_auth(self) -> HubOAuth:
-        return self.settings["hub_auth"]  # type: ignore[no-any-return]
+        return self.settings["hub_auth"]
 
 
 class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
@@ -80,8 +80,8 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
     cookie with XSRF), or a kernel token; the broker is theirs to use with the use scope."""
 
     async def prepare(self) -> None:
-        kernel = self.kernel_caller()  # type: ignore[attr-defined]
-        api: BrokerAPI = self.api  # type: ignore[attr-defined]
+        kernel = self.kernel_caller()
+        api: BrokerAPI = self.api
         if kernel is not None:
             groups = await self.settings["hub_groups"].of(kernel.user)
             self.who = api.identify(kernel.user, kernel.kernel_id, groups)
@@ -200,7 +200,7 @@ class GPUBrokerService(Application):
         10.0, help="Seconds open connections (event streams) get to close on SIGTERM."
     ).tag(config=True)
 
-    def initialize(self, argv: Sequence[str] | None = None) -> None:
+    def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         if self.config_file and not Path(self.config_file).is_file():
             self.log.critical(
@@ -208,7 +208,7 @@ class GPUBrokerService(Application):
             )
             self.exit(1)
         if self.config_file:  # the command line wins over the file
-            from_command_line = self.config.copy()
+            from_command_line = deepcopy(self.config)
             self.load_config_file(self.config_file)
             self.update_config(from_command_line)
 
@@ -314,7 +314,7 @@ def _from_hub(name: str) -> str:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     GPUBrokerService.launch_instance(argv)
     return 0
 

@@ -34,7 +34,10 @@ from ..api.rules import BrokerAPI
 from ..broker.errors import BrokerError, InvalidRequest, NotFound
 from ..runtime import Positions, Published
 
-_Handler = web.RequestHandler if TYPE_CHECKING else object
+if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
+    _Handler = web.RequestHandler
+else:
+    _Handler = object
 
 
 def authorized(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,7 +89,7 @@ class BrokerHandler(_Handler):
         if isinstance(e, BrokerError):
             self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
             return
-        super()._handle_request_exception(e)  # type: ignore[arg-type]
+        super()._handle_request_exception(e)
 
     def body(self) -> dict[str, Any]:
         """The body's JSON object; an empty body, bytes that are not UTF-8 and JSON that
@@ -334,8 +337,8 @@ class UnknownPathHandler(BrokerHandler):
     """Any other path under the API prefix: the API's JSON 404 (403 without a valid
     credential), not Jupyter's HTML page."""
 
-    async def prepare(self) -> None:  # type: ignore[override]
-        await super().prepare()
+    async def prepare(self) -> None:
+        await super().prepare()  # type: ignore[misc]  # the host's, async
         if self.current_user is None:
             raise web.HTTPError(403)
         raise NotFound(f"no API path {self.request.path!r}; see the API document, openapi.yaml")
@@ -365,7 +368,7 @@ class JupyterHost(APIHandler):
         await jupyter_authorized(_nothing)(self)
 
 
-def _nothing(handler: Any) -> None:
+async def _nothing(handler: Any) -> None:
     """What ``authorize`` lets jupyter-server's own ``@authorized`` guard."""
 
 
