@@ -57,8 +57,10 @@ def wait_for(what: str, check: Any, timeout_s: float = 90.0, log: Path | None = 
 class Hub:
     """One running hub, its broker service and the users the tests made."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, **broker: Any) -> None:
+        """``broker``: ``c.GPUBroker`` options of the service beyond the example's."""
         self.home = home
+        self.broker = {"simulate": "dgx-h100-mig:1", "tick_interval": 0.5, **broker}
         self.port, self.proxy_port, self.hub_port, self.service_port = (
             free_port() for _ in range(4)
         )
@@ -75,6 +77,11 @@ class Hub:
     def api_url(self) -> str:
         """The broker's API through the proxy."""
         return self.url + API
+
+    @property
+    def service_url(self) -> str:
+        """The broker's API straight from the service, as user servers reach it."""
+        return f"http://127.0.0.1:{self.service_port}{API}"
 
     def config(self) -> str:
         """The example's config, on this test's ports and files, plus an admin service."""
@@ -93,10 +100,9 @@ broker["url"] = "{service_url}"
 broker["command"] = [
     *broker["command"][:-1],
     "--GPUBroker.state_file={self.state_file}",
-    "--GPUBroker.simulate=dgx-h100-mig:1",
-    "--GPUBroker.tick_interval=0.5",
+    *{[f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]!r},
 ]
-c.Spawner.environment = {{"GPUBROKER_URL": "{service_url}{API}"}}
+c.Spawner.environment = {{"GPUBROKER_URL": "{self.service_url}"}}
 c.JupyterHub.services.append({{"name": "e2e-admin", "api_token": "{self.admin_token}"}})
 c.JupyterHub.load_roles.append(
     {{
