@@ -103,11 +103,17 @@ broker["command"] = [
     *{[f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]!r},
 ]
 c.Spawner.environment = {{"GPUBROKER_URL": "{self.service_url}"}}
+c.SimpleLocalProcessSpawner.home_dir_template = "{self.home}/users/{{username}}"
+c.Spawner.args = {["--allow-root"] if os.geteuid() == 0 else []!r}
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
 c.JupyterHub.services.append({{"name": "e2e-admin", "api_token": "{self.admin_token}"}})
 c.JupyterHub.load_roles.append(
     {{
         "name": "e2e-admin",
-        "scopes": ["admin:users", "admin:groups", "tokens", "read:users"],
+        "scopes": [
+            "admin:users", "admin:groups", "tokens", "read:users", "servers", "admin:server_state"
+        ],
         "services": ["e2e-admin"],
     }}
 )
@@ -162,7 +168,8 @@ c.JupyterHub.load_roles.append(
 
     # -- the hub's REST API, as the test's admin service
 
-    def hub_api(self, method: str, path: str, body: Any = None, expect: int = 200) -> Any:
+    def hub_api(self, method: str, path: str, body: Any = None, expect: int | None = 200) -> Any:
+        """A call to the hub's REST API; ``expect=None``: any success."""
         r = requests.request(
             method,
             f"{self.url}/hub/api/{path}",
@@ -170,7 +177,8 @@ c.JupyterHub.load_roles.append(
             headers={"Authorization": f"token {self.admin_token}"},
             timeout=30,
         )
-        assert r.status_code == expect, f"{method} {path}: {r.status_code} {r.text}"
+        good = r.ok if expect is None else r.status_code == expect
+        assert good, f"{method} {path}: {r.status_code} {r.text}"
         return r.json() if r.text else None
 
     def user(self, name: str, scopes: list[str] | None = None) -> str:
@@ -189,6 +197,24 @@ c.JupyterHub.load_roles.append(
         if scopes is not None:
             body["scopes"] = scopes
         return str(self.hub_api("POST", f"users/{name}/tokens", body, expect=201)["token"])
+
+    # -- single-user servers, started by the hub's spawner
+
+    def start_server(self, name: str) -> dict[str, str]:
+        """Start ``name``'s server through the hub and wait until it is ready; the
+        environment the hub gave it (its ``JUPYTERHUB_API_TOKEN``, ``GPUBROKER_URL``)."""
+        self.hub_api("POST", f"users/{name}/server", expect=None)
+
+        def ready() -> dict[str, Any] | None:
+            server = self.hub_api("GET", f"users/{name}")["servers"].get("", {})
+            return server if server.get("ready") else None
+
+        server = wait_for(f"{name}'s server", ready, timeout_s=180, log=self.log)
+        environ = Path(f"/proc/{server['state']['pid']}/environ").read_bytes()
+        return dict(v.split("=", 1) for v in environ.decode().split("\0") if "=" in v)
+
+    def stop_server(self, name: str) -> None:
+        self.hub_api("DELETE", f"users/{name}/server", expect=None)
 
     # -- the broker's API, through the proxy
 

@@ -207,3 +207,26 @@ def test_the_api_is_served_under_the_service_prefix(hub: Hub) -> None:
         .headers["Content-Type"]
         .startswith("application/json")
     )
+
+
+def test_a_users_server_reaches_the_service_with_its_own_token(hub: Hub) -> None:
+    """What the example gives single-user servers: the service's URL and a token that
+    carries the broker's scopes (custom:gpubroker:admin only for the admin)."""
+    hub.user("ivan")
+    try:
+        env = hub.start_server("ivan")
+        assert env["GPUBROKER_URL"] == hub.service_url
+        headers = {"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}
+        me = requests.get(f"{env['GPUBROKER_URL']}/me", headers=headers, timeout=30)
+        assert me.json() == {"user": "ivan", "admin": False, "kernel_id": None}
+        taken = requests.post(
+            f"{env['GPUBROKER_URL']}/requests", json=SLICE, headers=headers, timeout=30
+        )
+        assert taken.status_code == 201 and taken.json()["lease"]["user"] == "ivan"
+        lease = taken.json()["lease"]["id"]
+        gone = requests.delete(
+            f"{env['GPUBROKER_URL']}/leases/{lease}", headers=headers, timeout=30
+        )
+        assert gone.status_code == 200
+    finally:
+        hub.stop_server("ivan")
