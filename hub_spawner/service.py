@@ -88,8 +88,13 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
             self.current_user = {"name": kernel.user, "kind": "kernel"}
             return
         model = await self.hub_auth.get_user(self, sync=False)
-        if not model:
-            return  # @web.authenticated answers 403 (get_login_url)
+        if not model:  # an API call is refused, never redirected to a login page
+            raise web.HTTPError(
+                403,
+                "no valid hub credential: send a hub API token (Authorization: token ...), or "
+                f"log in through the hub at {self.hub_auth.base_url} (then a call that changes "
+                "anything sends the _xsrf cookie's value as X-XSRFToken)",
+            )
         kind, name = model.get("kind", "user"), model["name"]
         if self.hub_scopes and not check_scopes(self.hub_scopes, set(model["scopes"])):
             raise web.HTTPError(
@@ -116,14 +121,6 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
                 f"{user['name']}'s hub credential lacks the {USE_SCOPE} scope: ask a hub "
                 "admin to grant it (c.JupyterHub.load_roles), or use a token that has it",
             )
-
-    def get_login_url(self) -> str:
-        """An API call without a credential is refused, never redirected."""
-        raise web.HTTPError(
-            403,
-            "no hub credential: send a hub API token (Authorization: token ...), or log in "
-            f"through the hub at {self.hub_auth.base_url}",
-        )
 
 
 class HomeHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
