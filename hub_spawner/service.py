@@ -21,7 +21,9 @@ Who is calling, and what they may do (``HubHost``), all from the hub:
 
 SIGTERM or SIGINT (how the hub stops it) closes the connections, stops the broker and
 releases the state file; a killed service restarts from the file (the hub starts it
-again) with its leases and the kernels' tokens intact.
+again) with its leases and the kernels' tokens intact. One that cannot start says why in
+one line and exits 1: the hub starts it again at its next poll, so it recovers by itself
+once the cause (another broker on the file, no driver) is gone.
 """
 
 from __future__ import annotations
