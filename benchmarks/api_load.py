@@ -1,7 +1,9 @@
 """API load: clients submitting, renewing and cancelling over HTTP while event streams are open.
 
-A real ``jupyter server`` with the extension (``tests/live_server.py``) on a simulated
-``dgx-h100-mig:8`` (56 1g.10gb slices). For each level of open event streams (each a
+A real ``jupyter server`` with the extension (``tests/live_server.py``), or with ``--hub``
+the broker as a JupyterHub service under a real hub (``tests/live_hub.py``; the load goes
+straight to the service, as user servers reach it, with a hub user's API token), on a
+simulated ``dgx-h100-mig:8`` (56 1g.10gb slices). For each level of open event streams (each a
 kernel-scoped token of its own, as idle kernels hold them, or with ``--viewer user`` the
 submitting user's own, which get every event in full), ``--clients`` coroutines
 loop for ``--seconds``: submit a request, renew it (its lease when granted, the request
@@ -10,7 +12,7 @@ when queued), cancel it. The same clients first make bare ``GET me`` calls (ther
 submissions are compared with.
 
     python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10]
-                                  [--viewer kernel|user] [--json]
+                                  [--viewer kernel|user] [--hub] [--json]
     python benchmarks/api_load.py --fanout 200,1000 [--json]
 
 Not a test: speed belongs here. One process drives every client and stream (asyncio,
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from live_hub import API as HUB_API  # noqa: E402
+from live_hub import Hub  # noqa: E402
 from live_server import TOKEN, LiveServer  # noqa: E402
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
@@ -44,8 +48,8 @@ SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
 class Connection:
     """One keep-alive HTTP/1.1 connection (the load generator must stay cheap)."""
 
-    def __init__(self, port: int, headers: dict[str, str]) -> None:
-        self.port = port
+    def __init__(self, port: int, headers: dict[str, str], prefix: str = f"/{API_PREFIX}") -> None:
+        self.port, self.prefix = port, prefix
         self.head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -57,7 +61,7 @@ class Connection:
         data = body.encode()
         self.writer.write(
             (
-                f"{method} /{API_PREFIX}/{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                f"{method} {self.prefix}/{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
                 f"{self.head}Content-Type: application/json\r\n"
                 f"Content-Length: {len(data)}\r\n\r\n"
             ).encode()
@@ -74,11 +78,13 @@ class Connection:
         return status, json.loads(raw) if raw else None
 
 
-async def open_stream(port: int, auth: str, received: list[int]) -> asyncio.Task[None]:
+async def open_stream(
+    port: int, auth: str, received: list[int], prefix: str = f"/{API_PREFIX}"
+) -> asyncio.Task[None]:
     """An SSE stream (``auth``: its credential header), read and counted until cancelled."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
-        f"GET /{API_PREFIX}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"GET {prefix}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"{auth}\r\nAccept: text/event-stream\r\n\r\n".encode()
     )
     await reader.readuntil(b"data:")  # the hello: subscribed
@@ -119,10 +125,9 @@ async def bare_loop(conn: Connection, until: float, latencies: list[float], ops:
         ops[0] += 1
 
 
-async def measure(port: int, clients: int, seconds: float, loop: Any) -> tuple[float, float]:
+async def measure(target: Target, clients: int, seconds: float, loop: Any) -> tuple[float, float]:
     """(operations/s of ``loop``'s first call, p99 ms over all its calls)."""
-    headers = {"Authorization": f"token {TOKEN}"}
-    conns = [Connection(port, headers) for _ in range(clients)]
+    conns = [target.connection() for _ in range(clients)]
     latencies: list[float] = []
     ops = [0]
     start = time.perf_counter()
@@ -135,34 +140,53 @@ async def measure(port: int, clients: int, seconds: float, loop: Any) -> tuple[f
     return ops[0] / elapsed, p99
 
 
+class Target:
+    """Where the load goes: a port, the API's path there, a user's token."""
+
+    def __init__(self, port: int, prefix: str, token: str) -> None:
+        self.port, self.prefix = port, prefix
+        self.headers = {"Authorization": f"token {token}"}
+        self.auth = f"Authorization: token {token}"  # as an event stream sends it
+
+    def connection(self) -> Connection:
+        return Connection(self.port, self.headers, self.prefix)
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    broker = {"simulate": "dgx-h100-mig:8", "lease_ttl": 600}
     with tempfile.TemporaryDirectory() as home:
-        server = LiveServer(
-            Path(home), Path(home) / "state.sqlite", simulate="dgx-h100-mig:8", lease_ttl=600
-        )
-        server.start()
+        server: Hub | LiveServer
+        if args.hub:
+            server = Hub(Path(home), **broker)
+            server.start()
+            target = Target(server.service_port, HUB_API, server.user("bench"))
+        else:
+            server = LiveServer(Path(home), Path(home) / "state.sqlite", **broker)
+            server.start()
+            target = Target(server.port, f"/{API_PREFIX}", TOKEN)
         try:
-            port = server.port
-            admin = Connection(port, {"Authorization": f"token {TOKEN}"})
-            bare, bare_p99 = await measure(port, args.clients, args.seconds, bare_loop)
+            port = target.port
+            admin = target.connection()
+            bare, bare_p99 = await measure(target, args.clients, args.seconds, bare_loop)
             results = []
             streams: list[asyncio.Task[None]] = []
             received = [0]
             for level in args.streams:
                 while len(streams) < level:
-                    auth = f"Authorization: token {TOKEN}"
+                    auth = target.auth
                     if args.viewer == "kernel":
                         kernel = json.dumps({"kernel_id": f"bench-{len(streams)}"})
                         status, t = await admin.call("POST", "tokens", kernel)
                         assert status == 201, t
                         auth = f"{TOKEN_HEADER}: {t['token']}"
-                    streams.append(await open_stream(port, auth, received))
+                    streams.append(await open_stream(port, auth, received, target.prefix))
                 before = received[0]
-                rate, p99 = await measure(port, args.clients, args.seconds, client_loop)
+                rate, p99 = await measure(target, args.clients, args.seconds, client_loop)
                 results.append(
                     {
                         "streams": level,
                         "viewer": args.viewer,
+                        "host": "hub service" if args.hub else "jupyter server",
                         "clients": args.clients,
                         "submissions_per_s": round(rate, 1),
                         "p99_ms": round(p99, 1),
@@ -239,6 +263,11 @@ def main() -> None:
         default="",
         help="instead: event-loop time per event with these numbers of waiting kernels, "
         "each with its own stream, e.g. 200,1000 (in process, no HTTP)",
+    )
+    parser.add_argument(
+        "--hub",
+        action="store_true",
+        help="load the broker as a JupyterHub service (needs configurable-http-proxy)",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

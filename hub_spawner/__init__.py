@@ -1,6 +1,6 @@
 """JupyterHub integration for jupyter-gpubroker.
 
-Not built yet: the spawner mixin, hub service glue and admin pages come once
-the broker's HTTP API has settled (see the project's issues). The package
-exists now so the wheel's layout is final.
+``service``: the broker as a hub-managed service (``jupyter gpubroker service``), one
+broker for every user of the hub, serving the broker API through HubAuth and the
+``custom:gpubroker:*`` scopes. The GPU spawner mixins and the hub pages come next.
 """

@@ -45,6 +45,11 @@ STOP_GRACE_S = 5.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["service"]:  # its options are traitlets' (--GPUBroker.x=...), not ours
+        from hub_spawner.service import main as service_main
+
+        return service_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -289,6 +294,12 @@ def _add_broker_commands(sub: Any) -> None:
         "--server", action="store_true", help="start a plain jupyter server instead of JupyterLab"
     )
     demo.set_defaults(func=cmd_demo)
+
+    sub.add_parser(  # run by main() itself: listed here for --help
+        "service",
+        help="run the broker as a JupyterHub service (started by the hub: "
+        "'jupyter gpubroker service --help-all' lists its options)",
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -12,8 +12,8 @@ class Identity:
     requests and is never an admin).
 
     A host builds it from its own auth (the jupyter-server extension from the server's
-    identity provider and ``c.GPUBroker.*``; a hub service would fill ``groups`` and
-    ``admin`` from JupyterHub) with ``BrokerAPI.identify``."""
+    identity provider and ``c.GPUBroker.*``; the hub service fills ``groups`` and ``admin``
+    from JupyterHub's user model and scopes) with ``BrokerAPI.identify``."""
 
     user: str
     groups: tuple[str, ...] = ()

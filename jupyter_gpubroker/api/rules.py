@@ -1,7 +1,7 @@
 """The API's rules, once for every host: who may see and do what, and the answers.
 
-``BrokerAPI`` is what a host calls. A host (the jupyter-server extension's handlers
-today, a JupyterHub service later) parses its HTTP input, builds an ``Identity`` from
+``BrokerAPI`` is what a host calls. A host (the jupyter-server extension's handlers,
+the JupyterHub service's) parses its HTTP input, builds an ``Identity`` from
 its own auth with ``identify`` / ``token_identity``, calls one method per operation and
 writes the JSON-ready answer it gets back; errors are the core's typed ``BrokerError``s,
 which carry their HTTP status. Nothing here knows tornado or Jupyter.
@@ -69,15 +69,21 @@ class BrokerAPI:
     # ------------------------------------------------------------ identity
 
     def identify(
-        self, user: str, kernel_id: str | None = None, groups: Iterable[str] = ()
+        self,
+        user: str,
+        kernel_id: str | None = None,
+        groups: Iterable[str] = (),
+        admin: bool | None = None,
     ) -> Identity:
         """The identity of ``user`` (bound to ``kernel_id`` for a kernel token): its groups
-        are ``c.GPUBroker.user_groups``' plus those its host knows (``groups``). Admins are
-        ``c.GPUBroker.admin_users`` and, in "owner" mode, the server's owner (the one user of
-        a single-user server); a kernel token is never an admin."""
+        are ``c.GPUBroker.user_groups``' plus those its host knows (``groups``). A host that
+        decides who is an admin says so (``admin``: the hub service, from the admin scope);
+        otherwise admins are ``c.GPUBroker.admin_users`` and, in "owner" mode, the server's
+        owner (the one user of a single-user server). A kernel token is never an admin."""
         rt = self.runtime
         named = [*rt.user_groups.get(user, []), *groups]
-        admin = user in rt.admin_users or (rt.identity == "owner" and user == rt.owner)
+        if admin is None:
+            admin = user in rt.admin_users or (rt.identity == "owner" and user == rt.owner)
         return Identity(
             user=user,
             groups=tuple(dict.fromkeys(named)),

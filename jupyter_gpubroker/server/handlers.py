@@ -1,21 +1,28 @@
-"""REST handlers of ``{base_url}gpubroker/api/v1/`` (described in ``api/openapi.yaml``).
+"""REST handlers of the broker API (described in ``api/openapi.yaml``), for every host.
 
-Thin adapters of the API layer (``api.rules.BrokerAPI``) to jupyter-server: each
-handler parses its HTTP input, builds the caller's ``Identity`` from the server's
-auth, calls the API and writes the answer; every rule of who may see or do what is
-the API layer's. Every method is authenticated (``@web.authenticated``) and
-authorized (``@authorized``, resource ``gpubroker``). A caller is either a Jupyter
-user (the server's identity provider) or a kernel presenting its kernel-scoped
-token in the ``X-GPUBroker-Token`` header.
+Thin adapters of the API layer (``api.rules.BrokerAPI``) to tornado: each handler parses
+its HTTP input, calls the API with the caller's ``Identity`` and writes the answer; every
+rule of who may see or do what is the API layer's. The handlers and the route table are
+written once, as mixins, and bound by ``handlers(host)`` to a host's request handler,
+which says only who the caller is (``prepare`` sets ``who``) and whether the caller may
+use the broker at all (``authorize``, run by ``@authorized``): ``JupyterHost`` here (the
+server's identity provider and authorizer, resource ``gpubroker``), the hub service's
+in ``hub_spawner.service`` (HubAuth and the ``custom:gpubroker:*`` scopes). Every method
+is authenticated (``@web.authenticated``) and authorized (``@authorized``). In both hosts
+a kernel presenting its kernel-scoped token in the ``X-GPUBroker-Token`` header acts for
+its user on its own kernel's requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from jupyter_server.auth.decorator import authorized
+from jupyter_server.auth.decorator import authorized as jupyter_authorized
 from jupyter_server.auth.identity import User
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
@@ -27,32 +34,46 @@ from ..api.rules import BrokerAPI
 from ..broker.errors import BrokerError, InvalidRequest, NotFound
 from ..runtime import Positions, Published
 
+if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
+    _Handler = web.RequestHandler
+else:
+    _Handler = object
 
-class BrokerHandler(APIHandler):
-    auth_resource = "gpubroker"
+
+def authorized(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run the host's ``authorize`` (may this authenticated caller use the broker with
+    this HTTP method?) before ``method``."""
+
+    @functools.wraps(method)
+    async def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await self.authorize()
+        result = method(self, *args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    return checked
+
+
+class BrokerHandler(_Handler):
+    """What every handler shares, whatever its host: the API, the caller, JSON in and
+    out, errors as the API's ``{error, message}``."""
+
     who: Identity
 
     @property
     def api(self) -> BrokerAPI:
         return self.settings["gpubroker_api"]  # type: ignore[no-any-return]
 
-    async def prepare(self) -> None:  # type: ignore[override]
-        if not self.check_host():  # jupyter-server's DNS-rebinding guard, for kernel tokens too
-            raise web.HTTPError(403, "the Host header does not name this server")
+    def kernel_caller(self) -> Identity | None:
+        """The kernel whose token the request carries (``None``: no kernel token). A
+        custom header cannot be sent cross-site without a CORS preflight, so a kernel
+        token needs no XSRF check."""
         token = self.request.headers.get(TOKEN_HEADER)
         if token is None:
-            await super().prepare()
-            user = self.current_user
-            if user is not None:
-                self.who = self.api.user_identity(user.username)
-            return
-        # A custom header cannot be sent cross-site without a CORS preflight, so a
-        # kernel token needs no XSRF check.
+            return None
         who = self.api.token_identity(token)
         if who is None:
             raise web.HTTPError(403, "unknown or revoked GPU broker token")
-        self.who = who
-        self.current_user = self._jupyter_current_user = User(username=who.user)
+        return who
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -68,7 +89,7 @@ class BrokerHandler(APIHandler):
         if isinstance(e, BrokerError):
             self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
             return
-        super()._handle_request_exception(e)  # type: ignore[arg-type]
+        super()._handle_request_exception(e)
 
     def body(self) -> dict[str, Any]:
         """The body's JSON object; an empty body, bytes that are not UTF-8 and JSON that
@@ -358,15 +379,49 @@ class UnknownPathHandler(BrokerHandler):
     """Any other path under the API prefix: the API's JSON 404 (403 without a valid
     credential), not Jupyter's HTML page."""
 
-    async def prepare(self) -> None:  # type: ignore[override]
-        await super().prepare()
+    async def prepare(self) -> None:
+        await super().prepare()  # type: ignore[misc]  # the host's, async
         if self.current_user is None:
             raise web.HTTPError(403)
         raise NotFound(f"no API path {self.request.path!r}; see the API document, openapi.yaml")
 
 
-def handlers() -> list[tuple[str, type[BrokerHandler]]]:
-    """URL patterns (relative to the server's base URL) and their handlers."""
+class JupyterHost(APIHandler):
+    """The jupyter-server host: the caller is the server's identity provider's user (a
+    Jupyter token, or the login cookie with its XSRF check) or a kernel token's; it may
+    use the broker when the server's authorizer allows it on resource ``gpubroker``."""
+
+    auth_resource = "gpubroker"
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        if not self.check_host():  # jupyter-server's DNS-rebinding guard, for kernel tokens too
+            raise web.HTTPError(403, "the Host header does not name this server")
+        who = self.kernel_caller()  # type: ignore[attr-defined]
+        if who is None:
+            await super().prepare()
+            user = self.current_user
+            if user is not None:
+                self.who = self.api.user_identity(user.username)  # type: ignore[attr-defined]
+            return
+        self.who = who
+        self.current_user = self._jupyter_current_user = User(username=who.user)
+
+    async def authorize(self) -> None:
+        await jupyter_authorized(_nothing)(self)
+
+
+async def _nothing(handler: Any) -> None:
+    """What ``authorize`` lets jupyter-server's own ``@authorized`` guard."""
+
+
+Route = tuple[str, type[web.RequestHandler]]
+
+
+def handlers(
+    host: type[web.RequestHandler] = JupyterHost, root: str = f"/{API_PREFIX}"
+) -> list[Route]:
+    """URL patterns under ``root`` (the API's path on its host: relative to the server's
+    base URL here) and their handlers, bound to ``host``."""
     ident = r"([^/]+)"  # any segment: the handler says what is wrong with it (400, 404)
     routes = [
         ("me", MeHandler),
@@ -390,5 +445,11 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         ("tokens", TokensHandler),
         (f"tokens/{ident}", TokenHandler),
     ]
-    found = [(f"/{API_PREFIX}/{path}", handler) for path, handler in routes]
-    return [*found, (f"/{API_PREFIX}(?:/.*)?", UnknownPathHandler)]
+    root = root.rstrip("/")
+    found = [(f"{root}/{path}", _bind(handler, host)) for path, handler in routes]
+    return [*found, (f"{root}(?:/.*)?", _bind(UnknownPathHandler, host))]
+
+
+def _bind(handler: type[BrokerHandler], host: type[web.RequestHandler]) -> type[web.RequestHandler]:
+    """``handler`` on ``host``: its methods first, then the host's request handler."""
+    return type(handler.__name__, (handler, host), {"__module__": host.__module__})

@@ -1,0 +1,79 @@
+"""DEMO: a JupyterHub sharing one simulated GPU machine through the GPU broker service.
+
+    jupyterhub -f examples/hub-simulated/jupyterhub_config.py
+
+then open http://127.0.0.1:8000 and log in as any user name with any password (the
+dummy authenticator: a demo, never for a hub other people can reach; it listens on
+127.0.0.1 only). "admin" is the hub's and the broker's admin. Needs
+configurable-http-proxy on PATH (npm install -g configurable-http-proxy).
+
+The broker runs as the hub-managed service "gpubroker" on a simulated DGX H100 whose
+eight GPUs are cut in MIG slices (gpubroker_config.py), its state in gpubroker.sqlite
+in the directory the hub starts in, its API at /services/gpubroker/api/v1/. Every user
+may use it (custom:gpubroker:use), the admin administers it (custom:gpubroker:admin).
+Single-user servers (LocalProcessSpawner, all as this OS user: a demo too) find it in
+$GPUBROKER_URL and call it with their own $JUPYTERHUB_API_TOKEN.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+c = get_config()  # noqa: F821 - defined by the config loader
+
+HERE = Path(__file__).resolve().parent
+ADMIN = "admin"
+USE, ADMINISTER = "custom:gpubroker:use", "custom:gpubroker:admin"
+SERVICE = "gpubroker"
+SERVICE_URL = "http://127.0.0.1:10101"
+ACCESS = f"access:services!service={SERVICE}"
+
+# -- the hub, for a demo only
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.authenticator_class = "dummy"  # DEMO: any user name, any password
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {ADMIN}
+c.JupyterHub.spawner_class = "simple"  # LocalProcessSpawner as this OS user, homes in /tmp
+
+# -- the broker's permissions: custom scopes the service enforces
+c.JupyterHub.custom_scopes = {
+    USE: {"description": "Request, hold and release GPUs through the GPU broker."},
+    ADMINISTER: {
+        "description": "Administer the GPU broker: everyone's requests and leases, quotas.",
+        "subscopes": [USE],
+    },
+}
+c.JupyterHub.load_roles = [
+    {"name": "user", "scopes": ["self", ACCESS, USE]},
+    {"name": "gpubroker-admin", "scopes": [ADMINISTER], "users": [ADMIN]},
+    # the service reads the hub groups of users whose kernels call it with kernel tokens
+    {"name": "gpubroker-service", "scopes": ["read:users:groups"], "services": [SERVICE]},
+]
+
+# -- the broker: one process for the whole hub
+c.JupyterHub.services = [
+    {
+        "name": SERVICE,
+        "url": SERVICE_URL,
+        "command": [
+            sys.executable,
+            "-m",
+            "hub_spawner.service",
+            f"--config={HERE / 'gpubroker_config.py'}",
+            f"--GPUBroker.state_file={os.path.abspath('gpubroker.sqlite')}",
+        ],
+        "display": True,  # in the hub's Services menu: the service's page, logged in by OAuth
+        "oauth_no_confirm": True,  # the admin deployed it: no consent page
+        "oauth_client_allowed_scopes": [USE, ADMINISTER],  # what a user holds of them
+    },
+]
+
+# -- single-user servers reach the service with their own token
+c.Spawner.environment = {"GPUBROKER_URL": f"{SERVICE_URL}/services/{SERVICE}/api/v1"}
+c.Spawner.server_token_scopes = [
+    "users:activity!user",  # the defaults of the 'server' role
+    "access:servers!server",
+    ACCESS,
+    USE,
+    ADMINISTER,  # only for users who hold it (the admin)
+]

@@ -1,0 +1,322 @@
+"""The broker as a JupyterHub service: one broker for every user of a hub.
+
+``jupyter gpubroker service`` (or ``python -m hub_spawner.service``), listed in
+``c.JupyterHub.services`` with a ``command`` and a ``url``, is one process holding the
+broker's state file and the machine's NVML inventory (``runtime.GPUBroker``, configured
+as ``c.GPUBroker.*`` from ``--config FILE`` and the command line). It serves the same
+API as the server extension, with the same handlers (``server.handlers``), under
+``$JUPYTERHUB_SERVICE_PREFIX`` + ``api/v1/`` (``/services/gpubroker/api/v1/``).
+
+Who is calling, and what they may do (``HubHost``), all from the hub:
+- a browser, through the hub's OAuth (the service's cookie; a call that changes
+  anything also sends the ``_xsrf`` cookie's value as ``X-XSRFToken``), or a hub API
+  token (``Authorization: token ...``: a user's, or the ``$JUPYTERHUB_API_TOKEN`` of
+  their single-user server), which must also grant access to this service;
+- the user is the hub's user name, the groups the hub's groups plus
+  ``c.GPUBroker.user_groups``'; ``custom:gpubroker:use`` is needed to use the broker
+  at all, and ``custom:gpubroker:admin`` makes an admin (``c.GPUBroker.admin_users``
+  plays no part here);
+- a kernel's token (``X-GPUBroker-Token``) acts as in a Jupyter server: for its user,
+  on its own kernel's requests; its user's hub groups are read from the hub.
+
+SIGTERM or SIGINT (how the hub stops it) closes the connections, stops the broker and
+releases the state file; a killed service restarts from the file (the hub starts it
+again) with its leases and the kernels' tokens intact. One that cannot start says why in
+one line and exits 1: the hub starts it again at its next poll, so it recovers by itself
+once the cause (another broker on the file, no driver) is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from copy import deepcopy
+from html import escape
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from jupyterhub.services.auth import (
+    HubOAuth,
+    HubOAuthCallbackHandler,
+    HubOAuthenticated,
+    check_scopes,
+)
+from jupyterhub.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.httpserver import HTTPServer
+from traitlets import Float, Unicode
+from traitlets.config import Application
+
+from jupyter_gpubroker import __version__
+from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.errors import BrokerError
+from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
+from jupyter_gpubroker.runtime import GPUBroker
+from jupyter_gpubroker.server.handlers import handlers
+
+USE_SCOPE = "custom:gpubroker:use"
+ADMIN_SCOPE = "custom:gpubroker:admin"
+API_PATH = "api/v1"
+"""The API's path under the service prefix."""
+
+
+class HubAuthFromSettings:
+    """The application's one ``HubOAuth`` (configured by the service), not a singleton."""
+
+    settings: dict[str, Any]
+
+    @property
+    def hub_auth(self) -> HubOAuth:
+        return self.settings["hub_auth"]
+
+
+class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+    """The hub service host of ``server.handlers``: the caller from HubAuth (token or
+    cookie with XSRF), or a kernel token; the broker is theirs to use with the use scope."""
+
+    async def prepare(self) -> None:
+        kernel = self.kernel_caller()
+        api: BrokerAPI = self.api
+        if kernel is not None:
+            groups = await self.settings["hub_groups"].of(kernel.user)
+            self.who = api.identify(kernel.user, kernel.kernel_id, groups)
+            self.current_user = {"name": kernel.user, "kind": "kernel"}
+            return
+        model = await self.hub_auth.get_user(self, sync=False)
+        if not model:  # an API call is refused, never redirected to a login page
+            raise web.HTTPError(
+                403,
+                "no valid hub credential: send a hub API token (Authorization: token ...), or "
+                f"log in through the hub at {self.hub_auth.base_url} (then a call that changes "
+                "anything sends the _xsrf cookie's value as X-XSRFToken)",
+            )
+        kind, name = model.get("kind", "user"), model["name"]
+        if self.hub_scopes and not check_scopes(self.hub_scopes, set(model["scopes"])):
+            raise web.HTTPError(
+                403,
+                f"{kind} {name} has no access to this service: grant "
+                f"{' or '.join(sorted(self.hub_scopes))} (c.JupyterHub.load_roles)",
+            )
+        if kind != "user":
+            raise web.HTTPError(
+                403,
+                f"the GPU broker serves hub users, not {kind} {name}: call it with a user's token",
+            )
+        admin = bool(check_scopes(ADMIN_SCOPE, set(model["scopes"])))
+        self.who = api.identify(name, groups=model.get("groups") or (), admin=admin)
+        self.current_user = model
+
+    async def authorize(self) -> None:
+        user = self.current_user
+        if user["kind"] == "kernel":  # issued to a user who held the use scope
+            return
+        if not check_scopes(USE_SCOPE, set(user["scopes"])):
+            raise web.HTTPError(
+                403,
+                f"{user['name']}'s hub credential lacks the {USE_SCOPE} scope: ask a hub "
+                "admin to grant it (c.JupyterHub.load_roles), or use a token that has it",
+            )
+
+
+class HomeHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+    """The service's page in the hub's Services menu: log in through the hub (OAuth),
+    which sets the cookie (and the ``_xsrf`` cookie) a browser front calls the API with."""
+
+    @web.authenticated
+    def get(self) -> None:
+        user = self.current_user
+        self.xsrf_token  # noqa: B018 - sets the _xsrf cookie fronts send back
+        api = url_path_join(self.hub_auth.base_url, API_PATH)
+        self.write(
+            "<!doctype html><title>GPU broker</title>"
+            f"<h1>GPU broker</h1><p>Signed in as {escape(user['name'])}.</p>"
+            f'<p>API: <a href="{escape(api)}/overview">{escape(api)}/</a></p>'
+        )
+
+
+class CallbackHandler(HubAuthFromSettings, HubOAuthCallbackHandler):
+    """The end of the hub's OAuth login."""
+
+
+class HubGroups:
+    """The hub groups of users seen only through a kernel token (a hub credential's user
+    model carries them): read with the service's own token (``read:users:groups``),
+    kept ``max_age`` seconds; the last known (or none) when the hub does not answer."""
+
+    def __init__(self, hub_auth: HubOAuth, log: Any, max_age: float = 60.0) -> None:
+        self.hub_auth, self.log, self.max_age = hub_auth, log, max_age
+        self._known: dict[str, tuple[float, list[str]]] = {}
+
+    async def of(self, user: str) -> list[str]:
+        now = time.monotonic()
+        at, groups = self._known.get(user, (-self.max_age, []))
+        if now - at < self.max_age:
+            return groups
+        url = url_path_join(self.hub_auth.api_url, "users", quote(user, safe=""))
+        try:
+            response = await AsyncHTTPClient().fetch(
+                url, headers={"Authorization": f"token {self.hub_auth.api_token}"}
+            )
+            groups = list(json.loads(response.body).get("groups") or [])
+        except (HTTPClientError, OSError, ValueError) as e:
+            self.log.warning("GPU broker: cannot read %s's hub groups (%s)", user, e)
+            return groups
+        self._known[user] = (now, groups)
+        return groups
+
+
+class GPUBrokerService(Application):
+    """``jupyter gpubroker service``: the broker API as a hub-managed service."""
+
+    name = "jupyter-gpubroker-service"
+    version = __version__
+    description = (
+        "Run the GPU broker as a JupyterHub service (list it in c.JupyterHub.services with "
+        "this command and a url); configure it with c.GPUBroker.* in --config."
+    )
+    classes = [GPUBroker, HubOAuth]
+    aliases = {
+        "config": "GPUBrokerService.config_file",
+        "simulate": "GPUBroker.simulate",
+        "state-file": "GPUBroker.state_file",
+        "log-level": "Application.log_level",
+    }
+
+    config_file = Unicode("", help="A Python config file setting c.GPUBroker.*.").tag(config=True)
+    cookie_secret_file = Unicode(
+        "",
+        help="File holding the secret that signs the service's login cookies, created (mode "
+        "0600) if missing, so logins outlive a restart; default <state file>.cookie_secret.",
+    ).tag(config=True)
+    stop_timeout = Float(
+        10.0, help="Seconds open connections (event streams) get to close on SIGTERM."
+    ).tag(config=True)
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        if self.config_file and not Path(self.config_file).is_file():
+            self.log.critical(
+                "GPU broker service not started: no config file %s: fix --config", self.config_file
+            )
+            self.exit(1)
+        if self.config_file:  # the command line wins over the file
+            from_command_line = deepcopy(self.config)
+            self.load_config_file(self.config_file)
+            self.update_config(from_command_line)
+
+    def start(self) -> None:
+        try:
+            asyncio.run(self.serve())
+        except ServiceError as e:
+            self.log.critical("GPU broker service not started: %s", e)
+            self.exit(1)
+
+    async def serve(self) -> None:
+        url, prefix = _from_hub("JUPYTERHUB_SERVICE_URL"), _from_hub("JUPYTERHUB_SERVICE_PREFIX")
+        if "identity" in self.config.GPUBroker and self.config.GPUBroker.identity != "username":
+            raise ServiceError(
+                "c.GPUBroker.identity = 'owner' would make every hub user one user: remove it, "
+                "the service always names callers by their hub user name"
+            )
+        if self.config.GPUBroker.get("admin_users"):
+            self.log.warning(
+                "c.GPUBroker.admin_users plays no part under the hub: grant %s in "
+                "c.JupyterHub.load_roles instead",
+                ADMIN_SCOPE,
+            )
+        broker = GPUBroker(parent=self, identity="username")
+        broker.api_url = url_path_join(url, prefix, API_PATH)
+        try:
+            broker.start()
+        except (BrokerError, NvmlUnavailable, TopologyError) as e:
+            raise ServiceError(getattr(e, "message", None) or str(e)) from None
+        try:
+            await self._serve(broker, url, prefix)
+        finally:
+            broker.stop()
+
+    async def _serve(self, broker: GPUBroker, url: str, prefix: str) -> None:
+        hub_auth = HubOAuth(parent=self, base_url=prefix)
+        app = web.Application(
+            [
+                *handlers(HubHost, root=url_path_join(prefix, API_PATH)),
+                (url_path_join(prefix, "oauth_callback"), CallbackHandler),
+                (prefix.rstrip("/") + "/?", HomeHandler),
+            ],
+            gpubroker=broker,
+            gpubroker_api=BrokerAPI(broker),
+            hub_auth=hub_auth,
+            hub_groups=HubGroups(hub_auth, self.log),
+            cookie_secret=self._cookie_secret(broker.state_file),
+            log_function=self._log_request,
+        )
+        where = urlsplit(url)
+        server = HTTPServer(app, xheaders=True)
+        server.listen(where.port or 80, where.hostname or "127.0.0.1")
+        broker.start_ticking()
+        self.log.info("GPU broker service: the API at %s", broker.api_url)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        await stopping.wait()
+        self.log.info("GPU broker service: stopping")
+        server.stop()
+        try:
+            await asyncio.wait_for(server.close_all_connections(), self.stop_timeout)
+        except asyncio.TimeoutError:
+            self.log.warning("GPU broker service: connections still open; stopping anyway")
+
+    def _cookie_secret(self, state_file: str) -> bytes:
+        if state_file == ":memory:" and not self.cookie_secret_file:
+            return secrets.token_bytes(32)
+        path = Path(self.cookie_secret_file or f"{state_file}.cookie_secret").expanduser()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_bytes().strip()
+        except OSError as e:
+            raise ServiceError(
+                f"cannot create the cookie secret file {path} ({e.strerror}): set "
+                "c.GPUBrokerService.cookie_secret_file to a writable path"
+            ) from None
+        secret = secrets.token_hex(32).encode()
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret)
+        return secret
+
+    def _log_request(self, handler: web.RequestHandler) -> None:
+        status = handler.get_status()
+        log = self.log.warning if status >= 400 else self.log.debug
+        request = handler.request  # its path only: a query may carry a token
+        log("%d %s %s %.1fms", status, request.method, request.path, 1000 * request.request_time())
+
+
+class ServiceError(Exception):
+    """Why the service cannot run, in one sentence."""
+
+
+def _from_hub(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ServiceError(
+            f"${name} is not set: the service is started by JupyterHub, listed in "
+            "c.JupyterHub.services with its command and url (see the README, 'Under JupyterHub')"
+        )
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    GPUBrokerService.launch_instance(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The broker as a JupyterHub service, end to end: a real hub and proxy, the service the
+hub starts (and restarts), users with hub API tokens and a browser login, on the
+example's simulated machine (one H100 in seven 1g.10gb slices here)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from live_hub import API, Hub, wait_for
+
+from jupyter_gpubroker.client import BrokerClient
+
+pytestmark = pytest.mark.hub
+SLICE = {"profile": "1g.10gb"}
+
+
+def ok(hub: Hub, token: str, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+    status, data = hub.api(token, method, path, body, **kw)
+    assert status in (200, 201, 204), f"{method} {path}: {status} {data}"
+    return data
+
+
+def release_all(hub: Hub, *tokens: str) -> None:
+    """Give back what the test holds and withdraw what it queued."""
+    for token in tokens:
+        for lease in ok(hub, token, "GET", "leases")["leases"]:
+            ok(hub, token, "DELETE", f"leases/{lease['id']}")
+        for r in ok(hub, token, "GET", "requests")["requests"]:
+            if r["state"] == "queued":
+                ok(hub, token, "DELETE", f"requests/{r['id']}")
+
+
+def test_a_users_slice_is_theirs_and_nobody_else_sees_or_touches_it(hub: Hub) -> None:
+    alice, bob, admin = hub.user("alice"), hub.user("bob"), hub.user("admin")
+    hub.hub_api("POST", "groups/lab", expect=201)
+    hub.hub_api("POST", "groups/lab/users", {"users": ["alice"]})
+    try:
+        # alice's kernel takes a slice with its kernel token: charged to alice, in her hub group
+        kernel = ok(hub, alice, "POST", "tokens", {"kernel_id": "k-alice"})
+        assert kernel["user"] == "alice"
+        mine = ok(hub, kernel["token"], "POST", "requests", SLICE, kernel=True)
+        assert (mine["state"], mine["user"], mine["groups"]) == ("granted", "alice", ["lab"])
+        assert mine["lease"]["user"] == "alice" and mine["lease"]["group"] == "lab"
+        for _ in range(6):  # the rest of the GPU
+            ok(hub, alice, "POST", "requests", {**SLICE, "owner": "fill"})
+
+        # bob waits, with his own kernel token
+        bob_kernel = ok(hub, bob, "POST", "tokens", {"kernel_id": "k-bob"})["token"]
+        his = ok(hub, bob_kernel, "POST", "requests", SLICE, kernel=True)
+        assert (his["state"], his["user"], his["position"]) == ("queued", "bob", 1)
+        hers = mine["lease"]["id"]
+
+        # neither sees nor touches the other's request, lease or token, by any endpoint
+        for token, kw, other in (
+            (alice, {}, his["id"]),
+            (kernel["token"], {"kernel": True}, his["id"]),
+            (bob, {}, mine["id"]),
+        ):
+            for method, path in (
+                ("GET", f"requests/{other}"),
+                ("DELETE", f"requests/{other}"),
+                ("POST", f"requests/{other}/renew"),
+            ):
+                assert hub.api(token, method, path, **kw)[0] == 403, (method, path)
+        for method, path in (
+            ("GET", f"leases/{hers}"),
+            ("DELETE", f"leases/{hers}"),
+            ("POST", f"leases/{hers}/renew"),
+        ):
+            assert hub.api(bob, method, path)[0] == 403, (method, path)
+        assert hub.api(alice, "DELETE", "tokens/k-bob")[0] == 204  # only her own for k-bob
+        assert ok(hub, bob_kernel, "GET", "me", kernel=True)["kernel_id"] == "k-bob"
+        for path in ("requests", "leases", "queue", "overview", "devices", "usage", "quotas"):
+            seen = json.dumps(ok(hub, alice, "GET", path))
+            assert his["id"] not in seen and "k-bob" not in seen and bob_kernel not in seen
+            seen = json.dumps(ok(hub, bob, "GET", path))
+            assert mine["id"] not in seen and hers not in seen and "k-alice" not in seen
+
+        # only the admin (custom:gpubroker:admin) sees everyone's and changes quotas
+        quota = {"max_gpus": 1}
+        status, refused = hub.api(bob, "PUT", "quotas/user/bob", quota)
+        assert (status, refused["error"]) == (403, "forbidden")
+        assert ok(hub, admin, "GET", "me") == {"user": "admin", "admin": True, "kernel_id": None}
+        assert ok(hub, admin, "PUT", "quotas/user/bob", quota)["max_gpus"] == 1
+        everyone = {r["id"] for r in ok(hub, admin, "GET", "requests")["requests"]}
+        assert {mine["id"], his["id"]} <= everyone
+    finally:
+        release_all(hub, alice, bob)
+        hub.api(admin, "DELETE", "quotas/user/bob")
+
+
+def test_the_service_says_which_scope_a_caller_lacks(hub: Hub) -> None:
+    no_use = hub.user("carol", scopes=["access:services!service=gpubroker"])
+    status, data = hub.api(no_use, "GET", "me")
+    assert status == 403 and "custom:gpubroker:use" in data["message"]
+    no_access = hub.user("carol", scopes=["read:users:name!user"])
+    status, data = hub.api(no_access, "GET", "me")
+    assert status == 403 and "access:services!service=gpubroker" in data["message"]
+    for r in (
+        requests.get(f"{hub.api_url}/me", timeout=30),
+        requests.post(f"{hub.api_url}/requests", json=SLICE, timeout=30),
+    ):
+        assert r.status_code == 403 and "hub API token" in r.json()["message"]
+    status, data = hub.api("gpb_not-a-token", "GET", "me", kernel=True)
+    assert status == 403 and "token" in data["message"]
+
+
+def test_a_browser_logs_in_through_the_hub_and_needs_xsrf_to_change_anything(hub: Hub) -> None:
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    login = {"username": "dave", "password": "any", "_xsrf": s.cookies.get("_xsrf", path="/hub/")}
+    assert s.post(f"{hub.url}/hub/login", data=login, timeout=30).ok
+    page = s.get(f"{hub.url}/services/gpubroker/", timeout=30)  # the OAuth dance
+    assert page.status_code == 200 and "Signed in as dave" in page.text
+    assert s.get(f"{hub.api_url}/me", timeout=30).json()["user"] == "dave"
+
+    refused = s.post(f"{hub.api_url}/requests", json=SLICE, timeout=30)
+    assert refused.status_code == 403 and "X-XSRFToken" in refused.json()["message"]
+    xsrf = s.cookies.get("_xsrf", path="/services/gpubroker/")
+    assert xsrf
+    taken = s.post(f"{hub.api_url}/requests", json=SLICE, headers={"X-XSRFToken": xsrf}, timeout=30)
+    assert taken.status_code == 201 and taken.json()["user"] == "dave"
+    lease = taken.json()["lease"]["id"]
+    gone = s.delete(f"{hub.api_url}/leases/{lease}", headers={"X-XSRFToken": xsrf}, timeout=30)
+    assert gone.status_code == 200
+
+
+def test_a_killed_service_comes_back_with_its_leases_and_kernel_tokens(hub: Hub) -> None:
+    erin, frank = hub.user("erin"), hub.user("frank")
+    token = ok(hub, erin, "POST", "tokens", {"kernel_id": "k-erin"})["token"]
+    try:
+        held = ok(hub, token, "POST", "requests", SLICE, kernel=True)["lease"]
+        for _ in range(6):
+            ok(hub, erin, "POST", "requests", {**SLICE, "owner": "fill"})
+        waiting = ok(hub, frank, "POST", "requests", {**SLICE, "owner": "cli"})
+        leases = {x["id"] for x in ok(hub, erin, "GET", "leases")["leases"]}
+        assert len(leases) == 7 and waiting["state"] == "queued"
+
+        before = hub.service_pid()
+        assert before is not None
+        os.kill(before, signal.SIGKILL)
+        wait_for("the hub to notice", lambda: hub.service_pid() != before, log=hub.log)
+        assert hub.wait_for_service() != before  # the hub started a new one
+
+        assert {x["id"] for x in ok(hub, erin, "GET", "leases")["leases"]} == leases
+        assert ok(hub, token, "GET", "me", kernel=True)["kernel_id"] == "k-erin"
+        renewed = ok(hub, token, "POST", f"leases/{held['id']}/renew", kernel=True)
+        assert renewed["state"] == "active" and renewed["expires_at"] > held["expires_at"]
+        assert ok(hub, frank, "GET", f"requests/{waiting['id']}")["state"] == "queued"
+    finally:
+        release_all(hub, erin, frank)
+
+
+async def test_an_event_stream_that_reconnects_with_last_event_id_misses_nothing(
+    hub: Hub,
+) -> None:
+    grace = hub.user("grace")
+    client = BrokerClient(hub.api_url, token=grace)
+    live: list[dict[str, Any]] = []  # a stream open the whole time: what happened
+
+    async def follow() -> None:
+        async with contextlib.aclosing(client.events()) as events:
+            async for message in events:
+                live.append(message)
+
+    watching = asyncio.ensure_future(follow())
+    try:
+        async with contextlib.aclosing(client.events()) as events:
+            hello = await anext(events)  # then the client goes away
+        assert hello["type"] == "hello"
+        await asyncio.to_thread(wait_for, "the live stream", lambda: live)
+        r = await client.submit(**SLICE, owner="sse")
+        await client.release(r["lease"]["id"])
+        r = await client.submit(**SLICE, owner="sse")
+        await client.release(r["lease"]["id"])
+        ended = await asyncio.to_thread(
+            wait_for, "the last release", lambda: sum(m["type"] == "released" for m in live) >= 2
+        )
+        assert ended
+
+        resumed: list[dict[str, Any]] = []
+        async with contextlib.aclosing(client.events(hello["id"])) as events:
+            async for message in events:
+                resumed.append(message)
+                if message["type"] == "positions":  # what follows the missed events
+                    break
+        missed = [(m["id"], m["type"]) for m in resumed[:-1]]
+        happened = [(m["id"], m["type"]) for m in live if m["id"] > hello["id"]]
+        happened = [m for m in happened if m[1] not in ("hello", "positions")]
+        assert missed == happened and len(missed) >= 4
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+
+def test_every_documented_operation_is_served_under_the_service_prefix(hub: Hub) -> None:
+    """The service serves the server's route table: whatever handlers() lists."""
+    doc = yaml.safe_load(
+        (Path(__file__).parents[2] / "jupyter_gpubroker" / "api" / "openapi.yaml").read_text()
+    )
+    admin = hub.user("admin")
+    for template, item in doc["paths"].items():
+        if template == "/events":  # a stream: the resume test reads it
+            continue
+        path = re.sub(r"\{([^}]+)\}", lambda m: "user" if m.group(1) == "kind" else "x1", template)
+        for method in set(item) & {"get", "put", "post", "delete", "patch"}:
+            status, data = hub.api(admin, method.upper(), path.lstrip("/"))
+            unrouted = status in (404, 405) and "API path" in str(data) or status == 405
+            assert not unrouted and status < 500, (method, template, status, data)
+    status, data = hub.api(admin, "GET", "nowhere")
+    assert status == 404 and data["error"] == "not_found"
+    assert (
+        requests.get(f"{hub.url}{API}/me", timeout=30)
+        .headers["Content-Type"]
+        .startswith("application/json")
+    )
+
+
+def test_a_users_server_reaches_the_service_with_its_own_token(hub: Hub) -> None:
+    """What the example gives single-user servers: the service's URL and a token that
+    carries the broker's scopes (custom:gpubroker:admin only for the admin)."""
+    hub.user("ivan")
+    try:
+        env = hub.start_server("ivan")
+        assert env["GPUBROKER_URL"] == hub.service_url
+        headers = {"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}
+        me = requests.get(f"{env['GPUBROKER_URL']}/me", headers=headers, timeout=30)
+        assert me.json() == {"user": "ivan", "admin": False, "kernel_id": None}
+        taken = requests.post(
+            f"{env['GPUBROKER_URL']}/requests", json=SLICE, headers=headers, timeout=30
+        )
+        assert taken.status_code == 201 and taken.json()["lease"]["user"] == "ivan"
+        lease = taken.json()["lease"]["id"]
+        gone = requests.delete(
+            f"{env['GPUBROKER_URL']}/leases/{lease}", headers=headers, timeout=30
+        )
+        assert gone.status_code == 200
+    finally:
+        hub.stop_server("ivan")

@@ -1,0 +1,82 @@
+"""The service process on its own, as the hub starts and stops it (no hub needed): it
+serves under its prefix, stops cleanly on SIGTERM, and refuses to start with a sentence."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from live_hub import ROOT, free_port, wait_for
+
+from jupyter_gpubroker.broker.errors import StateFileError
+from jupyter_gpubroker.statelock import StateLock
+
+PREFIX = "/services/gpubroker/"
+
+
+def start(
+    tmp_path: Path, *options: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+        "JUPYTERHUB_API_TOKEN": "unused",
+        "JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api",
+        "JUPYTERHUB_CLIENT_ID": "service-gpubroker",
+        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+        **(env or {}),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hub_spawner.service",
+            f"--GPUBroker.state_file={tmp_path / 'state.sqlite'}",
+            "--GPUBroker.simulate=dgx-h100-mig:1",
+            *options,
+        ],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_sigterm_stops_the_service_and_frees_its_state_file(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start(tmp_path, env={"JUPYTERHUB_SERVICE_URL": url})
+    try:
+        me = f"{url}{PREFIX}api/v1/me"
+        wait_for("the service", lambda: requests.get(me, timeout=5).status_code == 403)
+        lock = StateLock(tmp_path / "state.sqlite")
+        with pytest.raises(StateFileError):  # held by the running service
+            lock.acquire()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out
+    lock.acquire()  # given back
+    lock.release()
+
+
+def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "gpubroker_config.py"
+    config.write_text('c.GPUBroker.identity = "owner"\n')
+    cases = [
+        ((), {}, "$JUPYTERHUB_SERVICE_URL is not set"),
+        ((f"--config={config}",), {"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:1"}, "one user"),
+        (("--config=/nowhere.py",), {}, "no config file /nowhere.py"),
+    ]
+    for options, env, why in cases:
+        environment = {"JUPYTERHUB_SERVICE_URL": "", **env}
+        proc = start(tmp_path, *options, env=environment)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and why in out and "Traceback" not in out, out

@@ -1,0 +1,233 @@
+"""A real JupyterHub (``jupyterhub`` + configurable-http-proxy) running the example config
+(``examples/hub-simulated``), whose GPU broker service the hub starts and restarts.
+
+``Hub`` listens on free ports under a directory of its own, on the example's machine cut
+to one GPU (seven 1g.10gb slices) so that a few requests fill it. Tests reach the hub's
+REST API as a test-only admin service (``hub_api``), make users and their hub API tokens
+(``user``) and call the broker through the proxy (``api``), as a user's server or a
+script would. The ``hub`` fixture (tests/hub/conftest.py) starts one per test module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from jupyter_gpubroker.api import TOKEN_HEADER
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "hub-simulated" / "jupyterhub_config.py"
+SERVICE = "gpubroker"
+API = f"/services/{SERVICE}/api/v1"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 90.0, log: Path | None = None) -> Any:
+    """Poll ``check()`` until it returns something true; fail with the hub's log."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            found = check()
+            if found:
+                return found
+        except (OSError, requests.RequestException):
+            pass
+        if time.monotonic() > deadline:
+            tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"timed out waiting for {what}\n{tail}")
+        time.sleep(0.3)
+
+
+class Hub:
+    """One running hub, its broker service and the users the tests made."""
+
+    def __init__(self, home: Path, **broker: Any) -> None:
+        """``broker``: ``c.GPUBroker`` options of the service beyond the example's."""
+        self.home = home
+        self.broker = {"simulate": "dgx-h100-mig:1", "tick_interval": 0.5, **broker}
+        self.port, self.proxy_port, self.hub_port, self.service_port = (
+            free_port() for _ in range(4)
+        )
+        self.admin_token = secrets.token_hex(16)
+        self.state_file = home / "gpubroker.sqlite"
+        self.log = home / "hub.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        """The broker's API through the proxy."""
+        return self.url + API
+
+    @property
+    def service_url(self) -> str:
+        """The broker's API straight from the service, as user servers reach it."""
+        return f"http://127.0.0.1:{self.service_port}{API}"
+
+    def config(self) -> str:
+        """The example's config, on this test's ports and files, plus an admin service."""
+        service_url = f"http://127.0.0.1:{self.service_port}"
+        return f"""
+c = get_config()
+load_subconfig({str(EXAMPLE)!r})
+c.JupyterHub.port = {self.port}
+c.JupyterHub.hub_port = {self.hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.proxy_port}"
+c.JupyterHub.db_url = "sqlite:///{self.home}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{self.home}/jupyterhub_cookie_secret"
+c.JupyterHub.pid_file = "{self.home}/jupyterhub.pid"
+broker = c.JupyterHub.services[0]
+broker["url"] = "{service_url}"
+broker["command"] = [
+    *broker["command"][:-1],
+    "--GPUBroker.state_file={self.state_file}",
+    *{[f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]!r},
+]
+c.Spawner.environment = {{"GPUBROKER_URL": "{self.service_url}"}}
+c.SimpleLocalProcessSpawner.home_dir_template = "{self.home}/users/{{username}}"
+c.Spawner.args = {["--allow-root"] if os.geteuid() == 0 else []!r}
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.JupyterHub.services.append({{"name": "e2e-admin", "api_token": "{self.admin_token}"}})
+c.JupyterHub.load_roles.append(
+    {{
+        "name": "e2e-admin",
+        "scopes": [
+            "admin:users", "admin:groups", "tokens", "read:users", "servers", "admin:server_state"
+        ],
+        "services": ["e2e-admin"],
+    }}
+)
+"""
+
+    def start(self) -> None:
+        path = self.home / "jupyterhub_config.py"
+        path.write_text(self.config())
+        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]  # this checkout's code
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(path)],
+                cwd=self.home,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.wait_for_service()
+
+    def wait_for_service(self) -> int:
+        """Wait until the broker service answers through the proxy; its pid."""
+
+        def up() -> int | None:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the hub exited:\n{self.log.read_text()[-4000:]}")
+            if requests.get(f"{self.api_url}/me", timeout=5).status_code != 403:
+                return None
+            return self.service_pid()
+
+        return int(wait_for("the broker service", up, log=self.log))
+
+    def service_pid(self) -> int | None:
+        """The service's pid, from its state file's lock (who holds the file)."""
+        lock = self.state_file.with_name(self.state_file.name + ".lock")
+        try:
+            pid = int(json.loads(lock.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+        return pid if Path(f"/proc/{pid}").exists() else None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)  # the hub stops its services too
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    # -- the hub's REST API, as the test's admin service
+
+    def hub_api(self, method: str, path: str, body: Any = None, expect: int | None = 200) -> Any:
+        """A call to the hub's REST API; ``expect=None``: any success."""
+        r = requests.request(
+            method,
+            f"{self.url}/hub/api/{path}",
+            json=body,
+            headers={"Authorization": f"token {self.admin_token}"},
+            timeout=30,
+        )
+        good = r.ok if expect is None else r.status_code == expect
+        assert good, f"{method} {path}: {r.status_code} {r.text}"
+        return r.json() if r.text else None
+
+    def user(self, name: str, scopes: list[str] | None = None) -> str:
+        """Make ``name`` a hub user (once) and return a new hub API token of theirs, with
+        all their permissions or only ``scopes``."""
+        if (
+            requests.get(
+                f"{self.url}/hub/api/users/{name}",
+                headers={"Authorization": f"token {self.admin_token}"},
+                timeout=30,
+            ).status_code
+            == 404
+        ):
+            self.hub_api("POST", f"users/{name}", expect=201)
+        body: dict[str, Any] = {"note": "e2e"}
+        if scopes is not None:
+            body["scopes"] = scopes
+        return str(self.hub_api("POST", f"users/{name}/tokens", body, expect=201)["token"])
+
+    # -- single-user servers, started by the hub's spawner
+
+    def start_server(self, name: str) -> dict[str, str]:
+        """Start ``name``'s server through the hub and wait until it is ready; the
+        environment the hub gave it (its ``JUPYTERHUB_API_TOKEN``, ``GPUBROKER_URL``)."""
+        self.hub_api("POST", f"users/{name}/server", expect=None)
+
+        def ready() -> dict[str, Any] | None:
+            server = self.hub_api("GET", f"users/{name}")["servers"].get("", {})
+            return server if server.get("ready") else None
+
+        server = wait_for(f"{name}'s server", ready, timeout_s=180, log=self.log)
+        environ = Path(f"/proc/{server['state']['pid']}/environ").read_bytes()
+        return dict(v.split("=", 1) for v in environ.decode().split("\0") if "=" in v)
+
+    def stop_server(self, name: str) -> None:
+        self.hub_api("DELETE", f"users/{name}/server", expect=None)
+
+    # -- the broker's API, through the proxy
+
+    def api(
+        self, token: str, method: str, path: str, body: Any = None, *, kernel: bool = False
+    ) -> tuple[int, Any]:
+        """(status, JSON) of one broker call with a hub token (or a kernel token)."""
+        header = {TOKEN_HEADER: token} if kernel else {"Authorization": f"token {token}"}
+        r = requests.request(
+            method,
+            f"{self.api_url}/{path}",
+            json=body if body is not None or method != "POST" else {},
+            headers=header,
+            timeout=30,
+        )
+        return r.status_code, r.json() if r.text else None
