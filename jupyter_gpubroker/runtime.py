@@ -49,8 +49,8 @@ from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
-from .paths import STATE_FILE_ENV, default_state_path
-from .statelock import StateLock
+from .paths import LOCK_DIR_ENV, STATE_FILE_ENV, default_lock_dir, default_state_path
+from .statelock import GpuLocks, StateLock
 
 
 class GPUBroker(LoggingConfigurable):
@@ -74,6 +74,17 @@ class GPUBroker(LoggingConfigurable):
     @default("simulate")
     def _default_simulate(self) -> str:
         return os.environ.get(SIMULATE_ENV, "")
+
+    gpu_lock_dir = Unicode(
+        help=f"Machine-wide directory of one lock file per GPU UUID, shared by every broker "
+        f"on the machine (whatever its user or state file): a broker refuses to start on GPUs "
+        f"another one manages. World-writable and sticky; created so when missing "
+        f"(default ${LOCK_DIR_ENV}, else {default_lock_dir()}).",
+    ).tag(config=True)
+
+    @default("gpu_lock_dir")
+    def _default_gpu_lock_dir(self) -> str:
+        return os.environ.get(LOCK_DIR_ENV) or str(default_lock_dir())
 
     policy = Enum(
         sorted(POLICIES), default_value="broker", help="Ordering policy: broker, slurm or fcfs."
@@ -306,6 +317,7 @@ class GPUBroker(LoggingConfigurable):
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
         self._lock: StateLock | None = None
+        self._gpu_locks: GpuLocks | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -332,11 +344,14 @@ class GPUBroker(LoggingConfigurable):
             self._lock = StateLock(state)
             self._lock.acquire(self.api_url)
         self.backend = open_backend(self.simulate, log=self.log)
+        inventory = self.backend.inventory()
+        self._gpu_locks = GpuLocks(Path(self.gpu_lock_dir).expanduser())
+        self._gpu_locks.acquire((g.uuid for g in inventory.gpus), self.api_url)
         store = Store(state)
         try:
             self._core = Broker(
                 store,
-                self.backend.inventory(),
+                inventory,
                 policy=policy,
                 config=BrokerConfig(
                     lease_ttl_s=self.lease_ttl,
@@ -454,9 +469,10 @@ class GPUBroker(LoggingConfigurable):
             self._core.store.close()
         if self.backend is not None:
             self.backend.close()
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        for lock in (self._gpu_locks, self._lock):
+            if lock is not None:
+                lock.release()
+        self._lock = self._gpu_locks = None
 
     @property
     def core(self) -> Broker:
