@@ -43,7 +43,7 @@ from .broker.health import (
 from .broker.models import DeviceReading, check_name
 from .broker.policy import POLICIES, Window, make_policy
 from .broker.profiles import ALL_PROFILE_NAMES
-from .broker.reclaim import Decision, ReclaimConfig, Reclaimer
+from .broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from .broker.store import Store
 from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
@@ -183,7 +183,8 @@ class GPUBroker(LoggingConfigurable):
         3600.0,
         help="Seconds a lease may sit idle (its kernel ran nothing and its GPU stayed under "
         "idle_utilization_threshold) before its holder is warned; 0 disables idle reclaim. "
-        "Leases of kernels this server does not run are never reclaimed.",
+        "Leases of kernels that neither this server runs nor their own server reports with "
+        "each renewal (remote mode) are never reclaimed.",
     ).tag(config=True)
     idle_timeout_by_class = Dict(
         key_trait=Unicode(),
@@ -444,7 +445,7 @@ class GPUBroker(LoggingConfigurable):
             )
             if d.action == "reclaim" and self.kernels is not None:
                 try:
-                    await self.kernels.act(d, self.reclaim_action)
+                    await self.kernels.act(d.owner, self.reclaim_action)
                 except Exception:
                     self.log.exception(
                         "GPU broker: cannot %s kernel %s", self.reclaim_action, d.owner
@@ -503,6 +504,12 @@ class GPUBroker(LoggingConfigurable):
     def token_holder(self, token: str) -> tuple[str, str] | None:
         """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""
         return self.core.store.kernel_token(_hash(token))
+
+    def report_kernel(self, lease_id: str, kernel: KernelState) -> None:
+        """What a renewal said of the lease's kernel, for idle reclaim to judge: the
+        kernels of servers that use this broker from elsewhere (remote mode)."""
+        if self.sampler is not None:
+            self.sampler.reported[lease_id] = kernel
 
     # ------------------------------------------------------------- readings
 

@@ -17,7 +17,12 @@ pinned their devices).
 
 It reaches the broker over the HTTP API: the one embedded in this server (with
 the kernel's own token, issued in-process), or ``broker_url`` when the broker
-runs elsewhere (a JupyterHub service, with ``jupyter_token``).
+runs elsewhere (a JupyterHub service, with ``jupyter_token``): by default the
+central broker of a server in remote mode (``c.GPUBrokerExtension.broker_url``)
+with its user's credential. The central broker does not run this server's kernels,
+so there each renewal reports the kernel's execution state, for idle reclaim to
+judge, and when the lease turns out reclaimed the provisioner carries the reclaim
+out on its kernel (shut down or interrupted, as the lease's ``on_reclaim`` says).
 
 Whose kernel it is: jupyter-server does not pass the starting user to a
 provisioner, but its request handler is in the call context (``CallContext``) of
@@ -37,12 +42,13 @@ from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_server.base.call_context import CallContext
-from traitlets import Bool, Enum, Float, Int, Unicode, observe
+from traitlets import Bool, Enum, Float, Int, Unicode, default, observe
 
 from ..api.rules import BrokerAPI
-from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive
+from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive, kernel_report
 from ..runtime import GPUBroker
 from . import registry
+from .reclaimer import ServerKernels
 
 LIVE = ("queued", "granted")
 
@@ -63,13 +69,26 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         600.0, help="Seconds a kernel start may wait in the queue before it fails."
     ).tag(config=True)
     broker_url = Unicode(
-        "", help="API URL of a broker outside this server; empty: the embedded broker."
+        help="API URL of a broker outside this server (default: the central broker of a "
+        "server in remote mode, c.GPUBrokerExtension.broker_url); empty: the embedded broker."
     ).tag(config=True)
+
+    @default("broker_url")
+    def _default_broker_url(self) -> str:
+        remote = registry.remote()
+        return remote.url if remote is not None else ""
+
     jupyter_token = Unicode(
-        "",
         help="Jupyter (or JupyterHub) token for broker_url: the user the broker charges "
-        "this server's kernels to.",
+        "this server's kernels to (default: that of a server in remote mode, "
+        "c.GPUBrokerExtension.jupyter_token).",
     ).tag(config=True)
+
+    @default("jupyter_token")
+    def _default_jupyter_token(self) -> str:
+        remote = registry.remote()
+        return remote.jupyter_token if remote is not None else ""
+
     broker_token = Unicode("", help="Deprecated: use jupyter_token (same meaning).").tag(
         config=True
     )
@@ -111,6 +130,9 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         await super().cleanup(restart=restart)
         if not restart:
             self._stop_heartbeat()
+            kernels = self._server_kernels()
+            if kernels is not None:
+                kernels.forget(self.kernel_id)
         try:
             await self._give_back(self._client(), keep_own=restart)
         except Exception as e:  # the server is going down with its broker
@@ -147,6 +169,12 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "c.GPUProvisioner.broker_url"
             )
         return runtime
+
+    def _server_kernels(self) -> ServerKernels | None:
+        """This server's kernels when the broker is the central one of remote mode (which
+        neither sees them nor acts on them)."""
+        remote = registry.remote()
+        return remote.kernels if remote is not None and remote.url == self.broker_url else None
 
     def _client(self) -> BrokerClient:
         """The embedded broker through this kernel's own token (it acts only on this
@@ -256,22 +284,33 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         return env
 
     async def _renew_while_alive(self, client: BrokerClient) -> None:
-        """Renew the lease (``keep_alive``) for as long as the kernel process runs; a
-        process that is gone stops renewing, and the lease expires."""
+        """Renew the lease (``keep_alive``) for as long as the kernel process runs, with
+        the kernel's state when the broker cannot see it; a process that is gone stops
+        renewing, and the lease expires."""
         assert self.lease is not None
-        lease_id = self.lease["id"]
+        lease_id, kernels = self.lease["id"], self._server_kernels()
 
         async def alive() -> bool:
             return await self.poll() is None
 
-        lost = await keep_alive(client.renew, self.lease, alive=alive)
-        if lost is not None:
-            await self._log_lease_end(client, lease_id, lost)
+        async def renew(lease_id: str) -> dict[str, Any]:
+            state = kernels.state(self.kernel_id) if kernels is not None else None
+            if state is None:
+                return await client.renew(lease_id)
+            return await client.renew(
+                lease_id, kernel_report(state.execution_state, state.last_activity)
+            )
 
-    async def _log_lease_end(self, client: BrokerClient, lease_id: str, lost: Lost) -> None:
-        """Why the lease could not be renewed: given back through the API (``%gpu release``)
-        is the user's choice, an info line; expired, reclaimed or refused is a loss, a
-        warning."""
+        lost = await keep_alive(renew, self.lease, alive=alive)
+        if lost is not None:
+            await self._lease_ended(client, lease_id, lost, kernels)
+
+    async def _lease_ended(
+        self, client: BrokerClient, lease_id: str, lost: Lost, kernels: ServerKernels | None
+    ) -> None:
+        """Say why the lease could not be renewed: given back through the API (``%gpu
+        release``) is the user's choice, an info line; expired, reclaimed or refused is a
+        loss, a warning. A reclaim by a central broker is carried out here, on the kernel."""
         try:
             lease = await client.lease(lease_id)
         except Exception:
@@ -283,10 +322,12 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                 lease_id,
                 lease["reason"],
             )
-        else:
-            self.log.warning(
-                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
-            )
+            return
+        self.log.warning(
+            "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
+        )
+        if kernels is not None and lease is not None and lease["state"] == "reclaimed":
+            await kernels.act(self.kernel_id, lease["on_reclaim"])
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:

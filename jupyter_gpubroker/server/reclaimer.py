@@ -20,7 +20,7 @@ from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from ..broker.clock import Clock
-from ..broker.reclaim import Decision, KernelState
+from ..broker.reclaim import KernelState
 
 USER_REQUESTS = ("execute_request", "comm_msg")
 """Requests whose handling counts as the kernel being used."""
@@ -72,19 +72,32 @@ class ServerKernels:
         """Watch the kernels among ``owners`` (and stop watching the others)."""
         kernels = {o for o in owners if o in self.kernel_manager}
         for gone in self._watches.keys() - kernels:
-            self._watches.pop(gone).close()
-        for kernel_id in kernels - self._watches.keys():
+            self.forget(gone)
+        states = {k: self.state(k) for k in kernels}
+        return {k: state for k, state in states.items() if state is not None}
+
+    def state(self, kernel_id: str) -> KernelState | None:
+        """One kernel's state, watched from now on (in remote mode each provisioner asks
+        for its own kernel's, to report it with its lease's renewals); ``None`` while it
+        cannot be watched."""
+        if kernel_id not in self._watches:
             try:
                 self._watches[kernel_id] = _Watch(
                     self.kernel_manager.get_kernel(kernel_id), self.clock
                 )
             except Exception as e:  # starting, or going away: next pass
                 self.log.debug("GPU broker: cannot watch kernel %s yet: %s", kernel_id, e)
-        return {k: w.observe() for k, w in self._watches.items()}
+                return None
+        return self._watches[kernel_id].observe()
 
-    async def act(self, decision: Decision, action: str) -> None:
+    def forget(self, kernel_id: str) -> None:
+        """Stop watching a kernel (it ended, or holds no lease any more)."""
+        watch = self._watches.pop(kernel_id, None)
+        if watch is not None:
+            watch.close()
+
+    async def act(self, kernel_id: str, action: str) -> None:
         """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S`` later."""
-        kernel_id = decision.owner
         if kernel_id not in self.kernel_manager:
             return
         if action == "revoke":
