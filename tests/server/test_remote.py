@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from live_server import TOKEN, LiveServer
 from test_kernels import until
 
 from jupyter_gpubroker.api import API_PREFIX
-from jupyter_gpubroker.client import BrokerClient
+from jupyter_gpubroker.client import HUB_TOKEN_ENV, JUPYTER_TOKEN_ENV, URL_ENV, BrokerClient
 
 ENV = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUBROKER_URL'])"
 
@@ -114,6 +116,28 @@ async def test_the_servers_event_stream_relays_the_central_one(
         await api("DELETE", f"requests/{r['id']}")
         resumed = await anext(events)  # what this reconnect missed, after the last id it saw
         assert (resumed["type"], resumed["data"]["request_id"]) == ("released", r["id"])
+
+
+async def test_the_cli_in_a_hub_users_terminal_uses_the_central_broker_as_that_user(
+    central: LiveServer, tmp_path: Path
+) -> None:
+    """A hub user's terminal has what the hub gave the server: the broker's URL and the
+    user's API token; no --url, no --token."""
+    env = {**os.environ, URL_ENV: central.base, HUB_TOKEN_ENV: TOKEN}
+    env.pop(JUPYTER_TOKEN_ENV, None)
+    show = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "jupyter_gpubroker.cli", "run", "1g.10gb", "--"),
+        *(sys.executable, "-c", show),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip().startswith("MIG-")
+    usage = await central_api(central).usage()
+    assert usage["gpu_hours"]["alice"] > 0  # charged to the token's user
 
 
 async def test_a_central_broker_that_does_not_answer_is_named(
