@@ -188,7 +188,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         user whose request started it (``CallContext``: the Jupyter handler of that request;
         the server's owner when no request did), through ``broker_url`` the token's user."""
         if self.broker_url:
-            issued = await self._client().issue_kernel_token(self.kernel_id)
+            issued = await self._remote_token()
             self._kernel_token, self.charged_to = issued["token"], str(issued["user"])
         else:
             runtime = self._embedded()
@@ -199,6 +199,29 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._kernel_token = runtime.issue_token(who.user, self.kernel_id)
             self.charged_to = who.user
         self.log.info("Kernel %s: its GPUs are charged to %s", self.kernel_id, self.charged_to)
+
+    async def _remote_token(self) -> dict[str, Any]:
+        """A kernel token from ``broker_url``: the first call a kernel start makes there,
+        so a broker that does not answer, or refuses the credential, fails the start with
+        what to check."""
+        client = self._client()
+        where = f"the GPU broker at {client.url.rstrip('/')}"
+        config = "c.GPUBrokerExtension" if registry.remote() is not None else "c.GPUProvisioner"
+        try:
+            return await client.issue_kernel_token(self.kernel_id)
+        except OSError as e:
+            raise RuntimeError(
+                f"{where} does not answer ({e.strerror or e}): check {config}.broker_url "
+                "(or $GPUBROKER_URL) and that the broker (the JupyterHub service) runs"
+            ) from None
+        except BrokerAPIError as e:
+            if e.status not in (401, 403):
+                raise RuntimeError(f"{where}: {e.message}") from None
+            raise RuntimeError(
+                f"{where} refused this server's credential ({e.message}): check "
+                f"{config}.jupyter_token (default $GPUBROKER_JUPYTER_TOKEN, else "
+                "$JUPYTERHUB_API_TOKEN)"
+            ) from None
 
     async def _revoke_token(self, client: BrokerClient) -> None:
         if self.broker_url:

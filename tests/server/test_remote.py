@@ -41,11 +41,18 @@ def central(tmp_path: Path, central_options: dict[str, Any]) -> Iterator[LiveSer
 
 
 @pytest.fixture
-def jp_server_config(jp_server_config: dict[str, Any], central: LiveServer) -> dict[str, Any]:
+def central_token() -> str:
+    return TOKEN
+
+
+@pytest.fixture
+def jp_server_config(
+    jp_server_config: dict[str, Any], central: LiveServer, central_token: str
+) -> dict[str, Any]:
     """The user's server: in remote mode, with alice's token at the central broker."""
     return {
         **jp_server_config,
-        "GPUBrokerExtension": {"broker_url": central.base, "jupyter_token": TOKEN},
+        "GPUBrokerExtension": {"broker_url": central.base, "jupyter_token": central_token},
         "KernelManager": {"autorestart": False},
     }
 
@@ -149,6 +156,25 @@ async def test_a_central_broker_that_does_not_answer_is_named(
     assert reply["message"].startswith(
         f"this server's GPU broker at {central.base} does not answer"
     )
+
+
+@pytest.mark.parametrize("central_token", ["not-alices-token"])
+async def test_a_refused_credential_fails_the_kernel_start_saying_what_to_check(
+    jp_serverapp: Any, gpu_kernelspec: Any, central: LiveServer
+) -> None:
+    with pytest.raises(RuntimeError) as refused:
+        await jp_serverapp.kernel_manager.start_kernel(kernel_name=gpu_kernelspec())
+    assert str(refused.value).startswith(
+        f"the GPU broker at {central.base} refused this server's credential ("
+    )
+    assert str(refused.value).endswith(
+        "): check c.GPUBrokerExtension.jupyter_token (default $GPUBROKER_JUPYTER_TOKEN, else "
+        "$JUPYTERHUB_API_TOKEN)"
+    )
+    central.kill()
+    with pytest.raises(RuntimeError) as unreachable:
+        await jp_serverapp.kernel_manager.start_kernel(kernel_name=gpu_kernelspec())
+    assert str(unreachable.value).startswith(f"the GPU broker at {central.base} does not answer")
 
 
 @pytest.mark.slow
