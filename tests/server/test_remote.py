@@ -91,6 +91,9 @@ async def test_a_gpu_kernel_takes_its_slice_from_the_central_broker_as_its_user(
 
 
 async def test_the_servers_api_relays_to_the_central_broker(api: Any, central: LiveServer) -> None:
+    anonymous = {"Authorization": ""}  # no credential of the user's server: nothing relayed
+    status, _ = await api("POST", "requests", {"profile": "1g.10gb"}, headers=anonymous)
+    assert status == 403 and await central_api(central).requests() == []
     status, me = await api("GET", "me")
     assert (status, me["user"]) == (200, "alice")
     status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "panel"})
