@@ -210,10 +210,8 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         try:
             return await client.issue_kernel_token(self.kernel_id)
         except OSError as e:
-            raise RuntimeError(
-                f"{where} does not answer ({e.strerror or e}): check {config}.broker_url "
-                "(or $GPUBROKER_URL) and that the broker (the JupyterHub service) runs"
-            ) from None
+            why = e.strerror or str(e)
+            raise RuntimeError(registry.unreachable_text(client.url, why, config)) from None
         except BrokerAPIError as e:
             if e.status not in (401, 403):
                 raise RuntimeError(f"{where}: {e.message}") from None

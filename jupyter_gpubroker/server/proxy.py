@@ -29,6 +29,7 @@ from tornado.iostream import StreamClosedError
 from ..api import API_PREFIX
 from ..client import BrokerAPIError, BrokerClient
 from .handlers import frame
+from .registry import unreachable_text
 
 
 class ProxyHandler(APIHandler):
@@ -92,7 +93,7 @@ class ProxyHandler(APIHandler):
         events = self.broker.events(last or None)
         try:
             try:
-                first = await self._next(events)
+                first = await self._next(events, keepalive=False)
             except BrokerAPIError as e:
                 self._error(e.status, e.code, e.message)
                 return
@@ -117,11 +118,14 @@ class ProxyHandler(APIHandler):
 
     _pending: asyncio.Future[dict[str, Any]] | None = None
 
-    async def _next(self, events: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any] | None:
-        """The stream's next message, writing a keepalive while it is quiet; ``None`` once
-        this client went away."""
+    async def _next(
+        self, events: AsyncGenerator[dict[str, Any], None], keepalive: bool = True
+    ) -> dict[str, Any] | None:
+        """The stream's next message, writing a keepalive while it is quiet (once the
+        stream's answer began); ``None`` once this client went away."""
         self._pending = asyncio.ensure_future(anext(events))
-        while not (await asyncio.wait({self._pending}, timeout=self.keepalive_s))[0]:
+        wait = self.keepalive_s if keepalive else None
+        while not (await asyncio.wait({self._pending}, timeout=wait))[0]:
             self.write(": keepalive\n\n")
             await self.flush()
         return None if self._pending.cancelled() else self._pending.result()
@@ -133,13 +137,7 @@ class ProxyHandler(APIHandler):
 
     def _unreachable(self, e: BaseException) -> None:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        self._error(
-            502,
-            "broker_unreachable",
-            f"this server's GPU broker at {self.broker.url.rstrip('/')} does not answer "
-            f"({why}): check c.GPUBrokerExtension.broker_url (or $GPUBROKER_URL) and that "
-            "the broker (the JupyterHub service) runs",
-        )
+        self._error(502, "broker_unreachable", unreachable_text(self.broker.url, why))
 
     def _error(self, status: int, code: str, message: str) -> None:
         self.set_status(status)

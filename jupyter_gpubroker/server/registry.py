@@ -56,3 +56,13 @@ def set_remote(remote: Remote | None) -> None:
 def remote() -> Remote | None:
     """The central broker this server uses instead of an embedded one (remote mode)."""
     return _remote
+
+
+def unreachable_text(url: str, why: str, config: str = "c.GPUBrokerExtension") -> str:
+    """What a central broker that does not answer means, for whoever asked through it
+    (the API's relay, a GPU kernel's start)."""
+    return (
+        f"the GPU broker at {url.rstrip('/')} does not answer ({why}): check "
+        f"{config}.broker_url (or $GPUBROKER_URL) and that the broker (the JupyterHub "
+        "service) runs"
+    )

@@ -156,8 +156,10 @@ async def test_a_central_broker_that_does_not_answer_is_named(
     central.kill()
     status, reply = await api("GET", "queue")
     assert status == 502 and reply["error"] == "broker_unreachable"
-    assert reply["message"].startswith(
-        f"this server's GPU broker at {central.base} does not answer"
+    assert reply["message"] == (
+        f"the GPU broker at {central.base} does not answer (Connection refused): check "
+        "c.GPUBrokerExtension.broker_url (or $GPUBROKER_URL) and that the broker (the "
+        "JupyterHub service) runs"
     )
 
 
