@@ -15,17 +15,20 @@ Remote mode (``broker_url``, default ``$GPUBROKER_URL``: a JupyterHub service
 every user's server shares): no broker here, no state file, no GPU lock. The
 provisioner, ``%gpu`` and the CLI use the central broker with the user's own
 credential, this server's API route relays to it (``proxy``), and the
-provisioners report their kernels' state with each renewal and carry out the
-central broker's reclaims on them.
+provisioners (and ``%gpu``) report their kernels' state with each renewal; the
+server follows the central broker's events and carries out its reclaims on its
+kernels (``reclaimer.carry_out_reclaims``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import prometheus_client
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
+from tornado.ioloop import IOLoop
 from traitlets import Unicode, default
 
 from .. import __version__
@@ -33,13 +36,13 @@ from ..api import API_PREFIX
 from ..api.rules import BrokerAPI
 from ..broker.clock import SystemClock
 from ..broker.errors import BrokerError
-from ..client import URL_ENV, user_token_from_env
+from ..client import URL_ENV, BrokerClient, user_token_from_env
 from ..nvml import NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
 from . import registry
 from .handlers import handlers
 from .proxy import proxy_handlers
-from .reclaimer import ServerKernels
+from .reclaimer import ServerKernels, carry_out_reclaims
 from .unavailable import unavailable_handlers
 
 
@@ -74,10 +77,18 @@ class GPUBrokerExtension(ExtensionApp):
         self.gpubroker.api_url = url_path_join(self.serverapp.connection_url, API_PREFIX)
         self.kernels: ServerKernels | None = None
         self.why_not = ""
+        self._reclaims: asyncio.Task[None] | None = None
         if self.broker_url:
-            self.kernels = ServerKernels(self.serverapp.kernel_manager, SystemClock(), self.log)
-            registry.set_remote(registry.Remote(self.broker_url, self.jupyter_token, self.kernels))
+            kernels = ServerKernels(self.serverapp.kernel_manager, SystemClock(), self.log)
+            self.kernels = kernels
+            registry.set_remote(registry.Remote(self.broker_url, self.jupyter_token, kernels))
             self.log.info("GPU broker: none here; this server uses %s", self.broker_url)
+            central = BrokerClient(self.broker_url, token=self.jupyter_token)
+
+            def follow() -> None:
+                self._reclaims = asyncio.ensure_future(carry_out_reclaims(central, kernels))
+
+            IOLoop.current().add_callback(follow)
             return
         try:
             core = self.gpubroker.start()
@@ -108,6 +119,8 @@ class GPUBrokerExtension(ExtensionApp):
     async def stop_extension(self) -> None:
         registry.set_current(None)
         registry.set_remote(None)
+        if self._reclaims is not None:
+            self._reclaims.cancel()
         if self.kernels is not None:
             self.kernels.close()
             self.gpubroker.stop()

@@ -21,8 +21,7 @@ runs elsewhere (a JupyterHub service, with ``jupyter_token``): by default the
 central broker of a server in remote mode (``c.GPUBrokerExtension.broker_url``)
 with its user's credential. The central broker does not run this server's kernels,
 so there each renewal reports the kernel's execution state, for idle reclaim to
-judge, and when the lease turns out reclaimed the provisioner carries the reclaim
-out on its kernel (shut down or interrupted, as the lease's ``on_reclaim`` says).
+judge (the server carries the central broker's reclaims out: ``reclaimer``).
 
 Whose kernel it is: jupyter-server does not pass the starting user to a
 provisioner, but its request handler is in the call context (``CallContext``) of
@@ -324,14 +323,12 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
 
         lost = await keep_alive(renew, self.lease, alive=alive)
         if lost is not None:
-            await self._lease_ended(client, lease_id, lost, kernels)
+            await self._log_lease_end(client, lease_id, lost)
 
-    async def _lease_ended(
-        self, client: BrokerClient, lease_id: str, lost: Lost, kernels: ServerKernels | None
-    ) -> None:
-        """Say why the lease could not be renewed: given back through the API (``%gpu
-        release``) is the user's choice, an info line; expired, reclaimed or refused is a
-        loss, a warning. A reclaim by a central broker is carried out here, on the kernel."""
+    async def _log_lease_end(self, client: BrokerClient, lease_id: str, lost: Lost) -> None:
+        """Why the lease could not be renewed: given back through the API (``%gpu release``)
+        is the user's choice, an info line; expired, reclaimed or refused is a loss, a
+        warning."""
         try:
             lease = await client.lease(lease_id)
         except Exception:
@@ -343,12 +340,10 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
                 lease_id,
                 lease["reason"],
             )
-            return
-        self.log.warning(
-            "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
-        )
-        if kernels is not None and lease is not None and lease["state"] == "reclaimed":
-            await kernels.act(self.kernel_id, lease["on_reclaim"])
+        else:
+            self.log.warning(
+                "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
+            )
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:

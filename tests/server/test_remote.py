@@ -195,12 +195,19 @@ async def test_a_refused_credential_fails_the_kernel_start_saying_what_to_check(
         }
     ],
 )
+@pytest.mark.parametrize("how", ["kernelspec", "%gpu"])
 async def test_an_idle_kernel_is_reclaimed_by_the_central_broker_and_shut_down_by_its_server(
-    jp_serverapp: Any, gpu_kernelspec: Any, run_in_kernel: Any, central: LiveServer
+    jp_serverapp: Any, gpu_kernelspec: Any, run_in_kernel: Any, central: LiveServer, how: str
 ) -> None:
+    """Its lease taken by the provisioner (renewed by it), or in the notebook (renewed by
+    the kernel): each renewal says the kernel is idle, and since when."""
     mkm = jp_serverapp.kernel_manager
-    kid = await mkm.start_kernel(kernel_name=gpu_kernelspec())
-    await run_in_kernel(mkm.get_kernel(kid), "x = 1")
+    if how == "kernelspec":
+        kid = await mkm.start_kernel(kernel_name=gpu_kernelspec())
+        await run_in_kernel(mkm.get_kernel(kid), "x = 1")
+    else:
+        kid = await mkm.start_kernel(kernel_name=gpu_kernelspec("on-demand", on_demand=True))
+        await run_in_kernel(mkm.get_kernel(kid), "lease = %gpu request 1g.10gb")
     broker = central_api(central)
     (lease,) = await broker.leases()
 
