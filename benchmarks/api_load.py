@@ -209,7 +209,10 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
     pass, every stream's share decided and encoded as the server does it."""
     with tempfile.TemporaryDirectory() as home:
         rt = GPUBroker(
-            simulate="dgx-h100-mig:1", state_file=f"{home}/s.sqlite", identity="username"
+            simulate="dgx-h100-mig:1",
+            state_file=f"{home}/s.sqlite",
+            gpu_lock_dir=f"{home}/gpu-locks",
+            identity="username",
         )
         rt.start()
         api = BrokerAPI(rt)

@@ -59,6 +59,7 @@ def _start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
         "JUPYTER_TOKEN": TOKEN,
         "GPUBROKER_SIMULATE": "dgx-h100-mig",
         "GPUBROKER_STATE": str(tmp / "state.sqlite"),
+        "GPUBROKER_LOCK_DIR": str(tmp / "gpu-locks"),  # its simulated GPUs, not the machine's
     }
     proc = subprocess.Popen(
         [

@@ -34,6 +34,7 @@ from .client import (
     GrantTimeout,
     eta_text,
     keep_alive,
+    user_token_from_env,
 )
 from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
 from .paths import STATE_FILE_ENV, default_state_path
@@ -168,7 +169,12 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
         help=f"the broker API URL, ending in /{API_PREFIX} (default ${URL_ENV}, else that of "
         "the running Jupyter server)",
     )
-    p.add_argument("--token", default=None, help="a Jupyter token (default: the server's)")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="a Jupyter or JupyterHub token (default: the server's; with --url or "
+        "$GPUBROKER_URL, $GPUBROKER_JUPYTER_TOKEN else $JUPYTERHUB_API_TOKEN)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -458,11 +464,16 @@ def _holder_text(d: dict[str, Any]) -> str:
 
 
 def _client(args: argparse.Namespace) -> BrokerClient:
-    """A client for --url/--token, $GPUBROKER_URL (+ $GPUBROKER_TOKEN inside a GPU kernel),
-    or else the first running Jupyter server."""
+    """A client for --url/--token, $GPUBROKER_URL (with $GPUBROKER_TOKEN inside a GPU
+    kernel, else the user's own token: ``user_token_from_env``, the JupyterHub API token
+    in a hub user's terminal), or else the first running Jupyter server."""
     url = args.url or os.environ.get(URL_ENV)
     found = (
-        BrokerClient(url, token=args.token or "", kernel_token=os.environ.get(TOKEN_ENV, ""))
+        BrokerClient(
+            url,
+            token=args.token or user_token_from_env(),
+            kernel_token=os.environ.get(TOKEN_ENV, ""),
+        )
         if url
         else next(_server_clients(args.token), None)
     )

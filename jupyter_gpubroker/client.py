@@ -18,12 +18,12 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.httputil import (
     HTTPHeaders,
     HTTPMessageDelegate,
@@ -38,6 +38,15 @@ from .broker.text import duration, start_estimate
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
 JUPYTER_TOKEN_ENV = "GPUBROKER_JUPYTER_TOKEN"
+HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"
+
+
+def user_token_from_env() -> str:
+    """The user's own credential for ``$GPUBROKER_URL``: ``$GPUBROKER_JUPYTER_TOKEN``, else
+    the JupyterHub API token a hub gives each user's server (and its terminals)."""
+    return os.environ.get(JUPYTER_TOKEN_ENV) or os.environ.get(HUB_TOKEN_ENV, "")
+
+
 TERMINAL = ("released", "cancelled", "expired", "reclaimed", "refused")
 
 
@@ -81,6 +90,15 @@ def eta_text(r: dict[str, Any]) -> str:
         high = _seconds(span["high"]) if span.get("high") else None
         estimate = (_seconds(span["low"]), _seconds(r["eta"]), high)
     return start_estimate(estimate, r.get("position"), time.time())
+
+
+def kernel_report(execution_state: str, last_activity: float) -> dict[str, Any]:
+    """A kernel's state as a lease renewal reports it (``BrokerClient.renew``'s ``kernel``):
+    ``idle`` or ``busy``, and when it last started or finished running code."""
+    return {
+        "execution_state": execution_state,
+        "last_activity": datetime.fromtimestamp(last_activity, timezone.utc).isoformat(),
+    }
 
 
 def _seconds(iso: str) -> float:
@@ -160,10 +178,10 @@ class BrokerClient:
     @classmethod
     def from_env(cls) -> BrokerClient:
         """Inside a GPU kernel: the URL and kernel token the provisioner injected. Elsewhere
-        (a plain kernel, a terminal) a Jupyter token in ``GPUBROKER_JUPYTER_TOKEN`` will do."""
+        (a plain kernel, a terminal) the user's own token will do (``user_token_from_env``)."""
         return cls(
             os.environ.get(URL_ENV, ""),
-            token=os.environ.get(JUPYTER_TOKEN_ENV, ""),
+            token=user_token_from_env(),
             kernel_token=os.environ.get(TOKEN_ENV, ""),
         )
 
@@ -179,19 +197,27 @@ class BrokerClient:
         self, method: str, path: str, body: dict[str, Any] | None = None, **query: Any
     ) -> Any:
         q = {k: v for k, v in query.items() if v is not None}
-        url = self.url + path + (f"?{urlencode(q)}" if q else "")
+        data = None if body is None and method != "POST" else json.dumps(body or {}).encode()
+        try:
+            response = await self.fetch(method, path + (f"?{urlencode(q)}" if q else ""), data)
+        except HTTPClientError as e:  # a timeout (599)
+            raise _api_error(e) from None
+        if response.code >= 400:
+            raise _error_of(response.code, response.body or b"", response.reason)
+        return json.loads(response.body) if response.body else None
+
+    async def fetch(self, method: str, path: str, body: bytes | None = None) -> HTTPResponse:
+        """One call's raw response, whatever its status (``path`` may carry a query); raises
+        ``OSError`` or ``HTTPClientError`` (599) when no answer came."""
         request = HTTPRequest(
-            url,
+            self.url + path,
             method=method,
             headers=self._headers(),
-            body=None if body is None and method != "POST" else json.dumps(body or {}),
+            body=body,
             request_timeout=self.timeout,
+            allow_nonstandard_methods=True,
         )
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-        except HTTPClientError as e:
-            raise _api_error(e) from None
-        return json.loads(response.body) if response.body else None
+        return await AsyncHTTPClient().fetch(request, raise_error=False)
 
     # -- the API, one method an endpoint
 
@@ -233,8 +259,11 @@ class BrokerClient:
     async def lease(self, lease_id: str) -> dict[str, Any]:
         return await self.call("GET", f"leases/{lease_id}")  # type: ignore[no-any-return]
 
-    async def renew(self, lease_id: str) -> dict[str, Any]:
-        return await self.call("POST", f"leases/{lease_id}/renew")  # type: ignore[no-any-return]
+    async def renew(self, lease_id: str, kernel: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Renew a lease; ``kernel``: its kernel's execution state (``execution_state``,
+        ``last_activity``), for a broker that does not run the kernel to judge it idle."""
+        body = {"kernel": kernel} if kernel is not None else None
+        return await self.call("POST", f"leases/{lease_id}/renew", body)  # type: ignore[no-any-return]
 
     async def release(self, lease_id: str) -> dict[str, Any]:
         return await self.call("DELETE", f"leases/{lease_id}")  # type: ignore[no-any-return]
@@ -272,7 +301,7 @@ class BrokerClient:
         await self.call("DELETE", f"tokens/{kernel_id}")
 
     async def events(
-        self, last_event_id: int | None = None
+        self, last_event_id: int | str | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The server-sent event stream, one decoded message (``{v, id, type, at, data}``)
         at a time; from after ``last_event_id`` when given (what a reconnect missed, or a

@@ -12,3 +12,14 @@ STATE_FILE_ENV = "GPUBROKER_STATE"
 def default_state_path() -> Path:
     """``<jupyter data dir>/gpubroker/state.sqlite``: survives restarts, one per user."""
     return Path(jupyter_data_dir()) / "gpubroker" / "state.sqlite"
+
+
+LOCK_DIR_ENV = "GPUBROKER_LOCK_DIR"
+
+
+def default_lock_dir() -> Path:
+    """The machine-wide directory of the per-GPU locks every broker on the machine shares:
+    ``/run/lock/gpubroker`` (``/run/lock`` is shared by every user, and not private to a
+    systemd service as its ``/tmp`` may be), else ``/tmp/gpubroker-locks``."""
+    run_lock = Path("/run/lock")
+    return run_lock / "gpubroker" if run_lock.is_dir() else Path("/tmp/gpubroker-locks")

@@ -43,14 +43,14 @@ from .broker.health import (
 from .broker.models import DeviceReading, check_name
 from .broker.policy import POLICIES, Window, make_policy
 from .broker.profiles import ALL_PROFILE_NAMES
-from .broker.reclaim import Decision, ReclaimConfig, Reclaimer
+from .broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from .broker.store import Store
 from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
-from .paths import STATE_FILE_ENV, default_state_path
-from .statelock import StateLock
+from .paths import LOCK_DIR_ENV, STATE_FILE_ENV, default_lock_dir, default_state_path
+from .statelock import GpuLocks, StateLock
 
 
 class GPUBroker(LoggingConfigurable):
@@ -74,6 +74,17 @@ class GPUBroker(LoggingConfigurable):
     @default("simulate")
     def _default_simulate(self) -> str:
         return os.environ.get(SIMULATE_ENV, "")
+
+    gpu_lock_dir = Unicode(
+        help=f"Machine-wide directory of one lock file per GPU UUID, shared by every broker "
+        f"on the machine (whatever its user or state file): a broker refuses to start on GPUs "
+        f"another one manages. World-writable and sticky; created so when missing "
+        f"(default ${LOCK_DIR_ENV}, else {default_lock_dir()}).",
+    ).tag(config=True)
+
+    @default("gpu_lock_dir")
+    def _default_gpu_lock_dir(self) -> str:
+        return os.environ.get(LOCK_DIR_ENV) or str(default_lock_dir())
 
     policy = Enum(
         sorted(POLICIES), default_value="broker", help="Ordering policy: broker, slurm or fcfs."
@@ -172,7 +183,8 @@ class GPUBroker(LoggingConfigurable):
         3600.0,
         help="Seconds a lease may sit idle (its kernel ran nothing and its GPU stayed under "
         "idle_utilization_threshold) before its holder is warned; 0 disables idle reclaim. "
-        "Leases of kernels this server does not run are never reclaimed.",
+        "Leases of kernels that neither this server runs nor their own server reports with "
+        "each renewal (remote mode) are never reclaimed.",
     ).tag(config=True)
     idle_timeout_by_class = Dict(
         key_trait=Unicode(),
@@ -308,6 +320,7 @@ class GPUBroker(LoggingConfigurable):
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
         self._lock: StateLock | None = None
+        self._gpu_locks: GpuLocks | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -334,11 +347,14 @@ class GPUBroker(LoggingConfigurable):
             self._lock = StateLock(state)
             self._lock.acquire(self.api_url)
         self.backend = open_backend(self.simulate, log=self.log)
+        inventory = self.backend.inventory()
+        self._gpu_locks = GpuLocks(Path(self.gpu_lock_dir).expanduser())
+        self._gpu_locks.acquire((g.uuid for g in inventory.gpus), self.api_url)
         store = Store(state)
         try:
             self._core = Broker(
                 store,
-                self.backend.inventory(),
+                inventory,
                 policy=policy,
                 config=BrokerConfig(
                     lease_ttl_s=self.lease_ttl,
@@ -431,7 +447,7 @@ class GPUBroker(LoggingConfigurable):
             )
             if d.action == "reclaim" and self.kernels is not None:
                 try:
-                    await self.kernels.act(d, self.reclaim_action)
+                    await self.kernels.act(d.owner, self.reclaim_action)
                 except Exception:
                     self.log.exception(
                         "GPU broker: cannot %s kernel %s", self.reclaim_action, d.owner
@@ -464,9 +480,10 @@ class GPUBroker(LoggingConfigurable):
             self._core.store.close()
         if self.backend is not None:
             self.backend.close()
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        for lock in (self._gpu_locks, self._lock):
+            if lock is not None:
+                lock.release()
+        self._lock = self._gpu_locks = None
 
     @property
     def core(self) -> Broker:
@@ -497,6 +514,12 @@ class GPUBroker(LoggingConfigurable):
     def token_holder(self, token: str) -> tuple[str, str] | None:
         """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""
         return self.core.store.kernel_token(_hash(token))
+
+    def report_kernel(self, lease_id: str, kernel: KernelState) -> None:
+        """What a renewal said of the lease's kernel, for idle reclaim to judge: the
+        kernels of servers that use this broker from elsewhere (remote mode)."""
+        if self.sampler is not None:
+            self.sampler.reported[lease_id] = kernel
 
     # ------------------------------------------------------------- readings
 

@@ -16,7 +16,9 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.client import URL_ENV
 from jupyter_gpubroker.kernelspec import spec_for
+from jupyter_gpubroker.paths import LOCK_DIR_ENV
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -26,6 +28,17 @@ def pytest_configure(config: pytest.Config) -> None:
     demo, servers, the CLI), even when the suite runs as a background job, which starts
     with SIGINT ignored: the tests that send it would otherwise wait for nothing."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _own_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every broker a test starts (in process or as a subprocess: servers, the demo, the
+    CLI) locks its simulated GPUs in a directory of this test's own, not the machine-wide
+    one: the simulated GPUs' UUIDs are the same in every test, and tests (of other
+    checkouts too) run in parallel. No test server talks to a central broker unless it
+    says so."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("gpu-locks")))
+    monkeypatch.delenv(URL_ENV, raising=False)
 
 
 @pytest.fixture

@@ -60,7 +60,13 @@ class Hub:
     def __init__(self, home: Path, **broker: Any) -> None:
         """``broker``: ``c.GPUBroker`` options of the service beyond the example's."""
         self.home = home
-        self.broker = {"simulate": "dgx-h100-mig:1", "tick_interval": 0.5, **broker}
+        self.broker = {
+            "simulate": "dgx-h100-mig:1",
+            "tick_interval": 0.5,
+            # the hub passes services no environment of ours: the tests' own lock dir
+            "gpu_lock_dir": str(home / "gpu-locks"),
+            **broker,
+        }
         self.port, self.proxy_port, self.hub_port, self.service_port = (
             free_port() for _ in range(4)
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpubroker.api import API_PREFIX
+from jupyter_gpubroker.paths import LOCK_DIR_ENV
 
 TOKEN = "live-server-token"
 EXTENSIONS = {  # only ours: the others slow every start down
@@ -61,6 +62,8 @@ class LiveServer:
             "JUPYTER_CONFIG_DIR": str(self.home / "config"),
             "JUPYTER_DATA_DIR": str(self.home / "data"),
             "JUPYTER_RUNTIME_DIR": str(self.home / "runtime"),
+            # its simulated GPUs are its own (a benchmark's too), unless a test says whose
+            LOCK_DIR_ENV: os.environ.get(LOCK_DIR_ENV) or str(self.home / "gpu-locks"),
         }
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(

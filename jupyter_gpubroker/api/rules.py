@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.core import QUOTA_BOUNDS, Broker, Quota
 from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size, check_name
+from ..broker.reclaim import KernelState
 from ..broker.store import AuditRecord
 from .identity import Identity
 from .shapes import (
@@ -54,6 +55,8 @@ MAX_REASON = 500
 AUDIT_PAGE = 100
 """Audit records per page unless ``limit`` says otherwise (at most ``MAX_AUDIT_PAGE``)."""
 MAX_AUDIT_PAGE = 1000
+KERNEL_STATES = ("idle", "busy")
+"""A kernel's execution state as a renewal reports it (``server.reclaimer`` watches them)."""
 
 
 class BrokerAPI:
@@ -180,7 +183,7 @@ class BrokerAPI:
             mine = self.core.queue()
         entry = next((e for e in mine if e.request.id == r.id), None)
         d = request_json(r, entry)
-        d["lease"] = lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
+        d["lease"] = self._lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
         return d
 
     def requests(self, who: Identity) -> dict[str, Any]:
@@ -270,22 +273,35 @@ class BrokerAPI:
         core = self.core
         return {
             "leases": [
-                lease_json(x)
+                self._lease_json(x)
                 for x in core.leases(self._viewer(who))
                 if self._kernel_may(who, core.request(x.request_id).owner)
             ]
         }
 
+    def _lease_json(self, lease: Lease) -> dict[str, Any]:
+        """A lease with what its holder's server does to the kernel once it is reclaimed
+        (``c.GPUBroker.reclaim_action``): a server in remote mode carries it out."""
+        return {**lease_json(lease), "on_reclaim": self.runtime.reclaim_action}
+
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:
-        return lease_json(self._own_lease(who, lease_id))
+        return self._lease_json(self._own_lease(who, lease_id))
 
     def release(self, who: Identity, lease_id: str) -> dict[str, Any]:
         lease = self._own_lease(who, lease_id)
-        return lease_json(self.core.release(lease.id))
+        return self._lease_json(self.core.release(lease.id))
 
-    def renew(self, who: Identity, lease_id: str) -> dict[str, Any]:
+    def renew(
+        self, who: Identity, lease_id: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The holder's heartbeat; ``body``'s ``kernel`` reports the holding kernel's
+        execution state, which idle reclaim judges when the broker does not run it."""
         lease = self._own_lease(who, lease_id)
-        return lease_json(self.core.renew(lease.id))
+        kernel = _kernel_report(body or {})
+        renewed = self._lease_json(self.core.renew(lease.id))
+        if kernel is not None:
+            self.runtime.report_kernel(lease.id, kernel)
+        return renewed
 
     # ----------------------------------------------------- usage and quotas
 
@@ -585,6 +601,30 @@ def parse_int(name: str, value: str | None, lo: int, hi: int, default: int) -> i
     if not lo <= n <= hi:
         raise InvalidRequest(f"'{name}' must be an integer from {lo} to {hi}, not {value!r}")
     return n
+
+
+def _kernel_report(body: dict[str, Any]) -> KernelState | None:
+    """A renewal's ``kernel`` (``{execution_state, last_activity}``), checked."""
+    unknown = set(body) - {"kernel"}
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    kernel = body.get("kernel")
+    if kernel is None:
+        return None
+    if not isinstance(kernel, dict) or set(kernel) != {"execution_state", "last_activity"}:
+        raise InvalidRequest(
+            "'kernel' must be an object with 'execution_state' and 'last_activity'"
+        )
+    if kernel["execution_state"] not in KERNEL_STATES:
+        raise InvalidRequest(
+            f"'execution_state' must be one of {', '.join(KERNEL_STATES)}, "
+            f"not {kernel['execution_state']!r}"
+        )
+    if not isinstance(kernel["last_activity"], str):
+        raise InvalidRequest("'last_activity' must be an ISO 8601 time")
+    since = parse_time("last_activity", kernel["last_activity"])
+    assert since is not None
+    return KernelState(kernel["execution_state"], since)
 
 
 def parse_time(name: str, value: str | None) -> float | None:

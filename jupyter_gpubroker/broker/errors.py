@@ -89,3 +89,11 @@ class StateFileError(BrokerError):
 
     code = "broker_unavailable"
     status = 503
+
+
+class GpuInUse(BrokerError):
+    """Another broker on this machine (another user's, another state file) already
+    manages one of its GPUs, or the machine-wide lock of a GPU cannot be taken."""
+
+    code = "broker_unavailable"
+    status = 503

@@ -211,6 +211,7 @@ class GPUMagics(Magics):
         """Made on first use, so that loading the extension never fails or waits."""
         if self._session is None:
             self._session = Session.from_env(get_logger(), self.refresh_interval)
+            self._session.activity = self.activity
         return self._session
 
     @observe("refresh_interval")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from IPython.core.getipython import get_ipython
 
 from ..broker.text import duration
-from ..client import BrokerClient, keep_alive, size_text
+from ..client import BrokerClient, keep_alive, kernel_report, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import DevicePoll, EventFeed, Runner
@@ -66,6 +66,10 @@ class Activity:
         return (
             "kernel busy" if self.busy else f"kernel idle for {duration(time.time() - self.since)}"
         )
+
+    def report(self) -> dict[str, Any]:
+        """As a lease renewal reports it (a central broker cannot watch this kernel)."""
+        return kernel_report("busy" if self.busy else "idle", self.since)
 
 
 class Tracker:
@@ -183,6 +187,8 @@ class Session:
         self._pinned: str | None = None
         """The request whose devices CUDA_VISIBLE_DEVICES names."""
         self._heartbeat: tuple[str, concurrent.futures.Future[None]] | None = None
+        self.activity: Activity | None = None
+        """This kernel's activity, reported with each renewal of a lease it took itself."""
 
     @classmethod
     def from_env(cls, log: Log, refresh_interval: float) -> Session:
@@ -277,7 +283,12 @@ class Session:
 
     async def _heartbeats(self, kind: str, held: dict[str, Any]) -> None:
         """Renew while this kernel process lives (and the request or lease does)."""
-        renew = self.client.renew if kind == "lease" else self.client.renew_request
+
+        async def renew_lease(lease_id: str) -> dict[str, Any]:
+            report = self.activity.report() if self.activity is not None else None
+            return await self.client.renew(lease_id, report)
+
+        renew = renew_lease if kind == "lease" else self.client.renew_request
         lost = await keep_alive(renew, held, request=kind == "request")
         if lost is not None:  # ended elsewhere (expired, reclaimed, released) or refused
             self.log.warning("GPU %s %s lost: %s", kind, held["id"], lost.message)

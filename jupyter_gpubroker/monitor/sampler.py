@@ -40,8 +40,8 @@ class KernelSource(Protocol):
 class KernelActions(KernelSource, Protocol):
     """A ``KernelSource`` that also acts on the kernel of a reclaimed lease."""
 
-    async def act(self, decision: Decision, action: str) -> None:
-        """``shutdown`` the kernel of ``decision.owner``; ``revoke``: interrupt it."""
+    async def act(self, kernel_id: str, action: str) -> None:
+        """``shutdown`` the kernel of a reclaimed lease; ``revoke``: interrupt it."""
         ...
 
 
@@ -59,6 +59,9 @@ class Sampler:
         self.health, self.reclaimer = health, reclaimer
         self.log = log or logging.getLogger(__name__)
         self.kernels: KernelSource | None = None
+        self.reported: dict[str, KernelState] = {}
+        """Kernel states their holders reported with their leases' last renewal, by lease
+        id: the kernels of other servers (remote mode), judged where the host has none."""
         self.latest: dict[str, DeviceReading] = {}
         """The last pass's readings, by GPU or device UUID."""
         gpus = {g.uuid for g in broker.inventory.gpus}
@@ -99,6 +102,8 @@ class Sampler:
         leases = self.broker.leases()
         owners = {x.id: self.broker.request(x.request_id).owner for x in leases}
         kernels = self.kernels.observe(set(owners.values()) - {""}) if self.kernels else {}
+        for ended in self.reported.keys() - owners.keys():
+            del self.reported[ended]
         observed = {}
         for lease in leases:
             seen = [readings[d] for d in lease.devices if d in readings]
@@ -108,6 +113,6 @@ class Sampler:
                 utilization=max(utilization) if utilization else None,
                 memory_used_mib=float(sum(memory)) if memory else None,
                 processes=sum(len(r.processes) for r in seen) if seen else None,
-                kernel=kernels.get(owners[lease.id]),
+                kernel=kernels.get(owners[lease.id]) or self.reported.get(lease.id),
             )
         return observed

@@ -218,7 +218,7 @@ class RenewHandler(BrokerHandler):
     @web.authenticated
     @authorized
     def post(self, lease_id: str) -> None:
-        self.reply(self.api.renew(self.who, lease_id))
+        self.reply(self.api.renew(self.who, lease_id, self.body() if self.request.body else None))
 
 
 class UsageHandler(BrokerHandler):
@@ -315,12 +315,12 @@ class EventsHandler(BrokerHandler):
             sends, and a message every stream sends alike is encoded once."""
             seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
             if seen is not None:
-                items.put_nowait(_frame(seen))
+                items.put_nowait(frame(seen))
 
         unsubscribe = api.runtime.subscribe(deliver)
         try:
             for message in api.resume(who, last):  # no await since subscribing: no gap
-                self.write(_frame(message))
+                self.write(frame(message))
             await self.flush()
             while True:
                 try:
@@ -367,8 +367,9 @@ _encoded: tuple[dict[str, Any], str] | None = None
 gets the same message object (``api.rules.event``), one after another."""
 
 
-def _frame(message: dict[str, Any]) -> str:
-    """A message as one server-sent event: its ``id:`` line and its JSON."""
+def frame(message: dict[str, Any]) -> str:
+    """A message as one server-sent event: its ``id:`` line and its JSON (the remote
+    mode's proxy relays the central broker's so too)."""
     global _encoded
     if _encoded is None or _encoded[0] is not message:
         _encoded = (message, f"id: {message['id']}\ndata: {json.dumps(message)}\n\n")

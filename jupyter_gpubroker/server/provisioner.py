@@ -17,7 +17,11 @@ pinned their devices).
 
 It reaches the broker over the HTTP API: the one embedded in this server (with
 the kernel's own token, issued in-process), or ``broker_url`` when the broker
-runs elsewhere (a JupyterHub service, with ``jupyter_token``).
+runs elsewhere (a JupyterHub service, with ``jupyter_token``): by default the
+central broker of a server in remote mode (``c.GPUBrokerExtension.broker_url``)
+with its user's credential. The central broker does not run this server's kernels,
+so there each renewal reports the kernel's execution state, for idle reclaim to
+judge (the server carries the central broker's reclaims out: ``reclaimer``).
 
 Whose kernel it is: jupyter-server does not pass the starting user to a
 provisioner, but its request handler is in the call context (``CallContext``) of
@@ -37,12 +41,13 @@ from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_server.base.call_context import CallContext
-from traitlets import Bool, Enum, Float, Int, Unicode, observe
+from traitlets import Bool, Enum, Float, Int, Unicode, default, observe
 
 from ..api.rules import BrokerAPI
-from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive
+from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive, kernel_report
 from ..runtime import GPUBroker
 from . import registry
+from .reclaimer import ServerKernels
 
 LIVE = ("queued", "granted")
 
@@ -63,13 +68,26 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         600.0, help="Seconds a kernel start may wait in the queue before it fails."
     ).tag(config=True)
     broker_url = Unicode(
-        "", help="API URL of a broker outside this server; empty: the embedded broker."
+        help="API URL of a broker outside this server (default: the central broker of a "
+        "server in remote mode, c.GPUBrokerExtension.broker_url); empty: the embedded broker."
     ).tag(config=True)
+
+    @default("broker_url")
+    def _default_broker_url(self) -> str:
+        remote = registry.remote()
+        return remote.url if remote is not None else ""
+
     jupyter_token = Unicode(
-        "",
         help="Jupyter (or JupyterHub) token for broker_url: the user the broker charges "
-        "this server's kernels to.",
+        "this server's kernels to (default: that of a server in remote mode, "
+        "c.GPUBrokerExtension.jupyter_token).",
     ).tag(config=True)
+
+    @default("jupyter_token")
+    def _default_jupyter_token(self) -> str:
+        remote = registry.remote()
+        return remote.jupyter_token if remote is not None else ""
+
     broker_token = Unicode("", help="Deprecated: use jupyter_token (same meaning).").tag(
         config=True
     )
@@ -111,6 +129,9 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         await super().cleanup(restart=restart)
         if not restart:
             self._stop_heartbeat()
+            kernels = self._server_kernels()
+            if kernels is not None:
+                kernels.forget(self.kernel_id)
         try:
             await self._give_back(self._client(), keep_own=restart)
         except Exception as e:  # the server is going down with its broker
@@ -148,6 +169,12 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             )
         return runtime
 
+    def _server_kernels(self) -> ServerKernels | None:
+        """This server's kernels when the broker is the central one of remote mode (which
+        neither sees them nor acts on them)."""
+        remote = registry.remote()
+        return remote.kernels if remote is not None and remote.url == self.broker_url else None
+
     def _client(self) -> BrokerClient:
         """The embedded broker through this kernel's own token (it acts only on this
         kernel's requests), or ``broker_url`` as the user of ``jupyter_token``."""
@@ -160,7 +187,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         user whose request started it (``CallContext``: the Jupyter handler of that request;
         the server's owner when no request did), through ``broker_url`` the token's user."""
         if self.broker_url:
-            issued = await self._client().issue_kernel_token(self.kernel_id)
+            issued = await self._remote_token()
             self._kernel_token, self.charged_to = issued["token"], str(issued["user"])
         else:
             runtime = self._embedded()
@@ -171,6 +198,27 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._kernel_token = runtime.issue_token(who.user, self.kernel_id)
             self.charged_to = who.user
         self.log.info("Kernel %s: its GPUs are charged to %s", self.kernel_id, self.charged_to)
+
+    async def _remote_token(self) -> dict[str, Any]:
+        """A kernel token from ``broker_url``: the first call a kernel start makes there,
+        so a broker that does not answer, or refuses the credential, fails the start with
+        what to check."""
+        client = self._client()
+        where = f"the GPU broker at {client.url.rstrip('/')}"
+        config = "c.GPUBrokerExtension" if registry.remote() is not None else "c.GPUProvisioner"
+        try:
+            return await client.issue_kernel_token(self.kernel_id)
+        except OSError as e:
+            why = e.strerror or str(e)
+            raise RuntimeError(registry.unreachable_text(client.url, why, config)) from None
+        except BrokerAPIError as e:
+            if e.status not in (401, 403):
+                raise RuntimeError(f"{where}: {e.message}") from None
+            raise RuntimeError(
+                f"{where} refused this server's credential ({e.message}): check "
+                f"{config}.jupyter_token (default $GPUBROKER_JUPYTER_TOKEN, else "
+                "$JUPYTERHUB_API_TOKEN)"
+            ) from None
 
     async def _revoke_token(self, client: BrokerClient) -> None:
         if self.broker_url:
@@ -256,15 +304,24 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         return env
 
     async def _renew_while_alive(self, client: BrokerClient) -> None:
-        """Renew the lease (``keep_alive``) for as long as the kernel process runs; a
-        process that is gone stops renewing, and the lease expires."""
+        """Renew the lease (``keep_alive``) for as long as the kernel process runs, with
+        the kernel's state when the broker cannot see it; a process that is gone stops
+        renewing, and the lease expires."""
         assert self.lease is not None
-        lease_id = self.lease["id"]
+        lease_id, kernels = self.lease["id"], self._server_kernels()
 
         async def alive() -> bool:
             return await self.poll() is None
 
-        lost = await keep_alive(client.renew, self.lease, alive=alive)
+        async def renew(lease_id: str) -> dict[str, Any]:
+            state = kernels.state(self.kernel_id) if kernels is not None else None
+            if state is None:
+                return await client.renew(lease_id)
+            return await client.renew(
+                lease_id, kernel_report(state.execution_state, state.last_activity)
+            )
+
+        lost = await keep_alive(renew, self.lease, alive=alive)
         if lost is not None:
             await self._log_lease_end(client, lease_id, lost)
 

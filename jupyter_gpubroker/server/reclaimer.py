@@ -7,11 +7,17 @@ on every message a kernel sends by itself, such as a widget refreshing in the
 background, so a notebook showing a live GPU widget would never look idle. Only
 the status changes around requests the user sent (running a cell, a widget
 interaction) count here.
+
+In remote mode the central broker decides and this server acts: each renewal
+reports the kernel's state (``ServerKernels.state``), and ``carry_out_reclaims``
+hears the central broker's ``reclaimed`` events and shuts down (or interrupts) the
+kernel whose lease it was, provisioned or taken with ``%gpu``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -20,7 +26,8 @@ from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from ..broker.clock import Clock
-from ..broker.reclaim import Decision, KernelState
+from ..broker.reclaim import KernelState
+from ..client import BrokerAPIError, BrokerClient
 
 USER_REQUESTS = ("execute_request", "comm_msg")
 """Requests whose handling counts as the kernel being used."""
@@ -72,19 +79,32 @@ class ServerKernels:
         """Watch the kernels among ``owners`` (and stop watching the others)."""
         kernels = {o for o in owners if o in self.kernel_manager}
         for gone in self._watches.keys() - kernels:
-            self._watches.pop(gone).close()
-        for kernel_id in kernels - self._watches.keys():
+            self.forget(gone)
+        states = {k: self.state(k) for k in kernels}
+        return {k: state for k, state in states.items() if state is not None}
+
+    def state(self, kernel_id: str) -> KernelState | None:
+        """One kernel's state, watched from now on (in remote mode each provisioner asks
+        for its own kernel's, to report it with its lease's renewals); ``None`` while it
+        cannot be watched."""
+        if kernel_id not in self._watches:
             try:
                 self._watches[kernel_id] = _Watch(
                     self.kernel_manager.get_kernel(kernel_id), self.clock
                 )
             except Exception as e:  # starting, or going away: next pass
                 self.log.debug("GPU broker: cannot watch kernel %s yet: %s", kernel_id, e)
-        return {k: w.observe() for k, w in self._watches.items()}
+                return None
+        return self._watches[kernel_id].observe()
 
-    async def act(self, decision: Decision, action: str) -> None:
+    def forget(self, kernel_id: str) -> None:
+        """Stop watching a kernel (it ended, or holds no lease any more)."""
+        watch = self._watches.pop(kernel_id, None)
+        if watch is not None:
+            watch.close()
+
+    async def act(self, kernel_id: str, action: str) -> None:
         """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S`` later."""
-        kernel_id = decision.owner
         if kernel_id not in self.kernel_manager:
             return
         if action == "revoke":
@@ -108,3 +128,39 @@ class ServerKernels:
         self._watches.clear()
         for task in self._shutdowns:
             task.cancel()
+
+
+async def carry_out_reclaims(broker: BrokerClient, kernels: ServerKernels) -> None:
+    """Follow the central broker's events as this server's user and carry out each reclaim
+    of a lease held by one of this server's kernels, as the lease's ``on_reclaim`` says.
+    The stream resumes where it broke; a refused one (the user's token revoked) is logged
+    once and given up."""
+    log = kernels.log
+    try:
+        async with contextlib.aclosing(broker.follow()) as events:
+            async for message in events:
+                if message["type"] != "reclaimed":
+                    continue
+                try:
+                    request = await broker.request(message["data"]["request_id"])
+                except (BrokerAPIError, OSError) as e:
+                    log.warning("GPU broker: cannot read a reclaimed request: %s", e)
+                    continue
+                kernel_id, lease = request["owner"], request["lease"]
+                if lease is None or kernel_id not in kernels.kernel_manager:
+                    continue  # another server's kernel (the same user's), or none
+                log.warning(
+                    "GPU broker: lease %s of kernel %s reclaimed (%s): %s it",
+                    lease["id"],
+                    kernel_id,
+                    lease["reason"],
+                    lease["on_reclaim"],
+                )
+                await kernels.act(kernel_id, lease["on_reclaim"])
+    except BrokerAPIError as e:
+        log.error(
+            "GPU broker at %s refused this server's event stream (%s): its kernels' leases "
+            "reclaimed there are not shut down here",
+            broker.url,
+            e.message,
+        )

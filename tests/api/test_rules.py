@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import Forbidden
+from jupyter_gpubroker.broker.errors import Forbidden, InvalidRequest
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -120,3 +123,26 @@ def test_a_waiting_request_shows_its_eta_range_or_that_it_is_unknown(team: Broke
     assert known["eta_known"] is True and span["low"] < known["eta"] < span["high"]
     (entry,) = team.queue(bob)["queue"]
     assert (entry["eta"], entry["eta_range"], entry["eta_known"]) == (known["eta"], span, True)
+
+
+def test_a_renewal_reports_its_kernels_state_for_idle_reclaim_to_judge(start) -> None:
+    """The kernels of a server in remote mode run where the broker cannot watch them: their
+    leases' renewals say whether they are busy, and since when."""
+    api = start(identity="username", idle_timeout=0.05, grace=60.0, reclaim_action="revoke")
+    alice = api.user_identity("alice")
+    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    leases = [api.submit(alice, {**SLICE, "owner": f"k{i}"})["lease"] for i in range(3)]
+    idle, busy, silent = (x["id"] for x in leases)
+    for lease_id, state in ((idle, "idle"), (busy, "busy")):
+        report = {"execution_state": state, "last_activity": hour_ago.isoformat()}
+        renewed = api.renew(alice, lease_id, {"kernel": report})
+        assert renewed["on_reclaim"] == "revoke"  # what its server does once reclaimed
+    api.renew(alice, silent)
+
+    time.sleep(0.1)  # the leases' GPUs, just granted, stay quiet for longer than idle_timeout
+    decisions = api.runtime.sampler.sample()
+    assert [(d.action, d.lease_id) for d in decisions] == [("warn", idle)]
+    with pytest.raises(InvalidRequest, match="'execution_state' must be one of idle, busy"):
+        api.renew(alice, busy, {"kernel": {"execution_state": "asleep", "last_activity": "x"}})
+    with pytest.raises(InvalidRequest, match="'last_activity' must be an ISO 8601 time"):
+        api.renew(alice, busy, {"kernel": {"execution_state": "idle", "last_activity": "soon"}})

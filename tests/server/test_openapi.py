@@ -223,6 +223,16 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     await asyncio.sleep(0.01)
     renewed = await check("POST", f"leases/{lease['id']}/renew", expect=200)
     assert parse(renewed["expires_at"]) > parse(lease["expires_at"])
+    assert renewed["on_reclaim"] == "shutdown"
+    report = {"execution_state": "idle", "last_activity": renewed["granted_at"]}
+    reported = await check("POST", f"leases/{lease['id']}/renew", {"kernel": report}, expect=200)
+    assert reported["id"] == lease["id"]
+    garbled = await check(
+        "POST", f"leases/{lease['id']}/renew", {"kernel": {"execution_state": "idle"}}, expect=400
+    )
+    assert garbled["message"] == (
+        "'kernel' must be an object with 'execution_state' and 'last_activity'"
+    )
     kept = await check("POST", f"requests/{waiting['id']}/renew", expect=200)
     assert kept["state"] == "queued" and kept["position"] == 1 and kept["ttl_s"] > 0
     assert parse(kept["expires_at"]) > parse(waiting["expires_at"])

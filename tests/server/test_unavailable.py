@@ -1,4 +1,5 @@
-"""A server whose broker cannot use its state file serves on and says why, everywhere."""
+"""A server whose broker cannot start (its state file unusable, its GPUs managed by
+another broker) serves on and says why, everywhere."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from typing import Any
 import pytest
 
 from jupyter_gpubroker.broker.store import SCHEMA_VERSION
+from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.statelock import StateLock
+
+OTHER_URL = "http://127.0.0.1:8899/gpubroker/api/v1"
+SIMULATED_GPU = "GPU-1dd45ae0-2c16-1fa1-4a50-2dbdd1d704fa"
+"""The UUID of the simulated dgx-h100-mig's first GPU, the same on every run."""
 
 
 def garbage(state: Path) -> None:
@@ -33,6 +39,15 @@ def locked(state: Path) -> StateLock:
     return lock
 
 
+def other_broker(state: Path) -> GPUBroker:
+    """Another embedded broker (another user's server, its own state file) on the same
+    machine: it holds the GPUs' machine-wide locks."""
+    other = GPUBroker(simulate="dgx-h100-mig:1", state_file=str(state.with_name("other.sqlite")))
+    other.api_url = OTHER_URL
+    other.start()
+    return other
+
+
 @pytest.fixture
 def broker_config(broker_config: dict[str, Any], request: Any) -> Iterator[dict[str, Any]]:
     """The state file, spoiled by ``request.param`` before the server starts."""
@@ -43,11 +58,19 @@ def broker_config(broker_config: dict[str, Any], request: Any) -> Iterator[dict[
     yield broker_config
     if isinstance(held, StateLock):
         held.release()
+    elif isinstance(held, GPUBroker):
+        held.stop()
 
 
 def expected(state: str, spoil: Callable[[Path], Any]) -> str:
     if spoil is garbage:
         return f"{state}: not a SQLite database; move it aside"
+    if spoil is other_broker:
+        return (
+            f"GPU {SIMULATED_GPU} is already managed by another GPU broker (pid {os.getpid()} "
+            f"on {socket.gethostname()}, serving {OTHER_URL}): brokers that share a machine "
+            "grant the same GPUs twice; run one broker for everyone as the JupyterHub service"
+        )
     if spoil is too_new:
         return (
             f"{state}: schema version {SCHEMA_VERSION + 1} is newer than this "
@@ -60,7 +83,9 @@ def expected(state: str, spoil: Callable[[Path], Any]) -> str:
     )
 
 
-CASES = pytest.mark.parametrize("broker_config", [garbage, too_new, locked], indirect=True)
+CASES = pytest.mark.parametrize(
+    "broker_config", [garbage, too_new, locked, other_broker], indirect=True
+)
 
 
 @CASES
