@@ -31,7 +31,8 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
-from .broker.core import Broker, BrokerConfig, Event, QueueEntry, Quota
+from .broker.budgets import Quota
+from .broker.core import Broker, BrokerConfig, Event, QueueEntry
 from .broker.errors import InvalidRequest
 from .broker.health import (
     CRITICAL_XIDS,

@@ -19,7 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..broker.core import QUOTA_BOUNDS, Broker, Quota
+from ..broker.budgets import QUOTA_BOUNDS, Quota
+from ..broker.core import Broker
 from ..broker.errors import Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size
 from .identity import Identity

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sim_machine import Machine
 
-from jupyter_gpubroker.broker.core import Quota
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.errors import InvalidRequest
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
