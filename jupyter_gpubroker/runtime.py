@@ -214,7 +214,8 @@ class GPUBroker(LoggingConfigurable):
     preemption = Bool(
         False,
         help="Over-share preemption: when a user under their fair share waits, warn and then "
-        "(after grace) reclaim the newest lease it could use of a user over theirs.",
+        "(after grace) reclaim the newest lease it could use of the user over theirs whom "
+        "fair share (the queue's order) ranks lowest.",
     ).tag(config=True)
     healthy_for = Float(
         300.0, help="Seconds a drained GPU must show no fault before it takes grants again."

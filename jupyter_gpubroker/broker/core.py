@@ -3,7 +3,9 @@
 ``Broker`` queues requests, grants devices in policy order with EASY
 backfill, keeps requests and leases alive while their holders renew them,
 hands a device on only once its last holder's processes have left it, and
-records usage. Every front (server extension, hub service, CLI, trace replay,
+tells each lease's start and end to the fair-share ledger (``fairshare``), the
+quotas (``budgets``) and the run-time predictor (``predictor``), which it asks
+at each decision. Every front (server extension, hub service, CLI, trace replay,
 tests) drives this class; it never reads the time (a clock is injected), never
 touches hardware (an inventory, an optional MIG partitioner and an optional
 process probe are), and commits every change to the store before it returns.
