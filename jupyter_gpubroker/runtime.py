@@ -31,7 +31,8 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
-from .broker.core import Broker, BrokerConfig, Event, QueueEntry, Quota
+from .broker.budgets import Quota
+from .broker.core import Broker, BrokerConfig, Event, QueueEntry
 from .broker.errors import InvalidRequest
 from .broker.health import (
     CRITICAL_XIDS,
@@ -225,7 +226,8 @@ class GPUBroker(LoggingConfigurable):
     preemption = Bool(
         False,
         help="Over-share preemption: when a user under their fair share waits, warn and then "
-        "(after grace) reclaim the newest lease it could use of a user over theirs.",
+        "(after grace) reclaim the newest lease it could use of the user over theirs whom "
+        "fair share (the queue's order) ranks lowest.",
     ).tag(config=True)
     healthy_for = Float(
         300.0, help="Seconds a drained GPU must show no fault before it takes grants again."

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..broker.core import QUOTA_BOUNDS, Broker, Quota
+from ..broker.budgets import QUOTA_BOUNDS, Quota
+from ..broker.core import Broker
 from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from ..broker.models import Lease, Request, Size, check_name
 from ..broker.reclaim import KernelState

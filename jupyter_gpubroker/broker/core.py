@@ -3,7 +3,9 @@
 ``Broker`` queues requests, grants devices in policy order with EASY
 backfill, keeps requests and leases alive while their holders renew them,
 hands a device on only once its last holder's processes have left it, and
-records usage. Every front (server extension, hub service, CLI, trace replay,
+tells each lease's start and end to the fair-share ledger (``fairshare``), the
+quotas (``budgets``) and the run-time predictor (``predictor``), which it asks
+at each decision. Every front (server extension, hub service, CLI, trace replay,
 tests) drives this class; it never reads the time (a clock is injected), never
 touches hardware (an inventory, an optional MIG partitioner and an optional
 process probe are), and commits every change to the store before it returns.
@@ -23,13 +25,13 @@ import heapq
 import logging
 import math
 import secrets
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timezone
 from typing import Any, Protocol
 
 from . import accounting
+from .budgets import Budgets, Quota
 from .clock import Clock, SystemClock
 from .errors import (
     Conflict,
@@ -37,11 +39,11 @@ from .errors import (
     InvalidRequest,
     NotFound,
     PartitionFailed,
-    QuotaExceeded,
     StorageFull,
     Unsatisfiable,
 )
 from .eta import Eta, predicted_starts
+from .fairshare import Entity, FairShareLedger
 from .models import (
     Device,
     Inventory,
@@ -52,7 +54,6 @@ from .models import (
     RequestState,
     Size,
     check_name,
-    finite_number,
 )
 from .placement import MigPlan, Placer
 from .policy import BrokerPolicy, Policy
@@ -69,14 +70,6 @@ ETA_MAX_AGE_S = 30.0
 times, which they rest on, move on."""
 MAX_GROUPS = 32
 MAX_OWNER = 256
-QUOTA_BOUNDS = {
-    "share": (1e-3, 1e6),
-    "max_gpus": (0.0, 1e6),
-    "gpu_hours": (0.0, 1e9),
-    "period_s": (60.0, 10 * 366 * 86400.0),
-}
-"""Each quota field's inclusive range: a share outside it would make fair-share factors
-divide by zero, a period shorter than a minute would make budget periods overflow."""
 
 
 class Partitioner(Protocol):
@@ -175,37 +168,6 @@ class QueueEntry:
     predictor (``eta.predicted_starts``); None when the broker cannot know it."""
 
 
-@dataclass(frozen=True)
-class Quota:
-    """Limits of one user or group; ``None`` means unlimited / default."""
-
-    share: float | None = None
-    max_gpus: float | None = None
-    """Most GPU-equivalents held at once."""
-    gpu_hours: float | None = None
-    """GPU-hour budget per period."""
-    period_s: float | None = None
-
-    def __post_init__(self) -> None:
-        """Refuse any value a later step (fair share, budget periods) could not use."""
-        for name, (lo, hi) in QUOTA_BOUNDS.items():
-            v = getattr(self, name)
-            if v is not None and not (finite_number(v) and lo <= v <= hi):
-                raise InvalidRequest(
-                    f"quota {name} must be a number from {lo:.15g} to {hi:.15g}, not {v!r}"
-                )
-        if (self.gpu_hours is None) != (self.period_s is None):
-            raise InvalidRequest("a GPU-hour budget needs both gpu_hours and period_s")
-
-    def to_json(self) -> dict[str, float | None]:
-        return {
-            "share": self.share,
-            "max_gpus": self.max_gpus,
-            "gpu_hours": self.gpu_hours,
-            "period_s": self.period_s,
-        }
-
-
 @dataclass
 class _Reservation:
     """The top blocked request's claim: these devices at ``start`` (EASY backfill)."""
@@ -214,20 +176,11 @@ class _Reservation:
     start: float
 
 
-Entity = tuple[str, str]
-"""("user", name) or ("group", name)."""
-
-
 def _job_class(value: JobClass | str) -> JobClass:
     try:
         return JobClass(value)
     except ValueError:
         raise InvalidRequest(f"job class must be 'interactive' or 'batch', not {value!r}") from None
-
-
-def decayed_integral(rate: float, seconds: float, half_life: float) -> float:
-    """Usage accrued at ``rate`` over the last ``seconds``, decayed to now."""
-    return float(rate * half_life / math.log(2) * (1.0 - 2.0 ** (-seconds / half_life)))
 
 
 class Broker:
@@ -261,27 +214,19 @@ class Broker:
         self._leases: dict[str, Lease] = {}
         self._expected_end: dict[str, float] = {}
         self._holder: dict[str, str] = {}
-        self._held_eq: dict[Entity, float] = defaultdict(float)
-        self._quotas: dict[Entity, Quota] = {}
-
-        # fair share: decayed GPU-seconds per entity, each as of its own time
-        self._usage: dict[Entity, list[float]] = {}
-        self._accrued_at = -math.inf
-        """When every active lease's usage was last charged (a recalculation)."""
-        self._accrual_ref = self.clock.now()
-        self._accruing: dict[Entity, list[float]] = {}
-        """Per entity holding leases: [leases, GPU-equivalents, sum of each lease's
-        GPU-equivalents * 2^((its accrued-until - ref) / half-life)]; with these a
-        recalculation charges all of an entity's leases at once, not lease by lease."""
-        self._totals: dict[str, float] = {"user": 0.0, "group": 0.0}
-        self._share_totals: dict[str, float] = {"user": 0.0, "group": 0.0}
-        self._fs_cache: dict[Entity, float] = {}
+        self.budgets = Budgets(store)
+        """Quotas: shares, most GPUs held, GPU-hour budgets."""
+        self.ledger = FairShareLedger(
+            self._share,
+            half_life_s=self.policy.half_life_s,
+            entry_penalty_s=self.policy.entry_penalty_s,
+            now=self.clock.now(),
+        )
+        """Fair-share usage: what the policy orders by and preemption takes from."""
         self._ranked_at = self.clock.now()
         """The instant priorities are evaluated at (the last fair-share recalculation)."""
         self._recalc_due = True
         self._gpu_eq_of_size: dict[str, float] = {}
-        # budgets: (period index, closed GPU-hours) per entity
-        self._budget_used: dict[Entity, tuple[int, float]] = {}
         self.predictor = Predictor()
         """Hold times of ended leases: expected durations and start estimates."""
         self._changes = 0
@@ -352,13 +297,13 @@ class Broker:
             expires_at=now + self.request_ttl_s,
             ttl_s=self.request_ttl_s,
         )
-        self._check_quota_admits(r, now)
+        self.budgets.admit(r, self._size_gpu_eq(r.size), now)
         with self.store.transaction():
             self.store.insert_request(r, self._seq)
         self._seq += 1
         self._enqueue(r)
         heapq.heappush(self._request_deadlines, (now + self.request_ttl_s, r.id))
-        if self._new_entity(r):
+        if self.ledger.register(r.user, r.group, now):
             self._recalc_due = True
         self._emit(Event("queued", now, user, r.id, detail={"size": size.key}))
         if schedule:
@@ -617,7 +562,7 @@ class Broker:
                 _, _, _, k, r = heapq.heappop(front)
                 if not strict and not self._could_place(r.size):
                     continue  # this size is out of free devices: drop it from the pass
-                if self._quota_blocks(r, now):
+                if self.budgets.blocks(r, self._size_gpu_eq(r.size), now):
                     advance(k)
                     continue
                 if blocked is not None:
@@ -627,8 +572,8 @@ class Broker:
                     if reservation is None:
                         reservation = self._reserve(blocked, now)
                 fit = self._fit(r, reservation, now)
-                if isinstance(fit, list) and self._quota_blocks(
-                    r, now, sum(d.gpu_equivalents for d in fit)
+                if isinstance(fit, list) and self.budgets.blocks(
+                    r, sum(d.gpu_equivalents for d in fit), now
                 ):
                     advance(k)  # only a device larger than its quota allows is free
                     continue
@@ -678,22 +623,15 @@ class Broker:
         if kind not in ("user", "group"):
             raise InvalidRequest(f"quota kind must be 'user' or 'group', not {kind!r}")
         check_name(name, kind)
-        budget = self._closed_budget((kind, name), quota, self.clock.now())  # before the commit
-        with self.store.transaction():
-            self.store.upsert_quota(kind, name, quota.to_json())
-        self._quotas[(kind, name)] = quota
-        self._set_budget((kind, name), budget)
+        self.budgets.set((kind, name), quota, self.clock.now())
         self._recalc_due = True
         self._quota_event(kind, name, quota)
         self.schedule()  # a raised limit may let waiting requests go
         return quota
 
     def delete_quota(self, kind: str, name: str) -> None:
-        if (kind, name) not in self._quotas:
+        if not self.budgets.delete((kind, name)):
             raise NotFound(f"no quota for {kind} {name!r}")
-        with self.store.transaction():
-            self.store.delete_quota(kind, name)
-        del self._quotas[(kind, name)]
         self._recalc_due = True
         self._quota_event(kind, name, Quota())
         self.schedule()
@@ -705,7 +643,7 @@ class Broker:
         self._emit(Event("quota", self.clock.now(), user, detail=detail))
 
     def quotas(self) -> dict[Entity, Quota]:
-        return dict(self._quotas)
+        return self.budgets.quotas()
 
     def usage(
         self, since: float | None = None, until: float | None = None, by: str = "user"
@@ -721,8 +659,7 @@ class Broker:
     # ------------------------------------------------- policy context (policy.Context)
 
     def fairshare(self, user: str, group: str) -> float:
-        f = self._factor(("user", user))
-        return f * self._factor(("group", group)) if group else f
+        return self.ledger.fairshare(user, group)
 
     def expected_gpu_hours(self, request: Request) -> float:
         """From the user's history only, never the request's own claim."""
@@ -892,8 +829,7 @@ class Broker:
         r.state, r.lease_id = RequestState.GRANTED, lease.id
         self._dequeue(r)
         self._hold(lease, expected_end)
-        if self.policy.entry_penalty_s:
-            self._charge(("user", r.user), eq * self.policy.entry_penalty_s, now)
+        if self.ledger.charge_entry(r.user, eq, now):
             self._waiting.rerank_user(r.user)
         self._emit(
             Event(
@@ -932,12 +868,11 @@ class Broker:
     def _hold(self, lease: Lease, expected_end: float) -> None:
         self._leases[lease.id] = lease
         self._expected_end[lease.id] = expected_end
-        self._add_accruing(lease, 1.0)
+        self.ledger.hold(lease)
+        self.budgets.hold(lease)
         self.placer.hold(lease.devices)
         for d in lease.devices:
             self._holder[d] = lease.id
-        for entity in self._entities(lease.user, lease.group):
-            self._held_eq[entity] += lease.gpu_equivalents
 
     def _end_lease(
         self,
@@ -961,17 +896,13 @@ class Broker:
                 self.store.insert_reclaim(lease.id, now, reclaim[0], reason, reclaim[1])
         lease.state, lease.ended_at, lease.reason = state, now, reason
         r.state, r.ended_at, r.reason = r_state, now, reason
-        self._accrue(lease, now)
-        self._add_accruing(lease, -1.0)
+        self.ledger.end(lease, now)
+        self.budgets.end(lease, now)
         del self._leases[lease.id], self._expected_end[lease.id]
         del self._live[r.id]
         for d in lease.devices:
             self._holder.pop(d, None)
         self._vacate(lease, now)
-        hours = lease.gpu_equivalents * (now - lease.granted_at) / 3600.0
-        for entity in self._entities(lease.user, lease.group):
-            self._held_eq[entity] -= lease.gpu_equivalents
-            self._add_budget(entity, hours, now)
         shape = held_shape(lease.profile, lease.gpu_equivalents)
         self.predictor.learn(
             lease.user, lease.group, r.job_class.value, shape, now - lease.granted_at
@@ -1054,184 +985,29 @@ class Broker:
             self._etas = (key, now, predicted_starts(self, ranked, self.predictor, now))
         return self._etas[2]
 
-    # -- quotas and budgets
-
-    def _entities(self, user: str, group: str) -> list[Entity]:
-        return [("user", user), ("group", group)] if group else [("user", user)]
-
-    def _check_quota_admits(self, r: Request, now: float) -> None:
-        eq = self._size_gpu_eq(r.size)
-        for entity in self._entities(r.user, r.group):
-            q = self._quotas.get(entity)
-            if q is None:
-                continue
-            who = f"{entity[0]} {entity[1]!r}"
-            if q.max_gpus is not None and eq > q.max_gpus:
-                raise QuotaExceeded(
-                    f"asks for {eq:g} GPU-equivalents but {who} may hold at most {q.max_gpus:g}"
-                )
-            if q.gpu_hours is not None and self._budget_spent(entity, q, now) >= q.gpu_hours:
-                raise QuotaExceeded(
-                    f"{who} has used its {q.gpu_hours:g} GPU-hour budget for this period"
-                )
-
-    def _quota_blocks(self, r: Request, now: float, eq: float | None = None) -> bool:
-        """Would granting ``r`` (``eq`` GPU-equivalents, default its smallest fit)
-        break its user's or group's quota?"""
-        eq = self._size_gpu_eq(r.size) if eq is None else eq
-        for entity in self._entities(r.user, r.group):
-            q = self._quotas.get(entity)
-            if q is None:
-                continue
-            if q.max_gpus is not None and self._held_eq[entity] + eq > q.max_gpus + 1e-9:
-                return True
-            if q.gpu_hours is not None and self._budget_spent(entity, q, now) >= q.gpu_hours:
-                return True
-        return False
-
-    def _budget_spent(self, entity: Entity, q: Quota, now: float) -> float:
-        assert q.period_s is not None
-        period = int(now // q.period_s)
-        start = period * q.period_s
-        idx, closed = self._budget_used.get(entity, (period, 0.0))
-        spent = closed if idx == period else 0.0
-        for lease in self._leases.values():
-            if entity in self._entities(lease.user, lease.group):
-                spent += lease.gpu_equivalents * (now - max(lease.granted_at, start)) / 3600.0
-        return spent
-
-    def _closed_budget(self, entity: Entity, q: Quota, now: float) -> tuple[int, float] | None:
-        """The current period of ``entity``'s budget and the GPU-hours of its leases that
-        ended in it, from the ledger (None without a budget). Reads only."""
-        if q.period_s is None:
-            return None
-        period = int(now // q.period_s)
-        rows = self.store.ledger(since=period * q.period_s)
-        return period, sum(
-            r["gpu_hours"] for r in rows if entity in self._entities(r["user"], r["grp"])
-        )
-
-    def _set_budget(self, entity: Entity, budget: tuple[int, float] | None) -> None:
-        if budget is None:
-            self._budget_used.pop(entity, None)
-        else:
-            self._budget_used[entity] = budget
-
-    def _add_budget(self, entity: Entity, hours: float, now: float) -> None:
-        q = self._quotas.get(entity)
-        if q is None or q.period_s is None:
-            return
-        period = int(now // q.period_s)
-        idx, closed = self._budget_used.get(entity, (period, 0.0))
-        self._budget_used[entity] = (period, (closed if idx == period else 0.0) + hours)
-
     # -- fair share
 
-    def _new_entity(self, r: Request) -> bool:
-        """Register the request's user and group for fair share; True if one is new."""
-        now = self.clock.now()
-        new = [e for e in self._entities(r.user, r.group) if e not in self._usage]
-        for e in new:
-            self._decayed(e, now)
-        return bool(new)
-
-    def _decayed(self, entity: Entity, now: float) -> list[float]:
-        cell = self._usage.setdefault(entity, [0.0, now])
-        if cell[1] != now:
-            cell[0] *= 2.0 ** (-(now - cell[1]) / self.policy.half_life_s)
-            cell[1] = now
-        return cell
-
-    def _charge(self, entity: Entity, gpu_seconds: float, now: float) -> None:
-        if gpu_seconds:
-            self._decayed(entity, now)[0] += gpu_seconds
-            self._totals[entity[0]] += gpu_seconds
-            self._fs_cache.pop(entity, None)
-
-    def _accrue(self, lease: Lease, now: float) -> None:
-        """Charge an ending lease's usage since it was last charged."""
-        since = max(lease.granted_at, self._accrued_at)
-        if now > since:
-            amount = decayed_integral(lease.gpu_equivalents, now - since, self.policy.half_life_s)
-            for entity in self._entities(lease.user, lease.group):
-                self._charge(entity, amount, now)
-
-    def _add_accruing(self, lease: Lease, sign: float) -> None:
-        """Count a lease in (``sign`` 1) or out of (-1) its entities' accrual sums."""
-        since = max(lease.granted_at, self._accrued_at)
-        eq = lease.gpu_equivalents
-        weight = eq * 2.0 ** ((since - self._accrual_ref) / self.policy.half_life_s)
-        for entity in self._entities(lease.user, lease.group):
-            cell = self._accruing.setdefault(entity, [0.0, 0.0, 0.0])
-            cell[0] += sign
-            cell[1] += sign * eq
-            cell[2] += sign * weight
-            if not cell[0]:
-                del self._accruing[entity]
-
-    def _accrue_all(self, now: float) -> None:
-        """Charge every active lease's usage up to ``now``: per entity, the sum over its
-        leases of ``decayed_integral(eq, now - since)``, in closed form."""
-        h = self.policy.half_life_s
-        decay = 2.0 ** (-(now - self._accrual_ref) / h)
-        for entity, cell in self._accruing.items():
-            amount = h / math.log(2) * (cell[1] - decay * cell[2])
-            if amount > 0:
-                self._charge(entity, amount, now)
-            cell[2] = cell[1]
-        self._accrued_at = self._accrual_ref = now
-
     def _share(self, entity: Entity) -> float:
-        q = self._quotas.get(entity)
-        return q.share if q and q.share is not None else self.config.default_share
+        share = self.budgets.share(entity)
+        return share if share is not None else self.config.default_share
 
     def _recalc(self, now: float) -> None:
         """Bring every entity's usage to ``now``, reset fair-share factors, re-rank."""
-        self._accrue_all(now)
-        totals = {"user": 0.0, "group": 0.0}
-        shares = {"user": 0.0, "group": 0.0}
-        for entity in self._usage:
-            totals[entity[0]] += self._decayed(entity, now)[0]
-            shares[entity[0]] += self._share(entity)
-        self._totals, self._share_totals = totals, shares
-        self._fs_cache.clear()
+        self.ledger.recalc(now)
         self._ranked_at, self._recalc_due = now, False
         self._waiting.rerank_all()
-
-    def _factor(self, entity: Entity) -> float:
-        """Slurm's classic fair-share factor ``2^(-U/S)`` for one entity."""
-        f = self._fs_cache.get(entity)
-        if f is None:
-            kind = entity[0]
-            cell = self._usage.get(entity)
-            used = cell[0] if cell else 0.0
-            u = used / self._totals[kind] if self._totals[kind] > 0 else 0.0
-            s = self._share(entity) / (self._share_totals[kind] or self._share(entity))
-            f = self._fs_cache[entity] = 2.0 ** (-u / s)
-        return f
 
     # -- restart
 
     def _restore(self) -> None:
         """Rebuild memory from the store after a start or a crash."""
         now = self.clock.now()
-        for row in self.store.quotas():
-            entity = (row["kind"], row["name"])
-            try:
-                q = Quota(row["share"], row["max_gpus"], row["gpu_hours"], row["period_s"])
-            except InvalidRequest as e:  # written by an older version that let it through
-                log.warning("ignoring the stored quota of %s %r: %s", *entity, e.message)
-                continue
-            self._quotas[entity] = q
-            self._set_budget(entity, self._closed_budget(entity, q, now))
+        self.budgets.restore(now)
         horizon = now - 10 * self.policy.half_life_s
         for row in self.store.ledger(since=horizon):
-            age = max(now - row["end"], 0.0)
-            amount = decayed_integral(
-                row["gpu_equivalents"], row["end"] - row["start"], self.policy.half_life_s
-            ) * 2.0 ** (-age / self.policy.half_life_s)
-            for entity in self._entities(row["user"], row["grp"]):
-                self._charge(entity, amount, now)
+            self.ledger.charge_past(
+                row["user"], row["grp"], row["gpu_equivalents"], row["start"], row["end"], now
+            )
             shape = held_shape(row["profile"], row["gpu_equivalents"])
             held_s = row["end"] - row["start"]
             self.predictor.learn(row["user"], row["grp"], row["job_class"], shape, held_s)
@@ -1246,7 +1022,8 @@ class Broker:
             if missing:
                 lost.append((lease, f"device {missing[0]} is no longer in the inventory"))
         for r in live:
-            self._new_entity(r)  # live users count in the share totals, as they did before
+            # live users count in the share totals, as they did before
+            self.ledger.register(r.user, r.group, now)
             if r.state is RequestState.QUEUED:
                 # Like a lease: a fresh TTL for its holder to find the broker again.
                 r.expires_at = max(r.expires_at or now, now + self.request_ttl_s)

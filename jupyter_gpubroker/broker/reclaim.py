@@ -16,7 +16,8 @@ reclaimed kernels down. Nothing here reads a clock or touches a kernel.
   It is never reclaimed; neither is a lease whose kernel the host cannot see (a CLI
   lease, a kernel of another server): there is no evidence either way.
 - **Preempted** (off by default): a user over their fair share holds a slice that a
-  waiting user under theirs could use.
+  waiting user under theirs could use. Fair share is the broker's fair-share ledger
+  (``broker.fairshare``), the one the queue is ordered by.
 
 A verdict is first a warning with a deadline ``grace`` away; the lease is reclaimed
 if the verdict still holds at the deadline, and the warning withdrawn as soon as it
@@ -26,7 +27,6 @@ does not.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -221,36 +221,28 @@ class Reclaimer:
         return _Verdict("idle", reason, evidence)
 
     def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:
-        """Borrowed leases to take back: for each waiting request whose user is under their
-        fair share, the newest lease it could use of a user who would still be at or over
-        theirs without it. A fair share is the machine's GPU-equivalents split by share
-        among the users holding or waiting."""
+        """Leases to take back, judged by the fair-share ledger the queue is ordered by.
+
+        For the oldest request of each waiting user under their share that no free device
+        fits: the newest lease it could use of the holder the ledger ranks lowest
+        (``F_user * F_group``), among holders over their share and below the waiter. One
+        lease per waiting user at a time: taking a lease does not change the ledger, the
+        grant that follows (its entry penalty, then its usage) does."""
         b = self.broker
+        ledger = b.ledger
         waiting = [r for r in b.live_requests() if r.state is RequestState.QUEUED]
         if not waiting:
             return {}
-        quotas = b.quotas()
-
-        def share(user: str) -> float:
-            q = quotas.get(("user", user))
-            return q.share if q and q.share is not None else b.config.default_share
-
-        users = {x.user for x in leases.values()} | {r.user for r in waiting}
-        capacity = sum(d.gpu_equivalents for d in b.placer.devices.values())
-        total = sum(share(u) for u in users)
-        fair = {u: capacity * share(u) / total for u in users}
-        held: dict[str, float] = defaultdict(float)
-        for x in leases.values():
-            held[x.user] += x.gpu_equivalents
         owners = {x.id: b.request(x.request_id) for x in leases.values()}
         victims: dict[str, _Verdict] = {}
+        served: set[str] = set()
         for r in waiting:
+            if r.user in served or ledger.over_share(("user", r.user)):
+                continue
             fits = b.placer.compatible(r.size)
             if not fits or b.placer.has_free_for(r.size):
                 continue  # nothing could serve it, or it waits for another reason
-            need = min(d.gpu_equivalents for d in fits) * b.placer.units(r.size)
-            if held[r.user] + need > fair[r.user] + 1e-9:
-                continue
+            standing = ledger.fairshare(r.user, r.group)
             usable = {d.uuid for d in fits}
             candidates = [
                 x
@@ -260,26 +252,35 @@ class Reclaimer:
                 and not self.exempt(x, owners[x.id])
                 and set(x.devices) <= usable
                 and len(x.devices) >= b.placer.units(r.size)
-                and held[x.user] - x.gpu_equivalents >= fair[x.user] - 1e-9
+                and ledger.over_share(("user", x.user))
+                and ledger.fairshare(x.user, x.group) < standing
             ]
             if not candidates:
                 continue
-            victim = max(candidates, key=lambda x: x.granted_at)  # the least work lost
+            # the heaviest holder first, then its newest lease (the least work lost; of
+            # leases granted in one pass, the last granted: candidates are in grant order)
+            victim = min(
+                reversed(candidates),
+                key=lambda x: (ledger.fairshare(x.user, x.group), -x.granted_at),
+            )
+            holder, waiter = ("user", victim.user), ("user", r.user)
             evidence = {
-                "holder_gpu_equivalents": held[victim.user],
-                "holder_fair_share": round(fair[victim.user], 4),
+                "holder_usage_share": round(ledger.usage_share(holder), 4),
+                "holder_share": round(ledger.norm_share(holder), 4),
+                "holder_fairshare": round(ledger.fairshare(victim.user, victim.group), 4),
                 "waiting_user": r.user,
-                "waiting_user_gpu_equivalents": held[r.user],
-                "waiting_user_fair_share": round(fair[r.user], 4),
+                "waiting_user_usage_share": round(ledger.usage_share(waiter), 4),
+                "waiting_user_share": round(ledger.norm_share(waiter), 4),
+                "waiting_user_fairshare": round(standing, 4),
                 "waiting_request": r.id,
             }
             reason = (
-                f"preempted: {victim.user} holds {held[victim.user]:.2f} GPU-equivalents, over "
-                f"a fair share of {fair[victim.user]:.2f}, while {r.user} (under theirs) waits"
+                f"preempted: {victim.user} has used {ledger.usage_share(holder):.0%} of the "
+                f"recent GPU time for a {ledger.norm_share(holder):.0%} share, while {r.user} "
+                f"({ledger.usage_share(waiter):.0%} for {ledger.norm_share(waiter):.0%}) waits"
             )
             victims[victim.id] = _Verdict("preempted", reason, evidence)
-            held[victim.user] -= victim.gpu_equivalents
-            held[r.user] += need
+            served.add(r.user)
         return victims
 
     # -- actions

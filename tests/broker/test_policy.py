@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 from broker_helpers import WEDNESDAY_10AM, whole_inventory
 
-from jupyter_gpubroker.broker.core import Quota
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.errors import InvalidRequest
 from jupyter_gpubroker.broker.models import JobClass, Request, RequestState, Size
 from jupyter_gpubroker.broker.policy import (

@@ -14,8 +14,9 @@ from broker_helpers import SIZES, make_inventory
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.core import Broker, Quota
+from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.errors import QuotaExceeded
 from jupyter_gpubroker.broker.models import Inventory, RequestState, Size
 from jupyter_gpubroker.broker.policy import make_policy

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from broker_helpers import mig_inventory, whole_inventory
 
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.core import Broker, Quota
+from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.errors import InvalidRequest, QuotaExceeded
 from jupyter_gpubroker.broker.models import RequestState, Size
 from jupyter_gpubroker.broker.store import Store

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sim_machine import Machine
 
-from jupyter_gpubroker.broker.core import Quota
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.errors import InvalidRequest
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
@@ -208,11 +208,11 @@ def test_an_over_share_borrower_is_warned_and_preempted_for_an_under_share_user(
     m.kernels.run("c0")
     assert m.run(60) == []  # the machine is full, but nobody waits
     bob = m.broker.submit("bob", ONE_GPU, owner="b0")
-    # Fair shares of 4 GPUs among ann, cy and bob: 1.33 each. ann holds 3: two are borrowed;
-    # cy holds 1, under theirs; bob waits with none. ann's newest lease is preempted.
+    # Equal shares among ann, cy and bob: a third each. ann has had three of the four GPUs,
+    # over theirs; cy one, under theirs; bob none. ann's newest lease is preempted.
     (warn,) = m.run(5)
     assert (warn.action, warn.cause, warn.lease_id) == ("warn", "preempted", ann[2].id)  # type: ignore[union-attr]
-    assert "ann holds 3.00 GPU-equivalents, over a fair share of 1.33" in warn.reason
+    assert "ann has used 75% of the recent GPU time for a 33% share" in warn.reason
     assert m.run(290) == []
     (reclaim,) = m.run(10)
     assert reclaim.lease_id == ann[2].id  # type: ignore[union-attr]
@@ -223,6 +223,28 @@ def test_an_over_share_borrower_is_warned_and_preempted_for_an_under_share_user(
     m.broker.set_quota("user", "ann", Quota(share=0.1))
     m.broker.submit("ann", ONE_GPU, owner="a3")
     assert m.run(600) == []
+
+
+def test_preemption_takes_from_the_user_the_queue_ranks_heaviest_not_the_newest_grant(
+    make_machine: MachineFactory,
+) -> None:
+    config = ReclaimConfig(idle_timeout_s=0, stalled_timeout_s=0, grace_s=300, preemption=True)
+    m = make_machine("dgx-h100:6", reclaim=config)
+    ann = [m.submit("1", f"a{i}", user="ann") for i in range(3)]
+    m.run(3600)  # ann has used three GPUs for an hour
+    dan = [m.submit("1", f"d{i}", user="dan") for i in range(3)]
+    m.run(60)  # dan took the other three a minute ago
+    bob = m.broker.submit("bob", ONE_GPU, owner="b0")
+    # The queue ranks ann below dan on fair share (the order a freed GPU would go in) ...
+    assert m.broker.fairshare("ann", "") < m.broker.fairshare("dan", "")
+    # ... and preemption agrees: ann's newest lease is taken for bob, not dan's.
+    (warn,) = m.run(5)
+    assert (warn.action, warn.lease_id) == ("warn", ann[2].id)  # type: ignore[union-attr]
+    assert warn.reason.startswith("preempted: ann has used 86% of the recent GPU time")
+    (reclaim,) = m.run(300)
+    assert reclaim.lease_id == ann[2].id  # type: ignore[union-attr]
+    assert m.broker.request(bob.id).state.value == "granted"
+    assert all(m.broker.lease(x.id).state.value == "active" for x in dan if x)
 
 
 def test_a_preemption_warning_is_withdrawn_when_the_waiter_leaves(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from broker_helpers import make_inventory, whole_inventory, without
 
-from jupyter_gpubroker.broker.core import Broker, BrokerConfig, Quota
+from jupyter_gpubroker.broker.budgets import Quota
+from jupyter_gpubroker.broker.core import Broker, BrokerConfig
 from jupyter_gpubroker.broker.errors import QuotaExceeded
 from jupyter_gpubroker.broker.models import LeaseState, RequestState, Size
 from jupyter_gpubroker.broker.store import Store

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from broker_helpers import make_inventory, whole_inventory
 
-from jupyter_gpubroker.broker.core import Quota
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.models import RequestState, Size
 from jupyter_gpubroker.broker.policy import BrokerPolicy, SlurmPolicy
 

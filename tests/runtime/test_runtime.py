@@ -9,7 +9,7 @@ import pytest
 from runtime_helpers import make
 from traitlets import TraitError
 
-from jupyter_gpubroker.broker.core import Quota
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.errors import InvalidRequest, StateFileError
 
 
