@@ -23,20 +23,27 @@ implementations):
     This project's policy, built for notebooks::
 
         P = W_class(window) + W_fairshare * F_user * F_group
-            + W_age * age_hours + W_service / (1 + E / E_ref)
+            + W_service / (1 + E / E_ref) + W_age * lateness_hours
 
-    ``F = 2^(-U/S)`` as in Slurm, for the user and for the group charged;
-    class weights come from the time-of-day window in force (interactive
-    first by day, batch first by night); age grows without bound so every
-    request eventually outranks every fresh one, and past ``tier_fraction *
-    max_wait_s`` a request jumps to a top tier served oldest-first (there it
-    still waits for older requests and for devices to free, so a tier that
-    started at ``max_wait_s`` itself would let requests cross it); ``E`` is the request's
-    expected GPU-hours from the median of its kind's past holds, the user's of
-    its shape first (shortest expected service first, as Helios' QSSF). A grant
-    charges an entry penalty to the user's and group's usage at once (as Kueue's
+    ``F = 2^(-U/S)`` as in Slurm, for the user and for the group charged, with
+    Slurm's 7-day usage half-life; class weights come from the time-of-day
+    window in force (interactive first by day); ``E`` is the request's expected
+    GPU-hours from the median of its kind's past holds, the user's of its shape
+    first (shortest expected service first, as Helios' QSSF). A grant charges
+    an entry penalty to the user's and group's usage at once (as Kueue's
     admission fair sharing does), so a burst of requests cannot take every free
     device in one pass.
+
+    Waiting itself earns nothing until it threatens the bound ``max_wait_s``:
+    a request older than ``tier_fraction * max_wait_s`` that can still start
+    within ``max_wait_s`` is in a top tier served oldest-first (earliest
+    deadline first). One that has missed the bound leaves the tier, so in an
+    overload no policy can serve in time the hopeless ones do not hold back
+    the ones still savable (oldest-first for all would be FCFS, missing every
+    deadline in a row); from its deadline on it earns ``W_age`` per hour, so it
+    still outranks every fresh request in the end. Without ``max_wait_s`` age
+    counts from submission. Measured in ``benchmarks/notes-policy.md``: age
+    from submission turns the order into FCFS within hours.
 """
 
 from __future__ import annotations
@@ -200,7 +207,7 @@ class SlurmPolicy(Policy):
 
 def _default_windows() -> tuple[Window, ...]:
     return (
-        Window("working-hours", 8, 19, _days("mon-fri"), {"interactive": 2000.0, "batch": 0.0}),
+        Window("working-hours", 8, 19, _days("mon-fri"), {"interactive": 500.0, "batch": 0.0}),
         Window("off-hours", 0, 24, frozenset(range(7)), {"interactive": 500.0, "batch": 500.0}),
     )
 
@@ -209,7 +216,9 @@ def _default_windows() -> tuple[Window, ...]:
 class BrokerPolicy(Policy):
     name: str = "broker"
     weight_fairshare: float = 1000.0
+    half_life_s: float = 7 * 86400.0
     weight_age_per_hour: float = 100.0
+    """Per hour past the request's deadline (``max_wait_s``; submission without one)."""
     weight_service: float = 1000.0
     reference_gpu_hours: float = 1.0
     entry_penalty_s: float = 600.0
@@ -247,10 +256,13 @@ class BrokerPolicy(Policy):
         p = (
             self.class_weights(now).get(r.job_class.value, 0.0)
             + self.weight_fairshare * ctx.fairshare(r.user, r.group)
-            + self.weight_age_per_hour * age / 3600.0
             + self.weight_service / (1.0 + ctx.expected_gpu_hours(r) / self.reference_gpu_hours)
         )
-        if self.max_wait_s is not None and age >= self.tier_fraction * self.max_wait_s:
+        if self.max_wait_s is None:
+            return p + self.weight_age_per_hour * age / 3600.0
+        if age >= self.max_wait_s:
+            return p + self.weight_age_per_hour * (age - self.max_wait_s) / 3600.0
+        if age >= self.tier_fraction * self.max_wait_s:
             p += STARVING_TIER + age
         return p
 

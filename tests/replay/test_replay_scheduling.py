@@ -62,3 +62,31 @@ def test_the_oldest_first_tier_starts_before_requests_cross_max_wait():
     assert fcfs["starved"] == 0 and fcfs["max_wait_s"] == 3 * HOUR
     assert broker["starved"] <= fcfs["starved"]
     assert broker["max_wait_s"] < 24 * HOUR
+
+
+def waits_by_user(trace, policy: str) -> dict[str, float]:
+    return {o.user: o.wait_s for o in replay(trace, policy, inventory="dgx-h100:1").outcomes}
+
+
+def test_a_light_user_is_not_held_behind_a_heavy_users_aged_backlog():
+    # hog queues twenty 1 h jobs at once; ann's one job arrives 10.5 h later. Waiting
+    # earns nothing before the oldest-first tier, so fair share puts ann next (age
+    # from submission made hog's backlog outrank her until it drained).
+    jobs = [Job(float(i), HOUR, 1, "hog") for i in range(20)]
+    trace = trace_of(*jobs, Job(10.5 * HOUR, HOUR, 1, "ann"))
+    assert waits_by_user(trace, "fcfs")["ann"] > 9 * HOUR
+    assert waits_by_user(trace, "broker")["ann"] <= HOUR
+
+
+def test_a_request_past_max_wait_does_not_push_a_savable_one_past_it():
+    # One GPU busy for 30 h. "late" (submitted at 0) has missed the 24 h bound when it
+    # frees; "saved" (submitted at 7 h) can still start within it if it goes first.
+    trace = trace_of(
+        Job(0, 30 * HOUR, 1, "x"), Job(1, 2 * HOUR, 1, "late"), Job(7 * HOUR, HOUR, 1, "saved")
+    )
+    fcfs = waits_by_user(trace, "fcfs")
+    assert fcfs["saved"] > 24 * HOUR and fcfs["late"] > 24 * HOUR  # oldest first: both
+    broker = waits_by_user(trace, "broker")
+    assert broker["saved"] == 23 * HOUR  # first when the GPU frees
+    assert broker["late"] == fcfs["late"] + HOUR  # right after it: not abandoned
+    assert summarize(replay(trace, "broker", inventory="dgx-h100:1"))["starved"] == 1
