@@ -35,15 +35,12 @@ implementations):
     device in one pass.
 
     Waiting itself earns nothing until it threatens the bound ``max_wait_s``:
-    a request older than ``tier_fraction * max_wait_s`` that can still start
-    within ``max_wait_s`` is in a top tier served oldest-first (earliest
-    deadline first). One that has missed the bound leaves the tier, so in an
-    overload no policy can serve in time the hopeless ones do not hold back
-    the ones still savable (oldest-first for all would be FCFS, missing every
-    deadline in a row); from its deadline on it earns ``W_age`` per hour, so it
-    still outranks every fresh request in the end. Without ``max_wait_s`` age
-    counts from submission. Measured in ``benchmarks/notes-policy.md``: age
-    from submission turns the order into FCFS within hours.
+    past ``tier_fraction * max_wait_s`` a request jumps to a top tier served
+    oldest-first (there it still waits for older requests and for devices to
+    free, so a tier that started at ``max_wait_s`` itself would let requests
+    cross it). Age from submission (``W_age``, only without ``max_wait_s``)
+    turns the order into FCFS within hours, and FCFS order is what fair share
+    and expected service are there to beat (``benchmarks/notes-policy.md``).
 """
 
 from __future__ import annotations
@@ -218,7 +215,7 @@ class BrokerPolicy(Policy):
     weight_fairshare: float = 1000.0
     half_life_s: float = 7 * 86400.0
     weight_age_per_hour: float = 100.0
-    """Per hour past the request's deadline (``max_wait_s``; submission without one)."""
+    """Per hour of waiting, only without ``max_wait_s`` (then nothing else bounds a wait)."""
     weight_service: float = 1000.0
     reference_gpu_hours: float = 1.0
     entry_penalty_s: float = 600.0
@@ -260,8 +257,6 @@ class BrokerPolicy(Policy):
         )
         if self.max_wait_s is None:
             return p + self.weight_age_per_hour * age / 3600.0
-        if age >= self.max_wait_s:
-            return p + self.weight_age_per_hour * (age - self.max_wait_s) / 3600.0
         if age >= self.tier_fraction * self.max_wait_s:
             p += STARVING_TIER + age
         return p

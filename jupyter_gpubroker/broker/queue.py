@@ -1,14 +1,12 @@
 """The wait queue: requests in buckets, buckets ranked by their head's priority.
 
 A bucket is one FIFO per (size, user, group, class). Every policy's priority
-is the same for all requests of a bucket but for their age, so only bucket
-heads need ranking: a user's requests of one size and class start in the order
-they came (even where the broker policy ranks a request that missed
-``max_wait_s`` below a younger one still in its oldest-first tier). Each size
-keeps a heap of its buckets; an entry goes stale when its bucket's head or its
-user's fair share changes, and is skipped when it comes up (lazy deletion). A
-scheduling pass therefore costs a few heap operations per decision, not a sort
-of the whole queue.
+grows with age and is otherwise the same for all requests of a bucket, so the
+oldest request of a bucket always ranks first in it and only bucket heads
+need ranking. Each size keeps a heap of its buckets; an entry goes stale when
+its bucket's head or its user's fair share changes, and is skipped when it
+comes up (lazy deletion). A scheduling pass therefore costs a few heap
+operations per decision, not a sort of the whole queue.
 
 Equal priorities and submit times are ordered by arrival (``order``), never by
 which bucket was ranked first: the order of the queue must not depend on how

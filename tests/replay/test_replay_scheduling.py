@@ -76,17 +76,3 @@ def test_a_light_user_is_not_held_behind_a_heavy_users_aged_backlog():
     trace = trace_of(*jobs, Job(10.5 * HOUR, HOUR, 1, "ann"))
     assert waits_by_user(trace, "fcfs")["ann"] > 9 * HOUR
     assert waits_by_user(trace, "broker")["ann"] <= HOUR
-
-
-def test_a_request_past_max_wait_does_not_push_a_savable_one_past_it():
-    # One GPU busy for 30 h. "late" (submitted at 0) has missed the 24 h bound when it
-    # frees; "saved" (submitted at 7 h) can still start within it if it goes first.
-    trace = trace_of(
-        Job(0, 30 * HOUR, 1, "x"), Job(1, 2 * HOUR, 1, "late"), Job(7 * HOUR, HOUR, 1, "saved")
-    )
-    fcfs = waits_by_user(trace, "fcfs")
-    assert fcfs["saved"] > 24 * HOUR and fcfs["late"] > 24 * HOUR  # oldest first: both
-    broker = waits_by_user(trace, "broker")
-    assert broker["saved"] == 23 * HOUR  # first when the GPU frees
-    assert broker["late"] == fcfs["late"] + HOUR  # right after it: not abandoned
-    assert summarize(replay(trace, "broker", inventory="dgx-h100:1"))["starved"] == 1
