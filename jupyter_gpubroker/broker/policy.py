@@ -57,6 +57,13 @@ from .models import JobClass, Request
 STARVING_TIER = 1e9
 """Added to the priority of a request in the broker policy's oldest-first tier."""
 
+
+def tier_bonus(age: float, tier_start: float) -> float:
+    """What puts a request that waited ``tier_start`` or longer in the top tier, oldest
+    first; 0 before."""
+    return STARVING_TIER + age if age >= tier_start else 0.0
+
+
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
@@ -257,9 +264,7 @@ class BrokerPolicy(Policy):
         )
         if self.max_wait_s is None:
             return p + self.weight_age_per_hour * age / 3600.0
-        if age >= self.tier_fraction * self.max_wait_s:
-            p += STARVING_TIER + age
-        return p
+        return p + tier_bonus(age, self.tier_fraction * self.max_wait_s)
 
 
 POLICIES: dict[str, type[Policy]] = {
