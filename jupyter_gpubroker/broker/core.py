@@ -270,6 +270,8 @@ class Broker:
         self._share_totals: dict[str, float] = {"user": 0.0, "group": 0.0}
         self._fs_cache: dict[Entity, float] = {}
         self._ranked_at = self.clock.now()
+        self._oldest_waiting: float | None = None
+        """Submit time of the oldest waiting request at the last ranking."""
         """The instant priorities are evaluated at (the last fair-share recalculation)."""
         self._recalc_due = True
         self._gpu_eq_of_size: dict[str, float] = {}
@@ -671,6 +673,9 @@ class Broker:
     def size_fraction(self, request: Request) -> float:
         total = self.placer.total_gpu_equivalents
         return self._size_gpu_eq(request.size) / total if total else 0.0
+
+    def oldest_submitted_at(self) -> float | None:
+        return self._oldest_waiting
 
     # ------------------------------------------------------------ internals
 
@@ -1130,6 +1135,7 @@ class Broker:
         self._totals, self._share_totals = totals, shares
         self._fs_cache.clear()
         self._ranked_at, self._recalc_due = now, False
+        self._oldest_waiting = self._waiting.oldest_submitted_at()
         self._waiting.rerank_all()
 
     def _factor(self, entity: Entity) -> float:

@@ -23,7 +23,7 @@ implementations):
     This project's policy, built for notebooks::
 
         P = W_class(window) + W_fairshare * F_user * F_group
-            + W_service / (1 + E / E_ref) + W_age * lateness_hours
+            + W_service / (1 + E / E_ref)  [+ W_age * age_hours without max_wait_s]
 
     ``F = 2^(-U/S)`` as in Slurm, for the user and for the group charged, with
     Slurm's 7-day usage half-life; class weights come from the time-of-day
@@ -38,7 +38,11 @@ implementations):
     past ``tier_fraction * max_wait_s`` a request jumps to a top tier served
     oldest-first (there it still waits for older requests and for devices to
     free, so a tier that started at ``max_wait_s`` itself would let requests
-    cross it). Age from submission (``W_age``, only without ``max_wait_s``)
+    cross it). While any waiting request has already waited ``max_wait_s``, the
+    tier is off: the overload is one no order can bound, and oldest-first would
+    then be FCFS for the whole backlog, making every request late in turn
+    (philly-640: mean wait 3x and more requests past the bound than without
+    it). Age from submission (``W_age``, only without ``max_wait_s``)
     turns the order into FCFS within hours, and FCFS order is what fair share
     and expected service are there to beat (``benchmarks/notes-policy.md``).
 """
@@ -141,6 +145,10 @@ class Context(Protocol):
 
     def size_fraction(self, request: Request) -> float:
         """The request's GPU-equivalents over the inventory's total."""
+        ...
+
+    def oldest_submitted_at(self) -> float | None:
+        """When the oldest waiting request was submitted (None: none waits)."""
         ...
 
 
@@ -264,6 +272,9 @@ class BrokerPolicy(Policy):
         )
         if self.max_wait_s is None:
             return p + self.weight_age_per_hour * age / 3600.0
+        oldest = ctx.oldest_submitted_at()
+        if oldest is not None and now - oldest >= self.max_wait_s:
+            return p  # the bound is broken: oldest-first now would make every request late
         return p + tier_bonus(age, self.tier_fraction * self.max_wait_s)
 
 

@@ -48,6 +48,9 @@ class FlatContext:
     def size_fraction(self, request: Request) -> float:
         return self.fraction
 
+    def oldest_submitted_at(self) -> float | None:
+        return None
+
 
 def req(submitted_at: float, job_class: JobClass = JobClass.INTERACTIVE, user="u") -> Request:
     return Request("r-x", user, (), Size(gpus=1), job_class, submitted_at)

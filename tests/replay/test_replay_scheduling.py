@@ -76,3 +76,14 @@ def test_a_light_user_is_not_held_behind_a_heavy_users_aged_backlog():
     trace = trace_of(*jobs, Job(10.5 * HOUR, HOUR, 1, "ann"))
     assert waits_by_user(trace, "fcfs")["ann"] > 9 * HOUR
     assert waits_by_user(trace, "broker")["ann"] <= HOUR
+
+
+def test_once_a_request_is_past_max_wait_the_backlog_is_not_served_oldest_first():
+    # One GPU held 30 h by hog, who also queued ten 1 h jobs; ann's 1 h job comes at
+    # 20 h. When the GPU frees, hog's jobs have waited 30 h: no order can keep them
+    # under the 24 h bound, so the tier is off and fair share puts ann first (served
+    # oldest-first she would wait for all ten).
+    jobs = [Job(0, 30 * HOUR, 1, "hog"), *(Job(float(i), HOUR, 1, "hog") for i in range(1, 11))]
+    trace = trace_of(*jobs, Job(20 * HOUR, HOUR, 1, "ann"))
+    assert waits_by_user(trace, "fcfs")["ann"] == 20 * HOUR
+    assert waits_by_user(trace, "broker")["ann"] == 10 * HOUR
