@@ -41,8 +41,8 @@ implementations):
     cross it). While any waiting request has already waited ``max_wait_s``, the
     tier is off: the overload is one no order can bound, and oldest-first would
     then be FCFS for the whole backlog, making every request late in turn
-    (philly-640: mean wait 3x and more requests past the bound than without
-    it). Age from submission (``W_age``, only without ``max_wait_s``)
+    (philly-640: twice the mean wait and 3.5 times the requests past the bound).
+    Age from submission (``W_age``, only without ``max_wait_s``)
     turns the order into FCFS within hours, and FCFS order is what fair share
     and expected service are there to beat (``benchmarks/notes-policy.md``).
 """
