@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpubroker.broker.models import Request
-from jupyter_gpubroker.broker.policy import Context, Policy, make_policy
+from jupyter_gpubroker.broker.policy import Context, Policy, make_policy, tier_bonus
 from jupyter_gpubroker.replay import (
     DEFAULT_COMPRESS,
     DEFAULT_INVENTORY,
@@ -70,12 +70,19 @@ TUNED: dict[str, object] = {
 
 @dataclass
 class OracleSJF(Policy):
-    """Shortest true GPU-time first: uses the job's own duration, which no policy may."""
+    """Shortest true GPU-time first: uses the job's own duration, which no policy may.
+
+    With ``tier_start_s``, the broker's oldest-first tier on top (the bound of perfect
+    prediction under the broker's starvation protection)."""
 
     name: str = "oracle"
+    tier_start_s: float | None = None
 
     def priority(self, r: Request, ctx: Context, now: float) -> float:
-        return -ctx.size_fraction(r) * (r.expected_duration_s or 0.0)
+        p = -ctx.size_fraction(r) * (r.expected_duration_s or 0.0)
+        if self.tier_start_s is None:
+            return p
+        return p + tier_bonus(max(now - r.submitted_at, 0.0), self.tier_start_s)
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,8 @@ class Broker:
         )
         """Fair-share usage: what the policy orders by and preemption takes from."""
         self._ranked_at = self.clock.now()
+        self._oldest_waiting: float | None = None
+        """Submit time of the oldest waiting request at the last ranking."""
         """The instant priorities are evaluated at (the last fair-share recalculation)."""
         self._recalc_due = True
         self._gpu_eq_of_size: dict[str, float] = {}
@@ -669,6 +671,9 @@ class Broker:
         total = self.placer.total_gpu_equivalents
         return self._size_gpu_eq(request.size) / total if total else 0.0
 
+    def oldest_submitted_at(self) -> float | None:
+        return self._oldest_waiting
+
     # ------------------------------------------------------------ internals
 
     def _emit(self, event: Event) -> None:
@@ -995,6 +1000,7 @@ class Broker:
         """Bring every entity's usage to ``now``, reset fair-share factors, re-rank."""
         self.ledger.recalc(now)
         self._ranked_at, self._recalc_due = now, False
+        self._oldest_waiting = self._waiting.oldest_submitted_at()
         self._waiting.rerank_all()
 
     # -- restart

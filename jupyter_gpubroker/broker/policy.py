@@ -23,20 +23,28 @@ implementations):
     This project's policy, built for notebooks::
 
         P = W_class(window) + W_fairshare * F_user * F_group
-            + W_age * age_hours + W_service / (1 + E / E_ref)
+            + W_service / (1 + E / E_ref)  [+ W_age * age_hours without max_wait_s]
 
-    ``F = 2^(-U/S)`` as in Slurm, for the user and for the group charged;
-    class weights come from the time-of-day window in force (interactive
-    first by day, batch first by night); age grows without bound so every
-    request eventually outranks every fresh one, and past ``tier_fraction *
-    max_wait_s`` a request jumps to a top tier served oldest-first (there it
-    still waits for older requests and for devices to free, so a tier that
-    started at ``max_wait_s`` itself would let requests cross it); ``E`` is the request's
-    expected GPU-hours from the median of its kind's past holds, the user's of
-    its shape first (shortest expected service first, as Helios' QSSF). A grant
-    charges an entry penalty to the user's and group's usage at once (as Kueue's
+    ``F = 2^(-U/S)`` as in Slurm, for the user and for the group charged, with
+    Slurm's 7-day usage half-life; class weights come from the time-of-day
+    window in force (interactive first by day); ``E`` is the request's expected
+    GPU-hours from the median of its kind's past holds, the user's of its shape
+    first (shortest expected service first, as Helios' QSSF). A grant charges
+    an entry penalty to the user's and group's usage at once (as Kueue's
     admission fair sharing does), so a burst of requests cannot take every free
     device in one pass.
+
+    Waiting itself earns nothing until it threatens the bound ``max_wait_s``:
+    past ``tier_fraction * max_wait_s`` a request jumps to a top tier served
+    oldest-first (there it still waits for older requests and for devices to
+    free, so a tier that started at ``max_wait_s`` itself would let requests
+    cross it). While any waiting request has already waited ``max_wait_s``, the
+    tier is off: the overload is one no order can bound, and oldest-first would
+    then be FCFS for the whole backlog, making every request late in turn
+    (philly-640: twice the mean wait and 3.5 times the requests past the bound).
+    Age from submission (``W_age``, only without ``max_wait_s``)
+    turns the order into FCFS within hours, and FCFS order is what fair share
+    and expected service are there to beat (``benchmarks/notes-policy.md``).
 """
 
 from __future__ import annotations
@@ -52,6 +60,13 @@ from .models import JobClass, Request
 
 STARVING_TIER = 1e9
 """Added to the priority of a request in the broker policy's oldest-first tier."""
+
+
+def tier_bonus(age: float, tier_start: float) -> float:
+    """What puts a request that waited ``tier_start`` or longer in the top tier, oldest
+    first; 0 before."""
+    return STARVING_TIER + age if age >= tier_start else 0.0
+
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
@@ -132,6 +147,10 @@ class Context(Protocol):
         """The request's GPU-equivalents over the inventory's total."""
         ...
 
+    def oldest_submitted_at(self) -> float | None:
+        """When the oldest waiting request was submitted (None: none waits)."""
+        ...
+
 
 @dataclass
 class Policy:
@@ -200,7 +219,7 @@ class SlurmPolicy(Policy):
 
 def _default_windows() -> tuple[Window, ...]:
     return (
-        Window("working-hours", 8, 19, _days("mon-fri"), {"interactive": 2000.0, "batch": 0.0}),
+        Window("working-hours", 8, 19, _days("mon-fri"), {"interactive": 500.0, "batch": 0.0}),
         Window("off-hours", 0, 24, frozenset(range(7)), {"interactive": 500.0, "batch": 500.0}),
     )
 
@@ -209,7 +228,9 @@ def _default_windows() -> tuple[Window, ...]:
 class BrokerPolicy(Policy):
     name: str = "broker"
     weight_fairshare: float = 1000.0
+    half_life_s: float = 7 * 86400.0
     weight_age_per_hour: float = 100.0
+    """Per hour of waiting, only without ``max_wait_s`` (then nothing else bounds a wait)."""
     weight_service: float = 1000.0
     reference_gpu_hours: float = 1.0
     entry_penalty_s: float = 600.0
@@ -247,12 +268,14 @@ class BrokerPolicy(Policy):
         p = (
             self.class_weights(now).get(r.job_class.value, 0.0)
             + self.weight_fairshare * ctx.fairshare(r.user, r.group)
-            + self.weight_age_per_hour * age / 3600.0
             + self.weight_service / (1.0 + ctx.expected_gpu_hours(r) / self.reference_gpu_hours)
         )
-        if self.max_wait_s is not None and age >= self.tier_fraction * self.max_wait_s:
-            p += STARVING_TIER + age
-        return p
+        if self.max_wait_s is None:
+            return p + self.weight_age_per_hour * age / 3600.0
+        oldest = ctx.oldest_submitted_at()
+        if oldest is not None and now - oldest >= self.max_wait_s:
+            return p  # the bound is broken: oldest-first now would make every request late
+        return p + tier_bonus(age, self.tier_fraction * self.max_wait_s)
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -92,6 +92,10 @@ class WaitQueue:
         elif was_head:
             self._push(key)
 
+    def oldest_submitted_at(self) -> float | None:
+        """The oldest waiting request's submit time (each bucket's head is its oldest)."""
+        return min((b[0].submitted_at for b in self._buckets.values()), default=None)
+
     def rerank_user(self, user: str) -> None:
         """The user's fair share changed: their buckets are ranked again when next met."""
         self._user_epoch[user] += 1

@@ -48,6 +48,9 @@ class FlatContext:
     def size_fraction(self, request: Request) -> float:
         return self.fraction
 
+    def oldest_submitted_at(self) -> float | None:
+        return None
+
 
 def req(submitted_at: float, job_class: JobClass = JobClass.INTERACTIVE, user="u") -> Request:
     return Request("r-x", user, (), Size(gpus=1), job_class, submitted_at)
@@ -166,11 +169,11 @@ def test_no_window_in_force_means_no_class_weight():
 def test_windows_follow_the_configured_time_zone():
     # 14:00 UTC is 10:00 in New York (EDT): working hours there; 03:00 UTC is 23:00.
     policy = BrokerPolicy(timezone="America/New_York")
-    assert policy.class_weights(utc(2024, 5, 15, 14)) == {"interactive": 2000.0, "batch": 0.0}
+    assert policy.class_weights(utc(2024, 5, 15, 14)) == {"interactive": 500.0, "batch": 0.0}
     assert policy.class_weights(utc(2024, 5, 16, 3)) == {"interactive": 500.0, "batch": 500.0}
     utc_policy = BrokerPolicy()
     assert utc_policy.class_weights(utc(2024, 5, 16, 3)) == {"interactive": 500.0, "batch": 500.0}
-    assert utc_policy.class_weights(utc(2024, 5, 15, 12)) == {"interactive": 2000.0, "batch": 0.0}
+    assert utc_policy.class_weights(utc(2024, 5, 15, 12)) == {"interactive": 500.0, "batch": 0.0}
 
 
 def test_default_windows_treat_weekends_as_off_hours():

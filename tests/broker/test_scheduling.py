@@ -73,7 +73,8 @@ def test_without_a_blocked_request_nothing_is_held_back(make_broker, clock):
 def test_broker_policy_backfills_around_its_reservation(
     make_broker, clock, holder_hours, backfilled
 ):
-    broker = make_broker(whole_inventory(2))
+    # without max_wait_s, age counts from submission
+    broker = make_broker(whole_inventory(2), policy=BrokerPolicy(max_wait_s=None))
     holder = broker.submit("a", Size(gpus=1), expected_duration_s=holder_hours * HOUR)
     big = broker.submit("bigjob", Size(gpus=2), expected_duration_s=HOUR)
     clock.advance(3 * HOUR)  # the big request's age puts it first

@@ -62,3 +62,28 @@ def test_the_oldest_first_tier_starts_before_requests_cross_max_wait():
     assert fcfs["starved"] == 0 and fcfs["max_wait_s"] == 3 * HOUR
     assert broker["starved"] <= fcfs["starved"]
     assert broker["max_wait_s"] < 24 * HOUR
+
+
+def waits_by_user(trace, policy: str) -> dict[str, float]:
+    return {o.user: o.wait_s for o in replay(trace, policy, inventory="dgx-h100:1").outcomes}
+
+
+def test_a_light_user_is_not_held_behind_a_heavy_users_aged_backlog():
+    # hog queues twenty 1 h jobs at once; ann's one job arrives 10.5 h later. Waiting
+    # earns nothing before the oldest-first tier, so fair share puts ann next (age
+    # from submission made hog's backlog outrank her until it drained).
+    jobs = [Job(float(i), HOUR, 1, "hog") for i in range(20)]
+    trace = trace_of(*jobs, Job(10.5 * HOUR, HOUR, 1, "ann"))
+    assert waits_by_user(trace, "fcfs")["ann"] > 9 * HOUR
+    assert waits_by_user(trace, "broker")["ann"] <= HOUR
+
+
+def test_once_a_request_is_past_max_wait_the_backlog_is_not_served_oldest_first():
+    # One GPU held 30 h by hog, who also queued ten 1 h jobs; ann's 1 h job comes at
+    # 20 h. When the GPU frees, hog's jobs have waited 30 h: no order can keep them
+    # under the 24 h bound, so the tier is off and fair share puts ann first (served
+    # oldest-first she would wait for all ten).
+    jobs = [Job(0, 30 * HOUR, 1, "hog"), *(Job(float(i), HOUR, 1, "hog") for i in range(1, 11))]
+    trace = trace_of(*jobs, Job(20 * HOUR, HOUR, 1, "ann"))
+    assert waits_by_user(trace, "fcfs")["ann"] == 20 * HOUR
+    assert waits_by_user(trace, "broker")["ann"] == 10 * HOUR
