@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..broker.core import QUOTA_BOUNDS, Broker, Quota
-from ..broker.errors import Forbidden, InvalidRequest, NotFound
-from ..broker.models import Lease, Request, Size
+from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from ..broker.models import Lease, LeaseState, Request, Size
 from .identity import Identity
 from .shapes import (
     devices_json,
@@ -239,6 +239,14 @@ class BrokerAPI:
     def renew(self, who: Identity, lease_id: str) -> dict[str, Any]:
         lease = self._own_lease(who, lease_id)
         return lease_json(self.core.renew(lease.id))
+
+    def keep(self, who: Identity, lease_id: str) -> dict[str, Any]:
+        """The holder's "keep it" on a reclaim warning: counts as activity on the lease."""
+        lease = self._own_lease(who, lease_id)
+        if lease.state is not LeaseState.ACTIVE:
+            raise Conflict(f"lease {lease_id!r} already ended ({lease.state.value})")
+        self.runtime.keep(lease.id)
+        return lease_json(self.core.lease(lease.id))
 
     # ----------------------------------------------------- usage and quotas
 

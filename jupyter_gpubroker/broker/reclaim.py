@@ -134,6 +134,8 @@ class _Track:
     """The holder's (processes, memory) at the last look."""
     warning: tuple[Cause, float, float] | None = None
     """(cause, warned at, deadline) of a pending warning."""
+    kept_at: float = 0.0
+    """When the holder last said to keep it ("keep it" on a warning): kernel activity."""
 
 
 class Reclaimer:
@@ -167,6 +169,16 @@ class Reclaimer:
                 decisions.append(decision)
         return decisions
 
+    def keep(self, lease_id: str) -> None:
+        """The holder wants the lease: count it as kernel activity now, and withdraw a
+        pending idle or stalled warning at once rather than at the next look."""
+        lease = self.broker.lease(lease_id)
+        track = self._tracks.setdefault(lease.id, _Track(lease.granted_at))
+        track.kept_at = self.broker.clock.now()
+        if track.warning is not None and track.warning[0] != "preempted":
+            track.warning = None
+            self.broker.unwarn(lease.id, "kept by its holder")
+
     # -- verdicts
 
     def exempt(self, lease: Lease, request: Request) -> bool:
@@ -189,7 +201,7 @@ class Reclaimer:
         if kernel is None or self.exempt(lease, request):
             return None
         gpu_quiet_s = now - track.gpu_active_at
-        since_activity_s = max(now - kernel.last_activity, 0.0)
+        since_activity_s = max(now - max(kernel.last_activity, track.kept_at), 0.0)
         evidence: dict[str, Any] = {
             "kernel_state": kernel.execution_state,
             "kernel_last_activity": kernel.last_activity,

@@ -174,6 +174,13 @@ class RenewHandler(BrokerHandler):
         self.reply(self.api.renew(self.who, lease_id))
 
 
+class KeepHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def post(self, lease_id: str) -> None:
+        self.reply(self.api.keep(self.who, lease_id))
+
+
 class UsageHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -338,6 +345,7 @@ def handlers() -> list[tuple[str, type[BrokerHandler]]]:
         ("leases", LeasesHandler),
         (f"leases/{ident}", LeaseHandler),
         (f"leases/{ident}/renew", RenewHandler),
+        (f"leases/{ident}/keep", KeepHandler),
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),
         (f"quotas/{ident}/{ident}", QuotaHandler),

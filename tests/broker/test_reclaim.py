@@ -239,3 +239,24 @@ def test_a_preemption_warning_is_withdrawn_when_the_waiter_leaves(
     m.broker.cancel(waiting.id)
     (clear,) = m.run(5)
     assert (clear.action, clear.reason) == ("clear", "no longer needed")
+
+
+def test_keep_it_withdraws_the_warning_and_counts_as_activity(
+    make_machine: MachineFactory,
+) -> None:
+    """The Lab panel's "keep it" on a reclaim warning: the lease is no longer due, and its
+    idle time starts again from the click, as if the kernel had just run a cell."""
+    m = make_machine()
+    lease = m.submit("1", "k1")
+    assert lease is not None
+    m.kernels.finish("k1")
+    (warn,) = m.run(605)
+    assert warn.action == "warn" and m.broker.lease(lease.id).reclaim_at is not None
+    m.sampler.reclaimer.keep(lease.id)
+    assert m.broker.lease(lease.id).reclaim_at is None
+    assert [e.detail for e in m.events if e.kind == "warning_cleared"] == [
+        {"reason": "kept by its holder"}
+    ]
+    assert m.run(590) == []  # under idle_timeout since the click: no new warning
+    (again,) = m.run(15)
+    assert again.action == "warn" and m.broker.lease(lease.id).state.value == "active"
