@@ -66,23 +66,26 @@ export function statusText(
   utilization: (lease: ILease) => number | null,
   now: number
 ): string | null {
-  const warned = leases.find(l => l.reclaim_at);
-  if (warned && warned.reclaim_at) {
-    return `GPU idle: reclaim in ${duration(-since(warned.reclaim_at, now))}`;
-  }
-  if (leases.length) {
-    const l = leases[0];
-    const more = leases.length > 1 ? ` +${leases.length - 1}` : '';
-    const u = utilization(l);
-    const size = l.profile === 'gpu' ? `${l.devices.length} GPU` : l.profile;
-    return `GPU ${size} ${percent(u)}${more}`;
-  }
   const first = [...waiting].sort(
     (a, b) => (a.position ?? Infinity) - (b.position ?? Infinity)
   )[0];
+  let queue: string | null = null;
   if (first && first.position) {
     const eta = etaText(first, now);
-    return `GPU queue #${first.position} ${eta === 'ETA unknown' ? '(ETA unknown)' : eta}`;
+    queue = `queue #${first.position} ${eta === 'ETA unknown' ? '(ETA unknown)' : eta}`;
   }
-  return null;
+  let held: string | null = null;
+  const warned = leases.find(l => l.reclaim_at);
+  if (warned && warned.reclaim_at) {
+    held = `GPU idle: reclaim in ${duration(-since(warned.reclaim_at, now))}`;
+  } else if (leases.length) {
+    const l = leases[0];
+    const more = leases.length > 1 ? ` +${leases.length - 1}` : '';
+    const size = l.profile === 'gpu' ? `${l.devices.length} GPU` : l.profile;
+    held = `GPU ${size} ${percent(utilization(l))}${more}`;
+  }
+  if (held && queue) {
+    return `${held} · ${queue}`;
+  }
+  return held ?? (queue ? `GPU ${queue}` : null);
 }

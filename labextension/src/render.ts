@@ -87,13 +87,25 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
     const start = gpu.mig_enabled ? (d.start ?? 0) : 0;
     seg.style.gridColumn = `${start + 1} / span ${span}`;
     seg.dataset.uuid = d.uuid;
-    seg.textContent = d.profile ? `${d.profile.split('.')[0]} ${who}` : who;
+    seg.textContent = span > 1 && d.profile ? `${d.profile} ${who}` : who;
     const util = d.utilization_gpu === null ? '' : ` · ${percent(d.utilization_gpu)}`;
     seg.title = `${d.label}: ${who}${util}${d.drained ? ` · drained: ${d.drained}` : ''}`;
     bar.appendChild(seg);
   }
   bar.style.gridTemplateColumns = `repeat(${total}, 1fr)`;
   return bar;
+}
+
+/** What a GPU is cut into: "7 × 1g.10gb", "2 × 1g.20gb, 1 × 3g.40gb", or "whole". */
+export function profilesText(gpu: IGpu): string {
+  if (!gpu.mig_enabled) {
+    return 'whole GPU';
+  }
+  const counts = new Map<string, number>();
+  for (const d of gpu.devices) {
+    counts.set(d.profile ?? '?', (counts.get(d.profile ?? '?') ?? 0) + 1);
+  }
+  return Array.from(counts, ([p, n]) => `${n} × ${p}`).join(', ');
 }
 
 function healthBadge(gpu: IGpu): HTMLElement {
@@ -110,6 +122,7 @@ export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement 
   const row = el('div', 'jp-GpuBroker-gpu');
   const head = el('div', 'jp-GpuBroker-gpuHead');
   head.appendChild(el('span', 'jp-GpuBroker-gpuName', `GPU ${gpu.index} · ${gpu.model}`));
+  head.appendChild(el('span', 'jp-GpuBroker-profiles', profilesText(gpu)));
   head.appendChild(healthBadge(gpu));
   row.appendChild(head);
   row.appendChild(sliceBar(gpu, me));
@@ -137,24 +150,20 @@ export function renderQueue(
 ): HTMLElement {
   const table = el('table', 'jp-GpuBroker-queue');
   const head = table.createTHead().insertRow();
-  for (const h of ['#', 'user', 'size', 'class', 'waiting', 'ETA', '']) {
+  for (const h of ['#', 'user', 'size, class', 'waiting', 'ETA', '']) {
     head.appendChild(el('th', '', h));
   }
   const body = table.createTBody();
   for (const q of queue) {
     const tr = body.insertRow();
     tr.className = q.mine ? 'jp-GpuBroker-mine' : '';
-    const cells = [
-      String(q.position),
-      q.user,
-      sizeText(q),
-      q.job_class,
-      duration(since(q.submitted_at, now)),
-      etaText(q, now)
-    ];
-    for (const c of cells) {
-      tr.appendChild(el('td', '', c));
-    }
+    tr.appendChild(el('td', '', String(q.position)));
+    tr.appendChild(el('td', '', q.user));
+    const size = el('td', '', sizeText(q));
+    size.appendChild(el('div', 'jp-GpuBroker-class', q.job_class));
+    tr.appendChild(size);
+    tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
+    tr.appendChild(el('td', '', etaText(q, now)));
     const td = el('td', '');
     if (q.mine && q.id) {
       const id = q.id;
@@ -168,7 +177,7 @@ export function renderQueue(
   if (!queue.length) {
     const tr = body.insertRow();
     const td = el('td', 'jp-GpuBroker-empty', 'The GPU queue is empty.');
-    td.colSpan = 7;
+    td.colSpan = 6;
     tr.appendChild(td);
   }
   return table;

@@ -17,9 +17,23 @@ describe('statusText', () => {
     expect(statusText([], waiting, () => null, NOW)).toBe('GPU queue #1 (ETA unknown)');
   });
 
+  it('adds my place in the queue to what I hold', () => {
+    const held = [lease('l1', 'MIG-0-0'), lease('l2', 'MIG-0-1')];
+    expect(statusText(held, [queued('r1', 1)], () => 5, NOW)).toBe(
+      'GPU 1g.10gb 5% +1 · queue #1 ~12 min'
+    );
+  });
+
   it('puts a reclaim warning first', () => {
     const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
     expect(statusText([warned], [], () => 0, NOW)).toBe('GPU idle: reclaim in 8 min');
+  });
+
+  it('keeps my place in the queue beside a reclaim warning', () => {
+    const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
+    expect(statusText([warned], [queued('r1', 1)], () => 0, NOW)).toBe(
+      'GPU idle: reclaim in 8 min · queue #1 ~12 min'
+    );
   });
 
   it('has nothing to say without GPUs or requests', () => {

@@ -26,7 +26,7 @@ describe('sliceBar', () => {
       'jp-mod-taken',
       ...Array(5).fill('jp-mod-free')
     ]);
-    expect(segments[1].textContent).toBe('1g bob');
+    expect(segments[1].textContent).toBe('bob');
     expect(segments[3].style.gridColumn).toBe('4 / span 1');
     expect(bar.style.gridTemplateColumns).toBe('repeat(8, 1fr)');
   });
@@ -35,7 +35,7 @@ describe('sliceBar', () => {
     const gpu = h100(0, ['ann', null]);
     gpu.devices[1].holder = { user: '' };
     const second = sliceBar(gpu, 'ann').children[1] as HTMLElement;
-    expect(second.textContent).toBe('1g in use');
+    expect(second.textContent).toBe('in use');
   });
 });
 
@@ -44,6 +44,7 @@ describe('renderPanel', () => {
     const drained = h100(1, Array(7).fill(null), { drained: 'Xid 79: fell off the bus' });
     const { node } = draw(overview({ gpus: [h100(0, ['ann', 'bob', null, null, null, null, null]), drained] }));
     expect(node.textContent).toContain('GPUs (2 GPUs, 14 MIG slices, 12 free)');
+    expect(node.textContent).toContain('GPU 1 · H100-80GB7 × 1g.10gb');
     expect(node.querySelector('.jp-GpuBroker-badge.jp-mod-drained')?.getAttribute('title')).toBe(
       'Xid 79: fell off the bus'
     );
@@ -59,6 +60,7 @@ describe('renderPanel', () => {
     const rows = Array.from(node.querySelectorAll('.jp-GpuBroker-queue tbody tr'));
     expect(rows.map(r => r.className)).toEqual(['', 'jp-GpuBroker-mine']);
     expect(rows[1].textContent).toContain('2ann1g.10gbinteractive5 min~12 min');
+    expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe('interactive');
     expect(rows[0].querySelector('button')).toBeNull();
     (rows[1].querySelector('button') as HTMLButtonElement).click();
     expect(calls).toEqual(['cancel r-mine']);
