@@ -1,6 +1,7 @@
-"""Screenshots of the %gpu widgets in JupyterLab, rendered by headless Chromium.
+"""Screenshots of the %gpu widgets and of the Lab GPU panel, rendered by headless Chromium.
 
-    python docs/screenshot.py   # docs/widgets.png and docs/widgets-queued.png
+    python docs/screenshot.py           # docs/widgets.png and docs/widgets-queued.png
+    python docs/screenshot.py --panel   # docs/panel-light.png and docs/panel-dark.png
 
 Needs ``pip install playwright`` and a Chromium binary (Debian: ``apt-get install
 chromium``); Playwright's own browsers are not needed, it drives the system Chromium
@@ -11,7 +12,10 @@ slices, all held by other users (a small server extension seeds them, puts a wor
 on every held slice and frees one slice once the tour's request has waited a while),
 opens jupyter_gpubroker/tour/gpu-broker-tour.ipynb in its on-demand GPU kernel, runs it down to
 ``%gpu usage`` and captures the queue widget while the request waits, then the
-notebook once granted. Nothing is written outside a temporary directory but the images.
+notebook once granted. With ``--panel``: three simulated H200s in mixed MIG slices, one
+drained, other users' work on most slices and a queue; a GPU notebook holds a slice and a
+second one waits; the panel and the status bar in the light theme, then the dark one.
+Nothing is written outside a temporary directory but the images.
 """
 
 from __future__ import annotations
@@ -85,27 +89,78 @@ def _load_jupyter_server_extension(serverapp):
 '''
 
 
+PANEL_SCENE = '''
+"""Panel screenshot scene: GPU 2 drained; other users on all but one slice of GPUs 0-1,
+each slice busy; two requests waiting."""
+
+import math
+import time
+
+from tornado.ioloop import PeriodicCallback
+
+from jupyter_gpubroker.broker.models import JobClass, Size
+from jupyter_gpubroker.server import registry
+
+HOLDERS = [("alice", "3g.71gb"), ("bob", "3g.71gb"), ("carol", "2g.35gb"), ("bob", "2g.35gb"),
+           ("alice", "1g.18gb"), ("carol", "1g.18gb"), ("bob", "1g.18gb")]
+WAITING = [("dave", "3g.71gb", "batch"), ("erin", "2g.35gb", "interactive")]
+state = {"set": False}
+
+
+def tick():
+    broker = registry.current()
+    if broker is None:
+        return
+    core, sim = broker.core, broker.backend.simulator
+    if not state["set"]:
+        third = next(g.uuid for g in core.placer.gpus.values() if g.index == 2)
+        core.drain(third, "Xid 48: double-bit ECC error", "health")
+        for user, profile in HOLDERS:
+            core.submit(user, Size(profile=profile), owner="training")
+        for user, profile, job_class in WAITING:
+            core.submit(user, Size(profile=profile), job_class=JobClass(job_class), owner="sweep")
+        state["set"] = True
+    now = time.time()
+    for i, lease in enumerate(core.leases()):
+        for uuid in lease.devices:
+            wave = math.sin(now / 5 + i) + 0.4 * math.sin(now / 1.7 + 2 * i)
+            sim.set_load(uuid, utilization=int(max(3, min(99, 55 + 35 * wave))),
+                         memory_used_mib=int(6000 + 2500 * wave))
+
+
+def _load_jupyter_server_extension(serverapp):
+    PeriodicCallback(tick, 1000).start()
+'''
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def write_setup(tmp: Path) -> dict[str, str]:
+def write_setup(
+    tmp: Path, scene: str = SCENE, simulate: str = "dgx-h100-mig:1", profile: str = "1g.10gb"
+) -> dict[str, str]:
     """Kernelspecs, server and kernel config, Lab settings and the scene, under ``tmp``;
     returns the environment that points Jupyter at them."""
     sys.path.insert(0, str(ROOT))
     from jupyter_gpubroker import kernelspec
     from jupyter_gpubroker.broker.models import Size
 
-    for size in (None, Size(profile="1g.10gb")):
+    for size in (None, Size(profile=profile)):
         kernelspec.install(size, prefix=str(tmp))
+    # The checkout's build of the Lab extension, served by its name as an installed one is.
+    extensions = tmp / "labextensions"
+    extensions.mkdir()
+    (extensions / "jupyter-gpubroker").symlink_to(ROOT / "jupyter_gpubroker" / "labextension")
     config = tmp / "config"
     config.mkdir()
     (config / "jupyter_server_config.json").write_text(
         json.dumps(
             {
                 "ServerApp": {"jpserver_extensions": {"gpubroker_screenshot_scene": True}},
+                "LabServerApp": {"extra_labextensions_path": [str(extensions)]},
                 "GPUBroker": {"owner": "ada", "lease_ttl": 3600},
             }
         )
@@ -116,7 +171,10 @@ def write_setup(tmp: Path) -> dict[str, str]:
     settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(SCENE))
+    panel_settings = tmp / "settings" / "jupyter-gpubroker"
+    panel_settings.mkdir(parents=True)
+    (panel_settings / "plugin.jupyterlab-settings").write_text('{"refreshSeconds": 1}')
+    (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(scene))
     return {
         **os.environ,
         "JUPYTER_TOKEN": TOKEN,
@@ -127,7 +185,7 @@ def write_setup(tmp: Path) -> dict[str, str]:
         "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
         "IPYTHONDIR": str(tmp / "ipython"),
-        "GPUBROKER_SIMULATE": "dgx-h100-mig:1",
+        "GPUBROKER_SIMULATE": simulate,
         "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
         "PYTHONPATH": os.pathsep.join(
             filter(None, [str(tmp), str(ROOT), os.environ.get("PYTHONPATH")])
@@ -188,6 +246,59 @@ def run_tour(page: Page, out: Path) -> None:
     )
 
 
+def notebook(base: str, name: str, kernel: str) -> None:
+    """A new empty notebook that starts ``kernel`` when opened."""
+    content = {
+        "cells": [],
+        "metadata": {"kernelspec": {"name": kernel, "display_name": kernel}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    request = urllib.request.Request(
+        f"{base}/api/contents/{name}?token={TOKEN}",
+        method="PUT",
+        data=json.dumps({"type": "notebook", "content": content}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def capture_panel(page: Page, base: str, out_dir: Path) -> None:
+    """Open a GPU notebook (it gets the last free slice) and a second one (it waits), show
+    the panel, and capture it with the status bar in each theme."""
+    from jupyter_gpubroker import kernelspec
+    from jupyter_gpubroker.broker.models import Size
+
+    kernel = kernelspec.spec_for(Size(profile="1g.18gb"))[0]
+    page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").click()
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first.bounding_box()
+    assert handle is not None  # widen the sidebar to 420 px
+    page.mouse.move(handle["x"] + 1, handle["y"] + 300)
+    page.mouse.down()
+    page.mouse.move(420, handle["y"] + 300, steps=5)
+    page.mouse.up()
+    panel = page.locator("#jp-gpubroker-panel")
+    panel.get_by_text("GPU 2 · H200-141GB").wait_for(timeout=60_000)
+    for name in ("train.ipynb", "eval.ipynb"):
+        notebook(base, name, kernel)
+        page.evaluate(f"jupyterapp.commands.execute('docmanager:open', {{path: '{name}'}})")
+        time.sleep(4)
+    panel.locator(".jp-GpuBroker-lease", has_text="train.ipynb").wait_for(timeout=60_000)
+    panel.locator("tr.jp-GpuBroker-mine").wait_for(timeout=60_000)
+    time.sleep(25)  # a sparkline's worth of readings (refreshSeconds: 1)
+    for theme, name in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+        page.evaluate(f"jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
+        time.sleep(3)
+        viewport = page.viewport_size
+        assert viewport is not None
+        page.screenshot(
+            path=str(out_dir / f"panel-{name}.png"),
+            clip={"x": 0, "y": 0, "width": 900, "height": viewport["height"]},
+        )
+    page.locator("tr.jp-GpuBroker-mine button").click()  # withdraw the wait: a quick stop
+    page.locator("tr.jp-GpuBroker-mine").wait_for(state="detached")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chromium", default="/usr/bin/chromium")
@@ -198,14 +309,24 @@ def main() -> None:
         help="the image (default docs/widgets.png; the queue widget goes next to it, "
         "as widgets-queued.png)",
     )
+    parser.add_argument(
+        "--panel",
+        action="store_true",
+        help="the Lab GPU panel and status bar instead, light and dark "
+        "(docs/panel-light.png, docs/panel-dark.png)",
+    )
     args = parser.parse_args()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
-        env = write_setup(Path(tmp))
+        if args.panel:
+            env = write_setup(Path(tmp), PANEL_SCENE, "h200-mig-balanced:3", "1g.18gb")
+        else:
+            env = write_setup(Path(tmp))
         from jupyter_gpubroker.demo import TOUR  # the checkout's, on sys.path by write_setup
 
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}"]
+        cmd.append("--LabApp.expose_app_in_browser=True")
         notebooks = Path(tmp) / "notebooks"  # running the cells must not rewrite the tour
         notebooks.mkdir()
         shutil.copy(TOUR, notebooks)
@@ -227,14 +348,23 @@ def main() -> None:
                         "--disable-sync",
                     ],
                 )
-                page = browser.new_page(viewport={"width": 960, "height": 2400})
-                page.goto(f"{base}/lab/tree/{TOUR.name}?token={TOKEN}&reset")
-                run_tour(page, args.out)
+                if args.panel:
+                    page = browser.new_page(viewport={"width": 1280, "height": 900})
+                    page.goto(f"{base}/lab?token={TOKEN}&reset")
+                    capture_panel(page, base, args.out.parent)
+                else:
+                    page = browser.new_page(viewport={"width": 960, "height": 2400})
+                    page.goto(f"{base}/lab/tree/{TOUR.name}?token={TOKEN}&reset")
+                    run_tour(page, args.out)
                 browser.close()
         finally:
             proc.terminate()
-            proc.wait(30)
-    print(f"wrote {args.out}")
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # a kernel slow to go: the images are written
+                proc.kill()
+                proc.wait()
+    print(f"wrote {args.out.parent / 'panel-*.png' if args.panel else args.out}")
 
 
 if __name__ == "__main__":

@@ -72,11 +72,11 @@ export class GpuModel {
     return (kernelId && this._kernels.get(kernelId)?.path) || null;
   }
 
-  /** My waiting requests, best position first. */
+  /** My waiting requests, best position first (an admin's overview lists everyone's). */
   get waiting(): IRequest[] {
-    const mine = this._overview?.requests ?? [];
-    return mine
-      .filter(r => r.state === 'queued')
+    const o = this._overview;
+    return (o?.requests ?? [])
+      .filter(r => r.state === 'queued' && r.user === o?.me.user)
       .sort((a, b) => (a.position ?? Infinity) - (b.position ?? Infinity));
   }
 

@@ -87,9 +87,9 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
     const start = gpu.mig_enabled ? (d.start ?? 0) : 0;
     seg.style.gridColumn = `${start + 1} / span ${span}`;
     seg.dataset.uuid = d.uuid;
-    seg.textContent = span > 1 && d.profile ? `${d.profile} ${who}` : who;
+    seg.textContent = who;
     const util = d.utilization_gpu === null ? '' : ` · ${percent(d.utilization_gpu)}`;
-    seg.title = `${d.label}: ${who}${util}${d.drained ? ` · drained: ${d.drained}` : ''}`;
+    seg.title = `${d.label}: ${who}${util}${d.drained ? ` · drained: ${d.drained.reason}` : ''}`;
     bar.appendChild(seg);
   }
   bar.style.gridTemplateColumns = `repeat(${total}, 1fr)`;
@@ -111,7 +111,7 @@ export function profilesText(gpu: IGpu): string {
 function healthBadge(gpu: IGpu): HTMLElement {
   if (gpu.drained) {
     const b = el('span', 'jp-GpuBroker-badge jp-mod-drained', 'drained');
-    b.title = gpu.drained;
+    b.title = gpu.drained.reason;
     return b;
   }
   return el('span', `jp-GpuBroker-badge jp-mod-${gpu.health}`, gpu.health);
@@ -122,9 +122,9 @@ export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement 
   const row = el('div', 'jp-GpuBroker-gpu');
   const head = el('div', 'jp-GpuBroker-gpuHead');
   head.appendChild(el('span', 'jp-GpuBroker-gpuName', `GPU ${gpu.index} · ${gpu.model}`));
-  head.appendChild(el('span', 'jp-GpuBroker-profiles', profilesText(gpu)));
   head.appendChild(healthBadge(gpu));
   row.appendChild(head);
+  row.appendChild(el('div', 'jp-GpuBroker-profiles', profilesText(gpu)));
   row.appendChild(sliceBar(gpu, me));
   const readings = el('div', 'jp-GpuBroker-readings');
   const used = gpu.devices.some(d => d.utilization_gpu !== null)
@@ -138,7 +138,7 @@ export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement 
   }
   row.appendChild(readings);
   if (gpu.drained) {
-    row.appendChild(el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained}`));
+    row.appendChild(el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`));
   }
   return row;
 }
@@ -163,7 +163,7 @@ export function renderQueue(
     size.appendChild(el('div', 'jp-GpuBroker-class', q.job_class));
     tr.appendChild(size);
     tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
-    tr.appendChild(el('td', '', etaText(q, now)));
+    tr.appendChild(el('td', '', etaText(q, now).replace('ETA unknown', 'unknown')));
     const td = el('td', '');
     if (q.mine && q.id) {
       const id = q.id;

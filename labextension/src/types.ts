@@ -6,6 +6,12 @@ export interface IHolder {
   request_id?: string | null;
 }
 
+/** Why and since when a GPU or device takes no new grants. */
+export interface IDrain {
+  reason: string;
+  since: string;
+}
+
 export interface IDevice {
   uuid: string;
   kind: 'gpu' | 'mig';
@@ -14,7 +20,7 @@ export interface IDevice {
   start: number | null;
   memory_mib: number;
   holder: IHolder | null;
-  drained: string | null;
+  drained: IDrain | null;
   health: string;
   utilization_gpu: number | null;
   memory_used_mib: number | null;
@@ -28,7 +34,7 @@ export interface IGpu {
   model: string;
   memory_mib: number;
   mig_enabled: boolean;
-  drained: string | null;
+  drained: IDrain | null;
   health: string;
   utilization_gpu: number | null;
   memory_used_mib: number | null;

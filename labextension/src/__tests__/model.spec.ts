@@ -59,6 +59,12 @@ describe('GpuModel', () => {
     expect(notices).toEqual([]);
   });
 
+  it('counts only my own requests as waiting, though an admin sees everyone\'s', () => {
+    const mine = queued('r-mine', 2);
+    const { model } = modelWith(overview({ requests: [queued('r-bob', 1, { user: 'bob' }), mine] }));
+    expect(model.waiting.map(r => r.id)).toEqual(['r-mine']);
+  });
+
   it('matches starting GPU notebooks to my waiting requests no running kernel owns', () => {
     const running = queued('r0', 1);
     const a = queued('ra', 2, { submitted_at: '2026-12-01T09:50:00Z' });

@@ -41,10 +41,12 @@ describe('sliceBar', () => {
 
 describe('renderPanel', () => {
   it('counts the GPUs, slices and free ones, and says why a GPU is drained', () => {
-    const drained = h100(1, Array(7).fill(null), { drained: 'Xid 79: fell off the bus' });
+    const drained = h100(1, Array(7).fill(null), {
+      drained: { reason: 'Xid 79: fell off the bus', since: '2026-12-01T09:00:00Z' }
+    });
     const { node } = draw(overview({ gpus: [h100(0, ['ann', 'bob', null, null, null, null, null]), drained] }));
     expect(node.textContent).toContain('GPUs (2 GPUs, 14 MIG slices, 12 free)');
-    expect(node.textContent).toContain('GPU 1 · H100-80GB7 × 1g.10gb');
+    expect(node.textContent).toContain('GPU 1 · H100-80GBdrained7 × 1g.10gb');
     expect(node.querySelector('.jp-GpuBroker-badge.jp-mod-drained')?.getAttribute('title')).toBe(
       'Xid 79: fell off the bus'
     );
