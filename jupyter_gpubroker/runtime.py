@@ -398,6 +398,10 @@ class GPUBroker(LoggingConfigurable):
         if self.sampler is not None:
             self.sampler.kernels = kernels
 
+    def idle_s(self, lease_id: str) -> float | None:
+        """How long a lease has been idle, as idle reclaim last judged (None: not known)."""
+        return self.sampler.reclaimer.idle_s(lease_id) if self.sampler is not None else None
+
     def keep(self, lease_id: str) -> None:
         """The holder's "keep it": activity for idle reclaim (nothing to do without it)."""
         if self.sampler is not None:

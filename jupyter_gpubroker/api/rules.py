@@ -159,7 +159,7 @@ class BrokerAPI:
             mine = self.core.queue()
         entry = next((e for e in mine if e.request.id == r.id), None)
         d = request_json(r, entry)
-        d["lease"] = lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
+        d["lease"] = self._lease(self.core.lease(r.lease_id)) if r.lease_id else None
         return d
 
     def requests(self, who: Identity) -> dict[str, Any]:
@@ -223,22 +223,27 @@ class BrokerAPI:
         core = self.core
         return {
             "leases": [
-                lease_json(x)
+                self._lease(x)
                 for x in core.leases(self._viewer(who))
                 if self._kernel_may(who, core.request(x.request_id).owner)
             ]
         }
 
+    def _lease(self, lease: Lease) -> dict[str, Any]:
+        """A lease with how long it has been idle (null once ended, or where not known)."""
+        active = lease.state is LeaseState.ACTIVE
+        return {**lease_json(lease), "idle_s": self.runtime.idle_s(lease.id) if active else None}
+
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:
-        return lease_json(self._own_lease(who, lease_id))
+        return self._lease(self._own_lease(who, lease_id))
 
     def release(self, who: Identity, lease_id: str) -> dict[str, Any]:
         lease = self._own_lease(who, lease_id)
-        return lease_json(self.core.release(lease.id))
+        return self._lease(self.core.release(lease.id))
 
     def renew(self, who: Identity, lease_id: str) -> dict[str, Any]:
         lease = self._own_lease(who, lease_id)
-        return lease_json(self.core.renew(lease.id))
+        return self._lease(self.core.renew(lease.id))
 
     def keep(self, who: Identity, lease_id: str) -> dict[str, Any]:
         """The holder's "keep it" on a reclaim warning: counts as activity on the lease."""
@@ -246,7 +251,7 @@ class BrokerAPI:
         if lease.state is not LeaseState.ACTIVE:
             raise Conflict(f"lease {lease_id!r} already ended ({lease.state.value})")
         self.runtime.keep(lease.id)
-        return lease_json(self.core.lease(lease.id))
+        return self._lease(self.core.lease(lease.id))
 
     # ----------------------------------------------------- usage and quotas
 
