@@ -209,8 +209,11 @@ export function renderLease(
   });
   box.appendChild(el('div', 'jp-GpuBroker-leaseDevice', `${lease.profile} · ${labels.join(', ')}`));
   const facts = [`held ${duration(since(lease.granted_at, now))}`, `util ${percent(model.utilization(lease))}`];
+  if (lease.idle_s !== undefined && lease.idle_s !== null) {
+    facts.push(lease.idle_s > 0 ? `idle ${duration(lease.idle_s)}` : 'in use');
+  }
   if (lease.reclaim_at) {
-    facts.push(`idle: reclaim in ${duration(-since(lease.reclaim_at, now))}`);
+    facts.push(`reclaim in ${duration(-since(lease.reclaim_at, now))}`);
   }
   const line = el('div', 'jp-GpuBroker-leaseFacts', facts.join(' · '));
   if (show.sparklines) {

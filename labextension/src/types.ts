@@ -84,6 +84,8 @@ export interface ILease {
   state: string;
   profile: string;
   reclaim_at: string | null;
+  /** How long idle reclaim last saw it idle; null where not known. */
+  idle_s?: number | null;
 }
 
 export interface IOverview {

@@ -71,6 +71,7 @@ describe('renderPanel', () => {
   it('shows my lease with its notebook, held time, reclaim deadline and Release', () => {
     const o = overview();
     o.leases[0].reclaim_at = new Date(NOW + 8 * 60_000).toISOString();
+    o.leases[0].idle_s = 3600;
     o.requests = [{ ...queued('r-of-l-00', 0), state: 'granted', owner: 'k-1', position: null }];
     const { node, calls, model } = draw(o);
     model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
@@ -79,7 +80,7 @@ describe('renderPanel', () => {
     expect(box.classList).toContain('jp-mod-warned');
     expect(box.textContent).toContain('train.ipynb');
     expect(box.textContent).toContain('1g.10gb · GPU 0 / 1g.10gb@0');
-    expect(box.textContent).toContain('held 30 min · util 73% · idle: reclaim in 8 min');
+    expect(box.textContent).toContain('held 30 min · util 73% · idle 1 h 00 min · reclaim in 8 min');
     (box.querySelector('button') as HTMLButtonElement).click();
     expect(calls).toEqual(['l-00']);
     expect(node.textContent).toContain('kernel k-1');
