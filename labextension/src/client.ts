@@ -11,10 +11,16 @@ import { IEnvelope, ILease, IOverview } from './types';
 export const API_PATH = 'gpubroker/api/v1';
 
 export class BrokerClient {
-  constructor(readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
+  /** `apiUrl`: the broker's API elsewhere (a JupyterHub service's URL, absolute or from
+   * the page's origin); empty: this server's own `{base}gpubroker/api/v1/`. */
+  constructor(
+    readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings(),
+    public apiUrl = ''
+  ) {}
 
   url(path: string): string {
-    return URLExt.join(this.settings.baseUrl, API_PATH, path);
+    const base = this.apiUrl || URLExt.join(this.settings.baseUrl, API_PATH);
+    return URLExt.join(base, path);
   }
 
   async call<T>(path: string, init: RequestInit = {}): Promise<T> {

@@ -25,12 +25,14 @@ const PLUGIN_ID = 'jupyter-gpubroker:plugin';
 export const gpuIcon = new LabIcon({ name: 'jupyter-gpubroker:gpu', svgstr: gpuSvg });
 
 interface ISettings extends IShow {
+  apiUrl: string;
   refreshSeconds: number;
   notifications: boolean;
   historyLength: number;
 }
 
 const DEFAULTS: ISettings = {
+  apiUrl: '',
   devices: true,
   queue: true,
   leases: true,
@@ -191,6 +193,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const loaded = await settingRegistry.load(PLUGIN_ID);
         const apply = () => {
           Object.assign(settings, loaded.composite as unknown as ISettings);
+          client.apiUrl = settings.apiUrl;
           panel.options = settings;
           panel.update();
           schedule();

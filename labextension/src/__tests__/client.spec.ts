@@ -46,3 +46,18 @@ describe('BrokerClient.follow', () => {
     expect(states).toEqual([true, false, true, false]);
   });
 });
+
+describe('BrokerClient.url', () => {
+  const settings = ServerConnection.makeSettings({ baseUrl: 'http://hub/user/ann/' });
+
+  it("calls this server's own broker by default", () => {
+    expect(new BrokerClient(settings).url('overview')).toBe(
+      'http://hub/user/ann/gpubroker/api/v1/overview'
+    );
+  });
+
+  it('calls a broker elsewhere, such as a hub service, when told', () => {
+    const client = new BrokerClient(settings, '/services/gpubroker/api/v1/');
+    expect(client.url('events')).toBe('/services/gpubroker/api/v1/events');
+  });
+});
