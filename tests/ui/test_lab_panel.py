@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import HOLDERS, Lab
+from lab_server import HOLDERS, Lab
 
 pytestmark = pytest.mark.slow  # a real Lab and a browser
 
