@@ -32,6 +32,7 @@ import textwrap
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, sync_playwright
 
@@ -133,34 +134,30 @@ def _load_jupyter_server_extension(serverapp):
 '''
 
 
+PANEL_PROFILE = "1g.18gb"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def write_setup(
-    tmp: Path, scene: str = SCENE, simulate: str = "dgx-h100-mig:1", profile: str = "1g.10gb"
-) -> dict[str, str]:
+def write_setup(tmp: Path) -> dict[str, str]:
     """Kernelspecs, server and kernel config, Lab settings and the scene, under ``tmp``;
     returns the environment that points Jupyter at them."""
     sys.path.insert(0, str(ROOT))
     from jupyter_gpubroker import kernelspec
     from jupyter_gpubroker.broker.models import Size
 
-    for size in (None, Size(profile=profile)):
+    for size in (None, Size(profile="1g.10gb")):
         kernelspec.install(size, prefix=str(tmp))
-    # The checkout's build of the Lab extension, served by its name as an installed one is.
-    extensions = tmp / "labextensions"
-    extensions.mkdir()
-    (extensions / "jupyter-gpubroker").symlink_to(ROOT / "jupyter_gpubroker" / "labextension")
     config = tmp / "config"
     config.mkdir()
     (config / "jupyter_server_config.json").write_text(
         json.dumps(
             {
                 "ServerApp": {"jpserver_extensions": {"gpubroker_screenshot_scene": True}},
-                "LabServerApp": {"extra_labextensions_path": [str(extensions)]},
                 "GPUBroker": {"owner": "ada", "lease_ttl": 3600},
             }
         )
@@ -171,10 +168,7 @@ def write_setup(
     settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    panel_settings = tmp / "settings" / "jupyter-gpubroker"
-    panel_settings.mkdir(parents=True)
-    (panel_settings / "plugin.jupyterlab-settings").write_text('{"refreshSeconds": 1}')
-    (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(scene))
+    (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(SCENE))
     return {
         **os.environ,
         "JUPYTER_TOKEN": TOKEN,
@@ -185,7 +179,7 @@ def write_setup(
         "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
         "IPYTHONDIR": str(tmp / "ipython"),
-        "GPUBROKER_SIMULATE": simulate,
+        "GPUBROKER_SIMULATE": "dgx-h100-mig:1",
         "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
         "PYTHONPATH": os.pathsep.join(
             filter(None, [str(tmp), str(ROOT), os.environ.get("PYTHONPATH")])
@@ -246,30 +240,13 @@ def run_tour(page: Page, out: Path) -> None:
     )
 
 
-def notebook(base: str, name: str, kernel: str) -> None:
-    """A new empty notebook that starts ``kernel`` when opened."""
-    content = {
-        "cells": [],
-        "metadata": {"kernelspec": {"name": kernel, "display_name": kernel}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    request = urllib.request.Request(
-        f"{base}/api/contents/{name}?token={TOKEN}",
-        method="PUT",
-        data=json.dumps({"type": "notebook", "content": content}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    urllib.request.urlopen(request, timeout=10).close()
-
-
-def capture_panel(page: Page, base: str, out_dir: Path) -> None:
+def capture_panel(page: Page, lab: Any, out_dir: Path) -> None:
     """Open a GPU notebook (it gets the last free slice) and a second one (it waits), show
     the panel, and capture it with the status bar in each theme."""
     from jupyter_gpubroker import kernelspec
     from jupyter_gpubroker.broker.models import Size
 
-    kernel = kernelspec.spec_for(Size(profile="1g.18gb"))[0]
+    kernel = kernelspec.spec_for(Size(profile=PANEL_PROFILE))[0]
     page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").click()
     handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first.bounding_box()
     assert handle is not None  # widen the sidebar to 420 px
@@ -280,7 +257,7 @@ def capture_panel(page: Page, base: str, out_dir: Path) -> None:
     panel = page.locator("#jp-gpubroker-panel")
     panel.get_by_text("GPU 2 · H200-141GB").wait_for(timeout=60_000)
     for name in ("train.ipynb", "eval.ipynb"):
-        notebook(base, name, kernel)
+        lab.notebook(name, kernel)
         page.evaluate(f"jupyterapp.commands.execute('docmanager:open', {{path: '{name}'}})")
         time.sleep(4)
     panel.locator(".jp-GpuBroker-lease", has_text="train.ipynb").wait_for(timeout=60_000)
@@ -297,6 +274,52 @@ def capture_panel(page: Page, base: str, out_dir: Path) -> None:
         )
     page.locator("tr.jp-GpuBroker-mine button").click()  # withdraw the wait: a quick stop
     page.locator("tr.jp-GpuBroker-mine").wait_for(state="detached")
+
+
+def launch(p: Any, chromium: str) -> Any:
+    """Debian's Chromium, headless (Playwright downloads no browser of its own)."""
+    return p.chromium.launch(
+        executable_path=chromium,
+        args=[
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
+
+
+def panel(chromium: str, out_dir: Path) -> None:
+    """The panel's screenshots, on the UI tests' Lab (tests/ui/lab_server.py) with the
+    panel scene and the checkout's build of the extension."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "ui")]
+    from lab_server import BUILT, Lab
+    from lab_server import TOKEN as LAB_TOKEN
+
+    with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
+        lab = Lab(
+            Path(tmp),
+            BUILT,
+            {"owner": "ada"},
+            scene=PANEL_SCENE,
+            ready=lambda overview: len(overview["leases"]) >= 7,
+            simulate="h200-mig-balanced:3",
+            profile=PANEL_PROFILE,
+            lab_settings={"jupyter-gpubroker/plugin": '{"refreshSeconds": 1}'},
+        )
+        lab.start()
+        try:
+            with sync_playwright() as p:
+                browser = launch(p, chromium)
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{lab.url}/lab?token={LAB_TOKEN}&reset")
+                capture_panel(page, lab, out_dir)
+                browser.close()
+        finally:
+            lab.stop()
+    print(f"wrote {out_dir / 'panel-light.png'} and {out_dir / 'panel-dark.png'}")
 
 
 def main() -> None:
@@ -316,17 +339,16 @@ def main() -> None:
         "(docs/panel-light.png, docs/panel-dark.png)",
     )
     args = parser.parse_args()
+    if args.panel:
+        panel(args.chromium, args.out.parent)
+        return
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
-        if args.panel:
-            env = write_setup(Path(tmp), PANEL_SCENE, "h200-mig-balanced:3", "1g.18gb")
-        else:
-            env = write_setup(Path(tmp))
+        env = write_setup(Path(tmp))
         from jupyter_gpubroker.demo import TOUR  # the checkout's, on sys.path by write_setup
 
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}"]
-        cmd.append("--LabApp.expose_app_in_browser=True")
         notebooks = Path(tmp) / "notebooks"  # running the cells must not rewrite the tour
         notebooks.mkdir()
         shutil.copy(TOUR, notebooks)
@@ -337,34 +359,15 @@ def main() -> None:
         try:
             wait_for_server(base, proc)
             with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path=args.chromium,
-                    args=[
-                        "--headless",
-                        "--no-sandbox",
-                        "--disable-gpu",
-                        "--disable-background-networking",
-                        "--disable-component-update",
-                        "--disable-sync",
-                    ],
-                )
-                if args.panel:
-                    page = browser.new_page(viewport={"width": 1280, "height": 900})
-                    page.goto(f"{base}/lab?token={TOKEN}&reset")
-                    capture_panel(page, base, args.out.parent)
-                else:
-                    page = browser.new_page(viewport={"width": 960, "height": 2400})
-                    page.goto(f"{base}/lab/tree/{TOUR.name}?token={TOKEN}&reset")
-                    run_tour(page, args.out)
+                browser = launch(p, args.chromium)
+                page = browser.new_page(viewport={"width": 960, "height": 2400})
+                page.goto(f"{base}/lab/tree/{TOUR.name}?token={TOKEN}&reset")
+                run_tour(page, args.out)
                 browser.close()
         finally:
             proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:  # a kernel slow to go: the images are written
-                proc.kill()
-                proc.wait()
-    print(f"wrote {args.out.parent / 'panel-*.png' if args.panel else args.out}")
+            proc.wait(30)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ HOLDERS = ["alice", "bob", "carol", "dave"]
 """The other users, who hold 55 of the 56 slices."""
 GPU_KERNEL = kernelspec.spec_for(Size(profile="1g.10gb"))[0]
 
-SCENE = '''
+SCENE = f'''
 """UI test scene: other users hold all but one of the 56 slices."""
 
 from tornado.ioloop import IOLoop
@@ -36,7 +37,7 @@ from tornado.ioloop import IOLoop
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.server import registry
 
-HOLDERS = {holders!r}
+HOLDERS = {HOLDERS!r}
 
 
 def fill():
@@ -53,12 +54,30 @@ def _load_jupyter_server_extension(serverapp):
 '''
 
 
-class Lab:
-    """``jupyter lab`` in ``tmp`` on a fresh port; ``api`` calls the broker as the owner."""
+def filled(overview: dict[str, Any]) -> bool:
+    """The default scene is set: 55 slices held."""
+    return len(overview["leases"]) >= 55
 
-    def __init__(self, tmp: Path, extension: Path, broker: dict[str, Any]) -> None:
-        self.tmp, self.port = tmp, free_port()
-        for size in (None, Size(profile="1g.10gb")):
+
+class Lab:
+    """``jupyter lab`` in ``tmp`` on a fresh port, on ``simulate`` with ``scene`` (a server
+    extension's source) set; ``api`` calls the broker as the owner. ``docs/screenshot.py
+    --panel`` uses it too, with a scene of its own."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        extension: Path,
+        broker: dict[str, Any],
+        *,
+        scene: str = SCENE,
+        ready: Callable[[dict[str, Any]], bool] = filled,
+        simulate: str = "dgx-h100-mig",
+        profile: str = "1g.10gb",
+        lab_settings: dict[str, str] | None = None,
+    ) -> None:
+        self.tmp, self.port, self.ready = tmp, free_port(), ready
+        for size in (None, Size(profile=profile)):
             kernelspec.install(size, prefix=str(tmp))
         # Served by the name it has in the wheel (share/jupyter/labextensions/<name>).
         extensions = tmp / "labextensions"
@@ -75,10 +94,12 @@ class Lab:
                 }
             )
         )
-        settings = tmp / "settings" / "@jupyterlab" / "apputils-extension"
-        settings.mkdir(parents=True)
-        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-        (tmp / "gpubroker_ui_scene.py").write_text(textwrap.dedent(SCENE).format(holders=HOLDERS))
+        settings = {"@jupyterlab/apputils-extension/notification": '{"fetchNews": "false"}'}
+        for plugin, text in {**settings, **(lab_settings or {})}.items():
+            path = tmp / "settings" / f"{plugin}.jupyterlab-settings"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        (tmp / "gpubroker_ui_scene.py").write_text(textwrap.dedent(scene))
         self.notebooks = tmp / "notebooks"
         self.notebooks.mkdir()
         self.env = {
@@ -90,7 +111,7 @@ class Lab:
             "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
             "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
             "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
-            "GPUBROKER_SIMULATE": "dgx-h100-mig",
+            "GPUBROKER_SIMULATE": simulate,
             "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
             "PYTHONPATH": os.pathsep.join(
                 filter(None, [str(tmp), str(ROOT), os.environ.get("PYTHONPATH")])
@@ -111,7 +132,7 @@ class Lab:
         deadline = time.monotonic() + 90
         while True:
             try:
-                if len(self.api("GET", "overview")["leases"]) >= 55:  # the scene is set
+                if self.ready(self.api("GET", "overview")):
                     return
             except OSError:
                 pass
