@@ -37,6 +37,10 @@ from typing import Any
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "ui")]
+from lab_server import BUILT, Lab, jupyter_dirs  # noqa: E402  (the UI tests' Lab)
+from lab_server import TOKEN as LAB_TOKEN  # noqa: E402
+
 TOKEN = "screenshot"
 REQUEST_CELL = "%gpu request"
 LAST_CELL = "%gpu usage"
@@ -146,7 +150,6 @@ def free_port() -> int:
 def write_setup(tmp: Path) -> dict[str, str]:
     """Kernelspecs, server and kernel config, Lab settings and the scene, under ``tmp``;
     returns the environment that points Jupyter at them."""
-    sys.path.insert(0, str(ROOT))
     from jupyter_gpubroker import kernelspec
     from jupyter_gpubroker.broker.models import Size
 
@@ -171,13 +174,7 @@ def write_setup(tmp: Path) -> dict[str, str]:
     (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(SCENE))
     return {
         **os.environ,
-        "JUPYTER_TOKEN": TOKEN,
-        "JUPYTER_PATH": str(tmp / "share" / "jupyter"),
-        "JUPYTER_CONFIG_DIR": str(config),
-        "JUPYTER_DATA_DIR": str(tmp / "data"),
-        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        **jupyter_dirs(tmp, TOKEN),
         "IPYTHONDIR": str(tmp / "ipython"),
         "GPUBROKER_SIMULATE": "dgx-h100-mig:1",
         "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
@@ -294,10 +291,6 @@ def launch(p: Any, chromium: str) -> Any:
 def panel(chromium: str, out_dir: Path) -> None:
     """The panel's screenshots, on the UI tests' Lab (tests/ui/lab_server.py) with the
     panel scene and the checkout's build of the extension."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "ui")]
-    from lab_server import BUILT, Lab
-    from lab_server import TOKEN as LAB_TOKEN
-
     with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
         lab = Lab(
             Path(tmp),

@@ -54,6 +54,20 @@ def _load_jupyter_server_extension(serverapp):
 '''
 
 
+def jupyter_dirs(tmp: Path, token: str) -> dict[str, str]:
+    """The environment that keeps a Jupyter server's every directory under ``tmp``
+    (its config in ``tmp/config``, kernelspecs under ``tmp/share/jupyter``)."""
+    return {
+        "JUPYTER_TOKEN": token,
+        "JUPYTER_PATH": str(tmp / "share" / "jupyter"),
+        "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+        "JUPYTER_DATA_DIR": str(tmp / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+    }
+
+
 def filled(overview: dict[str, Any]) -> bool:
     """The default scene is set: 55 slices held."""
     return len(overview["leases"]) >= 55
@@ -104,13 +118,7 @@ class Lab:
         self.notebooks.mkdir()
         self.env = {
             **os.environ,
-            "JUPYTER_TOKEN": TOKEN,
-            "JUPYTER_PATH": str(tmp / "share" / "jupyter"),
-            "JUPYTER_CONFIG_DIR": str(config),
-            "JUPYTER_DATA_DIR": str(tmp / "data"),
-            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
-            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+            **jupyter_dirs(tmp, TOKEN),
             "GPUBROKER_SIMULATE": simulate,
             "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
             "PYTHONPATH": os.pathsep.join(
