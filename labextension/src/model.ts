@@ -97,6 +97,11 @@ export class GpuModel {
     return null;
   }
 
+  /** A device's label ("GPU 0 / 1g.10gb@3"), or its UUID when the picture lacks it. */
+  label(uuid: string): string {
+    return this.device(uuid)?.gpu.devices.find(d => d.uuid === uuid)?.label ?? uuid;
+  }
+
   /** The highest utilization over a lease's devices. */
   utilization(lease: ILease): number | null {
     const values = lease.devices
@@ -174,7 +179,8 @@ export class GpuModel {
     const d = e.data ?? {};
     if (me !== undefined && d.user === me && d.lease_id) {
       if (e.type === 'granted') {
-        this._notify('granted', d, `GPU granted: ${(d.devices ?? []).join(', ')}`, null);
+        const labels = (d.devices ?? []).map((u: string) => this.label(u));
+        this._notify('granted', d, `GPU granted: ${labels.join(', ')}`, null);
       } else if (e.type === 'warning') {
         this._notify('warning', d, d.reason ?? 'idle', d.deadline ?? null);
       } else if (e.type === 'reclaimed') {

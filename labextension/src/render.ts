@@ -203,10 +203,7 @@ export function renderLease(
   b.onclick = () => actions.release(lease.id);
   head.appendChild(b);
   box.appendChild(head);
-  const labels = lease.devices.map(u => {
-    const found = model.device(u);
-    return found?.gpu.devices.find(d => d.uuid === u)?.label ?? u;
-  });
+  const labels = lease.devices.map(u => model.label(u));
   box.appendChild(el('div', 'jp-GpuBroker-leaseDevice', `${lease.profile} · ${labels.join(', ')}`));
   const facts = [`held ${duration(since(lease.granted_at, now))}`, `util ${percent(model.utilization(lease))}`];
   if (lease.idle_s !== undefined && lease.idle_s !== null) {

@@ -45,6 +45,7 @@ describe('GpuModel', () => {
     model.apply({ v: 1, id: 4, type: 'warning', at: '', data: { ...about, reason: 'idle for 1 h', deadline: '2026-12-01T10:08:00Z' } });
     model.apply({ v: 1, id: 5, type: 'released', at: '', data: { user: 'bob', request_id: 'x', lease_id: 'y' } });
     expect(notices.map(n => n.kind)).toEqual(['granted', 'warning']);
+    expect(notices[0].message).toBe('GPU granted: GPU 0 / 1g.10gb@0');
     expect(notices[1].deadline).toBe('2026-12-01T10:08:00Z');
     expect(model.leases[0].reclaim_at).toBe('2026-12-01T10:08:00Z');
     await model.refresh();
