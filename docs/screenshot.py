@@ -1,6 +1,7 @@
-"""Screenshots of the %gpu widgets in JupyterLab, rendered by headless Chromium.
+"""Screenshots of the %gpu widgets and of the Lab GPU panel, rendered by headless Chromium.
 
-    python docs/screenshot.py   # docs/widgets.png and docs/widgets-queued.png
+    python docs/screenshot.py           # docs/widgets.png and docs/widgets-queued.png
+    python docs/screenshot.py --panel   # docs/panel-light.png and docs/panel-dark.png
 
 Needs ``pip install playwright`` and a Chromium binary (Debian: ``apt-get install
 chromium``); Playwright's own browsers are not needed, it drives the system Chromium
@@ -11,7 +12,10 @@ slices, all held by other users (a small server extension seeds them, puts a wor
 on every held slice and frees one slice once the tour's request has waited a while),
 opens jupyter_gpubroker/tour/gpu-broker-tour.ipynb in its on-demand GPU kernel, runs it down to
 ``%gpu usage`` and captures the queue widget while the request waits, then the
-notebook once granted. Nothing is written outside a temporary directory but the images.
+notebook once granted. With ``--panel``: three simulated H200s in mixed MIG slices, one
+drained, other users' work on most slices and a queue; a GPU notebook holds a slice and a
+second one waits; the panel and the status bar in the light theme, then the dark one.
+Nothing is written outside a temporary directory but the images.
 """
 
 from __future__ import annotations
@@ -28,10 +32,15 @@ import textwrap
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "ui")]
+from lab_server import BUILT, Lab, jupyter_dirs  # noqa: E402  (the UI tests' Lab)
+from lab_server import TOKEN as LAB_TOKEN  # noqa: E402
+
 TOKEN = "screenshot"
 REQUEST_CELL = "%gpu request"
 LAST_CELL = "%gpu usage"
@@ -85,6 +94,53 @@ def _load_jupyter_server_extension(serverapp):
 '''
 
 
+PANEL_SCENE = '''
+"""Panel screenshot scene: GPU 2 drained; other users on all but one slice of GPUs 0-1,
+each slice busy; two requests waiting."""
+
+import math
+import time
+
+from tornado.ioloop import PeriodicCallback
+
+from jupyter_gpubroker.broker.models import JobClass, Size
+from jupyter_gpubroker.server import registry
+
+HOLDERS = [("alice", "3g.71gb"), ("bob", "3g.71gb"), ("carol", "2g.35gb"), ("bob", "2g.35gb"),
+           ("alice", "1g.18gb"), ("carol", "1g.18gb"), ("bob", "1g.18gb")]
+WAITING = [("dave", "3g.71gb", "batch"), ("erin", "2g.35gb", "interactive")]
+state = {"set": False}
+
+
+def tick():
+    broker = registry.current()
+    if broker is None:
+        return
+    core, sim = broker.core, broker.backend.simulator
+    if not state["set"]:
+        third = next(g.uuid for g in core.placer.gpus.values() if g.index == 2)
+        core.drain(third, "Xid 48: double-bit ECC error", "health")
+        for user, profile in HOLDERS:
+            core.submit(user, Size(profile=profile), owner="training")
+        for user, profile, job_class in WAITING:
+            core.submit(user, Size(profile=profile), job_class=JobClass(job_class), owner="sweep")
+        state["set"] = True
+    now = time.time()
+    for i, lease in enumerate(core.leases()):
+        for uuid in lease.devices:
+            wave = math.sin(now / 5 + i) + 0.4 * math.sin(now / 1.7 + 2 * i)
+            sim.set_load(uuid, utilization=int(max(3, min(99, 55 + 35 * wave))),
+                         memory_used_mib=int(6000 + 2500 * wave))
+
+
+def _load_jupyter_server_extension(serverapp):
+    PeriodicCallback(tick, 1000).start()
+'''
+
+
+PANEL_PROFILE = "1g.18gb"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,7 +150,6 @@ def free_port() -> int:
 def write_setup(tmp: Path) -> dict[str, str]:
     """Kernelspecs, server and kernel config, Lab settings and the scene, under ``tmp``;
     returns the environment that points Jupyter at them."""
-    sys.path.insert(0, str(ROOT))
     from jupyter_gpubroker import kernelspec
     from jupyter_gpubroker.broker.models import Size
 
@@ -119,13 +174,7 @@ def write_setup(tmp: Path) -> dict[str, str]:
     (tmp / "gpubroker_screenshot_scene.py").write_text(textwrap.dedent(SCENE))
     return {
         **os.environ,
-        "JUPYTER_TOKEN": TOKEN,
-        "JUPYTER_PATH": str(tmp / "share" / "jupyter"),
-        "JUPYTER_CONFIG_DIR": str(config),
-        "JUPYTER_DATA_DIR": str(tmp / "data"),
-        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        **jupyter_dirs(tmp, TOKEN),
         "IPYTHONDIR": str(tmp / "ipython"),
         "GPUBROKER_SIMULATE": "dgx-h100-mig:1",
         "GPUBROKER_STATE_FILE": str(tmp / "state.sqlite"),
@@ -188,6 +237,84 @@ def run_tour(page: Page, out: Path) -> None:
     )
 
 
+def capture_panel(page: Page, lab: Any, out_dir: Path) -> None:
+    """Open a GPU notebook (it gets the last free slice) and a second one (it waits), show
+    the panel, and capture it with the status bar in each theme."""
+    from jupyter_gpubroker import kernelspec
+    from jupyter_gpubroker.broker.models import Size
+
+    kernel = kernelspec.spec_for(Size(profile=PANEL_PROFILE))[0]
+    page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").click()
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first.bounding_box()
+    assert handle is not None  # widen the sidebar to 420 px
+    page.mouse.move(handle["x"] + 1, handle["y"] + 300)
+    page.mouse.down()
+    page.mouse.move(420, handle["y"] + 300, steps=5)
+    page.mouse.up()
+    panel = page.locator("#jp-gpubroker-panel")
+    panel.get_by_text("GPU 2 · H200-141GB").wait_for(timeout=60_000)
+    for name in ("train.ipynb", "eval.ipynb"):
+        lab.notebook(name, kernel)
+        page.evaluate(f"jupyterapp.commands.execute('docmanager:open', {{path: '{name}'}})")
+        time.sleep(4)
+    panel.locator(".jp-GpuBroker-lease", has_text="train.ipynb").wait_for(timeout=60_000)
+    panel.locator("tr.jp-GpuBroker-mine").wait_for(timeout=60_000)
+    time.sleep(25)  # a sparkline's worth of readings (refreshSeconds: 1)
+    for theme, name in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+        page.evaluate(f"jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
+        time.sleep(3)
+        viewport = page.viewport_size
+        assert viewport is not None
+        page.screenshot(
+            path=str(out_dir / f"panel-{name}.png"),
+            clip={"x": 0, "y": 0, "width": 900, "height": viewport["height"]},
+        )
+    page.locator("tr.jp-GpuBroker-mine button").click()  # withdraw the wait: a quick stop
+    page.locator("tr.jp-GpuBroker-mine").wait_for(state="detached")
+
+
+def launch(p: Any, chromium: str) -> Any:
+    """Debian's Chromium, headless (Playwright downloads no browser of its own)."""
+    return p.chromium.launch(
+        executable_path=chromium,
+        args=[
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
+
+
+def panel(chromium: str, out_dir: Path) -> None:
+    """The panel's screenshots, on the UI tests' Lab (tests/ui/lab_server.py) with the
+    panel scene and the checkout's build of the extension."""
+    with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
+        lab = Lab(
+            Path(tmp),
+            BUILT,
+            {"owner": "ada"},
+            scene=PANEL_SCENE,
+            ready=lambda overview: len(overview["leases"]) >= 7,
+            simulate="h200-mig-balanced:3",
+            profile=PANEL_PROFILE,
+            lab_settings={"jupyter-gpubroker/plugin": '{"refreshSeconds": 1}'},
+        )
+        lab.start()
+        try:
+            with sync_playwright() as p:
+                browser = launch(p, chromium)
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{lab.url}/lab?token={LAB_TOKEN}&reset")
+                capture_panel(page, lab, out_dir)
+                browser.close()
+        finally:
+            lab.stop()
+    print(f"wrote {out_dir / 'panel-light.png'} and {out_dir / 'panel-dark.png'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chromium", default="/usr/bin/chromium")
@@ -198,7 +325,16 @@ def main() -> None:
         help="the image (default docs/widgets.png; the queue widget goes next to it, "
         "as widgets-queued.png)",
     )
+    parser.add_argument(
+        "--panel",
+        action="store_true",
+        help="the Lab GPU panel and status bar instead, light and dark "
+        "(docs/panel-light.png, docs/panel-dark.png)",
+    )
     args = parser.parse_args()
+    if args.panel:
+        panel(args.chromium, args.out.parent)
+        return
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="gpubroker-shot-") as tmp:
@@ -216,17 +352,7 @@ def main() -> None:
         try:
             wait_for_server(base, proc)
             with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path=args.chromium,
-                    args=[
-                        "--headless",
-                        "--no-sandbox",
-                        "--disable-gpu",
-                        "--disable-background-networking",
-                        "--disable-component-update",
-                        "--disable-sync",
-                    ],
-                )
+                browser = launch(p, args.chromium)
                 page = browser.new_page(viewport={"width": 960, "height": 2400})
                 page.goto(f"{base}/lab/tree/{TOUR.name}?token={TOKEN}&reset")
                 run_tour(page, args.out)

@@ -418,6 +418,15 @@ class GPUBroker(LoggingConfigurable):
         if self.sampler is not None:
             self.sampler.kernels = kernels
 
+    def idle_s(self, lease_id: str) -> float | None:
+        """How long a lease has been idle, as idle reclaim last judged (None: not known)."""
+        return self.sampler.reclaimer.idle_s(lease_id) if self.sampler is not None else None
+
+    def keep(self, lease_id: str) -> None:
+        """The holder's "keep it": activity for idle reclaim (nothing to do without it)."""
+        if self.sampler is not None:
+            self.sampler.reclaimer.keep(lease_id)
+
     def start_ticking(self) -> None:
         """Run ``tick`` every ``tick_interval`` seconds and a sampling pass every
         ``sample_interval`` seconds on the current IOLoop."""

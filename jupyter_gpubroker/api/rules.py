@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.budgets import QUOTA_BOUNDS, Quota
 from ..broker.core import Broker
 from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from ..broker.models import Lease, Request, Size, check_name
+from ..broker.models import Lease, LeaseState, Request, Size, check_name
 from ..broker.reclaim import KernelState
 from ..broker.store import AuditRecord
 from .identity import Identity
@@ -282,8 +282,14 @@ class BrokerAPI:
 
     def _lease_json(self, lease: Lease) -> dict[str, Any]:
         """A lease with what its holder's server does to the kernel once it is reclaimed
-        (``c.GPUBroker.reclaim_action``): a server in remote mode carries it out."""
-        return {**lease_json(lease), "on_reclaim": self.runtime.reclaim_action}
+        (``c.GPUBroker.reclaim_action``: a server in remote mode carries it out) and how
+        long it has been idle (null once ended, or where not known)."""
+        active = lease.state is LeaseState.ACTIVE
+        return {
+            **lease_json(lease),
+            "on_reclaim": self.runtime.reclaim_action,
+            "idle_s": self.runtime.idle_s(lease.id) if active else None,
+        }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:
         return self._lease_json(self._own_lease(who, lease_id))
@@ -303,6 +309,14 @@ class BrokerAPI:
         if kernel is not None:
             self.runtime.report_kernel(lease.id, kernel)
         return renewed
+
+    def keep(self, who: Identity, lease_id: str) -> dict[str, Any]:
+        """The holder's "keep it" on a reclaim warning: counts as activity on the lease."""
+        lease = self._own_lease(who, lease_id)
+        if lease.state is not LeaseState.ACTIVE:
+            raise Conflict(f"lease {lease_id!r} already ended ({lease.state.value})")
+        self.runtime.keep(lease.id)
+        return self._lease_json(self.core.lease(lease.id))
 
     # ----------------------------------------------------- usage and quotas
 

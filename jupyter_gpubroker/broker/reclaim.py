@@ -134,6 +134,10 @@ class _Track:
     """The holder's (processes, memory) at the last look."""
     warning: tuple[Cause, float, float] | None = None
     """(cause, warned at, deadline) of a pending warning."""
+    kept_at: float = 0.0
+    """When the holder last said to keep it ("keep it" on a warning): kernel activity."""
+    idle_s: float | None = None
+    """How long the lease had been idle at the last look (None: its kernel is not seen)."""
 
 
 class Reclaimer:
@@ -167,6 +171,23 @@ class Reclaimer:
                 decisions.append(decision)
         return decisions
 
+    def idle_s(self, lease_id: str) -> float | None:
+        """Seconds the lease's kernel ran nothing and its GPU stayed quiet, at the last
+        look (0 while computing); None where there is no evidence either way."""
+        track = self._tracks.get(lease_id)
+        return None if track is None else track.idle_s
+
+    def keep(self, lease_id: str) -> None:
+        """The holder wants the lease: count it as kernel activity now, and withdraw a
+        pending idle or stalled warning at once rather than at the next look."""
+        lease = self.broker.lease(lease_id)
+        track = self._tracks.setdefault(lease.id, _Track(lease.granted_at))
+        track.kept_at = self.broker.clock.now()
+        track.idle_s = 0.0 if track.idle_s is not None else None
+        if track.warning is not None and track.warning[0] != "preempted":
+            track.warning = None
+            self.broker.unwarn(lease.id, "kept by its holder")
+
     # -- verdicts
 
     def exempt(self, lease: Lease, request: Request) -> bool:
@@ -186,10 +207,15 @@ class Reclaimer:
                 track.gpu_active_at = now
             track.footprint = footprint
         kernel = obs.kernel
-        if kernel is None or self.exempt(lease, request):
+        track.idle_s = None
+        if kernel is None:
             return None
         gpu_quiet_s = now - track.gpu_active_at
-        since_activity_s = max(now - kernel.last_activity, 0.0)
+        since_activity_s = max(now - max(kernel.last_activity, track.kept_at), 0.0)
+        busy = kernel.execution_state == "busy"
+        track.idle_s = 0.0 if busy else round(min(since_activity_s, gpu_quiet_s), 3)
+        if self.exempt(lease, request):
+            return None
         evidence: dict[str, Any] = {
             "kernel_state": kernel.execution_state,
             "kernel_last_activity": kernel.last_activity,

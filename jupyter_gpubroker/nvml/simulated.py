@@ -19,8 +19,9 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   devices; over-temperature raises the temperature past the slowdown
   threshold and sets the thermal clock-event reasons; Xid and double-bit ECC
   errors arrive through event sets (``nvmlEventSetWait``);
-- GPM, when built with ``gpm=True`` (Hopper GPUs have it): MIG activity between two
-  ``nvmlGpmMigSampleGet`` samples, from the load integrated over time.
+- GPM on the GPUs that have it (Hopper: the H100 and H200 models; ``gpm=`` forces it on
+  or off for every GPU): MIG activity between two ``nvmlGpmMigSampleGet`` samples, from
+  the load integrated over time.
 
 Choices where NVML documents nothing: GPU-wide sensors (utilization,
 temperature, power, clocks) answer NotSupported on MIG device handles; a GPU
@@ -55,6 +56,8 @@ SHUTDOWN_C = 92
 MAX_OPERATING_C = 85
 IDLE_C = 32
 MAX_MIG_DEVICES = COMPUTE_SLICES
+GPM_MODELS = frozenset({"H100-80GB", "H200-141GB"})
+"""The catalog's models with GPM (Hopper and newer); the A100 has none."""
 
 _T = TypeVar("_T")
 _D = TypeVar("_D", bound="_Unit")
@@ -443,9 +446,10 @@ class SimulatedNvml:
     simulated GPU or MIG device is named by its UUID, as in NVML.
     """
 
-    def __init__(self, topology: Topology, *, gpm: bool = False) -> None:
+    def __init__(self, topology: Topology, *, gpm: bool | None = None) -> None:
         self.topology = topology
         self.gpm = gpm
+        """GPM on every GPU (True), on none (False), or as each GPU's model has it (None)."""
         self._hidden: set[str] = set()
         self._lock = threading.RLock()
         self._handles: dict[int, tuple[str, Any]] = {}
@@ -1027,8 +1031,10 @@ class SimulatedNvml:
         _check_version(
             info, (pynvml.NVML_GPM_SUPPORT_VERSION,), pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         )
-        self._whole_gpu(handle)
-        info.isSupportedDevice = int(self.gpm)
+        info.isSupportedDevice = int(self._has_gpm(self._whole_gpu(handle)))
+
+    def _has_gpm(self, gpu: _Gpu) -> bool:
+        return gpu.model.key in GPM_MODELS if self.gpm is None else self.gpm
 
     def nvmlGpmSampleAlloc(self, out: Any) -> None:
         address = self._new_address()
@@ -1041,7 +1047,7 @@ class SimulatedNvml:
 
     def nvmlGpmMigSampleGet(self, handle: Any, gi_id: Any, sample: Any) -> None:
         gpu = self._mig_gpu(handle)
-        if not self.gpm:
+        if not self._has_gpm(gpu):
             raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         gi = _found(gpu.instances.get(_val(gi_id)))
         record: _GpmSample = self._lookup(sample, "gpm")

@@ -221,6 +221,13 @@ class RenewHandler(BrokerHandler):
         self.reply(self.api.renew(self.who, lease_id, self.body() if self.request.body else None))
 
 
+class KeepHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def post(self, lease_id: str) -> None:
+        self.reply(self.api.keep(self.who, lease_id))
+
+
 class UsageHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -437,6 +444,7 @@ def handlers(
         ("leases", LeasesHandler),
         (f"leases/{ident}", LeaseHandler),
         (f"leases/{ident}/renew", RenewHandler),
+        (f"leases/{ident}/keep", KeepHandler),
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),
         (f"quotas/{ident}/{ident}", QuotaHandler),

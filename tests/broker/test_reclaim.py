@@ -266,3 +266,38 @@ def test_a_preemption_warning_is_withdrawn_when_the_waiter_leaves(
     m.broker.cancel(waiting.id)
     (clear,) = m.run(5)
     assert (clear.action, clear.reason) == ("clear", "no longer needed")
+
+
+def test_keep_it_withdraws_the_warning_and_counts_as_activity(
+    make_machine: MachineFactory,
+) -> None:
+    """The Lab panel's "keep it" on a reclaim warning: the lease is no longer due, and its
+    idle time starts again from the click, as if the kernel had just run a cell."""
+    m = make_machine()
+    lease = m.submit("1", "k1")
+    assert lease is not None
+    m.kernels.finish("k1")
+    reclaimer = m.sampler.reclaimer
+    (warn,) = m.run(605)
+    assert warn.action == "warn" and m.broker.lease(lease.id).reclaim_at is not None
+    assert (reclaimer.idle_s(lease.id) or 0) >= 600  # what the Lab panel shows as idle
+    reclaimer.keep(lease.id)
+    assert m.broker.lease(lease.id).reclaim_at is None and reclaimer.idle_s(lease.id) == 0
+    assert [e.detail for e in m.events if e.kind == "warning_cleared"] == [
+        {"reason": "kept by its holder"}
+    ]
+    assert m.run(590) == []  # under idle_timeout since the click: no new warning
+    (again,) = m.run(15)
+    assert again.action == "warn" and m.broker.lease(lease.id).state.value == "active"
+
+
+def test_idle_time_is_unknown_without_a_kernel_and_zero_while_computing(
+    make_machine: MachineFactory,
+) -> None:
+    m = make_machine("dgx-h100:2")
+    computing, orphan = m.submit("1", "k1"), m.submit("1", "cli-job")
+    assert computing is not None and orphan is not None
+    m.kernels.run("k1")
+    m.run(30)
+    assert m.sampler.reclaimer.idle_s(computing.id) == 0
+    assert m.sampler.reclaimer.idle_s(orphan.id) is None

@@ -12,7 +12,7 @@ from jupyter_gpubroker.nvml import NvmlBackend, SimulatedNvml, load_topology
 from jupyter_gpubroker.nvml import backend as backend_module
 
 
-def open_backend(topology: str, gpm: bool) -> tuple[SimulatedNvml, NvmlBackend]:
+def open_backend(topology: str, gpm: bool | None) -> tuple[SimulatedNvml, NvmlBackend]:
     sim = SimulatedNvml(load_topology(topology), gpm=gpm)
     return sim, NvmlBackend(sim).open()
 
@@ -44,6 +44,31 @@ def test_without_gpm_a_slice_reports_no_utilization() -> None:
         sim.set_load(uuid, utilization=70)
         for _ in range(2):
             reading = backend.read(uuid)
+            assert reading.utilization_gpu is None and "utilization_gpu" in reading.unsupported
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("topology", "has_gpm"),
+    [("dgx-h100-mig:1", True), ("h200-mig-balanced:1", True), ("workstation-a100", False)],
+)
+def test_hopper_presets_offer_gpm_as_real_hoppers_do(
+    monkeypatch: pytest.MonkeyPatch, topology: str, has_gpm: bool
+) -> None:
+    """By default each simulated GPU has GPM as its model does, so a MIG slice of a
+    simulated H100 or H200 reports utilization and one of an A100 does not."""
+    monkeypatch.setattr(backend_module, "GPM_MIN_INTERVAL_S", 0.05)
+    sim, backend = open_backend(topology, gpm=None)
+    try:
+        uuid = next(d.uuid for d in backend.inventory().devices if d.kind == "mig")
+        sim.set_load(uuid, utilization=60)
+        backend.read(uuid)
+        time.sleep(0.06)
+        reading = backend.read(uuid)
+        if has_gpm:
+            assert reading.utilization_gpu == pytest.approx(60, abs=1)
+        else:
             assert reading.utilization_gpu is None and "utilization_gpu" in reading.unsupported
     finally:
         backend.close()

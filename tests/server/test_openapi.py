@@ -233,6 +233,8 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     assert garbled["message"] == (
         "'kernel' must be an object with 'execution_state' and 'last_activity'"
     )
+    held = await check("POST", f"leases/{lease['id']}/keep", expect=200)
+    assert held["state"] == "active" and held["reclaim_at"] is None
     kept = await check("POST", f"requests/{waiting['id']}/renew", expect=200)
     assert kept["state"] == "queued" and kept["position"] == 1 and kept["ttl_s"] > 0
     assert parse(kept["expires_at"]) > parse(waiting["expires_at"])
@@ -252,6 +254,7 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     for method, path in (
         ("DELETE", f"leases/{lease['id']}"),
         ("POST", f"leases/{lease['id']}/renew"),
+        ("POST", f"leases/{lease['id']}/keep"),
     ):
         assert (await check(method, path, expect=409))["error"] == "conflict"
     ended = await check("GET", f"requests/{first['id']}", expect=200)
@@ -268,6 +271,7 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
         ("GET", "leases/l-000000000000"),
         ("DELETE", "leases/l-000000000000"),
         ("POST", "leases/l-000000000000/renew"),
+        ("POST", "leases/l-000000000000/keep"),
     ):
         assert (await check(method, path, expect=404))["error"] == "not_found"
     return others[1]
@@ -388,6 +392,7 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
         ("GET", f"leases/{lease_id}", None),
         ("DELETE", f"leases/{lease_id}", None),
         ("POST", f"leases/{lease_id}/renew", None),
+        ("POST", f"leases/{lease_id}/keep", None),
         ("PUT", "quotas/user/x", {"share": 2}),
         ("DELETE", "quotas/group/lab", None),
         ("POST", "tokens", {"kernel_id": "k2"}),

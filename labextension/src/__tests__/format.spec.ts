@@ -1,0 +1,53 @@
+import { statusText } from '../format';
+import { SseParser } from '../sse';
+import { iso, lease, NOW, queued } from './fixtures';
+
+describe('statusText', () => {
+  it('shows my slice and its utilization', () => {
+    expect(statusText([lease('l1', 'MIG-0-0')], [], () => 73, NOW)).toBe('GPU 1g.10gb 73%');
+  });
+
+  it('shows my best place in the queue and the ETA', () => {
+    const waiting = [queued('r2', 3), queued('r1', 2)];
+    expect(statusText([], waiting, () => null, NOW)).toBe('GPU queue #2 ~12 min');
+  });
+
+  it('says when the ETA is unknown rather than guessing', () => {
+    const waiting = [queued('r1', 1, { eta: null, eta_known: false })];
+    expect(statusText([], waiting, () => null, NOW)).toBe('GPU queue #1 (ETA unknown)');
+  });
+
+  it('adds my place in the queue to what I hold', () => {
+    const held = [lease('l1', 'MIG-0-0'), lease('l2', 'MIG-0-1')];
+    expect(statusText(held, [queued('r1', 1)], () => 5, NOW)).toBe(
+      'GPU 1g.10gb 5% +1 · queue #1 ~12 min'
+    );
+  });
+
+  it('puts a reclaim warning first', () => {
+    const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
+    expect(statusText([warned], [], () => 0, NOW)).toBe('GPU idle: reclaim in 8 min');
+  });
+
+  it('keeps my place in the queue beside a reclaim warning', () => {
+    const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
+    expect(statusText([warned], [queued('r1', 1)], () => 0, NOW)).toBe(
+      'GPU idle: reclaim in 8 min · queue #1 ~12 min'
+    );
+  });
+
+  it('has nothing to say without GPUs or requests', () => {
+    expect(statusText([], [], () => null, NOW)).toBeNull();
+  });
+});
+
+describe('SseParser', () => {
+  it('joins messages split across chunks and skips keepalives', () => {
+    const p = new SseParser();
+    expect(p.feed('id: 7\ndata: {"a"')).toEqual([]);
+    expect(p.feed(': 1}\n\n: keepalive\n\nid: 8\r\ndata: {}\r\n\r\n')).toEqual([
+      { id: '7', data: '{"a": 1}' },
+      { id: '8', data: '{}' }
+    ]);
+  });
+});

@@ -1,0 +1,103 @@
+import { GpuModel } from '../model';
+import { renderPanel, sliceBar, sparkline } from '../render';
+import { entry, h100, NOW, overview, queued } from './fixtures';
+
+const SHOW = { devices: true, queue: true, leases: true, sparklines: true };
+
+function draw(o = overview()) {
+  const model = new GpuModel(async () => o);
+  model.setOverview(o);
+  model.connected = true;
+  const calls: string[] = [];
+  const actions = {
+    cancel: (id: string) => calls.push(`cancel ${id}`),
+    release: (id: string) => calls.push(`release ${id}`)
+  };
+  return { node: renderPanel(model, SHOW, NOW, actions), calls, model };
+}
+
+describe('sliceBar', () => {
+  it('draws each MIG slice at its memory slices: mine, another user\'s, free', () => {
+    const bar = sliceBar(h100(0, ['ann', 'bob', null, null, null, null, null]), 'ann');
+    const segments = Array.from(bar.children) as HTMLElement[];
+    expect(segments).toHaveLength(7);
+    expect(segments.map(s => s.className.split(' ')[1])).toEqual([
+      'jp-mod-mine',
+      'jp-mod-taken',
+      ...Array(5).fill('jp-mod-free')
+    ]);
+    expect(segments[1].textContent).toBe('bob');
+    expect(segments[3].style.gridColumn).toBe('4 / span 1');
+    expect(bar.style.gridTemplateColumns).toBe('repeat(8, 1fr)');
+  });
+
+  it('shows who holds a slice only as the broker lets the viewer see', () => {
+    const gpu = h100(0, ['ann', null]);
+    gpu.devices[1].holder = { user: '' };
+    const second = sliceBar(gpu, 'ann').children[1] as HTMLElement;
+    expect(second.textContent).toBe('in use');
+  });
+});
+
+describe('renderPanel', () => {
+  it('counts the GPUs, slices and free ones, and says why a GPU is drained', () => {
+    const drained = h100(1, Array(7).fill(null), {
+      drained: { reason: 'Xid 79: fell off the bus', since: '2026-12-01T09:00:00Z' }
+    });
+    const { node } = draw(overview({ gpus: [h100(0, ['ann', 'bob', null, null, null, null, null]), drained] }));
+    expect(node.textContent).toContain('GPUs (2 GPUs, 14 MIG slices, 12 free)');
+    expect(node.textContent).toContain('GPU 1 · H100-80GBdrained7 × 1g.10gb');
+    expect(node.querySelector('.jp-GpuBroker-badge.jp-mod-drained')?.getAttribute('title')).toBe(
+      'Xid 79: fell off the bus'
+    );
+    expect(node.textContent).toContain('drained: Xid 79: fell off the bus');
+  });
+
+  it('highlights my queued request and cancels only mine', () => {
+    const mine = queued('r-mine', 2);
+    const theirs = { ...entry(queued('r-bob', 1, { user: 'bob' }), false) };
+    const { node, calls } = draw(
+      overview({ queue: [theirs, entry(mine)], requests: [mine], length: 2 })
+    );
+    const rows = Array.from(node.querySelectorAll('.jp-GpuBroker-queue tbody tr'));
+    expect(rows.map(r => r.className)).toEqual(['', 'jp-GpuBroker-mine']);
+    expect(rows[1].textContent).toContain('2ann1g.10gbinteractive5 min~12 min');
+    expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe('interactive');
+    expect(rows[0].querySelector('button')).toBeNull();
+    (rows[1].querySelector('button') as HTMLButtonElement).click();
+    expect(calls).toEqual(['cancel r-mine']);
+  });
+
+  it('shows my lease with its notebook, held time, reclaim deadline and Release', () => {
+    const o = overview();
+    o.leases[0].reclaim_at = new Date(NOW + 8 * 60_000).toISOString();
+    o.leases[0].idle_s = 3600;
+    o.requests = [{ ...queued('r-of-l-00', 0), state: 'granted', owner: 'k-1', position: null }];
+    const { node, calls, model } = draw(o);
+    model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
+    const again = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: id => calls.push(id) });
+    const box = again.querySelector('.jp-GpuBroker-lease') as HTMLElement;
+    expect(box.classList).toContain('jp-mod-warned');
+    expect(box.textContent).toContain('train.ipynb');
+    expect(box.textContent).toContain('1g.10gb · GPU 0 / 1g.10gb@0');
+    expect(box.textContent).toContain('held 30 min · util 73% · idle 1 h 00 min · reclaim in 8 min');
+    (box.querySelector('button') as HTMLButtonElement).click();
+    expect(calls).toEqual(['l-00']);
+    expect(node.textContent).toContain('kernel k-1');
+  });
+
+  it('says it is reconnecting while the event stream is down', () => {
+    const { model } = draw();
+    model.connected = false;
+    const node = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: () => undefined });
+    expect(node.textContent).toContain('Reconnecting to the GPU broker');
+  });
+});
+
+describe('sparkline', () => {
+  it('breaks the line where nothing was reported', () => {
+    const svg = sparkline([0, 100, null, 50, 50], 40, 12);
+    const lines = Array.from(svg.querySelectorAll('polyline')).map(l => l.getAttribute('points'));
+    expect(lines).toEqual(['0.0,11.0 10.0,1.0', '30.0,6.0 40.0,6.0']);
+  });
+});

@@ -1,0 +1,91 @@
+/** Short texts the panel and the status bar show: sizes, durations, ETAs. Pure. */
+
+import { ILease, IQueueEntry, IRequest } from './types';
+
+/** A request's size as the user asked: "1g.10gb", "2 GPUs", "≥ 20 GB". */
+export function sizeText(r: {
+  profile?: string | null;
+  gpus?: number | null;
+  min_memory_gb?: number | null;
+}): string {
+  if (r.profile) {
+    return r.profile;
+  }
+  if (r.gpus) {
+    return r.gpus === 1 ? '1 GPU' : `${r.gpus} GPUs`;
+  }
+  if (r.min_memory_gb) {
+    return `≥ ${r.min_memory_gb} GB`;
+  }
+  return '?';
+}
+
+/** Seconds as "45 s", "12 min", "2 h 05 min". */
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  const m = Math.round(s / 60);
+  if (m < 60) {
+    return `${m} min`;
+  }
+  const h = Math.floor(m / 60);
+  return `${h} h ${String(m % 60).padStart(2, '0')} min`;
+}
+
+/** Seconds from `iso` to `now` (ms since the epoch). */
+export function since(iso: string, now: number): number {
+  return (now - Date.parse(iso)) / 1000;
+}
+
+/** "~12 min" until an ETA, "ETA unknown" when the broker cannot know. */
+export function etaText(
+  e: { eta: string | null; eta_known: boolean },
+  now: number
+): string {
+  if (!e.eta_known || !e.eta) {
+    return 'ETA unknown';
+  }
+  const left = -since(e.eta, now);
+  return left <= 0 ? 'any moment' : `~${duration(left)}`;
+}
+
+export function mib(m: number | null): string {
+  return m === null ? '?' : `${(m / 1024).toFixed(1)} GiB`;
+}
+
+export function percent(p: number | null): string {
+  return p === null ? 'n/a' : `${Math.round(p)}%`;
+}
+
+/** The status bar's few characters: my GPU state at a glance, or null when I have none. */
+export function statusText(
+  leases: ILease[],
+  waiting: Array<IRequest | IQueueEntry>,
+  utilization: (lease: ILease) => number | null,
+  now: number
+): string | null {
+  const first = [...waiting].sort(
+    (a, b) => (a.position ?? Infinity) - (b.position ?? Infinity)
+  )[0];
+  let queue: string | null = null;
+  if (first && first.position) {
+    const eta = etaText(first, now);
+    queue = `queue #${first.position} ${eta === 'ETA unknown' ? '(ETA unknown)' : eta}`;
+  }
+  let held: string | null = null;
+  const warned = leases.find(l => l.reclaim_at);
+  if (warned && warned.reclaim_at) {
+    held = `GPU idle: reclaim in ${duration(-since(warned.reclaim_at, now))}`;
+  } else if (leases.length) {
+    const l = leases[0];
+    const more = leases.length > 1 ? ` +${leases.length - 1}` : '';
+    const size = l.profile === 'gpu' ? `${l.devices.length} GPU` : l.profile;
+    held = `GPU ${size} ${percent(utilization(l))}${more}`;
+  }
+  if (held && queue) {
+    return `${held} · ${queue}`;
+  }
+  return held ?? (queue ? `GPU ${queue}` : null);
+}

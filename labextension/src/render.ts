@@ -1,0 +1,265 @@
+/** The panel's DOM, drawn from the model: devices with their MIG slices as a bar of
+ * memory slices, the queue, my leases. Pure functions of their inputs (the time
+ * included), so the tests draw them without a Lab. */
+
+import { duration, etaText, mib, percent, since, sizeText } from './format';
+import { GpuModel } from './model';
+import { IDevice, IGpu, ILease, IQueueEntry } from './types';
+
+export interface IShow {
+  devices: boolean;
+  queue: boolean;
+  leases: boolean;
+  sparklines: boolean;
+}
+
+export interface IActions {
+  cancel(requestId: string): void;
+  release(leaseId: string): void;
+}
+
+const MEMORY_SLICES = 8;
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  e.className = className;
+  if (text !== undefined) {
+    e.textContent = text;
+  }
+  return e;
+}
+
+/** A small SVG polyline of recent utilization (0-100 %); gaps where nothing was reported. */
+export function sparkline(values: Array<number | null>, width = 60, height = 14): SVGSVGElement {
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('class', 'jp-GpuBroker-spark');
+  svg.setAttribute('width', String(width));
+  svg.setAttribute('height', String(height));
+  svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  const step = values.length > 1 ? width / (values.length - 1) : width;
+  let points: string[] = [];
+  const flush = () => {
+    if (points.length) {
+      const line = document.createElementNS(ns, 'polyline');
+      line.setAttribute('points', points.join(' '));
+      svg.appendChild(line);
+    }
+    points = [];
+  };
+  values.forEach((v, i) => {
+    if (v === null) {
+      flush();
+      return;
+    }
+    const y = height - 1 - (Math.min(100, Math.max(0, v)) / 100) * (height - 2);
+    points.push(`${(i * step).toFixed(1)},${y.toFixed(1)}`);
+  });
+  flush();
+  return svg;
+}
+
+function holderText(d: IDevice, me: string): string {
+  if (!d.holder) {
+    return 'free';
+  }
+  return d.holder.user === me ? 'mine' : d.holder.user || 'in use';
+}
+
+/** A GPU's memory slices as a bar: each MIG slice spans its memory slices from its start,
+ * marked free, mine or another's, drained ones struck; a whole GPU is one segment. */
+export function sliceBar(gpu: IGpu, me: string): HTMLElement {
+  const bar = el('div', 'jp-GpuBroker-bar');
+  const slices = gpu.mig_enabled ? gpu.devices : gpu.devices.filter(d => d.kind === 'gpu');
+  const total = gpu.mig_enabled ? MEMORY_SLICES : 1;
+  for (const d of slices) {
+    const span = gpu.mig_enabled ? Math.max(1, Math.round((d.memory_mib / gpu.memory_mib) * 8)) : 1;
+    const seg = el('div', 'jp-GpuBroker-slice');
+    const who = holderText(d, me);
+    seg.classList.add(`jp-mod-${who === 'free' ? 'free' : who === 'mine' ? 'mine' : 'taken'}`);
+    if (d.drained) {
+      seg.classList.add('jp-mod-drained');
+    }
+    const start = gpu.mig_enabled ? (d.start ?? 0) : 0;
+    seg.style.gridColumn = `${start + 1} / span ${span}`;
+    seg.dataset.uuid = d.uuid;
+    seg.textContent = who;
+    const util = d.utilization_gpu === null ? '' : ` · ${percent(d.utilization_gpu)}`;
+    seg.title = `${d.label}: ${who}${util}${d.drained ? ` · drained: ${d.drained.reason}` : ''}`;
+    bar.appendChild(seg);
+  }
+  bar.style.gridTemplateColumns = `repeat(${total}, 1fr)`;
+  return bar;
+}
+
+/** What a GPU is cut into: "7 × 1g.10gb", "2 × 1g.20gb, 1 × 3g.40gb", or "whole". */
+export function profilesText(gpu: IGpu): string {
+  if (!gpu.mig_enabled) {
+    return 'whole GPU';
+  }
+  const counts = new Map<string, number>();
+  for (const d of gpu.devices) {
+    counts.set(d.profile ?? '?', (counts.get(d.profile ?? '?') ?? 0) + 1);
+  }
+  return Array.from(counts, ([p, n]) => `${n} × ${p}`).join(', ');
+}
+
+function healthBadge(gpu: IGpu): HTMLElement {
+  if (gpu.drained) {
+    const b = el('span', 'jp-GpuBroker-badge jp-mod-drained', 'drained');
+    b.title = gpu.drained.reason;
+    return b;
+  }
+  return el('span', `jp-GpuBroker-badge jp-mod-${gpu.health}`, gpu.health);
+}
+
+export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement {
+  const me = model.overview?.me.user ?? '';
+  const row = el('div', 'jp-GpuBroker-gpu');
+  const head = el('div', 'jp-GpuBroker-gpuHead');
+  head.appendChild(el('span', 'jp-GpuBroker-gpuName', `GPU ${gpu.index} · ${gpu.model}`));
+  head.appendChild(healthBadge(gpu));
+  row.appendChild(head);
+  row.appendChild(el('div', 'jp-GpuBroker-profiles', profilesText(gpu)));
+  row.appendChild(sliceBar(gpu, me));
+  const readings = el('div', 'jp-GpuBroker-readings');
+  const used = gpu.devices.some(d => d.utilization_gpu !== null)
+    ? Math.max(...gpu.devices.map(d => d.utilization_gpu ?? 0))
+    : gpu.utilization_gpu;
+  readings.textContent =
+    `util ${percent(used)} · mem ${mib(gpu.memory_used_mib)} / ${mib(gpu.memory_mib)}` +
+    ` · ${gpu.temperature_c === null ? 'n/a' : `${gpu.temperature_c} °C`}`;
+  if (show.sparklines) {
+    readings.appendChild(sparkline(model.history(gpu.uuid)));
+  }
+  row.appendChild(readings);
+  if (gpu.drained) {
+    row.appendChild(el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`));
+  }
+  return row;
+}
+
+export function renderQueue(
+  queue: IQueueEntry[],
+  now: number,
+  actions: IActions
+): HTMLElement {
+  const table = el('table', 'jp-GpuBroker-queue');
+  const head = table.createTHead().insertRow();
+  for (const h of ['#', 'user', 'size, class', 'waiting', 'ETA', '']) {
+    head.appendChild(el('th', '', h));
+  }
+  const body = table.createTBody();
+  for (const q of queue) {
+    const tr = body.insertRow();
+    tr.className = q.mine ? 'jp-GpuBroker-mine' : '';
+    tr.appendChild(el('td', '', String(q.position)));
+    tr.appendChild(el('td', '', q.user));
+    const size = el('td', '', sizeText(q));
+    size.appendChild(el('div', 'jp-GpuBroker-class', q.job_class));
+    tr.appendChild(size);
+    tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
+    tr.appendChild(el('td', '', etaText(q, now).replace('ETA unknown', 'unknown')));
+    const td = el('td', '');
+    if (q.mine && q.id) {
+      const id = q.id;
+      const b = el('button', 'jp-GpuBroker-cancel jp-mod-styled', 'Cancel');
+      b.title = `Withdraw request ${id}`;
+      b.onclick = () => actions.cancel(id);
+      td.appendChild(b);
+    }
+    tr.appendChild(td);
+  }
+  if (!queue.length) {
+    const tr = body.insertRow();
+    const td = el('td', 'jp-GpuBroker-empty', 'The GPU queue is empty.');
+    td.colSpan = 6;
+    tr.appendChild(td);
+  }
+  return table;
+}
+
+export function renderLease(
+  lease: ILease,
+  model: GpuModel,
+  now: number,
+  show: IShow,
+  actions: IActions
+): HTMLElement {
+  const box = el('div', 'jp-GpuBroker-lease');
+  if (lease.reclaim_at) {
+    box.classList.add('jp-mod-warned');
+  }
+  const owner = model.overview?.requests.find(r => r.id === lease.request_id)?.owner;
+  const where = model.kernelPath(owner) ?? (owner ? `kernel ${owner.slice(0, 8)}` : 'no kernel');
+  const head = el('div', 'jp-GpuBroker-leaseHead');
+  head.appendChild(el('span', 'jp-GpuBroker-leaseWhere', where));
+  const b = el('button', 'jp-GpuBroker-release jp-mod-styled', 'Release');
+  b.title = `Give ${lease.devices.join(', ')} back`;
+  b.onclick = () => actions.release(lease.id);
+  head.appendChild(b);
+  box.appendChild(head);
+  const labels = lease.devices.map(u => model.label(u));
+  box.appendChild(el('div', 'jp-GpuBroker-leaseDevice', `${lease.profile} · ${labels.join(', ')}`));
+  const facts = [`held ${duration(since(lease.granted_at, now))}`, `util ${percent(model.utilization(lease))}`];
+  if (lease.idle_s !== undefined && lease.idle_s !== null) {
+    facts.push(lease.idle_s > 0 ? `idle ${duration(lease.idle_s)}` : 'in use');
+  }
+  if (lease.reclaim_at) {
+    facts.push(`reclaim in ${duration(-since(lease.reclaim_at, now))}`);
+  }
+  const line = el('div', 'jp-GpuBroker-leaseFacts', facts.join(' · '));
+  if (show.sparklines) {
+    line.appendChild(sparkline(model.history(lease.devices[0])));
+  }
+  box.appendChild(line);
+  return box;
+}
+
+function section(title: string): HTMLElement {
+  const s = el('section', 'jp-GpuBroker-section');
+  s.appendChild(el('h3', 'jp-GpuBroker-title', title));
+  return s;
+}
+
+/** The whole panel. */
+export function renderPanel(model: GpuModel, show: IShow, now: number, actions: IActions): HTMLElement {
+  const root = el('div', 'jp-GpuBroker-content');
+  const o = model.overview;
+  if (!o) {
+    root.appendChild(el('div', 'jp-GpuBroker-empty', 'Connecting to the GPU broker…'));
+    return root;
+  }
+  if (!model.connected) {
+    root.appendChild(el('div', 'jp-GpuBroker-offline', 'Reconnecting to the GPU broker…'));
+  }
+  if (show.leases) {
+    const s = section(`My GPUs (${model.leases.length})`);
+    for (const lease of model.leases) {
+      s.appendChild(renderLease(lease, model, now, show, actions));
+    }
+    if (!model.leases.length) {
+      s.appendChild(el('div', 'jp-GpuBroker-empty', 'No GPU held.'));
+    }
+    root.appendChild(s);
+  }
+  if (show.queue) {
+    const s = section(`Queue (${o.length})`);
+    s.appendChild(renderQueue(o.queue, now, actions));
+    root.appendChild(s);
+  }
+  if (show.devices) {
+    const slices = o.gpus.reduce((n, g) => n + (g.mig_enabled ? g.devices.length : 0), 0);
+    const free = o.gpus.reduce((n, g) => n + g.devices.filter(d => !d.holder && !d.drained).length, 0);
+    const s = section(`GPUs (${o.gpus.length} GPUs, ${slices} MIG slices, ${free} free)`);
+    for (const gpu of o.gpus) {
+      s.appendChild(renderGpu(gpu, model, show));
+    }
+    root.appendChild(s);
+  }
+  return root;
+}

@@ -1,0 +1,118 @@
+/** The broker API's shapes the panel reads (api/openapi.yaml is the reference). */
+
+export interface IHolder {
+  user: string;
+  lease_id?: string | null;
+  request_id?: string | null;
+}
+
+/** Why and since when a GPU or device takes no new grants. */
+export interface IDrain {
+  reason: string;
+  since: string;
+}
+
+export interface IDevice {
+  uuid: string;
+  kind: 'gpu' | 'mig';
+  label: string;
+  profile: string | null;
+  start: number | null;
+  memory_mib: number;
+  holder: IHolder | null;
+  drained: IDrain | null;
+  health: string;
+  utilization_gpu: number | null;
+  memory_used_mib: number | null;
+  temperature_c: number | null;
+}
+
+export interface IGpu {
+  index: number;
+  uuid: string;
+  name: string;
+  model: string;
+  memory_mib: number;
+  mig_enabled: boolean;
+  drained: IDrain | null;
+  health: string;
+  utilization_gpu: number | null;
+  memory_used_mib: number | null;
+  temperature_c: number | null;
+  devices: IDevice[];
+}
+
+export interface IQueueEntry {
+  position: number;
+  eta: string | null;
+  eta_range: [string, string] | null;
+  eta_known: boolean;
+  user: string;
+  job_class: string;
+  profile?: string;
+  gpus?: number;
+  min_memory_gb?: number;
+  submitted_at: string;
+  mine: boolean;
+  id: string | null;
+  owner: string | null;
+}
+
+export interface IRequest {
+  id: string;
+  user: string;
+  profile?: string;
+  gpus?: number;
+  min_memory_gb?: number;
+  job_class: string;
+  owner: string;
+  state: string;
+  submitted_at: string;
+  lease_id: string | null;
+  position: number | null;
+  eta: string | null;
+  eta_known: boolean;
+}
+
+export interface ILease {
+  id: string;
+  request_id: string;
+  user: string;
+  devices: string[];
+  granted_at: string;
+  expires_at: string | null;
+  state: string;
+  profile: string;
+  reclaim_at: string | null;
+  /** How long idle reclaim last saw it idle; null where not known. */
+  idle_s?: number | null;
+}
+
+export interface IOverview {
+  me: { user: string; admin: boolean; kernel_id: string | null };
+  gpus: IGpu[];
+  queue: IQueueEntry[];
+  length: number;
+  requests: IRequest[];
+  leases: ILease[];
+}
+
+/** One message of the event stream: the versioned envelope {v, id, type, at, data}. */
+export interface IEnvelope {
+  v: number;
+  id: number;
+  type: string;
+  at: string;
+  data: any;
+}
+
+export interface IPositions {
+  queue_length: number;
+  requests: IRequest[];
+  ahead: Record<string, Record<string, number>>;
+}
+
+export interface ISample {
+  at: string;
+  utilization_gpu: number | null;
+}
