@@ -18,6 +18,7 @@ import requests
 from live_hub import Hub, ServerKernel, wait_for
 from test_service import SLICE, ok
 
+from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.kernelspec import install, spec_for
 
@@ -66,7 +67,8 @@ class Team:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.alice, self.bob, self.admin = (hub.user(n) for n in ("alice", "bob", "admin"))
+        self.tokens = {name: hub.user(name) for name in ("alice", "bob", "admin")}
+        self.alice, self.bob, self.admin = self.tokens.values()
         for name in ("alice", "bob"):
             home = hub.home / "users" / name  # the spawner's home_dir_template
             for size, job_class in (*KERNELSPECS, (None, "interactive")):
@@ -74,15 +76,15 @@ class Team:
             hub.start_server(name)
 
     def kernel(self, user: str, kernelspec: str) -> ServerKernel:
-        return ServerKernel(self.hub, user, getattr(self, user), kernelspec)
+        return ServerKernel(self.hub, user, self.tokens[user], kernelspec)
 
     def relayed(self, user: str, method: str, path: str, body: Any = None) -> requests.Response:
         """A broker call through ``user``'s own server (its relay to the service)."""
         return requests.request(
             method,
-            f"{self.hub.url}/user/{user}/gpubroker/api/v1/{path}",
+            f"{self.hub.url}/user/{user}/{API_PREFIX}/{path}",
             json=body,
-            headers={"Authorization": f"token {getattr(self, user)}"},
+            headers={"Authorization": f"token {self.tokens[user]}"},
             timeout=30,
         )
 
