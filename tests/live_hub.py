@@ -5,7 +5,8 @@
 to one GPU (seven 1g.10gb slices) so that a few requests fill it. Tests reach the hub's
 REST API as a test-only admin service (``hub_api``), make users and their hub API tokens
 (``user``) and call the broker through the proxy (``api``), as a user's server or a
-script would. The ``hub`` fixture (tests/hub/conftest.py) starts one per test module.
+script would; ``ServerKernel`` runs code in a kernel of a user's server, through the
+proxy as a browser does. The ``hub`` fixture (tests/hub/conftest.py) starts one per test module.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import requests
+import websocket
 
 from jupyter_gpubroker.api import TOKEN_HEADER
 
@@ -162,6 +166,16 @@ c.JupyterHub.load_roles.append(
             return None
         return pid if Path(f"/proc/{pid}").exists() else None
 
+    def kill_service(self) -> int:
+        """SIGKILL the broker service and wait until the hub started a new one; its pid."""
+        before = self.service_pid()
+        assert before is not None, "no broker service runs"
+        os.kill(before, signal.SIGKILL)
+        wait_for("the hub to notice", lambda: self.service_pid() != before, log=self.log)
+        after = self.wait_for_service()
+        assert after != before
+        return after
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -237,3 +251,130 @@ c.JupyterHub.load_roles.append(
             timeout=30,
         )
         return r.status_code, r.json() if r.text else None
+
+
+class ServerKernel:
+    """A kernel of a user's server, started and driven through the hub's proxy as
+    JupyterLab does: the server's kernels API, then its channels websocket (JSON
+    messages). A reader thread keeps every message the kernel sends, so a test reads a
+    cell's output, and the successive states of the widget models it opened, while the
+    cell still runs."""
+
+    def __init__(self, hub: Hub, user: str, token: str, kernelspec: str) -> None:
+        self.hub, self.user = hub, user
+        self.headers = {"Authorization": f"token {token}"}
+        r = requests.post(
+            f"{self.server}/api/kernels",
+            json={"name": kernelspec},
+            headers=self.headers,
+            timeout=180,  # a GPU kernel starts once granted
+        )
+        assert r.status_code == 201, f"{kernelspec} in {user}'s server: {r.status_code} {r.text}"
+        self.id = str(r.json()["id"])
+        self.session = uuid.uuid4().hex
+        self.messages: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+        ws_url = self.server.replace("http", "ws", 1)
+        self.ws = websocket.create_connection(
+            f"{ws_url}/api/kernels/{self.id}/channels?session_id={self.session}",
+            header=[f"{k}: {v}" for k, v in self.headers.items()],
+            timeout=30,
+        )
+        self.ws.settimeout(None)
+        threading.Thread(target=self._read, name=f"kernel-{self.id}", daemon=True).start()
+
+    @property
+    def server(self) -> str:
+        return f"{self.hub.url}/user/{self.user}"
+
+    def _read(self) -> None:
+        while True:
+            try:
+                frame = self.ws.recv()
+            except (websocket.WebSocketException, OSError):
+                return
+            if not frame:  # closed
+                return
+            if isinstance(frame, str):  # binary frames carry widget buffers: none of ours
+                with self._changed:
+                    self.messages.append(json.loads(frame))
+                    self._changed.notify_all()
+
+    def start(self, code: str) -> str:
+        """Send ``code`` to run; the request's message id."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": "execute_request",
+                        "session": self.session,
+                        "username": self.user,
+                        "version": "5.3",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {"code": code, "silent": False, "allow_stdin": False},
+                    "channel": "shell",
+                }
+            )
+        )
+        return msg_id
+
+    def replies(self, msg_id: str) -> list[dict[str, Any]]:
+        with self._changed:
+            return [m for m in self.messages if m["parent_header"].get("msg_id") == msg_id]
+
+    def wait(self, msg_id: str, timeout_s: float = 120.0) -> str:
+        """Wait until the cell ``msg_id`` finished; what it showed as text: its streams,
+        errors and the text/plain of what it displayed."""
+
+        def done(m: dict[str, Any]) -> bool:
+            return m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+
+        with self._changed:
+            ended = self._changed.wait_for(lambda: any(map(done, self.replies(msg_id))), timeout_s)
+        assert ended, f"cell {msg_id} still runs in kernel {self.id}: {self.replies(msg_id)}"
+        parts = []
+        for m in self.replies(msg_id):
+            content = m["content"]
+            if m["msg_type"] == "stream":
+                parts.append(content["text"])
+            elif m["msg_type"] == "error":
+                parts.append("\n".join(content["traceback"]))
+            elif "text/plain" in content.get("data", {}):
+                parts.append(content["data"]["text/plain"])
+        return "\n".join(parts).strip()
+
+    def run(self, code: str, timeout_s: float = 120.0) -> str:
+        """Run ``code`` and return what it showed (``wait``)."""
+        return self.wait(self.start(code), timeout_s)
+
+    def widget_states(self, key: str) -> list[dict[str, Any]]:
+        """Successive states of the widget models that have ``key``, whichever cell or
+        background thread of the kernel sent them."""
+        models: dict[str, dict[str, Any]] = {}
+        seen = []
+        with self._changed:
+            messages = list(self.messages)
+        for m in messages:
+            if m["msg_type"] not in ("comm_open", "comm_msg"):
+                continue
+            data = m["content"].get("data", {})
+            if "state" in data:
+                comm = m["content"]["comm_id"]
+                models[comm] = {**models.get(comm, {}), **data["state"]}
+                if key in models[comm]:
+                    seen.append(dict(models[comm]))
+        return seen
+
+    def alive(self) -> bool:
+        """Does the user's server still run this kernel?"""
+        r = requests.get(f"{self.server}/api/kernels", headers=self.headers, timeout=30)
+        assert r.ok, r.text
+        return any(k["id"] == self.id for k in r.json())
+
+    def shutdown(self) -> None:
+        self.ws.close()
+        requests.delete(f"{self.server}/api/kernels/{self.id}", headers=self.headers, timeout=60)

@@ -12,7 +12,11 @@ eight GPUs are cut in MIG slices (gpubroker_config.py), its state in gpubroker.s
 in the directory the hub starts in, its API at /services/gpubroker/api/v1/. Every user
 may use it (custom:gpubroker:use), the admin administers it (custom:gpubroker:admin).
 Single-user servers (LocalProcessSpawner, all as this OS user: a demo too) find it in
-$GPUBROKER_URL and call it with their own $JUPYTERHUB_API_TOKEN.
+$GPUBROKER_URL and call it with their own $JUPYTERHUB_API_TOKEN. Their GPU kernels need
+the GPU kernelspecs installed once where every server finds them:
+
+    jupyter gpubroker kernelspec install --gpu 1g.10gb --sys-prefix
+    jupyter gpubroker kernelspec install --on-demand --sys-prefix
 """
 
 import os

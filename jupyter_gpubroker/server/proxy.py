@@ -64,6 +64,11 @@ class ProxyHandler(APIHandler):
     async def delete(self, path: str) -> None:
         await self._relay()
 
+    @web.authenticated
+    @authorized
+    async def patch(self, path: str) -> None:
+        await self._relay()
+
     def _path(self) -> str:
         """The path under the API prefix, with its query."""
         prefix = f"{self.base_url.rstrip('/')}/{API_PREFIX}/"

@@ -1,5 +1,6 @@
 """The ``hub`` fixture: one real JupyterHub with the broker service per test module
-(``live_hub.Hub``). Without configurable-http-proxy the tests are skipped, except in CI
+(``live_hub.Hub``), with the ``c.GPUBroker`` options a module's ``hub_options`` fixture
+returns. Without configurable-http-proxy the tests are skipped, except in CI
 (``CI=true``), where that is a failure."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from live_hub import Hub
@@ -15,12 +17,18 @@ PROXY = "configurable-http-proxy"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+def hub_options() -> dict[str, Any]:
+    """The service's ``c.GPUBroker`` options beyond ``Hub``'s own (a module overrides it)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory, hub_options: dict[str, Any]) -> Iterator[Hub]:
     if shutil.which(PROXY) is None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
         pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
-    running = Hub(tmp_path_factory.mktemp("hub"))
+    running = Hub(tmp_path_factory.mktemp("hub"), **hub_options)
     try:
         running.start()
         yield running

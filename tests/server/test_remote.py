@@ -102,6 +102,8 @@ async def test_the_servers_api_relays_to_the_central_broker(api: Any, central: L
     assert lease["id"] == r["lease"]["id"]  # the central broker's lease
     status, reply = await api("POST", f"leases/{lease['id']}/renew", {"kernel": "busy"})
     assert status == 400 and reply["error"] == "invalid_request"  # its refusals, as they are
+    status, reply = await api("PATCH", f"requests/{r['id']}", {"job_class": "batch"})
+    assert status == 409 and reply["error"] == "conflict"  # every method: an admin's too
     status, gone = await api("DELETE", f"requests/{r['id']}")
     assert status == 200 and gone["state"] == "released"
 
