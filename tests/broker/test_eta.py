@@ -142,14 +142,14 @@ def test_the_queue_shows_the_range_widened_by_past_starts(make_broker, clock):
     broker.predictor = Predictor(half_life=1e9)
     for _ in range(5):  # everyone's holds were 100 s, so the range is a point
         broker.predictor.learn("ann", "", "interactive", "gpu:1", 100.0)
-    first = broker.submit("ann", Size(gpus=1))
-    for i in range(30):  # yet each request behind it started 900 s after its estimate
+    holder = broker.submit("ann", Size(gpus=1))
+    for _ in range(30):  # yet each request behind it started 900 s after its estimate
         waiting = broker.submit("bob", Size(gpus=1))
         (entry,) = broker.queue()
         assert entry.eta is not None
         clock.advance(900)
-        broker.release(first.lease_id if i == 0 else lease)
-        lease = broker.request(waiting.id).lease_id
+        broker.release(broker.request(holder.id).lease_id or "")
+        holder = waiting
     broker.submit("cy", Size(gpus=1))
     (entry,) = broker.queue()
     assert entry.eta.high - clock.now() == pytest.approx(900)  # what the past showed
