@@ -52,6 +52,10 @@ class EtaProbe:
     """Asks the estimators while jobs wait; the driver calls its hooks."""
 
     every_s: float
+    at_submit: bool = True
+    """Also ask at each submission; without, a job's first estimate waits for the next
+    sample (jobs granted before it have none): far fewer passes of the estimators on a
+    trace as busy as Philly."""
     estimates: list[Estimate] = field(default_factory=list)
     _open: dict[str, list[tuple[float, bool, Eta | None, Eta | None, float | None]]] = field(
         default_factory=dict
@@ -63,6 +67,9 @@ class EtaProbe:
         waiting request when a sample is due."""
         fresh = [rid for rid in submitted if broker.request(rid).lease_id is None]
         due = now >= self._next_sample
+        if not self.at_submit:
+            self._open.update((rid, []) for rid in fresh)
+            fresh = [rid for rid, kept in self._open.items() if not kept] if due else []
         if not fresh and not (due and self._open):
             return
         entries = broker.queue()

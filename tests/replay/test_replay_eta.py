@@ -70,5 +70,16 @@ def test_the_stated_80_percent_range_covers_about_80_percent_of_real_starts():
     s = summarize(replay(busy_gpus(), "broker", inventory="dgx-h100:4", eta_every_s=600))
     eta = s["eta"]["all"]
     assert eta["estimates"] > 1000
-    assert eta["raw_coverage"] > 0.9  # the predictor's own range is far too wide
     assert 0.7 <= eta["coverage"] <= 0.9
+    assert eta["raw_coverage"] > 0.9  # the predictor's own range is far too wide
+
+
+def test_without_asking_at_submission_estimates_come_only_at_the_samples():
+    run = replay(
+        trace_of(*STEADY), "fcfs", inventory="dgx-h100:1", eta_every_s=60, eta_at_submit=False
+    )
+    assert run.etas
+    instants = sorted({e.at for e in run.etas})
+    assert all(b - a >= 60 for a, b in zip(instants, instants[1:], strict=False))
+    firsts = [e for e in run.etas if e.at_submit]  # each job's first estimate, one per job
+    assert len(firsts) == len({e.start for e in firsts})
