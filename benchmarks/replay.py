@@ -467,7 +467,7 @@ def results_md(results: dict[str, dict[str, Any]]) -> str:
 
 
 ETA_ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("estimates (at submission and every 10 min of waiting)", "all", "estimates", "n"),
+    ("estimates (every 10 min while jobs wait)", "all", "estimates", "n"),
     ("of them unknown", "all", "unknown", "n"),
     ("median relative error, broker", "all", "median_rel_error", "f"),
     ("median relative error, squeue --start (exact limits)", "all", "squeue_median_rel_error", "f"),
@@ -476,8 +476,8 @@ ETA_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("started later than the median", "all", "late", "%"),
     ("later half in time: median relative error", "second_half", "median_rel_error", "f"),
     ("later half in time: stated 80% range covers", "second_half", "coverage", "%"),
-    ("at submission: median relative error", "at_submit", "median_rel_error", "f"),
-    ("at submission: stated 80% range covers", "at_submit", "coverage", "%"),
+    ("first estimate of each job: median relative error", "at_submit", "median_rel_error", "f"),
+    ("first estimate of each job: stated 80% range covers", "at_submit", "coverage", "%"),
 )
 
 
