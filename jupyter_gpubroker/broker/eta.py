@@ -233,9 +233,10 @@ class Calibration:
         self.raw = raw
         out: dict[str, Eta | None] = {}
         for rid, eta in raw.items():
-            shown = out[rid] = None if eta is None else self._scaled(eta, now)
-            if eta is None or shown is None:
+            if eta is None:
+                out[rid] = None
                 continue
+            shown = out[rid] = self._scaled(eta, now)
             kept = self._given.setdefault(rid, [])
             if not kept or now - kept[-1][0] >= self.every_s:
                 kept.append((now, eta, shown))
