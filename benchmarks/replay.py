@@ -17,12 +17,19 @@ Scenarios (all in one run):
 
 The ``oracle`` column is not a policy anyone can deploy: it ranks by each job's
 true GPU-time (its own duration), the bound that perfect prediction reaches
-with the same backfill and placement. ``broker-tuned`` is the broker policy
-with the parameters that did best on these same traces (so it flatters itself):
-see ``TUNED``; the defaults are what ``--policy broker`` runs.
+with the same backfill and placement. ``broker`` is the policy's defaults (what
+``--policy broker`` runs); ``broker-fit`` is the broker policy with the
+``CANDIDATES`` parameters that did best on the *other* trace (openb's columns
+take Philly's fit and Philly's take openb's), so no column is tuned on what it
+reports. The train/test section also fits on each trace's first half in time
+(the jobs submitted before its median submission) and reports on the second.
+The broker column measures the start estimates too (``ETA_EVERY_S``).
 
-    python benchmarks/replay.py [--quick] [--traces DIR] [--out DIR]
+    python benchmarks/replay.py [--quick] [--traces DIR] [--out DIR] [--readme]
     python benchmarks/replay.py --check [--traces DIR]
+
+``--readme`` writes the generated sections of ``benchmarks/README.md`` (between
+its ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` lines) from the run.
 
 ``--check`` is the full-trace test (the test suite runs on committed excerpts): each
 trace loads with the counts documented in ``benchmarks/README.md``, and its first
@@ -34,8 +41,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +55,15 @@ from jupyter_gpubroker.broker.policy import Context, Policy, make_policy, tier_b
 from jupyter_gpubroker.replay import (
     DEFAULT_COMPRESS,
     DEFAULT_INVENTORY,
+    STARVE_AFTER_S,
     Trace,
     TraceError,
     load,
     replay,
     summarize,
 )
-from jupyter_gpubroker.replay.driver import Timeline
+from jupyter_gpubroker.replay.driver import Replay, Timeline
+from jupyter_gpubroker.replay.metrics import wait_stats
 from jupyter_gpubroker.replay.report import header, json_ready, table
 
 HERE = Path(__file__).resolve().parent
@@ -59,13 +71,22 @@ TRACES = HERE.parent.parent / "shared" / "data" / "traces"
 STATIC = os.path.relpath(HERE / "inventories" / "openb-h100-64-static.yaml")
 QUICK_JOBS = 3000
 BINS = 400
-TUNED: dict[str, object] = {
-    "weight_age_per_hour": 1.0,
-    "weight_service": 3000.0,
-    "half_life_s": 7 * 86400.0,
-    "max_wait_s": 16 * 3600.0,
-}
-"""Ordering by fair share and expected service, age only past 16 h (then oldest first)."""
+ETA_EVERY_S = 600.0
+"""The broker column asks the start estimators at each submission and every 10 min."""
+CANDIDATES: tuple[dict[str, float], ...] = (
+    {},
+    {"weight_service": 3000.0},
+    {"tier_fraction": 0.5},
+    {"weight_service": 3000.0, "tier_fraction": 0.5},
+    {"half_life_s": 86400.0},
+)
+"""The broker policy's parameter sets a fit chooses from: the defaults, more weight on
+expected service, an earlier oldest-first tier, both, and the one-day usage half-life
+of the earlier default. (The age weight is not among them: with ``max_wait_s`` set,
+waiting earns nothing before the tier.) The fit takes the lowest mean wait among those
+that starve no more jobs than FCFS on the same jobs."""
+FIT_ON = {"openb": "philly", "openb-static": "philly", "philly": "openb", "philly-640": "openb"}
+"""Whose fit a scenario's ``broker-fit`` column runs: the other trace's."""
 
 
 @dataclass
@@ -93,11 +114,14 @@ class Scenario:
     inventory: str
     compress: float
     runs: tuple[tuple[str, bool], ...]
-    """(column, dynamic MIG) per column; a column is a policy name, ``broker-tuned``
+    """(column, dynamic MIG) per column; a column is a policy name, ``broker-fit``
     or ``oracle``."""
+    fit: bool = False
+    """Fit the broker's parameters here: every candidate on the whole trace and on
+    its first half."""
 
 
-COLUMNS = ("fcfs", "slurm", "broker", "broker-tuned")
+COLUMNS = ("fcfs", "slurm", "broker", "broker-fit")
 SCENARIOS = (
     Scenario(
         "openb",
@@ -106,6 +130,7 @@ SCENARIOS = (
         "dgx-h100-mig:64",
         3.0,
         tuple((p, True) for p in (*COLUMNS, "oracle")),
+        fit=True,
     ),
     Scenario(
         "openb-static",
@@ -122,6 +147,7 @@ SCENARIOS = (
         "dgx-h100:768",
         1.0,
         tuple((p, False) for p in (*COLUMNS, "oracle")),
+        fit=True,
     ),
     Scenario(
         "philly-640",
@@ -168,39 +194,184 @@ def binned(
     }
 
 
-def policy_for(column: str) -> str | Policy:
-    if column == "oracle":
-        return OracleSJF()
-    if column == "broker-tuned":
-        return make_policy("broker", **TUNED)
-    return column
+def split(trace: Trace) -> int:
+    """Where a trace splits in time: the median job, moved back to the first job of
+    its submit instant so that no instant falls in both halves."""
+    k = len(trace.jobs) // 2
+    while k > 0 and trace.jobs[k - 1].submit_s == trace.jobs[k].submit_s:
+        k -= 1
+    return k
 
 
-def run(scenario: Scenario, traces: Path, quick: bool) -> dict[str, Any]:
-    trace = load(traces / scenario.trace, scenario.fmt)
-    if quick:
-        trace = trace.head(QUICK_JOBS)
-    out: dict[str, Any] = {"summaries": [], "series": {}}
-    runs = []
-    for column, dynamic in scenario.runs:
-        result = replay(
-            trace,
-            policy_for(column),
-            inventory=scenario.inventory,
-            compress=scenario.compress,
-            dynamic_mig=dynamic,
-        )
-        summary = summarize(result)
-        summary["policy"] = column
-        if scenario.name == "openb-static":  # the column says which machine it ran on
-            summary["policy"] += " (dynamic MIG)" if dynamic else " (static MIG)"
-        out["summaries"].append(summary)
-        runs.append((summary["policy"], result))
-        print(f"  {scenario.name} {summary['policy']}: {summary['wall_s']:.1f} s", flush=True)
-    window = queue_window([r.timeline for _, r in runs])
-    for column, r in runs:
-        out["series"][column] = binned(r.timeline, r.gpus, window, trace.jobs[0].submit_s)
-    return out
+@dataclass
+class Run:
+    summary: dict[str, Any]
+    timeline: Timeline
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Task:
+    """One replay: a scenario's trace (whole or its first half) under one policy."""
+
+    scenario: str
+    policy: str
+    """``fcfs``, ``slurm``, ``broker`` or ``oracle``."""
+    dynamic: bool
+    params: tuple[tuple[str, float], ...] = ()
+    half: bool = False
+    eta: bool = False
+
+    @staticmethod
+    def broker(scenario: str, dynamic: bool, params: dict[str, float], **kw: bool) -> Task:
+        return Task(scenario, "broker", dynamic, tuple(sorted(params.items())), **kw)
+
+
+_loaded: dict[tuple[str, str], Trace] = {}
+_source: tuple[Path, bool] = (TRACES, False)
+
+
+def _start_worker(traces: Path, quick: bool) -> None:
+    global _source
+    _source = (traces, quick)
+
+
+def scenario_trace(scenario: Scenario) -> Trace:
+    """The scenario's trace, loaded once per process."""
+    key = (scenario.trace, scenario.fmt)
+    if key not in _loaded:
+        traces, quick = _source
+        trace = load(traces / scenario.trace, scenario.fmt)
+        _loaded[key] = trace.head(QUICK_JOBS) if quick else trace
+    return _loaded[key]
+
+
+def execute(task: Task) -> Run:
+    """The replay of ``task``, its summary with ``second_half``: the waits of the jobs
+    submitted from the trace's median instant on (those a first-half fit never saw)."""
+    scenario = next(s for s in SCENARIOS if s.name == task.scenario)
+    trace = scenario_trace(scenario)
+    if task.half:
+        trace = trace.head(split(trace))
+    policy = (
+        OracleSJF() if task.policy == "oracle" else make_policy(task.policy, **dict(task.params))
+    )
+    result = replay(
+        trace,
+        policy,
+        inventory=scenario.inventory,
+        compress=scenario.compress,
+        dynamic_mig=task.dynamic,
+        eta_every_s=ETA_EVERY_S if task.eta else None,
+        eta_at_submit=False,
+    )
+    summary = summarize(result)
+    summary["second_half"] = second_half(result, trace)
+    what = "first half" if task.half else "whole"
+    print(
+        f"  {task.scenario} {task.policy} {dict(task.params) or ''} ({what}): "
+        f"{result.wall_s:.1f} s",
+        flush=True,
+    )
+    return Run(summary, result.timeline, result.gpus)
+
+
+def second_half(result: Replay, trace: Trace) -> dict[str, float]:
+    jobs, k = trace.jobs, split(trace)
+    if k >= len(jobs):
+        return wait_stats([])
+    at = jobs[0].submit_s + (jobs[k].submit_s - jobs[0].submit_s) / result.compress
+    later = [o for o in result.outcomes if o.submit_s >= at]
+    return {**wait_stats(later), "starved": sum(1 for o in later if o.wait_s > STARVE_AFTER_S)}
+
+
+def params_text(params: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in params.items()) or "the defaults"
+
+
+@dataclass
+class Fit:
+    """Every candidate and FCFS on a whole trace and on its first half, and the choices."""
+
+    whole: list[Run]
+    """Per candidate; the first (the defaults) with the ETA probe: the broker column."""
+    half: list[Run]
+    fcfs_whole: Run
+    fcfs_half: Run
+
+    @property
+    def chosen_whole(self) -> dict[str, float]:
+        return best(self.whole, self.fcfs_whole)
+
+    @property
+    def chosen_half(self) -> dict[str, float]:
+        return best(self.half, self.fcfs_half)
+
+
+def best(runs: list[Run], fcfs: Run) -> dict[str, float]:
+    """The candidate with the lowest mean wait among those starving no more than FCFS."""
+    ok = [i for i, r in enumerate(runs) if r.summary["starved"] <= fcfs.summary["starved"]]
+    return CANDIDATES[min(ok or range(len(runs)), key=lambda i: runs[i].summary["mean_wait_s"])]
+
+
+def fit_tasks(s: Scenario) -> tuple[list[Task], list[Task], Task, Task]:
+    """Every candidate on the whole trace (the defaults with the ETA probe, as the broker
+    column) and on its first half, and FCFS on both."""
+    dyn = s.runs[0][1]
+    whole = [Task.broker(s.name, dyn, c, eta=not c) for c in CANDIDATES]
+    half = [Task.broker(s.name, dyn, c, half=True) for c in CANDIDATES]
+    return whole, half, Task(s.name, "fcfs", dyn), Task(s.name, "fcfs", dyn, half=True)
+
+
+def column_task(s: Scenario, column: str, dynamic: bool, fits: dict[str, Fit]) -> Task:
+    if column == "broker-fit":
+        return Task.broker(s.name, dynamic, fits[FIT_ON[s.name]].chosen_whole)
+    return Task(s.name, column, dynamic, eta=column == "broker")
+
+
+def run_all(jobs: int) -> tuple[dict[str, Fit], dict[str, dict[str, Any]]]:
+    """The fits, then every scenario's columns; ``jobs`` replays at a time."""
+    done: dict[Task, Run] = {}
+
+    def execute_all(tasks: list[Task]) -> None:
+        todo = list(dict.fromkeys(t for t in tasks if t not in done))
+        if jobs > 1:
+            with ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=_source) as pool:
+                done.update(zip(todo, pool.map(execute, todo), strict=True))
+        else:
+            done.update((t, execute(t)) for t in todo)
+
+    fitted = {s.name: fit_tasks(s) for s in SCENARIOS if s.fit}
+    first = [t for w, h, fw, fh in fitted.values() for t in (*w, *h, fw, fh)]
+    first += [
+        Task(s.name, c, d, eta=c == "broker")
+        for s in SCENARIOS
+        for c, d in s.runs
+        if c != "broker-fit"
+    ]
+    execute_all(first)
+    fits = {
+        name: Fit([done[t] for t in w], [done[t] for t in h], done[fw], done[fh])
+        for name, (w, h, fw, fh) in fitted.items()
+    }
+    columns = {s.name: [(c, d, column_task(s, c, d, fits)) for c, d in s.runs] for s in SCENARIOS}
+    execute_all([t for cs in columns.values() for _, _, t in cs])
+    results = {}
+    for s in SCENARIOS:
+        runs = []
+        for column, dynamic, task in columns[s.name]:
+            r = done[task]
+            label = f"broker-fit ({FIT_ON[s.name]})" if column == "broker-fit" else column
+            if s.name == "openb-static":  # the column says which machine it ran on
+                label += " (dynamic MIG)" if dynamic else " (static MIG)"
+            runs.append((label, Run({**r.summary, "policy": label}, r.timeline, r.gpus)))
+        window = queue_window([r.timeline for _, r in runs])
+        origin = scenario_trace(s).jobs[0].submit_s
+        results[s.name] = {
+            "summaries": [r.summary for _, r in runs],
+            "series": {c: binned(r.timeline, r.gpus, window, origin) for c, r in runs},
+        }
+    return fits, results
 
 
 DOCUMENTED = {
@@ -270,7 +441,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         summaries = results[name]["summaries"]
         for s in summaries:
             series = results[name]["series"][s["policy"]]
-            style = {"linestyle": ":"} if s["policy"] in ("oracle", "broker-tuned") else {}
+            dotted = s["policy"] == "oracle" or s["policy"].startswith("broker-fit")
+            style = {"linestyle": ":"} if dotted else {}
             axes[0][col].plot(series["day"], series["queued"], label=s["policy"], **style)
             axes[1][col].plot(
                 series["day"], [100 * u for u in series["utilization"]], **style, linewidth=0.8
@@ -288,6 +460,107 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def results_md(results: dict[str, dict[str, Any]]) -> str:
+    """Every scenario's header and table."""
+    parts = []
+    for name, r in results.items():
+        lines = "\n".join(f"- {line}" for line in header(r["summaries"][0]))
+        parts.append(f"**{name}**\n\n{lines}\n\n{table(r['summaries'], markdown=True)}")
+    return "\n\n".join(parts)
+
+
+ETA_ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("estimates (every 10 min while jobs wait)", "all", "estimates", "n"),
+    ("of them unknown", "all", "unknown", "n"),
+    ("median relative error, broker", "all", "median_rel_error", "f"),
+    ("median relative error, squeue --start (exact limits)", "all", "squeue_median_rel_error", "f"),
+    ("stated 80% range covers", "all", "coverage", "%"),
+    ("the predictor's range before calibration covers", "all", "raw_coverage", "%"),
+    ("started later than the median", "all", "late", "%"),
+    ("later half in time: median relative error", "second_half", "median_rel_error", "f"),
+    ("later half in time: stated 80% range covers", "second_half", "coverage", "%"),
+    ("first estimate of each job: median relative error", "at_submit", "median_rel_error", "f"),
+    ("first estimate of each job: stated 80% range covers", "at_submit", "coverage", "%"),
+)
+
+
+def eta_md(results: dict[str, dict[str, Any]]) -> str:
+    """The start estimates of each scenario's broker column against the real starts."""
+    etas = {
+        name: next(s["eta"] for s in r["summaries"] if "eta" in s) for name, r in results.items()
+    }
+    rows = ["| | " + " | ".join(etas) + " |", "|---|" + "---:|" * len(etas)]
+    for label, part, key, kind in ETA_ROWS:
+        cells = (_cell(e[part][key], kind) for e in etas.values())
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def train_test_md(results: dict[str, dict[str, Any]], fits: dict[str, Fit]) -> str:
+    """Mean waits with the parameters chosen elsewhere, against the defaults and the
+    baselines, on the whole trace and on the jobs of its second half."""
+    out = [
+        "| reported on | fcfs | slurm | broker (defaults) | fit on the other trace "
+        "| fit on the first half | fit on itself (in-sample) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    chosen = []
+    for name, f in fits.items():
+        by = {s["policy"]: s for s in results[name]["summaries"]}
+        other = next(s for p, s in by.items() if p.startswith("broker-fit"))
+        half = f.whole[CANDIDATES.index(f.chosen_half)].summary
+        itself = f.whole[CANDIDATES.index(f.chosen_whole)].summary
+        for part in ("whole", "second half"):
+
+            def wait(s: dict[str, Any], part: str = part) -> str:
+                v = s["mean_wait_s"] if part == "whole" else s["second_half"]["mean_wait_s"]
+                return _cell(v, "s")
+
+            fitted_half = wait(half) if part == "second half" else "(fit here)"
+            cols = [by["fcfs"], by["slurm"], by["broker"], other]
+            out.append(
+                f"| {name}, {part} | "
+                + " | ".join(wait(s) for s in cols)
+                + f" | {fitted_half} | {wait(itself)} |"
+            )
+        chosen.append(
+            f"- {name}: on the whole trace `{params_text(f.chosen_whole)}`; on its first "
+            f"half (jobs before the median submission) `{params_text(f.chosen_half)}`"
+        )
+    return "\n".join([*out, "", "Chosen:", "", *chosen])
+
+
+def _cell(v: Any, kind: str) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    return {"n": f"{v:,}", "f": f"{v:.3f}", "%": f"{100 * v:.1f}%", "s": f"{v:,.0f} s"}[kind]
+
+
+SECTIONS = ("results", "eta", "train-test")
+"""The generated sections of benchmarks/README.md."""
+
+
+def _section(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end: {name} -->)", re.DOTALL)
+
+
+def missing_sections(path: Path) -> list[str]:
+    text = path.read_text() if path.exists() else ""
+    return [name for name in SECTIONS if not _section(name).search(text)]
+
+
+def _filled(body: str) -> Callable[[re.Match[str]], str]:
+    return lambda m: m.group(1) + body + "\n" + m.group(2)
+
+
+def write_readme(path: Path, sections: dict[str, str]) -> None:
+    """Replace each generated section of ``path`` (``missing_sections`` checked them)."""
+    text = path.read_text()
+    for name, body in sections.items():
+        text = _section(name).sub(_filled(body), text)
+    path.write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--traces", type=Path, default=TRACES, help="folder holding the traces")
@@ -300,6 +573,14 @@ def main() -> None:
         action="store_true",
         help="check the full traces against their documented counts; write nothing",
     )
+    ap.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="run N replays at a time (processes)"
+    )
+    ap.add_argument(
+        "--readme",
+        action="store_true",
+        help="write the tables into the generated sections of benchmarks/README.md",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.check:
@@ -309,18 +590,45 @@ def main() -> None:
             sys.exit(f"{e}; give the folder holding the public traces with --traces")
         print("\n".join(problems) or f"the traces in {args.traces} are as documented")
         sys.exit(1 if problems else 0)
-    results = {s.name: run(s, args.traces, args.quick) for s in SCENARIOS}
+    readme = args.out / "README.md"
+    if args.readme and missing_sections(readme):
+        sys.exit(
+            f"{readme} lacks the generated sections {', '.join(missing_sections(readme))}: "
+            "add their <!-- generated: NAME --> and <!-- end: NAME --> lines"
+        )
+    _start_worker(args.traces, args.quick)
+    try:
+        for s in SCENARIOS:
+            scenario_trace(s)
+    except TraceError as e:
+        sys.exit(f"{e}; give the folder holding the public traces with --traces")
+    fits, results = run_all(args.jobs)
     (args.out / "results").mkdir(parents=True, exist_ok=True)
     summaries = {name: r["summaries"] for name, r in results.items()}
+    fitted = {
+        name: {
+            "whole": params_text(f.chosen_whole),
+            "first_half": params_text(f.chosen_half),
+            "candidates": [
+                {"params": params_text(c), "whole": w.summary, "first_half": h.summary}
+                for c, w, h in zip(CANDIDATES, f.whole, f.half, strict=True)
+            ],
+        }
+        for name, f in fits.items()
+    }
     (args.out / "results" / "replay.json").write_text(
-        json.dumps(json_ready(summaries), indent=1, allow_nan=False) + "\n"
+        json.dumps(json_ready({**summaries, "fits": fitted}), indent=1, allow_nan=False) + "\n"
     )
     plot(results, args.out / "replay.png")
-    for name, r in results.items():
-        print(f"\n### {name}\n")
-        print("\n".join(f"- {line}" for line in header(r["summaries"][0])))
-        print()
-        print(table(r["summaries"], markdown=True))
+    sections = {
+        "results": results_md(results),
+        "eta": eta_md(results),
+        "train-test": train_test_md(results, fits),
+    }
+    if args.readme:
+        write_readme(readme, sections)
+    for body in sections.values():
+        print(f"\n{body}")
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
 
 

@@ -42,7 +42,7 @@ from .errors import (
     StorageFull,
     Unsatisfiable,
 )
-from .eta import Eta, predicted_starts
+from .eta import Calibration, Eta, predicted_starts
 from .fairshare import Entity, FairShareLedger
 from .models import (
     Device,
@@ -231,6 +231,8 @@ class Broker:
         self._gpu_eq_of_size: dict[str, float] = {}
         self.predictor = Predictor()
         """Hold times of ended leases: expected durations and start estimates."""
+        self.calibration = Calibration()
+        """Scales the start estimates' ranges by how well the past ones covered."""
         self._changes = 0
         """Counts events: every change of leases, queue or devices emits one."""
         self._etas: tuple[tuple[int, float], float, dict[str, Eta | None]] | None = None
@@ -693,6 +695,7 @@ class Broker:
 
     def _dequeue(self, r: Request) -> None:
         self._waiting.remove(r)
+        self.calibration.left(r.id, self.clock.now(), r.state is RequestState.GRANTED)
         if r.state is not RequestState.GRANTED:
             del self._live[r.id]
 
@@ -987,7 +990,8 @@ class Broker:
         cheap and its estimates stable between changes."""
         key = (self._changes, self._ranked_at)
         if self._etas is None or self._etas[0] != key or now - self._etas[1] > ETA_MAX_AGE_S:
-            self._etas = (key, now, predicted_starts(self, ranked, self.predictor, now))
+            raw = predicted_starts(self, ranked, self.predictor, now)
+            self._etas = (key, now, self.calibration.apply(raw, now))
         return self._etas[2]
 
     # -- fair share

@@ -6,8 +6,10 @@ first instant at least ``every_s`` after the previous sample, while it waits:
 
 - ``predicted``: what ``Broker.queue()`` shows,
   :func:`~jupyter_gpubroker.broker.eta.predicted_starts` from the broker's
-  run-time predictor: a (low, median, high) range. Its history is only what the
-  replay has seen end so far: never a job's own duration.
+  run-time predictor: a (low, median, high) range, scaled by the broker's
+  :class:`~jupyter_gpubroker.broker.eta.Calibration`. Its history is only what
+  the replay has seen end or start so far: never a job's own duration. ``raw``
+  is the predictor's range before that scaling, for comparison.
 - ``squeue``: :func:`~jupyter_gpubroker.broker.eta.limit_starts`, Slurm's
   ``squeue --start``, every job running to its limit. The replay's jobs declare
   their true duration (``expected_duration_s``), so its limits are exact: the
@@ -41,6 +43,7 @@ class Estimate:
     start: float
     at_submit: bool
     predicted: Eta | None
+    raw: Eta | None
     squeue: float | None
 
 
@@ -49,8 +52,12 @@ class EtaProbe:
     """Asks the estimators while jobs wait; the driver calls its hooks."""
 
     every_s: float
+    at_submit: bool = True
+    """Also ask at each submission; without, a job's first estimate waits for the next
+    sample (jobs granted before it have none): far fewer passes of the estimators on a
+    trace as busy as Philly."""
     estimates: list[Estimate] = field(default_factory=list)
-    _open: dict[str, list[tuple[float, bool, Eta | None, float | None]]] = field(
+    _open: dict[str, list[tuple[float, bool, Eta | None, Eta | None, float | None]]] = field(
         default_factory=dict
     )
     _next_sample: float = -math.inf
@@ -60,23 +67,27 @@ class EtaProbe:
         waiting request when a sample is due."""
         fresh = [rid for rid in submitted if broker.request(rid).lease_id is None]
         due = now >= self._next_sample
+        if not self.at_submit:
+            self._open.update((rid, []) for rid in fresh)
+            fresh = [rid for rid, kept in self._open.items() if not kept] if due else []
         if not fresh and not (due and self._open):
             return
         entries = broker.queue()
         queue = [e.request for e in entries]
         predicted = {e.request.id: e.eta for e in entries}
+        raw = broker.calibration.raw
         squeue = limit_starts(broker, queue, lambda r: _limit(broker, r), now)
         asked = set(fresh)
         for rid in fresh:
-            self._open[rid] = [(now, True, predicted[rid], squeue[rid])]
+            self._open[rid] = [(now, True, predicted[rid], raw.get(rid), squeue[rid])]
         if due:
             for rid in self._open.keys() - asked:
-                self._open[rid].append((now, False, predicted[rid], squeue[rid]))
+                self._open[rid].append((now, False, predicted[rid], raw.get(rid), squeue[rid]))
             self._next_sample = now + self.every_s
 
     def granted(self, request_id: str, now: float) -> None:
-        for at, at_submit, predicted, squeue in self._open.pop(request_id, []):
-            self.estimates.append(Estimate(at, now, at_submit, predicted, squeue))
+        for at, at_submit, predicted, raw, squeue in self._open.pop(request_id, []):
+            self.estimates.append(Estimate(at, now, at_submit, predicted, raw, squeue))
 
 
 def _limit(broker: Broker, r: Request) -> float:

@@ -88,8 +88,10 @@ class Replay:
     decisions: int
     decision_cpu_s: float
     wall_s: float
+    """The replay's own time, less the ETA probe's (``eta_probe_s``)."""
     etas: list[Estimate] | None = None
     """The start estimates made while jobs waited, if the replay asked for them."""
+    eta_probe_s: float = 0.0
 
 
 def replay(
@@ -100,13 +102,15 @@ def replay(
     compress: float = 1.0,
     dynamic_mig: bool = True,
     eta_every_s: float | None = None,
+    eta_at_submit: bool = True,
 ) -> Replay:
     """Replay ``trace`` under ``policy`` (a name or a configured policy) on the
     simulated machine ``inventory``.
 
     ``compress`` divides the gaps between submissions (durations are kept), so
     a trace that never queues on its own cluster loads a smaller one.
-    ``eta_every_s`` (seconds) measures the start estimates (see :mod:`.accuracy`).
+    ``eta_every_s`` (seconds) measures the start estimates (see :mod:`.accuracy`),
+    at each submission too unless ``eta_at_submit`` is false.
     """
     if not compress > 0:
         raise ValueError(f"the time compression factor must be positive, not {compress}")
@@ -127,7 +131,7 @@ def replay(
             config=BrokerConfig(dynamic_mig=dynamic),
             partitioner=MigPartitioner(backend) if dynamic else None,
         )
-        probe = EtaProbe(eta_every_s) if eta_every_s is not None else None
+        probe = EtaProbe(eta_every_s, eta_at_submit) if eta_every_s is not None else None
         run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe)
         run.play([(origin + (j.submit_s - origin) / compress, j) for j in trace.jobs])
     return Replay(
@@ -142,8 +146,9 @@ def replay(
         skipped=dict(run.skipped),
         decisions=run.decisions,
         decision_cpu_s=run.cpu_s,
-        wall_s=time.perf_counter() - wall0,
+        wall_s=time.perf_counter() - wall0 - run.probe_s,
         etas=probe.estimates if probe is not None else None,
+        eta_probe_s=run.probe_s,
     )
 
 
@@ -165,6 +170,7 @@ class _Run:
         self.skipped: Counter[str] = Counter()
         self.decisions = 0
         self.cpu_s = 0.0
+        self.probe_s = 0.0
         self._ends: list[tuple[float, int, str]] = []
         """(end, grant order, lease id): equal ends release in grant order, so runs repeat."""
         self._grants = itertools.count()
@@ -196,7 +202,9 @@ class _Run:
             for lease in granted:
                 self._start(lease, now)
             if self.probe is not None:
+                t0 = time.perf_counter()
                 self.probe.after_pass(self.broker, submitted, now)
+                self.probe_s += time.perf_counter() - t0
             self._record(now)
 
     def _submit(self, job: Job, now: float) -> str | None:

@@ -23,9 +23,10 @@
 - **ETA accuracy** (when the replay asked for it, see :mod:`.accuracy`): the
   median relative error of the predicted start (its median) and of Slurm's
   ``squeue --start``, the share of estimates whose stated range covered
-  the real start, and the share that started later than the predicted median
-  (``late``: 0.5 when unbiased); over every estimate and over those made at
-  submission.
+  the real start (``coverage``; ``raw_coverage`` for the predictor's range
+  before calibration), and the share that started later than the predicted
+  median (``late``: 0.5 when unbiased); over every estimate, over those made at
+  submission and over the later half of them in time (``second_half``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..broker.eta import Eta
 from .accuracy import Estimate, relative_error
 from .driver import Outcome, Replay, Timeline
 
@@ -106,15 +108,23 @@ def utilization(timeline: Timeline, capacity: float) -> dict[str, float]:
 
 
 def eta_stats(estimates: Sequence[Estimate]) -> dict[str, dict[str, float]]:
-    """ETA accuracy over all estimates and over those made at submission."""
+    """ETA accuracy over all estimates, those made at submission and the later half
+    of them by the instant they were made at (the calibration has learnt by then)."""
+    split = percentile([e.at for e in estimates], 0.5)
     out = {}
-    for label, chosen in (("all", estimates), ("at_submit", [e for e in estimates if e.at_submit])):
+    for label, chosen in (
+        ("all", estimates),
+        ("at_submit", [e for e in estimates if e.at_submit]),
+        ("second_half", [e for e in estimates if e.at >= split]),
+    ):
         known = [(e, e.predicted) for e in chosen if e.predicted is not None]
+        raw = [(e, e.raw) for e in chosen if e.raw is not None]
         out[label] = {
             "estimates": len(chosen),
             "unknown": len(chosen) - len(known),
             "median_rel_error": percentile([relative_error(e, p.median) for e, p in known], 0.5),
-            "coverage": _ratio(sum(p.low <= e.start <= p.high for e, p in known), len(known)),
+            "coverage": _covered(known),
+            "raw_coverage": _covered(raw),
             "late": _ratio(sum(e.start > p.median for e, p in known), len(known)),
             "squeue_median_rel_error": percentile(
                 [relative_error(e, e.squeue) for e in chosen if e.squeue is not None], 0.5
@@ -152,6 +162,10 @@ def summarize(run: Replay, starve_after_s: float = STARVE_AFTER_S) -> dict[str, 
         "wall_s": run.wall_s,
         **({"eta": eta_stats(run.etas)} if run.etas is not None else {}),
     }
+
+
+def _covered(known: Sequence[tuple[Estimate, Eta]]) -> float:
+    return _ratio(sum(p.low <= e.start <= p.high for e, p in known), len(known))
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from broker_helpers import FakePartitioner, make_inventory, whole_inventory
 
 from jupyter_gpubroker.broker.core import BrokerConfig
-from jupyter_gpubroker.broker.eta import Eta, limit_starts, predicted_starts
+from jupyter_gpubroker.broker.eta import Calibration, Eta, limit_starts, predicted_starts
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.predictor import Predictor
 
@@ -104,3 +105,51 @@ def test_on_a_static_mig_layout_a_profile_waits_for_a_slice_of_its_own(make_brok
 def test_with_dynamic_mig_freed_slices_can_be_cut_into_the_profile(make_broker, clock):
     # the slice never cut is free now, two 1g slices by 200 s: three compute slices
     assert mig_layout_busy(make_broker, clock, dynamic=True) == 200
+
+
+def scored(calibration, starts_after_s, n=50, raw=(100.0, 200.0, 400.0)):
+    """Give ``n`` requests the range ``raw`` (seconds from now) and start each
+    ``starts_after_s`` later; returns the range a new request is shown then."""
+    now = 0.0
+    for i in range(n):
+        calibration.apply({f"r{i}": Eta(*(now + x for x in raw))}, now)
+        calibration.left(f"r{i}", now + starts_after_s, started=True)
+        now += 1.0
+    return calibration.apply({"new": Eta(*(now + x for x in raw))}, now)["new"], now
+
+
+def test_a_range_that_the_starts_kept_missing_is_widened_until_it_covers():
+    eta, now = scored(Calibration(), 1000.0)  # all started far past the high end
+    assert eta.median == now + 200  # the median is the predictor's
+    assert eta.high == pytest.approx(now + 1000) and eta.low < now + 100
+
+
+def test_a_range_far_wider_than_the_starts_needed_is_narrowed():
+    eta, now = scored(Calibration(), 200.0)  # every start at the median
+    assert now + 100 < eta.low <= now + 200 <= eta.high < now + 400
+
+
+def test_calibration_never_turns_unknown_into_an_estimate_and_forgets_cancelled():
+    c = Calibration(min_scores=1)
+    assert c.apply({"a": None}, 0.0) == {"a": None}
+    c.apply({"b": Eta(10.0, 20.0, 30.0)}, 0.0)
+    c.left("b", 5000.0, started=False)  # cancelled: nothing to learn from
+    assert c.apply({"c": Eta(10.0, 20.0, 30.0)}, 0.0)["c"] == Eta(10.0, 20.0, 30.0)
+
+
+def test_the_queue_shows_the_range_widened_by_past_starts(make_broker, clock):
+    broker = make_broker(whole_inventory(1))
+    broker.predictor = Predictor(half_life=1e9)
+    for _ in range(5):  # everyone's holds were 100 s, so the range is a point
+        broker.predictor.learn("ann", "", "interactive", "gpu:1", 100.0)
+    holder = broker.submit("ann", Size(gpus=1))
+    for _ in range(30):  # yet each request behind it started 900 s after its estimate
+        waiting = broker.submit("bob", Size(gpus=1))
+        (entry,) = broker.queue()
+        assert entry.eta is not None
+        clock.advance(900)
+        broker.release(broker.request(holder.id).lease_id or "")
+        holder = waiting
+    broker.submit("cy", Size(gpus=1))
+    (entry,) = broker.queue()
+    assert entry.eta.high - clock.now() == pytest.approx(900)  # what the past showed

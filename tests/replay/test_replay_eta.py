@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from replay_helpers import trace_of
@@ -53,3 +54,34 @@ def test_the_cli_prints_the_eta_rows_when_asked(write_trace, capsys):
     assert "--eta-every must be positive" in capsys.readouterr().err
     with pytest.raises(ValueError, match="ETA sampling interval must be positive"):
         replay(trace_of(*STEADY), eta_every_s=0)
+
+
+def busy_gpus(n=400, load=0.95, seed=1):
+    """Poisson arrivals of 1-GPU jobs with log-normal durations (median 400 s) from
+    three users, loading 4 GPUs to ``load``: a queue that comes and goes."""
+    rnd, t, jobs = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rnd.expovariate(load * 4 / 660.0)
+        jobs.append(Job(round(t), round(rnd.lognormvariate(6.0, 1.0)), 1, rnd.choice("abc")))
+    return trace_of(*jobs)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "broker"])
+def test_the_stated_80_percent_range_covers_about_80_percent_of_real_starts(policy: str):
+    s = summarize(replay(busy_gpus(), policy, inventory="dgx-h100:4", eta_every_s=600))
+    eta = s["eta"]["all"]
+    assert eta["estimates"] > 1000
+    assert 0.7 <= eta["coverage"] <= 0.9
+    if policy == "fcfs":  # here the predictor's own range is far too wide
+        assert eta["raw_coverage"] > 0.9
+
+
+def test_without_asking_at_submission_estimates_come_only_at_the_samples():
+    run = replay(
+        trace_of(*STEADY), "fcfs", inventory="dgx-h100:1", eta_every_s=60, eta_at_submit=False
+    )
+    assert run.etas
+    instants = sorted({e.at for e in run.etas})
+    assert all(b - a >= 60 for a, b in zip(instants, instants[1:], strict=False))
+    firsts = [e for e in run.etas if e.at_submit]  # each job's first estimate, one per job
+    assert len(firsts) == len({e.start for e in firsts})
