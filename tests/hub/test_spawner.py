@@ -1,0 +1,203 @@
+"""GPU servers end to end: a real hub and proxy, the broker service and the GPU spawner
+(``SimpleGPUBrokerSpawner``: the mixin over LocalProcessSpawner, every server as this OS
+user) on the simulated machine (one H100 in seven 1g.10gb slices)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from live_hub import Hub, wait_for
+
+from hub_spawner.spawner import LEASE_ENV
+
+pytestmark = pytest.mark.hub
+SLICE = {"profile": "1g.10gb"}
+IMPATIENT = "impatient"
+"""The user whose GPU servers wait only 5 s in the queue (the test config's hook)."""
+
+CONFIG = f"""
+c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600
+def _impatient(spawner):
+    if spawner.user.name == {IMPATIENT!r}:
+        spawner.gpu_wait_timeout = 5
+c.Spawner.pre_spawn_hook = _impatient
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory, proxy: None) -> Iterator[Hub]:
+    running = Hub(
+        tmp_path_factory.mktemp("hub"),
+        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
+        extra_config=CONFIG,
+        lease_ttl=900,  # the filler's leases, never renewed, outlive the module
+    )
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def ok(hub: Hub, token: str, method: str, path: str, body: Any = None) -> Any:
+    status, data = hub.api(token, method, path, body)
+    assert status in (200, 201, 204), f"{method} {path}: {status} {data}"
+    return data
+
+
+def spawn(hub: Hub, token: str, name: str, options: dict[str, Any]) -> requests.Response:
+    """POST the user's server with ``options`` through the hub's REST API, as the user."""
+    return requests.post(
+        f"{hub.url}/hub/api/users/{name}/server",
+        json=options,
+        headers={"Authorization": f"token {token}"},
+        timeout=60,
+    )
+
+
+class Progress:
+    """The hub's spawn progress stream (server-sent events) of one user, read in a thread."""
+
+    def __init__(self, hub: Hub, token: str, name: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._response = requests.get(
+            f"{hub.url}/hub/api/users/{name}/server/progress",
+            headers={"Authorization": f"token {token}"},
+            stream=True,
+            timeout=300,
+        )
+        assert self._response.status_code == 200, self._response.text
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(requests.RequestException, AttributeError):  # closed
+            for line in self._response.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    self.events.append(json.loads(line[5:]))
+
+    def messages(self) -> list[str]:
+        return [e.get("message", "") for e in self.events]
+
+    def close(self) -> None:
+        self._response.close()
+
+
+def test_gpu_servers_start_in_turn_and_the_waiting_user_sees_position_eta_then_grant(
+    hub: Hub,
+) -> None:
+    tokens = {name: hub.user(name) for name in ("alice", "bob", "carol", "filler")}
+    filled = [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})]
+    filled += [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})]
+    filled += [ok(hub, tokens["filler"], "POST", "requests", SLICE) for _ in range(3)]
+    progress = None
+    try:
+        envs = {}
+        for name in ("alice", "bob"):
+            assert spawn(hub, tokens[name], name, SLICE).status_code in (201, 202)
+            envs[name] = hub.ready_server_env(name)
+        devices = {name: env["CUDA_VISIBLE_DEVICES"] for name, env in envs.items()}
+        assert all(d.startswith("MIG-") for d in devices.values())
+        assert devices["alice"] != devices["bob"]
+        assert envs["alice"]["NVIDIA_VISIBLE_DEVICES"] == devices["alice"]
+        # each lease is its user's (the spawner's token acts for that user only), and the
+        # server's own token sees it: its kernels share the reservation
+        for name, env in envs.items():
+            mine = ok(hub, env["JUPYTERHUB_API_TOKEN"], "GET", "leases")["leases"]
+            assert [(x["id"], x["user"], x["devices"]) for x in mine] == [
+                (env[LEASE_ENV], name, [devices[name]])
+            ]
+        alice_lease = envs["alice"][LEASE_ENV]
+        assert hub.api(tokens["bob"], "DELETE", f"leases/{alice_lease}")[0] == 403
+
+        # the machine is full: carol's start waits, and her progress says where she is
+        assert spawn(hub, tokens["carol"], "carol", SLICE).status_code == 202
+        progress = Progress(hub, tokens["carol"], "carol")
+        wait_for(
+            "carol's position",
+            lambda: any("position 1 of 1" in m and "ETA" in m for m in progress.messages()),
+            log=hub.log,
+        )
+        waiting = next(m for m in progress.messages() if "position 1" in m)
+        assert waiting.startswith("Waiting for 1g.10gb (interactive)")
+        assert not hub.hub_api("GET", "users/carol")["servers"][""]["ready"]
+
+        # alice stops: her lease is released, and carol gets her slice
+        hub.stop_server("alice")
+        wait_for(
+            "alice's release",
+            lambda: not ok(hub, tokens["alice"], "GET", "leases")["leases"],
+            log=hub.log,
+        )
+        carol = hub.ready_server_env("carol")
+        assert carol["CUDA_VISIBLE_DEVICES"] == devices["alice"]
+        wait_for("the ready event", lambda: any(e.get("ready") for e in progress.events))
+        granted = [m for m in progress.messages() if m.startswith("Granted 1g.10gb")]
+        assert granted and devices["alice"] in granted[0]
+    finally:
+        if progress is not None:
+            progress.close()
+        for name in ("alice", "bob", "carol"):
+            hub.stop_server(name)
+        for r in filled:
+            hub.api(tokens["filler"], "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_cpu_only_server_starts_at_once_without_a_gpu(hub: Hub) -> None:
+    token = hub.user("dan")
+    try:
+        assert spawn(hub, token, "dan", {}).status_code in (201, 202)
+        env = hub.ready_server_env("dan")
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and LEASE_ENV not in env
+        assert not ok(hub, token, "GET", "requests")["requests"]
+    finally:
+        hub.stop_server("dan")
+
+
+def test_options_the_user_may_not_ask_for_are_refused_at_once_with_what_they_may(
+    hub: Hub,
+) -> None:
+    admin, dave = hub.user("admin"), hub.user("dave")
+    ok(hub, admin, "PUT", "quotas/user/dave", {"max_gpus": 0.1})
+    try:
+        refused = spawn(hub, dave, "dave", SLICE)
+        message = refused.json()["message"]
+        assert refused.status_code == 400, refused.text
+        assert "may hold at most 0.1" in message
+        assert "you may ask for a CPU-only server" in message and "1g.10gb" not in message
+        for options, says in (
+            ({"gpus": 1}, "0 GPU(s) with MIG disabled"),
+            ({"profile": "7g.80gb"}, "no GPU here offers MIG profile '7g.80gb'"),
+            ({"profile": "1g.10gb", "user": "alice"}, "unknown server option(s) user"),
+            ({"profile": "1g.10gb", "groups": ["lab"]}, "unknown server option(s) groups"),
+            ({"gpus": "all"}, "'gpus' must be a whole number"),
+        ):
+            refused = spawn(hub, dave, "dave", options)
+            assert refused.status_code == 400, (options, refused.text)
+            assert says in refused.json()["message"], (options, refused.text)
+        assert hub.hub_api("GET", "users/dave")["servers"] == {}
+        assert not ok(hub, dave, "GET", "requests")["requests"]
+    finally:
+        ok(hub, admin, "DELETE", "quotas/user/dave")
+
+
+def test_a_start_that_waits_past_its_limit_is_withdrawn_and_told_its_position(hub: Hub) -> None:
+    filler, token = hub.user("filler"), hub.user(IMPATIENT)
+    held = [ok(hub, filler, "POST", "requests", SLICE) for _ in range(7)]
+    try:
+        refused = spawn(hub, token, IMPATIENT, SLICE)  # the hub waits 10 s for a start
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["message"]
+        assert "No GPU for this server within 5 s (position 1 in the queue)" in message
+        assert "withdrawn" in message
+        assert not ok(hub, token, "GET", "requests")["requests"]
+        assert hub.hub_api("GET", f"users/{IMPATIENT}")["servers"] == {}
+    finally:
+        for r in held:
+            hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
