@@ -353,7 +353,7 @@ class GPUBrokerSpawnerMixin(Configurable):
             await self._give_back()
             self._revoke_token()
         elif self._gpu and self._gpu.get("lease_id"):
-            self._keep_lease()  # after a hub restart: renew the lease again
+            self._keep_lease(now=self._renewing is None)  # a restarted hub renews at once
         return status
 
     async def stop(self, now: bool = False) -> None:
@@ -373,9 +373,10 @@ class GPUBrokerSpawnerMixin(Configurable):
 
     # -- the lease
 
-    def _keep_lease(self) -> None:
-        """Renew the lease while the server lives (``keep_alive``); a lease the broker
-        ended (expired while the hub was down, reclaimed) stops the server."""
+    def _keep_lease(self, now: bool = False) -> None:
+        """Renew the lease while the server lives (``keep_alive``), ``now`` first (a
+        restarted hub: the lease went unrenewed while it was down); a lease the broker
+        ended (expired meanwhile, reclaimed) stops the server."""
         if self._renewing is not None and not self._renewing.done():
             return
         assert self._gpu is not None
@@ -383,7 +384,16 @@ class GPUBrokerSpawnerMixin(Configurable):
         client = self._client()
 
         async def renew() -> None:
-            lost = await keep_alive(client.renew, held)
+            lost = None
+            if now:
+                try:
+                    held["ttl_s"] = (await client.renew(held["id"]))["ttl_s"]
+                except BrokerAPIError as e:
+                    if e.status < 500:
+                        lost = Lost("gone" if e.status in (404, 409) else "refused", e.message)
+                except OSError:
+                    pass  # keep_alive retries until the lease's TTL runs out
+            lost = lost or await keep_alive(client.renew, held)
             if lost is not None:
                 await self._lost(lost)
 

@@ -22,6 +22,7 @@ IMPATIENT = "impatient"
 """The user whose GPU servers wait only 5 s in the queue (the test config's hook)."""
 
 CONFIG = f"""
+c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart (every test stops its own)
 c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600
 def _impatient(spawner):
     if spawner.user.name == {IMPATIENT!r}:
@@ -201,3 +202,30 @@ def test_a_start_that_waits_past_its_limit_is_withdrawn_and_told_its_position(hu
     finally:
         for r in held:
             hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_restarted_hub_keeps_a_servers_lease_renews_it_and_releases_it_on_stop(
+    hub: Hub,
+) -> None:
+    token = hub.user("erin")
+    try:
+        assert spawn(hub, token, "erin", SLICE).status_code in (201, 202)
+        lease_id = hub.ready_server_env("erin")[LEASE_ENV]
+        before = ok(hub, token, "GET", f"leases/{lease_id}")
+        hub.stop()
+        hub.start()
+        renewed = wait_for(
+            "the restarted hub's renewal",
+            lambda: (
+                (x := ok(hub, token, "GET", f"leases/{lease_id}"))["expires_at"]
+                > before["expires_at"]
+                and x
+            ),
+            log=hub.log,
+        )
+        assert renewed["state"] == "active"
+        assert hub.hub_api("GET", "users/erin")["servers"][""]["ready"]
+        hub.stop_server("erin")
+        assert ok(hub, token, "GET", f"leases/{lease_id}")["state"] == "released"
+    finally:
+        hub.stop_server("erin")
