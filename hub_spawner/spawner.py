@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from html import escape
 from typing import Any
 
 from jupyterhub import orm
@@ -129,6 +130,94 @@ class Choices:
     @staticmethod
     def free(devices: list[dict[str, Any]]) -> int:
         return sum(not d["holder"] and not d["drained"] and not d["vacating"] for d in devices)
+
+    def waits(self, **size: Any) -> str:
+        """The expected wait for one choice: at once when a device is free, else how many
+        wait for the same and when the last of them is expected to start."""
+        same = [e for e in self.overview["queue"] if all(e.get(k) == v for k, v in size.items())]
+        if not same:
+            return "starts at once" if self._free_for(**size) else "waits for a device to free"
+        last = same[-1]
+        return f"{len(same)} waiting for the same; the last expected {eta_text(last)}"
+
+    def _free_for(self, **size: Any) -> bool:
+        if "profile" in size:
+            return self.free(self.profiles.get(size["profile"], [])) > 0
+        if "gpus" in size:
+            return self.free(self.whole) >= size["gpus"]
+        return True
+
+    def form(self) -> str:
+        """The options form's fields (the hub's page wraps them in its form, with its XSRF
+        token): CPU only, N whole GPUs, a MIG profile or any device with at least X GB, and
+        the class; what is free now, the user's quota and holdings, the expected wait."""
+        row = (
+            '<div class="form-check"><input class="form-check-input" type="radio" '
+            'name="gpu_kind" id="gpu-{kind}" value="{kind}"{checked}>'
+            '<label class="form-check-label" for="gpu-{kind}">{label}</label> {field}'
+            '<div class="form-text">{note}</div></div>'
+        )
+        rows = [
+            row.format(
+                kind="cpu",
+                checked=" checked",
+                label="CPU only",
+                field="",
+                note="starts at once; GPU kernels ask the broker themselves",
+            )
+        ]
+        if self.whole:
+            free = self.free(self.whole)
+            rows.append(
+                row.format(
+                    kind="gpus",
+                    checked="",
+                    label="Whole GPUs:",
+                    field=f'<input type="number" name="gpus" min="1" max="{len(self.whole)}" '
+                    'value="1" aria-label="number of GPUs">',
+                    note=f"{free} of {len(self.whole)} free now; one " + escape(self.waits(gpus=1)),
+                )
+            )
+        if self.profiles:
+            options = "".join(
+                f'<option value="{escape(p)}">{escape(p)}: {self.free(ds)} of {len(ds)} free; '
+                f"{escape(self.waits(profile=p))}</option>"
+                for p, ds in sorted(self.profiles.items())
+            )
+            rows.append(
+                row.format(
+                    kind="profile",
+                    checked="",
+                    label="A MIG slice:",
+                    field=f'<select name="profile" aria-label="MIG profile">{options}</select>',
+                    note="",
+                )
+            )
+        if self.largest_gb:
+            rows.append(
+                row.format(
+                    kind="min_memory_gb",
+                    checked="",
+                    label="Any device with at least",
+                    field='<input type="number" name="min_memory_gb" min="1" step="any" '
+                    f'max="{self.largest_gb:.0f}" value="10" aria-label="GB"> GB',
+                    note=f"the largest has {self.largest_gb:.0f} GB",
+                )
+            )
+        classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
+        quota = (
+            f"your quota: at most {self.max_gpus:g} GPU-equivalents at once"
+            if self.max_gpus is not None
+            else "no quota of your own"
+        )
+        return (
+            '<fieldset class="gpubroker-options"><legend>GPU</legend>'
+            + "".join(rows)
+            + '<div class="mt-2"><label for="gpu-class">Class</label> '
+            f'<select name="job_class" id="gpu-class">{classes}</select></div>'
+            f'<p class="form-text">You hold {self.held:g} GPU-equivalents now; {quota}; '
+            f"{self.overview['length']} request(s) in the queue.</p></fieldset>"
+        )
 
     def text(self) -> str:
         """One sentence: "you may ask for a CPU-only server, up to 8 whole GPUs, ..."."""
@@ -249,6 +338,28 @@ class GPUBrokerSpawnerMixin(Configurable):
         return SpawnException(message, reason="gpu_request", status_code=400)
 
     # -- the spawner's lifecycle
+
+    @default("options_form")
+    def _gpu_options_form(self) -> Any:
+        async def form(spawner: GPUBrokerSpawnerMixin) -> str:
+            return await spawner._render_options_form()
+
+        return form
+
+    @default("options_from_form")
+    def _gpu_options_from_form(self) -> Any:
+        return options_from_form
+
+    async def _render_options_form(self) -> str:
+        """The form, live from the broker; CPU only, saying why, when it cannot be read."""
+        try:
+            return (await self._choices(self._client())).form()
+        except (BrokerAPIError, OSError, SpawnException) as e:
+            why = escape(getattr(e, "message", None) or getattr(e, "log_message", None) or str(e))
+            return (
+                '<input type="hidden" name="gpu_kind" value="cpu">'
+                f"<p>A CPU-only server: the GPU broker cannot be asked now ({why}).</p>"
+            )
 
     @default("apply_user_options")
     def _check_user_options(self) -> Any:

@@ -229,3 +229,40 @@ def test_a_restarted_hub_keeps_a_servers_lease_renews_it_and_releases_it_on_stop
         assert ok(hub, token, "GET", f"leases/{lease_id}")["state"] == "released"
     finally:
         hub.stop_server("erin")
+
+
+def login(hub: Hub, name: str) -> requests.Session:
+    """A browser's session of ``name`` (the example's dummy authenticator)."""
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    form = {"username": name, "password": "any", "_xsrf": s.cookies.get("_xsrf", path="/hub/")}
+    assert s.post(f"{hub.url}/hub/login", data=form, timeout=30).ok
+    return s
+
+
+def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascript(
+    hub: Hub,
+) -> None:
+    filler, token = hub.user("filler"), hub.user("fay")
+    held = [ok(hub, filler, "POST", "requests", SLICE) for _ in range(2)]
+    browser = login(hub, "fay")
+    try:
+        page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
+        assert page.status_code == 200
+        assert 'name="gpu_kind" id="gpu-cpu" value="cpu" checked' in page.text
+        assert "1g.10gb: 5 of 7 free; starts at once" in page.text
+        assert "You hold 0 GPU-equivalents now; no quota of your own" in page.text
+        assert "largest has 10 GB" in page.text and "Whole GPUs" not in page.text
+
+        choice = {"gpu_kind": "profile", "profile": "1g.10gb", "job_class": "batch"}
+        choice["_xsrf"] = browser.cookies.get("_xsrf", path="/hub/")
+        assert browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60).ok
+        env = hub.ready_server_env("fay")
+        lease = ok(hub, token, "GET", f"leases/{env[LEASE_ENV]}")
+        assert lease["user"] == "fay" and env["CUDA_VISIBLE_DEVICES"] == lease["devices"][0]
+        request = ok(hub, token, "GET", f"requests/{lease['request_id']}")
+        assert request["job_class"] == "batch"
+    finally:
+        hub.stop_server("fay")
+        for r in held:
+            hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
