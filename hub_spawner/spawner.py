@@ -39,6 +39,7 @@ from jupyter_gpubroker.broker.errors import BrokerError
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.text import duration
 from jupyter_gpubroker.client import (
+    SERVER_LEASE_ENV,
     BrokerAPIError,
     BrokerClient,
     GrantTimeout,
@@ -53,8 +54,7 @@ from .service import API_PATH, USE_SCOPE
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 OPTION_FIELDS = (*SIZE_FIELDS, "job_class")
 JOB_CLASSES = ("interactive", "batch")
-LEASE_ENV = "GPUBROKER_SERVER_LEASE"
-"""The server's lease id in its environment: its kernels hold that reservation already."""
+LEASE_ENV = SERVER_LEASE_ENV
 
 
 def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -96,6 +96,18 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         except ValueError:
             options["min_memory_gb"] = value
     return options
+
+
+def waiting_message(request: dict[str, Any], ahead: dict[str, int], length: int) -> str:
+    """Where a waiting server's request is: "Waiting for 1g.10gb (interactive): position 2
+    of 5, requests ahead: 1 interactive; ETA 10:40 (10:20-11:30)"."""
+    position = request.get("position") or 0
+    before = ", ".join(f"{n} {cls}" for cls, n in sorted(ahead.items()) if n) or "none"
+    return (
+        f"Waiting for {size_text(request)} ({request['job_class']}): position "
+        f"{position or '?'} of {max(length, position)}, requests ahead: {before}; "
+        f"ETA {eta_text(request)}"
+    )
 
 
 class Choices:
@@ -554,16 +566,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         self._progressed = asyncio.Event()
 
     def _waiting(self, request: dict[str, Any], ahead: dict[str, int], length: int) -> None:
-        """A progress message for a waiting request: "Waiting for 1g.10gb (interactive):
-        position 2 of 5, 1 interactive request ahead; ETA 10:40 (10:20-11:30)"."""
-        position = request.get("position") or "?"
-        before = ", ".join(f"{n} {cls}" for cls, n in sorted(ahead.items()) if n) or "none"
-        self._report(
-            20,
-            f"Waiting for {size_text(request)} ({request['job_class']}): position {position} "
-            f"of {max(length, position if isinstance(position, int) else 0)}, requests "
-            f"ahead: {before}; ETA {eta_text(request)}",
-        )
+        self._report(20, waiting_message(request, ahead, length))
 
     async def progress(self) -> Any:
         """The broker's story of this start (queue position, ETA, the grant), live, then

@@ -39,6 +39,9 @@ URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
 JUPYTER_TOKEN_ENV = "GPUBROKER_JUPYTER_TOKEN"
 HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"
+SERVER_LEASE_ENV = "GPUBROKER_SERVER_LEASE"
+"""A server with a GPU of its own (the hub's GPU spawner) names its lease here; its kernels
+share that reservation instead of asking again."""
 
 
 def user_token_from_env() -> str:
