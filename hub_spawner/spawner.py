@@ -298,7 +298,7 @@ class GPUBrokerSpawnerMixin(Configurable):
                 f"no GPU broker service {self.gpubroker_service!r} with a url in "
                 "c.JupyterHub.services: add it, or set c.GPUBrokerSpawner.gpubroker_url",
                 reason="gpubroker_config",
-                status_code=500,
+                status_code=503,
             )
         return url_path_join(service.url, service.prefix, API_PATH)
 
