@@ -125,6 +125,7 @@ class Choices:
         user = overview["me"]["user"]
         mine = [q for q in quotas if (q["kind"], q["name"]) == ("user", user)]
         self.max_gpus: float | None = mine[0]["max_gpus"] if mine else None
+        self.share: float | None = mine[0]["share"] if mine else None
         self.largest_gb = (
             max(
                 (d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])),
@@ -218,17 +219,19 @@ class Choices:
             )
         classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
         quota = (
-            f"your quota: at most {self.max_gpus:g} GPU-equivalents at once"
+            f"your quota: at most {self.max_gpus:g} GPU-equivalents at once "
+            f"({max(0.0, self.max_gpus - self.held):g} left)"
             if self.max_gpus is not None
             else "no quota of your own"
         )
+        share = f"your share: {self.share:g}" if self.share is not None else "the default share"
         return (
             '<fieldset class="gpubroker-options"><legend>GPU</legend>'
             + "".join(rows)
             + '<div class="mt-2"><label for="gpu-class">Class</label> '
             f'<select name="job_class" id="gpu-class">{classes}</select></div>'
             f'<p class="form-text">You hold {self.held:g} GPU-equivalents now; {quota}; '
-            f"{self.overview['length']} request(s) in the queue.</p></fieldset>"
+            f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
         )
 
     def text(self) -> str:

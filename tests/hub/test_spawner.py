@@ -5,7 +5,10 @@ user) on the simulated machine (one H100 in seven 1g.10gb slices)."""
 from __future__ import annotations
 
 import contextlib
+import html
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +27,7 @@ IMPATIENT = "impatient"
 CONFIG = f"""
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart (every test stops its own)
 c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600
+c.Spawner.poll_interval = 2  # a dead server is noticed within seconds
 def _impatient(spawner):
     if spawner.user.name == {IMPATIENT!r}:
         spawner.gpu_wait_timeout = 5
@@ -251,7 +255,7 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         assert page.status_code == 200
         assert 'name="gpu_kind" id="gpu-cpu" value="cpu" checked' in page.text
         assert "1g.10gb: 5 of 7 free; starts at once" in page.text
-        assert "You hold 0 GPU-equivalents now; no quota of your own" in page.text
+        assert "You hold 0 GPU-equivalents now; no quota of your own; the default" in page.text
         assert "largest has 10 GB" in page.text and "Whole GPUs" not in page.text
 
         choice = {"gpu_kind": "profile", "profile": "1g.10gb", "job_class": "batch"}
@@ -262,7 +266,34 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         assert lease["user"] == "fay" and env["CUDA_VISIBLE_DEVICES"] == lease["devices"][0]
         request = ok(hub, token, "GET", f"requests/{lease['request_id']}")
         assert request["job_class"] == "batch"
+        hub.stop_server("fay")
+
+        # over quota from the form: the page says why, and no server starts
+        ok(hub, hub.user("admin"), "PUT", "quotas/user/fay", {"max_gpus": 0.1, "share": 2})
+        page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
+        assert "at most 0.1 GPU-equivalents at once (0.1 left); your share: 2" in page.text
+        refused = browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60)
+        assert "may hold at most 0.1" in html.unescape(refused.text)
+        assert hub.hub_api("GET", "users/fay")["servers"] == {}
     finally:
+        hub.api(hub.user("admin"), "DELETE", "quotas/user/fay")
         hub.stop_server("fay")
         for r in held:
             hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_server_that_dies_gives_its_gpu_back(hub: Hub) -> None:
+    token = hub.user("gus")
+    try:
+        assert spawn(hub, token, "gus", SLICE).status_code in (201, 202)
+        env = hub.ready_server_env("gus")
+        pid = hub.hub_api("GET", "users/gus")["servers"][""]["state"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        released = wait_for(
+            "the dead server's release",
+            lambda: ok(hub, token, "GET", f"leases/{env[LEASE_ENV]}")["state"] == "released",
+            log=hub.log,
+        )
+        assert released and hub.hub_api("GET", "users/gus")["servers"] == {}
+    finally:
+        hub.stop_server("gus")
