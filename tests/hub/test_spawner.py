@@ -17,6 +17,7 @@ import pytest
 import requests
 from live_hub import Hub, wait_for
 
+from hub_spawner.service import USE_SCOPE as USE
 from hub_spawner.spawner import LEASE_ENV
 
 pytestmark = pytest.mark.hub
@@ -64,6 +65,12 @@ def spawn(hub: Hub, token: str, name: str, options: dict[str, Any]) -> requests.
         headers={"Authorization": f"token {token}"},
         timeout=60,
     )
+
+
+def spawner_tokens(hub: Hub, name: str) -> list[list[str]]:
+    """The scopes of each hub token the GPU spawner holds for ``name``'s server."""
+    tokens = hub.hub_api("GET", f"users/{name}/tokens")["api_tokens"]
+    return [sorted(t["scopes"]) for t in tokens if t["note"] == f"gpubroker spawner of {name}"]
 
 
 class Progress:
@@ -120,6 +127,11 @@ def test_gpu_servers_start_in_turn_and_the_waiting_user_sees_position_eta_then_g
             ]
         alice_lease = envs["alice"][LEASE_ENV]
         assert hub.api(tokens["bob"], "DELETE", f"leases/{alice_lease}")[0] == 403
+        # the spawner's own token of alice's: the broker (and who she is) only
+        identify = ["read:users:groups!user=alice", "read:users:name!user=alice"]
+        assert spawner_tokens(hub, "alice") == [
+            ["access:services!service=gpubroker", USE, *identify]
+        ]
 
         # the machine is full: carol's start waits, and her progress says where she is
         assert spawn(hub, tokens["carol"], "carol", SLICE).status_code == 202
@@ -140,6 +152,7 @@ def test_gpu_servers_start_in_turn_and_the_waiting_user_sees_position_eta_then_g
             lambda: not ok(hub, tokens["alice"], "GET", "leases")["leases"],
             log=hub.log,
         )
+        assert spawner_tokens(hub, "alice") == []  # revoked with the server
         carol = hub.ready_server_env("carol")
         assert carol["CUDA_VISIBLE_DEVICES"] == devices["alice"]
         wait_for("the ready event", lambda: any(e.get("ready") for e in progress.events))
