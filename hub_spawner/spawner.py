@@ -98,13 +98,17 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
     return options
 
 
-def waiting_message(request: dict[str, Any], ahead: dict[str, int], length: int) -> str:
-    """Where a waiting server's request is: "Waiting for 1g.10gb (interactive): position 2
-    of 5, requests ahead: 1 interactive; ETA 10:40 (10:20-11:30)"."""
+def waiting_message(
+    request: dict[str, Any], ahead: dict[str, int], length: int, reason: str = ""
+) -> str:
+    """Where a waiting server's request is and why: "Waiting for 1g.10gb (interactive):
+    every 1g.10gb is in use; position 2 of 5, requests ahead: 1 interactive; ETA 10:40
+    (10:20-11:30)"."""
     position = request.get("position") or 0
     before = ", ".join(f"{n} {cls}" for cls, n in sorted(ahead.items()) if n) or "none"
+    why = f"{reason}; " if reason else ""
     return (
-        f"Waiting for {size_text(request)} ({request['job_class']}): position "
+        f"Waiting for {size_text(request)} ({request['job_class']}): {why}position "
         f"{position or '?'} of {max(length, position)}, requests ahead: {before}; "
         f"ETA {eta_text(request)}"
     )
@@ -152,6 +156,30 @@ class Choices:
             return "starts at once" if self._free_for(**size) else "waits for a device to free"
         last = same[-1]
         return f"{len(same)} waiting for the same; the last expected {eta_text(last)}"
+
+    def blocked(self, request: dict[str, Any]) -> str:
+        """Why a request waits, in words: the user's own quota, or every fitting device
+        being in use."""
+        if request.get("profile"):
+            fits = self.profiles.get(request["profile"], [])
+        elif request.get("gpus"):
+            fits = self.whole
+        else:
+            fits = [
+                d
+                for g in self.overview["gpus"]
+                for d in g["devices"]
+                if d["memory_mib"] >= 1024 * request["min_memory_gb"]
+            ]
+        eq = min((d["gpu_equivalents"] for d in fits), default=0.0)
+        if request.get("gpus"):
+            eq = float(request["gpus"])
+        if self.max_gpus is not None and self.held + eq > self.max_gpus + 1e-9:
+            return (
+                f"you hold {self.held:g} of the {self.max_gpus:g} GPU-equivalents your quota "
+                "allows at once: it starts once you give some back"
+            )
+        return f"every {size_text(request)} is in use"
 
     def _free_for(self, **size: Any) -> bool:
         if "profile" in size:
@@ -288,6 +316,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         self._progress: list[dict[str, Any]] = []
         self._progressed = asyncio.Event()
         self._wants_gpu = False
+        self._why_waiting = ""
 
     # -- the broker, as the server's user
 
@@ -423,6 +452,10 @@ class GPUBrokerSpawnerMixin(Configurable):
             raise self._unreachable(e.strerror or str(e)) from None
         self._gpu = {"request_id": request["id"]}
         if request["state"] == "queued":
+            try:
+                self._why_waiting = (await self._choices(client)).blocked(request)
+            except (BrokerAPIError, OSError):
+                self._why_waiting = ""
             self._waiting(request, {}, request.get("position") or 0)
             try:
                 request = await client.wait_for_grant(
@@ -569,7 +602,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         self._progressed = asyncio.Event()
 
     def _waiting(self, request: dict[str, Any], ahead: dict[str, int], length: int) -> None:
-        self._report(20, waiting_message(request, ahead, length))
+        self._report(20, waiting_message(request, ahead, length, self._why_waiting))
 
     async def progress(self) -> Any:
         """The broker's story of this start (queue position, ETA, the grant), live, then

@@ -142,7 +142,7 @@ def test_gpu_servers_start_in_turn_and_the_waiting_user_sees_position_eta_then_g
             log=hub.log,
         )
         waiting = next(m for m in progress.messages() if "position 1" in m)
-        assert waiting.startswith("Waiting for 1g.10gb (interactive)")
+        assert waiting.startswith("Waiting for 1g.10gb (interactive): every 1g.10gb is in use")
         assert not hub.hub_api("GET", "users/carol")["servers"][""]["ready"]
 
         # alice stops: her lease is released, and carol gets her slice

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hub_spawner.spawner import (
+    Choices,
     GPUBrokerSpawner,
     SimpleGPUBrokerSpawner,
     gpu_request,
@@ -95,5 +96,41 @@ def test_a_waiting_start_says_its_position_the_requests_ahead_and_its_eta() -> N
         f"Waiting for 1g.10gb (interactive): position 2 of 5, requests ahead: 1 interactive; "
         f"ETA {eta}"
     )
+    because = waiting_message(request, {}, 2, "every 1g.10gb is in use")
+    assert because.startswith("Waiting for 1g.10gb (interactive): every 1g.10gb is in use; pos")
     unknown = {**request, "eta": None, "eta_range": None, "eta_known": False}
     assert waiting_message(unknown, {}, 2).endswith("requests ahead: none; ETA unknown; position 2")
+
+
+def overview(user: str, held: int) -> dict:
+    """The broker's overview of one GPU in seven 1g.10gb slices, ``held`` of them by ``user``."""
+    slices = [
+        {
+            "kind": "mig",
+            "profile": "1g.10gb",
+            "memory_mib": 9856,
+            "gpu_equivalents": 0.1429,
+            "holder": {"user": user} if i < held else None,
+            "drained": None,
+            "vacating": None,
+        }
+        for i in range(7)
+    ]
+    return {"me": {"user": user}, "gpus": [{"devices": slices}], "queue": [], "length": 0}
+
+
+def test_a_wait_and_a_refusal_say_what_the_quota_allows() -> None:
+    quota = [{"kind": "user", "name": "ann", "max_gpus": 0.3, "share": None}]
+    choices = Choices(overview("ann", 2), quota)
+    assert choices.blocked({"profile": "1g.10gb"}) == (
+        "you hold 0.2858 of the 0.3 GPU-equivalents your quota allows at once: it starts "
+        "once you give some back"
+    )
+    assert Choices(overview("ann", 1), quota).blocked({"profile": "1g.10gb"}) == (
+        "every 1g.10gb is in use"
+    )
+    assert choices.text() == (
+        "you may ask for a CPU-only server (no options), a MIG profile (1g.10gb), "
+        "min_memory_gb up to 10, with job_class interactive or batch; your quota: at most "
+        "0.3 GPU-equivalents at once"
+    )
