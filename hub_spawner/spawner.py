@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from html import escape
 from typing import Any
 
@@ -130,13 +131,10 @@ class Choices:
         mine = [q for q in quotas if (q["kind"], q["name"]) == ("user", user)]
         self.max_gpus: float | None = mine[0]["max_gpus"] if mine else None
         self.share: float | None = mine[0]["share"] if mine else None
-        self.largest_gb = (
-            max(
-                (d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])),
-                default=0,
-            )
-            / 1024
-        )
+        sizes = [d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])]
+        # GB as the broker compares them (MiB / 1024), rounded down: a size shown fits
+        self.largest_gb = math.floor(max(sizes, default=0) / 102.4) / 10
+        self.smallest_gb = math.floor(min(sizes, default=0) / 102.4) / 10
         self.held = sum(
             d["gpu_equivalents"] for d in devices if (d["holder"] or {}).get("user") == user
         )
@@ -241,8 +239,8 @@ class Choices:
                     checked="",
                     label="Any device with at least",
                     field='<input type="number" name="min_memory_gb" min="1" step="any" '
-                    f'max="{self.largest_gb:.0f}" value="10" aria-label="GB"> GB',
-                    note=f"the largest has {self.largest_gb:.0f} GB",
+                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GB"> GB',
+                    note=f"the largest has {self.largest_gb:g} GB",
                 )
             )
         classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
@@ -276,7 +274,7 @@ class Choices:
         if allowed:
             offers.append(f"a MIG profile ({', '.join(allowed)})")
         if self.largest_gb:
-            offers.append(f"min_memory_gb up to {self.largest_gb:.0f}")
+            offers.append(f"min_memory_gb up to {self.largest_gb:g}")
         quota = (
             f"; your quota: at most {self.max_gpus:g} GPU-equivalents at once"
             if self.max_gpus is not None

@@ -131,6 +131,8 @@ def test_a_wait_and_a_refusal_say_what_the_quota_allows() -> None:
     )
     assert choices.text() == (
         "you may ask for a CPU-only server (no options), a MIG profile (1g.10gb), "
-        "min_memory_gb up to 10, with job_class interactive or batch; your quota: at most "
+        "min_memory_gb up to 9.6, with job_class interactive or batch; your quota: at most "
         "0.3 GPU-equivalents at once"
     )
+    # sizes shown are ones that fit: 9856 MiB is 9.625 GB, offered as 9.6
+    assert 'max="9.6" value="9.6"' in choices.form()
