@@ -2,5 +2,7 @@
 
 ``service``: the broker as a hub-managed service (``jupyter gpubroker service``), one
 broker for every user of the hub, serving the broker API through HubAuth and the
-``custom:gpubroker:*`` scopes. The GPU spawner mixins and the hub pages come next.
+``custom:gpubroker:*`` scopes. ``spawner``: the GPU spawner (``GPUBrokerSpawnerMixin``,
+``GPUBrokerSpawner``), a GPU or MIG slice for a user's whole server from that service. The
+hub pages come next.
 """

@@ -39,6 +39,9 @@ URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
 JUPYTER_TOKEN_ENV = "GPUBROKER_JUPYTER_TOKEN"
 HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"
+SERVER_LEASE_ENV = "GPUBROKER_SERVER_LEASE"
+"""A server with a GPU of its own (the hub's GPU spawner) names its lease here; its kernels
+share that reservation instead of asking again."""
 
 
 def user_token_from_env() -> str:
@@ -224,6 +227,13 @@ class BrokerClient:
     async def me(self) -> dict[str, Any]:
         return await self.call("GET", "me")  # type: ignore[no-any-return]
 
+    async def overview(self) -> dict[str, Any]:
+        return await self.call("GET", "overview")  # type: ignore[no-any-return]
+
+    async def quotas(self) -> list[dict[str, Any]]:
+        """Every quota an admin sees; a user's own."""
+        return (await self.call("GET", "quotas"))["quotas"]  # type: ignore[no-any-return]
+
     async def devices(self) -> list[dict[str, Any]]:
         return (await self.call("GET", "devices"))["gpus"]  # type: ignore[no-any-return]
 
@@ -369,12 +379,18 @@ class BrokerClient:
             await asyncio.sleep(wait)
             wait = min(2 * wait, 30.0)
 
-    async def wait_for_grant(self, request_id: str, timeout: float) -> dict[str, Any]:
+    async def wait_for_grant(
+        self,
+        request_id: str,
+        timeout: float,
+        on_wait: Callable[[dict[str, Any], dict[str, int], int], None] | None = None,
+    ) -> dict[str, Any]:
         """The request once granted (with its ``lease``), following the event stream and
         renewing the request meanwhile (a waiter that dies stops renewing: its request
         expires instead of being granted to nobody). The request is read when the stream
         starts (or restarts from a snapshot) and once granted; positions come with the
-        events, and a reconnect resumes the stream where it broke.
+        events (``on_wait(request, ahead by class, queue length)`` for each that names
+        it), and a reconnect resumes the stream where it broke.
 
         Giving up withdraws the request: after ``timeout`` seconds (``GrantTimeout``) or
         when the wait is cancelled (Ctrl-C, an abandoned kernel start). Raises
@@ -387,6 +403,10 @@ class BrokerClient:
             async with contextlib.aclosing(self.follow()) as events:
                 async for message in events:
                     kind, data = message["type"], message["data"]
+                    if on_wait is not None and kind in ("hello", "positions"):
+                        mine = [r for r in data["requests"] if r["id"] == request_id]
+                        if mine:
+                            on_wait(mine[0], data["ahead"][request_id], data["queue_length"])
                     if kind in ("hello", "snapshot") or (
                         kind == "granted" and data.get("request_id") == request_id
                     ):

@@ -61,9 +61,13 @@ def wait_for(what: str, check: Any, timeout_s: float = 90.0, log: Path | None = 
 class Hub:
     """One running hub, its broker service and the users the tests made."""
 
-    def __init__(self, home: Path, **broker: Any) -> None:
-        """``broker``: ``c.GPUBroker`` options of the service beyond the example's."""
-        self.home = home
+    def __init__(
+        self, home: Path, spawner: str = "", extra_config: str = "", **broker: Any
+    ) -> None:
+        """``spawner``: the hub's ``spawner_class`` instead of the example's; ``extra_config``:
+        lines appended to the hub's config; ``broker``: ``c.GPUBroker`` options of the
+        service beyond the example's."""
+        self.home, self.spawner, self.extra_config = home, spawner, extra_config
         self.broker = {
             "simulate": "dgx-h100-mig:1",
             "tick_interval": 0.5,
@@ -117,6 +121,7 @@ c.SimpleLocalProcessSpawner.home_dir_template = "{self.home}/users/{{username}}"
 c.Spawner.args = {["--allow-root"] if os.geteuid() == 0 else []!r}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
+{f"c.JupyterHub.spawner_class = {self.spawner!r}" if self.spawner else ""}
 c.JupyterHub.services.append({{"name": "e2e-admin", "api_token": "{self.admin_token}"}})
 c.JupyterHub.load_roles.append(
     {{
@@ -127,6 +132,7 @@ c.JupyterHub.load_roles.append(
         "services": ["e2e-admin"],
     }}
 )
+{self.extra_config}
 """
 
     def start(self) -> None:
@@ -224,6 +230,10 @@ c.JupyterHub.load_roles.append(
         """Start ``name``'s server through the hub and wait until it is ready; the
         environment the hub gave it (its ``JUPYTERHUB_API_TOKEN``, ``GPUBROKER_URL``)."""
         self.hub_api("POST", f"users/{name}/server", expect=None)
+        return self.ready_server_env(name)
+
+    def ready_server_env(self, name: str) -> dict[str, str]:
+        """Wait until ``name``'s server (however it was started) is ready; its environment."""
 
         def ready() -> dict[str, Any] | None:
             server = self.hub_api("GET", f"users/{name}")["servers"].get("", {})

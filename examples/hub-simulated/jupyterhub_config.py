@@ -11,9 +11,12 @@ The broker runs as the hub-managed service "gpubroker" on a simulated DGX H100 w
 eight GPUs are cut in MIG slices (gpubroker_config.py), its state in gpubroker.sqlite
 in the directory the hub starts in, its API at /services/gpubroker/api/v1/. Every user
 may use it (custom:gpubroker:use), the admin administers it (custom:gpubroker:admin).
-Single-user servers (LocalProcessSpawner, all as this OS user: a demo too) find it in
-$GPUBROKER_URL and call it with their own $JUPYTERHUB_API_TOKEN. Their GPU kernels need
-the GPU kernelspecs installed once where every server finds them:
+Single-user servers (the GPU spawner over LocalProcessSpawner, all as this OS user: a demo
+too) start CPU-only or with a GPU or MIG slice of their own, chosen on the spawn page's
+form, waiting in the broker's queue with its position and ETA on the spawn page; they find
+the broker in $GPUBROKER_URL and call it with their own $JUPYTERHUB_API_TOKEN.
+Their GPU kernels (in a CPU-only server) need the GPU kernelspecs installed once where
+every server finds them:
 
     jupyter gpubroker kernelspec install --gpu 1g.10gb --sys-prefix
     jupyter gpubroker kernelspec install --on-demand --sys-prefix
@@ -37,7 +40,11 @@ c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.authenticator_class = "dummy"  # DEMO: any user name, any password
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {ADMIN}
-c.JupyterHub.spawner_class = "simple"  # LocalProcessSpawner as this OS user, homes in /tmp
+# the GPU spawner over SimpleLocalProcessSpawner (every server as this OS user, homes in
+# /tmp; "gpubroker" once installed, or GPUBrokerSpawner for real OS users)
+c.JupyterHub.spawner_class = "hub_spawner.spawner.SimpleGPUBrokerSpawner"
+c.Spawner.start_timeout = 120  # once the GPU is granted; the queue's wait comes on top
+c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 1800
 
 # -- the broker's permissions: custom scopes the service enforces
 c.JupyterHub.custom_scopes = {

@@ -15,6 +15,9 @@ Shutdown gives back every request the kernel owns, ``%gpu`` ones included; a
 restart gives back all but the provisioner's own (the new process has not
 pinned their devices).
 
+In a server that holds a GPU of its own (``$GPUBROKER_SERVER_LEASE``, set by the hub's
+GPU spawner) a kernel shares the server's devices: it asks for nothing.
+
 It reaches the broker over the HTTP API: the one embedded in this server (with
 the kernel's own token, issued in-process), or ``broker_url`` when the broker
 runs elsewhere (a JupyterHub service, with ``jupyter_token``): by default the
@@ -44,7 +47,15 @@ from jupyter_server.base.call_context import CallContext
 from traitlets import Bool, Enum, Float, Int, Unicode, default, observe
 
 from ..api.rules import BrokerAPI
-from ..client import BrokerAPIError, BrokerClient, GrantTimeout, Lost, keep_alive, kernel_report
+from ..client import (
+    SERVER_LEASE_ENV,
+    BrokerAPIError,
+    BrokerClient,
+    GrantTimeout,
+    Lost,
+    keep_alive,
+    kernel_report,
+)
 from ..runtime import GPUBroker
 from . import registry
 from .reclaimer import ServerKernels
@@ -109,6 +120,10 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
     # -- jupyter_client hooks
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        shared = (kwargs.get("env") or os.environ).get(SERVER_LEASE_ENV)
+        if shared:  # the server's reservation is this kernel's: no second request
+            self.log.info("Kernel %s shares its server's GPU (lease %s)", self.kernel_id, shared)
+            return await super().pre_launch(**kwargs)  # type: ignore[no-any-return]
         if self._kernel_token is None:  # a restart keeps the kernel's token and its user
             await self._issue_token()
         client = self._client()

@@ -1,7 +1,8 @@
 """The ``hub`` fixture: one real JupyterHub with the broker service per test module
 (``live_hub.Hub``), with the ``c.GPUBroker`` options a module's ``hub_options`` fixture
 returns. Without configurable-http-proxy the tests are skipped, except in CI
-(``CI=true``), where that is a failure."""
+(``CI=true``), where that is a failure (the ``proxy`` fixture, for a module that starts a
+``Hub`` of its own)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,23 @@ PROXY = "configurable-http-proxy"
 
 
 @pytest.fixture(scope="module")
+def proxy() -> None:
+    if shutil.which(PROXY) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
+        pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
+
+
+@pytest.fixture(scope="module")
 def hub_options() -> dict[str, Any]:
     """The service's ``c.GPUBroker`` options beyond ``Hub``'s own (a module overrides it)."""
     return {}
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory, hub_options: dict[str, Any]) -> Iterator[Hub]:
-    if shutil.which(PROXY) is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
-        pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
+def hub(
+    tmp_path_factory: pytest.TempPathFactory, proxy: None, hub_options: dict[str, Any]
+) -> Iterator[Hub]:
     running = Hub(tmp_path_factory.mktemp("hub"), **hub_options)
     try:
         running.start()

@@ -215,3 +215,17 @@ def test_the_deprecated_broker_token_still_configures_the_jupyter_token(caplog) 
     provisioner = GPUProvisioner(kernel_id="k1", config=c)
     assert provisioner.jupyter_token == "hub-token"
     assert "set GPUProvisioner.jupyter_token" in caplog.text
+
+
+async def test_a_kernel_in_a_server_with_its_own_gpu_shares_it(
+    jp_serverapp, gpu_kernelspec, api, run_in_kernel, monkeypatch
+):
+    """The hub's GPU spawner names the server's lease: a GPU kernel asks for nothing more."""
+    monkeypatch.setenv("GPUBROKER_SERVER_LEASE", "l-server")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-the-servers")
+    mkm = jp_serverapp.kernel_manager
+    kid = await mkm.start_kernel(kernel_name=gpu_kernelspec())
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    assert await run_in_kernel(mkm.get_kernel(kid), code) == "MIG-the-servers"
+    assert (await api("GET", "requests"))[1]["requests"] == []
+    await mkm.shutdown_kernel(kid)

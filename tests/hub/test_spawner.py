@@ -1,0 +1,312 @@
+"""GPU servers end to end: a real hub and proxy, the broker service and the GPU spawner
+(``SimpleGPUBrokerSpawner``: the mixin over LocalProcessSpawner, every server as this OS
+user) on the simulated machine (one H100 in seven 1g.10gb slices)."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from live_hub import Hub, wait_for
+
+from hub_spawner.service import USE_SCOPE as USE
+from hub_spawner.spawner import LEASE_ENV
+
+pytestmark = pytest.mark.hub
+SLICE = {"profile": "1g.10gb"}
+IMPATIENT = "impatient"
+"""The user whose GPU servers wait only 5 s in the queue (the test config's hook)."""
+
+CONFIG = f"""
+c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart (every test stops its own)
+c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600
+c.Spawner.poll_interval = 2  # a dead server is noticed within seconds
+def _impatient(spawner):
+    if spawner.user.name == {IMPATIENT!r}:
+        spawner.gpu_wait_timeout = 5
+c.Spawner.pre_spawn_hook = _impatient
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory, proxy: None) -> Iterator[Hub]:
+    running = Hub(
+        tmp_path_factory.mktemp("hub"),
+        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
+        extra_config=CONFIG,
+        lease_ttl=900,  # the filler's leases, never renewed, outlive the module
+    )
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def ok(hub: Hub, token: str, method: str, path: str, body: Any = None) -> Any:
+    status, data = hub.api(token, method, path, body)
+    assert status in (200, 201, 204), f"{method} {path}: {status} {data}"
+    return data
+
+
+def spawn(hub: Hub, token: str, name: str, options: dict[str, Any]) -> requests.Response:
+    """POST the user's server with ``options`` through the hub's REST API, as the user."""
+    return requests.post(
+        f"{hub.url}/hub/api/users/{name}/server",
+        json=options,
+        headers={"Authorization": f"token {token}"},
+        timeout=60,
+    )
+
+
+def spawner_tokens(hub: Hub, name: str) -> list[list[str]]:
+    """The scopes of each hub token the GPU spawner holds for ``name``'s server."""
+    tokens = hub.hub_api("GET", f"users/{name}/tokens")["api_tokens"]
+    return [sorted(t["scopes"]) for t in tokens if t["note"] == f"gpubroker spawner of {name}"]
+
+
+class Progress:
+    """The hub's spawn progress stream (server-sent events) of one user, read in a thread."""
+
+    def __init__(self, hub: Hub, token: str, name: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._response = requests.get(
+            f"{hub.url}/hub/api/users/{name}/server/progress",
+            headers={"Authorization": f"token {token}"},
+            stream=True,
+            timeout=300,
+        )
+        assert self._response.status_code == 200, self._response.text
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(requests.RequestException, AttributeError):  # closed
+            for line in self._response.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    self.events.append(json.loads(line[5:]))
+
+    def messages(self) -> list[str]:
+        return [e.get("message", "") for e in self.events]
+
+    def close(self) -> None:
+        self._response.close()
+
+
+def test_gpu_servers_start_in_turn_and_the_waiting_user_sees_position_eta_then_grant(
+    hub: Hub,
+) -> None:
+    tokens = {name: hub.user(name) for name in ("alice", "bob", "carol", "filler")}
+    filled = [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})]
+    filled += [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})]
+    filled += [ok(hub, tokens["filler"], "POST", "requests", SLICE) for _ in range(3)]
+    progress = None
+    try:
+        envs = {}
+        for name in ("alice", "bob"):
+            assert spawn(hub, tokens[name], name, SLICE).status_code in (201, 202)
+            envs[name] = hub.ready_server_env(name)
+        devices = {name: env["CUDA_VISIBLE_DEVICES"] for name, env in envs.items()}
+        assert all(d.startswith("MIG-") for d in devices.values())
+        assert devices["alice"] != devices["bob"]
+        assert envs["alice"]["NVIDIA_VISIBLE_DEVICES"] == devices["alice"]
+        # each lease is its user's (the spawner's token acts for that user only), and the
+        # server's own token sees it: its kernels share the reservation
+        for name, env in envs.items():
+            mine = ok(hub, env["JUPYTERHUB_API_TOKEN"], "GET", "leases")["leases"]
+            assert [(x["id"], x["user"], x["devices"]) for x in mine] == [
+                (env[LEASE_ENV], name, [devices[name]])
+            ]
+        alice_lease = envs["alice"][LEASE_ENV]
+        assert hub.api(tokens["bob"], "DELETE", f"leases/{alice_lease}")[0] == 403
+        # the spawner's own token of alice's: the broker (and who she is) only
+        identify = ["read:users:groups!user=alice", "read:users:name!user=alice"]
+        assert spawner_tokens(hub, "alice") == [
+            ["access:services!service=gpubroker", USE, *identify]
+        ]
+
+        # the machine is full: carol's start waits, and her progress says where she is
+        assert spawn(hub, tokens["carol"], "carol", SLICE).status_code == 202
+        progress = Progress(hub, tokens["carol"], "carol")
+        wait_for(
+            "carol's position",
+            lambda: any("position 1 of 1" in m and "ETA" in m for m in progress.messages()),
+            log=hub.log,
+        )
+        waiting = next(m for m in progress.messages() if "position 1" in m)
+        assert waiting.startswith("Waiting for 1g.10gb (interactive): every 1g.10gb is in use")
+        assert not hub.hub_api("GET", "users/carol")["servers"][""]["ready"]
+
+        # alice stops: her lease is released, and carol gets her slice
+        hub.stop_server("alice")
+        wait_for(
+            "alice's release",
+            lambda: not ok(hub, tokens["alice"], "GET", "leases")["leases"],
+            log=hub.log,
+        )
+        assert spawner_tokens(hub, "alice") == []  # revoked with the server
+        carol = hub.ready_server_env("carol")
+        assert carol["CUDA_VISIBLE_DEVICES"] == devices["alice"]
+        wait_for("the ready event", lambda: any(e.get("ready") for e in progress.events))
+        granted = [m for m in progress.messages() if m.startswith("Granted 1g.10gb")]
+        assert granted and devices["alice"] in granted[0]
+    finally:
+        if progress is not None:
+            progress.close()
+        for name in ("alice", "bob", "carol"):
+            hub.stop_server(name)
+        for r in filled:
+            hub.api(tokens["filler"], "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_cpu_only_server_starts_at_once_without_a_gpu(hub: Hub) -> None:
+    token = hub.user("dan")
+    try:
+        assert spawn(hub, token, "dan", {}).status_code in (201, 202)
+        env = hub.ready_server_env("dan")
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and LEASE_ENV not in env
+        assert not ok(hub, token, "GET", "requests")["requests"]
+    finally:
+        hub.stop_server("dan")
+
+
+def test_options_the_user_may_not_ask_for_are_refused_at_once_with_what_they_may(
+    hub: Hub,
+) -> None:
+    admin, dave = hub.user("admin"), hub.user("dave")
+    ok(hub, admin, "PUT", "quotas/user/dave", {"max_gpus": 0.1})
+    try:
+        refused = spawn(hub, dave, "dave", SLICE)
+        message = refused.json()["message"]
+        assert refused.status_code == 400, refused.text
+        assert "may hold at most 0.1" in message
+        assert "you may ask for a CPU-only server" in message and "1g.10gb" not in message
+        for options, says in (
+            ({"gpus": 1}, "0 GPU(s) with MIG disabled"),
+            ({"profile": "7g.80gb"}, "no GPU here offers MIG profile '7g.80gb'"),
+            ({"profile": "1g.10gb", "user": "alice"}, "unknown server option(s) user"),
+            ({"profile": "1g.10gb", "groups": ["lab"]}, "unknown server option(s) groups"),
+            ({"gpus": "all"}, "'gpus' must be a whole number"),
+        ):
+            refused = spawn(hub, dave, "dave", options)
+            assert refused.status_code == 400, (options, refused.text)
+            assert says in refused.json()["message"], (options, refused.text)
+        assert hub.hub_api("GET", "users/dave")["servers"] == {}
+        assert not ok(hub, dave, "GET", "requests")["requests"]
+    finally:
+        ok(hub, admin, "DELETE", "quotas/user/dave")
+
+
+def test_a_start_that_waits_past_its_limit_is_withdrawn_and_told_its_position(hub: Hub) -> None:
+    filler, token = hub.user("filler"), hub.user(IMPATIENT)
+    held = [ok(hub, filler, "POST", "requests", SLICE) for _ in range(7)]
+    try:
+        refused = spawn(hub, token, IMPATIENT, SLICE)  # the hub waits 10 s for a start
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["message"]
+        assert "No GPU for this server within 5 s (position 1 in the queue)" in message
+        assert "withdrawn" in message
+        assert not ok(hub, token, "GET", "requests")["requests"]
+        assert hub.hub_api("GET", f"users/{IMPATIENT}")["servers"] == {}
+    finally:
+        for r in held:
+            hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_restarted_hub_keeps_a_servers_lease_renews_it_and_releases_it_on_stop(
+    hub: Hub,
+) -> None:
+    token = hub.user("erin")
+    try:
+        assert spawn(hub, token, "erin", SLICE).status_code in (201, 202)
+        lease_id = hub.ready_server_env("erin")[LEASE_ENV]
+        before = ok(hub, token, "GET", f"leases/{lease_id}")
+        hub.stop()
+        hub.start()
+        renewed = wait_for(
+            "the restarted hub's renewal",
+            lambda: (
+                (x := ok(hub, token, "GET", f"leases/{lease_id}"))["expires_at"]
+                > before["expires_at"]
+                and x
+            ),
+            log=hub.log,
+        )
+        assert renewed["state"] == "active"
+        assert hub.hub_api("GET", "users/erin")["servers"][""]["ready"]
+        hub.stop_server("erin")
+        assert ok(hub, token, "GET", f"leases/{lease_id}")["state"] == "released"
+    finally:
+        hub.stop_server("erin")
+
+
+def login(hub: Hub, name: str) -> requests.Session:
+    """A browser's session of ``name`` (the example's dummy authenticator)."""
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    form = {"username": name, "password": "any", "_xsrf": s.cookies.get("_xsrf", path="/hub/")}
+    assert s.post(f"{hub.url}/hub/login", data=form, timeout=30).ok
+    return s
+
+
+def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascript(
+    hub: Hub,
+) -> None:
+    filler, token = hub.user("filler"), hub.user("fay")
+    held = [ok(hub, filler, "POST", "requests", SLICE) for _ in range(2)]
+    browser = login(hub, "fay")
+    try:
+        page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
+        assert page.status_code == 200
+        assert 'name="gpu_kind" id="gpu-cpu" value="cpu" checked' in page.text
+        assert "1g.10gb: 5 of 7 free; starts at once" in page.text
+        assert "You hold 0 GPU-equivalents now; no quota of your own; the default" in page.text
+        assert "largest has 9.7 GB" in page.text and "Whole GPUs" not in page.text
+
+        choice = {"gpu_kind": "profile", "profile": "1g.10gb", "job_class": "batch"}
+        choice["_xsrf"] = browser.cookies.get("_xsrf", path="/hub/")
+        assert browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60).ok
+        env = hub.ready_server_env("fay")
+        lease = ok(hub, token, "GET", f"leases/{env[LEASE_ENV]}")
+        assert lease["user"] == "fay" and env["CUDA_VISIBLE_DEVICES"] == lease["devices"][0]
+        request = ok(hub, token, "GET", f"requests/{lease['request_id']}")
+        assert request["job_class"] == "batch"
+        hub.stop_server("fay")
+
+        # over quota from the form: the page says why, and no server starts
+        ok(hub, hub.user("admin"), "PUT", "quotas/user/fay", {"max_gpus": 0.1, "share": 2})
+        page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
+        assert "at most 0.1 GPU-equivalents at once (0.1 left); your share: 2" in page.text
+        refused = browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60)
+        assert "may hold at most 0.1" in html.unescape(refused.text)
+        assert hub.hub_api("GET", "users/fay")["servers"] == {}
+    finally:
+        hub.api(hub.user("admin"), "DELETE", "quotas/user/fay")
+        hub.stop_server("fay")
+        for r in held:
+            hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_server_that_dies_gives_its_gpu_back(hub: Hub) -> None:
+    token = hub.user("gus")
+    try:
+        assert spawn(hub, token, "gus", SLICE).status_code in (201, 202)
+        env = hub.ready_server_env("gus")
+        pid = hub.hub_api("GET", "users/gus")["servers"][""]["state"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        released = wait_for(
+            "the dead server's release",
+            lambda: ok(hub, token, "GET", f"leases/{env[LEASE_ENV]}")["state"] == "released",
+            log=hub.log,
+        )
+        assert released and hub.hub_api("GET", "users/gus")["servers"] == {}
+    finally:
+        hub.stop_server("gus")

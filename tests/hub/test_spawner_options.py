@@ -1,0 +1,138 @@
+"""The GPU spawner's parts that need no hub: its entry points, how options and the form's
+fields become a broker request, and the words of a waiting start."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from hub_spawner.spawner import (
+    Choices,
+    GPUBrokerSpawner,
+    SimpleGPUBrokerSpawner,
+    gpu_request,
+    options_from_form,
+    waiting_message,
+)
+from jupyter_gpubroker.broker.text import clock
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_spawners_are_jupyterhub_entry_points() -> None:
+    """So c.JupyterHub.spawner_class = "gpubroker" finds it once the wheel is installed."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and newer
+    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    found = {}
+    for name, target in points["jupyterhub.spawners"].items():
+        module, attr = target.split(":")
+        found[name] = getattr(importlib.import_module(module), attr)
+    assert found == {"gpubroker": GPUBrokerSpawner, "gpubroker-simple": SimpleGPUBrokerSpawner}
+
+
+@pytest.mark.parametrize(
+    ("options", "request_body"),
+    [
+        ({}, None),
+        ({"job_class": "batch"}, None),
+        ({"profile": "1g.10gb"}, {"profile": "1g.10gb", "job_class": "interactive"}),
+        ({"gpus": 2, "job_class": "batch"}, {"gpus": 2, "job_class": "batch"}),
+        ({"min_memory_gb": 20.5}, {"min_memory_gb": 20.5, "job_class": "interactive"}),
+    ],
+)
+def test_options_name_the_request_in_the_apis_own_fields(options, request_body) -> None:
+    assert gpu_request(options) == request_body
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"gpus": 1, "profile": "1g.10gb"}, "exactly one of"),
+        ({"gpus": 0}, "'gpus' must be between 1"),
+        ({"profile": "9g.99gb"}, "unknown MIG profile '9g.99gb'"),
+        ({"gpus": 1, "job_class": "urgent"}, "job_class must be 'interactive' or 'batch'"),
+        ({"gpus": 1, "owner": "bob"}, "unknown server option(s) owner"),
+    ],
+)
+def test_options_the_broker_would_refuse_are_refused_first(options, says) -> None:
+    with pytest.raises(ValueError) as refused:
+        gpu_request(options)
+    assert says in str(refused.value)
+
+
+def test_the_forms_fields_become_the_same_options_as_the_api_takes() -> None:
+    form = {"gpu_kind": ["profile"], "profile": ["1g.10gb"], "gpus": ["1"]}
+    assert options_from_form({**form, "job_class": ["batch"]}) == {
+        "profile": "1g.10gb",
+        "job_class": "batch",
+    }
+    assert options_from_form({"gpu_kind": ["gpus"], "gpus": ["2"]})["gpus"] == 2
+    assert options_from_form({"gpu_kind": ["min_memory_gb"], "min_memory_gb": ["20"]}) == {
+        "min_memory_gb": 20.0,
+        "job_class": "interactive",
+    }
+    assert gpu_request(options_from_form({"gpu_kind": ["cpu"], "gpus": ["3"]})) is None
+    with pytest.raises(ValueError, match="whole number"):
+        gpu_request(options_from_form({"gpu_kind": ["gpus"], "gpus": ["two"]}))
+
+
+def test_a_waiting_start_says_its_position_the_requests_ahead_and_its_eta() -> None:
+    now = datetime.now(timezone.utc)
+    at = {k: now + timedelta(minutes=m) for k, m in (("low", 10), ("eta", 20), ("high", 40))}
+    request = {
+        "profile": "1g.10gb",
+        "job_class": "interactive",
+        "position": 2,
+        "eta": at["eta"].isoformat(),
+        "eta_range": {"low": at["low"].isoformat(), "high": at["high"].isoformat()},
+        "eta_known": True,
+    }
+    eta = f"{clock(at['eta'].timestamp())} ({clock(at['low'].timestamp())}-"
+    eta += f"{clock(at['high'].timestamp())})"
+    assert waiting_message(request, {"interactive": 1, "batch": 0}, 5) == (
+        f"Waiting for 1g.10gb (interactive): position 2 of 5, requests ahead: 1 interactive; "
+        f"ETA {eta}"
+    )
+    because = waiting_message(request, {}, 2, "every 1g.10gb is in use")
+    assert because.startswith("Waiting for 1g.10gb (interactive): every 1g.10gb is in use; pos")
+    unknown = {**request, "eta": None, "eta_range": None, "eta_known": False}
+    assert waiting_message(unknown, {}, 2).endswith("requests ahead: none; ETA unknown; position 2")
+
+
+def overview(user: str, held: int) -> dict:
+    """The broker's overview of one GPU in seven 1g.10gb slices, ``held`` of them by ``user``."""
+    slices = [
+        {
+            "kind": "mig",
+            "profile": "1g.10gb",
+            "memory_mib": 9856,
+            "gpu_equivalents": 0.1429,
+            "holder": {"user": user} if i < held else None,
+            "drained": None,
+            "vacating": None,
+        }
+        for i in range(7)
+    ]
+    return {"me": {"user": user}, "gpus": [{"devices": slices}], "queue": [], "length": 0}
+
+
+def test_a_wait_and_a_refusal_say_what_the_quota_allows() -> None:
+    quota = [{"kind": "user", "name": "ann", "max_gpus": 0.3, "share": None}]
+    choices = Choices(overview("ann", 2), quota)
+    assert choices.blocked({"profile": "1g.10gb"}) == (
+        "you hold 0.2858 of the 0.3 GPU-equivalents your quota allows at once: it starts "
+        "once you give some back"
+    )
+    assert Choices(overview("ann", 1), quota).blocked({"profile": "1g.10gb"}) == (
+        "every 1g.10gb is in use"
+    )
+    assert choices.text() == (
+        "you may ask for a CPU-only server (no options), a MIG profile (1g.10gb), "
+        "min_memory_gb up to 9.6, with job_class interactive or batch; your quota: at most "
+        "0.3 GPU-equivalents at once"
+    )
+    # sizes shown are ones that fit: 9856 MiB is 9.625 GB, offered as 9.6
+    assert 'max="9.6" value="9.6"' in choices.form()
