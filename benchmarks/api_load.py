@@ -40,7 +40,7 @@ from live_server import TOKEN, LiveServer  # noqa: E402
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
 from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
 from jupyter_gpubroker.runtime import GPUBroker, Positions  # noqa: E402
-from jupyter_gpubroker.server.handlers import _frame  # noqa: E402
+from jupyter_gpubroker.server.handlers import frame  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
 
@@ -228,7 +228,7 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
             def deliver(item: Any, who: Any = kernel) -> None:
                 seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
                 if seen is not None:
-                    _frame(seen)
+                    frame(seen)
                     sent[0] += 1
 
             rt.subscribe(deliver)
