@@ -541,16 +541,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         client = self._client()
 
         async def renew() -> None:
-            lost = None
-            if now:
-                try:
-                    held["ttl_s"] = (await client.renew(held["id"]))["ttl_s"]
-                except BrokerAPIError as e:
-                    if e.status < 500:
-                        lost = Lost("gone" if e.status in (404, 409) else "refused", e.message)
-                except OSError:
-                    pass  # keep_alive retries until the lease's TTL runs out
-            lost = lost or await keep_alive(client.renew, held)
+            lost = await keep_alive(client.renew, held, now=now)
             if lost is not None:
                 await self._lost(lost)
 

@@ -130,10 +130,13 @@ async def keep_alive(
     *,
     request: bool = False,
     alive: Callable[[], Awaitable[bool]] | None = None,
+    now: bool = False,
 ) -> Lost | None:
     """Renew ``held`` (a lease, or a queued request when ``request``) every third of its
-    TTL with ``renew`` (``BrokerClient.renew`` or ``renew_request``): the one heartbeat of
-    the provisioner, the ``%gpu`` magic and ``jupyter gpubroker run``, with one policy.
+    TTL with ``renew`` (``BrokerClient.renew`` or ``renew_request``), the first time at
+    once with ``now`` (a holder that went unrenewed for a while, e.g. a restarted hub):
+    the one heartbeat of the provisioner, the spawner, the ``%gpu`` magic and
+    ``jupyter gpubroker run``, with one policy.
 
     Returns why it stopped, once: ``Lost`` when it is gone (404, 409) or refused (403 and
     any other 4xx, never retried), or when network errors and 5xx, retried with a
@@ -142,7 +145,7 @@ async def keep_alive(
     """
     loop = asyncio.get_running_loop()
     ttl = float(held["ttl_s"])
-    renewed, wait, retry = loop.time(), ttl / 3, RETRY_S
+    renewed, wait, retry = loop.time(), 0.0 if now else ttl / 3, RETRY_S
     while True:
         await asyncio.sleep(max(0.0, min(wait, renewed + ttl - loop.time())))
         if alive is not None and not await alive():

@@ -77,3 +77,11 @@ def test_a_holder_that_is_gone_stops_renewing() -> None:
 
     assert run(broker, alive=alive) is None
     assert broker.renewals == 2  # the lease is left to expire
+
+
+def test_now_renews_at_once_so_a_restarted_holder_learns_its_lease_is_gone() -> None:
+    # A lease with an hour's TTL: without ``now`` the first renewal would come in 20 min.
+    broker = Broker(BrokerAPIError(404, "not_found", "no lease 'l-1'"))
+    held = {"id": "l-1", "ttl_s": 3600.0}
+    lost = asyncio.run(asyncio.wait_for(keep_alive(broker.renew, held, now=True), 30))
+    assert lost == Lost("gone", "no lease 'l-1'") and broker.renewals == 1
