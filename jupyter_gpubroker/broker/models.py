@@ -31,6 +31,8 @@ class Gpu:
     model: str | None = None
     """Catalog key (``H100-80GB``) when the catalog knows the device name."""
     pci_bus_id: str = ""
+    node: str = ""
+    """The cluster node the GPU is on (an engine's node name); empty on one machine."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Device:
     """First memory slice of a MIG slice (its placement)."""
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    node: str = ""
+    """Its GPU's node: a grant of several devices never spans two nodes."""
 
     @property
     def gpu_equivalents(self) -> float:
@@ -59,10 +63,12 @@ class Device:
 
     @property
     def label(self) -> str:
-        """What a person calls it: ``GPU 3`` or ``GPU 3 / 1g.10gb@2``."""
+        """What a person calls it: ``GPU 3``, ``GPU 3 / 1g.10gb@2``, on a cluster
+        prefixed by the node (``node-a GPU 3``)."""
+        where = f"{self.node} GPU {self.gpu_index}" if self.node else f"GPU {self.gpu_index}"
         if self.kind == "gpu":
-            return f"GPU {self.gpu_index}"
-        return f"GPU {self.gpu_index} / {self.profile}@{self.start}"
+            return where
+        return f"{where} / {self.profile}@{self.start}"
 
 
 @dataclass(frozen=True)

@@ -145,11 +145,7 @@ class Placer:
     ) -> list[Device] | None:
         """Free devices for ``size`` (none of ``exclude``), or None if it does not fit now."""
         if size.gpus is not None:
-            cands = [self.devices[u] for u in self.free[WHOLE_GPU] if u not in exclude]
-            if len(cands) < size.gpus:
-                return None
-            cands.sort(key=lambda d: d.gpu_index)
-            return cands[: size.gpus]
+            return self._find_gpus(size.gpus, strategy, exclude)
         if size.profile is not None:
             cands = [self.devices[u] for u in self.free[size.profile] if u not in exclude]
         else:
@@ -166,8 +162,27 @@ class Placer:
             return [min(cands, key=lambda d: (d.gpu_index, d.start or 0))]
         return [min(cands, key=self._best_fit_key)]
 
-    def _best_fit_key(self, d: Device) -> tuple[int, int, int, int]:
-        return (d.memory_mib, -self.busy_slices[d.gpu_uuid], d.gpu_index, d.start or 0)
+    def _find_gpus(self, n: int, strategy: str, exclude: AbstractSet[str]) -> list[Device] | None:
+        """``n`` free whole GPUs on one node: on the first node that has them
+        (``first_fit``), or on the node with the fewest free that still fits, so whole
+        nodes stay free for large requests. One machine is one node."""
+        by_node: dict[str, list[Device]] = defaultdict(list)
+        for u in self.free[WHOLE_GPU]:
+            if u not in exclude:
+                d = self.devices[u]
+                by_node[d.node].append(d)
+        fits = [(node, ds) for node, ds in by_node.items() if len(ds) >= n]
+        if not fits:
+            return None
+        if strategy == "first_fit":
+            _, cands = min(fits, key=lambda x: x[0])
+        else:
+            _, cands = min(fits, key=lambda x: (len(x[1]), x[0]))
+        cands.sort(key=lambda d: d.gpu_index)
+        return cands[:n]
+
+    def _best_fit_key(self, d: Device) -> tuple[int, int, str, int, int]:
+        return (d.memory_mib, -self.busy_slices[d.gpu_uuid], d.node, d.gpu_index, d.start or 0)
 
     def plan_mig(
         self, profile_name: str, exclude: AbstractSet[str] = frozenset()

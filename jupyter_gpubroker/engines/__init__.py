@@ -1,0 +1,100 @@
+"""Engines: where the inventory comes from when one machine is not enough.
+
+On one machine NVML is the inventory and the broker places down to the GPU or
+MIG UUID. On a cluster an engine the deployment already trusts (Slurm,
+Kubernetes) starts the servers and enforces placement; the broker still
+decides who goes next, on which node and which device type. An
+:class:`InventorySource` reads the engine into a :class:`ClusterView` on every
+tick, and :func:`apply_view` makes the broker respect it: devices used by
+work the broker did not grant (jobs started outside the hub) and nodes the
+engine has drained or lost are drained in the broker with the engine's
+reason, and given back when the engine frees them. The broker's own grants
+are not "outside": a source leaves them out of its counts (Slurm: by the job's
+name; Kubernetes: by the pod's label).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ..broker.models import Device, Inventory
+from ..broker.placement import device_class
+
+if TYPE_CHECKING:
+    from ..broker.core import Broker
+
+ENGINE = "engine"
+"""The drain cause of devices the engine holds back: lifted only by the engine."""
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What an engine says at one instant.
+
+    ``inventory``: every node's GPUs and grantable devices, each ``Gpu.node`` and
+    ``Device.node`` set (UUIDs are the source's own stable names when the engine
+    has none). ``outside``: (node, device class) -> how many devices of that
+    class on that node run work the broker did not grant; the class is a MIG
+    profile or ``gpu`` (:func:`device_class`). ``down``: node -> the engine's
+    reason it takes no work (drained, down, gone)."""
+
+    inventory: Inventory
+    outside: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    down: Mapping[str, str] = field(default_factory=dict)
+
+
+class InventorySource(Protocol):
+    """An engine's reader. ``read`` raises :class:`EngineUnavailable` when the
+    engine cannot be reached; the broker then keeps its queue and its last view."""
+
+    name: str
+
+    def read(self) -> ClusterView: ...
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine did not answer (``slurmctld`` or the API server is unreachable)."""
+
+
+def apply_view(broker: Broker, view: ClusterView) -> None:
+    """Drain in ``broker`` what ``view`` says the engine holds back, and lift the
+    engine's drains it no longer holds. Idempotent: a view applied twice changes
+    nothing the second time. An admin's or health's own drain is left alone."""
+    placer = broker.placer
+    wanted: dict[str, str] = {}
+    known = {d.node for d in placer.devices.values()}
+    seen = {d.node for d in view.inventory.devices}
+    down = dict(view.down)
+    for node in known - seen:
+        down.setdefault(node, f"node {node} is no longer in the cluster")
+    by_slot: dict[tuple[str, str], list[Device]] = defaultdict(list)
+    for d in placer.devices.values():
+        if d.node in down:
+            wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
+        else:
+            by_slot[(d.node, device_class(d))].append(d)
+    engine_drained = broker.drained_by(ENGINE)
+    for slot, n in view.outside.items():
+        if n <= 0:
+            continue
+        # Keep the devices already held back first, then the free ones from the top;
+        # a device the broker granted is never taken back (the engine queues the job).
+        cands = sorted(
+            (d for d in by_slot.get(slot, []) if d.uuid not in placer.held),
+            key=lambda d: (d.uuid not in engine_drained, -d.gpu_index, -(d.start or 0)),
+        )
+        node, cls = slot
+        total = len(by_slot.get(slot, []))
+        for d in cands[:n]:
+            wanted[d.uuid] = f"{n} of {total} {cls} on {node} in use outside the broker"
+    drains = broker.drained()
+    for uuid, reason in wanted.items():
+        if broker.drain_cause(uuid) not in (None, ENGINE, "health"):
+            continue  # an admin's or a vacate's drain keeps its own reason
+        if drains.get(uuid, ("",))[0] != reason or broker.drain_cause(uuid) != ENGINE:
+            broker.drain(uuid, reason, cause=ENGINE)
+    for uuid in engine_drained - wanted.keys():
+        broker.undrain(uuid, "the engine freed it")

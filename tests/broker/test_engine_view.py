@@ -1,0 +1,101 @@
+"""The engine seam: a cluster's view drains what the engine holds back, and a grant of
+several GPUs stays on one node."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from broker_helpers import make_inventory
+
+from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.models import Inventory, Lease, Size
+from jupyter_gpubroker.engines import ENGINE, ClusterView, apply_view
+
+MakeBroker = Callable[..., Broker]
+
+
+def two_nodes() -> Inventory:
+    """node-a: GPUs 0-3 whole; node-b: GPUs 0-1 whole and GPU 2 cut into 7 x 1g.10gb."""
+    a = make_inventory([None] * 4)
+    b = make_inventory([None, None, ["1g.10gb"] * 7])
+    gpus, devices = [], []
+    for node, inv in (("node-a", a), ("node-b", b)):
+        gpus += [replace(g, uuid=f"{node}-{g.uuid}", node=node) for g in inv.gpus]
+        devices += [
+            replace(d, uuid=f"{node}-{d.uuid}", gpu_uuid=f"{node}-{d.gpu_uuid}", node=node)
+            for d in inv.devices
+        ]
+    return Inventory(tuple(gpus), tuple(devices))
+
+
+def nodes_of(broker: Broker, lease: Lease) -> set[str]:
+    return {broker.placer.devices[u].node for u in lease.devices}
+
+
+def test_a_multi_gpu_grant_never_spans_two_nodes(make_broker: MakeBroker) -> None:
+    broker = make_broker(two_nodes())
+    first = broker.submit("ann", Size(gpus=3))
+    second = broker.submit("bob", Size(gpus=2))
+    third = broker.submit("cat", Size(gpus=2))
+    leases = {lease.request_id: lease for lease in broker.leases()}
+    assert nodes_of(broker, leases[first.id]) == {"node-a"}
+    assert nodes_of(broker, leases[second.id]) == {"node-b"}
+    # one GPU left on node-a, none on node-b: two GPUs exist but not on one node
+    assert third.id not in leases
+    assert broker.request(third.id).state.value == "queued"
+
+
+def test_best_fit_takes_the_node_with_fewest_free_that_fits(make_broker: MakeBroker) -> None:
+    broker = make_broker(two_nodes())
+    r = broker.submit("ann", Size(gpus=2))
+    (lease,) = broker.leases()
+    assert lease.request_id == r.id and nodes_of(broker, lease) == {"node-b"}
+
+
+def test_work_outside_the_broker_is_held_back_and_given_back(make_broker: MakeBroker) -> None:
+    inv = two_nodes()
+    broker = make_broker(inv)
+    view = ClusterView(inv, outside={("node-b", "1g.10gb"): 5})
+    apply_view(broker, view)
+    held_back = broker.drained_by(ENGINE)
+    assert len(held_back) == 5
+    assert all(broker.placer.devices[u].profile == "1g.10gb" for u in held_back)
+    reason = broker.drained()[next(iter(held_back))][0]
+    assert reason == "5 of 7 1g.10gb on node-b in use outside the broker"
+    apply_view(broker, view)  # idempotent
+    assert broker.drained_by(ENGINE) == held_back
+    granted = [broker.submit(u, Size(profile="1g.10gb")) for u in ("ann", "bob", "cat")]
+    assert [broker.request(r.id).state.value for r in granted] == ["granted", "granted", "queued"]
+    apply_view(broker, ClusterView(inv, outside={("node-b", "1g.10gb"): 1}))
+    assert len(broker.drained_by(ENGINE)) == 1
+    assert broker.request(granted[2].id).state.value == "granted"  # freed capacity is used
+
+
+def test_a_down_node_is_drained_with_the_engines_reason_and_a_gone_node_too(
+    make_broker: MakeBroker,
+) -> None:
+    inv = two_nodes()
+    broker = make_broker(inv)
+    apply_view(broker, ClusterView(inv, down={"node-a": "Reason=maintenance [root]"}))
+    reasons = {broker.drained()[u][0] for u in broker.drained_by(ENGINE)}
+    assert reasons == {"node-a: Reason=maintenance [root]"}
+    assert len(broker.drained_by(ENGINE)) == 4
+    only_a = Inventory(
+        tuple(g for g in inv.gpus if g.node == "node-a"),
+        tuple(d for d in inv.devices if d.node == "node-a"),
+    )
+    apply_view(broker, ClusterView(only_a))
+    reasons = {broker.drained()[u][0] for u in broker.drained_by(ENGINE)}
+    assert reasons == {"node-b: node node-b is no longer in the cluster"}
+
+
+def test_an_admins_drain_keeps_its_reason(make_broker: MakeBroker) -> None:
+    inv = two_nodes()
+    broker = make_broker(inv)
+    gpu = next(g.uuid for g in inv.gpus if g.node == "node-a")
+    broker.drain(gpu, "swap the fan", cause="admin")
+    apply_view(broker, ClusterView(inv, down={"node-a": "down"}))
+    assert broker.drained()[gpu][0] == "swap the fan" and broker.drain_cause(gpu) == "admin"
+    apply_view(broker, ClusterView(inv))
+    assert broker.drain_cause(gpu) == "admin"
