@@ -47,12 +47,14 @@ class ClusterView:
 
 
 class InventorySource(Protocol):
-    """An engine's reader. ``read`` raises :class:`EngineUnavailable` when the
-    engine cannot be reached; the broker then keeps its queue and its last view."""
+    """An engine's reader, awaited on the server's event loop every tick (so a slow
+    ``scontrol`` or API server never blocks the API). ``read`` raises
+    :class:`EngineUnavailable` when the engine cannot be reached; the broker then
+    keeps its queue and its last view and says so."""
 
     name: str
 
-    def read(self) -> ClusterView: ...
+    async def read(self) -> ClusterView: ...
 
 
 class EngineUnavailable(RuntimeError):
