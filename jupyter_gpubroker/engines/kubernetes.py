@@ -1,0 +1,334 @@
+"""Kubernetes: the inventory from the nodes' GPU resources, read from the API server.
+
+NVIDIA's device plugin advertises GPUs as extended resources in each node's
+``status.allocatable``: ``nvidia.com/gpu`` for whole GPUs and, under its ``mixed`` MIG
+strategy, ``nvidia.com/mig-<g>g.<mem>gb`` per MIG profile. Under the ``single`` strategy
+every MIG device is advertised as ``nvidia.com/gpu`` too, and only the node's labels from
+GPU feature discovery say so (``nvidia.com/mig.strategy=single``, ``nvidia.com/gpu.product``
+ending in ``-MIG-<profile>``). The API server says neither which physical GPU a MIG device
+is on nor which device the kubelet gave a pod, so devices are counted per node and class
+and named by this source: ``k8s:<node>:<class>:<i>``, each listed as its own GPU (a MIG
+device cannot be re-cut from here: MIG manager does that), and a grant is carried out as a
+count of that resource on that node (``hub_spawner/kubernetes.py``).
+
+What runs on a node is the requests of its bound pods that have not ended; the broker's own
+pods (labelled ``gpubroker.jupyter.org/broker=<its name>``) are its grants, the rest is
+work outside the broker. A cordoned (unschedulable) or NotReady node is down with that
+reason; a node that left the cluster is drained by :func:`apply_view`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from traitlets import Float, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..broker.models import Device, Gpu, Inventory
+from ..broker.placement import WHOLE_GPU
+from ..broker.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
+from . import ClusterView, EngineUnavailable
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+STRATEGY_LABEL = "nvidia.com/mig.strategy"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+BROKER_LABEL = "gpubroker.jupyter.org/broker"
+"""On the pods of the broker's grants: the broker's name (its hub service's name)."""
+LEASE_LABEL = "gpubroker.jupyter.org/lease"
+"""On the pods of the broker's grants: the lease the pod runs under."""
+UUID_PREFIX = "k8s"
+ENDED_PHASES = ("Succeeded", "Failed")
+
+_SINGLE_PRODUCT = re.compile(r"-MIG-(\d+g\.\d+gb(?:[.+]me)?)")
+
+
+def resource_name(device_class: str, strategy: str) -> str:
+    """The extended resource a pod asks for to get one device of ``device_class`` (a MIG
+    profile or ``gpu``) under the device plugin's MIG ``strategy``: ``nvidia.com/gpu`` for a
+    whole GPU and for any MIG device under ``single``; ``nvidia.com/mig-<profile>`` under
+    ``mixed``, where the plugin writes a profile's ``+me`` as ``.me``."""
+    if device_class == WHOLE_GPU or strategy == "single":
+        return GPU_RESOURCE
+    return MIG_RESOURCE_PREFIX + device_class.replace("+", ".")
+
+
+def _profile(name: str) -> str:
+    """A MIG profile as the broker names it, from the device plugin's spelling."""
+    return name[: -len(".me")] + "+me" if name.endswith(".me") else name
+
+
+def device_uuid(node: str, device_class: str, index: int) -> str:
+    return f"{UUID_PREFIX}:{node}:{device_class}:{index}"
+
+
+def parse_device_uuid(uuid: str) -> tuple[str, str]:
+    """The node and device class of a device this source named; ``ValueError`` for a name
+    it did not make (a device of another engine or of one machine)."""
+    parts = uuid.split(":")
+    if len(parts) != 4 or parts[0] != UUID_PREFIX or not parts[3].isdigit():
+        raise ValueError(f"{uuid!r} is not a Kubernetes device of the broker (k8s:NODE:CLASS:N)")
+    return parts[1], parts[2]
+
+
+def _norm(name: str) -> str:
+    return name.replace(" ", "-").removeprefix("NVIDIA-")
+
+
+def model_for_product(product: str) -> GpuModel | None:
+    """The catalog's model for a ``nvidia.com/gpu.product`` label (NVML's name with dashes
+    for spaces; a ``-MIG-<profile>`` or ``-SHARED`` suffix added by the plugin)."""
+    base = _norm(_SINGLE_PRODUCT.split(product)[0].removesuffix("-SHARED"))
+    for model in CATALOG.values():
+        if base in {_norm(n) for n in model.nvml_names}:
+            return model
+    return None
+
+
+def _count(quantity: Any) -> int:
+    """An extended resource's quantity (always a whole number); anything else counts 0."""
+    try:
+        return int(str(quantity))
+    except ValueError:
+        return 0
+
+
+def _gpu_resources(container: Any) -> Counter[str]:
+    resources = container.resources
+    wanted: Counter[str] = Counter()
+    if resources is None:
+        return wanted
+    # Extended resources cannot be overcommitted: a request equals its limit, and a
+    # limit alone sets the request.
+    for amounts in (resources.limits or {}, resources.requests or {}):
+        for name, q in amounts.items():
+            if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
+                wanted[name] = max(wanted[name], _count(q))
+    return wanted
+
+
+def pod_gpu_requests(pod: Any) -> Counter[str]:
+    """The GPU resources a pod holds on its node: its containers' together, or its largest
+    init container's if larger (the scheduler's effective request)."""
+    spec = pod.spec
+    total: Counter[str] = Counter()
+    for c in spec.containers or []:
+        total.update(_gpu_resources(c))
+    for c in spec.init_containers or []:
+        for name, n in _gpu_resources(c).items():
+            total[name] = max(total[name], n)
+    return total
+
+
+def down_reason(node: Any) -> str | None:
+    """Why a node takes no pods, as Kubernetes says it: cordoned, or not Ready."""
+    why = []
+    if node.spec is not None and node.spec.unschedulable:
+        why.append("cordoned (unschedulable)")
+    conditions = (node.status.conditions if node.status else None) or []
+    ready = next((c for c in conditions if c.type == "Ready"), None)
+    if ready is None or ready.status != "True":
+        detail = ": ".join(x for x in (ready.reason, ready.message) if x) if ready else ""
+        why.append(f"NotReady ({detail})" if detail else "NotReady")
+    return ", ".join(why) or None
+
+
+def _node_devices(
+    node: str, labels: Mapping[str, str], classes: Iterable[tuple[str, str, int]]
+) -> tuple[list[Gpu], list[Device]]:
+    product = labels.get(PRODUCT_LABEL, "")
+    model = model_for_product(product)
+    name = _SINGLE_PRODUCT.split(product)[0] or "NVIDIA GPU"
+    gpus: list[Gpu] = []
+    devices: list[Device] = []
+    for resource, cls, n in classes:
+        memory, slices, profile = _size(cls, resource, labels, model)
+        for i in range(n):
+            uuid = device_uuid(node, cls, i)
+            index = len(gpus)
+            mig = profile is not None
+            key = model.key if model else None
+            gpus.append(Gpu(index, uuid, name, memory, mig, key, node=node))
+            devices.append(
+                Device(
+                    uuid,
+                    "mig" if mig else "gpu",
+                    index,
+                    uuid,
+                    memory,
+                    compute_slices=slices,
+                    profile=profile,
+                    start=0 if mig else None,
+                    node=node,
+                )
+            )
+    return gpus, devices
+
+
+def _size(
+    cls: str, resource: str, labels: Mapping[str, str], model: GpuModel | None
+) -> tuple[int, int, str | None]:
+    """Memory (MiB), compute slices and MIG profile of one device of ``cls``: from the
+    catalog when it knows the model, else from GPU feature discovery's labels, else from
+    the profile's name."""
+    strategy = labels.get(STRATEGY_LABEL, "none")
+    if cls == WHOLE_GPU:
+        memory = _count(labels.get(MEMORY_LABEL, 0)) or (model.memory_mib if model else 0)
+        return memory, COMPUTE_SLICES, None
+    known = model.profile(cls) if model else None
+    if known is not None:
+        return known.memory_mib, known.compute_slices, cls
+    label = MEMORY_LABEL if strategy == "single" else f"{resource}.memory"
+    memory = _count(labels.get(label, 0)) or int(profile_memory_gb(cls) * 1024)
+    return memory, int(cls.split("g", 1)[0]), cls
+
+
+def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> ClusterView:
+    """What the API server's ``nodes`` and ``pods`` (the official client's ``V1Node`` and
+    ``V1Pod``) say: every GPU node's devices, the devices pods outside ``broker``'s grants
+    hold, and the nodes that take no pods."""
+    used: Counter[tuple[str, str]] = Counter()
+    for pod in pods:
+        where = pod.spec.node_name if pod.spec else None
+        phase = pod.status.phase if pod.status else None
+        if not where or phase in ENDED_PHASES:
+            continue
+        if (pod.metadata.labels or {}).get(BROKER_LABEL) == broker:
+            continue
+        for resource, n in pod_gpu_requests(pod).items():
+            used[(where, resource)] += n
+    gpus: list[Gpu] = []
+    devices: list[Device] = []
+    outside: dict[tuple[str, str], int] = {}
+    down: dict[str, str] = {}
+    for node in sorted(nodes, key=lambda n: str(n.metadata.name)):
+        name = str(node.metadata.name)
+        labels = node.metadata.labels or {}
+        allocatable = (node.status.allocatable if node.status else None) or {}
+        single = _SINGLE_PRODUCT.search(labels.get(PRODUCT_LABEL, ""))
+        classes = []
+        for resource, q in sorted(allocatable.items()):
+            if resource == GPU_RESOURCE:
+                strategy = labels.get(STRATEGY_LABEL)
+                cls = _profile(single.group(1)) if single and strategy == "single" else WHOLE_GPU
+            elif resource.startswith(MIG_RESOURCE_PREFIX):
+                cls = _profile(resource.removeprefix(MIG_RESOURCE_PREFIX))
+            else:
+                continue
+            if _count(q) > 0:
+                classes.append((resource, cls, _count(q)))
+        if not classes:
+            continue  # no GPUs: not the broker's
+        node_gpus, node_devices = _node_devices(name, labels, classes)
+        gpus += node_gpus
+        devices += node_devices
+        for resource, cls, n in classes:
+            if used[(name, resource)]:
+                outside[(name, cls)] = min(n, used[(name, resource)])
+        reason = down_reason(node)
+        if reason:
+            down[name] = reason
+    return ClusterView(Inventory(tuple(gpus), tuple(devices)), outside, down)
+
+
+class KubernetesInventory(LoggingConfigurable):
+    """The broker's inventory from a Kubernetes cluster (``c.GPUBroker`` engine
+    ``"kubernetes"``): nodes and pods listed from the API server on every tick, in the
+    cluster with the service account's token, else with ``$KUBECONFIG``."""
+
+    name = "kubernetes"
+
+    broker_name = Unicode(
+        "gpubroker",
+        help="The gpubroker.jupyter.org/broker label of this broker's own pods (the hub "
+        "service's name, which GPUBrokerKubeSpawner writes there): their GPUs are the "
+        "broker's grants, not work outside it.",
+    ).tag(config=True)
+    node_selector = Unicode(
+        "",
+        help="A label selector for the nodes the broker hands out, e.g. "
+        "'nvidia.com/gpu.present=true,pool=notebooks'; empty: every node with GPUs.",
+    ).tag(config=True)
+    kubeconfig = Unicode(
+        "",
+        help="A kubeconfig file for a broker outside the cluster; empty: the pod's service "
+        "account inside a cluster, else $KUBECONFIG or ~/.kube/config.",
+    ).tag(config=True)
+    request_timeout = Float(10.0, help="Seconds the API server has to answer one list call.").tag(
+        config=True
+    )
+
+    _api_client: Any = None
+
+    async def _client(self) -> Any:
+        from kubernetes_asyncio import client, config
+
+        if self._api_client is None:
+            configuration = client.Configuration()
+            try:
+                if self.kubeconfig:
+                    raise config.ConfigException("a kubeconfig is configured")
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                try:
+                    await config.load_kube_config(
+                        config_file=self.kubeconfig or None, client_configuration=configuration
+                    )
+                except (config.ConfigException, OSError) as e:
+                    raise EngineUnavailable(
+                        f"no Kubernetes API server configured ({e}): run the broker in the "
+                        "cluster with a service account, or set KUBECONFIG or "
+                        "c.KubernetesInventory.kubeconfig"
+                    ) from None
+            self._api_client = client.ApiClient(configuration)
+        return self._api_client
+
+    async def read(self) -> ClusterView:
+        from aiohttp import ClientError
+        from kubernetes_asyncio.client import ApiException, CoreV1Api
+
+        api_client = await self._client()
+        api = CoreV1Api(api_client)
+        # resource_version "0": served from the API server's watch cache, not from etcd
+        timeout = self.request_timeout
+        try:
+            nodes, pods = await asyncio.gather(
+                api.list_node(
+                    label_selector=self.node_selector,
+                    resource_version="0",
+                    _request_timeout=timeout,
+                ),
+                api.list_pod_for_all_namespaces(
+                    field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                    resource_version="0",
+                    _request_timeout=timeout,
+                ),
+            )
+        except ApiException as e:
+            hint = (
+                "grant the broker's service account get and list on nodes and pods "
+                "(a ClusterRole and its binding)"
+                if e.status in (401, 403)
+                else "the broker keeps its queue and its last view until it answers"
+            )
+            raise EngineUnavailable(
+                f"the Kubernetes API server refused to list nodes and pods ({e.status} "
+                f"{e.reason}): {hint}"
+            ) from None
+        except (ClientError, OSError, asyncio.TimeoutError) as e:
+            raise EngineUnavailable(
+                f"the Kubernetes API server at {api_client.configuration.host} does not answer "
+                f"({e or type(e).__name__}): the broker keeps its queue and its last view"
+            ) from None
+        return cluster_view(nodes.items, pods.items, self.broker_name)
+
+    async def close(self) -> None:
+        """Close the API client's connections (the broker's shutdown)."""
+        if self._api_client is not None:
+            await self._api_client.close()
+            self._api_client = None

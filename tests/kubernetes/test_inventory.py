@@ -1,0 +1,260 @@
+"""The Kubernetes inventory: what the API server's nodes and pods say, read into the
+broker's view, and what that view does to a broker.
+
+The nodes are built with the official client's models in the shapes NVIDIA documents
+for its device plugin and GPU feature discovery. They are written from that
+documentation, not recorded from a cluster:
+
+- the MIG strategies and the resources they advertise (``nvidia.com/gpu``, and under
+  ``mixed`` ``nvidia.com/mig-<slice_count>g.<memory_size>gb``):
+  https://github.com/NVIDIA/k8s-device-plugin#configuration-option-details
+- the node labels of each strategy (``nvidia.com/mig.strategy``, ``nvidia.com/gpu.product``
+  with ``-MIG-<profile>`` under ``single``, ``nvidia.com/<MIG_TYPE>.memory`` under
+  ``mixed``): https://github.com/NVIDIA/k8s-device-plugin/blob/main/docs/gpu-feature-discovery/README.md
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+k8s = pytest.importorskip("kubernetes_asyncio.client", reason="the kubernetes extra")
+
+from jupyter_gpubroker.broker.clock import VirtualClock  # noqa: E402
+from jupyter_gpubroker.broker.core import Broker  # noqa: E402
+from jupyter_gpubroker.broker.models import Size  # noqa: E402
+from jupyter_gpubroker.broker.store import Store  # noqa: E402
+from jupyter_gpubroker.engines import ENGINE, EngineUnavailable, apply_view  # noqa: E402
+from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
+    BROKER_LABEL,
+    KubernetesInventory,
+    cluster_view,
+    parse_device_uuid,
+    resource_name,
+)
+
+OURS = "gpubroker"
+READY = k8s.V1NodeCondition(type="Ready", status="True", reason="KubeletReady")
+
+
+def node(
+    name: str,
+    labels: dict[str, str],
+    allocatable: dict[str, str],
+    *,
+    ready: Any = READY,
+    unschedulable: bool | None = None,
+) -> Any:
+    return k8s.V1Node(
+        metadata=k8s.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **labels}),
+        spec=k8s.V1NodeSpec(unschedulable=unschedulable),
+        status=k8s.V1NodeStatus(
+            allocatable={"cpu": "64", "memory": "512Gi", "pods": "110", **allocatable},
+            capacity={"cpu": "64", "memory": "512Gi", "pods": "110", **allocatable},
+            conditions=[ready],
+        ),
+    )
+
+
+def pod(
+    name: str,
+    on: str | None,
+    limits: dict[str, str],
+    *,
+    phase: str = "Running",
+    labels: dict[str, str] | None = None,
+    init: dict[str, str] | None = None,
+) -> Any:
+    def container(cname: str, lim: dict[str, str]) -> Any:
+        return k8s.V1Container(
+            name=cname,
+            image="quay.io/jupyter/base-notebook",
+            resources=k8s.V1ResourceRequirements(limits=lim),
+        )
+
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name=name, namespace="jhub", labels=labels or {}),
+        spec=k8s.V1PodSpec(
+            node_name=on,
+            containers=[container("main", limits)],
+            init_containers=[container("init", init)] if init else None,
+        ),
+        status=k8s.V1PodStatus(phase=phase),
+    )
+
+
+# Eight A100-40GB, each cut into 7 x 1g.5gb, under the single strategy: 56 MIG devices
+# advertised as nvidia.com/gpu (GFD's example of the single strategy).
+SINGLE = node(
+    "dgx-single",
+    {
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb",
+        "nvidia.com/gpu.count": "56",
+        "nvidia.com/gpu.memory": "5120",
+        "nvidia.com/gpu.slices.gi": "1",
+        "nvidia.com/gpu.slices.ci": "1",
+    },
+    {"nvidia.com/gpu": "56"},
+)
+# Four A100-40GB under the mixed strategy: two whole, one as 7 x 1g.5gb, one as 2 x 3g.20gb.
+MIXED = node(
+    "dgx-mixed",
+    {
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/gpu.product": "A100-SXM4-40GB",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.memory": "40960",
+        "nvidia.com/mig-1g.5gb.count": "7",
+        "nvidia.com/mig-1g.5gb.memory": "5120",
+        "nvidia.com/mig-3g.20gb.count": "2",
+        "nvidia.com/mig-3g.20gb.memory": "20480",
+    },
+    {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "7", "nvidia.com/mig-3g.20gb": "2"},
+)
+CPU_ONLY = node("cpu-1", {}, {})
+
+
+def classes(view: Any, node_name: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for d in view.inventory.devices:
+        if d.node == node_name:
+            cls = d.profile or "gpu"
+            found[cls] = found.get(cls, 0) + 1
+    return found
+
+
+def test_the_single_strategy_shows_mig_devices_as_nvidia_com_gpu() -> None:
+    view = cluster_view([SINGLE, CPU_ONLY], [], "gpubroker")
+    assert classes(view, "dgx-single") == {"1g.5gb": 56}
+    assert {d.node for d in view.inventory.devices} == {"dgx-single"}  # no GPUs, not listed
+    d = view.inventory.devices[0]
+    assert (d.kind, d.memory_mib, d.compute_slices) == ("mig", 4864, 1)  # the catalog's size
+    assert d.uuid == "k8s:dgx-single:1g.5gb:0"
+    assert parse_device_uuid(d.uuid) == ("dgx-single", "1g.5gb")
+    # a pod gets one by asking for nvidia.com/gpu: the plugin hands out slices under that name
+    assert resource_name("1g.5gb", "single") == "nvidia.com/gpu"
+    assert view.outside == {} and view.down == {}
+
+
+def test_the_mixed_strategy_shows_each_profile_and_the_whole_gpus() -> None:
+    view = cluster_view([MIXED], [], "gpubroker")
+    assert classes(view, "dgx-mixed") == {"gpu": 2, "1g.5gb": 7, "3g.20gb": 2}
+    by_class = {d.profile or "gpu": d for d in view.inventory.devices}
+    assert by_class["gpu"].memory_mib == 40960 and by_class["gpu"].kind == "gpu"
+    assert by_class["3g.20gb"].compute_slices == 3
+    assert by_class["3g.20gb"].memory_mib == 19968
+    assert resource_name("3g.20gb", "mixed") == "nvidia.com/mig-3g.20gb"
+    assert resource_name("1g.10gb+me", "mixed") == "nvidia.com/mig-1g.10gb.me"
+    assert resource_name("gpu", "mixed") == "nvidia.com/gpu"
+    # UUIDs are stable from one read to the next
+    again = cluster_view([MIXED], [], "gpubroker")
+    assert [d.uuid for d in again.inventory.devices] == [d.uuid for d in view.inventory.devices]
+
+
+def test_pods_outside_the_broker_count_and_the_brokers_own_do_not() -> None:
+    pods = [
+        pod("train-a", "dgx-mixed", {"nvidia.com/mig-1g.5gb": "2"}),
+        # an init container that needs more than the app containers sets the request
+        pod("etl", "dgx-mixed", {"nvidia.com/gpu": "0"}, init={"nvidia.com/gpu": "1"}),
+        pod("done", "dgx-mixed", {"nvidia.com/mig-3g.20gb": "1"}, phase="Succeeded"),
+        pod("failed", "dgx-mixed", {"nvidia.com/mig-3g.20gb": "1"}, phase="Failed"),
+        pod("pending", None, {"nvidia.com/mig-3g.20gb": "2"}, phase="Pending"),
+        pod(
+            "jupyter-ann", "dgx-mixed", {"nvidia.com/gpu": "1"}, labels={BROKER_LABEL: "gpubroker"}
+        ),
+        # another hub's broker: outside this one
+        pod("jupyter-zed", "dgx-single", {"nvidia.com/gpu": "3"}, labels={BROKER_LABEL: "other"}),
+    ]
+    view = cluster_view([SINGLE, MIXED], pods, "gpubroker")
+    assert view.outside == {
+        ("dgx-mixed", "1g.5gb"): 2,
+        ("dgx-mixed", "gpu"): 1,
+        ("dgx-single", "1g.5gb"): 3,
+    }
+
+
+def test_a_cordoned_or_not_ready_node_is_down_with_the_reason() -> None:
+    cordoned = node("gpu-c", {}, {"nvidia.com/gpu": "8"}, unschedulable=True)
+    lost = node(
+        "gpu-l",
+        {},
+        {"nvidia.com/gpu": "8"},
+        ready=k8s.V1NodeCondition(
+            type="Ready",
+            status="Unknown",
+            reason="NodeStatusUnknown",
+            message="Kubelet stopped posting node status.",
+        ),
+    )
+    view = cluster_view([cordoned, lost, MIXED], [], "gpubroker")
+    assert view.down == {
+        "gpu-c": "cordoned (unschedulable)",
+        "gpu-l": "NotReady (NodeStatusUnknown: Kubelet stopped posting node status.)",
+    }
+
+
+def test_the_view_makes_the_broker_respect_the_cluster(tmp_path: Any) -> None:
+    lost = node(
+        "gpu-l",
+        {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        {"nvidia.com/gpu": "8"},
+        ready=k8s.V1NodeCondition(type="Ready", status="False", reason="KubeletNotReady"),
+    )
+    pods = [pod("train-a", "dgx-mixed", {"nvidia.com/mig-1g.5gb": "6"})]
+    view = cluster_view([MIXED, lost], pods, "gpubroker")
+    assert view.inventory.devices[-1].memory_mib == 81559  # H100 80GB, from the catalog
+    store = Store()
+    broker = Broker(store, view.inventory, clock=VirtualClock(1_700_000_000.0))
+    apply_view(broker, view)
+    reasons = {broker.drained()[u][0] for u in broker.drained_by(ENGINE)}
+    assert reasons == {
+        "6 of 7 1g.5gb on dgx-mixed in use outside the broker",
+        "gpu-l: NotReady (KubeletNotReady)",
+    }
+    first = broker.submit("ann", Size(profile="1g.5gb"))
+    second = broker.submit("bob", Size(profile="1g.5gb"))
+    three = broker.submit("cat", Size(gpus=3))  # 8 on the NotReady node, 2 on dgx-mixed
+    assert [broker.request(r.id).state.value for r in (first, second, three)] == [
+        "granted",
+        "queued",
+        "queued",
+    ]
+    (lease,) = broker.leases()
+    assert parse_device_uuid(lease.devices[0]) == ("dgx-mixed", "1g.5gb")
+    store.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_api_server_that_does_not_answer_makes_the_engine_unavailable(
+    tmp_path: Any,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{free_port()}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+"""
+    )
+    source = KubernetesInventory(kubeconfig=str(kubeconfig), request_timeout=5)
+    with pytest.raises(EngineUnavailable, match=r"at http://127\.0\.0\.1:\d+ does not answer"):
+        await source.read()
+    await source.close()
+    missing = KubernetesInventory(kubeconfig=str(tmp_path / "nowhere"))
+    with pytest.raises(EngineUnavailable, match="no Kubernetes API server configured"):
+        await missing.read()
+
+
+def test_a_device_of_another_engine_is_not_parsed() -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes device"):
+        parse_device_uuid("GPU-8c3a5d6e-0000-0000-0000-000000000000")
