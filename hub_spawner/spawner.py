@@ -494,15 +494,21 @@ class GPUBrokerSpawnerMixin(Configurable):
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self._gpu and self._gpu.get("devices"):
-            devices = ",".join(self._gpu["devices"])
-            env.update(
-                CUDA_VISIBLE_DEVICES=devices,
-                NVIDIA_VISIBLE_DEVICES=devices,
-                **{LEASE_ENV: self._gpu["lease_id"]},
-            )
-        else:  # a CPU-only server: no GPU a kernel could use without asking the broker
-            env["CUDA_VISIBLE_DEVICES"] = ""
+            env.update(self._device_env(self._gpu["devices"]))
+            env[LEASE_ENV] = self._gpu["lease_id"]
+        else:
+            env.update(self._device_env(None))
         return env
+
+    def _device_env(self, devices: list[str] | None) -> dict[str, str]:
+        """The environment that confines the server to its granted ``devices`` (``None``: a
+        CPU-only server, which sees no GPU a kernel could use without asking the broker).
+        On one machine the spawner names them; an engine that enforces placement itself
+        (Kubernetes' device plugin) sets them in the container instead."""
+        if devices is None:
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        ids = ",".join(devices)
+        return {"CUDA_VISIBLE_DEVICES": ids, "NVIDIA_VISIBLE_DEVICES": ids}
 
     async def poll(self) -> int | None:
         status = await super().poll()

@@ -30,7 +30,13 @@ def test_the_spawners_are_jupyterhub_entry_points() -> None:
     for name, target in points["jupyterhub.spawners"].items():
         module, attr = target.split(":")
         found[name] = getattr(importlib.import_module(module), attr)
-    assert found == {"gpubroker": GPUBrokerSpawner, "gpubroker-simple": SimpleGPUBrokerSpawner}
+    from hub_spawner.kubernetes import GPUBrokerKubeSpawner
+
+    assert found == {
+        "gpubroker": GPUBrokerSpawner,
+        "gpubroker-simple": SimpleGPUBrokerSpawner,
+        "gpubroker-kubernetes": GPUBrokerKubeSpawner,
+    }
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ documentation, not recorded from a cluster:
 
 from __future__ import annotations
 
-import socket
+import importlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     resource_name,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 OURS = "gpubroker"
 READY = k8s.V1NodeCondition(type="Ready", status="True", reason="KubeletReady")
 
@@ -227,26 +229,10 @@ def test_the_view_makes_the_broker_respect_the_cluster(tmp_path: Any) -> None:
     store.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_an_api_server_that_does_not_answer_makes_the_engine_unavailable(
-    tmp_path: Any,
+    kubeconfig: Any, tmp_path: Any
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{free_port()}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-"""
-    )
-    source = KubernetesInventory(kubeconfig=str(kubeconfig), request_timeout=5)
+    source = KubernetesInventory(kubeconfig=str(kubeconfig()), request_timeout=5)
     with pytest.raises(EngineUnavailable, match=r"at http://127\.0\.0\.1:\d+ does not answer"):
         await source.read()
     await source.close()
@@ -258,3 +244,12 @@ current-context: x
 def test_a_device_of_another_engine_is_not_parsed() -> None:
     with pytest.raises(ValueError, match="not a Kubernetes device"):
         parse_device_uuid("GPU-8c3a5d6e-0000-0000-0000-000000000000")
+
+
+def test_the_source_is_registered_as_the_kubernetes_engine() -> None:
+    """So the broker finds it by the name ``kubernetes`` once the wheel is installed."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and newer
+    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    module, attr = points["jupyter_gpubroker.engines"]["kubernetes"].split(":")
+    assert getattr(importlib.import_module(module), attr) is KubernetesInventory
+    assert KubernetesInventory.name == "kubernetes"
