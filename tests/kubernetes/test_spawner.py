@@ -28,7 +28,6 @@ from hub_spawner.kubernetes import (  # noqa: E402
 from hub_spawner.spawner import LEASE_ENV  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import BROKER_LABEL, LEASE_LABEL  # noqa: E402
 
-
 # KubeSpawner's shared API clients close in a task that outlives each test's event loop
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
