@@ -204,9 +204,9 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
             }
             if self.kueue_queue:
                 labels[KUEUE_LABEL] = self.kueue_queue
-        self.extra_resource_limits = limits
-        self.node_affinity_required = affinity
-        self.extra_labels = labels
+        self.extra_resource_limits = dict(limits)
+        self.node_affinity_required = list(affinity)
+        self.extra_labels = dict(labels)
         return await super().get_pod_manifest()
 
     def _device_env(self, devices: list[str] | None) -> dict[str, str]:

@@ -9,10 +9,6 @@ from pathlib import Path
 import pytest
 from kube_helpers import free_port
 
-kube_config = pytest.importorskip(
-    "kubernetes_asyncio.config.kube_config", reason="the kubernetes extra"
-)
-
 KubeconfigFactory = Callable[..., Path]
 
 
@@ -20,6 +16,7 @@ KubeconfigFactory = Callable[..., Path]
 def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubeconfigFactory:
     """Write a kubeconfig for ``server`` (default: a port nothing listens on) and make it
     $KUBECONFIG; returns its path."""
+    kube_config = pytest.importorskip("kubernetes_asyncio.config.kube_config")
 
     def make(server: str = "") -> Path:
         path = tmp_path / "kubeconfig"

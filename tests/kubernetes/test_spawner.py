@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,9 +27,6 @@ from hub_spawner.kubernetes import (  # noqa: E402
 )
 from hub_spawner.spawner import LEASE_ENV  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import BROKER_LABEL, LEASE_LABEL  # noqa: E402
-
-# KubeSpawner's shared API clients close in a task that outlives each test's event loop
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 def granted(spawner: GPUBrokerKubeSpawner, *devices: str) -> GPUBrokerKubeSpawner:
@@ -69,12 +66,11 @@ PIN = {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
 
 @pytest.fixture
 def make_spawner(
-    kubeconfig: Any, monkeypatch: pytest.MonkeyPatch
-) -> Callable[..., GPUBrokerKubeSpawner]:
+    kubeconfig: Any, monkeypatch: pytest.MonkeyPatch, jp_asyncio_loop: asyncio.AbstractEventLoop
+) -> Iterator[Callable[..., GPUBrokerKubeSpawner]]:
     """Make a spawner with these traits for KubeSpawner's stand-in of the hub's user
     ("mock@name"), in a test's event loop as the hub makes it in its own; the API server
     it would talk to is ``server`` (default: a port nothing listens on)."""
-
     # KubeSpawner loads its kubeconfig once and shares one API client per event loop:
     # each test's spawners load theirs and get their own
     monkeypatch.setattr(clients, "_client_cache", {})
@@ -84,7 +80,16 @@ def make_spawner(
         kubeconfig(server)
         return GPUBrokerKubeSpawner(_mock=True, **traits)
 
-    return make
+    yield make
+
+    async def close() -> None:
+        """End the tasks that close the shared clients (in a hub: at its shutdown)."""
+        tasks = [t for t in asyncio.all_tasks() if "close_client_task" in repr(t.get_coro())]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    jp_asyncio_loop.run_until_complete(close())
 
 
 async def test_a_mig_grant_under_the_mixed_strategy_is_a_mig_limit_on_that_node(
@@ -159,6 +164,7 @@ async def test_a_grant_from_a_broker_on_another_inventory_is_refused_clearly(
 
 async def test_the_options_form_is_the_brokers_not_kubespawners_profiles(make_spawner: Any) -> None:
     spawner = make_spawner()
+    assert spawner.options_form.__qualname__.startswith("GPUBrokerSpawnerMixin.")
     assert spawner.options_from_form({"gpu_kind": ["profile"], "profile": ["1g.10gb"]}) == {
         "job_class": "interactive",
         "profile": "1g.10gb",
