@@ -36,8 +36,5 @@ def hub(
     tmp_path_factory: pytest.TempPathFactory, proxy: None, hub_options: dict[str, Any]
 ) -> Iterator[Hub]:
     running = Hub(tmp_path_factory.mktemp("hub"), **hub_options)
-    try:
-        running.start()
+    with running.running():
         yield running
-    finally:
-        running.stop()
