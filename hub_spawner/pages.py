@@ -34,6 +34,7 @@ from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.broker.budgets import QUOTA_BOUNDS
 from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest
 from jupyter_gpubroker.client import eta_text, size_text
+from jupyter_gpubroker.server.handlers import BrokerErrorStatus
 
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .spawner import JOB_CLASSES, Choices
@@ -73,7 +74,7 @@ def bars(values: dict[str, float], sort_by_key: bool = False) -> list[dict[str, 
     return [{"key": k or "(none)", "value": v, "pct": 100.0 * v / top} for k, v in items]
 
 
-class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
     """A page of a logged-in hub user with the use scope: a browser without the service's
     login is sent through the hub's OAuth; a form post without a valid XSRF token, whose
     login cookie the hub's auth then ignores, is refused with a sentence."""

@@ -210,6 +210,9 @@ def test_the_admin_page_shows_devices_usage_and_acts_on_queue_and_devices(
     assert "filler" in doc.select_one("#usage-user svg").get_text(" ")
     assert doc.select_one("#alerts") is not None
 
+    r = admin.get(f"{hub.url}{PAGES}/admin?days=many", timeout=60)
+    assert r.status_code == 400 and "'days' must be an integer from 1 to 3660" in error(r)
+
     csv = admin.get(f"{hub.url}{PAGES}/admin/usage.csv", timeout=60)
     assert csv.headers["Content-Type"].startswith("text/csv")
     lines = csv.text.splitlines()
