@@ -5,7 +5,9 @@
 broker's state file and the machine's NVML inventory (``runtime.GPUBroker``, configured
 as ``c.GPUBroker.*`` from ``--config FILE`` and the command line). It serves the same
 API as the server extension, with the same handlers (``server.handlers``), under
-``$JUPYTERHUB_SERVICE_PREFIX`` + ``api/v1/`` (``/services/gpubroker/api/v1/``).
+``$JUPYTERHUB_SERVICE_PREFIX`` + ``api/v1/`` (``/services/gpubroker/api/v1/``), and
+the hub pages (``pages``): "My GPUs" at the prefix (the Services menu's link), the
+admin page at ``admin``.
 
 Who is calling, and what they may do (``HubHost``), all from the hub:
 - a browser, through the hub's OAuth (the service's cookie; a call that changes
@@ -36,17 +38,11 @@ import signal
 import sys
 import time
 from copy import deepcopy
-from html import escape
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from jupyterhub.services.auth import (
-    HubOAuth,
-    HubOAuthCallbackHandler,
-    HubOAuthenticated,
-    check_scopes,
-)
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
@@ -61,20 +57,15 @@ from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.server.handlers import handlers
 
-USE_SCOPE = "custom:gpubroker:use"
-ADMIN_SCOPE = "custom:gpubroker:admin"
-API_PATH = "api/v1"
-"""The API's path under the service prefix."""
-
-
-class HubAuthFromSettings:
-    """The application's one ``HubOAuth`` (configured by the service), not a singleton."""
-
-    settings: dict[str, Any]
-
-    @property
-    def hub_auth(self) -> HubOAuth:
-        return self.settings["hub_auth"]
+from .hubauth import (
+    ADMIN_SCOPE,
+    API_PATH,
+    HubAuthFromSettings,
+    check_user,
+    hub_identity,
+    require_use,
+)
+from .pages import page_handlers
 
 
 class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
@@ -97,48 +88,15 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
                 f"log in through the hub at {self.hub_auth.base_url} (then a call that changes "
                 "anything sends the _xsrf cookie's value as X-XSRFToken)",
             )
-        kind, name = model.get("kind", "user"), model["name"]
-        if self.hub_scopes and not check_scopes(self.hub_scopes, set(model["scopes"])):
-            raise web.HTTPError(
-                403,
-                f"{kind} {name} has no access to this service: grant "
-                f"{' or '.join(sorted(self.hub_scopes))} (c.JupyterHub.load_roles)",
-            )
-        if kind != "user":
-            raise web.HTTPError(
-                403,
-                f"the GPU broker serves hub users, not {kind} {name}: call it with a user's token",
-            )
-        admin = bool(check_scopes(ADMIN_SCOPE, set(model["scopes"])))
-        self.who = api.identify(name, groups=model.get("groups") or (), admin=admin)
+        check_user(model, self.hub_scopes)
+        self.who = hub_identity(api, model)
         self.current_user = model
 
     async def authorize(self) -> None:
         user = self.current_user
         if user["kind"] == "kernel":  # issued to a user who held the use scope
             return
-        if not check_scopes(USE_SCOPE, set(user["scopes"])):
-            raise web.HTTPError(
-                403,
-                f"{user['name']}'s hub credential lacks the {USE_SCOPE} scope: ask a hub "
-                "admin to grant it (c.JupyterHub.load_roles), or use a token that has it",
-            )
-
-
-class HomeHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
-    """The service's page in the hub's Services menu: log in through the hub (OAuth),
-    which sets the cookie (and the ``_xsrf`` cookie) a browser front calls the API with."""
-
-    @web.authenticated
-    def get(self) -> None:
-        user = self.current_user
-        self.xsrf_token  # noqa: B018 - sets the _xsrf cookie fronts send back
-        api = url_path_join(self.hub_auth.base_url, API_PATH)
-        self.write(
-            "<!doctype html><title>GPU broker</title>"
-            f"<h1>GPU broker</h1><p>Signed in as {escape(user['name'])}.</p>"
-            f'<p>API: <a href="{escape(api)}/overview">{escape(api)}/</a></p>'
-        )
+        require_use(user)
 
 
 class CallbackHandler(HubAuthFromSettings, HubOAuthCallbackHandler):
@@ -248,7 +206,7 @@ class GPUBrokerService(Application):
             [
                 *handlers(HubHost, root=url_path_join(prefix, API_PATH)),
                 (url_path_join(prefix, "oauth_callback"), CallbackHandler),
-                (prefix.rstrip("/") + "/?", HomeHandler),
+                *page_handlers(prefix),
             ],
             gpubroker=broker,
             gpubroker_api=BrokerAPI(broker),

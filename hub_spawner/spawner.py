@@ -50,7 +50,7 @@ from jupyter_gpubroker.client import (
     size_text,
 )
 
-from .service import API_PATH, USE_SCOPE
+from .hubauth import API_PATH, USE_SCOPE
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 OPTION_FIELDS = (*SIZE_FIELDS, "job_class")

@@ -6,6 +6,8 @@ also request ``http_server_client`` (tests/server with an autouse fixture)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +23,7 @@ from jupyter_gpubroker.kernelspec import spec_for
 from jupyter_gpubroker.paths import LOCK_DIR_ENV
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+PROXY = "configurable-http-proxy"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,6 +42,16 @@ def _own_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     says so."""
     monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("gpu-locks")))
     monkeypatch.delenv(URL_ENV, raising=False)
+
+
+@pytest.fixture(scope="module")
+def proxy() -> None:
+    """configurable-http-proxy, which every real hub needs: without it a hub test is
+    skipped, except in CI (``CI=true``), where that is a failure."""
+    if shutil.which(PROXY) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
+        pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ proxy as a browser does. The ``hub`` fixture (tests/hub/conftest.py) starts one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +184,15 @@ c.JupyterHub.load_roles.append(
         assert after != before
         return after
 
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Hub]:
+        """The hub started, stopped at the end (also when it failed to start)."""
+        try:
+            self.start()
+            yield self
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -224,6 +235,17 @@ c.JupyterHub.load_roles.append(
             body["scopes"] = scopes
         return str(self.hub_api("POST", f"users/{name}/tokens", body, expect=201)["token"])
 
+    def login(self, name: str) -> requests.Session:
+        """A browser's session of ``name``: logged in to the hub (any password: the dummy
+        authenticator), then to the broker service's pages through the hub's OAuth."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=30)
+        form = {"username": name, "password": "any", "_xsrf": s.cookies.get("_xsrf", path="/hub/")}
+        assert s.post(f"{self.url}/hub/login", data=form, timeout=30).ok
+        page = s.get(f"{self.url}/services/{SERVICE}/", timeout=60)  # the OAuth dance
+        assert page.status_code == 200, page.text
+        return s
+
     # -- single-user servers, started by the hub's spawner
 
     def start_server(self, name: str) -> dict[str, str]:
@@ -261,6 +283,12 @@ c.JupyterHub.load_roles.append(
             timeout=30,
         )
         return r.status_code, r.json() if r.text else None
+
+    def ok(self, token: str, method: str, path: str, body: Any = None) -> Any:
+        """The JSON of a broker call that must succeed."""
+        status, data = self.api(token, method, path, body)
+        assert status in (200, 201, 204), f"{method} {path}: {status} {data}"
+        return data
 
 
 class ServerKernel:

@@ -333,10 +333,18 @@ class BrokerAPI:
         return {"by": by, "gpu_hours": usage}
 
     def quotas(self, who: Identity) -> dict[str, Any]:
+        """The quotas in force (a non-admin: their own), each with its budget's spend so
+        far in the current period (``spent_gpu_hours``, null without a budget)."""
+        core = self.core
         return {
             "quotas": [
-                {"kind": kind, "name": name, **q.to_json()}
-                for (kind, name), q in self.core.quotas().items()
+                {
+                    "kind": kind,
+                    "name": name,
+                    **q.to_json(),
+                    "spent_gpu_hours": core.budget_spent(kind, name),
+                }
+                for (kind, name), q in core.quotas().items()
                 if who.admin or (kind, name) == ("user", who.user)
             ]
         }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import InvalidRequest, QuotaExceeded
@@ -43,14 +44,9 @@ class Quota:
 
     def __post_init__(self) -> None:
         """Refuse any value a later step (fair share, budget periods) could not use."""
-        for name, (lo, hi) in QUOTA_BOUNDS.items():
-            v = getattr(self, name)
-            if v is not None and not (finite_number(v) and lo <= v <= hi):
-                raise InvalidRequest(
-                    f"quota {name} must be a number from {lo:.15g} to {hi:.15g}, not {v!r}"
-                )
-        if (self.gpu_hours is None) != (self.period_s is None):
-            raise InvalidRequest("a GPU-hour budget needs both gpu_hours and period_s")
+        problems = quota_problems(self.to_json())
+        if problems:
+            raise InvalidRequest("; ".join(problems.values()), fields=problems)
 
     def to_json(self) -> dict[str, float | None]:
         return {
@@ -59,6 +55,21 @@ class Quota:
             "gpu_hours": self.gpu_hours,
             "period_s": self.period_s,
         }
+
+
+def quota_problems(values: Mapping[str, object]) -> dict[str, str]:
+    """What is wrong with each field of a quota (``QUOTA_BOUNDS``; a budget needs both
+    ``gpu_hours`` and ``period_s``); empty when it is a quota the broker can use."""
+    problems = {}
+    for name, (lo, hi) in QUOTA_BOUNDS.items():
+        v = values.get(name)
+        if v is not None and not (finite_number(v) and lo <= v <= hi):  # type: ignore[operator]
+            problems[name] = f"quota {name} must be a number from {lo:.15g} to {hi:.15g}, not {v!r}"
+    budget = [values.get(k) is None for k in ("gpu_hours", "period_s")]
+    if budget[0] != budget[1] and not problems:
+        missing = "period_s" if budget[1] else "gpu_hours"
+        problems[missing] = "a GPU-hour budget needs both gpu_hours and period_s"
+    return problems
 
 
 class Budgets:
@@ -151,6 +162,12 @@ class Budgets:
             if q.gpu_hours is not None and self._budget_spent(entity, q, now) >= q.gpu_hours:
                 return True
         return False
+
+    def spent(self, entity: Entity, now: float) -> float | None:
+        """The GPU-hours ``entity`` used in its budget's current period, running leases
+        included (None without a budget)."""
+        q = self._quotas.get(entity)
+        return None if q is None or q.period_s is None else self._budget_spent(entity, q, now)
 
     def _budget_spent(self, entity: Entity, q: Quota, now: float) -> float:
         assert q.period_s is not None

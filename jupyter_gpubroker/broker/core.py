@@ -649,6 +649,10 @@ class Broker:
     def quotas(self) -> dict[Entity, Quota]:
         return self.budgets.quotas()
 
+    def budget_spent(self, kind: str, name: str) -> float | None:
+        """GPU-hours a user or group used in its budget's current period (None: no budget)."""
+        return self.budgets.spent((kind, name), self.clock.now())
+
     def usage(
         self, since: float | None = None, until: float | None = None, by: str = "user"
     ) -> dict[str, float]:

@@ -23,9 +23,14 @@ class BrokerError(Exception):
 
 
 class InvalidRequest(BrokerError):
-    """Malformed input: a bad name, size, class or field."""
+    """Malformed input: a bad name, size, class or field; ``fields``: what is wrong with
+    each field, where a form shows it next to the field (the message says it all too)."""
 
     code = "invalid_request"
+
+    def __init__(self, message: str, fields: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or {}
 
 
 class UnknownProfile(InvalidRequest):

@@ -53,7 +53,18 @@ def authorized(method: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
-class BrokerHandler(_Handler):
+class BrokerErrorStatus(_Handler):
+    """A broker error (``BrokerError``) is sent with its own status, never as a 500; a
+    host's ``write_error`` renders it (JSON here, a page on the hub's pages)."""
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, BrokerError):
+            self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
+            return
+        super()._handle_request_exception(e)
+
+
+class BrokerHandler(BrokerErrorStatus):
     """What every handler shares, whatever its host: the API, the caller, JSON in and
     out, errors as the API's ``{error, message}``."""
 
@@ -84,12 +95,6 @@ class BrokerHandler(_Handler):
             body = {"error": f"http_{status_code}", "message": message}
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
-
-    def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, BrokerError):
-            self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
-            return
-        super()._handle_request_exception(e)
 
     def body(self) -> dict[str, Any]:
         """The body's JSON object; an empty body, bytes that are not UTF-8 and JSON that

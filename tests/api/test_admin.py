@@ -237,6 +237,20 @@ def test_deleting_a_quota_tells_its_user_the_defaults_are_back(team: BrokerAPI) 
     }
 
 
+def test_quotas_show_their_budgets_spend_so_far_and_a_user_only_their_own(
+    team: BrokerAPI,
+) -> None:
+    carol, alice = team.user_identity("carol"), team.user_identity("alice")
+    team.set_quota(carol, "user", "alice", {"gpu_hours": 10, "period_s": 86400})
+    team.set_quota(carol, "group", "lab", {"share": 2})
+    team.submit(alice, SLICE)
+    (mine,) = team.quotas(alice)["quotas"]
+    assert (mine["name"], mine["gpu_hours"]) == ("alice", 10)
+    assert 0 <= mine["spent_gpu_hours"] < 0.01  # a slice held for a moment
+    spent = {q["name"]: q["spent_gpu_hours"] for q in team.quotas(carol)["quotas"]}
+    assert spent["lab"] is None  # no budget, nothing to spend
+
+
 def test_an_admin_change_and_its_audit_record_commit_together_or_not_at_all(
     team: BrokerAPI,
 ) -> None:

@@ -117,6 +117,20 @@ def test_a_live_lease_spends_the_budget_and_holds_back_queued_requests(budget_br
     assert queued.state is RequestState.QUEUED, "the budget is spent: nothing more is granted"
 
 
+def test_the_spend_so_far_counts_ended_and_live_leases_of_this_period(budget_broker):
+    broker, clock = budget_broker
+    assert broker.budget_spent("user", "alice") == 0.0
+    assert broker.budget_spent("user", "bob") is None  # no budget
+    done = broker.submit("alice", Size(gpus=1))
+    clock.advance(HOUR / 2)
+    broker.release(done.lease_id)
+    broker.submit("alice", Size(gpus=1))
+    clock.advance(HOUR / 4)
+    assert broker.budget_spent("user", "alice") == pytest.approx(0.75)
+    clock.set(MIDNIGHT + DAY + HOUR)  # the next period: only the live lease's hour there
+    assert broker.budget_spent("user", "alice") == pytest.approx(1.0)
+
+
 def test_a_budget_set_mid_period_counts_what_was_already_spent(make_broker, clock):
     broker = make_broker(whole_inventory(2))
     r = broker.submit("alice", Size(gpus=1))
@@ -168,6 +182,17 @@ def test_a_restart_remembers_the_budget_spent_in_a_long_period(state_file):
 def test_bad_quotas_are_invalid_requests(kwargs):
     with pytest.raises(InvalidRequest):
         Quota(**kwargs)
+
+
+def test_a_bad_quota_says_what_is_wrong_with_each_field():
+    with pytest.raises(InvalidRequest) as bad:
+        Quota(share=0, max_gpus=-1, gpu_hours=5, period_s=DAY)
+    assert set(bad.value.fields) == {"share", "max_gpus"}
+    assert "share must be a number from 0.001" in bad.value.fields["share"]
+    assert bad.value.message == "; ".join(bad.value.fields.values())
+    with pytest.raises(InvalidRequest) as half:
+        Quota(gpu_hours=5)
+    assert half.value.fields == {"period_s": "a GPU-hour budget needs both gpu_hours and period_s"}
 
 
 def test_set_quota_validates_kind_and_name(make_broker):

@@ -1,28 +1,14 @@
 """The ``hub`` fixture: one real JupyterHub with the broker service per test module
 (``live_hub.Hub``), with the ``c.GPUBroker`` options a module's ``hub_options`` fixture
-returns. Without configurable-http-proxy the tests are skipped, except in CI
-(``CI=true``), where that is a failure (the ``proxy`` fixture, for a module that starts a
-``Hub`` of its own)."""
+returns; it needs configurable-http-proxy (the ``proxy`` fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from live_hub import Hub
-
-PROXY = "configurable-http-proxy"
-
-
-@pytest.fixture(scope="module")
-def proxy() -> None:
-    if shutil.which(PROXY) is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
-        pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +22,5 @@ def hub(
     tmp_path_factory: pytest.TempPathFactory, proxy: None, hub_options: dict[str, Any]
 ) -> Iterator[Hub]:
     running = Hub(tmp_path_factory.mktemp("hub"), **hub_options)
-    try:
-        running.start()
+    with running.running():
         yield running
-    finally:
-        running.stop()

@@ -114,12 +114,8 @@ def test_the_service_says_which_scope_a_caller_lacks(hub: Hub) -> None:
 
 
 def test_a_browser_logs_in_through_the_hub_and_needs_xsrf_to_change_anything(hub: Hub) -> None:
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=30)
-    login = {"username": "dave", "password": "any", "_xsrf": s.cookies.get("_xsrf", path="/hub/")}
-    assert s.post(f"{hub.url}/hub/login", data=login, timeout=30).ok
-    page = s.get(f"{hub.url}/services/gpubroker/", timeout=30)  # the OAuth dance
-    assert page.status_code == 200 and "Signed in as dave" in page.text
+    s = hub.login("dave")
+    assert "Signed in as dave" in s.get(f"{hub.url}/services/gpubroker/", timeout=30).text
     assert s.get(f"{hub.api_url}/me", timeout=30).json()["user"] == "dave"
 
     refused = s.post(f"{hub.api_url}/requests", json=SLICE, timeout=30)

@@ -17,7 +17,7 @@ import pytest
 import requests
 from live_hub import Hub, wait_for
 
-from hub_spawner.service import USE_SCOPE as USE
+from hub_spawner.hubauth import USE_SCOPE as USE
 from hub_spawner.spawner import LEASE_ENV
 
 pytestmark = pytest.mark.hub
@@ -44,11 +44,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory, proxy: None) -> Iterator[Hub]:
         extra_config=CONFIG,
         lease_ttl=900,  # the filler's leases, never renewed, outlive the module
     )
-    try:
-        running.start()
+    with running.running():
         yield running
-    finally:
-        running.stop()
 
 
 def ok(hub: Hub, token: str, method: str, path: str, body: Any = None) -> Any:

@@ -9,13 +9,13 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from lab_server import BUILT, CHROMIUM, ROOT, TOKEN, Lab
 
 
-def _unavailable(why: str) -> None:
+def _unavailable(why: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{why}; CI runs the UI tests, so it must be there")
     pytest.skip(why)
@@ -49,8 +49,8 @@ def lab(tmp_path: Path, built_extension: Path, lab_config: dict[str, Any]) -> It
 
 
 @pytest.fixture
-def page(lab: Lab) -> Iterator[Any]:
-    """Chromium on the Lab, its token in the first URL."""
+def browser() -> Iterator[Any]:
+    """Debian's Chromium through Playwright (no browser download)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -62,10 +62,18 @@ def page(lab: Lab) -> Iterator[Any]:
             executable_path=CHROMIUM,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{lab.url}/lab?token={TOKEN}&reset")
         try:
-            yield page
+            yield browser
         finally:
-            page.screenshot(path=str(lab.tmp / "last.png"))
             browser.close()
+
+
+@pytest.fixture
+def page(lab: Lab, browser: Any) -> Iterator[Any]:
+    """Chromium on the Lab, its token in the first URL."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{lab.url}/lab?token={TOKEN}&reset")
+    try:
+        yield page
+    finally:
+        page.screenshot(path=str(lab.tmp / "last.png"))

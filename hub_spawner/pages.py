@@ -1,0 +1,330 @@
+"""The hub pages of the GPU broker service: "My GPUs" for every user, the admin page.
+
+``page_handlers(prefix)`` mounts them in the service: "My GPUs" at the prefix (the link
+in the hub's Services menu), the admin page at ``admin`` (``custom:gpubroker:admin``
+only), its usage as CSV at ``admin/usage.csv``. They render on the server with the
+hub's own stylesheet and dark-mode switch (its static files, from the hub), so they look
+like the hub in both themes, and need no JavaScript: every action is a plain form post
+with the hub's XSRF token (``_xsrf``) to ``my/<action>`` or ``admin/<action>``.
+
+Thin fronts of the one API: each action calls the ``BrokerAPI`` method the REST API
+calls (the same rules, the same audit records), then redirects back with what happened
+(post/redirect/get). A refused action shows the page again with the broker's reason,
+next to the form field it is about, and the values the admin typed; nothing changed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from tornado import web
+
+from jupyter_gpubroker.api.identity import Identity
+from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
+from jupyter_gpubroker.api.shapes import iso
+from jupyter_gpubroker.broker.budgets import QUOTA_BOUNDS
+from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest
+from jupyter_gpubroker.client import eta_text, size_text
+from jupyter_gpubroker.server.handlers import BrokerErrorStatus
+
+from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
+from .spawner import JOB_CLASSES, Choices
+
+TEMPLATES = Path(__file__).with_name("templates")
+USAGE_BY = ("user", "group", "profile", "day")
+"""The admin page's usage charts (the API's ``usage`` ``by``)."""
+USAGE_DAYS = 30
+"""Days of usage the admin page shows unless ``days`` says otherwise."""
+AUDIT_ROWS = 25
+PERIODS = {"3600": "hour", "86400": "day", "604800": "week", "2592000": "30 days"}
+"""The budget periods the quota form offers (any other one set through the API is kept)."""
+FLASH = "gpubroker-flash"
+
+_env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape())
+
+
+def _when(value: str | None) -> str:
+    """An API time as the pages show it: "2026-12-01 12:40 UTC"."""
+    if not value:
+        return ""
+    return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _num(value: float | None) -> str:
+    """A number as a form shows it (none: empty)."""
+    return "" if value is None else f"{value:.15g}"
+
+
+_env.filters.update(when=_when, num=_num, size=size_text, eta=eta_text)
+
+
+def bars(values: dict[str, float], sort_by_key: bool = False) -> list[dict[str, Any]]:
+    """A bar chart's rows: each key's GPU-hours and bar length in % of the largest."""
+    top = max(values.values(), default=0.0) or 1.0
+    items = sorted(values.items()) if sort_by_key else sorted(values.items(), key=lambda x: -x[1])
+    return [{"key": k or "(none)", "value": v, "pct": 100.0 * v / top} for k, v in items]
+
+
+class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+    """A page of a logged-in hub user with the use scope: a browser without the service's
+    login is sent through the hub's OAuth; a form post without a valid XSRF token, whose
+    login cookie the hub's auth then ignores, is refused with a sentence."""
+
+    who: Identity
+
+    @property
+    def api(self) -> BrokerAPI:
+        return self.settings["gpubroker_api"]  # type: ignore[no-any-return]
+
+    async def prepare(self) -> None:
+        model = await self.hub_auth.get_user(self, sync=False)
+        if not model:
+            if self.request.method in ("GET", "HEAD"):
+                self.redirect(self.get_login_url())
+                return
+            raise web.HTTPError(
+                403,
+                "This form was refused: it carries no valid XSRF token of your login (reload "
+                "the page and send it again), or you are not logged in.",
+            )
+        check_user(model, self.hub_scopes)
+        require_use(model)
+        self.current_user = model
+        self.who = hub_identity(self.api, model)
+
+    def url(self, *parts: str) -> str:
+        return url_path_join(self.hub_auth.base_url, *parts)
+
+    def render_page(self, template: str, status: int = 200, **context: Any) -> None:
+        hub = self.hub_auth.hub_prefix
+        self.set_status(status)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(
+            _env.get_template(template).render(
+                who=getattr(self, "who", None),
+                hub_prefix=hub,
+                static=lambda path: url_path_join(hub, "static", path),
+                url=self.url,
+                xsrf_form_html=self.xsrf_form_html,
+                flash=self._take_flash(),
+                **context,
+            )
+        )
+
+    def _take_flash(self) -> str:
+        """What the last action did (set before its redirect), shown once."""
+        flash = self.get_signed_cookie(FLASH, max_age_days=1)
+        if flash:
+            self.clear_cookie(FLASH, path=self.hub_auth.base_url)
+        return flash.decode() if flash else ""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "message", None) or getattr(exc, "log_message", None) or self._reason
+        self.render_page("error.html", status_code, code=status_code, message=message)
+
+    def require_admin(self) -> None:
+        if not self.who.admin:
+            raise web.HTTPError(
+                403,
+                f"Only GPU broker admins see this page: {self.who.user} lacks the "
+                f"{ADMIN_SCOPE} scope (a hub admin grants it in c.JupyterHub.load_roles).",
+            )
+
+    # -- the pages' contents, from the API
+
+    def my_context(self) -> dict[str, Any]:
+        api, who = self.api, self.who
+        overview = api.overview(who)
+        quotas = api.quotas(who)["quotas"]
+        choices = Choices(overview, quotas)
+        waiting = [r for r in overview["requests"] if r["state"] == "queued"]
+        quota = quotas[0] if quotas else None
+        budget_left = None
+        if quota and quota["gpu_hours"] is not None:
+            budget_left = max(0.0, quota["gpu_hours"] - (quota["spent_gpu_hours"] or 0.0))
+        return {
+            "page": "my",
+            "waiting": [{**r, "why": choices.blocked(r)} for r in waiting],
+            "leases": overview["leases"],
+            "queue_length": overview["length"],
+            "quota": quota,
+            "held": choices.held,
+            "budget_left": budget_left,
+            "periods": PERIODS,
+            "used": api.usage(who, "user")["gpu_hours"].get(who.user, 0.0),
+        }
+
+    def usage_days(self) -> tuple[int, str]:
+        """The days of usage asked for (``days``) and the ISO time they start."""
+        days = parse_int("days", self.get_argument("days", None), 1, 3660, USAGE_DAYS)
+        return days, str(iso(self.api.core.clock.now() - days * 86400.0))
+
+    def admin_context(self) -> dict[str, Any]:
+        api, who = self.api, self.who
+        days, since = self.usage_days()
+        after = self.get_argument("after", None)
+        audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
+        quotas = api.quotas(who)["quotas"]
+        return {
+            "page": "admin",
+            "quotas": sorted(quotas, key=lambda q: (q["kind"], q["name"])),
+            "periods": PERIODS,
+            "queue": api.queue(who)["queue"],
+            "job_classes": JOB_CLASSES,
+            "gpus": api.devices(who)["gpus"],
+            "days": days,
+            "charts": {
+                by: bars(api.usage(who, by, since)["gpu_hours"], sort_by_key=by == "day")
+                for by in USAGE_BY
+            },
+            "audit": audit["audit"],
+            "audit_next": audit["next_after"],
+            "audit_paged": after is not None,
+            "json": json.dumps,
+        }
+
+
+class MyPage(PageHandler):
+    """What I hold and wait for, my quota, budget and usage; release and cancel."""
+
+    def get(self) -> None:
+        self.render_page("my.html", **self.my_context())
+
+
+class AdminPage(PageHandler):
+    """Quotas, the live queue, the devices, usage charts and the audit log."""
+
+    def get(self) -> None:
+        self.require_admin()
+        self.render_page("admin.html", **self.admin_context())
+
+
+class UsageCSV(PageHandler):
+    """The admin page's usage, one row per (by, key): GPU-hours over its days."""
+
+    def get(self) -> None:
+        self.require_admin()
+        since = self.usage_days()[1]
+        out = io.StringIO()
+        rows = csv.writer(out)
+        rows.writerow(["by", "key", "gpu_hours"])
+        for by in USAGE_BY:
+            usage = self.api.usage(self.who, by, since)
+            for key, hours in sorted(usage["gpu_hours"].items()):
+                rows.writerow([by, key, f"{hours:.6f}"])
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", 'attachment; filename="gpubroker-usage.csv"')
+        self.finish(out.getvalue())
+
+
+Form = dict[str, str]
+Action = Callable[[BrokerAPI, Identity, Form], str]
+
+
+def _number(value: str) -> float | str | None:
+    """A form's number (empty: none); text that is no number is left for the rule to
+    refuse with its own message."""
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _set_quota(api: BrokerAPI, who: Identity, form: Form) -> str:
+    body = {k: _number(form.get(k, "")) for k in QUOTA_BOUNDS}
+    kind, name = form.get("kind", ""), form.get("name", "").strip()
+    api.set_quota(who, kind, name, body)
+    return f"The quota of {kind} {name} is set."
+
+
+def _delete_quota(api: BrokerAPI, who: Identity, form: Form) -> str:
+    api.delete_quota(who, form.get("kind", ""), form.get("name", ""))
+    return f"{form.get('kind')} {form.get('name')} is back on the default share and no limits."
+
+
+def _cancel(api: BrokerAPI, who: Identity, form: Form) -> str:
+    r = api.cancel(who, form.get("request_id", ""), form.get("reason") or None)
+    return f"{r['user']}'s request for {size_text(r)} is {r['state']}."
+
+
+def _set_class(api: BrokerAPI, who: Identity, form: Form) -> str:
+    body = {"job_class": form.get("job_class", ""), "reason": form.get("reason") or None}
+    r = api.change_request(who, form.get("request_id", ""), body)
+    return f"{r['user']}'s request for {size_text(r)} is now {r['job_class']}."
+
+
+def _release(api: BrokerAPI, who: Identity, form: Form) -> str:
+    lease = api.release(who, form.get("lease_id", ""))
+    return f"Released {', '.join(lease['devices'])}."
+
+
+def _drain(api: BrokerAPI, who: Identity, form: Form) -> str:
+    return str(api.drain(who, form.get("uuid", ""), {"reason": form.get("reason", "")})["message"])
+
+
+def _undrain(api: BrokerAPI, who: Identity, form: Form) -> str:
+    reason = form.get("reason") or None
+    return str(api.undrain(who, form.get("uuid", ""), reason)["message"])
+
+
+ACTIONS: dict[str, dict[str, Action]] = {
+    "my": {"cancel": _cancel, "release": _release},
+    "admin": {
+        "quota": _set_quota,
+        "quota-delete": _delete_quota,
+        "cancel": _cancel,
+        "class": _set_class,
+        "drain": _drain,
+        "undrain": _undrain,
+    },
+}
+
+
+class ActionHandler(PageHandler):
+    """A form post: ``page`` (``my`` or ``admin``) and its ``action``, done by the API as
+    the logged-in user (whose rules refuse anything not theirs to do)."""
+
+    def post(self, page: str, action: str) -> None:
+        do = ACTIONS[page].get(action)
+        if do is None:
+            raise web.HTTPError(404, f"No action {action!r} on this page.")
+        if page == "admin":
+            self.require_admin()
+        form = {k: self.get_body_argument(k, "") for k in self.request.body_arguments}
+        form.pop("_xsrf", None)
+        try:
+            done = do(self.api, self.who, form)
+        except BrokerError as e:
+            fields = e.fields if isinstance(e, InvalidRequest) else {}
+            failed = {"action": action, "form": form, "message": e.message, "fields": fields}
+            if page == "admin":
+                self.render_page("admin.html", e.status, failed=failed, **self.admin_context())
+            else:
+                self.render_page("my.html", e.status, failed=failed, **self.my_context())
+            return
+        self.set_signed_cookie(FLASH, done, path=self.hub_auth.base_url, httponly=True)
+        self.redirect(self.url("admin") if page == "admin" else self.url(), status=303)
+
+
+def page_handlers(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
+    """The pages' routes under the service's ``prefix``."""
+    root = prefix.rstrip("/")
+    return [
+        (root + "/?", MyPage),
+        (root + "/admin/?", AdminPage),
+        (root + "/admin/usage.csv", UsageCSV),
+        (root + "/(my|admin)/([a-z-]+)", ActionHandler),
+    ]
