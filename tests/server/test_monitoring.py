@@ -5,14 +5,17 @@ dashboard, whose every metric name the live server exports."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from openapi_check import EventStream, validate
 from prometheus_client.parser import text_string_to_metric_families
+from shipped_monitoring import metric_names
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpubroker.api import API_PREFIX
+from jupyter_gpubroker.nvml.backend import GPM_MIN_INTERVAL_S
 
 
 @pytest.fixture
@@ -160,3 +163,22 @@ async def test_an_alert_starts_and_ends_in_the_api_the_stream_and_the_metrics(
         "memory": True,
     }
     assert ("gpubroker_alert_active", alert_labels) not in await scrape(jp_fetch)
+
+
+async def test_every_metric_the_rules_and_the_dashboard_use_is_exported(
+    jp_fetch: Any, jp_serverapp: Any, api: Any
+) -> None:
+    """With an alert on, a hardware error counted, a lease reclaimed and the slices' GPM
+    read twice, every name the shipped rules and dashboard query has samples in the
+    live /metrics."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    _, granted = await api("POST", "requests", {"profile": "1g.10gb"})
+    runtime.core.reclaim(granted["lease_id"], "a test", cause="admin")
+    await runtime.sample()  # registers for NVML's events
+    (gpu,) = (await api("GET", "devices"))[1]["gpus"]
+    runtime.backend.simulator.inject_xid(gpu["uuid"], 79)
+    await asyncio.sleep(GPM_MIN_INTERVAL_S)  # a MIG slice's utilization: GPM, between samples
+    await runtime.sample()
+    exported = {name for name, _ in await scrape(jp_fetch)}
+    used = metric_names()
+    assert len(used) > 15 and not used - exported, f"not exported: {sorted(used - exported)}"
