@@ -245,37 +245,50 @@ class AlertJudge:
         readings: Mapping[str, DeviceReading],
         events: Iterable[DeviceEvent],
     ) -> list[AlertChange]:
-        """One pass: start, escalate and end alerts, committed in one transaction."""
+        """One pass: the alerts that start, escalate and end, committed in one transaction
+        (none when nothing changed) before they are kept here."""
         found = self.findings(inventory, readings, events)
         label = _labels(inventory)
         changes: list[AlertChange] = []
-        store = self.store
-        with store.transaction():
-            for key, finding in found.items():
-                state = self._active.get(key)
-                if state is None:
-                    uuid, kind = key
-                    alert = Alert(
-                        0, uuid, label.get(uuid, uuid), kind, finding.severity, finding.message, now
-                    )
-                    alert = replace(alert, id=store.insert_alert(alert.to_json()))
-                    self._active[key] = _Active(alert, now)
-                    changes.append(AlertChange("started", alert))
-                    continue
-                state.last_seen = now
-                if finding.severity == "critical" and state.alert.severity == "warning":
-                    state.alert = replace(state.alert, severity="critical", message=finding.message)
-                    store.escalate_alert(state.alert.id, "critical", finding.message)
-                    changes.append(AlertChange("escalated", state.alert))
-            for key, state in list(self._active.items()):
-                if key not in found and now - state.last_seen >= self.config.clear_after_s:
-                    del self._active[key]
-                    ended = replace(state.alert, ended=now)
-                    store.end_alert(ended.id, now)
-                    changes.append(AlertChange("ended", ended))
-            if changes:
-                store.purge_alerts(now - self.config.history_kept_s)
+        for (uuid, kind), finding in found.items():
+            state = self._active.get((uuid, kind))
+            if state is None:
+                name = label.get(uuid, uuid)
+                new = Alert(0, uuid, name, kind, finding.severity, finding.message, now)
+                changes.append(AlertChange("started", new))
+            elif finding.severity == "critical" and state.alert.severity == "warning":
+                raised = replace(state.alert, severity="critical", message=finding.message)
+                changes.append(AlertChange("escalated", raised))
+        for key, state in self._active.items():
+            if key not in found and now - state.last_seen >= self.config.clear_after_s:
+                changes.append(AlertChange("ended", replace(state.alert, ended=now)))
+        if changes:
+            changes = self._write(changes, now)
+        for key in found:
+            self._active[key].last_seen = now
         return changes
+
+    def _write(self, changes: list[AlertChange], now: float) -> list[AlertChange]:
+        """Commit ``changes`` (new alerts get their ids), then keep them."""
+        store, written = self.store, []
+        with store.transaction():
+            for c in changes:
+                a = c.alert
+                if c.state == "started":
+                    c = AlertChange("started", replace(a, id=store.insert_alert(a.to_json())))
+                elif c.state == "escalated":
+                    store.escalate_alert(a.id, a.severity, a.message)
+                else:
+                    store.end_alert(a.id, now)
+                written.append(c)
+            store.purge_alerts(now - self.config.history_kept_s)
+        for c in written:
+            key = c.alert.uuid, c.alert.kind
+            if c.state == "ended":
+                del self._active[key]
+            else:
+                self._active[key] = _Active(c.alert, now)
+        return written
 
 
 def _labels(inventory: Inventory) -> dict[str, str]:
