@@ -652,6 +652,22 @@ def _add_admin_commands(connected: Any) -> None:
     reclaims.add_argument("--until", default=None, help="before this time (ISO 8601, UTC)")
     reclaims.set_defaults(func=cmd_reclaims)
 
+    alerts = connected(
+        "alerts",
+        help="(admins) show the GPUs' health alerts",
+        description="The active health alerts (over-temperature, power capping, ECC and "
+        "Xid errors, a lost GPU, memory nearly full), oldest first, each with its device, "
+        "severity and what to do; --history N adds the N most recently started ended ones.",
+    )
+    alerts.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also show the last N ended alerts (1 to 1000)",
+    )
+    alerts.set_defaults(func=cmd_alerts)
+
 
 def cmd_drain(args: argparse.Namespace) -> int:
     state = asyncio.run(_client(args).drain(args.uuid, args.reason))
@@ -679,6 +695,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
         for a in records
     ]
     _print(args, records, _table(rows) + f"\n{len(records)} record(s)")
+    return 0
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    found = asyncio.run(_client(args).alerts(limit=args.history or None))
+    history = found["history"] if args.history else []
+    rows = [("SINCE", "ENDED", "SEVERITY", "DEVICE", "KIND", "MESSAGE")]
+    rows += [
+        (
+            a["since"][:19],
+            (a["ended"] or "-")[:19],
+            a["severity"],
+            a["label"],
+            a["kind"],
+            a["message"],
+        )
+        for a in [*found["active"], *history]
+    ]
+    summary = f"{len(found['active'])} active alert(s)"
+    if args.history:
+        summary += f", {len(history)} ended"
+    _print(args, found if args.history else found["active"], _table(rows) + f"\n{summary}")
     return 0
 
 

@@ -306,6 +306,11 @@ class BrokerClient:
             if after is None:
                 return records
 
+    async def alerts(self, **query: Any) -> dict[str, Any]:
+        """``{active, history, next_before}``: the active health alerts and one page
+        (``limit``, ``before``) of the ended ones (admins only)."""
+        return await self.call("GET", "alerts", **query)  # type: ignore[no-any-return]
+
     async def issue_kernel_token(self, kernel_id: str) -> dict[str, Any]:
         """``{token, user, kernel_id}``: a token for one kernel, acting for ``user``."""
         return await self.call("POST", "tokens", {"kernel_id": kernel_id})  # type: ignore[no-any-return]

@@ -31,6 +31,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets import Set as SetTrait
 from traitlets.config import LoggingConfigurable
 
+from .broker.alerts import AlertChange, AlertConfig, AlertJudge
 from .broker.budgets import Quota
 from .broker.core import Broker, BrokerConfig, Event, QueueEntry
 from .broker.errors import InvalidRequest
@@ -247,6 +248,30 @@ class GPUBroker(LoggingConfigurable):
         "are the program's). Double-bit ECC errors always drain.",
     ).tag(config=True)
 
+    alert_temperature = Float(
+        85.0,
+        help="GPU temperature (C) that raises a warning alert on a GPU for which NVML gives "
+        "no slowdown temperature (where it does, that one is used).",
+    ).tag(config=True)
+    alert_temperature_critical = Float(
+        90.0,
+        help="GPU temperature (C) that raises a critical alert on a GPU for which NVML gives "
+        "no shutdown temperature (where it does, that one is used).",
+    ).tag(config=True)
+    alert_memory_percent = Float(
+        95.0,
+        help="Share of a GPU's or MIG slice's memory in use (percent) that raises a "
+        "'memory nearly full' alert.",
+    ).tag(config=True)
+    alert_clear_after = Float(
+        60.0,
+        help="Seconds an alert's condition must stay clear before the alert ends (so a "
+        "reading at a threshold does not make it flap).",
+    ).tag(config=True)
+    alert_history_days = Float(90.0, help="Days ended alerts are kept in the state file.").tag(
+        config=True
+    )
+
     @validate(
         "idle_timeout",
         "grace",
@@ -254,6 +279,7 @@ class GPUBroker(LoggingConfigurable):
         "healthy_for",
         "max_temperature",
         "vacate_timeout",
+        "alert_clear_after",
     )
     def _not_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
@@ -261,11 +287,12 @@ class GPUBroker(LoggingConfigurable):
             raise TraitError(f"{proposal['trait'].name} must be zero or more, not {value}")
         return value
 
-    @validate("idle_utilization_threshold")
+    @validate("idle_utilization_threshold", "alert_memory_percent")
     def _percent(self, proposal: dict[str, Any]) -> float:
-        value = float(proposal["value"])
-        if not 0 <= value <= 100:
-            raise TraitError(f"idle_utilization_threshold is a percent, not {value}")
+        name, value = proposal["trait"].name, float(proposal["value"])
+        if not 0 <= value <= 100 or (name == "alert_memory_percent" and value == 0):
+            lowest = "above 0" if name == "alert_memory_percent" else "from 0"
+            raise TraitError(f"{name} is a percent {lowest} to 100, not {value}")
         return value
 
     @validate("idle_timeout_by_class", "idle_timeout_by_profile")
@@ -281,7 +308,16 @@ class GPUBroker(LoggingConfigurable):
             raise TraitError(f"GPUBroker.{name}: {e.message}") from None
         return value
 
-    @validate("lease_ttl", "request_ttl", "tick_interval", "sample_interval", "samples_kept")
+    @validate(
+        "lease_ttl",
+        "request_ttl",
+        "tick_interval",
+        "sample_interval",
+        "samples_kept",
+        "alert_temperature",
+        "alert_temperature_critical",
+        "alert_history_days",
+    )
     def _positive(self, proposal: dict[str, Any]) -> float | None:
         if proposal["value"] is None:  # request_ttl: the lease's
             return None
@@ -404,13 +440,38 @@ class GPUBroker(LoggingConfigurable):
             drain_xids=frozenset(self.drain_xids),
             healthy_for_s=self.healthy_for,
         )
+        alerts = AlertConfig(
+            temperature_warning_c=self.alert_temperature,
+            temperature_critical_c=self.alert_temperature_critical,
+            memory_full_percent=self.alert_memory_percent,
+            xids=frozenset(self.drain_xids),
+            clear_after_s=self.alert_clear_after,
+            history_kept_s=self.alert_history_days * 86400,
+        )
         samples = SampleStore(core.store, self.sample_interval, hours_kept_s=self.samples_kept)
         sampler = Sampler(
-            core, backend, samples, HealthJudge(health), Reclaimer(core, reclaim), log=self.log
+            core,
+            backend,
+            samples,
+            HealthJudge(health),
+            Reclaimer(core, reclaim),
+            log=self.log,
+            alerts=AlertJudge(core.store, core.clock.now(), alerts),
         )
+        sampler.on_alert = self._publish_alert
         sampler.latest = backend.read_all(core.inventory)  # GET devices has readings at once
         self.sampler = sampler
-        self.metrics = BrokerCollector(core, lambda: sampler.latest)
+        self.metrics = BrokerCollector(
+            core,
+            lambda: sampler.latest,
+            alerts=sampler.alerts.active if sampler.alerts else list,
+            hardware_errors=lambda: sampler.hardware_errors,
+        )
+
+    def _publish_alert(self, change: AlertChange) -> None:
+        """An alert that started, escalated or ended, on the event stream (admins only)."""
+        detail = {"state": change.state, "alert": change.alert.to_json()}
+        self._fan_out(Event("alert", self.core.clock.now(), "", detail=detail))
 
     def attach_kernels(self, kernels: KernelActions) -> None:
         """Let idle reclaim see and act on the host's kernels."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from jupyter_gpubroker.broker.alerts import AlertChange, AlertConfig, AlertJudge
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker, Event
 from jupyter_gpubroker.broker.health import HealthConfig, HealthJudge
@@ -52,7 +53,9 @@ class Machine:
         gpm: bool = False,
         store: Store | None = None,
         clock: VirtualClock | None = None,
+        alerts: AlertConfig | None = None,
     ) -> None:
+        """``alerts``: judge health alerts too, with this configuration (``changes``)."""
         self.clock = clock or VirtualClock(WEDNESDAY_10AM)
         self.sim = SimulatedNvml(load_topology(topology), gpm=gpm)
         self.backend = NvmlBackend(self.sim).open()
@@ -65,8 +68,11 @@ class Machine:
             SampleStore(self.store, INTERVAL),
             HealthJudge(health),
             Reclaimer(self.broker, reclaim or ReclaimConfig()),
+            alerts=None if alerts is None else AlertJudge(self.store, self.clock.now(), alerts),
         )
         self.sampler.kernels = self.kernels
+        self.changes: list[AlertChange] = []
+        self.sampler.on_alert = self.changes.append
         self.events: list[Event] = []
         self.broker.subscribe(self.events.append)
         self.decisions: list[Decision] = []

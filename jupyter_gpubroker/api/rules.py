@@ -15,7 +15,8 @@ their own user.
 Admin operations (cancel another user's request, change a request's class, drain and
 undrain a device, set and delete quotas) each write one audit record (``Store.audited``)
 in the same transaction as their change, so nothing an admin did is acknowledged
-unrecorded; reclaim records and the audit log are for admins only.
+unrecorded; reclaim records, the audit log and health alerts (their listing and their events)
+are for admins only.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..broker.reclaim import KernelState
 from ..broker.store import AuditRecord
 from .identity import Identity
 from .shapes import (
+    alert_json,
     audit_json,
     devices_json,
     drain_json,
@@ -54,7 +56,8 @@ REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "gr
 KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 MAX_REASON = 500
 AUDIT_PAGE = 100
-"""Audit records per page unless ``limit`` says otherwise (at most ``MAX_AUDIT_PAGE``)."""
+"""Audit records or ended alerts per page unless ``limit`` says otherwise (at most
+``MAX_AUDIT_PAGE``)."""
 MAX_AUDIT_PAGE = 1000
 KERNEL_STATES = ("idle", "busy")
 """A kernel's execution state as a renewal reports it (``server.reclaimer`` watches them)."""
@@ -516,6 +519,24 @@ class BrokerAPI:
             "next_after": rows[-1]["id"] if more else None,
         }
 
+    def alerts(
+        self, who: Identity, limit: str | None = None, before: str | None = None
+    ) -> dict[str, Any]:
+        """The active health alerts, oldest first, and a page of the ended ones, newest
+        first: ``next_before`` is the ``before`` of the next page (null on the last)."""
+        self._require_admin(who, "see health alerts")
+        page = parse_int("limit", limit, 1, MAX_AUDIT_PAGE, AUDIT_PAGE)
+        start = parse_int("before", before, 1, 2**62, 2**62)
+        store = self.core.store
+        history = store.alert_history(start, page + 1)
+        more = len(history) > page
+        history = history[:page]
+        return {
+            "active": [alert_json(a) for a in store.active_alerts()],
+            "history": [alert_json(a) for a in history],
+            "next_before": history[-1]["id"] if more else None,
+        }
+
     # --------------------------------------------------------------- tokens
 
     @staticmethod
@@ -555,8 +576,11 @@ class BrokerAPI:
 
     def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
-        (others' reduced to whose it is); a kernel token only its own kernel's."""
+        (others' reduced to whose it is) but alerts, which only admins see; a kernel token
+        only its own kernel's."""
         e = published.event
+        if e.kind == "alert" and not who.admin:
+            return None
         if who.kernel_id is not None and (e.user != who.user or published.owner != who.kernel_id):
             return None
         full = who.admin or e.user == who.user  # the same for every viewer who sees it so

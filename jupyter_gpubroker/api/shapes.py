@@ -194,6 +194,8 @@ def event_json(event_id: int, e: Event, viewer: str, admin: bool) -> dict[str, A
         data = e.to_json()["data"]
         if "deadline" in data:  # a warning's
             data["deadline"] = iso(data["deadline"])
+        if "alert" in data:  # an alert's
+            data["alert"] = alert_json(data["alert"])
     else:
         data = {"user": e.user}
     return envelope(event_id, e.kind, e.at, data)
@@ -238,6 +240,21 @@ def reclaim_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "cause": row["kind"],
         "reason": row["reason"],
         "evidence": evidence,
+    }
+
+
+def alert_json(alert: Mapping[str, Any]) -> dict[str, Any]:
+    """A health alert (``Alert.to_json`` or a ``Store`` row), times in ISO; ``ended`` is
+    null while it is active."""
+    return {
+        "id": alert["id"],
+        "uuid": alert["uuid"],
+        "label": alert["label"],
+        "kind": alert["kind"],
+        "severity": alert["severity"],
+        "message": alert["message"],
+        "since": iso(alert["since"]),
+        "ended": iso(alert["ended"]),
     }
 
 

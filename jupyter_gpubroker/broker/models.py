@@ -115,6 +115,9 @@ class DeviceReading:
     memory_used_mib: int | None = None
     memory_total_mib: int | None = None
     temperature_c: int | None = None
+    temperature_slowdown_c: int | None = None
+    """NVML's slowdown threshold of the GPU (None: NVML does not say)."""
+    temperature_shutdown_c: int | None = None
     power_mw: int | None = None
     power_limit_mw: int | None = None
     clock_event_reasons: int | None = None

@@ -155,6 +155,20 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX audit_at ON audit(at);
     """,
+    # 7: health alerts (active: ended is null), a bounded history
+    """
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        label TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        message TEXT NOT NULL,
+        since REAL NOT NULL,
+        ended REAL
+    );
+    CREATE INDEX alerts_ended ON alerts(ended);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -412,6 +426,28 @@ class Store:
             (lease_id, at, kind, reason, json.dumps(evidence, sort_keys=True)),
         )
 
+    def insert_alert(self, alert: dict[str, Any]) -> int:
+        """A new active alert (its ``id`` is ignored); returns its id."""
+        cur = self.conn.execute(
+            "INSERT INTO alerts (uuid, label, kind, severity, message, since, ended)"
+            " VALUES (:uuid, :label, :kind, :severity, :message, :since, :ended)",
+            alert,
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def escalate_alert(self, alert_id: int, severity: str, message: str) -> None:
+        self.conn.execute(
+            "UPDATE alerts SET severity=?, message=? WHERE id=?", (severity, message, alert_id)
+        )
+
+    def end_alert(self, alert_id: int, ended: float) -> None:
+        self.conn.execute("UPDATE alerts SET ended=? WHERE id=?", (ended, alert_id))
+
+    def purge_alerts(self, ended_before: float) -> None:
+        """Forget the alerts that ended before ``ended_before``."""
+        self.conn.execute("DELETE FROM alerts WHERE ended < ?", (ended_before,))
+
     def revoke_kernel_tokens(self, kernel_id: str, user: str | None = None) -> None:
         """Forget a kernel's tokens (only ``user``'s, when given)."""
         self.conn.execute(
@@ -506,6 +542,19 @@ class Store:
             [_low(since), after or 0, actor, actor, limit],
         )
         return [{**r, "detail": json.loads(r["detail"])} for r in rows]
+
+    def active_alerts(self) -> list[dict[str, Any]]:
+        """The alerts not ended yet, oldest first."""
+        return list(self.db.query("SELECT * FROM alerts WHERE ended IS NULL ORDER BY id"))
+
+    def alert_history(self, before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Ended alerts, newest first, at most ``limit``, of ids below ``before`` if given."""
+        return list(
+            self.db.query(
+                "SELECT * FROM alerts WHERE ended IS NOT NULL AND id < ? ORDER BY id DESC LIMIT ?",
+                [before if before is not None else 2**63 - 1, limit],
+            )
+        )
 
     def ledger(
         self, since: float | None = None, until: float | None = None

@@ -1,7 +1,10 @@
 """Prometheus metrics of the broker, served with the host's own (``/metrics``).
 
 A custom collector: every value is read from the broker and the sampler's last
-readings at scrape time, so a scrape shows exactly the state the API shows. Grants,
+readings (and its active health alerts) at scrape time, so a scrape shows exactly the
+state the API shows. The alerting rules and the Grafana dashboard shipped beside it
+(``monitor/prometheus/alerts.yml``, ``monitor/grafana/gpubroker.json``) query these
+names; a test checks each one against a live server's ``/metrics``. Grants,
 reclaims and waits are counted from the broker's events since the host started,
 as Prometheus counters are. Register it in the registry the host serves
 (jupyter-server's ``/metrics`` serves prometheus-client's default ``REGISTRY``).
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import (
@@ -22,7 +25,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from ..broker.alerts import Alert
 from ..broker.core import Broker, Event
+from ..broker.health import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from ..broker.models import DeviceReading, Health, JobClass, RequestState
 from ..broker.placement import device_class
 
@@ -30,13 +35,30 @@ WAIT_BUCKETS = (1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 144
 """Upper bounds (s) of the queue-wait histogram: seconds for a free slice to a day."""
 DEVICE_LABELS = ("uuid", "gpu", "profile")
 GPU_LABELS = ("uuid", "gpu")
+CLOCK_REASONS = {
+    SW_POWER_CAP: "power_cap",
+    HW_SLOWDOWN: "hw_slowdown",
+    SW_THERMAL: "sw_thermal",
+    HW_THERMAL: "hw_thermal",
+    HW_POWER_BRAKE: "power_brake",
+}
+"""The clock-event reasons exported, by their nvmlClocksEventReason bit."""
 
 
 class BrokerCollector:
-    """Collects the broker's metrics; ``readings`` returns the latest device readings."""
+    """Collects the broker's metrics; ``readings`` returns the latest device readings,
+    ``alerts`` the active health alerts, ``hardware_errors`` the Xid and ECC events counted
+    since the start by (UUID, kind)."""
 
-    def __init__(self, broker: Broker, readings: Callable[[], dict[str, DeviceReading]]) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        readings: Callable[[], dict[str, DeviceReading]],
+        alerts: Callable[[], list[Alert]] = list,
+        hardware_errors: Callable[[], Mapping[tuple[str, str], int]] = dict,
+    ) -> None:
         self.broker, self.readings = broker, readings
+        self.alerts, self.hardware_errors = alerts, hardware_errors
         self.grants = 0
         self.reclaims: Counter[str] = Counter()
         self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)
@@ -109,6 +131,11 @@ class BrokerCollector:
                 f.temperature.add_metric(labels, r.temperature_c)
             if r.power_mw is not None:
                 f.power.add_metric(labels, r.power_mw / 1000)
+            _gpu_limits(f, labels, r)
+        for (uuid, kind), n in sorted(self.hardware_errors().items()):
+            f.hardware_errors.add_metric([uuid, kind], n)
+        for a in self.alerts():
+            f.alerts.add_metric([a.uuid, a.kind, a.severity], 1)
         queued = [r for r in b.live_requests() if r.state is RequestState.QUEUED]
         waiting = Counter(r.job_class.value for r in queued)
         for job_class in JobClass:
@@ -130,6 +157,19 @@ def _device_readings(f: _Families, labels: list[str], r: DeviceReading) -> None:
         f.memory_used.add_metric(labels, r.memory_used_mib * 2**20)
     if r.memory_total_mib is not None:
         f.memory_total.add_metric(labels, r.memory_total_mib * 2**20)
+
+
+def _gpu_limits(f: _Families, labels: list[str], r: DeviceReading) -> None:
+    """A GPU's own limits and why its clocks are slowed, where NVML says."""
+    if r.temperature_slowdown_c is not None:
+        f.slowdown.add_metric(labels, r.temperature_slowdown_c)
+    if r.temperature_shutdown_c is not None:
+        f.shutdown.add_metric(labels, r.temperature_shutdown_c)
+    if r.power_limit_mw is not None:
+        f.power_limit.add_metric(labels, r.power_limit_mw / 1000)
+    if r.clock_event_reasons is not None:
+        for bit, reason in CLOCK_REASONS.items():
+            f.clock_reasons.add_metric([*labels, reason], float(bool(r.clock_event_reasons & bit)))
 
 
 class _Families:
@@ -157,6 +197,22 @@ class _Families:
         )
         self.temperature = gauge("gpu_temperature_celsius", "GPU temperature.", GPU_LABELS)
         self.power = gauge("gpu_power_watts", "GPU power draw.", GPU_LABELS)
+        self.power_limit = gauge("gpu_power_limit_watts", "GPU enforced power limit.", GPU_LABELS)
+        self.slowdown = gauge(
+            "gpu_temperature_slowdown_celsius",
+            "Temperature at which the GPU slows down (NVML's threshold).",
+            GPU_LABELS,
+        )
+        self.shutdown = gauge(
+            "gpu_temperature_shutdown_celsius",
+            "Temperature at which the GPU shuts down (NVML's threshold).",
+            GPU_LABELS,
+        )
+        self.clock_reasons = gauge(
+            "gpu_clocks_event_reason",
+            "1 while this reason slows the GPU's clocks, else 0.",
+            (*GPU_LABELS, "reason"),
+        )
         self.healthy = gauge(
             "gpu_healthy", "1 when the GPU reads healthy and is not drained, else 0.", GPU_LABELS
         )
@@ -167,6 +223,14 @@ class _Families:
         self.grants = CounterMetricFamily("gpubroker_grants", "Grants.", labels=[])
         self.reclaims = CounterMetricFamily(
             "gpubroker_reclaims", "Leases reclaimed, by cause.", labels=["cause"]
+        )
+        self.hardware_errors = CounterMetricFamily(
+            "gpubroker_device_hardware_errors",
+            "Hardware Xid and double-bit ECC errors NVML reported, by device and kind.",
+            labels=["uuid", "kind"],
+        )
+        self.alerts = gauge(
+            "alert_active", "1 for each active health alert.", ("uuid", "kind", "severity")
         )
 
     def all(self) -> list[Any]:

@@ -3,17 +3,21 @@
 The host (``GPUBroker``) runs a pass every ``sample_interval`` seconds: :meth:`Sampler.read`
 (NVML only, so it may run on a worker thread), then :meth:`Sampler.apply` on the
 broker's thread, which records the samples, drains or recovers GPUs as the
-``HealthJudge`` decides, observes each lease (its devices' readings and, through a
-``KernelSource``, its kernel) and lets the ``Reclaimer`` warn and reclaim. It returns
-the reclaimer's decisions for the host to carry out on the kernels.
+``HealthJudge`` decides, starts and ends health alerts as the ``AlertJudge`` decides
+(each change handed to ``on_alert``: the host publishes it), observes each lease (its
+devices' readings and, through a ``KernelSource``, its kernel) and lets the
+``Reclaimer`` warn and reclaim. It returns the reclaimer's decisions for the host to
+carry out on the kernels.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from ..broker.alerts import AlertChange, AlertJudge
 from ..broker.core import Broker
 from ..broker.health import HealthJudge
 from ..broker.models import DeviceEvent, DeviceReading, Inventory
@@ -54,9 +58,13 @@ class Sampler:
         health: HealthJudge,
         reclaimer: Reclaimer,
         log: logging.Logger | None = None,
+        alerts: AlertJudge | None = None,
     ) -> None:
         self.broker, self.reader, self.samples = broker, reader, samples
-        self.health, self.reclaimer = health, reclaimer
+        self.health, self.reclaimer, self.alerts = health, reclaimer, alerts
+        self.on_alert: Callable[[AlertChange], None] | None = None
+        self.hardware_errors: Counter[tuple[str, str]] = Counter()
+        """Xid and ECC events since the start, by (UUID, kind): what ``/metrics`` counts."""
         self.log = log or logging.getLogger(__name__)
         self.kernels: KernelSource | None = None
         self.reported: dict[str, KernelState] = {}
@@ -80,6 +88,7 @@ class Sampler:
         self.samples.record(now, readings, events)
         for e in events:
             self.log.warning("GPU broker: %s %s on %s", e.kind, e.code or "", e.uuid)
+            self.hardware_errors[e.uuid, e.kind] += 1
         inventory = broker.inventory
         gpu_of = {g.uuid: g.uuid for g in inventory.gpus} | {
             d.uuid: d.gpu_uuid for d in inventory.devices
@@ -91,6 +100,12 @@ class Sampler:
             elif change.gpu_uuid in broker.drained_by("health"):
                 self.log.info("GPU broker: GPU %s is back: %s", change.gpu_uuid, change.reason)
                 broker.undrain(change.gpu_uuid, change.reason)
+        if self.alerts is not None:
+            for alert in self.alerts.assess(now, inventory, readings, events):
+                log = self.log.info if alert.state == "ended" else self.log.warning
+                log("GPU broker: alert %s: %s", alert.state, alert.alert.message)
+                if self.on_alert is not None:
+                    self.on_alert(alert)
         return self.reclaimer.step(self.observe(readings))
 
     def sample(self) -> list[Decision]:

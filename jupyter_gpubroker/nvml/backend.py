@@ -73,6 +73,8 @@ class NvmlBackend:
         """MIG device UUID -> (when, GPM sample, metrics from the previous interval)."""
         self._gpm_lock = threading.Lock()
         """Readings may be taken on several threads; a GPM sample must be freed once."""
+        self._thresholds: dict[str, tuple[int | None, int | None]] = {}
+        """GPU UUID -> its (slowdown, shutdown) temperatures, which never change."""
 
     def open(self) -> NvmlBackend:
         if self._open:
@@ -244,13 +246,17 @@ class NvmlBackend:
             if rates is not None:
                 unsupported.remove("utilization_gpu")
                 unsupported.remove("utilization_memory")
+        temperature = probe(("temperature_c",), _temperature)
+        slowdown, shutdown = (None, None) if temperature is None else self._limits(uuid, handle)
         return DeviceReading(
             uuid,
             utilization_gpu=None if rates is None else rates[0],
             utilization_memory=None if rates is None else rates[1],
             memory_used_mib=None if memory is None else memory.used // _MIB,
             memory_total_mib=None if memory is None else memory.total // _MIB,
-            temperature_c=probe(("temperature_c",), _temperature),
+            temperature_c=temperature,
+            temperature_slowdown_c=slowdown,
+            temperature_shutdown_c=shutdown,
             power_mw=probe(("power_mw",), pynvml.nvmlDeviceGetPowerUsage),
             power_limit_mw=probe(("power_limit_mw",), pynvml.nvmlDeviceGetEnforcedPowerLimit),
             clock_event_reasons=probe(
@@ -259,6 +265,17 @@ class NvmlBackend:
             processes=probe(("processes",), _processes) or (),
             unsupported=tuple(unsupported),
         )
+
+    def _limits(self, uuid: str, handle: Any) -> tuple[int | None, int | None]:
+        """The GPU's own slowdown and shutdown temperatures, read once (None where NVML
+        does not say)."""
+        known = self._thresholds.get(uuid)
+        if known is None:
+            known = self._thresholds[uuid] = (
+                _threshold(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                _threshold(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            )
+        return known
 
     # -------------------------------------------------------------- GPM (MIG utilization)
 
@@ -393,6 +410,13 @@ def _temperature(handle: Any) -> int:
         except pynvml.NVMLError_FunctionNotFound:
             pass
     return int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+
+
+def _threshold(handle: Any, kind: int) -> int | None:
+    try:
+        return int(pynvml.nvmlDeviceGetTemperatureThreshold(handle, kind))
+    except pynvml.NVMLError:
+        return None
 
 
 def _processes(handle: Any) -> tuple[ProcessInfo, ...]:

@@ -17,7 +17,8 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   utilization on MIG-enabled GPUs and on MIG devices;
 - faults: a lost GPU answers GpuIsLost to every call on it and its MIG
   devices; over-temperature raises the temperature past the slowdown
-  threshold and sets the thermal clock-event reasons; Xid and double-bit ECC
+  threshold and sets the thermal clock-event reasons; a power cap holds the GPU at its
+  power limit with the software power-cap reason; Xid and double-bit ECC
   errors arrive through event sets (``nvmlEventSetWait``);
 - GPM on the GPUs that have it (Hopper: the H100 and H200 models; ``gpm=`` forces it on
   or off for every GPU): MIG activity between two ``nvmlGpmMigSampleGet`` samples, from
@@ -161,6 +162,7 @@ class _Gpu(_Unit):
     instances: dict[int, _GpuInstance] = field(default_factory=dict)
     lost: bool = False
     overheat_c: int | None = None
+    power_capped: bool = False
 
     @property
     def gpu(self) -> _Gpu:
@@ -196,12 +198,17 @@ class _Gpu(_Unit):
         return self.overheat_c or round(IDLE_C + 0.35 * self.activity())
 
     def power_mw(self) -> int:
+        if self.power_capped:
+            return self.model.power_limit_mw
         idle = self.model.power_limit_mw // 10
         return round(idle + (self.model.power_limit_mw - idle) * self.activity() / 100)
 
     def clock_event_reasons(self) -> int:
+        capped = int(pynvml.nvmlClocksEventReasonSwPowerCap) if self.power_capped else 0
         if self.overheat_c is not None:
-            return int(_THERMAL)
+            return int(_THERMAL) | capped
+        if capped:
+            return capped
         return int(pynvml.nvmlClocksEventReasonGpuIdle) if self.activity() == 0 else 0
 
 
@@ -559,6 +566,11 @@ class SimulatedNvml:
         with self._lock:
             self._unit(uuid).gpu.overheat_c = temperature_c
 
+    def inject_power_cap(self, uuid: str) -> None:
+        """Hold the GPU at its power limit, so it reports the software power cap."""
+        with self._lock:
+            self._unit(uuid).gpu.power_capped = True
+
     def inject_xid(self, uuid: str, xid: int) -> None:
         """Raise an Xid error on a GPU or MIG device, delivered to every event set
         registered for Xid errors on its GPU."""
@@ -579,10 +591,10 @@ class SimulatedNvml:
                     obj.pending.append(_Event(gpu, kind, data, *ids))
 
     def clear_faults(self, uuid: str) -> None:
-        """Undo lost and overheat faults on the GPU of ``uuid``."""
+        """Undo lost, overheat and power-cap faults on the GPU of ``uuid``."""
         with self._lock:
             gpu = self._unit(uuid).gpu
-            gpu.lost, gpu.overheat_c = False, None
+            gpu.lost, gpu.overheat_c, gpu.power_capped = False, None, False
 
     # -------------------------------------------------------------- internals
 

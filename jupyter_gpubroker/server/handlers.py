@@ -278,6 +278,14 @@ class AuditHandler(BrokerHandler):
         self.reply(self.api.audit(self.who, *args))
 
 
+class AlertsHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        limit, before = (self.get_argument(k, None) for k in ("limit", "before"))
+        self.reply(self.api.alerts(self.who, limit, before))
+
+
 class TokensHandler(BrokerHandler):
     """Kernel-scoped tokens, issued to a user's own kernel provisioners."""
 
@@ -455,6 +463,7 @@ def handlers(
         (f"quotas/{ident}/{ident}", QuotaHandler),
         ("reclaims", ReclaimsHandler),
         ("audit", AuditHandler),
+        ("alerts", AlertsHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),
         (f"tokens/{ident}", TokenHandler),

@@ -90,6 +90,10 @@ def test_a_users_slice_is_theirs_and_nobody_else_sees_or_touches_it(hub: Hub) ->
         assert (status, refused["error"]) == (403, "forbidden")
         assert ok(hub, admin, "GET", "me") == {"user": "admin", "admin": True, "kernel_id": None}
         assert ok(hub, admin, "PUT", "quotas/user/bob", quota)["max_gpus"] == 1
+        status, refused = hub.api(bob, "GET", "alerts")  # and sees the health alerts
+        assert (status, refused["error"]) == (403, "forbidden")
+        assert refused["message"] == "only admins see health alerts (bob is not one)"
+        assert ok(hub, admin, "GET", "alerts") == {"active": [], "history": [], "next_before": None}
         everyone = {r["id"] for r in ok(hub, admin, "GET", "requests")["requests"]}
         assert {mine["id"], his["id"]} <= everyone
     finally:

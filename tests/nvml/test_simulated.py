@@ -233,6 +233,24 @@ def test_mig_load_heats_and_powers_its_gpu(simulate):
     assert pynvml.nvmlDeviceGetPowerUsage(gpu(1)) == idle_power
 
 
+def test_a_power_capped_gpu_draws_its_limit_and_says_why_until_cleared(simulate):
+    sim = simulate("dgx-h100:2")
+    sim.inject_power_cap(uuid_of(gpu(0)))
+    assert pynvml.nvmlDeviceGetPowerUsage(gpu(0)) == H100.power_limit_mw
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(gpu(0)) == (
+        pynvml.nvmlClocksEventReasonSwPowerCap
+    )
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(gpu(1)) == (
+        pynvml.nvmlClocksEventReasonGpuIdle
+    )
+    sim.clear_faults(uuid_of(gpu(0)))
+    assert pynvml.nvmlDeviceGetPowerUsage(gpu(0)) < H100.power_limit_mw
+    assert (
+        pynvml.nvmlDeviceGetTemperatureThreshold(gpu(0), pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        == 89
+    )
+
+
 def test_running_processes_use_the_two_call_protocol(simulate):
     sim = simulate("workstation-a100")
     whole = gpu(1)

@@ -6,6 +6,8 @@ import pytest
 from runtime_helpers import make
 from traitlets import TraitError
 
+from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.errors import InvalidRequest
 from jupyter_gpubroker.broker.health import SW_POWER_CAP
 
 
@@ -58,8 +60,59 @@ def test_traits_reach_the_reclaimer_and_the_health_judge(tmp_path) -> None:
         ("idle_timeout_by_class", {"batch": -60}),
         ("idle_timeout_by_profile", {"9g.99gb": 60}),
         ("reclaim_action", "kill"),
+        ("alert_temperature", 0.0),
+        ("alert_temperature_critical", -1.0),
+        ("alert_memory_percent", 0.0),
+        ("alert_memory_percent", 101.0),
+        ("alert_clear_after", -1.0),
+        ("alert_history_days", 0.0),
     ],
 )
 def test_bad_values_are_refused(tmp_path, trait: str, value: object) -> None:
     with pytest.raises(TraitError):
         make(tmp_path, **{trait: value}).start()
+
+
+def test_alert_traits_reach_the_alert_judge_and_its_history_outlives_a_restart(tmp_path) -> None:
+    traits = dict(
+        alert_temperature=70.0,
+        alert_temperature_critical=80.0,
+        alert_memory_percent=90.0,
+        alert_clear_after=0.0,
+        alert_history_days=7.0,
+        drain_xids=[79],
+    )
+    rt = make(tmp_path, **traits)
+    rt.start()
+    try:
+        assert rt.sampler is not None and rt.sampler.alerts is not None
+        config = rt.sampler.alerts.config
+        assert (config.temperature_warning_c, config.temperature_critical_c) == (70, 80)
+        assert (config.memory_full_percent, config.clear_after_s) == (90, 0)
+        assert config.history_kept_s == 7 * 86400 and config.xids == {79}
+        gpu = rt.core.inventory.gpus[0].uuid
+        rt.backend.simulator.inject_overheat(gpu, 95)  # type: ignore[union-attr]
+        rt.sampler.sample()
+        rt.backend.simulator.clear_faults(gpu)  # type: ignore[union-attr]
+        rt.sampler.sample()
+        rt.backend.simulator.inject_power_cap(gpu)  # type: ignore[union-attr]
+        rt.sampler.sample()
+    finally:
+        rt.stop()
+    again = make(tmp_path, **traits)
+    again.start()
+    try:
+        api = BrokerAPI(again)
+        seen = api.alerts(api.identify(again.owner))
+        assert [(a["kind"], a["ended"] is None) for a in seen["active"]] == [("power_cap", True)]
+        assert [(a["kind"], a["severity"]) for a in seen["history"]] == [
+            ("temperature", "critical")
+        ]
+    finally:
+        again.stop()
+
+
+def test_a_warning_temperature_at_or_above_the_critical_one_is_refused(tmp_path) -> None:
+    rt = make(tmp_path, alert_temperature=90.0, alert_temperature_critical=90.0)
+    with pytest.raises(InvalidRequest, match="below the critical one"):
+        rt.start()

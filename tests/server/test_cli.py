@@ -241,3 +241,37 @@ async def test_an_admin_drains_reclasses_and_reads_the_audit_log(cli, api):  # t
     assert (code, found) == (0, [])
     code, _, err = await cli("reclaims", "--since", "yesterday")
     assert code == 1 and "'since' must be an ISO 8601 time" in err
+
+
+async def test_an_admin_reads_the_health_alerts(cli, api, jp_serverapp):  # type: ignore[no-untyped-def]
+    code, text, _ = await cli("alerts", json_out=False)
+    assert (code, text.splitlines()[-1]) == (0, "0 active alert(s)")
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    _, devices = await api("GET", "devices")
+    gpu = devices["gpus"][0]["uuid"]
+    runtime.backend.simulator.inject_overheat(gpu, 95)
+    await runtime.sample()
+    code, text, _ = await cli("alerts", json_out=False)
+    header, row, summary = text.splitlines()
+    assert code == 0 and header.split() == [
+        "SINCE",
+        "ENDED",
+        "SEVERITY",
+        "DEVICE",
+        "KIND",
+        "MESSAGE",
+    ]
+    assert row.split()[1:6] == ["-", "critical", "GPU", "0", "temperature"]
+    assert row.endswith(
+        "GPU 0 is at 95 C, at or above its shutdown temperature of 92 C: it may "
+        "switch itself off; check its cooling now."
+    )
+    assert summary == "1 active alert(s)"
+    code, found, _ = await cli("alerts", "--history", "5")
+    assert code == 0 and [a["kind"] for a in found["active"]] == ["temperature"]
+    assert found["history"] == []
+    code, _, err = await cli("alerts", "--history", "5000")
+    assert (code, err.strip()) == (
+        1,
+        "error: 'limit' must be an integer from 1 to 1000, not '5000'",
+    )

@@ -1,16 +1,26 @@
 """Monitoring through a real server: the broker's Prometheus metrics at the server's own
-/metrics (authenticated), and a GPU's health and drain state in the API."""
+/metrics (authenticated), a GPU's health and drain state in the API, its health alerts
+(the API, the event stream, the metrics) and the shipped Prometheus rules and Grafana
+dashboard, whose every metric name the live server exports."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from openapi_check import EventStream, validate
 from prometheus_client.parser import text_string_to_metric_families
+from shipped_monitoring import metric_names
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpubroker.api import API_PREFIX
+from jupyter_gpubroker.nvml.backend import GPM_MIN_INTERVAL_S
+
+
+@pytest.fixture
+def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
+    return {**broker_config, "alert_clear_after": 0.0}  # an alert ends at once when clear
 
 
 async def scrape(jp_fetch: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -98,3 +108,77 @@ async def test_an_overheated_gpu_is_drained_in_the_api(
         ]
         == 1
     )
+
+
+async def test_an_alert_starts_and_ends_in_the_api_the_stream_and_the_metrics(
+    jp_fetch: Any, jp_serverapp: Any, api: Any, jp_http_port: int, jp_base_url: str
+) -> None:
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    sim = runtime.backend.simulator
+    (gpu,) = (await api("GET", "devices"))[1]["gpus"]
+    slice_ = gpu["devices"][3]
+    token = jp_serverapp.identity_provider.token
+    stream = await EventStream.open(
+        jp_http_port, f"{jp_base_url}{API_PREFIX}/events", {"Authorization": f"token {token}"}
+    )
+    try:
+        assert (await stream.next())["type"] == "hello"
+        sim.inject_power_cap(gpu["uuid"])
+        sim.set_load(slice_["uuid"], memory_used_mib=slice_["memory_mib"])
+        await runtime.sample()
+        started = [await stream.next(), await stream.next()]
+        metrics = await scrape(jp_fetch)
+        sim.clear_faults(gpu["uuid"])
+        sim.set_load(slice_["uuid"], memory_used_mib=0)
+        await runtime.sample()
+        ended = [await stream.next(), await stream.next()]
+    finally:
+        stream.close()
+    for event in started + ended:
+        validate(event, "#/components/schemas/Event", "an alert event")
+    assert [(e["type"], e["data"]["state"]) for e in started + ended] == [
+        ("alert", "started")
+    ] * 2 + [("alert", "ended")] * 2
+    alerts = {e["data"]["alert"]["kind"]: e["data"]["alert"] for e in started}
+    assert alerts["power_cap"]["message"] == (
+        "GPU 0 is held at its power limit of 700 W, so its clocks are slowed down."
+    )
+    assert (alerts["memory"]["uuid"], alerts["memory"]["label"]) == (
+        slice_["uuid"],
+        slice_["label"],
+    )
+    assert alerts["memory"]["message"].startswith(f"{slice_['label']} has 9.8 of 9.8 GiB")
+    gpu_labels = (("gpu", "0"), ("uuid", gpu["uuid"]))
+    power_cap = (("gpu", "0"), ("reason", "power_cap"), ("uuid", gpu["uuid"]))
+    assert metrics[("gpubroker_gpu_clocks_event_reason", power_cap)] == 1
+    assert metrics[("gpubroker_gpu_temperature_slowdown_celsius", gpu_labels)] == 89
+    alert_labels = (("kind", "power_cap"), ("severity", "warning"), ("uuid", gpu["uuid"]))
+    assert metrics[("gpubroker_alert_active", alert_labels)] == 1
+
+    status, listed = await api("GET", "alerts")
+    validate(listed, "#/components/schemas/Alerts", "alerts")
+    assert status == 200 and listed["active"] == []
+    assert {a["kind"]: a["ended"] is not None for a in listed["history"]} == {
+        "power_cap": True,
+        "memory": True,
+    }
+    assert ("gpubroker_alert_active", alert_labels) not in await scrape(jp_fetch)
+
+
+async def test_every_metric_the_rules_and_the_dashboard_use_is_exported(
+    jp_fetch: Any, jp_serverapp: Any, api: Any
+) -> None:
+    """With an alert on, a hardware error counted, a lease reclaimed and the slices' GPM
+    read twice, every name the shipped rules and dashboard query has samples in the
+    live /metrics."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    _, granted = await api("POST", "requests", {"profile": "1g.10gb"})
+    runtime.core.reclaim(granted["lease_id"], "a test", cause="admin")
+    await runtime.sample()  # registers for NVML's events
+    (gpu,) = (await api("GET", "devices"))[1]["gpus"]
+    runtime.backend.simulator.inject_xid(gpu["uuid"], 79)
+    await asyncio.sleep(GPM_MIN_INTERVAL_S)  # a MIG slice's utilization: GPM, between samples
+    await runtime.sample()
+    exported = {name for name, _ in await scrape(jp_fetch)}
+    used = metric_names()
+    assert len(used) > 15 and not used - exported, f"not exported: {sorted(used - exported)}"

@@ -48,6 +48,7 @@ def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
         "owner": "owner",
         "user_groups": {"owner": ["lab"]},
         "healthy_for": 0.0,  # a GPU is healthy again at the first sample without a fault
+        "alert_clear_after": 0.0,  # and its alert ends then
     }
 
 
@@ -453,9 +454,20 @@ async def _admin(
     await runtime.sample()
     refused = await check("DELETE", f"devices/{uuid}/drain", expect=409)
     assert "health check" in refused["message"]
+    hot = (await check("GET", "alerts", expect=200))["active"]
+    assert [(a["uuid"], a["kind"], a["severity"], a["ended"]) for a in hot] == [
+        (uuid, "temperature", "critical", None)
+    ]
     runtime.backend.simulator.clear_faults(uuid)
     await runtime.sample()
     assert (await check("GET", "devices", expect=200))["gpus"][0]["drained"] is None
+    alerts = await check("GET", "alerts", expect=200)
+    assert alerts["active"] == [] and alerts["next_before"] is None
+    (past,) = alerts["history"]
+    assert (past["id"], past["since"]) == (hot[0]["id"], hot[0]["since"]) and past["ended"]
+    page = await check("GET", "alerts", expect=200, limit="1", before=str(past["id"]))
+    assert page["history"] == []
+    await check("GET", "alerts", expect=400, limit="0")
 
     leases = (await check("GET", "leases", expect=200))["leases"]
     taken = next(x for x in leases if x["id"] != granted["lease"]["id"])
@@ -490,6 +502,7 @@ async def _admin(
         ("DELETE", f"devices/{uuid}/drain", None),
         ("GET", "reclaims", None),
         ("GET", "audit", None),
+        ("GET", "alerts", None),
     ):
         reply = await check(method, path, body, headers=kernel, expect=403)
         assert reply["error"] == "forbidden" and "only admins" in reply["message"]

@@ -328,7 +328,7 @@ async def test_a_user_cannot_act_on_another_users_objects(world: World) -> None:
 
 
 async def test_only_admins_use_the_admin_operations_and_each_is_audited(
-    world: World, jp_http_port: int, jp_base_url: str
+    world: World, jp_http_port: int, jp_base_url: str, jp_serverapp: Any
 ) -> None:
     state = await alice_and_bob(world)
     alice, bob, carol = world.user("alice"), world.user("bob"), world.user("carol")
@@ -343,6 +343,7 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
         ("DELETE", f"devices/{gpu['uuid']}/drain", None),
         ("GET", "reclaims", None),
         ("GET", "audit", None),
+        ("GET", "alerts", None),
     ]
     for caller in (alice, bob, k1):
         for method, path, body in admin_only:
@@ -354,9 +355,9 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
     url = f"{jp_base_url}{API_PREFIX}/events"
     streams = {
         name: await EventStream.open(jp_http_port, url, {"Authorization": f"token {name}-token"})
-        for name in ("alice", "bob")
+        for name in ("alice", "bob", "carol")
     }
-    got: dict[str, list[dict[str, Any]]] = {"alice": [], "bob": []}
+    got: dict[str, list[dict[str, Any]]] = {"alice": [], "bob": [], "carol": []}
     try:
         for stream in streams.values():
             assert (await stream.next())["type"] == "hello"
@@ -369,8 +370,13 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
         assert taken["state"] == "reclaimed"
         drained = await carol("POST", f"devices/{gpu['uuid']}/drain", {"reason": "fan"}, expect=200)
         assert drained["drained"]["cause"] == "admin"
+        drained_at = drained["drained"]["since"]
+        runtime = jp_serverapp.web_app.settings["gpubroker"]
+        runtime.backend.simulator.inject_overheat(gpu["uuid"], 95)
+        await runtime.sample()  # an alert starts: carol's stream shows it, nobody else's
+        await alice("POST", "requests", {"profile": "1g.10gb", "owner": "after"}, expect=201)
         for name, stream in streams.items():
-            while not [e for e in got[name] if e["type"] == "drained" and e["data"].get("user")]:
+            while not [e for e in got[name] if e["type"] == "queued" and e["at"] > drained_at]:
                 got[name].append(await stream.next())
                 validate(got[name][-1], EVENT, f"an event {name} got")
     finally:
@@ -390,6 +396,11 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
         "carol",
     )
     assert [e["data"] for e in got["alice"] if e["type"] == "reclassed"] == [{"user": "bob"}]
+    (alert,) = [e["data"] for e in got["carol"] if e["type"] == "alert"]
+    assert (alert["state"], alert["alert"]["kind"]) == ("started", "temperature")
+    assert not [e for e in got["alice"] + got["bob"] if e["type"] == "alert"]
+    (active,) = (await carol("GET", "alerts", expect=200))["active"]
+    assert active == alert["alert"]
     theirs = [e for e in got["bob"] if e["data"].get("user") == "alice"]
     assert theirs and all(e["data"] == {"user": "alice"} for e in theirs)
     assert not leaks(world.seen["bob"] + [json.dumps(got["bob"])], state["secrets"])
