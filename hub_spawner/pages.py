@@ -44,6 +44,8 @@ USAGE_BY = ("user", "group", "profile", "day")
 """The admin page's usage charts (the API's ``usage`` ``by``)."""
 USAGE_DAYS = 30
 """Days of usage the admin page shows unless ``days`` says otherwise."""
+ALERT_ROWS = 20
+"""Ended alerts shown under the active ones (the CLI and GET alerts page further)."""
 AUDIT_ROWS = 25
 PERIODS = {"3600": "hour", "86400": "day", "604800": "week", "2592000": "30 days"}
 """The budget periods the quota form offers (any other one set through the API is kept)."""
@@ -170,28 +172,37 @@ class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web
         return days, str(iso(self.api.core.clock.now() - days * 86400.0))
 
     def admin_context(self) -> dict[str, Any]:
-        api, who = self.api, self.who
         days, since = self.usage_days()
-        after = self.get_argument("after", None)
-        audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
-        quotas = api.quotas(who)["quotas"]
-        return {
-            "page": "admin",
-            "quotas": sorted(quotas, key=lambda q: (q["kind"], q["name"])),
-            "periods": PERIODS,
-            "queue": api.queue(who)["queue"],
-            "job_classes": JOB_CLASSES,
-            "gpus": api.devices(who)["gpus"],
-            "days": days,
-            "charts": {
-                by: bars(api.usage(who, by, since)["gpu_hours"], sort_by_key=by == "day")
-                for by in USAGE_BY
-            },
-            "audit": audit["audit"],
-            "audit_next": audit["next_after"],
-            "audit_paged": after is not None,
-            "json": json.dumps,
-        }
+        return admin_view(self.api, self.who, days, since, self.get_argument("after", None))
+
+
+def admin_view(
+    api: BrokerAPI, who: Identity, days: int, since: str, after: str | None
+) -> dict[str, Any]:
+    """What the admin page shows: quotas, alerts, queue, devices, usage since ``since``
+    (``days`` days), the audit log after ``after``."""
+    audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
+    quotas = api.quotas(who)["quotas"]
+    alerts = api.alerts(who, limit=str(ALERT_ROWS))
+    return {
+        "page": "admin",
+        "alerts": alerts["active"],
+        "alert_history": alerts["history"],
+        "quotas": sorted(quotas, key=lambda q: (q["kind"], q["name"])),
+        "periods": PERIODS,
+        "queue": api.queue(who)["queue"],
+        "job_classes": JOB_CLASSES,
+        "gpus": api.devices(who)["gpus"],
+        "days": days,
+        "charts": {
+            by: bars(api.usage(who, by, since)["gpu_hours"], sort_by_key=by == "day")
+            for by in USAGE_BY
+        },
+        "audit": audit["audit"],
+        "audit_next": audit["next_after"],
+        "audit_paged": after is not None,
+        "json": json.dumps,
+    }
 
 
 class MyPage(PageHandler):
