@@ -27,7 +27,8 @@ def proxy() -> None:
 
 @pytest.fixture(scope="module")
 def hub_options() -> dict[str, Any]:
-    """The service's ``c.GPUBroker`` options beyond ``Hub``'s own (a module overrides it)."""
+    """The service's ``c.GPUBroker`` options beyond ``Hub``'s own, and its ``spawner`` and
+    ``extra_config`` (a module overrides it)."""
     return {}
 
 
