@@ -11,7 +11,11 @@ ahead, the ETA and the reason as the broker's events move them; then the server 
 the devices in ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES``, and its kernels share
 them (``GPUBROKER_SERVER_LEASE``). The hub renews the lease while the server lives; ``stop``
 and a ``poll`` that finds the server dead give it back; the lease is in ``get_state``, so a
-restarted hub keeps renewing it.
+restarted hub keeps renewing it. Each poll also reads the lease: an idle server's warning
+shows on the hub's pages, and a lease the broker ended (an idle server culled) stops the
+server (``culling``). A queued start's request is in the state as soon as it is made; a
+hub restarted meanwhile starts the server again, and the start re-attaches to its request
+by its owner (``server:<user>``), keeping its place in the queue.
 
 Whose request it is: the spawner runs in the hub, so it calls the broker with a hub API
 token *of the server's user* that it makes itself (``User.new_api_token``), with only the
@@ -329,10 +333,15 @@ class GPUBrokerSpawnerMixin(Configurable):
         )
         why = "the hub did not answer"
         try:
-            for _ in range(120):  # the hub answers once its startup is over
+            for _ in range(120):  # once the hub's startup is over, and its broker service's
                 try:
+                    await self._client().me()
                     response = await AsyncHTTPClient().fetch(request, raise_error=False)
-                except OSError as e:
+                except BrokerAPIError as e:
+                    why = e.message
+                    if e.status < 500:
+                        break
+                except (OSError, SpawnException) as e:
                     why = str(e)
                 else:
                     if response.code < 400:
