@@ -37,7 +37,7 @@ from jupyter_gpubroker.client import eta_text, size_text
 from jupyter_gpubroker.server.handlers import BrokerErrorStatus
 
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
-from .spawner import JOB_CLASSES, Choices
+from .options import JOB_CLASSES, Choices
 
 TEMPLATES = Path(__file__).with_name("templates")
 USAGE_BY = ("user", "group", "profile", "day")

@@ -11,7 +11,11 @@ ahead, the ETA and the reason as the broker's events move them; then the server 
 the devices in ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES``, and its kernels share
 them (``GPUBROKER_SERVER_LEASE``). The hub renews the lease while the server lives; ``stop``
 and a ``poll`` that finds the server dead give it back; the lease is in ``get_state``, so a
-restarted hub keeps renewing it.
+restarted hub keeps renewing it. Each poll also reads the lease: an idle server's warning
+shows on the hub's pages, and a lease the broker ended (an idle server culled) stops the
+server (``culling``). A queued start's request is in the state as soon as it is made; a
+hub restarted meanwhile starts the server again, and the start re-attaches to its request
+by its owner (``server:<user>``), keeping its place in the queue.
 
 Whose request it is: the spawner runs in the hub, so it calls the broker with a hub API
 token *of the server's user* that it makes itself (``User.new_api_token``), with only the
@@ -26,18 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import json
 from html import escape
 from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.utils import url_path_join
-from traitlets import Float, Unicode, default
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpubroker.broker.errors import BrokerError
-from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
 from jupyter_gpubroker.broker.text import duration
 from jupyter_gpubroker.client import (
     SERVER_LEASE_ENV,
@@ -45,242 +49,15 @@ from jupyter_gpubroker.client import (
     BrokerClient,
     GrantTimeout,
     Lost,
-    eta_text,
     keep_alive,
     size_text,
 )
 
+from .culling import stopped_text, warning_text
 from .hubauth import API_PATH, USE_SCOPE
+from .options import Choices, expected_duration, gpu_request, options_from_form, waiting_message
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
-OPTION_FIELDS = (*SIZE_FIELDS, "job_class")
-JOB_CLASSES = ("interactive", "batch")
 LEASE_ENV = SERVER_LEASE_ENV
-
-
-def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
-    """The broker request ``user_options`` ask for (``None``: a CPU-only server), checked
-    the way the broker checks a request; ``ValueError`` says what is wrong."""
-    unknown = set(options) - set(OPTION_FIELDS)
-    if unknown:
-        raise ValueError(
-            f"unknown server option(s) {', '.join(sorted(unknown))}: give one of "
-            f"{', '.join(SIZE_FIELDS)} (none for a CPU-only server) and optionally job_class"
-        )
-    size = {k: options[k] for k in SIZE_FIELDS if options.get(k) not in (None, "")}
-    job_class = options.get("job_class") or "interactive"
-    if job_class not in JOB_CLASSES:
-        raise ValueError(f"job_class must be 'interactive' or 'batch', not {job_class!r}")
-    if not size:
-        return None
-    try:
-        Size(**size)
-    except BrokerError as e:
-        raise ValueError(e.message) from None
-    return {**size, "job_class": job_class}
-
-
-def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
-    """The form's choice as ``user_options`` (the REST API's shape); numbers as numbers
-    when they read as such, anything else is left for ``gpu_request`` to refuse."""
-    field = {k: v[0].strip() for k, v in form.items() if v}
-    kind = field.get("gpu_kind", "cpu")
-    options: dict[str, Any] = {"job_class": field.get("job_class") or "interactive"}
-    value = field.get(kind, "")
-    if kind == "gpus":
-        options["gpus"] = int(value) if value.isdigit() else value
-    elif kind == "profile":
-        options["profile"] = value
-    elif kind == "min_memory_gb":
-        try:
-            options["min_memory_gb"] = float(value)
-        except ValueError:
-            options["min_memory_gb"] = value
-    return options
-
-
-def waiting_message(
-    request: dict[str, Any], ahead: dict[str, int], length: int, reason: str = ""
-) -> str:
-    """Where a waiting server's request is and why: "Waiting for 1g.10gb (interactive):
-    every 1g.10gb is in use; position 2 of 5, requests ahead: 1 interactive; ETA 10:40
-    (10:20-11:30)"."""
-    position = request.get("position") or 0
-    before = ", ".join(f"{n} {cls}" for cls, n in sorted(ahead.items()) if n) or "none"
-    why = f"{reason}; " if reason else ""
-    return (
-        f"Waiting for {size_text(request)} ({request['job_class']}): {why}position "
-        f"{position or '?'} of {max(length, position)}, requests ahead: {before}; "
-        f"ETA {eta_text(request)}"
-    )
-
-
-class Choices:
-    """What a user may ask for on this machine and within their quota, from the broker's
-    ``overview`` and the user's ``quotas``: for refusals and the options form."""
-
-    def __init__(self, overview: dict[str, Any], quotas: list[dict[str, Any]]) -> None:
-        self.overview = overview
-        devices = [d for g in overview["gpus"] for d in g["devices"]]
-        self.whole = [d for d in devices if d["kind"] != "mig"]
-        self.profiles: dict[str, list[dict[str, Any]]] = {}
-        for d in devices:
-            if d["kind"] == "mig":
-                self.profiles.setdefault(d["profile"], []).append(d)
-        user = overview["me"]["user"]
-        mine = [q for q in quotas if (q["kind"], q["name"]) == ("user", user)]
-        self.max_gpus: float | None = mine[0]["max_gpus"] if mine else None
-        self.share: float | None = mine[0]["share"] if mine else None
-        sizes = [d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])]
-        # GB as the broker compares them (MiB / 1024), rounded down: a size shown fits
-        self.largest_gb = math.floor(max(sizes, default=0) / 102.4) / 10
-        self.smallest_gb = math.floor(min(sizes, default=0) / 102.4) / 10
-        self.held = sum(
-            d["gpu_equivalents"] for d in devices if (d["holder"] or {}).get("user") == user
-        )
-
-    def within_quota(self, gpu_equivalents: float) -> bool:
-        return self.max_gpus is None or gpu_equivalents <= self.max_gpus + 1e-9
-
-    @staticmethod
-    def free(devices: list[dict[str, Any]]) -> int:
-        return sum(not d["holder"] and not d["drained"] and not d["vacating"] for d in devices)
-
-    def waits(self, **size: Any) -> str:
-        """The expected wait for one choice: at once when a device is free, else how many
-        wait for the same and when the last of them is expected to start."""
-        same = [e for e in self.overview["queue"] if all(e.get(k) == v for k, v in size.items())]
-        if not same:
-            return "starts at once" if self._free_for(**size) else "waits for a device to free"
-        last = same[-1]
-        return f"{len(same)} waiting for the same; the last expected {eta_text(last)}"
-
-    def blocked(self, request: dict[str, Any]) -> str:
-        """Why a request waits, in words: the user's own quota, or every fitting device
-        being in use."""
-        if request.get("profile"):
-            fits = self.profiles.get(request["profile"], [])
-        elif request.get("gpus"):
-            fits = self.whole
-        else:
-            fits = [
-                d
-                for g in self.overview["gpus"]
-                for d in g["devices"]
-                if d["memory_mib"] >= 1024 * request["min_memory_gb"]
-            ]
-        eq = min((d["gpu_equivalents"] for d in fits), default=0.0)
-        if request.get("gpus"):
-            eq = float(request["gpus"])
-        if self.max_gpus is not None and self.held + eq > self.max_gpus + 1e-9:
-            return (
-                f"you hold {self.held:g} of the {self.max_gpus:g} GPU-equivalents your quota "
-                "allows at once: it starts once you give some back"
-            )
-        return f"every {size_text(request)} is in use"
-
-    def _free_for(self, **size: Any) -> bool:
-        if "profile" in size:
-            return self.free(self.profiles.get(size["profile"], [])) > 0
-        if "gpus" in size:
-            return self.free(self.whole) >= size["gpus"]
-        return True
-
-    def form(self) -> str:
-        """The options form's fields (the hub's page wraps them in its form, with its XSRF
-        token): CPU only, N whole GPUs, a MIG profile or any device with at least X GB, and
-        the class; what is free now, the user's quota and holdings, the expected wait."""
-        row = (
-            '<div class="form-check"><input class="form-check-input" type="radio" '
-            'name="gpu_kind" id="gpu-{kind}" value="{kind}"{checked}>'
-            '<label class="form-check-label" for="gpu-{kind}">{label}</label> {field}'
-            '<div class="form-text">{note}</div></div>'
-        )
-        rows = [
-            row.format(
-                kind="cpu",
-                checked=" checked",
-                label="CPU only",
-                field="",
-                note="starts at once; GPU kernels ask the broker themselves",
-            )
-        ]
-        if self.whole:
-            free = self.free(self.whole)
-            rows.append(
-                row.format(
-                    kind="gpus",
-                    checked="",
-                    label="Whole GPUs:",
-                    field=f'<input type="number" name="gpus" min="1" max="{len(self.whole)}" '
-                    'value="1" aria-label="number of GPUs">',
-                    note=f"{free} of {len(self.whole)} free now; one " + escape(self.waits(gpus=1)),
-                )
-            )
-        if self.profiles:
-            options = "".join(
-                f'<option value="{escape(p)}">{escape(p)}: {self.free(ds)} of {len(ds)} free; '
-                f"{escape(self.waits(profile=p))}</option>"
-                for p, ds in sorted(self.profiles.items())
-            )
-            rows.append(
-                row.format(
-                    kind="profile",
-                    checked="",
-                    label="A MIG slice:",
-                    field=f'<select name="profile" aria-label="MIG profile">{options}</select>',
-                    note="",
-                )
-            )
-        if self.largest_gb:
-            rows.append(
-                row.format(
-                    kind="min_memory_gb",
-                    checked="",
-                    label="Any device with at least",
-                    field='<input type="number" name="min_memory_gb" min="1" step="any" '
-                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GB"> GB',
-                    note=f"the largest has {self.largest_gb:g} GB",
-                )
-            )
-        classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
-        quota = (
-            f"your quota: at most {self.max_gpus:g} GPU-equivalents at once "
-            f"({max(0.0, self.max_gpus - self.held):g} left)"
-            if self.max_gpus is not None
-            else "no quota of your own"
-        )
-        share = f"your share: {self.share:g}" if self.share is not None else "the default share"
-        return (
-            '<fieldset class="gpubroker-options"><legend>GPU</legend>'
-            + "".join(rows)
-            + '<div class="mt-2"><label for="gpu-class">Class</label> '
-            f'<select name="job_class" id="gpu-class">{classes}</select></div>'
-            f'<p class="form-text">You hold {self.held:g} GPU-equivalents now; {quota}; '
-            f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
-        )
-
-    def text(self) -> str:
-        """One sentence: "you may ask for a CPU-only server, up to 8 whole GPUs, ..."."""
-        offers = ["a CPU-only server (no options)"]
-        if self.whole:
-            most = len(self.whole)
-            if self.max_gpus is not None:
-                most = min(most, int(self.max_gpus))
-            if most >= 1:
-                offers.append(f"gpus from 1 to {most}")
-        eq = {p: ds[0]["gpu_equivalents"] for p, ds in self.profiles.items()}
-        allowed = sorted(p for p, e in eq.items() if self.within_quota(e))
-        if allowed:
-            offers.append(f"a MIG profile ({', '.join(allowed)})")
-        if self.largest_gb:
-            offers.append(f"min_memory_gb up to {self.largest_gb:g}")
-        quota = (
-            f"; your quota: at most {self.max_gpus:g} GPU-equivalents at once"
-            if self.max_gpus is not None
-            else ""
-        )
-        return f"you may ask for {', '.join(offers)}, with job_class interactive or batch{quota}"
 
 
 class GPUBrokerSpawnerMixin(Configurable):
@@ -302,6 +79,25 @@ class GPUBrokerSpawnerMixin(Configurable):
         "stays the time the server itself has to start once its GPU is granted.",
     ).tag(config=True)
 
+    gpu_expected_duration = Float(
+        None,
+        allow_none=True,
+        help="Seconds a GPU server is expected to hold its GPU, sent with its request "
+        "(expected_duration_s) so that the queue's ETA for those waiting behind it has a "
+        "range on a broker with no history yet; the user's own expected_duration_s option "
+        "(the form's 'For about N hours') wins. None: the broker's own estimate.",
+    ).tag(config=True)
+
+    @validate("gpu_expected_duration")
+    def _check_expected_duration(self, proposal: dict[str, Any]) -> float | None:
+        value = proposal["value"]
+        if value is not None and not expected_duration(value):
+            raise TraitError(
+                f"gpu_expected_duration must be seconds, more than 0 and at most a year, "
+                f"not {value!r}"
+            )
+        return value
+
     _gpu: dict[str, Any] | None = None
     """The server's reservation: ``request_id``, and once granted ``lease_id``, ``devices``
     and ``ttl_s``; in the hub's state while the server runs."""
@@ -315,6 +111,13 @@ class GPUBrokerSpawnerMixin(Configurable):
         self._progressed = asyncio.Event()
         self._wants_gpu = False
         self._why_waiting = ""
+        self._resuming = False
+        """A start the hub's restart interrupted (its request in the state loaded), until
+        it is taken up again."""
+        self._resumed: asyncio.Task[None] | None = None
+        self.gpu_notice = ""
+        """What the hub's pages say of this server's GPU: an idle warning, or why the
+        server was stopped (``culling.gpu_announcement``)."""
 
     # -- the broker, as the server's user
 
@@ -357,14 +160,17 @@ class GPUBrokerSpawnerMixin(Configurable):
                 status_code=403,
             ) from None
 
-    def _revoke_token(self) -> None:
+    def _revoke_token(self, note: str = "") -> None:
+        """Revoke the spawner's hub tokens of the user that carry ``note`` (default: the
+        broker's)."""
         db = self.user.db
         for token in db.query(orm.APIToken).filter_by(
-            user_id=self.user.orm_user.id, note=self._token_note
+            user_id=self.user.orm_user.id, note=note or self._token_note
         ):
             db.delete(token)
         db.commit()
-        self._token = ""
+        if not note:
+            self._token = ""
 
     async def _choices(self, client: BrokerClient) -> Choices:
         overview, quotas = await asyncio.gather(client.overview(), client.quotas())
@@ -415,11 +221,14 @@ class GPUBrokerSpawnerMixin(Configurable):
 
     def _gpu_request(self, options: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            return gpu_request(options)
+            request = gpu_request(options)
         except ValueError as e:
             raise SpawnException(
                 f"Cannot start the server: {e}.", reason="user_options", status_code=400
             ) from None
+        if request is not None and self.gpu_expected_duration is not None:
+            request.setdefault("expected_duration_s", self.gpu_expected_duration)
+        return request
 
     def run_pre_spawn_hook(self) -> Any:
         """Give a GPU server's start the queue's wait too (the hub reads start_timeout once
@@ -430,6 +239,8 @@ class GPUBrokerSpawnerMixin(Configurable):
         except ValueError:
             self._wants_gpu = False  # start refuses it at once
         self._progress.clear()
+        self._resuming = False
+        self.gpu_notice = ""
         extra = self.gpu_wait_timeout if self._wants_gpu else 0
         self.start_timeout = int(self._server_start_timeout + extra)
         return ran
@@ -440,8 +251,11 @@ class GPUBrokerSpawnerMixin(Configurable):
             self._gpu = None
             return await super().start()
         client = self._client()
+        owner = f"{SERVER_OWNER}{self._log_name}"
         try:
-            request = await client.submit(**body, owner=f"server:{self._log_name}")
+            request = await self._live_request(client, owner)
+            if request is None:
+                request = await client.submit(**body, owner=owner)
         except BrokerAPIError as e:
             if e.status >= 500:
                 raise self._unreachable(e.message) from None
@@ -449,6 +263,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         except OSError as e:
             raise self._unreachable(e.strerror or str(e)) from None
         self._gpu = {"request_id": request["id"]}
+        self._save_state()
         if request["state"] == "queued":
             try:
                 self._why_waiting = (await self._choices(client)).blocked(request)
@@ -457,7 +272,10 @@ class GPUBrokerSpawnerMixin(Configurable):
             self._waiting(request, {}, request.get("position") or 0)
             try:
                 request = await client.wait_for_grant(
-                    request["id"], self.gpu_wait_timeout, on_wait=self._waiting
+                    request["id"],
+                    self.gpu_wait_timeout,
+                    on_wait=self._waiting,
+                    keep_on_cancel=True,  # a hub going down; a stop withdraws it itself
                 )
             except GrantTimeout as e:
                 self._gpu = None
@@ -482,6 +300,64 @@ class GPUBrokerSpawnerMixin(Configurable):
         except BaseException:
             await self._give_back()
             raise
+
+    async def _live_request(self, client: BrokerClient, owner: str) -> dict[str, Any] | None:
+        """This server's request still live at the broker (a start the hub's restart
+        interrupted, re-attached by its owner), so that no start asks twice."""
+        live = [r for r in await client.requests() if r["owner"] == owner]
+        if not live:
+            return None
+        request = await client.request(live[0]["id"])
+        self.log.info("%s takes up its GPU request %s again", self._log_name, request["id"])
+        return request
+
+    def _resume(self) -> None:
+        """Start the server again as its user asked, through the hub's REST API (the one
+        way a start gets its pending page, progress and proxy route): the start the hub's
+        restart interrupted. It re-attaches to its request (``_live_request``)."""
+        if self._resumed is None or self._resumed.done():
+            options = dict(self.user_options or {})
+            self._resumed = asyncio.ensure_future(self._start_again(options))
+
+    async def _start_again(self, options: dict[str, Any]) -> None:
+        path = f"users/{self.user.name}/server" + (f"s/{self.name}" if self.name else "")
+        note = f"gpubroker resumes {self._log_name}"
+        token = self.user.new_api_token(
+            note=note, scopes=[f"servers!server={self.user.name}/{self.name}"], expires_in=600
+        )
+        request = HTTPRequest(
+            url_path_join(self.hub.api_url, path),
+            method="POST",
+            body=json.dumps(options),
+            headers={"Authorization": f"token {token}"},
+        )
+        why = "the hub did not answer"
+        try:
+            for _ in range(120):  # once the hub's startup is over, and its broker service's
+                try:
+                    await self._client().me()
+                    response = await AsyncHTTPClient().fetch(request, raise_error=False)
+                except BrokerAPIError as e:
+                    why = e.message
+                    if e.status < 500:
+                        break
+                except (OSError, SpawnException) as e:
+                    why = str(e)
+                else:
+                    if response.code < 400:
+                        return
+                    why = f"{response.code} {response.body.decode(errors='replace')[:200]}"
+                    if response.code != 599:
+                        break
+                await asyncio.sleep(1)
+            self.log.warning(
+                "Could not start %s again after the hub's restart (%s): its GPU request "
+                "expires unless its user starts it",
+                self._log_name,
+                why,
+            )
+        finally:
+            self._revoke_token(note)
 
     def _unreachable(self, why: str) -> SpawnException:
         return SpawnException(
@@ -511,28 +387,51 @@ class GPUBrokerSpawnerMixin(Configurable):
         return {"CUDA_VISIBLE_DEVICES": ids, "NVIDIA_VISIBLE_DEVICES": ids}
 
     async def poll(self) -> int | None:
+        """The server's process, and its lease at the broker: a lease that ended (an idle
+        server's, reclaimed) stops the server; a warning shows on the hub's pages."""
         status = await super().poll()
+        if status is None and self._gpu and self._gpu.get("lease_id"):
+            self._resuming = False
+            self._keep_lease(now=self._renewing is None)  # a restarted hub renews at once
+            if not self._spawn_pending and await self._lease_ended():
+                status = await super().poll()
         if status is not None and not self._spawn_pending:  # not a start still waiting
+            if self._resuming:  # a start the hub's restart interrupted: take it up again
+                self._resume()
+                return status
             await self._give_back()
             self._revoke_token()
-        elif self._gpu and self._gpu.get("lease_id"):
-            self._keep_lease(now=self._renewing is None)  # a restarted hub renews at once
         return status
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now)
+        if self._resuming:  # the restarted hub cleans up the start it takes up again
+            return
         await self._give_back()
         self._revoke_token()
 
     def get_state(self) -> dict[str, Any]:
+        """The reservation, and the notice the user's next visit shows (the hub forgets
+        a stopped server's spawner)."""
         state = super().get_state()
-        if self._gpu and self._gpu.get("lease_id"):
+        if self._gpu:
             state["gpubroker"] = dict(self._gpu)
+        if self.gpu_notice:
+            state["gpubroker_notice"] = self.gpu_notice
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self._gpu = state.get("gpubroker")
+        self.gpu_notice = state.get("gpubroker_notice", "")
+        self._resuming = bool(self._gpu)  # until a poll finds the server running
+
+    def _save_state(self) -> None:
+        """Commit the state now, not once ``start`` returns: a queued start's request
+        survives a restart of the hub."""
+        if self.orm_spawner is not None and self.db is not None:
+            self.orm_spawner.state = self.get_state()
+            self.db.commit()
 
     # -- the lease
 
@@ -553,15 +452,41 @@ class GPUBrokerSpawnerMixin(Configurable):
 
         self._renewing = asyncio.ensure_future(renew())
 
-    async def _lost(self, lost: Lost) -> None:
+    async def _lease_ended(self) -> bool:
+        """Read the lease: a pending warning becomes the hub's notice; an ended lease stops
+        the server (True)."""
+        assert self._gpu is not None
+        try:
+            lease = await self._client().lease(self._gpu["lease_id"])
+        except (BrokerAPIError, OSError, SpawnException) as e:
+            self.log.debug("Cannot read %s's GPU lease: %s", self._log_name, e)
+            return False  # keep_alive decides what an unanswered renewal means
+        if lease["state"] == "active":
+            self.gpu_notice = warning_text(lease) if lease.get("reclaim_at") else ""
+            return False
+        await self._lost(Lost("gone", f"lease {lease['state']}"), lease)
+        return True
+
+    async def _lost(self, lost: Lost, lease: dict[str, Any] | None = None) -> None:
+        """The lease ended at the broker (reclaimed, expired, released by an admin): stop
+        the server, saying why on the hub's pages."""
+        if self._gpu is None:  # stopped already (the poll and a renewal both saw it end)
+            return
+        lease_id = self._gpu.get("lease_id")
+        if lease is None and lease_id:
+            with contextlib.suppress(BrokerAPIError, OSError, SpawnException):
+                lease = await self._client().lease(lease_id)
         self.log.warning(
             "%s lost its GPU lease %s (%s): stopping it",
             self._log_name,
-            self._gpu and self._gpu.get("lease_id"),
-            lost.message,
+            lease_id,
+            lease["reason"] if lease else lost.message,
         )
+        self.gpu_notice = stopped_text(lease, lost.message)
         self._gpu = None
-        self._renewing = None
+        renewing, self._renewing = self._renewing, None
+        if renewing is not None and renewing is not asyncio.current_task():
+            renewing.cancel()
         await super().stop(now=True)
 
     async def _give_back(self) -> None:
@@ -629,6 +554,4 @@ __all__ = [
     "GPUBrokerSpawner",
     "GPUBrokerSpawnerMixin",
     "SimpleGPUBrokerSpawner",
-    "gpu_request",
-    "options_from_form",
 ]

@@ -392,6 +392,8 @@ class BrokerClient:
         request_id: str,
         timeout: float,
         on_wait: Callable[[dict[str, Any], dict[str, int], int], None] | None = None,
+        *,
+        keep_on_cancel: bool = False,
     ) -> dict[str, Any]:
         """The request once granted (with its ``lease``), following the event stream and
         renewing the request meanwhile (a waiter that dies stops renewing: its request
@@ -401,7 +403,9 @@ class BrokerClient:
         it), and a reconnect resumes the stream where it broke.
 
         Giving up withdraws the request: after ``timeout`` seconds (``GrantTimeout``) or
-        when the wait is cancelled (Ctrl-C, an abandoned kernel start). Raises
+        when the wait is cancelled (Ctrl-C, an abandoned kernel start), unless
+        ``keep_on_cancel`` (a holder that withdraws it itself, and takes it up again after
+        its own restart: the hub's GPU spawner). Raises
         ``BrokerAPIError`` if the request ends without a grant.
         """
         loop = asyncio.get_running_loop()
@@ -436,6 +440,10 @@ class BrokerClient:
             last = await self.request(request_id)
             await self._withdraw(request_id)
             raise GrantTimeout(last, loop.time() - start) from None
+        except asyncio.CancelledError:
+            if not keep_on_cancel:
+                await self._withdraw(request_id)
+            raise
         except BaseException:
             await self._withdraw(request_id)
             raise

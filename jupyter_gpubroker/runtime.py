@@ -44,7 +44,6 @@ from .broker.health import (
 )
 from .broker.models import DeviceReading, check_name
 from .broker.policy import POLICIES, Window, make_policy
-from .broker.profiles import ALL_PROFILE_NAMES
 from .broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from .broker.store import Store
 from .monitor.metrics import BrokerCollector
@@ -196,8 +195,24 @@ class GPUBroker(LoggingConfigurable):
     idle_timeout_by_profile = Dict(
         key_trait=Unicode(),
         value_trait=Float(),
-        help="idle_timeout per MIG profile ('gpu' for whole GPUs), e.g. {'7g.80gb': 1800}; "
-        "wins over the class's.",
+        help="idle_timeout per MIG profile ('gpu:N' for N whole GPUs, 'gpu' for any number), "
+        "e.g. {'7g.80gb': 1800, 'gpu:8': 900}; wins over the class's.",
+    ).tag(config=True)
+    server_idle_timeout = Float(
+        None,
+        allow_none=True,
+        help="Seconds a GPU server (the reservation of the hub's GPU spawner) may sit idle "
+        "(none of its kernels ran anything and its GPU stayed under "
+        "idle_utilization_threshold; a browser tab left open does not count) before its "
+        "user is warned and, after grace, the server is stopped; 0 disables. None: as a "
+        "kernel's lease (idle_timeout and its overrides). Only servers that report their "
+        "kernels' activity (the jupyter_gpubroker extension, in remote mode) are judged.",
+    ).tag(config=True)
+    server_idle_timeout_by_profile = Dict(
+        key_trait=Unicode(),
+        value_trait=Float(),
+        help="server_idle_timeout per MIG profile ('gpu:N' for N whole GPUs, 'gpu' for any "
+        "number), e.g. {'1g.10gb': 7200, 'gpu:8': 1800}.",
     ).tag(config=True)
     grace = Float(600.0, help="Seconds between the idle (or stalled) warning and the reclaim.").tag(
         config=True
@@ -295,15 +310,18 @@ class GPUBroker(LoggingConfigurable):
             raise TraitError(f"{name} is a percent {lowest} to 100, not {value}")
         return value
 
-    @validate("idle_timeout_by_class", "idle_timeout_by_profile")
-    def _check_timeouts(self, proposal: dict[str, Any]) -> dict[str, float]:
-        name, value = proposal["trait"].name, dict(proposal["value"])
-        if name == "idle_timeout_by_profile":
-            unknown = set(value) - ALL_PROFILE_NAMES - {"gpu"}
-            if unknown:
-                raise TraitError(f"GPUBroker.{name}: unknown profile(s) {', '.join(unknown)}")
+    @validate(
+        "idle_timeout_by_class",
+        "idle_timeout_by_profile",
+        "server_idle_timeout",
+        "server_idle_timeout_by_profile",
+    )
+    def _check_timeouts(self, proposal: dict[str, Any]) -> Any:
+        name, value = proposal["trait"].name, proposal["value"]
+        if isinstance(value, dict):
+            value = dict(value)
         try:
-            ReclaimConfig(**{name: value})
+            ReclaimConfig(**{f"{name}_s" if name == "server_idle_timeout" else name: value})
         except InvalidRequest as e:
             raise TraitError(f"GPUBroker.{name}: {e.message}") from None
         return value
@@ -426,6 +444,8 @@ class GPUBroker(LoggingConfigurable):
             idle_timeout_s=self.idle_timeout,
             idle_timeout_by_class=dict(self.idle_timeout_by_class),
             idle_timeout_by_profile=dict(self.idle_timeout_by_profile),
+            server_idle_timeout_s=self.server_idle_timeout,
+            server_idle_timeout_by_profile=dict(self.server_idle_timeout_by_profile),
             grace_s=self.grace,
             stalled_timeout_s=self.stalled_timeout,
             utilization_threshold=self.idle_utilization_threshold,

@@ -26,6 +26,8 @@ import os
 import sys
 from pathlib import Path
 
+from hub_spawner.culling import gpu_announcement
+
 c = get_config()  # noqa: F821 - defined by the config loader
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +47,8 @@ c.Authenticator.admin_users = {ADMIN}
 c.JupyterHub.spawner_class = "hub_spawner.spawner.SimpleGPUBrokerSpawner"
 c.Spawner.start_timeout = 120  # once the GPU is granted; the queue's wait comes on top
 c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 1800
+# an idle GPU server's warning, then why it was stopped, on the hub's pages
+c.JupyterHub.template_vars = {"announcement": gpu_announcement}
 
 # -- the broker's permissions: custom scopes the service enforces
 c.JupyterHub.custom_scopes = {

@@ -7,9 +7,11 @@ warnings and reclaims, applies them through the broker (``warn``, ``unwarn``,
 reclaimed kernels down. Nothing here reads a clock or touches a kernel.
 
 - **Idle**: the kernel ran nothing for ``idle_timeout`` AND the GPU stayed under
-  ``utilization_threshold`` as long. Where NVML reports no utilization (a MIG slice
-  without GPM) a change in the holder's GPU processes or their memory counts as
-  GPU activity.
+  ``utilization_threshold`` as long. A GPU server's reservation (the hub's GPU spawner,
+  owner ``server:<user>``) is judged the same way, by the activity of all the server's
+  kernels as the server reports it, with its own timeouts (``server_idle_timeout_s``).
+  Where NVML reports no utilization (a MIG slice without GPM) a change in the holder's
+  GPU processes or their memory counts as GPU activity.
 - **Stalled**: the kernel has been busy for ``stalled_timeout`` while its GPU, which
   does report utilization, stayed under the threshold (a hung cell, a wait on input).
 - **Computing**: a busy kernel whose GPU is above the threshold or reports nothing.
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import InvalidRequest
 from .models import JobClass, Lease, Request, RequestState
+from .profiles import ALL_PROFILE_NAMES
 from .text import duration
 
 if TYPE_CHECKING:
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 
 MEMORY_ACTIVITY_MIB = 16.0
 """A change of the holder's GPU memory by more than this counts as GPU activity."""
+SERVER_OWNER = "server:"
+"""How the owner of a GPU server's reservation begins (``server:<user>[:<name>]``)."""
 
 Cause = Literal["idle", "stalled", "preempted"]
 
@@ -71,7 +76,12 @@ class ReclaimConfig:
     """How long a lease may sit idle before its holder is warned; 0 disables."""
     idle_timeout_by_class: Mapping[str, float] = field(default_factory=dict)
     idle_timeout_by_profile: Mapping[str, float] = field(default_factory=dict)
-    """Overrides: a profile's (``gpu`` for whole GPUs) wins over a class's."""
+    """Overrides: a profile's (``gpu:N`` for N whole GPUs, ``gpu`` for any number) wins
+    over a class's."""
+    server_idle_timeout_s: float | None = None
+    """How long a GPU server's reservation may sit idle; None: as a kernel's lease."""
+    server_idle_timeout_by_profile: Mapping[str, float] = field(default_factory=dict)
+    """Overrides for GPU servers, keyed as ``idle_timeout_by_profile``."""
     grace_s: float = 600.0
     """Time between the warning and the reclaim."""
     stalled_timeout_s: float = 7200.0
@@ -90,7 +100,13 @@ class ReclaimConfig:
             "grace_s": self.grace_s,
             **{f"idle timeout of class {k!r}": v for k, v in self.idle_timeout_by_class.items()},
             **{f"idle timeout of {k!r}": v for k, v in self.idle_timeout_by_profile.items()},
+            **{
+                f"server idle timeout of {k!r}": v
+                for k, v in self.server_idle_timeout_by_profile.items()
+            },
         }
+        if self.server_idle_timeout_s is not None:
+            timeouts["server_idle_timeout_s"] = self.server_idle_timeout_s
         for name, v in timeouts.items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InvalidRequest(f"{name} must be zero or more seconds, not {v!r}")
@@ -99,10 +115,29 @@ class ReclaimConfig:
             raise InvalidRequest(f"unknown job class(es) {', '.join(sorted(unknown))}")
         if not 0 <= self.utilization_threshold <= 100:
             raise InvalidRequest("utilization_threshold is a percent from 0 to 100")
+        for by_profile in (self.idle_timeout_by_profile, self.server_idle_timeout_by_profile):
+            unknown = {k for k in by_profile if not _is_size_key(k)}
+            if unknown:
+                raise InvalidRequest(
+                    f"unknown profile(s) {', '.join(sorted(unknown))}: name MIG profiles, "
+                    "'gpu' for whole GPUs or 'gpu:N' for N of them"
+                )
 
-    def idle_timeout(self, profile: str, job_class: str) -> float:
-        by_profile, by_class = self.idle_timeout_by_profile, self.idle_timeout_by_class
-        return by_profile.get(profile, by_class.get(job_class, self.idle_timeout_s))
+    def idle_timeout(
+        self, profile: str, job_class: str, gpus: int = 1, *, server: bool = False
+    ) -> float:
+        """The idle timeout of a lease of ``profile`` (``gpu``: ``gpus`` whole GPUs) and
+        ``job_class``; ``server``: a GPU server's reservation."""
+        keys = (f"gpu:{gpus}", "gpu") if profile == "gpu" else (profile,)
+        kernel = next(
+            (self.idle_timeout_by_profile[k] for k in keys if k in self.idle_timeout_by_profile),
+            self.idle_timeout_by_class.get(job_class, self.idle_timeout_s),
+        )
+        if not server:
+            return kernel
+        by_profile = self.server_idle_timeout_by_profile
+        default = kernel if self.server_idle_timeout_s is None else self.server_idle_timeout_s
+        return next((by_profile[k] for k in keys if k in by_profile), default)
 
 
 @dataclass(frozen=True)
@@ -235,7 +270,12 @@ class Reclaimer:
             evidence.update(stalled_s=round(stalled_s, 3), timeout_s=cfg.stalled_timeout_s)
             reason = f"stalled: kernel busy for {duration(since_activity_s)} with {below}"
             return _Verdict("stalled", reason, evidence)
-        timeout = cfg.idle_timeout(lease.profile, request.job_class.value)
+        timeout = cfg.idle_timeout(
+            lease.profile,
+            request.job_class.value,
+            len(lease.devices),
+            server=request.owner.startswith(SERVER_OWNER),
+        )
         if kernel.execution_state != "idle" or not timeout:
             return None
         idle_s = min(since_activity_s, gpu_quiet_s)
@@ -336,6 +376,14 @@ class Reclaimer:
         evidence = {**verdict.evidence, "warned_at": warned_at, "deadline": deadline}
         self.broker.reclaim(lease.id, verdict.reason, cause=verdict.cause, evidence=evidence)
         return Decision("reclaim", lease.id, owner, verdict.cause, verdict.reason, evidence)
+
+
+def _is_size_key(key: str) -> bool:
+    """A key of the per-profile timeouts: a MIG profile, ``gpu`` or ``gpu:N`` (N >= 1)."""
+    if key in ALL_PROFILE_NAMES or key == "gpu":
+        return True
+    count = key.removeprefix("gpu:")
+    return count != key and count.isdigit() and int(count) >= 1
 
 
 def _moved(before: tuple[int | None, float | None], after: tuple[int | None, float | None]) -> bool:

@@ -264,6 +264,18 @@ class GPUMagics(Magics):
 
     def _request(self, args: argparse.Namespace) -> GpuResult:
         size = requested_size(args)
+        held = self.session.live()
+        if held is not None and self.session.shared(held):  # a second device: never
+            r = held.request
+            display(
+                {
+                    "text/plain": f"This server already holds {', '.join(held.lease['devices'])} "
+                    f"({size_text(r)}); this kernel uses it (ask for a different GPU when "
+                    "you start the server)."
+                },
+                raw=True,
+            )
+            return self._panel(held, held.lease or r, cancellable=False)
         withdrawn = f"interrupted: the request for {size_text(size)} was withdrawn"
         try:
             tracker = self.session.submit(size, args.job_class)
@@ -300,6 +312,11 @@ class GPUMagics(Magics):
         tracker = self.session.live()
         if tracker is None:
             return GpuResult({}, lambda: "This kernel holds no GPU and has no request waiting.")
+        if self.session.shared(tracker):
+            raise GpuError(
+                f"this kernel shares its server's {', '.join(tracker.lease['devices'])}: stop "
+                "the server (the hub's home page) to give the GPU back"
+            )
         granted = tracker.state == "granted"
         self.session.withdraw(tracker)
         r, lease = tracker.request, tracker.lease

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from IPython.core.getipython import get_ipython
 
 from ..broker.text import duration
-from ..client import BrokerClient, keep_alive, kernel_report, size_text
+from ..client import SERVER_LEASE_ENV, BrokerClient, keep_alive, kernel_report, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import DevicePoll, EventFeed, Runner
@@ -204,22 +204,42 @@ class Session:
     # -- this kernel's request
 
     def live(self) -> Tracker | None:
-        """This kernel's live request (the provisioner's or a ``%gpu`` one), followed."""
+        """This kernel's live request (the provisioner's or a ``%gpu`` one), else the
+        reservation of its server that it shares (``shared``), followed."""
         if self.tracker is not None:
             self.call(self.tracker.refresh())
             if self.tracker.state in LIVE:
                 return self.tracker
         mine = [r["id"] for r in self.call(self.client.requests()) if r["owner"] == self.kernel_id]
-        if not mine:
+        if mine:
+            request = self.call(self.client.request(mine[0]))
+        elif self.server_lease:
+            lease = self.call(self.client.lease(self.server_lease))
+            request = self.call(self.client.request(lease["request_id"]))
+            if request["state"] not in LIVE:
+                return None
+        else:
             return None
-        self.tracker = Tracker(self, self.call(self.client.request(mine[0])))
+        self.tracker = Tracker(self, request)
         self.changed(self.tracker)
         return self.tracker
+
+    @property
+    def server_lease(self) -> str:
+        """The lease of this kernel's server, when the server holds a GPU of its own (the
+        hub's GPU spawner): its kernels share it rather than ask for another."""
+        return os.environ.get(SERVER_LEASE_ENV, "")
+
+    def shared(self, tracker: Tracker) -> bool:
+        """Is ``tracker`` the server's reservation (not this kernel's own request)?"""
+        lease = tracker.lease
+        return bool(self.server_lease) and lease is not None and lease["id"] == self.server_lease
 
     def submit(self, size: dict[str, Any], job_class: str) -> Tracker:
         """Ask for ``size`` for this kernel; refused while it already has a live request or
         once CUDA is initialised (the device could not be pinned any more). Interrupted,
-        it withdraws the request before it lets the interrupt through."""
+        it withdraws the request before it lets the interrupt through. In a server with a
+        GPU of its own, the server's: ``live`` before asking says so."""
         held = self.live()
         if held is not None:
             raise GpuError(f"this kernel already {holding(held.request)}: %gpu release first")
@@ -256,10 +276,10 @@ class Session:
             devices = ",".join(lease["devices"])
             os.environ.update(CUDA_VISIBLE_DEVICES=devices, NVIDIA_VISIBLE_DEVICES=devices)
             self._pinned = tracker.id
-            if lease["id"] != os.environ.get(LEASE_ENV):
+            if lease["id"] not in (os.environ.get(LEASE_ENV), self.server_lease):
                 self._renew("lease", lease)
             else:
-                self._stop_renewing()  # the provisioner's own: it renews it
+                self._stop_renewing()  # the provisioner's own, or the server's: they renew it
         elif tracker.state not in LIVE:
             self._stop_renewing()
             if self._pinned == tracker.id:

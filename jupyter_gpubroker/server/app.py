@@ -17,32 +17,36 @@ provisioner, ``%gpu`` and the CLI use the central broker with the user's own
 credential, this server's API route relays to it (``proxy``), and the
 provisioners (and ``%gpu``) report their kernels' state with each renewal; the
 server follows the central broker's events and carries out its reclaims on its
-kernels (``reclaimer.carry_out_reclaims``).
+kernels (``reclaimer.carry_out_reclaims``). A server with a GPU of its own (the hub's GPU
+spawner) reports all its kernels' activity with its lease, every
+``server_report_interval`` seconds, for the central broker to cull it when idle
+(``reclaimer.report_server_activity``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import prometheus_client
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from tornado.ioloop import IOLoop
-from traitlets import Unicode, default
+from traitlets import Float, TraitError, Unicode, default, validate
 
 from .. import __version__
 from ..api import API_PREFIX
 from ..api.rules import BrokerAPI
 from ..broker.clock import SystemClock
 from ..broker.errors import BrokerError
-from ..client import URL_ENV, BrokerClient, user_token_from_env
+from ..client import SERVER_LEASE_ENV, URL_ENV, BrokerClient, user_token_from_env
 from ..nvml import NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
 from . import registry
 from .handlers import handlers
 from .proxy import proxy_handlers
-from .reclaimer import ServerKernels, carry_out_reclaims
+from .reclaimer import ServerKernels, carry_out_reclaims, report_server_activity
 from .unavailable import unavailable_handlers
 
 
@@ -72,12 +76,26 @@ class GPUBrokerExtension(ExtensionApp):
     def _default_jupyter_token(self) -> str:
         return user_token_from_env()
 
+    server_report_interval = Float(
+        30.0,
+        help=f"Seconds between this server's reports of its kernels' activity to the central "
+        f"broker, when it holds a GPU of its own (${SERVER_LEASE_ENV}, set by the hub's GPU "
+        "spawner): how soon the broker sees a server go idle or become busy again.",
+    ).tag(config=True)
+
+    @validate("server_report_interval")
+    def _positive(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if not value > 0:
+            raise TraitError(f"server_report_interval must be positive, not {value}")
+        return value
+
     def initialize_settings(self) -> None:
         self.gpubroker = GPUBroker(parent=self)
         self.gpubroker.api_url = url_path_join(self.serverapp.connection_url, API_PREFIX)
         self.kernels: ServerKernels | None = None
         self.why_not = ""
-        self._reclaims: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         if self.broker_url:
             kernels = ServerKernels(self.serverapp.kernel_manager, SystemClock(), self.log)
             self.kernels = kernels
@@ -85,8 +103,15 @@ class GPUBrokerExtension(ExtensionApp):
             self.log.info("GPU broker: none here; this server uses %s", self.broker_url)
             central = BrokerClient(self.broker_url, token=self.jupyter_token)
 
+            server_lease = os.environ.get(SERVER_LEASE_ENV)
+
             def follow() -> None:
-                self._reclaims = asyncio.ensure_future(carry_out_reclaims(central, kernels))
+                self._tasks.append(asyncio.ensure_future(carry_out_reclaims(central, kernels)))
+                if server_lease:
+                    report = report_server_activity(
+                        central, server_lease, kernels, self.server_report_interval
+                    )
+                    self._tasks.append(asyncio.ensure_future(report))
 
             IOLoop.current().add_callback(follow)
             return
@@ -119,8 +144,8 @@ class GPUBrokerExtension(ExtensionApp):
     async def stop_extension(self) -> None:
         registry.set_current(None)
         registry.set_remote(None)
-        if self._reclaims is not None:
-            self._reclaims.cancel()
+        for task in self._tasks:
+            task.cancel()
         if self.kernels is not None:
             self.kernels.close()
             self.gpubroker.stop()

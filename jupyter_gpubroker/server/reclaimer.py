@@ -12,6 +12,13 @@ In remote mode the central broker decides and this server acts: each renewal
 reports the kernel's state (``ServerKernels.state``), and ``carry_out_reclaims``
 hears the central broker's ``reclaimed`` events and shuts down (or interrupts) the
 kernel whose lease it was, provisioned or taken with ``%gpu``.
+
+A server with a GPU of its own (the hub's GPU spawner, ``$GPUBROKER_SERVER_LEASE``) is
+judged as a whole: ``report_server_activity`` renews the server's lease with the state of
+all its kernels together (busy while any runs a cell; idle since the last one ran one),
+so the central broker's reclaimer warns an idle GPU server and reclaims its lease, and
+the hub, which holds that lease, stops the server. HTTP activity (a browser tab left
+open, JupyterLab's polling) is not activity here.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from jupyter_core.utils import ensure_async
 
 from ..broker.clock import Clock
 from ..broker.reclaim import KernelState
-from ..client import BrokerAPIError, BrokerClient
+from ..client import BrokerAPIError, BrokerClient, kernel_report
 
 USER_REQUESTS = ("execute_request", "comm_msg")
 """Requests whose handling counts as the kernel being used."""
@@ -74,6 +81,8 @@ class ServerKernels:
         self.kernel_manager, self.clock, self.log = kernel_manager, clock, log
         self._watches: dict[str, _Watch] = {}
         self._shutdowns: set[asyncio.Task[None]] = set()
+        self._busy_until = 0.0
+        """When a kernel last went away while busy: its cell ran until then."""
 
     def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
         """Watch the kernels among ``owners`` (and stop watching the others)."""
@@ -97,10 +106,24 @@ class ServerKernels:
                 return None
         return self._watches[kernel_id].observe()
 
+    def server_state(self, since: float) -> KernelState:
+        """All of this server's kernels as one: ``busy`` while any runs a cell, else idle
+        since the last one started or finished one (``since`` at the least: the server's
+        start). Kernels that ended are no longer watched."""
+        running = set(self.kernel_manager.list_kernel_ids())
+        for gone in self._watches.keys() - running:
+            self.forget(gone)
+        states = [s for s in map(self.state, running) if s is not None]
+        busy = any(s.execution_state == "busy" for s in states)
+        last = max((s.last_activity for s in states), default=since)
+        return KernelState("busy" if busy else "idle", max(last, since, self._busy_until))
+
     def forget(self, kernel_id: str) -> None:
         """Stop watching a kernel (it ended, or holds no lease any more)."""
         watch = self._watches.pop(kernel_id, None)
         if watch is not None:
+            if watch.state == "busy":
+                self._busy_until = self.clock.now()
             watch.close()
 
     async def act(self, kernel_id: str, action: str) -> None:
@@ -164,3 +187,26 @@ async def carry_out_reclaims(broker: BrokerClient, kernels: ServerKernels) -> No
             broker.url,
             e.message,
         )
+
+
+async def report_server_activity(
+    broker: BrokerClient, lease_id: str, kernels: ServerKernels, interval: float
+) -> None:
+    """Renew the server's own lease every ``interval`` seconds with its kernels' activity
+    (``ServerKernels.server_state``), for the central broker to judge the server idle or
+    not; the hub renews it too, and stops the server once the lease ends. Ends when the
+    lease does (404, 409) or the broker refuses this server's credential."""
+    log, since = kernels.log, kernels.clock.now()
+    while True:
+        state = kernels.server_state(since)
+        since = state.last_activity
+        try:
+            await broker.renew(lease_id, kernel_report(state.execution_state, since))
+        except BrokerAPIError as e:
+            if e.status < 500:
+                log.info("GPU broker: this server's lease %s ended (%s)", lease_id, e.message)
+                return
+            log.warning("GPU broker: cannot report this server's activity: %s", e.message)
+        except OSError as e:
+            log.warning("GPU broker: cannot report this server's activity: %s", e)
+        await asyncio.sleep(interval)

@@ -301,3 +301,29 @@ def test_idle_time_is_unknown_without_a_kernel_and_zero_while_computing(
     m.run(30)
     assert m.sampler.reclaimer.idle_s(computing.id) == 0
     assert m.sampler.reclaimer.idle_s(orphan.id) is None
+
+
+def test_a_gpu_servers_reservation_is_judged_by_the_server_timeout_of_its_size(
+    make_machine: MachineFactory,
+) -> None:
+    """A GPU server's lease (owner ``server:...``) idles as a kernel's does, with the
+    timeouts for servers; a kernel's lease of the same size keeps the kernels'."""
+    config = ReclaimConfig(
+        idle_timeout_s=600,
+        grace_s=120,
+        server_idle_timeout_s=3600,
+        server_idle_timeout_by_profile={"gpu:1": 300},
+    )
+    m = make_machine("dgx-h100:2", reclaim=config)
+    server, kernel = m.submit("1", "server:ann"), m.submit("1", "k1")
+    assert server is not None and kernel is not None
+    m.kernels.finish("server:ann")  # as the server reports all its kernels: idle
+    m.kernels.finish("k1")
+    (warn,) = m.run(305)
+    assert (warn.action, warn.lease_id, warn.owner) == ("warn", server.id, "server:ann")
+    assert warn.evidence["timeout_s"] == 300
+    # the server's is reclaimed after the grace; the kernel's is warned at its own 600 s
+    assert [(d.action, d.lease_id) for d in m.run(300)] == [
+        ("reclaim", server.id),
+        ("warn", kernel.id),
+    ]

@@ -13,7 +13,8 @@ from live_hub import Hub
 
 @pytest.fixture(scope="module")
 def hub_options() -> dict[str, Any]:
-    """The service's ``c.GPUBroker`` options beyond ``Hub``'s own (a module overrides it)."""
+    """The service's ``c.GPUBroker`` options beyond ``Hub``'s own, and its ``spawner`` and
+    ``extra_config`` (a module overrides it)."""
     return {}
 
 

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,16 +35,16 @@ c.Spawner.pre_spawn_hook = _impatient
 """
 
 
+GPU_HUB = {
+    "spawner": "hub_spawner.spawner.SimpleGPUBrokerSpawner",
+    "lease_ttl": 900,  # the filler's leases, never renewed, outlive the module
+}
+"""A hub on the GPU spawner (``Hub``'s options)."""
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory, proxy: None) -> Iterator[Hub]:
-    running = Hub(
-        tmp_path_factory.mktemp("hub"),
-        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
-        extra_config=CONFIG,
-        lease_ttl=900,  # the filler's leases, never renewed, outlive the module
-    )
-    with running.running():
-        yield running
+def hub_options() -> dict[str, Any]:
+    return {**GPU_HUB, "extra_config": CONFIG}
 
 
 def ok(hub: Hub, token: str, method: str, path: str, body: Any = None) -> Any:
@@ -243,6 +242,40 @@ def test_a_restarted_hub_keeps_a_servers_lease_renews_it_and_releases_it_on_stop
         assert ok(hub, token, "GET", f"leases/{lease_id}")["state"] == "released"
     finally:
         hub.stop_server("erin")
+
+
+def test_a_start_still_queued_when_the_hub_restarts_keeps_its_request_and_starts_on_grant(
+    hub: Hub,
+) -> None:
+    filler, token = hub.user("filler"), hub.user("hal")
+    held = [ok(hub, filler, "POST", "requests", SLICE) for _ in range(7)]
+    try:
+        assert spawn(hub, token, "hal", SLICE).status_code == 202
+        queued = wait_for(
+            "hal's request in the queue",
+            lambda: ok(hub, token, "GET", "requests")["requests"],
+            log=hub.log,
+        )
+        (request,) = queued
+        assert request["state"] == "queued" and request["owner"] == "server:hal"
+        hub.stop()  # the hub and the broker service with it
+        hub.start()
+        # the restarted hub takes the start up again: the same request, still waiting
+        wait_for(
+            "hal's start to resume",
+            lambda: hub.hub_api("GET", "users/hal")["servers"].get("", {}).get("pending"),
+            log=hub.log,
+        )
+        assert [r["id"] for r in ok(hub, token, "GET", "requests")["requests"]] == [request["id"]]
+        freed = hub.api(filler, "DELETE", f"leases/{held.pop()['lease']['id']}")[1]
+        env = hub.ready_server_env("hal")
+        assert env["CUDA_VISIBLE_DEVICES"] == freed["devices"][0]
+        lease = ok(hub, token, "GET", f"leases/{env[LEASE_ENV]}")
+        assert lease["request_id"] == request["id"]  # granted the request it had, no other
+    finally:
+        hub.stop_server("hal")
+        for r in held:
+            hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
 
 
 def login(hub: Hub, name: str) -> requests.Session:

@@ -8,15 +8,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from traitlets import TraitError
 
-from hub_spawner.spawner import (
-    Choices,
-    GPUBrokerSpawner,
-    SimpleGPUBrokerSpawner,
-    gpu_request,
-    options_from_form,
-    waiting_message,
-)
+from hub_spawner.options import Choices, gpu_request, options_from_form, waiting_message
+from hub_spawner.spawner import GPUBrokerSpawner, SimpleGPUBrokerSpawner
 from jupyter_gpubroker.broker.text import clock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +42,10 @@ def test_the_spawners_are_jupyterhub_entry_points() -> None:
         ({"profile": "1g.10gb"}, {"profile": "1g.10gb", "job_class": "interactive"}),
         ({"gpus": 2, "job_class": "batch"}, {"gpus": 2, "job_class": "batch"}),
         ({"min_memory_gb": 20.5}, {"min_memory_gb": 20.5, "job_class": "interactive"}),
+        (
+            {"profile": "1g.10gb", "expected_duration_s": 7200},
+            {"profile": "1g.10gb", "job_class": "interactive", "expected_duration_s": 7200.0},
+        ),
     ],
 )
 def test_options_name_the_request_in_the_apis_own_fields(options, request_body) -> None:
@@ -61,6 +60,9 @@ def test_options_name_the_request_in_the_apis_own_fields(options, request_body) 
         ({"profile": "9g.99gb"}, "unknown MIG profile '9g.99gb'"),
         ({"gpus": 1, "job_class": "urgent"}, "job_class must be 'interactive' or 'batch'"),
         ({"gpus": 1, "owner": "bob"}, "unknown server option(s) owner"),
+        ({"gpus": 1, "expected_duration_s": 0}, "expected_duration_s must be seconds"),
+        ({"gpus": 1, "expected_duration_s": "2h"}, "expected_duration_s must be seconds"),
+        ({"gpus": 1, "expected_duration_s": 1e9}, "at most a year"),
     ],
 )
 def test_options_the_broker_would_refuse_are_refused_first(options, says) -> None:
@@ -81,6 +83,11 @@ def test_the_forms_fields_become_the_same_options_as_the_api_takes() -> None:
         "job_class": "interactive",
     }
     assert gpu_request(options_from_form({"gpu_kind": ["cpu"], "gpus": ["3"]})) is None
+    # "for about N hours": the hold the broker's ETA of those behind can count on
+    assert options_from_form({**form, "hours": ["1.5"]})["expected_duration_s"] == 5400
+    assert "expected_duration_s" not in options_from_form({"gpu_kind": ["cpu"], "hours": ["2"]})
+    with pytest.raises(ValueError, match="expected_duration_s must be seconds"):
+        gpu_request(options_from_form({**form, "hours": ["soon"]}))
     with pytest.raises(ValueError, match="whole number"):
         gpu_request(options_from_form({"gpu_kind": ["gpus"], "gpus": ["two"]}))
 
@@ -142,3 +149,14 @@ def test_a_wait_and_a_refusal_say_what_the_quota_allows() -> None:
     )
     # sizes shown are ones that fit: 9856 MiB is 9.625 GB, offered as 9.6
     assert 'max="9.6" value="9.6"' in choices.form()
+
+
+def test_a_configured_expected_hold_goes_with_every_gpu_request_unless_the_user_gives_one() -> None:
+    spawner = SimpleGPUBrokerSpawner(gpu_expected_duration=8 * 3600)
+    assert spawner._gpu_request({"profile": "1g.10gb"})["expected_duration_s"] == 8 * 3600
+    mine = spawner._gpu_request({"profile": "1g.10gb", "expected_duration_s": 600})
+    assert mine["expected_duration_s"] == 600
+    assert spawner._gpu_request({}) is None
+    for bad in (0, -5.0, 400 * 86400.0):
+        with pytest.raises(TraitError, match="gpu_expected_duration must be seconds"):
+            SimpleGPUBrokerSpawner(gpu_expected_duration=bad)

@@ -311,3 +311,25 @@ async def test_unreachable_broker_is_one_line():
     assert line.startswith(
         "%gpu queue: cannot reach the GPU broker at http://127.0.0.1:9/gpubroker/api/v1/ ("
     )
+
+
+async def test_a_kernel_in_a_gpu_server_uses_the_servers_gpu_and_asks_for_no_second(
+    broker_env, api
+):
+    """A server with a GPU of its own (the hub's GPU spawner names its lease in the
+    server's environment): ``%gpu request`` says what the server holds and uses it."""
+    _, server = await api("POST", "requests", {"profile": "1g.10gb", "owner": "server:me"})
+    lease = server["lease"]
+    try:
+        env = {**broker_env, "GPUBROKER_SERVER_LEASE": lease["id"]}
+        out = await ipython("%gpu request 2g.20gb\n%gpu\n%gpu release", env)
+        (device,) = lease["devices"]
+        assert f"This server already holds {device} (1g.10gb); this kernel uses it" in out
+        assert out.count("Holding 1g.10gb (interactive)") == 2  # the request, then %gpu
+        assert f"%gpu release: this kernel shares its server's {device}: stop the server" in out
+        _, requests = await api("GET", "requests")
+        assert [r["id"] for r in requests["requests"]] == [server["id"]]  # no second request
+        _, still = await api("GET", f"leases/{lease['id']}")
+        assert still["state"] == "active"
+    finally:
+        await api("DELETE", f"leases/{lease['id']}")

@@ -59,6 +59,11 @@ def test_traits_reach_the_reclaimer_and_the_health_judge(tmp_path) -> None:
         ("idle_timeout_by_class", {"urgent": 60}),
         ("idle_timeout_by_class", {"batch": -60}),
         ("idle_timeout_by_profile", {"9g.99gb": 60}),
+        ("idle_timeout_by_profile", {"gpu:0": 60}),
+        ("server_idle_timeout", -1.0),
+        ("server_idle_timeout", float("inf")),
+        ("server_idle_timeout_by_profile", {"gpus": 60}),
+        ("server_idle_timeout_by_profile", {"1g.10gb": -1}),
         ("reclaim_action", "kill"),
         ("alert_temperature", 0.0),
         ("alert_temperature_critical", -1.0),
@@ -116,3 +121,40 @@ def test_a_warning_temperature_at_or_above_the_critical_one_is_refused(tmp_path)
     rt = make(tmp_path, alert_temperature=90.0, alert_temperature_critical=90.0)
     with pytest.raises(InvalidRequest, match="below the critical one"):
         rt.start()
+
+
+def test_gpu_servers_have_timeouts_of_their_own_per_profile_and_whole_gpu_count(
+    tmp_path,
+) -> None:
+    rt = make(
+        tmp_path,
+        idle_timeout=900.0,
+        idle_timeout_by_profile={"gpu:2": 300},
+        server_idle_timeout=7200.0,
+        server_idle_timeout_by_profile={"1g.10gb": 1800, "gpu:8": 600, "gpu": 3600},
+    )
+    rt.start()
+    try:
+        assert rt.sampler is not None
+        reclaim = rt.sampler.reclaimer.config
+        assert reclaim.idle_timeout("1g.10gb", "interactive", server=True) == 1800
+        assert reclaim.idle_timeout("gpu", "interactive", 8, server=True) == 600
+        assert reclaim.idle_timeout("gpu", "interactive", 2, server=True) == 3600
+        assert reclaim.idle_timeout("2g.20gb", "batch", server=True) == 7200
+        # a kernel's lease keeps the kernels' timeouts
+        assert reclaim.idle_timeout("1g.10gb", "interactive") == 900
+        assert reclaim.idle_timeout("gpu", "interactive", 2) == 300
+    finally:
+        rt.stop()
+
+
+def test_a_servers_timeout_falls_back_to_a_kernels(tmp_path) -> None:
+    rt = make(tmp_path, idle_timeout=900.0, idle_timeout_by_class={"batch": 60})
+    rt.start()
+    try:
+        assert rt.sampler is not None
+        reclaim = rt.sampler.reclaimer.config
+        assert reclaim.idle_timeout("1g.10gb", "batch", server=True) == 60
+        assert reclaim.idle_timeout("1g.10gb", "interactive", server=True) == 900
+    finally:
+        rt.stop()

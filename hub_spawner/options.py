@@ -1,0 +1,272 @@
+"""What a GPU server may ask for, as pure builders apart from the stateful spawner (as
+KubeSpawner keeps ``make_pod`` apart): ``user_options`` checked as a broker request, the
+options form's fields, why a start waits, and the choices a user has on this machine.
+Tested without a hub."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import Any
+
+from jupyter_gpubroker.broker.errors import BrokerError
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.client import eta_text, size_text
+
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "expected_duration_s")
+JOB_CLASSES = ("interactive", "batch")
+MAX_DURATION_S = 366 * 86400.0
+
+
+def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The broker request ``user_options`` ask for (``None``: a CPU-only server), checked
+    the way the broker checks a request; ``ValueError`` says what is wrong."""
+    unknown = set(options) - set(OPTION_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"unknown server option(s) {', '.join(sorted(unknown))}: give one of "
+            f"{', '.join(SIZE_FIELDS)} (none for a CPU-only server) and optionally job_class "
+            "and expected_duration_s"
+        )
+    size = {k: options[k] for k in SIZE_FIELDS if options.get(k) not in (None, "")}
+    job_class = options.get("job_class") or "interactive"
+    if job_class not in JOB_CLASSES:
+        raise ValueError(f"job_class must be 'interactive' or 'batch', not {job_class!r}")
+    if not size:
+        return None
+    try:
+        Size(**size)
+    except BrokerError as e:
+        raise ValueError(e.message) from None
+    request = {**size, "job_class": job_class}
+    hold = options.get("expected_duration_s")
+    if hold not in (None, ""):
+        if not expected_duration(hold):
+            raise ValueError(
+                f"expected_duration_s must be seconds, more than 0 and at most a year, not {hold!r}"
+            )
+        request["expected_duration_s"] = float(hold)
+    return request
+
+
+def expected_duration(value: Any) -> bool:
+    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and 0 < value <= MAX_DURATION_S
+
+
+def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
+    """The form's choice as ``user_options`` (the REST API's shape); numbers as numbers
+    when they read as such, anything else is left for ``gpu_request`` to refuse."""
+    field = {k: v[0].strip() for k, v in form.items() if v}
+    kind = field.get("gpu_kind", "cpu")
+    options: dict[str, Any] = {"job_class": field.get("job_class") or "interactive"}
+    value = field.get(kind, "")
+    if kind == "gpus":
+        options["gpus"] = int(value) if value.isdigit() else value
+    elif kind == "profile":
+        options["profile"] = value
+    elif kind == "min_memory_gb":
+        options["min_memory_gb"] = _number(value)
+    hours = field.get("hours", "")
+    if kind != "cpu" and hours:
+        number = _number(hours)
+        options["expected_duration_s"] = number * 3600 if isinstance(number, float) else hours
+    return options
+
+
+def _number(text: str) -> float | str:
+    """A form's number as a float; text that is none is left for ``gpu_request`` to refuse."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def waiting_message(
+    request: dict[str, Any], ahead: dict[str, int], length: int, reason: str = ""
+) -> str:
+    """Where a waiting server's request is and why: "Waiting for 1g.10gb (interactive):
+    every 1g.10gb is in use; position 2 of 5, requests ahead: 1 interactive; ETA 10:40
+    (10:20-11:30)"."""
+    position = request.get("position") or 0
+    before = ", ".join(f"{n} {cls}" for cls, n in sorted(ahead.items()) if n) or "none"
+    why = f"{reason}; " if reason else ""
+    return (
+        f"Waiting for {size_text(request)} ({request['job_class']}): {why}position "
+        f"{position or '?'} of {max(length, position)}, requests ahead: {before}; "
+        f"ETA {eta_text(request)}"
+    )
+
+
+class Choices:
+    """What a user may ask for on this machine and within their quota, from the broker's
+    ``overview`` and the user's ``quotas``: for refusals and the options form."""
+
+    def __init__(self, overview: dict[str, Any], quotas: list[dict[str, Any]]) -> None:
+        self.overview = overview
+        devices = [d for g in overview["gpus"] for d in g["devices"]]
+        self.whole = [d for d in devices if d["kind"] != "mig"]
+        self.profiles: dict[str, list[dict[str, Any]]] = {}
+        for d in devices:
+            if d["kind"] == "mig":
+                self.profiles.setdefault(d["profile"], []).append(d)
+        user = overview["me"]["user"]
+        mine = [q for q in quotas if (q["kind"], q["name"]) == ("user", user)]
+        self.max_gpus: float | None = mine[0]["max_gpus"] if mine else None
+        self.share: float | None = mine[0]["share"] if mine else None
+        sizes = [d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])]
+        # GB as the broker compares them (MiB / 1024), rounded down: a size shown fits
+        self.largest_gb = math.floor(max(sizes, default=0) / 102.4) / 10
+        self.smallest_gb = math.floor(min(sizes, default=0) / 102.4) / 10
+        self.held = sum(
+            d["gpu_equivalents"] for d in devices if (d["holder"] or {}).get("user") == user
+        )
+
+    def within_quota(self, gpu_equivalents: float) -> bool:
+        return self.max_gpus is None or gpu_equivalents <= self.max_gpus + 1e-9
+
+    @staticmethod
+    def free(devices: list[dict[str, Any]]) -> int:
+        return sum(not d["holder"] and not d["drained"] and not d["vacating"] for d in devices)
+
+    def waits(self, **size: Any) -> str:
+        """The expected wait for one choice: at once when a device is free, else how many
+        wait for the same and when the last of them is expected to start."""
+        same = [e for e in self.overview["queue"] if all(e.get(k) == v for k, v in size.items())]
+        if not same:
+            return "starts at once" if self._free_for(**size) else "waits for a device to free"
+        last = same[-1]
+        return f"{len(same)} waiting for the same; the last expected {eta_text(last)}"
+
+    def blocked(self, request: dict[str, Any]) -> str:
+        """Why a request waits, in words: the user's own quota, or every fitting device
+        being in use."""
+        if request.get("profile"):
+            fits = self.profiles.get(request["profile"], [])
+        elif request.get("gpus"):
+            fits = self.whole
+        else:
+            fits = [
+                d
+                for g in self.overview["gpus"]
+                for d in g["devices"]
+                if d["memory_mib"] >= 1024 * request["min_memory_gb"]
+            ]
+        eq = min((d["gpu_equivalents"] for d in fits), default=0.0)
+        if request.get("gpus"):
+            eq = float(request["gpus"])
+        if self.max_gpus is not None and self.held + eq > self.max_gpus + 1e-9:
+            return (
+                f"you hold {self.held:g} of the {self.max_gpus:g} GPU-equivalents your quota "
+                "allows at once: it starts once you give some back"
+            )
+        return f"every {size_text(request)} is in use"
+
+    def _free_for(self, **size: Any) -> bool:
+        if "profile" in size:
+            return self.free(self.profiles.get(size["profile"], [])) > 0
+        if "gpus" in size:
+            return self.free(self.whole) >= size["gpus"]
+        return True
+
+    def form(self) -> str:
+        """The options form's fields (the hub's page wraps them in its form, with its XSRF
+        token): CPU only, N whole GPUs, a MIG profile or any device with at least X GB, and
+        the class; what is free now, the user's quota and holdings, the expected wait."""
+        row = (
+            '<div class="form-check"><input class="form-check-input" type="radio" '
+            'name="gpu_kind" id="gpu-{kind}" value="{kind}"{checked}>'
+            '<label class="form-check-label" for="gpu-{kind}">{label}</label> {field}'
+            '<div class="form-text">{note}</div></div>'
+        )
+        rows = [
+            row.format(
+                kind="cpu",
+                checked=" checked",
+                label="CPU only",
+                field="",
+                note="starts at once; GPU kernels ask the broker themselves",
+            )
+        ]
+        if self.whole:
+            free = self.free(self.whole)
+            rows.append(
+                row.format(
+                    kind="gpus",
+                    checked="",
+                    label="Whole GPUs:",
+                    field=f'<input type="number" name="gpus" min="1" max="{len(self.whole)}" '
+                    'value="1" aria-label="number of GPUs">',
+                    note=f"{free} of {len(self.whole)} free now; one " + escape(self.waits(gpus=1)),
+                )
+            )
+        if self.profiles:
+            options = "".join(
+                f'<option value="{escape(p)}">{escape(p)}: {self.free(ds)} of {len(ds)} free; '
+                f"{escape(self.waits(profile=p))}</option>"
+                for p, ds in sorted(self.profiles.items())
+            )
+            rows.append(
+                row.format(
+                    kind="profile",
+                    checked="",
+                    label="A MIG slice:",
+                    field=f'<select name="profile" aria-label="MIG profile">{options}</select>',
+                    note="",
+                )
+            )
+        if self.largest_gb:
+            rows.append(
+                row.format(
+                    kind="min_memory_gb",
+                    checked="",
+                    label="Any device with at least",
+                    field='<input type="number" name="min_memory_gb" min="1" step="any" '
+                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GB"> GB',
+                    note=f"the largest has {self.largest_gb:g} GB",
+                )
+            )
+        classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
+        quota = (
+            f"your quota: at most {self.max_gpus:g} GPU-equivalents at once "
+            f"({max(0.0, self.max_gpus - self.held):g} left)"
+            if self.max_gpus is not None
+            else "no quota of your own"
+        )
+        share = f"your share: {self.share:g}" if self.share is not None else "the default share"
+        return (
+            '<fieldset class="gpubroker-options"><legend>GPU</legend>'
+            + "".join(rows)
+            + '<div class="mt-2"><label for="gpu-class">Class</label> '
+            f'<select name="job_class" id="gpu-class">{classes}</select></div>'
+            '<div class="mt-2"><label for="gpu-hours">For about</label> <input type="number" '
+            'name="hours" id="gpu-hours" min="0.1" step="any" aria-label="hours"> hours '
+            '<span class="form-text">(optional: how long you expect to need the GPU, so '
+            "that those waiting behind you get an ETA)</span></div>"
+            f'<p class="form-text">You hold {self.held:g} GPU-equivalents now; {quota}; '
+            f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
+        )
+
+    def text(self) -> str:
+        """One sentence: "you may ask for a CPU-only server, up to 8 whole GPUs, ..."."""
+        offers = ["a CPU-only server (no options)"]
+        if self.whole:
+            most = len(self.whole)
+            if self.max_gpus is not None:
+                most = min(most, int(self.max_gpus))
+            if most >= 1:
+                offers.append(f"gpus from 1 to {most}")
+        eq = {p: ds[0]["gpu_equivalents"] for p, ds in self.profiles.items()}
+        allowed = sorted(p for p, e in eq.items() if self.within_quota(e))
+        if allowed:
+            offers.append(f"a MIG profile ({', '.join(allowed)})")
+        if self.largest_gb:
+            offers.append(f"min_memory_gb up to {self.largest_gb:g}")
+        quota = (
+            f"; your quota: at most {self.max_gpus:g} GPU-equivalents at once"
+            if self.max_gpus is not None
+            else ""
+        )
+        return f"you may ask for {', '.join(offers)}, with job_class interactive or batch{quota}"
