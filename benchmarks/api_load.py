@@ -17,7 +17,9 @@ submissions are compared with.
 
 Not a test: speed belongs here. One process drives every client and stream (asyncio,
 keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
-own share of the CPU.
+own share of the CPU. Each level also reports the server process's CPU time per
+submission cycle and per bare ``GET me`` (from ``/proc``): on a machine others share,
+rates follow their load, while CPU time per operation stays what the server spends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -39,7 +42,7 @@ from live_server import TOKEN, LiveServer  # noqa: E402
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
 from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
-from jupyter_gpubroker.runtime import GPUBroker, Positions  # noqa: E402
+from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
 from jupyter_gpubroker.server.handlers import frame  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
@@ -125,26 +128,37 @@ async def bare_loop(conn: Connection, until: float, latencies: list[float], ops:
         ops[0] += 1
 
 
-async def measure(target: Target, clients: int, seconds: float, loop: Any) -> tuple[float, float]:
-    """(operations/s of ``loop``'s first call, p99 ms over all its calls)."""
+def cpu_s(pid: int) -> float:
+    """A process's CPU time (user + system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    target: Target, clients: int, seconds: float, loop: Any
+) -> tuple[float, float, float]:
+    """(operations/s of ``loop``'s first call, p99 ms over all its calls, the server's
+    CPU ms per operation)."""
     conns = [target.connection() for _ in range(clients)]
     latencies: list[float] = []
     ops = [0]
+    cpu = cpu_s(target.pid)
     start = time.perf_counter()
     await asyncio.gather(*(loop(c, start + seconds, latencies, ops) for c in conns))
     elapsed = time.perf_counter() - start
+    cpu = cpu_s(target.pid) - cpu
     for c in conns:
         if c.writer is not None:
             c.writer.close()
     p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) > 1 else 0.0
-    return ops[0] / elapsed, p99
+    return ops[0] / elapsed, p99, 1000 * cpu / max(ops[0], 1)
 
 
 class Target:
-    """Where the load goes: a port, the API's path there, a user's token."""
+    """Where the load goes: a port, the API's path there, a user's token, the server's pid."""
 
-    def __init__(self, port: int, prefix: str, token: str) -> None:
-        self.port, self.prefix = port, prefix
+    def __init__(self, port: int, prefix: str, token: str, pid: int) -> None:
+        self.port, self.prefix, self.pid = port, prefix, pid
         self.headers = {"Authorization": f"token {token}"}
         self.auth = f"Authorization: token {token}"  # as an event stream sends it
 
@@ -159,15 +173,18 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.hub:
             server = Hub(Path(home), **broker)
             server.start()
-            target = Target(server.service_port, HUB_API, server.user("bench"))
+            pid = server.service_pid()
+            assert pid is not None
+            target = Target(server.service_port, HUB_API, server.user("bench"), pid)
         else:
             server = LiveServer(Path(home), Path(home) / "state.sqlite", **broker)
             server.start()
-            target = Target(server.port, f"/{API_PREFIX}", TOKEN)
+            assert server.proc is not None
+            target = Target(server.port, f"/{API_PREFIX}", TOKEN, server.proc.pid)
         try:
             port = target.port
             admin = target.connection()
-            bare, bare_p99 = await measure(target, args.clients, args.seconds, bare_loop)
+            bare, bare_p99, bare_cpu = await measure(target, args.clients, args.seconds, bare_loop)
             results = []
             streams: list[asyncio.Task[None]] = []
             received = [0]
@@ -181,7 +198,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         auth = f"{TOKEN_HEADER}: {t['token']}"
                     streams.append(await open_stream(port, auth, received, target.prefix))
                 before = received[0]
-                rate, p99 = await measure(target, args.clients, args.seconds, client_loop)
+                rate, p99, cpu = await measure(target, args.clients, args.seconds, client_loop)
                 results.append(
                     {
                         "streams": level,
@@ -193,6 +210,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "bare_get_me_per_s": round(bare, 1),
                         "bare_get_me_p99_ms": round(bare_p99, 1),
                         "ratio_to_bare_get": round(rate / bare, 3),
+                        "server_cpu_ms_per_submission": round(cpu, 3),
+                        "server_cpu_ms_per_bare_get": round(bare_cpu, 3),
+                        "cpu_ratio_to_bare_get": round(bare_cpu / cpu, 3),
                         "messages_delivered": received[0] - before,
                     }
                 )
@@ -225,13 +245,11 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
             assert kernel is not None
             api.submit(kernel, {"profile": "1g.10gb"})
 
-            def deliver(item: Any, who: Any = kernel) -> None:
-                seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
-                if seen is not None:
-                    frame(seen)
-                    sent[0] += 1
+            def send(message: dict[str, Any]) -> None:
+                frame(message)
+                sent[0] += 1
 
-            rt.subscribe(deliver)
+            api.follow(kernel, send)
         rt.positions()
         sent[0] = 0
         start = time.perf_counter()
