@@ -14,6 +14,11 @@ submissions are compared with.
     python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10]
                                   [--viewer kernel|user] [--hub] [--json]
     python benchmarks/api_load.py --fanout 200,1000 [--json]
+    python benchmarks/api_load.py --bound [--clients 32] [--seconds 10] [--json]
+
+``--bound``: the same clients against a bare tornado handler (no auth, no broker, no
+logging) in a process of its own: the most HTTP requests per second this machine serves
+from one event loop, so a submission cycle (three requests) can never beat a third of it.
 
 Not a test: speed belongs here. One process drives every client and stream (asyncio,
 keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
@@ -38,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_hub import API as HUB_API  # noqa: E402
 from live_hub import Hub  # noqa: E402
-from live_server import TOKEN, LiveServer  # noqa: E402
+from live_server import TOKEN, LiveServer, free_port  # noqa: E402
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
 from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
@@ -267,6 +272,56 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
     }
 
 
+class _Bare:
+    """A tornado handler that answers every call with a fixed JSON object."""
+
+    @staticmethod
+    def serve(port: int) -> None:
+        from tornado import web
+
+        class Handler(web.RequestHandler):
+            def get(self, _: str) -> None:
+                self.set_header("Content-Type", "application/json")
+                self.finish('{"user": "bench"}')
+
+        async def forever() -> None:
+            app = web.Application([(r"/api/(.*)", Handler)], log_function=lambda _: None)
+            app.listen(port, "127.0.0.1")
+            await asyncio.Event().wait()
+
+        asyncio.run(forever())
+
+
+async def bound(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The bare tornado request rate here (``--bound``)."""
+    import multiprocessing
+
+    port = free_port()
+    server = multiprocessing.Process(target=_Bare.serve, args=(port,), daemon=True)
+    server.start()
+    try:
+        target = Target(port, "/api", "unused", server.pid or 0)
+        for _ in range(100):  # until it listens
+            try:
+                await target.connection().call("GET", "me")
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        rate, p99, cpu = await measure(target, args.clients, args.seconds, bare_loop)
+    finally:
+        server.terminate()
+    return [
+        {
+            "host": "bare tornado",
+            "clients": args.clients,
+            "gets_per_s": round(rate, 1),
+            "p99_ms": round(p99, 1),
+            "server_cpu_ms_per_get": round(cpu, 3),
+            "submissions_per_s_at_most": round(rate / 3, 1),
+        }
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--streams", default="0,200,1000")
@@ -290,9 +345,16 @@ def main() -> None:
         action="store_true",
         help="load the broker as a JupyterHub service (needs configurable-http-proxy)",
     )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="instead: the same clients against a bare tornado handler (the HTTP bound)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.fanout:
+    if args.bound:
+        results = asyncio.run(bound(args))
+    elif args.fanout:
         results = [fanout(int(n)) for n in args.fanout.split(",")]
     else:
         args.streams = [int(x) for x in args.streams.split(",")]
