@@ -254,7 +254,7 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
                 frame(message)
                 sent[0] += 1
 
-            api.follow(kernel, send)
+            api.follow(kernel, send)  # its hello is not sent
         rt.positions()
         sent[0] = 0
         start = time.perf_counter()

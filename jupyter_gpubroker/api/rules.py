@@ -554,19 +554,28 @@ class BrokerAPI:
 
     # --------------------------------------------------------------- events
 
-    def follow(self, who: Identity, send: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
-        """Call ``send`` with each event and positions message ``who`` may see, as they
-        happen (decided during the fan-out, so a stream wakes only for what it sends, and
-        a message every stream sends alike is made once); returns the unsubscribe. A
-        kernel token's stream is not even called for another kernel's events."""
+    def follow(
+        self,
+        who: Identity,
+        send: Callable[[dict[str, Any]], None],
+        last_event_id: int | None = None,
+    ) -> tuple[list[dict[str, Any]], Callable[[], None]]:
+        """A stream of ``who``'s: what it starts with (``resume``) and the unsubscribe;
+        from then on ``send`` gets each event and positions message ``who`` may see, as
+        it happens (decided during the fan-out, so a stream wakes only for what it sends,
+        and a message every stream sends alike is made once). A kernel token's stream is
+        not even called for another kernel's events. The start is read before
+        subscribing, so positions it computes are not pushed to this stream as well, and
+        nothing is awaited in between, so no event falls between the two."""
 
         def deliver(item: Published | Positions) -> None:
             seen = self.moved(who, item) if isinstance(item, Positions) else self.event(who, item)
             if seen is not None:
                 send(seen)
 
+        start = self.resume(who, last_event_id)
         audience = None if who.kernel_id is None else (who.user, who.kernel_id)
-        return self.runtime.subscribe(deliver, audience)
+        return start, self.runtime.subscribe(deliver, audience)
 
     def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's

@@ -315,9 +315,9 @@ class EventsHandler(BrokerHandler):
         items: asyncio.Queue[str | None] = asyncio.Queue()
         self._items = items
         api, who = self.api, self.who
-        unsubscribe = api.follow(who, lambda message: items.put_nowait(frame(message)))
+        start, unsubscribe = api.follow(who, lambda m: items.put_nowait(frame(m)), last)
         try:
-            for message in api.resume(who, last):  # no await since subscribing: no gap
+            for message in start:
                 self.write(frame(message))
             await self.flush()
             while True:

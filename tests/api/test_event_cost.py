@@ -94,16 +94,18 @@ def test_a_stream_opened_after_unwatched_changes_follows_the_queue_as_it_is(
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         held = [team.submit(alice, {**SLICE, "owner": f"nb{i}"}) for i in range(7)]
         first, second = (team.submit(bob, {**SLICE, "owner": f"b{i}"}) for i in range(2))
+        dan = team.submit(team.user_identity("dan"), SLICE)
+        team.cancel(team.user_identity("dan"), dan["id"])  # the queue moved; nobody ranked it
         await asyncio.sleep(0)  # the burst's pass: nobody follows
         pushed: list[dict[str, Any]] = []
-        team.follow(bob, pushed.append)
-        start = team.resume(bob, None)
+        start, _ = team.follow(bob, pushed.append)
         team.cancel(alice, held[0]["id"])  # bob's first is granted, his second moves up
         await asyncio.sleep(0)
         assert (first["position"], second["position"]) == (1, 2)
-        return start, [m for m in pushed if m["type"] == "positions"]
+        return start, pushed
 
-    (hello,), moves = asyncio.run(scenario())
+    (hello,), pushed = asyncio.run(scenario())
+    moves = [m for m in pushed if m["type"] == "positions"]
     assert [r["position"] for r in hello["data"]["requests"]] == [1, 2]
     (move,) = moves
     assert [r["position"] for r in move["data"]["requests"]] == [1]
