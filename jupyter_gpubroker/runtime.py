@@ -610,8 +610,9 @@ class GPUBroker(LoggingConfigurable):
                 self._positions_scheduled = True
 
     def _holder(self, request_id: str) -> str:
-        """A request's holder, remembered while it lives: its last event (it ended) then
-        needs no read of the state file. Forgotten oldest first past ``event_buffer``."""
+        """A request's holder, remembered for the last ``event_buffer`` requests with
+        events (a holder never changes): the event that ends a request, once the core
+        has let it go, then needs no read of the state file."""
         owner = self._owners.get(request_id)
         if owner is None:
             owner = self._owners[request_id] = self.core.request(request_id).owner
