@@ -14,10 +14,17 @@ submissions are compared with.
     python benchmarks/api_load.py [--streams 0,200,1000] [--clients 32] [--seconds 10]
                                   [--viewer kernel|user] [--hub] [--json]
     python benchmarks/api_load.py --fanout 200,1000 [--json]
+    python benchmarks/api_load.py --bound [--clients 32] [--seconds 10] [--json]
+
+``--bound``: the same clients against a bare tornado handler (no auth, no broker, no
+logging) in a process of its own: the most HTTP requests per second this machine serves
+from one event loop, so a submission cycle (three requests) can never beat a third of it.
 
 Not a test: speed belongs here. One process drives every client and stream (asyncio,
 keep-alive HTTP/1.1), so on a small machine the figures include the load generator's
-own share of the CPU.
+own share of the CPU. Each level also reports the server process's CPU time per
+submission cycle and per bare ``GET me`` (from ``/proc``): on a machine others share,
+rates follow their load, while CPU time per operation stays what the server spends.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -35,11 +43,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_hub import API as HUB_API  # noqa: E402
 from live_hub import Hub  # noqa: E402
-from live_server import TOKEN, LiveServer  # noqa: E402
+from live_server import TOKEN, LiveServer, free_port  # noqa: E402
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
 from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
-from jupyter_gpubroker.runtime import GPUBroker, Positions  # noqa: E402
+from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
 from jupyter_gpubroker.server.handlers import frame  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
@@ -125,26 +133,37 @@ async def bare_loop(conn: Connection, until: float, latencies: list[float], ops:
         ops[0] += 1
 
 
-async def measure(target: Target, clients: int, seconds: float, loop: Any) -> tuple[float, float]:
-    """(operations/s of ``loop``'s first call, p99 ms over all its calls)."""
+def cpu_s(pid: int) -> float:
+    """A process's CPU time (user + system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    target: Target, clients: int, seconds: float, loop: Any
+) -> tuple[float, float, float]:
+    """(operations/s of ``loop``'s first call, p99 ms over all its calls, the server's
+    CPU ms per operation)."""
     conns = [target.connection() for _ in range(clients)]
     latencies: list[float] = []
     ops = [0]
+    cpu = cpu_s(target.pid)
     start = time.perf_counter()
     await asyncio.gather(*(loop(c, start + seconds, latencies, ops) for c in conns))
     elapsed = time.perf_counter() - start
+    cpu = cpu_s(target.pid) - cpu
     for c in conns:
         if c.writer is not None:
             c.writer.close()
     p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) > 1 else 0.0
-    return ops[0] / elapsed, p99
+    return ops[0] / elapsed, p99, 1000 * cpu / max(ops[0], 1)
 
 
 class Target:
-    """Where the load goes: a port, the API's path there, a user's token."""
+    """Where the load goes: a port, the API's path there, a user's token, the server's pid."""
 
-    def __init__(self, port: int, prefix: str, token: str) -> None:
-        self.port, self.prefix = port, prefix
+    def __init__(self, port: int, prefix: str, token: str, pid: int) -> None:
+        self.port, self.prefix, self.pid = port, prefix, pid
         self.headers = {"Authorization": f"token {token}"}
         self.auth = f"Authorization: token {token}"  # as an event stream sends it
 
@@ -159,15 +178,18 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.hub:
             server = Hub(Path(home), **broker)
             server.start()
-            target = Target(server.service_port, HUB_API, server.user("bench"))
+            pid = server.service_pid()
+            assert pid is not None
+            target = Target(server.service_port, HUB_API, server.user("bench"), pid)
         else:
             server = LiveServer(Path(home), Path(home) / "state.sqlite", **broker)
             server.start()
-            target = Target(server.port, f"/{API_PREFIX}", TOKEN)
+            assert server.proc is not None
+            target = Target(server.port, f"/{API_PREFIX}", TOKEN, server.proc.pid)
         try:
             port = target.port
             admin = target.connection()
-            bare, bare_p99 = await measure(target, args.clients, args.seconds, bare_loop)
+            bare, bare_p99, bare_cpu = await measure(target, args.clients, args.seconds, bare_loop)
             results = []
             streams: list[asyncio.Task[None]] = []
             received = [0]
@@ -181,7 +203,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         auth = f"{TOKEN_HEADER}: {t['token']}"
                     streams.append(await open_stream(port, auth, received, target.prefix))
                 before = received[0]
-                rate, p99 = await measure(target, args.clients, args.seconds, client_loop)
+                rate, p99, cpu = await measure(target, args.clients, args.seconds, client_loop)
                 results.append(
                     {
                         "streams": level,
@@ -193,6 +215,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "bare_get_me_per_s": round(bare, 1),
                         "bare_get_me_p99_ms": round(bare_p99, 1),
                         "ratio_to_bare_get": round(rate / bare, 3),
+                        "server_cpu_ms_per_submission": round(cpu, 3),
+                        "server_cpu_ms_per_bare_get": round(bare_cpu, 3),
+                        "cpu_ratio_to_bare_get": round(bare_cpu / cpu, 3),
                         "messages_delivered": received[0] - before,
                     }
                 )
@@ -204,7 +229,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
-    """Event-loop time per event with ``waiting`` kernels queued, each following its own
+    """Event-loop (CPU) time per event with ``waiting`` kernels queued, each following its own
     stream: the broker in process (no HTTP), each event then its coalesced positions
     pass, every stream's share decided and encoded as the server does it."""
     with tempfile.TemporaryDirectory() as home:
@@ -225,28 +250,76 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
             assert kernel is not None
             api.submit(kernel, {"profile": "1g.10gb"})
 
-            def deliver(item: Any, who: Any = kernel) -> None:
-                seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
-                if seen is not None:
-                    frame(seen)
-                    sent[0] += 1
+            def send(message: dict[str, Any]) -> None:
+                frame(message)
+                sent[0] += 1
 
-            rt.subscribe(deliver)
+            api.follow(kernel, send)  # its hello is not sent
         rt.positions()
         sent[0] = 0
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(events // 2):  # each moves every waiter's queue length
             r = api.submit(alice, {"profile": "1g.10gb", "owner": "x"})
             rt._positions_later()
             api.cancel(alice, r["id"])
             rt._positions_later()
-        per_event = (time.perf_counter() - start) / events
+        per_event = (time.process_time() - start) / events
         rt.stop()
     return {
         "waiting_kernels": waiting,
         "loop_ms_per_event": round(per_event * 1000, 1),
         "messages_per_event": sent[0] / events,
     }
+
+
+class _Bare:
+    """A tornado handler that answers every call with a fixed JSON object."""
+
+    @staticmethod
+    def serve(port: int) -> None:
+        from tornado import web
+
+        class Handler(web.RequestHandler):
+            def get(self, _: str) -> None:
+                self.set_header("Content-Type", "application/json")
+                self.finish('{"user": "bench"}')
+
+        async def forever() -> None:
+            app = web.Application([(r"/api/(.*)", Handler)], log_function=lambda _: None)
+            app.listen(port, "127.0.0.1")
+            await asyncio.Event().wait()
+
+        asyncio.run(forever())
+
+
+async def bound(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The bare tornado request rate here (``--bound``)."""
+    import multiprocessing
+
+    port = free_port()
+    server = multiprocessing.Process(target=_Bare.serve, args=(port,), daemon=True)
+    server.start()
+    try:
+        target = Target(port, "/api", "unused", server.pid or 0)
+        for _ in range(100):  # until it listens
+            try:
+                await target.connection().call("GET", "me")
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        rate, p99, cpu = await measure(target, args.clients, args.seconds, bare_loop)
+    finally:
+        server.terminate()
+    return [
+        {
+            "host": "bare tornado",
+            "clients": args.clients,
+            "gets_per_s": round(rate, 1),
+            "p99_ms": round(p99, 1),
+            "server_cpu_ms_per_get": round(cpu, 3),
+            "submissions_per_s_at_most": round(rate / 3, 1),
+        }
+    ]
 
 
 def main() -> None:
@@ -272,9 +345,16 @@ def main() -> None:
         action="store_true",
         help="load the broker as a JupyterHub service (needs configurable-http-proxy)",
     )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="instead: the same clients against a bare tornado handler (the HTTP bound)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.fanout:
+    if args.bound:
+        results = asyncio.run(bound(args))
+    elif args.fanout:
         results = [fanout(int(n)) for n in args.fanout.split(",")]
     else:
         args.streams = [int(x) for x in args.streams.split(",")]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import signal
@@ -252,6 +253,8 @@ class GPUBrokerService(Application):
 
     def _log_request(self, handler: web.RequestHandler) -> None:
         status = handler.get_status()
+        if status < 400 and self.log_level > logging.DEBUG:
+            return  # a success is debug output: below the level shown, make no record of it
         log = self.log.warning if status >= 400 else self.log.debug
         request = handler.request  # its path only: a query may carry a token
         log("%d %s %s %.1fms", status, request.method, request.path, 1000 * request.request_time())

@@ -357,7 +357,14 @@ class GPUBroker(LoggingConfigurable):
         super().__init__(**kwargs)
         self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
-        self._subscribers: list[Callable[[Published | Positions], None]] = []
+        self._everyone: list[Listener] = []
+        """Listeners that may see any event (users' streams), called with each one."""
+        self._by_kernel: dict[Audience, list[Listener]] = {}
+        """Listeners that may see only one kernel's requests (kernel tokens' streams), by
+        (user, kernel id): called only with that kernel's events and positions."""
+        self._owners: dict[str, str] = {}
+        """Request id -> its holder (``owner``), for the requests of recent events: an
+        ended request's holder is then not read back from the state file."""
         self._recent: deque[Published] = deque(maxlen=max(1, self.event_buffer))
         self.last_event_id = int(time.time() * 1e6)
         """The id of the newest event. Ids count up from the start time in microseconds,
@@ -365,6 +372,9 @@ class GPUBroker(LoggingConfigurable):
         this run's (it gets a snapshot)."""
         self._positions: Positions | None = None
         self._positions_due = False
+        """The positions are stale: an event happened since they were computed."""
+        self._positions_scheduled = False
+        """Their computation for the streams is on its way (the next pass of the loop)."""
         self._positions_ranked_at: float | None = None
         """The core's ranking instant the last positions reflect (``Broker.ranked_at``)."""
         self._ticker: PeriodicCallback | None = None
@@ -552,9 +562,9 @@ class GPUBroker(LoggingConfigurable):
         try:
             self.core.tick()
             if (
-                self._subscribers
-                and not self._positions_due  # an event's computation is on its way
-                and self._positions_ranked_at != self.core.ranked_at
+                self._listening()
+                and not self._positions_scheduled  # an event's computation is on its way
+                and (self._positions_due or self._positions_ranked_at != self.core.ranked_at)
             ):
                 self._update_positions()
         except Exception:
@@ -622,11 +632,30 @@ class GPUBroker(LoggingConfigurable):
 
     # --------------------------------------------------------------- events
 
-    def subscribe(self, listener: Callable[[Published | Positions], None]) -> Callable[[], None]:
+    def subscribe(self, listener: Listener, audience: Audience | None = None) -> Callable[[], None]:
         """Call ``listener`` with every event (``Published``, with its stream id) and,
-        once per burst of events, with the queue's new ``Positions`` when any moved."""
-        self._subscribers.append(listener)
-        return lambda: self._subscribers.remove(listener)
+        once per burst of events, with the queue's new ``Positions`` when any moved.
+
+        ``audience`` (user, kernel id): a listener that may see only that kernel's
+        requests is called only with their events and positions, so the streams of idle
+        kernels cost an event nothing (``api.rules`` still decides what each one sees)."""
+        group = self._everyone if audience is None else self._by_kernel.setdefault(audience, [])
+        group.append(listener)
+
+        def unsubscribe() -> None:
+            group.remove(listener)
+            if not group and audience is not None and self._by_kernel.get(audience) is group:
+                del self._by_kernel[audience]
+
+        return unsubscribe
+
+    @property
+    def subscribers(self) -> int:
+        """How many listeners follow the events now (one per open event stream)."""
+        return len(self._everyone) + sum(map(len, self._by_kernel.values()))
+
+    def _listening(self) -> bool:
+        return bool(self._everyone or self._by_kernel)
 
     def since(self, event_id: int) -> list[Published] | None:
         """The events after ``event_id``; ``None`` when some of them are no longer kept
@@ -645,20 +674,38 @@ class GPUBroker(LoggingConfigurable):
 
     def _fan_out(self, event: Event) -> None:
         self.last_event_id += 1
-        holder = None if event.request_id is None else self.core.request(event.request_id).owner
+        holder = None if event.request_id is None else self._holder(event.request_id)
         published = Published(self.last_event_id, event, holder)
         self._recent.append(published)
-        for listener in list(self._subscribers):
+        listeners = self._everyone
+        if holder is not None and self._by_kernel:
+            listeners = [*listeners, *self._by_kernel.get((event.user, holder), ())]
+        for listener in list(listeners):
             listener(published)
-        if not self._positions_due:
-            self._positions_due = True
+        self._positions_due = True
+        if not self._positions_scheduled:
             # once the burst is over: the next pass of the event loop (without a loop,
             # in a script or a test, they are computed when asked for)
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().call_soon(self._positions_later)
+                self._positions_scheduled = True
+
+    def _holder(self, request_id: str) -> str:
+        """A request's holder, remembered for the last ``event_buffer`` requests with
+        events (a holder never changes): the event that ends a request, once the core
+        has let it go, then needs no read of the state file."""
+        owner = self._owners.get(request_id)
+        if owner is None:
+            owner = self._owners[request_id] = self.core.request(request_id).owner
+            if len(self._owners) > max(1, self.event_buffer):
+                del self._owners[next(iter(self._owners))]
+        return owner
 
     def _positions_later(self) -> None:
-        if self._positions_due:  # not computed meanwhile (on demand), nor stopped
+        """The burst's positions, for the streams: with none open, nobody needs them
+        before someone asks (``positions()`` computes them then)."""
+        self._positions_scheduled = False
+        if self._positions_due and self._listening():  # not computed meanwhile, nor stopped
             self._update_positions()
 
     def _update_positions(self) -> None:
@@ -667,9 +714,13 @@ class GPUBroker(LoggingConfigurable):
         now = Positions.of(self.core.queue(), self.last_event_id, self.core.clock.now())
         before, self._positions = self._positions, now
         now.moved_since(before)
-        if now.moved_users:
-            for listener in list(self._subscribers):
-                listener(now)
+        if not now.moved_users:
+            return
+        listeners = [*self._everyone]
+        for pair in now.moved_holders:
+            listeners.extend(self._by_kernel.get(pair, ()))
+        for listener in listeners:
+            listener(now)
 
     # --------------------------------------------------------------- quotas
 
@@ -693,6 +744,10 @@ class GPUBroker(LoggingConfigurable):
                 except TypeError as e:
                     raise InvalidRequest(f"quotas file {path}: {kind} {name!r}: {e}") from None
                 self.core.set_quota(kind, str(name), quota)
+
+
+Audience = tuple[str, str]
+"""(user, kernel id): the one kernel whose requests a listener may see."""
 
 
 def _hash(token: str) -> str:
@@ -757,3 +812,6 @@ class Positions:
                 if not same_length or old.get(e.request.id) != (e.position, e.eta):
                     self.moved_users.add(user)
                     self.moved_holders.add((user, e.request.owner))
+
+
+Listener = Callable[[Published | Positions], None]

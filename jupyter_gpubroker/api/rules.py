@@ -22,16 +22,17 @@ are for admins only.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..broker.budgets import QUOTA_BOUNDS, Quota
 from ..broker.core import Broker
 from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from ..broker.models import Lease, LeaseState, Request, Size, check_name
+from ..broker.models import Lease, LeaseState, Request, RequestState, Size, check_name
 from ..broker.reclaim import KernelState
 from ..broker.store import AuditRecord
+from ..runtime import Positions
 from .identity import Identity
 from .shapes import (
     alert_json,
@@ -49,7 +50,7 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import GPUBroker, Positions, Published
+    from ..runtime import GPUBroker, Published
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups"}
@@ -177,17 +178,24 @@ class BrokerAPI:
         queue = queue_json(entries, who.user, who.admin, kernel_id=who.kernel_id)
         return {"queue": queue, "length": len(entries)}
 
-    def _with_lease(self, r: Request, changed: bool = False) -> dict[str, Any]:
-        """The request with its lease and queue entry; ``changed``: right after a change
-        the broker announced (submit, cancel), whose positions the event streams need
-        too, so they are computed once for both."""
-        if changed:
-            mine = self.runtime.positions().by_holder.get((r.user, r.owner), [])
-        else:
-            mine = self.core.queue()
-        entry = next((e for e in mine if e.request.id == r.id), None)
+    def _with_lease(
+        self, r: Request, changed: bool = False, lease: Lease | None = None
+    ) -> dict[str, Any]:
+        """The request with its lease (``lease``, when the caller has it) and queue entry;
+        ``changed``: right after a change the broker announced (submit, cancel), whose
+        positions the event streams need too, so they are computed once for both. Only a
+        waiting request has an entry: the queue is not looked at for any other."""
+        entry = None
+        if r.state is RequestState.QUEUED:
+            if changed:
+                mine = self.runtime.positions().by_holder.get((r.user, r.owner), [])
+            else:
+                mine = self.core.queue()
+            entry = next((e for e in mine if e.request.id == r.id), None)
         d = request_json(r, entry)
-        d["lease"] = self._lease_json(self.core.lease(r.lease_id)) if r.lease_id else None
+        if r.lease_id and lease is None:
+            lease = self.core.lease(r.lease_id)
+        d["lease"] = self._lease_json(lease) if lease is not None else None
         return d
 
     def requests(self, who: Identity) -> dict[str, Any]:
@@ -241,12 +249,13 @@ class BrokerAPI:
         is audited, and its holder's event says who cancelled it and why (``reason``)."""
         why = _reason(reason)
         r = self._own_request(who, request_id)
+        lease = self.core.lease(r.lease_id) if r.lease_id else None  # ended in place
         if r.user == who.user:
-            return self._with_lease(self.core.cancel(r.id), changed=True)
+            return self._with_lease(self.core.cancel(r.id), changed=True, lease=lease)
         detail = {"user": r.user, "state": r.state.value, "reason": why}
         with self._audited(who, "cancel", r.id, detail):
             done = self.core.cancel(r.id, by=who.user, reason=why)
-        return self._with_lease(done, changed=True)
+        return self._with_lease(done, changed=True, lease=lease)
 
     def change_request(
         self, who: Identity, request_id: str, body: dict[str, Any]
@@ -573,6 +582,29 @@ class BrokerAPI:
         }
 
     # --------------------------------------------------------------- events
+
+    def follow(
+        self,
+        who: Identity,
+        send: Callable[[dict[str, Any]], None],
+        last_event_id: int | None = None,
+    ) -> tuple[list[dict[str, Any]], Callable[[], None]]:
+        """A stream of ``who``'s: what it starts with (``resume``) and the unsubscribe;
+        from then on ``send`` gets each event and positions message ``who`` may see, as
+        it happens (decided during the fan-out, so a stream wakes only for what it sends,
+        and a message every stream sends alike is made once). A kernel token's stream is
+        not even called for another kernel's events. The start is read before
+        subscribing, so positions it computes are not pushed to this stream as well, and
+        nothing is awaited in between, so no event falls between the two."""
+
+        def deliver(item: Published | Positions) -> None:
+            seen = self.moved(who, item) if isinstance(item, Positions) else self.event(who, item)
+            if seen is not None:
+                send(seen)
+
+        start = self.resume(who, last_event_id)
+        audience = None if who.kernel_id is None else (who.user, who.kernel_id)
+        return start, self.runtime.subscribe(deliver, audience)
 
     def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's

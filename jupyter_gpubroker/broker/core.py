@@ -991,10 +991,11 @@ class Broker:
     def _start_estimates(self, ranked: list[Request], now: float) -> dict[str, Eta | None]:
         """``predicted_starts`` of the queue in priority order, computed again only after
         a change (an event, a new ranking) or ``ETA_MAX_AGE_S``: polling the queue stays
-        cheap and its estimates stable between changes."""
+        cheap and its estimates stable between changes. An empty queue has none to
+        compute (what the leases' ends would be is not needed)."""
         key = (self._changes, self._ranked_at)
         if self._etas is None or self._etas[0] != key or now - self._etas[1] > ETA_MAX_AGE_S:
-            raw = predicted_starts(self, ranked, self.predictor, now)
+            raw = predicted_starts(self, ranked, self.predictor, now) if ranked else {}
             self._etas = (key, now, self.calibration.apply(raw, now))
         return self._etas[2]
 

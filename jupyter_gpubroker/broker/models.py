@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Literal
 
@@ -256,7 +256,9 @@ class Size:
         return cls(profile=t)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # field by field, not ``asdict``: its deep copy is a visible share of an API call
+        sizes = {"gpus": self.gpus, "profile": self.profile, "min_memory_gb": self.min_memory_gb}
+        return {k: v for k, v in sizes.items() if v is not None}
 
 
 def _int(v: str) -> int:
@@ -350,7 +352,10 @@ class Lease:
     restart the reclaimer judges the lease afresh and warns again before reclaiming."""
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f: getattr(self, f) for f in _LEASE_FIELDS}  # not ``asdict``: see Size.to_json
         d["devices"] = list(self.devices)
         d["state"] = self.state.value
         return d
+
+
+_LEASE_FIELDS = tuple(f.name for f in fields(Lease))

@@ -32,7 +32,6 @@ from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI
 from ..broker.errors import BrokerError, InvalidRequest, NotFound
-from ..runtime import Positions, Published
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
     _Handler = web.RequestHandler
@@ -329,17 +328,9 @@ class EventsHandler(BrokerHandler):
         items: asyncio.Queue[str | None] = asyncio.Queue()
         self._items = items
         api, who = self.api, self.who
-
-        def deliver(item: Published | Positions) -> None:
-            """Decided at once, during the fan-out: the stream wakes only for what it
-            sends, and a message every stream sends alike is encoded once."""
-            seen = api.moved(who, item) if isinstance(item, Positions) else api.event(who, item)
-            if seen is not None:
-                items.put_nowait(frame(seen))
-
-        unsubscribe = api.runtime.subscribe(deliver)
+        start, unsubscribe = api.follow(who, lambda m: items.put_nowait(frame(m)), last)
         try:
-            for message in api.resume(who, last):  # no await since subscribing: no gap
+            for message in start:
                 self.write(frame(message))
             await self.flush()
             while True:

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from broker_helpers import WEDNESDAY_10AM, make_inventory, mig_inventory, whole_inventory
 
+from jupyter_gpubroker.broker import core
 from jupyter_gpubroker.broker.core import BrokerConfig
 from jupyter_gpubroker.broker.errors import (
     Conflict,
@@ -58,6 +59,23 @@ def test_submit_queues_with_position_and_an_eta_range_from_past_holds(make_broke
     # of his own, then holds like everyone's interactive holds
     assert queue[0].eta == Eta(now + 540, now + 1740, now + 2940)
     assert queue[1].eta == Eta(now + 1140, now + 3540, now + 5940)
+
+
+def test_an_empty_queue_costs_no_start_estimates_however_many_leases(make_broker, monkeypatch):
+    """Every event makes the queue's positions anew for the event streams: with nobody
+    waiting, the leases' expected ends are not worked out (the API's grant-at-once path)."""
+    broker = make_broker(whole_inventory(4))
+    for i in range(4):
+        broker.submit(f"user{i}", Size(gpus=1))
+    estimated: list[int] = []
+    real = core.predicted_starts
+    monkeypatch.setattr(
+        core, "predicted_starts", lambda *a: estimated.append(len(a[1])) or real(*a)
+    )
+    assert broker.queue() == []
+    waiting = broker.submit("ann", Size(gpus=1))
+    assert [e.request.id for e in broker.queue()] == [waiting.id]
+    assert estimated == [1]
 
 
 def test_behind_kernels_with_no_expected_end_the_eta_is_unknown_poll_after_poll(make_broker, clock):

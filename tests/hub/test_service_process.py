@@ -3,16 +3,19 @@ serves under its prefix, stops cleanly on SIGTERM, and refuses to start with a s
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 from live_hub import ROOT, free_port, wait_for
 
+from hub_spawner.service import GPUBrokerService
 from jupyter_gpubroker.broker.errors import StateFileError
 from jupyter_gpubroker.statelock import StateLock
 
@@ -80,3 +83,25 @@ def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> Non
         proc = start(tmp_path, *options, env=environment)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 1 and why in out and "Traceback" not in out, out
+
+
+class Calls(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize("level, logged", [("WARN", ["403"]), ("DEBUG", ["200", "403"])])
+def test_the_request_log_makes_records_only_of_what_its_level_shows(level, logged) -> None:
+    """Each successful call is debug output: below that level no record is made of it (a
+    share of every call's cost at the load benchmark's rates); a refusal is a warning."""
+    service = GPUBrokerService(log_level=level)
+    calls = Calls()
+    service.log.addHandler(calls)
+    for status in (200, 403):
+        request = SimpleNamespace(method="GET", path="/x", request_time=lambda: 0.001)
+        service._log_request(SimpleNamespace(get_status=lambda s=status: s, request=request))
+    assert [line.split()[:3] for line in calls.lines] == [[s, "GET", "/x"] for s in logged]

@@ -35,13 +35,13 @@ async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, ap
     client = kernel_client(runtime, "k-events")
     async with contextlib.aclosing(client.events()) as events:
         hello = await anext(events)
-        assert hello["type"] == "hello" and len(runtime._subscribers) == 1
+        assert hello["type"] == "hello" and runtime.subscribers == 1
     await api("POST", "requests", SLICE)  # the server writes to it, and learns
     for _ in range(50):
-        if not runtime._subscribers:
+        if not runtime.subscribers:
             break
         await asyncio.sleep(0.05)
-    assert runtime._subscribers == []
+    assert runtime.subscribers == 0
 
 
 async def test_a_refused_stream_raises_the_brokers_error(jp_serverapp):
