@@ -412,10 +412,18 @@ class Broker:
         lease.expires_at = expires_at
         return lease
 
-    def release(self, lease_id: str, user: str | None = None, *, schedule: bool = True) -> Lease:
-        """Give a lease's devices back; the next waiting request may get them."""
+    def release(
+        self,
+        lease_id: str,
+        user: str | None = None,
+        *,
+        schedule: bool = True,
+        reason: str = "released by its holder",
+    ) -> Lease:
+        """Give a lease's devices back; the next waiting request may get them. ``reason``:
+        when it is not the holder who gives it back (its engine job ended)."""
         lease = self._active_lease(lease_id, user)
-        self._end_lease(lease, LeaseState.RELEASED, "released by its holder")
+        self._end_lease(lease, LeaseState.RELEASED, reason)
         if schedule:
             self.schedule()
         return lease

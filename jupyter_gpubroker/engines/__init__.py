@@ -44,6 +44,9 @@ class ClusterView:
     inventory: Inventory
     outside: Mapping[tuple[str, str], int] = field(default_factory=dict)
     down: Mapping[str, str] = field(default_factory=dict)
+    holders: Mapping[str, str] | None = None
+    """Lease id -> the engine's work carrying it out (a Slurm job id): the broker's
+    grants the engine still runs or queues. ``None``: the source does not track them."""
 
 
 class InventorySource(Protocol):
@@ -100,3 +103,21 @@ def apply_view(broker: Broker, view: ClusterView) -> None:
             broker.drain(uuid, reason, cause=ENGINE)
     for uuid in engine_drained - wanted.keys():
         broker.undrain(uuid, "the engine freed it")
+
+
+def release_ended(
+    broker: Broker, view: ClusterView, grace_s: float, engine: str = "engine"
+) -> list[str]:
+    """Release the leases whose engine work ended: granted over ``grace_s`` seconds ago
+    (the time a spawner has to submit its job) and not among the view's ``holders``,
+    such as a job cancelled with ``scancel`` or one that ended while the broker was down.
+    The lease ids it released; nothing when the view does not track holders."""
+    if view.holders is None:
+        return []
+    now = broker.clock.now()
+    ended = [
+        x.id for x in broker.leases() if x.id not in view.holders and now - x.granted_at > grace_s
+    ]
+    for lease_id in ended:
+        broker.release(lease_id, reason=f"its {engine} job ended")
+    return ended
