@@ -328,7 +328,10 @@ def _broker_report(args: argparse.Namespace) -> dict[str, Any] | None:
     first running Jupyter server whose broker answers; None when no server runs one."""
     if args.url or os.environ.get(URL_ENV):
         client = _client(args)
-        return {"source": f"broker at {args.broker_url}", "gpus": asyncio.run(client.devices())}
+        return {
+            "source": f"broker at {args.broker_url}",
+            **asyncio.run(client.call("GET", "devices")),
+        }
     not_started: BrokerAPIError | None = None
     for client in _server_clients(args.token):
         try:
@@ -423,6 +426,12 @@ def render_status(report: dict[str, Any]) -> str:
         f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
         f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
     )
+    engine = report.get("engine")
+    if engine and not engine["reachable"]:
+        lines.append(
+            f"{engine['error']} since {engine['since']}: the broker keeps its queue and its "
+            f"last view of the cluster"
+        )
     return "\n".join(lines)
 
 

@@ -324,10 +324,16 @@ class SlurmInventory(LoggingConfigurable):
     ).tag(config=True)
 
     async def read(self) -> ClusterView:
+        # both to their end, even when one fails: no subprocess outlives the read
         nodes, jobs = await asyncio.gather(
             self._run(self.scontrol, "show", "node", "-o", "-d"),
             self._run(self.squeue, "-h", "-o", SQUEUE_FORMAT),
+            return_exceptions=True,
         )
+        for failed in (nodes, jobs):
+            if isinstance(failed, BaseException):
+                raise failed
+        assert isinstance(nodes, str) and isinstance(jobs, str)
         return cluster_view(parse_nodes(nodes), parse_jobs(jobs), dict(self.gpu_memory_gb))
 
     async def _run(self, *argv: str) -> str:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
 from broker_helpers import make_inventory
 
 from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.errors import Unsatisfiable
 from jupyter_gpubroker.broker.models import Inventory, Lease, Size
 from jupyter_gpubroker.engines import ENGINE, ClusterView, apply_view
 
@@ -99,3 +101,10 @@ def test_an_admins_drain_keeps_its_reason(make_broker: MakeBroker) -> None:
     assert broker.drained()[gpu][0] == "swap the fan" and broker.drain_cause(gpu) == "admin"
     apply_view(broker, ClusterView(inv))
     assert broker.drain_cause(gpu) == "admin"
+
+
+def test_more_gpus_than_any_one_node_has_are_refused_at_once(make_broker: MakeBroker) -> None:
+    broker = make_broker(two_nodes())  # 6 whole GPUs in all, at most 4 on one node
+    with pytest.raises(Unsatisfiable, match="the largest node has 4 GPU"):
+        broker.submit("ann", Size(gpus=5))
+    assert broker.queue() == []
