@@ -494,15 +494,16 @@ class GPUBrokerSpawnerMixin(Configurable):
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self._gpu and self._gpu.get("devices"):
-            devices = ",".join(self._gpu["devices"])
-            env.update(
-                CUDA_VISIBLE_DEVICES=devices,
-                NVIDIA_VISIBLE_DEVICES=devices,
-                **{LEASE_ENV: self._gpu["lease_id"]},
-            )
+            env.update(self._device_env(self._gpu["devices"]), **{LEASE_ENV: self._gpu["lease_id"]})
         else:  # a CPU-only server: no GPU a kernel could use without asking the broker
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
+
+    def _device_env(self, devices: list[str]) -> dict[str, str]:
+        """What pins a GPU server to its devices: here their UUIDs, which an engine that
+        enforces placement itself (Slurm's gres) replaces with nothing."""
+        joined = ",".join(devices)
+        return {"CUDA_VISIBLE_DEVICES": joined, "NVIDIA_VISIBLE_DEVICES": joined}
 
     async def poll(self) -> int | None:
         status = await super().poll()

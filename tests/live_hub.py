@@ -42,6 +42,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PROXY = "configurable-http-proxy"
+
+
+def require_proxy() -> None:
+    """Skip the calling test without configurable-http-proxy, except in CI (``CI=true``),
+    where that is a failure."""
+    import shutil
+
+    import pytest
+
+    if shutil.which(PROXY) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
+        pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
+
+
 def wait_for(what: str, check: Any, timeout_s: float = 90.0, log: Path | None = None) -> Any:
     """Poll ``check()`` until it returns something true; fail with the hub's log."""
     deadline = time.monotonic() + timeout_s

@@ -6,23 +6,16 @@ returns. Without configurable-http-proxy the tests are skipped, except in CI
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_hub import Hub
-
-PROXY = "configurable-http-proxy"
+from live_hub import Hub, require_proxy
 
 
 @pytest.fixture(scope="module")
 def proxy() -> None:
-    if shutil.which(PROXY) is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{PROXY} is not on PATH: .ci/run installs it with npm")
-        pytest.skip(f"{PROXY} is not on PATH: npm install -g {PROXY}")
+    require_proxy()
 
 
 @pytest.fixture(scope="module")

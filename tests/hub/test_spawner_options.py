@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hub_spawner.slurm import GPUBrokerSlurmSpawner, SimpleGPUBrokerSlurmSpawner
 from hub_spawner.spawner import (
     Choices,
     GPUBrokerSpawner,
@@ -18,6 +19,7 @@ from hub_spawner.spawner import (
     waiting_message,
 )
 from jupyter_gpubroker.broker.text import clock
+from jupyter_gpubroker.engines import BUILT_IN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +32,14 @@ def test_the_spawners_are_jupyterhub_entry_points() -> None:
     for name, target in points["jupyterhub.spawners"].items():
         module, attr = target.split(":")
         found[name] = getattr(importlib.import_module(module), attr)
-    assert found == {"gpubroker": GPUBrokerSpawner, "gpubroker-simple": SimpleGPUBrokerSpawner}
+    assert found == {
+        "gpubroker": GPUBrokerSpawner,
+        "gpubroker-simple": SimpleGPUBrokerSpawner,
+        "gpubroker-slurm": GPUBrokerSlurmSpawner,
+        "gpubroker-slurm-simple": SimpleGPUBrokerSlurmSpawner,
+    }
+    # and c.GPUBroker.inventory_source = "slurm" finds its reader the same way
+    assert points["jupyter_gpubroker.engines"] == {"slurm": BUILT_IN["slurm"]}
 
 
 @pytest.mark.parametrize(
