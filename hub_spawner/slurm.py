@@ -95,9 +95,11 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
     async def submit_batch_script(self) -> str:
         try:
             job_id: str = await super().submit_batch_script()
-        except RuntimeError as e:  # sbatch's own words, on the spawn page
+        except RuntimeError as e:  # sbatch's own words, in one line, on the spawn page
+            lines = (line.removeprefix("sbatch: error: ").strip() for line in str(e).splitlines())
+            why = "; ".join(line.rstrip(".") for line in lines if line) or "sbatch failed"
             raise SpawnException(
-                f"Slurm refused the server's job: {str(e).strip() or 'sbatch failed'}.",
+                f"Slurm refused the server's job: {why}.",
                 reason="sbatch",
                 status_code=503,
             ) from None
