@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from datetime import timezone
 from html import escape
 from typing import Any
 
@@ -47,6 +48,7 @@ from jupyter_gpubroker.client import (
     Lost,
     eta_text,
     keep_alive,
+    kernel_report,
     size_text,
 )
 
@@ -541,12 +543,24 @@ class GPUBrokerSpawnerMixin(Configurable):
         held = {"id": self._gpu["lease_id"], "ttl_s": self._gpu["ttl_s"]}
         client = self._client()
 
+        async def renew_one(lease_id: str) -> dict[str, Any]:
+            return await client.renew(lease_id, kernel=self._activity())
+
         async def renew() -> None:
-            lost = await keep_alive(client.renew, held, now=now)
+            lost = await keep_alive(renew_one, held, now=now)
             if lost is not None:
                 await self._lost(lost)
 
         self._renewing = asyncio.ensure_future(renew())
+
+    def _activity(self) -> dict[str, Any] | None:
+        """The whole server as one idle kernel last active when the hub last heard of it
+        (the server reports its activity to the hub), for the broker's idle reclaim: a
+        server nobody used for the idle timeout is warned, then stopped after the grace."""
+        seen = self.orm_spawner.last_activity if self.orm_spawner is not None else None
+        if seen is None:
+            return None
+        return kernel_report("idle", seen.replace(tzinfo=timezone.utc).timestamp())
 
     async def _lost(self, lost: Lost) -> None:
         self.log.warning(

@@ -24,6 +24,8 @@ SPAWNER = "hub_spawner.slurm.SimpleGPUBrokerSlurmSpawner"
 BIN = Path(sys.executable).parent
 REFUSED = "refused"
 """The user whose jobs ask for a partition Slurm has not got (the test config's hook)."""
+LATE = "late"
+"""The user whose jobs Slurm holds for 20 s (``--begin=now+20``: the test config's hook)."""
 
 
 def config(home: Path) -> str:
@@ -36,10 +38,12 @@ c.SimpleGPUBrokerSlurmSpawner.gpu_wait_timeout = 600
 # the job runs this checkout's Python (--export passes only what the hub names)
 c.Spawner.env_keep = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG"]
 c.SimpleGPUBrokerSlurmSpawner.batchspawner_singleuser_cmd = "{BIN}/batchspawner-singleuser"
-def _refused(spawner):
+def _hook(spawner):
     if spawner.user.name == {REFUSED!r}:
         spawner.req_partition = "no-such-partition"
-c.Spawner.pre_spawn_hook = _refused
+    if spawner.user.name == {LATE!r}:
+        spawner.req_options = "--begin=now+20"
+c.Spawner.pre_spawn_hook = _hook
 """
 
 
@@ -54,6 +58,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: None) -> Iterat
         extra_config=config(home),
         inventory_source="slurm",
         engine_grace=20,
+        # batch servers (the idle test's) are warned after 20 s idle, stopped 10 s later
+        idle_timeout_by_class={"batch": 20},
+        grace=10,
+        sample_interval=1,
     )
     try:
         running.start()
@@ -203,3 +211,36 @@ def test_sbatchs_refusal_is_the_spawn_pages_error_and_gives_the_gpu_back(hub: Hu
         until("the lease to be given back", lambda: not leases(hub, token))
     finally:
         stop(hub, REFUSED)
+
+
+def test_while_slurm_holds_the_job_the_spawn_page_says_why(hub: Hub) -> None:
+    token = hub.user(LATE)
+    try:
+        assert spawn(hub, token, LATE, {"profile": "1g.10gb"}) in (201, 202)
+        story = events(hub, token, LATE, "waiting for the server to start")
+        pending = [m for m in story if "is pending in Slurm's queue (BeginTime)" in m]
+        assert pending, story
+        assert story.index(pending[0]) > next(i for i, m in enumerate(story) if "Granted" in m)
+        ready(hub, LATE)
+    finally:
+        stop(hub, LATE)
+
+
+def test_an_idle_server_is_warned_then_stopped_and_its_job_cancelled(hub: Hub) -> None:
+    token = hub.user("idle")
+    try:
+        assert spawn(hub, token, "idle", {"profile": "1g.10gb", "job_class": "batch"}) in (
+            201,
+            202,
+        )
+        job_id = ready(hub, "idle")["job_id"]
+        (lease,) = leases(hub, token)
+        warned = until("the warning", lambda: [x for x in leases(hub, token) if x["reclaim_at"]])
+        assert warned[0]["id"] == lease["id"]
+        until("the job to be cancelled", lambda: job_id not in jobs())
+        until("the server to stop", lambda: not server(hub, "idle"))
+        status, ended = hub.api(token, "GET", f"leases/{lease['id']}")
+        assert status == 200 and ended["state"] == "reclaimed", ended
+        assert "idle" in ended["reason"], ended
+    finally:
+        stop(hub, "idle")
