@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import sh, until
+from slurm_cluster import sh, until
 
 from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.errors import InvalidRequest
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.cli import render_status
 from jupyter_gpubroker.engines import ENGINE
@@ -128,18 +129,32 @@ def test_a_lease_without_its_slurm_job_is_released(broker: GPUBroker) -> None:
     assert ended.state.value == "released" and ended.reason == "its Slurm job ended"
 
 
+def unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the real scontrol and squeue at a port where no slurmctld listens."""
+    conf = tmp_path / "slurm.conf"
+    text = Path("/etc/slurm/slurm.conf").read_text()
+    conf.write_text(text.replace("SlurmctldPort=6817", "SlurmctldPort=9"))
+    (tmp_path / "gres.conf").write_text(Path("/etc/slurm/gres.conf").read_text())
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+
+
+def test_a_broker_cannot_start_without_slurmctld_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unreachable(tmp_path, monkeypatch)
+    broker = GPUBroker(inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"))
+    with pytest.raises(InvalidRequest) as refused:
+        broker.start()
+    assert refused.value.message.startswith("slurmctld unreachable: scontrol show node failed (")
+    assert refused.value.message.endswith(": the broker starts once it answers")
+
+
 def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
     broker: GPUBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     core = broker.core
     waiting = [core.submit(u, Size(gpus=4)) for u in ("ann", "bob")]
-    # the real scontrol, told slurmctld is on a port where nothing listens
-    conf = tmp_path / "slurm.conf"
-    conf.write_text(
-        Path("/etc/slurm/slurm.conf").read_text().replace("SlurmctldPort=6817", "SlurmctldPort=9")
-    )
-    (tmp_path / "gres.conf").write_text(Path("/etc/slurm/gres.conf").read_text())
-    monkeypatch.setenv("SLURM_CONF", str(conf))
+    unreachable(tmp_path, monkeypatch)
     poll(broker)
     state = BrokerAPI(broker).devices(BrokerAPI(broker).identify("ann"))["engine"]
     assert state["reachable"] is False and state["since"]

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import cleanup, job_details, jobs, sh, until
 from live_hub import Hub, require_proxy
+from slurm_cluster import cleanup, job_details, jobs, sh, until
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
