@@ -8,10 +8,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from slurm_cluster import NODES, UP, cleanup
+
+# the API document's checker (tests/server/openapi_check.py), for the engine's replies
+sys.path.append(str(Path(__file__).resolve().parents[1] / "server"))
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from openapi_check import check_response
 from slurm_cluster import sh, until
 
 from jupyter_gpubroker.api.rules import BrokerAPI
@@ -156,7 +157,11 @@ def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
     waiting = [core.submit(u, Size(gpus=4)) for u in ("ann", "bob")]
     unreachable(tmp_path, monkeypatch)
     poll(broker)
-    state = BrokerAPI(broker).devices(BrokerAPI(broker).identify("ann"))["engine"]
+    api = BrokerAPI(broker)
+    devices = api.devices(api.identify("ann"))
+    check_response("GET", "devices", 200, devices)  # as the API document says
+    check_response("GET", "overview", 200, api.overview(api.identify("ann")))
+    state = devices["engine"]
     assert state["reachable"] is False and state["since"]
     assert state["error"].startswith("slurmctld unreachable: scontrol show node failed (")
     assert [core.request(r.id).state.value for r in waiting] == ["granted", "queued"]
