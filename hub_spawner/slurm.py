@@ -84,7 +84,15 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
         held = self._gpu or {}
         if not held.get("lease_id"):
             return subvars
-        node, gres = gres_request(held["devices"])
+        try:
+            node, gres = gres_request(held["devices"])
+        except ValueError as e:
+            raise SpawnException(
+                f"The GPU broker granted devices that are no Slurm gres ({e}): set "
+                "c.GPUBroker.inventory_source = 'slurm' in the broker service's config.",
+                reason="gpubroker_config",
+                status_code=503,
+            ) from None
         subvars["gres"] = gres
         ours = (f"--nodelist={node}", f"--comment={COMMENT_PREFIX}{held['lease_id']}")
         subvars["options"] = " ".join(filter(None, (subvars.get("options"), *ours)))

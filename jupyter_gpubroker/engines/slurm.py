@@ -27,13 +27,19 @@ import asyncio
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from traitlets import Dict, Float, Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..broker.models import Device, Gpu, Inventory
-from ..broker.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES
+from ..broker.profiles import (
+    ALL_PROFILE_NAMES,
+    CATALOG,
+    COMPUTE_SLICES,
+    MEMORY_SLICES,
+    GpuModel,
+)
 from . import ClusterView, EngineUnavailable
 
 COMMENT_PREFIX = "gpubroker-lease="
@@ -179,13 +185,12 @@ def gres_request(uuids: Iterable[str]) -> tuple[str, str]:
     return node, "gpu:" + ("" if gres_type == "gpu" else f"{gres_type}:") + str(len(uuids))
 
 
-def whole_gpu_memory_mib(gres_type: str) -> int:
-    """A whole GPU's memory from its gres type when the catalog knows the model (``h100``
-    -> H100-80GB); the smallest model of that name, so a size offered always fits; 0 when
-    unknown."""
-    name = gres_type.lower().replace("nvidia_", "")
-    sizes = [m.memory_mib for key, m in CATALOG.items() if key.split("-")[0].lower() == name]
-    return min(sizes, default=0)
+def whole_gpu_model(gres_type: str) -> GpuModel | None:
+    """The catalog's model a whole-GPU gres type names (``h100`` -> H100-80GB): the
+    smallest of that name, so a memory size offered always fits."""
+    name = gres_type.lower().removeprefix("nvidia_")
+    models = [m for key, m in CATALOG.items() if key.split("-")[0].lower() == name]
+    return min(models, key=lambda m: m.memory_mib, default=None)
 
 
 def _profile_shape(profile: str) -> tuple[int, int, int]:
@@ -212,13 +217,16 @@ def node_inventory(
         if profile is not None:
             mig += [(gres_type, profile)] * count
             continue
-        mib = int(memory_gb[gres_type] * 1024) if gres_type in memory_gb else None
-        mib = mib if mib is not None else whole_gpu_memory_mib(gres_type)
-        model = next((k for k, m in CATALOG.items() if m.memory_mib == mib), None)
+        model = whole_gpu_model(gres_type)
+        if gres_type in memory_gb:
+            mib = int(memory_gb[gres_type] * 1024)
+        else:
+            mib = model.memory_mib if model is not None else 0
+        key = model.key if model is not None and model.memory_mib == mib else None
         for n in range(count):
             uuid = device_uuid(node.name, gres_type, n)
             index = len(gpus)
-            gpus.append(Gpu(index, uuid, gres_type or "gpu", mib, False, model, node=node.name))
+            gpus.append(Gpu(index, uuid, gres_type or "gpu", mib, False, key, node=node.name))
             devices.append(Device(uuid, "gpu", index, uuid, mib, node=node.name))
     seen: Counter[str] = Counter()
     used_compute = used_memory = COMPUTE_SLICES  # start a GPU at the first slice
@@ -257,15 +265,12 @@ def node_inventory(
         seen[gres_type] += 1
         used_compute += compute
         used_memory += size
-    # a MIG GPU's memory: what its slices hold, rounded up to a whole GPU's share
+    # a MIG GPU's memory: what its slices hold
     held: defaultdict[str, int] = defaultdict(int)
     for d in devices:
         if d.kind == "mig":
             held[d.gpu_uuid] += d.memory_mib
-    gpus = [
-        g if not g.mig_enabled else Gpu(g.index, g.uuid, g.name, held[g.uuid], True, node=g.node)
-        for g in gpus
-    ]
+    gpus = [replace(g, memory_mib=held[g.uuid]) if g.mig_enabled else g for g in gpus]
     return gpus, devices
 
 

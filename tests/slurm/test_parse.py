@@ -41,6 +41,12 @@ def test_an_idle_cluster_is_whole_gpus_on_one_node_and_mig_slices_on_the_other()
     assert view.outside == {} and view.down == {} and view.holders == {}
     assert {g.node for g in inv.gpus} == {"gpu-a", "gpu-b"}
     assert next(d.label for d in a) == "gpu-a GPU 0"
+    assert {g.model for g in inv.gpus if g.node == "gpu-a"} == {"H100-80GB"}
+    # a site's own size for a type (an H100 NVL's 94 GB): no longer the catalog's model
+    sized = cluster_view(parse_nodes(captured("scontrol-nodes-idle.txt")), [], {"h100": 94})
+    assert {(g.memory_mib, g.model) for g in sized.inventory.gpus if g.node == "gpu-a"} == {
+        (96256, None)
+    }
 
 
 def test_work_outside_the_broker_is_what_slurm_uses_minus_the_brokers_jobs() -> None:
