@@ -391,7 +391,7 @@ def render_status(report: dict[str, Any]) -> str:
     for g in report["gpus"]:
         rows.append(
             (
-                f"GPU {g['index']}",
+                _gpu_label(g),
                 f"{g['name']}" + (" [MIG]" if g["mig_enabled"] else ""),
                 f"{g['memory_mib'] / 1024:.0f} GiB",
                 _pct(g.get("utilization_gpu")),
@@ -433,6 +433,12 @@ def render_status(report: dict[str, Any]) -> str:
             f"last view of the cluster"
         )
     return "\n".join(lines)
+
+
+def _gpu_label(g: dict[str, Any]) -> str:
+    """``GPU 3``, on a cluster with its node (``gpu-a GPU 3``), as its devices' labels say."""
+    label = str(g["devices"][0].get("label", "")) if g["devices"] else ""
+    return label.split(" / ")[0] or f"GPU {g['index']}"
 
 
 def _read_from(report: dict[str, Any]) -> str:

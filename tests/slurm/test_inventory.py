@@ -166,8 +166,9 @@ def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
     assert state["error"].startswith("slurmctld unreachable: scontrol show node failed (")
     assert [core.request(r.id).state.value for r in waiting] == ["granted", "queued"]
     assert core.drained_by(ENGINE) == set()  # the last view stands
-    text = render_status({"source": "broker", "gpus": [], "engine": state})
+    text = render_status({"source": "broker", "gpus": devices["gpus"], "engine": state})
     assert f"{state['error']} since {state['since']}: the broker keeps its queue" in text
+    assert "gpu-a GPU 3" in text and "gpu-b GPU 1" in text  # the GPUs named by their node
     monkeypatch.delenv("SLURM_CONF")
     poll(broker)
     assert BrokerAPI(broker).devices(BrokerAPI(broker).identify("ann"))["engine"]["reachable"]
