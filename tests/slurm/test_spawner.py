@@ -60,6 +60,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: None) -> Iterat
         engine_grace=20,
         # batch servers (the idle test's) are warned after 20 s idle, stopped 10 s later
         idle_timeout_by_class={"batch": 20},
+        user_groups={"ann": ["lab"]},
         grace=10,
         sample_interval=1,
     )
@@ -160,9 +161,10 @@ def test_each_job_lands_on_the_node_and_gres_the_broker_chose_and_the_next_waits
         assert "runs on gpu-a" in story[-1]
         cat = ready(hub, "cat")
         assert "TresPerNode=gres:gpu:h100:4" in job_details(cat["job_id"])
-        # usage is the user's, as on one machine
-        status, usage = hub.api(tokens["admin"], "GET", "usage?by=user")
-        assert status == 200 and "ann" in str(usage), usage
+        # ann's held 2 GPUs are her and her group's GPU-hours, as on one machine
+        for by, who in (("user", "ann"), ("group", "lab")):
+            status, usage = hub.api(tokens["admin"], "GET", f"usage?by={by}")
+            assert status == 200 and usage["gpu_hours"].get(who, 0) > 0, usage
     finally:
         stop(hub, "ann", "bob", "cat")
     assert not jobs()  # stopping a server cancels its job
