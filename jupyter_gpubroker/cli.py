@@ -328,7 +328,10 @@ def _broker_report(args: argparse.Namespace) -> dict[str, Any] | None:
     first running Jupyter server whose broker answers; None when no server runs one."""
     if args.url or os.environ.get(URL_ENV):
         client = _client(args)
-        return {"source": f"broker at {args.broker_url}", "gpus": asyncio.run(client.devices())}
+        return {
+            "source": f"broker at {args.broker_url}",
+            **asyncio.run(client.call("GET", "devices")),
+        }
     not_started: BrokerAPIError | None = None
     for client in _server_clients(args.token):
         try:
@@ -388,7 +391,7 @@ def render_status(report: dict[str, Any]) -> str:
     for g in report["gpus"]:
         rows.append(
             (
-                f"GPU {g['index']}",
+                _gpu_label(g),
                 f"{g['name']}" + (" [MIG]" if g["mig_enabled"] else ""),
                 f"{g['memory_mib'] / 1024:.0f} GiB",
                 _pct(g.get("utilization_gpu")),
@@ -423,7 +426,19 @@ def render_status(report: dict[str, Any]) -> str:
         f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
         f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
     )
+    engine = report.get("engine")
+    if engine and not engine["reachable"]:
+        lines.append(
+            f"{engine['error']} since {engine['since']}: the broker keeps its queue and its "
+            f"last view of the cluster"
+        )
     return "\n".join(lines)
+
+
+def _gpu_label(g: dict[str, Any]) -> str:
+    """``GPU 3``, on a cluster with its node (``gpu-a GPU 3``), as its devices' labels say."""
+    label = str(g["devices"][0].get("label", "")) if g["devices"] else ""
+    return label.split(" / ")[0] or f"GPU {g['index']}"
 
 
 def _read_from(report: dict[str, Any]) -> str:

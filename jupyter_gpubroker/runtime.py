@@ -21,6 +21,7 @@ import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,15 @@ from .broker.models import DeviceReading, check_name
 from .broker.policy import POLICIES, Window, make_policy
 from .broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from .broker.store import Store
+from .engines import (
+    ClusterView,
+    EngineUnavailable,
+    InventorySource,
+    NoReadings,
+    apply_view,
+    load_source,
+    release_ended,
+)
 from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
@@ -120,6 +130,18 @@ class GPUBroker(LoggingConfigurable):
     ).tag(config=True)
     tick_interval = Float(
         2.0, help="Seconds between the broker's housekeeping passes (expiry, scheduling)."
+    ).tag(config=True)
+    inventory_source = Unicode(
+        "nvml",
+        help="Where the inventory comes from: 'nvml' (this machine's GPUs, real or "
+        "simulated), or an engine of the jupyter_gpubroker.engines entry point group that "
+        "is re-read every tick: 'slurm' (a Slurm cluster's GPU gres, c.SlurmInventory.*).",
+    ).tag(config=True)
+    engine_grace = Float(
+        60.0,
+        help="With an engine: seconds after a grant in which its job (Slurm) may still be "
+        "missing from the engine's queue; a lease whose job is missing after that (ended, "
+        "cancelled outside the hub, or gone while the broker was down) is released.",
     ).tag(config=True)
     dynamic_mig = Bool(
         False, help="Re-cut idle MIG GPUs to fit waiting profiles (needs root on real GPUs)."
@@ -387,6 +409,10 @@ class GPUBroker(LoggingConfigurable):
         """Where kernels reach this broker's API (set by the host that serves it)."""
         self._lock: StateLock | None = None
         self._gpu_locks: GpuLocks | None = None
+        self.engine: InventorySource | None = None
+        self.engine_down: tuple[float, str] | None = None
+        """(since, why) while the engine does not answer; its last view stands meanwhile."""
+        self._engine_poll: PeriodicCallback | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -412,10 +438,21 @@ class GPUBroker(LoggingConfigurable):
         if self.state_file != ":memory:":
             self._lock = StateLock(state)
             self._lock.acquire(self.api_url)
-        self.backend = open_backend(self.simulate, log=self.log)
-        inventory = self.backend.inventory()
-        self._gpu_locks = GpuLocks(Path(self.gpu_lock_dir).expanduser())
-        self._gpu_locks.acquire((g.uuid for g in inventory.gpus), self.api_url)
+        view: ClusterView | None = None
+        if self.inventory_source == "nvml":
+            self.backend = open_backend(self.simulate, log=self.log)
+            inventory = self.backend.inventory()
+            self._gpu_locks = GpuLocks(Path(self.gpu_lock_dir).expanduser())
+            self._gpu_locks.acquire((g.uuid for g in inventory.gpus), self.api_url)
+        else:
+            if self.dynamic_mig:
+                raise InvalidRequest(
+                    "c.GPUBroker.dynamic_mig needs the GPUs' NVML: with an engine, MIG slices "
+                    "are the engine's (Slurm's gres types); turn dynamic_mig off"
+                )
+            self.engine = load_source(self.inventory_source, self)
+            view = _read_now(self.engine)
+            inventory = view.inventory
         store = Store(state)
         try:
             self._core = Broker(
@@ -428,7 +465,9 @@ class GPUBroker(LoggingConfigurable):
                     dynamic_mig=self.dynamic_mig,
                     vacate_timeout_s=self.vacate_timeout,
                 ),
-                partitioner=MigPartitioner(self.backend) if self.dynamic_mig else None,
+                partitioner=(
+                    MigPartitioner(self.backend) if self.dynamic_mig and self.backend else None
+                ),
                 processes=self.backend,
             )
         except BaseException:
@@ -437,8 +476,13 @@ class GPUBroker(LoggingConfigurable):
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
         self._core.subscribe(self._fan_out)
-        self._start_monitoring(self._core, self.backend)
-        source = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
+        if view is not None:  # leases whose jobs ended while the broker was down end now
+            self._apply_view(view)
+        self._start_monitoring(self._core, self.backend or NoReadings())
+        if self.engine is not None:
+            source = f"{self.engine.name}, {len({g.node for g in inventory.gpus})} nodes"
+        else:
+            source = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
         self.log.info(
             "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",
             len(self._core.inventory.devices),
@@ -449,7 +493,7 @@ class GPUBroker(LoggingConfigurable):
         )
         return self._core
 
-    def _start_monitoring(self, core: Broker, backend: NvmlBackend) -> None:
+    def _start_monitoring(self, core: Broker, backend: NvmlBackend | NoReadings) -> None:
         reclaim = ReclaimConfig(
             idle_timeout_s=self.idle_timeout,
             idle_timeout_by_class=dict(self.idle_timeout_by_class),
@@ -525,6 +569,45 @@ class GPUBroker(LoggingConfigurable):
         self._ticker.start()
         self._sampling = PeriodicCallback(self.sample, self.sample_interval * 1000)
         self._sampling.start()
+        if self.engine is not None:
+            self._engine_poll = PeriodicCallback(self.poll_engine, self.tick_interval * 1000)
+            self._engine_poll.start()
+
+    async def poll_engine(self) -> None:
+        """Read the engine and make the broker respect it (``engines.apply_view``); an
+        engine that does not answer leaves the queue and the last view as they are, and
+        ``engine_down`` says since when and why (``GET devices``, ``status``)."""
+        assert self.engine is not None
+        try:
+            view = await self.engine.read()
+        except EngineUnavailable as e:
+            if self.engine_down is None:
+                self.log.warning("GPU broker: %s; the queue is kept", e)
+                self.engine_down = (time.time(), str(e))
+            return
+        if self._engine_poll is not None and not self._engine_poll.is_running():
+            return  # stopped meanwhile: the store may be closed
+        if self.engine_down is not None:
+            self.log.info("GPU broker: %s answers again", self.engine.name)
+            self.engine_down = None
+        try:
+            self._apply_view(view)
+        except Exception:
+            self.log.exception("GPU broker: applying the %s view failed", self.engine.name)
+
+    def _apply_view(self, view: ClusterView) -> None:
+        assert self.engine is not None
+        apply_view(self.core, view)
+        engine = self.engine.name.capitalize()
+        for lease_id in release_ended(self.core, view, self.engine_grace, engine):
+            self.log.info("GPU broker: lease %s released: its %s job ended", lease_id, engine)
+
+    def engine_state(self) -> dict[str, Any] | None:
+        """The engine the inventory comes from, and whether it answers (None: NVML)."""
+        if self.engine is None:
+            return None
+        since, why = self.engine_down or (None, None)
+        return {"name": self.engine.name, "reachable": since is None, "since": since, "error": why}
 
     async def sample(self) -> list[Decision]:
         """One sampling pass (NVML read on a worker thread), then carry out its decisions."""
@@ -572,7 +655,7 @@ class GPUBroker(LoggingConfigurable):
 
     def stop(self) -> None:
         self._positions_due = False
-        for callback in (self._ticker, self._sampling):
+        for callback in (self._ticker, self._sampling, self._engine_poll):
             if callback is not None:
                 callback.stop()
         if self.metrics is not None:
@@ -748,6 +831,16 @@ class GPUBroker(LoggingConfigurable):
 
 Audience = tuple[str, str]
 """(user, kernel id): the one kernel whose requests a listener may see."""
+
+
+def _read_now(source: InventorySource) -> ClusterView:
+    """The engine's first view, read before the broker exists (whether or not an event
+    loop runs on this thread): on a thread of its own."""
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            return pool.submit(asyncio.run, source.read()).result()
+        except EngineUnavailable as e:
+            raise InvalidRequest(f"{e}: the broker starts once it answers") from None
 
 
 def _hash(token: str) -> str:

@@ -41,6 +41,7 @@ from .shapes import (
     drain_json,
     envelope,
     event_json,
+    iso,
     lease_json,
     parse_iso,
     queue_json,
@@ -158,7 +159,10 @@ class BrokerAPI:
             vacating=core.vacating(),
             causes=core.drain_causes(),
         )
-        return {"gpus": gpus}
+        engine = self.runtime.engine_state()
+        if engine is None:
+            return {"gpus": gpus}
+        return {"gpus": gpus, "engine": {**engine, "since": iso(engine["since"])}}
 
     def device_metrics(self, who: Identity, uuid: str, since: str | None) -> dict[str, Any]:
         """A GPU's or MIG slice's samples since ``since`` (default: the last hour)."""

@@ -25,6 +25,7 @@ import heapq
 import logging
 import math
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timezone
@@ -412,10 +413,18 @@ class Broker:
         lease.expires_at = expires_at
         return lease
 
-    def release(self, lease_id: str, user: str | None = None, *, schedule: bool = True) -> Lease:
-        """Give a lease's devices back; the next waiting request may get them."""
+    def release(
+        self,
+        lease_id: str,
+        user: str | None = None,
+        *,
+        schedule: bool = True,
+        reason: str = "released by its holder",
+    ) -> Lease:
+        """Give a lease's devices back; the next waiting request may get them. ``reason``:
+        when it is not the holder who gives it back (its engine job ended)."""
         lease = self._active_lease(lease_id, user)
-        self._end_lease(lease, LeaseState.RELEASED, "released by its holder")
+        self._end_lease(lease, LeaseState.RELEASED, reason)
         if schedule:
             self.schedule()
         return lease
@@ -727,15 +736,17 @@ class Broker:
         return self._leases[lease_id]
 
     def _check_satisfiable(self, size: Size) -> None:
-        have = len(self.placer.compatible(size))
+        # a grant stays on one node: what counts is the most one node has
+        per_node = Counter(d.node for d in self.placer.compatible(size))
+        have = max(per_node.values(), default=0)
         if have >= self.placer.units(size):
             return
         if size.profile and self.config.dynamic_mig and self._mig_capable(size.profile):
             return
         if size.gpus is not None:
+            where = "this machine has" if set(per_node) <= {""} else "the largest node has"
             raise Unsatisfiable(
-                f"asks for {size.gpus} whole GPU(s) but this machine has {have} "
-                "GPU(s) with MIG disabled"
+                f"asks for {size.gpus} whole GPU(s) but {where} {have} GPU(s) with MIG disabled"
             )
         if size.profile is not None:
             offered = sorted({d.profile for d in self.placer.devices.values() if d.profile})

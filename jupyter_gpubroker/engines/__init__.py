@@ -18,9 +18,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..broker.models import Device, Inventory
+from ..broker.errors import InvalidRequest
+from ..broker.models import Device, DeviceEvent, DeviceReading, Inventory
 from ..broker.placement import device_class
 
 if TYPE_CHECKING:
@@ -44,6 +47,9 @@ class ClusterView:
     inventory: Inventory
     outside: Mapping[tuple[str, str], int] = field(default_factory=dict)
     down: Mapping[str, str] = field(default_factory=dict)
+    holders: Mapping[str, str] | None = None
+    """Lease id -> the engine's work carrying it out (a Slurm job id): the broker's
+    grants the engine still runs or queues. ``None``: the source does not track them."""
 
 
 class InventorySource(Protocol):
@@ -59,6 +65,41 @@ class InventorySource(Protocol):
 
 class EngineUnavailable(RuntimeError):
     """The engine did not answer (``slurmctld`` or the API server is unreachable)."""
+
+
+ENTRY_POINTS = "jupyter_gpubroker.engines"
+"""The entry point group of inventory sources (``slurm = ...:SlurmInventory``)."""
+BUILT_IN = {
+    "kubernetes": "jupyter_gpubroker.engines.kubernetes:KubernetesInventory",
+    "slurm": "jupyter_gpubroker.engines.slurm:SlurmInventory",
+}
+"""The sources this package has (also found when it runs from a checkout)."""
+
+
+def load_source(name: str, parent: Any) -> InventorySource:
+    """The inventory source registered as ``name``, configured from ``parent``'s config
+    (``c.SlurmInventory.*``)."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+    found = {**BUILT_IN, **found}
+    if name not in found:
+        raise InvalidRequest(
+            f"no inventory source {name!r}: c.GPUBroker.inventory_source is 'nvml' or one of "
+            f"{', '.join(sorted(found))}"
+        )
+    module, _, attr = found[name].partition(":")
+    source: InventorySource = getattr(import_module(module), attr)(parent=parent)
+    return source
+
+
+class NoReadings:
+    """The sampler's reader under an engine: the broker has no NVML of the cluster's GPUs
+    (the engine's nodes do), so no device readings and no hardware events."""
+
+    def read_all(self, inventory: Inventory | None = None) -> dict[str, DeviceReading]:
+        return {}
+
+    def poll_events(self) -> list[DeviceEvent]:
+        return []
 
 
 def apply_view(broker: Broker, view: ClusterView) -> None:
@@ -100,3 +141,21 @@ def apply_view(broker: Broker, view: ClusterView) -> None:
             broker.drain(uuid, reason, cause=ENGINE)
     for uuid in engine_drained - wanted.keys():
         broker.undrain(uuid, "the engine freed it")
+
+
+def release_ended(
+    broker: Broker, view: ClusterView, grace_s: float, engine: str = "engine"
+) -> list[str]:
+    """Release the leases whose engine work ended: granted over ``grace_s`` seconds ago
+    (the time a spawner has to submit its job) and not among the view's ``holders``,
+    such as a job cancelled with ``scancel`` or one that ended while the broker was down.
+    The lease ids it released; nothing when the view does not track holders."""
+    if view.holders is None:
+        return []
+    now = broker.clock.now()
+    ended = [
+        x.id for x in broker.leases() if x.id not in view.holders and now - x.granted_at > grace_s
+    ]
+    for lease_id in ended:
+        broker.release(lease_id, reason=f"its {engine} job ended")
+    return ended

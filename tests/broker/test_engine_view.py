@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
 from broker_helpers import make_inventory
 
+from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.errors import Unsatisfiable
 from jupyter_gpubroker.broker.models import Inventory, Lease, Size
-from jupyter_gpubroker.engines import ENGINE, ClusterView, apply_view
+from jupyter_gpubroker.engines import ENGINE, ClusterView, apply_view, release_ended
 
 MakeBroker = Callable[..., Broker]
 
@@ -99,3 +102,28 @@ def test_an_admins_drain_keeps_its_reason(make_broker: MakeBroker) -> None:
     assert broker.drained()[gpu][0] == "swap the fan" and broker.drain_cause(gpu) == "admin"
     apply_view(broker, ClusterView(inv))
     assert broker.drain_cause(gpu) == "admin"
+
+
+def test_more_gpus_than_any_one_node_has_are_refused_at_once(make_broker: MakeBroker) -> None:
+    broker = make_broker(two_nodes())  # 6 whole GPUs in all, at most 4 on one node
+    with pytest.raises(Unsatisfiable, match="the largest node has 4 GPU"):
+        broker.submit("ann", Size(gpus=5))
+    assert broker.queue() == []
+
+
+def test_a_lease_the_engine_no_longer_runs_is_released_after_the_grace(
+    make_broker: MakeBroker, clock: VirtualClock
+) -> None:
+    inv = two_nodes()
+    broker = make_broker(inv)
+    held = broker.submit("ann", Size(gpus=1))
+    gone = broker.submit("bob", Size(gpus=1))
+    ids = {r.id: broker.request(r.id).lease_id for r in (held, gone)}
+    view = ClusterView(inv, holders={ids[held.id]: "41"})
+    assert release_ended(broker, ClusterView(inv), 60, "Slurm") == []  # holders not tracked
+    assert release_ended(broker, view, 60, "Slurm") == []  # its job may still be on its way
+    clock.advance(61)
+    assert release_ended(broker, view, 60, "Slurm") == [ids[gone.id]]
+    ended = broker.request(gone.id)
+    assert ended.state.value == "released" and ended.reason == "its Slurm job ended"
+    assert broker.request(held.id).state.value == "granted"

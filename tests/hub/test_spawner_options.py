@@ -11,8 +11,10 @@ import pytest
 from traitlets import TraitError
 
 from hub_spawner.options import Choices, gpu_request, options_from_form, waiting_message
+from hub_spawner.slurm import GPUBrokerSlurmSpawner, SimpleGPUBrokerSlurmSpawner
 from hub_spawner.spawner import GPUBrokerSpawner, SimpleGPUBrokerSpawner
 from jupyter_gpubroker.broker.text import clock
+from jupyter_gpubroker.engines import BUILT_IN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +33,11 @@ def test_the_spawners_are_jupyterhub_entry_points() -> None:
         "gpubroker": GPUBrokerSpawner,
         "gpubroker-simple": SimpleGPUBrokerSpawner,
         "gpubroker-kubernetes": GPUBrokerKubeSpawner,
+        "gpubroker-slurm": GPUBrokerSlurmSpawner,
+        "gpubroker-slurm-simple": SimpleGPUBrokerSlurmSpawner,
     }
+    # and c.GPUBroker.inventory_source = "slurm" or "kubernetes" finds its reader the same way
+    assert points["jupyter_gpubroker.engines"] == BUILT_IN
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,63 @@
+"""The real two-node test cluster ``.ci/slurm-up`` starts on this machine (gpu-a:
+gpu:h100:4; gpu-b: gpu:1g.10gb:7 and gpu:3g.40gb:2): commands and waits the Slurm tests
+share."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+NODES = ("gpu-a", "gpu-b")
+UP = "run .ci/slurm-up as root (it installs slurm-wlm and munge and starts the test cluster)"
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    """A Slurm command on the test cluster (whatever SLURM_CONF a test points the broker at)."""
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def jobs() -> dict[str, dict[str, str]]:
+    """Every job Slurm has: id -> state, node, gres, name, comment."""
+    out = sh("squeue", "-h", "-o", "%i|%T|%N|%b|%j|%k")
+    found = {}
+    for line in out.splitlines():
+        job_id, state, node, gres, name, comment = line.split("|", 5)
+        found[job_id] = {
+            "state": state,
+            "node": node,
+            "gres": gres,
+            "name": name,
+            "comment": comment,
+        }
+    return found
+
+
+def job_details(job_id: str) -> str:
+    """``scontrol show job`` of one job: where it runs and with which gres."""
+    return sh("scontrol", "show", "job", "-o", "-d", job_id)
+
+
+def until(what: str, check: Callable[[], Any], timeout_s: float = 120.0) -> Any:
+    """Poll ``check()`` until it returns something true (no timing is asserted)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def cleanup() -> None:
+    for job_id in jobs():
+        sh("scancel", job_id, check=False)
+    until("the cluster's jobs to end", lambda: not jobs())
+    sh("scontrol", "update", f"nodename={','.join(NODES)}", "state=resume", check=False)

@@ -1,0 +1,174 @@
+"""The broker's inventory from the real test cluster (``c.GPUBroker.inventory_source =
+"slurm"``): Slurm's nodes and gres become devices, jobs started outside the broker and
+drained nodes are held back, a lease whose job is gone is released, and an unreachable
+slurmctld leaves the queue as it is and says so."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openapi_check import check_response
+from slurm_cluster import sh, until
+
+from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.errors import InvalidRequest
+from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.cli import render_status
+from jupyter_gpubroker.engines import ENGINE
+from jupyter_gpubroker.runtime import GPUBroker
+
+pytestmark = pytest.mark.usefixtures("slurm")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[GPUBroker]:
+    running = GPUBroker(inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def poll(broker: GPUBroker) -> None:
+    """One engine pass, as every tick makes it."""
+    asyncio.run(broker.poll_engine())
+
+
+def outside_job(gres: str, node: str) -> str:
+    """A job started straight with sbatch, not through the broker; its id once it runs."""
+    job = sh(
+        "sbatch",
+        "--parsable",
+        "--output=/dev/null",
+        "-J",
+        "outside",
+        f"--gres={gres}",
+        "-w",
+        node,
+        "--wrap",
+        "sleep 600",
+    )
+    job = job.strip()
+    until(f"job {job} to run", lambda: "RUNNING" in sh("squeue", "-h", "-j", job, "-o", "%T"))
+    return job
+
+
+def test_the_clusters_nodes_and_gres_are_the_inventory(broker: GPUBroker) -> None:
+    core = broker.core
+    devices = core.inventory.devices
+    assert sorted((d.node, d.kind, d.profile or "") for d in devices) == sorted(
+        [("gpu-a", "gpu", "")] * 4
+        + [("gpu-b", "mig", "1g.10gb")] * 7
+        + [("gpu-b", "mig", "3g.40gb")] * 2
+    )
+    # what Slurm has not got is refused at once, naming what it has
+    for size, why in (
+        (Size(profile="2g.20gb"), "available profiles: 1g.10gb, 3g.40gb"),
+        (Size(gpus=5), "the largest node has 4 GPU"),
+    ):
+        with pytest.raises(Exception, match=why):
+            core.submit("ann", size)
+
+
+def test_jobs_outside_the_broker_and_drained_nodes_are_held_back(broker: GPUBroker) -> None:
+    core = broker.core
+    job = outside_job("gpu:h100:3", "gpu-a")
+    poll(broker)
+    held = core.drained_by(ENGINE)
+    assert len(held) == 3
+    assert {core.drained()[u][0] for u in held} == {"3 of 4 gpu on gpu-a in use outside the broker"}
+    waiting = core.submit("ann", Size(gpus=2))
+    assert core.request(waiting.id).state.value == "queued"  # one h100 is left
+    sh("scancel", job)
+    until(
+        "the outside job to end",
+        lambda: not sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip(),
+    )
+    poll(broker)
+    assert core.request(waiting.id).state.value == "granted"
+
+    sh("scontrol", "update", "nodename=gpu-b", "state=drain", "reason=fan swap")
+    poll(broker)
+    reasons = {core.drained()[u][0] for u in core.drained_by(ENGINE)}
+    assert len(reasons) == 1 and reasons.pop().startswith("gpu-b: Slurm: IDLE+DRAIN, fan swap [")
+    sh("scontrol", "update", "nodename=gpu-b", "state=resume")  # NOT_RESPONDING for a moment
+
+    def lifted() -> bool:
+        poll(broker)
+        return core.drained_by(ENGINE) == set()
+
+    until("the broker to lift the drain", lifted)
+
+
+def test_a_lease_without_its_slurm_job_is_released(broker: GPUBroker) -> None:
+    core = broker.core
+    broker.engine_grace = 0  # no time for the job to appear: it is submitted first here
+    granted = core.submit("ann", Size(profile="1g.10gb"))
+    lease_id = core.request(granted.id).lease_id
+    job = sh(
+        "sbatch",
+        "--parsable",
+        f"--comment=gpubroker-lease={lease_id}",
+        "--gres=gpu:1g.10gb:1",
+        "-w",
+        "gpu-b",
+        "--wrap",
+        "sleep 600",
+    ).strip()
+    poll(broker)
+    assert core.request(granted.id).state.value == "granted"  # its job is in Slurm's queue
+    sh("scancel", job)
+    until(
+        "the job to end", lambda: not sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
+    )
+    poll(broker)
+    ended = core.request(granted.id)
+    assert ended.state.value == "released" and ended.reason == "its Slurm job ended"
+
+
+def unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the real scontrol and squeue at a port where no slurmctld listens."""
+    conf = tmp_path / "slurm.conf"
+    text = Path("/etc/slurm/slurm.conf").read_text()
+    conf.write_text(text.replace("SlurmctldPort=6817", "SlurmctldPort=9"))
+    (tmp_path / "gres.conf").write_text(Path("/etc/slurm/gres.conf").read_text())
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+
+
+def test_a_broker_cannot_start_without_slurmctld_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unreachable(tmp_path, monkeypatch)
+    broker = GPUBroker(inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"))
+    with pytest.raises(InvalidRequest) as refused:
+        broker.start()
+    assert refused.value.message.startswith("slurmctld unreachable: scontrol show node failed (")
+    assert refused.value.message.endswith(": the broker starts once it answers")
+
+
+def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
+    broker: GPUBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = broker.core
+    waiting = [core.submit(u, Size(gpus=4)) for u in ("ann", "bob")]
+    unreachable(tmp_path, monkeypatch)
+    poll(broker)
+    api = BrokerAPI(broker)
+    devices = api.devices(api.identify("ann"))
+    check_response("GET", "devices", 200, devices)  # as the API document says
+    check_response("GET", "overview", 200, api.overview(api.identify("ann")))
+    state = devices["engine"]
+    assert state["reachable"] is False and state["since"]
+    assert state["error"].startswith("slurmctld unreachable: scontrol show node failed (")
+    assert [core.request(r.id).state.value for r in waiting] == ["granted", "queued"]
+    assert core.drained_by(ENGINE) == set()  # the last view stands
+    text = render_status({"source": "broker", "gpus": devices["gpus"], "engine": state})
+    assert f"{state['error']} since {state['since']}: the broker keeps its queue" in text
+    assert "gpu-a GPU 3" in text and "gpu-b GPU 1" in text  # the GPUs named by their node
+    monkeypatch.delenv("SLURM_CONF")
+    poll(broker)
+    assert BrokerAPI(broker).devices(BrokerAPI(broker).identify("ann"))["engine"]["reachable"]
