@@ -38,6 +38,8 @@ c.SimpleGPUBrokerSlurmSpawner.gpu_wait_timeout = 600
 # the job runs this checkout's Python (--export passes only what the hub names)
 c.Spawner.env_keep = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG"]
 c.SimpleGPUBrokerSlurmSpawner.batchspawner_singleuser_cmd = "{BIN}/batchspawner-singleuser"
+# the job's server reports its kernels' activity with its lease every second (idle test)
+c.Spawner.args = [*c.Spawner.args, "--GPUBrokerExtension.server_report_interval=1"]
 def _hook(spawner):
     if spawner.user.name == {REFUSED!r}:
         spawner.req_partition = "no-such-partition"
