@@ -28,6 +28,9 @@ from .models import Device, Gpu, Inventory, Size
 from .profiles import CATALOG, GpuModel, MigProfile
 
 WHOLE_GPU = "gpu"
+KTH_INDEXED = 8
+"""Reservations of up to this many whole GPUs find their node from an index; larger
+ones (only a machine with more GPUs per node can host them) scan the nodes."""
 
 
 def device_class(d: Device) -> str:
@@ -130,8 +133,15 @@ class Placer:
         -inf for an idle device."""
         self._gpu_ends: dict[str, list[tuple[float, str]]] = {}
         """The same for the whole GPUs of each node, of every shape."""
+        self._soonest: dict[Shape, _Lazy] = defaultdict(_Lazy)
+        """Shape -> the nodes by the first expected free time of their devices."""
+        self._kth: dict[int, _Lazy] = defaultdict(_Lazy)
+        """k -> the nodes by the k-th expected free time of their whole GPUs."""
         self._indexed: dict[str, float] = {}
         """The free time each undrained device is filed under in ``_ends``."""
+        self._found: dict[tuple[Size, str, AbstractSet[str]], list[Device] | None] = {}
+        """``find``'s answers since the last change: a pass asks the same of every
+        candidate of a size that does not fit."""
         for d in inventory.devices:
             self.add(d)
 
@@ -228,6 +238,7 @@ class Placer:
 
     def _refresh(self, d: Device) -> None:
         """File ``d`` in every index as its state now is (gone when not in ``devices``)."""
+        self._found.clear()
         u, sh, node = d.uuid, shape(d), d.node
         present = u in self.devices
         if present and u in self.free[sh[0]]:
@@ -245,18 +256,33 @@ class Placer:
         old = self._indexed.get(u)
         if old == end:
             return
-        lists = [self._ends[sh].setdefault(node, [])]
+        entries = self._ends[sh].setdefault(node, [])
+        self._file(entries, u, old, end)
+        if entries:
+            self._soonest[sh].set(node, (entries[0][0],))
+        else:
+            self._soonest[sh].discard(node)
         if sh[0] == WHOLE_GPU:
-            lists.append(self._gpu_ends.setdefault(node, []))
-        for entries in lists:
-            if old is not None:
-                del entries[bisect.bisect_left(entries, (old, u))]
-            if end is not None:
-                bisect.insort(entries, (end, u))
+            gpus = self._gpu_ends.setdefault(node, [])
+            self._file(gpus, u, old, end)
+            for k in range(1, KTH_INDEXED + 1):
+                if k <= len(gpus):
+                    self._kth[k].set(node, (gpus[k - 1][0],))
+                else:
+                    self._kth[k].discard(node)
         if end is None:
             self._indexed.pop(u, None)
         else:
             self._indexed[u] = end
+
+    @staticmethod
+    def _file(
+        entries: list[tuple[float, str]], u: str, old: float | None, new: float | None
+    ) -> None:
+        if old is not None:
+            del entries[bisect.bisect_left(entries, (old, u))]
+        if new is not None:
+            bisect.insort(entries, (new, u))
 
     def _count_free_gpus(self, d: Device, free: bool) -> None:
         on_node = self._free_gpus[d.node]
@@ -313,6 +339,12 @@ class Placer:
 
         Best fit: the smallest device large enough, on the busiest GPU, then by node,
         GPU and start; first fit: by node, GPU and start (inventory order)."""
+        asked = (size, strategy, frozenset(exclude))
+        if asked not in self._found:
+            self._found[asked] = self._find(size, strategy, exclude)
+        return self._found[asked]
+
+    def _find(self, size: Size, strategy: str, exclude: AbstractSet[str]) -> list[Device] | None:
         if size.gpus is not None:
             return self._find_gpus(size.gpus, strategy, exclude)
         orders = self._best if strategy == "best_fit" else self._first
@@ -370,13 +402,19 @@ class Placer:
         k = self.units(size)
         if size.gpus is not None:
             per_node = [self._gpu_ends]
+            if k <= KTH_INDEXED:
+                found = self._kth[k].first(frozenset())
+                best = None if found is None else (found[0][0], found[1])
+            else:
+                best = min(
+                    ((x[k - 1][0], node) for node, x in self._gpu_ends.items() if len(x) >= k),
+                    default=None,
+                )
         else:
-            per_node = [self._ends[s] for s in self._shapes(size)]
-        best: tuple[float, str] | None = None
-        for nodes in per_node:
-            for node, entries in nodes.items():
-                if len(entries) >= k and (best is None or (entries[k - 1][0], node) < best):
-                    best = (entries[k - 1][0], node)
+            shapes = self._shapes(size)
+            per_node = [self._ends[s] for s in shapes]
+            firsts = [self._soonest[s].first(frozenset()) for s in shapes]
+            best = min(((f[0][0], f[1]) for f in firsts if f is not None), default=None)
         if best is None:
             return None
         node = best[1]
