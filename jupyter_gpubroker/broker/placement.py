@@ -293,6 +293,8 @@ class Placer:
         if before:
             nodes = self._nodes_by_free[before]
             del nodes[bisect.bisect_left(nodes, d.node)]
+            if not nodes:  # only counts some node has are walked
+                del self._nodes_by_free[before]
         if on_node:
             bisect.insort(self._nodes_by_free[len(on_node)], d.node)
 
