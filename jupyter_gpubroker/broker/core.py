@@ -25,7 +25,6 @@ import heapq
 import logging
 import math
 import secrets
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timezone
@@ -736,15 +735,13 @@ class Broker:
         return self._leases[lease_id]
 
     def _check_satisfiable(self, size: Size) -> None:
-        # a grant stays on one node: what counts is the most one node has
-        per_node = Counter(d.node for d in self.placer.compatible(size))
-        have = max(per_node.values(), default=0)
+        have = self.placer.count_compatible(size)
         if have >= self.placer.units(size):
             return
         if size.profile and self.config.dynamic_mig and self._mig_capable(size.profile):
             return
         if size.gpus is not None:
-            where = "this machine has" if set(per_node) <= {""} else "the largest node has"
+            where = "this machine has" if self.placer.nodes() <= {""} else "the largest node has"
             raise Unsatisfiable(
                 f"asks for {size.gpus} whole GPU(s) but {where} {have} GPU(s) with MIG disabled"
             )
@@ -804,31 +801,10 @@ class Broker:
         return None
 
     def _reserve(self, r: Request, now: float) -> _Reservation | None:
-        """When and where the top blocked request will start, from leases' expected ends.
-
-        It starts when its k-th device frees (its shadow time) and is given the k
-        devices that free *latest* by then, as textbook EASY does: a device free now
-        and not needed at the shadow time may run a job of any length. Among devices
-        freeing at the same instant an idle one is reserved before a held one (a
-        lease past its expected end may run on).
-        """
-        ready = sorted(
-            (self._free_at(d.uuid, now), d.uuid in self._holder, d.uuid)
-            for d in self.placer.compatible(r.size)
-            if not self.placer.is_drained(d)
-        )
-        k = self.placer.units(r.size)
-        if len(ready) < k:
-            return None
-        shadow = ready[k - 1][0]
-        by_then = [x for x in ready if x[0] <= shadow]
-        by_then.sort(key=lambda x: (x[0], not x[1], x[2]))  # idle last: taken first
-        return _Reservation(frozenset(u for _, _, u in by_then[-k:]), shadow)
-
-    def _free_at(self, uuid: str, now: float) -> float:
-        """When a device is expected to be free: now, or its lease's expected end."""
-        holder = self._holder.get(uuid)
-        return now if holder is None else max(now, self._expected_end[holder])
+        """When and where the top blocked request will start, from leases' expected
+        ends (``Placer.reserve``: its shadow time, on one node)."""
+        found = self.placer.reserve(r.size, now)
+        return None if found is None else _Reservation(*found)
 
     def _grant(self, r: Request, fit: list[Device] | MigPlan, now: float) -> Lease:
         devices = self._repartition(fit) if isinstance(fit, MigPlan) else fit
@@ -893,7 +869,7 @@ class Broker:
         self._expected_end[lease.id] = expected_end
         self.ledger.hold(lease)
         self.budgets.hold(lease)
-        self.placer.hold(lease.devices)
+        self.placer.hold(lease.devices, until=expected_end)
         for d in lease.devices:
             self._holder[d] = lease.id
 
@@ -925,6 +901,7 @@ class Broker:
         del self._live[r.id]
         for d in lease.devices:
             self._holder.pop(d, None)
+        self.placer.ended(lease.devices)
         self._vacate(lease, now)
         shape = held_shape(lease.profile, lease.gpu_equivalents)
         self.predictor.learn(

@@ -15,15 +15,22 @@ profiles at the top of the GPU keep slot 0 free for the large ones).
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import Any
 
 from .models import Device, Gpu, Inventory, Size
 from .profiles import CATALOG, GpuModel, MigProfile
 
 WHOLE_GPU = "gpu"
+KTH_INDEXED = 8
+"""Reservations of up to this many whole GPUs find their node from an index; larger
+ones (only a machine with more GPUs per node can host them) scan the nodes."""
 
 
 def device_class(d: Device) -> str:
@@ -41,8 +48,62 @@ class MigPlan:
     destroy: tuple[Device, ...]
 
 
+Shape = tuple[str, int]
+"""(device class, memory MiB): devices that are interchangeable for every size."""
+
+
+def shape(d: Device) -> Shape:
+    return (device_class(d), d.memory_mib)
+
+
+class _Lazy:
+    """A min-heap of (key, name) where only each name's latest key counts: a change
+    pushes a new entry and stale ones are dropped as they come up, so keeping an order
+    costs O(log n) per change instead of a scan per question."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, tuple[Any, ...]] = {}
+        self._heap: list[tuple[tuple[Any, ...], str]] = []
+
+    def set(self, name: str, key: tuple[Any, ...]) -> None:
+        if self.live.get(name) == key:
+            return
+        self.live[name] = key
+        heapq.heappush(self._heap, (key, name))
+        if len(self._heap) > 2 * len(self.live) + 64:  # mostly stale: rebuild
+            self._heap = [(k, n) for n, k in self.live.items()]
+            heapq.heapify(self._heap)
+
+    def discard(self, name: str) -> None:
+        self.live.pop(name, None)
+
+    def first(self, skip: AbstractSet[str]) -> tuple[tuple[Any, ...], str] | None:
+        """The entry with the smallest key whose name is not in ``skip``."""
+        heap, passed = self._heap, []
+        try:
+            while heap:
+                key, name = heap[0]
+                if self.live.get(name) != key:
+                    heapq.heappop(heap)
+                elif name in skip:
+                    passed.append(heapq.heappop(heap))
+                else:
+                    return key, name
+            return None
+        finally:
+            for entry in passed:
+                heapq.heappush(heap, entry)
+
+
 class Placer:
-    """The devices of an inventory, which are free, and how busy each GPU is."""
+    """The devices of an inventory, which are free, and how busy each GPU is.
+
+    Every question a scheduling pass asks (is anything free for this size, which
+    device fits best, where does the top blocked request start) is answered from
+    indexes kept up to date on each hold, release and drain, so a decision costs the
+    same on a cluster of thousands of GPUs as on one machine: free devices ordered
+    for best fit and first fit per shape, free whole GPUs per node, and per node the
+    expected free times of its devices."""
 
     def __init__(self, inventory: Inventory) -> None:
         self.gpus = {g.uuid: g for g in inventory.gpus}
@@ -53,6 +114,36 @@ class Placer:
         self.held: set[str] = set()
         self.drained: set[str] = set()
         """Drained GPU or device UUIDs: never placed on, whether free or held."""
+        self.until: dict[str, float] = {}
+        """Held device -> its lease's expected end (a device held without a lease,
+        vacating, is idle for reservations)."""
+        self._gpu_eq: float | None = None
+        self._on_gpu: dict[str, dict[str, Device]] = defaultdict(dict)
+        self._count: dict[Shape, int] = defaultdict(int)
+        """Devices per shape, free or not, drained or not."""
+        self._gpus_on_node: dict[str, int] = defaultdict(int)
+        """Whole GPUs per node (free or held): the most one grant can have."""
+        self._free_shape: dict[Shape, set[str]] = defaultdict(set)
+        self._best: dict[Shape, _Lazy] = defaultdict(_Lazy)
+        self._first: dict[Shape, _Lazy] = defaultdict(_Lazy)
+        self._free_gpus: dict[str, set[str]] = defaultdict(set)
+        """Node -> its free whole GPUs."""
+        self._nodes_by_free: dict[int, list[str]] = defaultdict(list)
+        """n -> the nodes with exactly n free whole GPUs, sorted."""
+        self._ends: dict[Shape, dict[str, list[tuple[float, str]]]] = defaultdict(dict)
+        """Shape -> node -> (expected free time, uuid) of its undrained devices, sorted;
+        -inf for an idle device."""
+        self._gpu_ends: dict[str, list[tuple[float, str]]] = {}
+        """The same for the whole GPUs of each node, of every shape."""
+        self._soonest: dict[Shape, _Lazy] = defaultdict(_Lazy)
+        """Shape -> the nodes by the first expected free time of their devices."""
+        self._kth: dict[int, _Lazy] = defaultdict(_Lazy)
+        """k -> the nodes by the k-th expected free time of their whole GPUs."""
+        self._indexed: dict[str, float] = {}
+        """The free time each undrained device is filed under in ``_ends``."""
+        self._found: dict[tuple[Size, str, AbstractSet[str]], list[Device] | None] = {}
+        """``find``'s answers since the last change: a pass asks the same of every
+        candidate of a size that does not fit."""
         for d in inventory.devices:
             self.add(d)
 
@@ -60,14 +151,28 @@ class Placer:
 
     def add(self, d: Device) -> None:
         self.devices[d.uuid] = d
+        self._on_gpu[d.gpu_uuid][d.uuid] = d
+        self._count[shape(d)] += 1
+        if d.kind == "gpu":
+            self._gpus_on_node[d.node] += 1
+        self._gpu_eq = None
         if not self.is_drained(d):
             self.free[device_class(d)].add(d.uuid)
+        self._refresh(d)
 
     def remove(self, uuid: str) -> None:
         d = self.devices.pop(uuid)
+        del self._on_gpu[d.gpu_uuid][uuid]
+        self._count[shape(d)] -= 1
+        if d.kind == "gpu":
+            self._gpus_on_node[d.node] -= 1
+        self._gpu_eq = None
         self.free[device_class(d)].discard(uuid)
+        self.until.pop(uuid, None)
+        self._refresh(d)
 
-    def hold(self, uuids: Iterable[str]) -> None:
+    def hold(self, uuids: Iterable[str], until: float | None = None) -> None:
+        """Take devices out of the free lists; ``until``: the lease's expected end."""
         for u in uuids:
             d = self.devices.get(u)
             if d is None:  # held since before a restart, gone from the inventory now
@@ -76,6 +181,15 @@ class Placer:
                 self.free[device_class(d)].remove(u)
             self.busy_slices[d.gpu_uuid] += d.compute_slices
             self.held.add(u)
+            if until is not None:
+                self.until[u] = until
+            self._refresh_gpu(d.gpu_uuid)
+
+    def ended(self, uuids: Iterable[str]) -> None:
+        """Their lease ended: idle for reservations from now, freed or still vacating."""
+        for u in uuids:
+            if self.until.pop(u, None) is not None:
+                self._refresh(self.devices[u])
 
     def release(self, uuids: Iterable[str]) -> None:
         for u in uuids:
@@ -83,28 +197,35 @@ class Placer:
             if d is None:  # left the inventory while held
                 continue
             self.held.discard(u)
+            self.until.pop(u, None)
             if not self.is_drained(d):
                 self.free[device_class(d)].add(u)
             self.busy_slices[d.gpu_uuid] -= d.compute_slices
+            self._refresh_gpu(d.gpu_uuid)
 
     def drain(self, uuid: str) -> None:
         """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
         self.drained.add(uuid)
         for d in self.under(uuid):
             self.free[device_class(d)].discard(d.uuid)
+            self._refresh(d)
 
     def undrain(self, uuid: str) -> None:
         self.drained.discard(uuid)
         for d in self.under(uuid):
             if d.uuid not in self.held and not self.is_drained(d):
                 self.free[device_class(d)].add(d.uuid)
+            self._refresh(d)
 
     def is_drained(self, d: Device) -> bool:
         return d.uuid in self.drained or d.gpu_uuid in self.drained
 
     def under(self, uuid: str) -> list[Device]:
         """The devices a GPU UUID covers (every one on it), or the one device UUID names."""
-        return [d for d in self.devices.values() if uuid in (d.uuid, d.gpu_uuid)]
+        if uuid in self._on_gpu:
+            return list(self._on_gpu[uuid].values())
+        d = self.devices.get(uuid)
+        return [d] if d is not None else []
 
     def is_free(self, uuid: str) -> bool:
         d = self.devices.get(uuid)
@@ -112,9 +233,87 @@ class Placer:
 
     @property
     def total_gpu_equivalents(self) -> float:
-        return sum(d.gpu_equivalents for d in self.devices.values())
+        if self._gpu_eq is None:  # summed again only after the devices change
+            self._gpu_eq = sum(d.gpu_equivalents for d in self.devices.values())
+        return self._gpu_eq
+
+    def _refresh_gpu(self, gpu_uuid: str) -> None:
+        """Its busy count changed: file its devices again (best fit packs by it)."""
+        for d in self._on_gpu[gpu_uuid].values():
+            self._refresh(d)
+
+    def _refresh(self, d: Device) -> None:
+        """File ``d`` in every index as its state now is (gone when not in ``devices``)."""
+        self._found.clear()
+        u, sh, node = d.uuid, shape(d), d.node
+        present = u in self.devices
+        if present and u in self.free[sh[0]]:
+            self._free_shape[sh].add(u)
+            pos = (d.gpu_index, d.start or 0)
+            self._best[sh].set(u, (-self.busy_slices[d.gpu_uuid], node, *pos))
+            self._first[sh].set(u, (node, *pos))
+        else:
+            self._free_shape[sh].discard(u)
+            self._best[sh].discard(u)
+            self._first[sh].discard(u)
+        if sh[0] == WHOLE_GPU:
+            self._count_free_gpus(d, present and u in self.free[WHOLE_GPU])
+        end = self.until.get(u, -math.inf) if present and not self.is_drained(d) else None
+        old = self._indexed.get(u)
+        if old == end:
+            return
+        entries = self._ends[sh].setdefault(node, [])
+        self._file(entries, u, old, end)
+        if entries:
+            self._soonest[sh].set(node, (entries[0][0],))
+        else:
+            self._soonest[sh].discard(node)
+        if sh[0] == WHOLE_GPU:
+            gpus = self._gpu_ends.setdefault(node, [])
+            self._file(gpus, u, old, end)
+            for k in range(1, KTH_INDEXED + 1):
+                if k <= len(gpus):
+                    self._kth[k].set(node, (gpus[k - 1][0],))
+                else:
+                    self._kth[k].discard(node)
+        if end is None:
+            self._indexed.pop(u, None)
+        else:
+            self._indexed[u] = end
+
+    @staticmethod
+    def _file(
+        entries: list[tuple[float, str]], u: str, old: float | None, new: float | None
+    ) -> None:
+        if old is not None:
+            del entries[bisect.bisect_left(entries, (old, u))]
+        if new is not None:
+            bisect.insort(entries, (new, u))
+
+    def _count_free_gpus(self, d: Device, free: bool) -> None:
+        on_node = self._free_gpus[d.node]
+        before = len(on_node)
+        (on_node.add if free else on_node.discard)(d.uuid)
+        if len(on_node) == before:
+            return
+        if before:
+            nodes = self._nodes_by_free[before]
+            del nodes[bisect.bisect_left(nodes, d.node)]
+            if not nodes:  # only counts some node has are walked
+                del self._nodes_by_free[before]
+        if on_node:
+            bisect.insort(self._nodes_by_free[len(on_node)], d.node)
 
     # -- questions
+
+    def _shapes(self, size: Size) -> list[Shape]:
+        """The shapes whose devices could host one unit of ``size``."""
+        if size.gpus is not None:
+            return [s for s in self._count if s[0] == WHOLE_GPU]
+        if size.profile is not None:
+            return [s for s in self._count if s[0] == size.profile]
+        need = (size.min_memory_gb or 0) * 1024
+        return [s for s in self._count if s[1] >= need]
 
     def compatible(self, size: Size) -> list[Device]:
         """Every device, free or held, that could host one unit of ``size``."""
@@ -126,16 +325,24 @@ class Placer:
         need = size.min_memory_gb * 1024
         return [d for d in self.devices.values() if d.memory_mib >= need]
 
+    def nodes(self) -> set[str]:
+        """The nodes that have whole GPUs (``{""}`` on one machine)."""
+        return {node for node, n in self._gpus_on_node.items() if n > 0}
+
+    def count_compatible(self, size: Size) -> int:
+        """How many devices, free or held, could host one unit of ``size``; for whole
+        GPUs the most on one node, since a grant never spans two."""
+        if size.gpus is not None:
+            return max(self._gpus_on_node.values(), default=0)
+        return sum(self._count[s] for s in self._shapes(size))
+
     def has_free_for(self, size: Size) -> bool:
         """Is there at least one free device this size could use? (cheap pre-check)"""
         if size.gpus is not None:
             return bool(self.free[WHOLE_GPU])
         if size.profile is not None:
             return bool(self.free[size.profile])
-        need = (size.min_memory_gb or 0) * 1024
-        return any(
-            self.devices[u].memory_mib >= need for uuids in self.free.values() for u in uuids
-        )
+        return any(self._free_shape[s] for s in self._shapes(size))
 
     def units(self, size: Size) -> int:
         return size.gpus if size.gpus is not None else 1
@@ -143,46 +350,98 @@ class Placer:
     def find(
         self, size: Size, strategy: str, exclude: AbstractSet[str] = frozenset()
     ) -> list[Device] | None:
-        """Free devices for ``size`` (none of ``exclude``), or None if it does not fit now."""
+        """Free devices for ``size`` (none of ``exclude``), or None if it does not fit now.
+
+        Best fit: the smallest device large enough, on the busiest GPU, then by node,
+        GPU and start; first fit: by node, GPU and start (inventory order)."""
+        asked = (size, strategy, frozenset(exclude))
+        if asked not in self._found:
+            self._found[asked] = self._find(size, strategy, exclude)
+        return self._found[asked]
+
+    def _find(self, size: Size, strategy: str, exclude: AbstractSet[str]) -> list[Device] | None:
         if size.gpus is not None:
             return self._find_gpus(size.gpus, strategy, exclude)
-        if size.profile is not None:
-            cands = [self.devices[u] for u in self.free[size.profile] if u not in exclude]
-        else:
-            need = (size.min_memory_gb or 0) * 1024
-            cands = [
-                self.devices[u]
-                for uuids in self.free.values()
-                for u in uuids
-                if u not in exclude and self.devices[u].memory_mib >= need
-            ]
-        if not cands:
-            return None
-        if strategy == "first_fit":
-            return [min(cands, key=lambda d: (d.gpu_index, d.start or 0))]
-        return [min(cands, key=self._best_fit_key)]
+        orders = self._best if strategy == "best_fit" else self._first
+        best: tuple[tuple[Any, ...], str] | None = None
+        for s in self._shapes(size):
+            if not self._free_shape[s]:
+                continue
+            found = orders[s].first(exclude)
+            if found is not None:
+                key = (s[1], *found[0]) if strategy == "best_fit" else found[0]
+                if best is None or key < best[0]:
+                    best = (key, found[1])
+        return None if best is None else [self.devices[best[1]]]
 
     def _find_gpus(self, n: int, strategy: str, exclude: AbstractSet[str]) -> list[Device] | None:
         """``n`` free whole GPUs on one node: on the first node that has them
         (``first_fit``), or on the node with the fewest free that still fits, so whole
         nodes stay free for large requests. One machine is one node."""
-        by_node: dict[str, list[Device]] = defaultdict(list)
-        for u in self.free[WHOLE_GPU]:
-            if u not in exclude:
-                d = self.devices[u]
-                by_node[d.node].append(d)
-        fits = [(node, ds) for node, ds in by_node.items() if len(ds) >= n]
+        short: dict[str, int] = defaultdict(int)
+        """Nodes with excluded free GPUs -> how many are excluded."""
+        for u in exclude:
+            d = self.devices.get(u)
+            if d is not None and u in self._free_gpus.get(d.node, ()):
+                short[d.node] += 1
+        fits = [
+            (len(self._free_gpus[node]) - k, node)
+            for node, k in short.items()
+            if len(self._free_gpus[node]) - k >= n
+        ]
+        for count in sorted(c for c in self._nodes_by_free if c >= n):
+            node = next((x for x in self._nodes_by_free[count] if x not in short), None)
+            if node is not None:
+                fits.append((count, node))
+                if strategy == "best_fit":
+                    break  # the fewest free that fit: no larger count does better
         if not fits:
             return None
         if strategy == "first_fit":
-            _, cands = min(fits, key=lambda x: x[0])
+            _, node = min(fits, key=lambda x: x[1])
         else:
-            _, cands = min(fits, key=lambda x: (len(x[1]), x[0]))
+            _, node = min(fits)
+        cands = [self.devices[u] for u in self._free_gpus[node] if u not in exclude]
         cands.sort(key=lambda d: d.gpu_index)
         return cands[:n]
 
-    def _best_fit_key(self, d: Device) -> tuple[int, int, str, int, int]:
-        return (d.memory_mib, -self.busy_slices[d.gpu_uuid], d.node, d.gpu_index, d.start or 0)
+    def reserve(self, size: Size, now: float) -> tuple[frozenset[str], float] | None:
+        """Where and when the top blocked request of ``size`` starts (EASY backfill):
+        on the node whose ``k``-th compatible device frees first, at that instant (its
+        shadow time), with the ``k`` devices there that free *latest* by then, as
+        textbook EASY does: a device free now and not needed at the shadow time may run
+        a job of any length. Among devices freeing at the same instant an idle one is
+        reserved before a held one (a lease past its expected end may run on).
+
+        One node, because the grant will be on one node; one machine is one node."""
+        k = self.units(size)
+        if size.gpus is not None:
+            per_node = [self._gpu_ends]
+            if k <= KTH_INDEXED:
+                found = self._kth[k].first(frozenset())
+                best = None if found is None else (found[0][0], found[1])
+            else:
+                best = min(
+                    ((x[k - 1][0], node) for node, x in self._gpu_ends.items() if len(x) >= k),
+                    default=None,
+                )
+        else:
+            shapes = self._shapes(size)
+            per_node = [self._ends[s] for s in shapes]
+            firsts = [self._soonest[s].first(frozenset()) for s in shapes]
+            best = min(((f[0][0], f[1]) for f in firsts if f is not None), default=None)
+        if best is None:
+            return None
+        node = best[1]
+        ready = sorted(
+            (max(now, end), end > -math.inf, u)
+            for nodes in per_node
+            for end, u in nodes.get(node, ())
+        )
+        shadow = ready[k - 1][0]
+        by_then = [x for x in ready if x[0] <= shadow]
+        by_then.sort(key=lambda x: (x[0], not x[1], x[2]))  # idle last: taken first
+        return frozenset(u for _, _, u in by_then[-k:]), shadow
 
     def plan_mig(
         self, profile_name: str, exclude: AbstractSet[str] = frozenset()
@@ -196,9 +455,7 @@ class Placer:
             profile = model.profile(profile_name) if model and gpu.mig_enabled else None
             if model is None or profile is None:
                 continue
-            slices = [
-                d for d in self.devices.values() if d.gpu_uuid == gpu.uuid and d.kind == "mig"
-            ]
+            slices = [d for d in self._on_gpu[gpu.uuid].values() if d.kind == "mig"]
             for start in profile.starts:
                 span = set(profile.slots(start))
                 overlap = [d for d in slices if span & _memory_slices(model, d)]

@@ -5,6 +5,7 @@ has a conftest too, and ``from conftest import ...`` could find that one.)"""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, Size
@@ -88,6 +89,21 @@ def make_inventory(gpus: Sequence[Iterable[Slice] | None], model: str = "H100-80
             occupied |= set(p.slots(start))
             devices.append(mig_device(gpu, name, start))
     return Inventory(tuple(gpu_list), tuple(devices))
+
+
+def on_nodes(layouts: dict[str, Sequence[Iterable[Slice] | None]]) -> Inventory:
+    """A cluster: each node's GPUs as ``make_inventory`` lays them out, with
+    ``Gpu.node``/``Device.node`` set and UUIDs prefixed by the node."""
+    gpus: list[Gpu] = []
+    devices: list[Device] = []
+    for node, layout in layouts.items():
+        inv = make_inventory(layout)
+        gpus += [replace(g, uuid=f"{node}-{g.uuid}", node=node) for g in inv.gpus]
+        devices += [
+            replace(d, uuid=f"{node}-{d.uuid}", gpu_uuid=f"{node}-{d.gpu_uuid}", node=node)
+            for d in inv.devices
+        ]
+    return Inventory(tuple(gpus), tuple(devices))
 
 
 def mig_inventory(

@@ -4,32 +4,24 @@ several GPUs stays on one node."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import pytest
-from broker_helpers import make_inventory
+from broker_helpers import on_nodes
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.errors import Unsatisfiable
-from jupyter_gpubroker.broker.models import Inventory, Lease, Size
+from jupyter_gpubroker.broker.models import Inventory, Lease, RequestState, Size
+from jupyter_gpubroker.broker.policy import SlurmPolicy
 from jupyter_gpubroker.engines import ENGINE, ClusterView, apply_view, release_ended
 
 MakeBroker = Callable[..., Broker]
+HOUR = 3600.0
 
 
 def two_nodes() -> Inventory:
     """node-a: GPUs 0-3 whole; node-b: GPUs 0-1 whole and GPU 2 cut into 7 x 1g.10gb."""
-    a = make_inventory([None] * 4)
-    b = make_inventory([None, None, ["1g.10gb"] * 7])
-    gpus, devices = [], []
-    for node, inv in (("node-a", a), ("node-b", b)):
-        gpus += [replace(g, uuid=f"{node}-{g.uuid}", node=node) for g in inv.gpus]
-        devices += [
-            replace(d, uuid=f"{node}-{d.uuid}", gpu_uuid=f"{node}-{d.gpu_uuid}", node=node)
-            for d in inv.devices
-        ]
-    return Inventory(tuple(gpus), tuple(devices))
+    return on_nodes({"node-a": [None] * 4, "node-b": [None, None, ["1g.10gb"] * 7]})
 
 
 def nodes_of(broker: Broker, lease: Lease) -> set[str]:
@@ -54,6 +46,26 @@ def test_best_fit_takes_the_node_with_fewest_free_that_fits(make_broker: MakeBro
     r = broker.submit("ann", Size(gpus=2))
     (lease,) = broker.leases()
     assert lease.request_id == r.id and nodes_of(broker, lease) == {"node-b"}
+
+
+def test_a_multi_gpu_reservation_waits_for_k_gpus_on_one_node(make_broker, clock) -> None:
+    """EASY's shadow time for 2 GPUs is when a node has 2 free, not when any 2 GPUs of
+    the cluster are: a job short enough to end by then backfills the idle GPU."""
+    broker = make_broker(
+        on_nodes({"node-a": [None, None], "node-b": [None, None]}), policy=SlurmPolicy()
+    )
+    for user, hours in (("a", 1), ("b", 4), ("c", 2)):  # node-a GPU 0, node-a GPU 1, node-b GPU 0
+        broker.submit(user, Size(gpus=1), expected_duration_s=hours * HOUR)
+    clock.advance(60)
+    big = broker.submit("bigjob", Size(gpus=2), expected_duration_s=8 * HOUR)
+    # Any two GPUs are free in an hour (node-a's first and node-b's idle one), but two
+    # on one node only in two hours (node-b's).
+    short = broker.submit("dave", Size(gpus=1), expected_duration_s=1.5 * HOUR)
+    long = broker.submit("erin", Size(gpus=1), expected_duration_s=3 * HOUR)
+    assert big.state is RequestState.QUEUED
+    assert short.state is RequestState.GRANTED, "ends before node-b has two GPUs free"
+    assert nodes_of(broker, broker.lease(short.lease_id)) == {"node-b"}
+    assert long.state is RequestState.QUEUED, "would still hold node-b's GPU at the big start"
 
 
 def test_work_outside_the_broker_is_held_back_and_given_back(make_broker: MakeBroker) -> None:
