@@ -8,7 +8,11 @@ Scenarios (all in one run):
 - ``openb``: Alibaba's GPU-sharing pods on 64 H100s in MIG mode
   (``dgx-h100-mig:64``), submit gaps compressed x3; every policy may re-cut
   idle MIG GPUs, so only ordering, backfill and placement differ;
-- ``openb-static``: the same, with the baselines on a fixed MIG layout chosen
+- ``openb-x4``: the same at x4, an overload so deep that keeping every wait under
+  a day forces nearly FCFS order; its ``oracle+tier`` column is the oracle under the
+  broker's oldest-first tier, the bound of perfect prediction that starves no more
+  than FCFS;
+- ``openb-static``: the same (x3), with the baselines on a fixed MIG layout chosen
   from the trace (``inventories/openb-h100-64-static.yaml``), as Slurm and
   Kubernetes run MIG, and the broker re-cutting idle GPUs of that layout;
 - ``philly``: Microsoft Philly's jobs on 96 DGX H100 (768 whole GPUs);
@@ -51,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpubroker.broker.models import Request
-from jupyter_gpubroker.broker.policy import Context, Policy, make_policy, tier_bonus
+from jupyter_gpubroker.broker.policy import BrokerPolicy, Context, Policy, make_policy, tier_bonus
 from jupyter_gpubroker.replay import (
     DEFAULT_COMPRESS,
     DEFAULT_INVENTORY,
@@ -85,7 +89,13 @@ expected service, an earlier oldest-first tier, both, and the one-day usage half
 of the earlier default. (The age weight is not among them: with ``max_wait_s`` set,
 waiting earns nothing before the tier.) The fit takes the lowest mean wait among those
 that starve no more jobs than FCFS on the same jobs."""
-FIT_ON = {"openb": "philly", "openb-static": "philly", "philly": "openb", "philly-640": "openb"}
+FIT_ON = {
+    "openb": "philly",
+    "openb-x4": "philly",
+    "openb-static": "philly",
+    "philly": "openb",
+    "philly-640": "openb",
+}
 """Whose fit a scenario's ``broker-fit`` column runs: the other trace's."""
 
 
@@ -104,6 +114,17 @@ class OracleSJF(Policy):
         if self.tier_start_s is None:
             return p
         return p + tier_bonus(max(now - r.submitted_at, 0.0), self.tier_start_s)
+
+
+def oracle_with_tier() -> OracleSJF:
+    """The oracle under the broker's default oldest-first tier."""
+    broker = make_policy("broker")
+    assert isinstance(broker, BrokerPolicy) and broker.max_wait_s is not None
+    return OracleSJF("oracle+tier", tier_start_s=broker.tier_fraction * broker.max_wait_s)
+
+
+ORACLES: dict[str, Callable[[], OracleSJF]] = {"oracle": OracleSJF, "oracle+tier": oracle_with_tier}
+"""The columns no deployable policy runs: they know each job's true duration."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,14 @@ SCENARIOS = (
         3.0,
         tuple((p, True) for p in (*COLUMNS, "oracle")),
         fit=True,
+    ),
+    Scenario(
+        "openb-x4",
+        "openb",
+        "openb_pod_list_default.csv",
+        "dgx-h100-mig:64",
+        4.0,
+        tuple((p, True) for p in (*COLUMNS, "oracle", "oracle+tier")),
     ),
     Scenario(
         "openb-static",
@@ -216,7 +245,7 @@ class Task:
 
     scenario: str
     policy: str
-    """``fcfs``, ``slurm``, ``broker`` or ``oracle``."""
+    """``fcfs``, ``slurm``, ``broker`` or one of ``ORACLES``."""
     dynamic: bool
     params: tuple[tuple[str, float], ...] = ()
     half: bool = False
@@ -254,7 +283,9 @@ def execute(task: Task) -> Run:
     if task.half:
         trace = trace.head(split(trace))
     policy = (
-        OracleSJF() if task.policy == "oracle" else make_policy(task.policy, **dict(task.params))
+        ORACLES[task.policy]()
+        if task.policy in ORACLES
+        else make_policy(task.policy, **dict(task.params))
     )
     result = replay(
         trace,
@@ -441,7 +472,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         summaries = results[name]["summaries"]
         for s in summaries:
             series = results[name]["series"][s["policy"]]
-            dotted = s["policy"] == "oracle" or s["policy"].startswith("broker-fit")
+            dotted = s["policy"].startswith(("oracle", "broker-fit"))
             style = {"linestyle": ":"} if dotted else {}
             axes[0][col].plot(series["day"], series["queued"], label=s["policy"], **style)
             axes[1][col].plot(
@@ -530,13 +561,100 @@ def train_test_md(results: dict[str, dict[str, Any]], fits: dict[str, Fit]) -> s
     return "\n".join([*out, "", "Chosen:", "", *chosen])
 
 
+TARGET_SCENARIOS = ("openb", "openb-x4", "philly", "philly-640")
+"""The scenarios issue 13's targets are stated on (openb-static is the MIG comparison)."""
+
+
+def targets_md(results: dict[str, dict[str, Any]]) -> str:
+    """Issue 13's targets, met or not, per scenario, from this run's tables."""
+    names = [n for n in TARGET_SCENARIOS if n in results]
+    by = {n: {s["policy"]: s for s in results[n]["summaries"]} for n in names}
+
+    def ratio(n: str, of: str, to: str = "slurm") -> float:
+        return float(by[n][of]["mean_wait_s"] / by[n][to]["mean_wait_s"])
+
+    def row(label: str, cell: Callable[[dict[str, Any], str], tuple[bool, str]]) -> str:
+        cells = []
+        for n in names:
+            ok, text = cell(by[n], n)
+            cells.append(f"{'yes' if ok else 'no'}: {text}")
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def eta(b: dict[str, Any], key: str) -> float:
+        return float(b["broker"]["eta"]["all"][key])
+
+    out = [
+        "| target | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+        row(
+            "broker <= slurm", lambda b, n: (ratio(n, "broker") <= 1, f"{ratio(n, 'broker'):.2f}x")
+        ),
+        row(
+            "broker <= 0.7x fcfs",
+            lambda b, n: (ratio(n, "broker", "fcfs") <= 0.7, f"{ratio(n, 'broker', 'fcfs'):.2f}x"),
+        ),
+        row(
+            "Jain >= slurm's",
+            lambda b, n: (
+                b["broker"]["jain"] >= b["slurm"]["jain"],
+                f"{b['broker']['jain']:.3f} vs {b['slurm']['jain']:.3f}",
+            ),
+        ),
+        row(
+            "starved <= fcfs's",
+            lambda b, n: (
+                b["broker"]["starved"] <= b["fcfs"]["starved"],
+                f"{b['broker']['starved']:,} vs {b['fcfs']['starved']:,}",
+            ),
+        ),
+        row(
+            "utilization >= 90% while queued",
+            lambda b, n: (
+                b["broker"]["utilization_queued"] >= 0.9,
+                f"{100 * b['broker']['utilization_queued']:.1f}%",
+            ),
+        ),
+        row(
+            "ETA median relative error <= 0.3",
+            lambda b, n: (
+                eta(b, "median_rel_error") <= 0.3,
+                f"{eta(b, 'median_rel_error'):.3f}",
+            ),
+        ),
+        row(
+            "ETA 80% range covers 75-85%",
+            lambda b, n: (
+                0.75 <= eta(b, "coverage") <= 0.85,
+                f"{100 * eta(b, 'coverage'):.1f}%",
+            ),
+        ),
+    ]
+    ratios = sorted(ratio(n, "broker") for n in names)
+    k = len(ratios)
+    median = (ratios[(k - 1) // 2] + ratios[k // 2]) / 2
+    out += [
+        "",
+        f"Median scenario: broker {median:.2f}x slurm (target 0.85x: "
+        f"{'met' if median <= 0.85 else 'not met'}).",
+    ]
+    bounds = [
+        f"{n} {ratio(n, o):.2f}x slurm ({o}, {by[n][o]['starved']:,} starved)"
+        for n in names
+        for o in ("oracle", "oracle+tier")
+        if o in by[n]
+    ]
+    if bounds:
+        out.append(f"Oracle bounds (true durations, same backfill): {'; '.join(bounds)}.")
+    return "\n".join(out)
+
+
 def _cell(v: Any, kind: str) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
     return {"n": f"{v:,}", "f": f"{v:.3f}", "%": f"{100 * v:.1f}%", "s": f"{v:,.0f} s"}[kind]
 
 
-SECTIONS = ("results", "eta", "train-test")
+SECTIONS = ("results", "eta", "train-test", "targets")
 """The generated sections of benchmarks/README.md."""
 
 
@@ -624,6 +742,7 @@ def main() -> None:
         "results": results_md(results),
         "eta": eta_md(results),
         "train-test": train_test_md(results, fits),
+        "targets": targets_md(results),
     }
     if args.readme:
         write_readme(readme, sections)

@@ -1,11 +1,12 @@
 """The fair-share ledger: who has used the machine lately, against their share of it.
 
 Each user and group (an *entity*) has a usage: the GPU-seconds of its leases, decayed
-with the policy's half-life, plus an entry penalty charged at each grant (as Kueue's
-admission fair sharing does, so a burst of requests cannot take every free device in
-one pass). Its fair-share factor is Slurm's classic ``F = 2^(-U/S)``, with ``U`` its
-usage over all entities' of its kind and ``S`` its share over theirs. The policy orders
-by ``F_user * F_group`` and preemption takes from the lowest: one definition for both.
+with the policy's half-life, plus, for a user, an entry penalty charged at each grant
+(as Kueue's admission fair sharing does, so a burst of one user's requests cannot take
+every free device in one pass; not to the group, whose other members made no burst).
+Its fair-share factor is Slurm's classic ``F = 2^(-U/S)``, with ``U`` its usage over
+all entities' of its kind and ``S`` its share over theirs. The policy orders by
+``F_user * F_group`` and preemption takes from the lowest: one definition for both.
 
 Usage accrues continuously; factors are computed as of the last :meth:`recalc` (the
 broker's ranking instant), so priorities stay fixed between recalculations.

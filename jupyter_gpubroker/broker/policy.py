@@ -30,9 +30,11 @@ implementations):
     window in force (interactive first by day); ``E`` is the request's expected
     GPU-hours from the median of its kind's past holds, the user's of its shape
     first (shortest expected service first, as Helios' QSSF). A grant charges
-    an entry penalty to the user's and group's usage at once (as Kueue's
-    admission fair sharing does), so a burst of requests cannot take every free
-    device in one pass.
+    an entry penalty (``entry_penalty_s`` of its GPU-equivalents) to the user's
+    usage at once (as Kueue's admission fair sharing does), so a burst of one
+    user's requests cannot take every free device in one pass. Only the user's:
+    the group's usage grows as the lease runs, and charging it at the grant
+    would also push back the user's groupmates, who made no burst.
 
     Waiting itself earns nothing until it threatens the bound ``max_wait_s``:
     past ``tier_fraction * max_wait_s`` a request jumps to a top tier served

@@ -118,10 +118,24 @@ def scored(calibration, starts_after_s, n=50, raw=(100.0, 200.0, 400.0)):
     return calibration.apply({"new": Eta(*(now + x for x in raw))}, now)["new"], now
 
 
-def test_a_range_that_the_starts_kept_missing_is_widened_until_it_covers():
+def test_a_range_that_the_starts_kept_missing_is_moved_to_where_they_started():
     eta, now = scored(Calibration(), 1000.0)  # all started far past the high end
     assert eta.median == now + 200  # the median is the predictor's
-    assert eta.high == pytest.approx(now + 1000) and eta.low < now + 100
+    assert eta.high == pytest.approx(now + 1000)
+    assert eta.low == eta.median  # nothing ever started earlier than predicted
+
+
+def test_the_range_spans_how_much_later_than_predicted_past_requests_started():
+    c, now = Calibration(), 0.0
+    for i in range(100):  # predicted to start in 940 s; started from 0.5x to 3x that
+        c.apply({f"r{i}": Eta(now + 440, now + 940, now + 1440)}, now)
+        c.left(f"r{i}", now + 440 + 25 * (37 * i % 100), started=True)  # in no order
+        now += 1.0
+    eta = c.apply({"new": Eta(now + 440, now + 940, now + 1440)}, now)["new"]
+    assert eta is not None and eta.median == now + 940
+    # about the 10th and 90th percentile of those starts, not the predictor's own range
+    # widened alike on both sides
+    assert 650 <= eta.low - now <= 800 and 2600 <= eta.high - now <= 2800
 
 
 def test_a_range_far_wider_than_the_starts_needed_is_narrowed():
@@ -142,6 +156,7 @@ def test_the_queue_shows_the_range_widened_by_past_starts(make_broker, clock):
     broker.predictor = Predictor(half_life=1e9)
     for _ in range(5):  # everyone's holds were 100 s, so the range is a point
         broker.predictor.learn("ann", "", "interactive", "gpu:1", 100.0)
+    broker.predictor.learn = lambda *hold: None  # and the predictor learns nothing new
     holder = broker.submit("ann", Size(gpus=1))
     for _ in range(30):  # yet each request behind it started 900 s after its estimate
         waiting = broker.submit("bob", Size(gpus=1))
@@ -152,4 +167,5 @@ def test_the_queue_shows_the_range_widened_by_past_starts(make_broker, clock):
         holder = waiting
     broker.submit("cy", Size(gpus=1))
     (entry,) = broker.queue()
+    assert entry.eta.median - clock.now() == pytest.approx(100)  # the predictor's
     assert entry.eta.high - clock.now() == pytest.approx(900)  # what the past showed
