@@ -197,6 +197,7 @@ async def report_server_activity(
     not; the hub renews it too, and stops the server once the lease ends. Ends when the
     lease does (404, 409) or the broker refuses this server's credential."""
     log, since = kernels.log, kernels.clock.now()
+    log.info("GPU broker: reporting this server's kernel activity with lease %s", lease_id)
     while True:
         state = kernels.server_state(since)
         since = state.last_activity

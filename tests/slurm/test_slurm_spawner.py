@@ -61,8 +61,9 @@ def hub(
         extra_config=config(home),
         inventory_source="slurm",
         engine_grace=20,
-        # batch servers (the idle test's) are warned after 20 s idle, stopped 10 s later
-        idle_timeout_by_class={"batch": 20},
+        # GPU servers are warned after 20 s idle, stopped 10 s later (the example's 1 h
+        # server timeout would otherwise apply)
+        server_idle_timeout=20,
         user_groups={"ann": ["lab"]},
         grace=10,
         sample_interval=1,
