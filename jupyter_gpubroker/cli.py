@@ -48,8 +48,17 @@ STOP_GRACE_S = 5.0
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["service"]:  # its options are traitlets' (--GPUBroker.x=...), not ours
-        from hub_spawner.service import main as service_main
-
+        try:
+            from hub_spawner.service import main as service_main
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] not in ("jupyterhub", "jinja2"):
+                raise
+            print(
+                "jupyter gpubroker service runs under JupyterHub, which is not installed: "
+                "pip install 'jupyter-gpubroker[hub]'",
+                file=sys.stderr,
+            )
+            return 2
         return service_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
