@@ -77,8 +77,9 @@ class Budgets:
         self.store = store
         self._quotas: dict[Entity, Quota] = {}
         self._held_eq: dict[Entity, float] = defaultdict(float)
-        self._leases: dict[str, Lease] = {}
-        """Active leases, in grant order: their running GPU-hours count in budgets."""
+        self._leases: dict[Entity, dict[str, Lease]] = defaultdict(dict)
+        """Each entity's active leases, in grant order: their running GPU-hours count in
+        its budget (per entity, so a budget check costs its own leases, not the cluster's)."""
         # (period index, closed GPU-hours) per entity
         self._budget_used: dict[Entity, tuple[int, float]] = {}
 
@@ -121,15 +122,18 @@ class Budgets:
 
     def hold(self, lease: Lease) -> None:
         """A lease starts: its GPU-equivalents and running hours count from now on."""
-        self._leases[lease.id] = lease
         for entity in entities(lease.user, lease.group):
+            self._leases[entity][lease.id] = lease
             self._held_eq[entity] += lease.gpu_equivalents
 
     def end(self, lease: Lease, now: float) -> None:
         """A lease ends: its hours close into the current period's budget."""
-        del self._leases[lease.id]
         hours = lease.gpu_equivalents * (now - lease.granted_at) / 3600.0
         for entity in entities(lease.user, lease.group):
+            held = self._leases[entity]
+            del held[lease.id]
+            if not held:
+                del self._leases[entity]
             self._held_eq[entity] -= lease.gpu_equivalents
             self._add_budget(entity, hours, now)
 
@@ -153,6 +157,8 @@ class Budgets:
     def blocks(self, r: Request, eq: float, now: float) -> bool:
         """Would granting ``r`` ``eq`` GPU-equivalents now break its user's or group's
         quota?"""
+        if not self._quotas:
+            return False
         for entity in entities(r.user, r.group):
             q = self._quotas.get(entity)
             if q is None:
@@ -175,9 +181,8 @@ class Budgets:
         start = period * q.period_s
         idx, closed = self._budget_used.get(entity, (period, 0.0))
         spent = closed if idx == period else 0.0
-        for lease in self._leases.values():
-            if entity in entities(lease.user, lease.group):
-                spent += lease.gpu_equivalents * (now - max(lease.granted_at, start)) / 3600.0
+        for lease in self._leases.get(entity, {}).values():
+            spent += lease.gpu_equivalents * (now - max(lease.granted_at, start)) / 3600.0
         return spent
 
     def _closed_budget(self, entity: Entity, q: Quota, now: float) -> tuple[int, float] | None:

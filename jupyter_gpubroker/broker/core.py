@@ -228,6 +228,8 @@ class Broker:
         """Submit time of the oldest waiting request at the last ranking."""
         """The instant priorities are evaluated at (the last fair-share recalculation)."""
         self._recalc_due = True
+        self._ranker = self.policy.ranker(self, self._ranked_at)
+        """The policy's priority as of the last ranking (``Policy.ranker``)."""
         self._gpu_eq_of_size: dict[str, float] = {}
         self.predictor = Predictor()
         """Hold times of ended leases: expected durations and start estimates."""
@@ -594,7 +596,7 @@ class Broker:
                         break
                     if blocked is None:
                         blocked = r  # nothing of this size fits at all: drop the size
-                    elif reservation is not None:
+                    elif reservation is not None and self._may_backfill(r.size, reservation, now):
                         advance(k)  # a shorter request of this size may still backfill
                     continue
                 try:
@@ -699,7 +701,7 @@ class Broker:
                 log.exception("event listener failed on %s", event.kind)
 
     def _rank(self, r: Request) -> float:
-        return self.policy.priority(r, self, self._ranked_at)
+        return self._ranker(r)
 
     def _enqueue(self, r: Request) -> None:
         self._live[r.id] = r
@@ -799,6 +801,16 @@ class Broker:
         if r.size.profile and self.config.dynamic_mig:
             return self.placer.plan_mig(r.size.profile, reserved)
         return None
+
+    def _may_backfill(self, size: Size, reservation: _Reservation, now: float) -> bool:
+        """Could a waiting request of ``size`` still backfill: is a device outside the
+        reservation free for it, and could one of them end before the reservation
+        starts? If not, the pass drops the size instead of examining each of its
+        requests in turn (at cluster scale, hundreds in every pass)."""
+        if self.placer.find(size, self.policy.placement) is None:
+            return False
+        unstated = min(self.predictor.shortest, *self.config.default_duration_s.values())
+        return now + self._waiting.shortest(size.key, unstated) <= reservation.start
 
     def _reserve(self, r: Request, now: float) -> _Reservation | None:
         """When and where the top blocked request will start, from leases' expected
@@ -998,6 +1010,7 @@ class Broker:
         self.ledger.recalc(now)
         self._ranked_at, self._recalc_due = now, False
         self._oldest_waiting = self._waiting.oldest_submitted_at()
+        self._ranker = self.policy.ranker(self, now)
         self._waiting.rerank_all()
 
     # -- restart

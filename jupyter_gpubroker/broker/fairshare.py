@@ -58,13 +58,23 @@ class FairShareLedger:
         self._totals: dict[str, float] = {"user": 0.0, "group": 0.0}
         self._share_totals: dict[str, float] = {"user": 0.0, "group": 0.0}
         self._fs_cache: dict[Entity, float] = {}
+        self._pairs: dict[tuple[str, str], float] = {}
+        """``fairshare`` per (user, group), kept while both factors are: the policy asks
+        it of every queued bucket at each recalculation."""
+        self._pairs_of: dict[Entity, set[tuple[str, str]]] = {}
 
     # -- what the policy and preemption read
 
     def fairshare(self, user: str, group: str) -> float:
         """``F_user * F_group`` in (0, 1]: what the policy orders by."""
-        f = self.factor(("user", user))
-        return f * self.factor(("group", group)) if group else f
+        pair = (user, group)
+        f = self._pairs.get(pair)
+        if f is None:
+            f = self.factor(("user", user))
+            f = self._pairs[pair] = f * self.factor(("group", group)) if group else f
+            for entity in entities(user, group):
+                self._pairs_of.setdefault(entity, set()).add(pair)
+        return f
 
     def factor(self, entity: Entity) -> float:
         """Slurm's classic fair-share factor ``2^(-U/S)`` for one entity."""
@@ -140,6 +150,8 @@ class FairShareLedger:
             shares[entity[0]] += self.share(entity)
         self._totals, self._share_totals = totals, shares
         self._fs_cache.clear()
+        self._pairs.clear()
+        self._pairs_of.clear()
 
     # -- internals
 
@@ -155,6 +167,8 @@ class FairShareLedger:
             self._decayed(entity, now)[0] += gpu_seconds
             self._totals[entity[0]] += gpu_seconds
             self._fs_cache.pop(entity, None)
+            for pair in self._pairs_of.pop(entity, ()):
+                self._pairs.pop(pair, None)
 
     def _add_accruing(self, lease: Lease, sign: float) -> None:
         """Count a lease in (``sign`` 1) or out of (-1) its entities' accrual sums."""

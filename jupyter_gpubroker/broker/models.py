@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from functools import cached_property
 from typing import Any, Literal
 
 from .errors import InvalidRequest, UnknownProfile
@@ -222,7 +223,7 @@ class Size:
                     f"not {m!r}"
                 )
 
-    @property
+    @cached_property
     def key(self) -> str:
         """A short stable text form, also the queue's shape key: ``gpus=2``,
         ``profile=1g.10gb`` or ``min_memory_gb=20``."""

@@ -183,7 +183,7 @@ class Placer:
             self.held.add(u)
             if until is not None:
                 self.until[u] = until
-            self._refresh_gpu(d.gpu_uuid)
+            self._refresh_gpu(d)
 
     def ended(self, uuids: Iterable[str]) -> None:
         """Their lease ended: idle for reservations from now, freed or still vacating."""
@@ -201,7 +201,7 @@ class Placer:
             if not self.is_drained(d):
                 self.free[device_class(d)].add(u)
             self.busy_slices[d.gpu_uuid] -= d.compute_slices
-            self._refresh_gpu(d.gpu_uuid)
+            self._refresh_gpu(d)
 
     def drain(self, uuid: str) -> None:
         """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
@@ -237,10 +237,13 @@ class Placer:
             self._gpu_eq = sum(d.gpu_equivalents for d in self.devices.values())
         return self._gpu_eq
 
-    def _refresh_gpu(self, gpu_uuid: str) -> None:
-        """Its busy count changed: file its devices again (best fit packs by it)."""
-        for d in self._on_gpu[gpu_uuid].values():
-            self._refresh(d)
+    def _refresh_gpu(self, changed: Device) -> None:
+        """``changed`` was held or released, so its GPU's busy count changed: file it
+        again, and the GPU's free devices (best fit packs by that count; nothing of a
+        held or drained one depends on it)."""
+        for d in self._on_gpu[changed.gpu_uuid].values():
+            if d.uuid == changed.uuid or d.uuid in self.free[device_class(d)]:
+                self._refresh(d)
 
     def _refresh(self, d: Device) -> None:
         """File ``d`` in every index as its state now is (gone when not in ``devices``)."""

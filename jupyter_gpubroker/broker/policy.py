@@ -52,6 +52,7 @@ implementations):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Protocol
@@ -185,6 +186,12 @@ class Policy:
     def priority(self, r: Request, ctx: Context, now: float) -> float:
         raise NotImplementedError
 
+    def ranker(self, ctx: Context, now: float) -> Callable[[Request], float]:
+        """``priority`` at ``now`` as a function of the request alone. The broker ranks
+        with one ranker from one recalculation to the next (priorities are fixed
+        between them), so a policy may compute what all requests share only once."""
+        return lambda r: self.priority(r, ctx, now)
+
 
 @dataclass
 class FcfsPolicy(Policy):
@@ -266,18 +273,36 @@ class BrokerPolicy(Policy):
         return self._window_cache[1]
 
     def priority(self, r: Request, ctx: Context, now: float) -> float:
-        age = max(now - r.submitted_at, 0.0)
-        p = (
-            self.class_weights(now).get(r.job_class.value, 0.0)
-            + self.weight_fairshare * ctx.fairshare(r.user, r.group)
-            + self.weight_service / (1.0 + ctx.expected_gpu_hours(r) / self.reference_gpu_hours)
+        return self.ranker(ctx, now)(r)
+
+    def ranker(self, ctx: Context, now: float) -> Callable[[Request], float]:
+        weights = self.class_weights(now)
+        w_fairshare, w_service, ref = (
+            self.weight_fairshare,
+            self.weight_service,
+            self.reference_gpu_hours,
         )
-        if self.max_wait_s is None:
-            return p + self.weight_age_per_hour * age / 3600.0
-        oldest = ctx.oldest_submitted_at()
-        if oldest is not None and now - oldest >= self.max_wait_s:
-            return p  # the bound is broken: oldest-first now would make every request late
-        return p + tier_bonus(age, self.tier_fraction * self.max_wait_s)
+        fairshare, expected = ctx.fairshare, ctx.expected_gpu_hours
+        w_age = self.weight_age_per_hour
+        tier: float | None = None
+        if self.max_wait_s is not None:
+            oldest = ctx.oldest_submitted_at()
+            # While the bound is broken, oldest-first would make every request late.
+            broken = oldest is not None and now - oldest >= self.max_wait_s
+            tier = None if broken else self.tier_fraction * self.max_wait_s
+
+        def rank(r: Request) -> float:
+            age = max(now - r.submitted_at, 0.0)
+            p = (
+                weights.get(r.job_class.value, 0.0)
+                + w_fairshare * fairshare(r.user, r.group)
+                + w_service / (1.0 + expected(r) / ref)
+            )
+            if self.max_wait_s is None:
+                return p + w_age * age / 3600.0
+            return p if tier is None else p + tier_bonus(age, tier)
+
+        return rank
 
 
 POLICIES: dict[str, type[Policy]] = {

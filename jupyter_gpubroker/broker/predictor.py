@@ -20,6 +20,7 @@ unlikely to end in 2 s. When no hold was ever that long, its end is unknown
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -64,6 +65,8 @@ class _History:
     cum: list[float] | None = None
     whole: tuple[float, float, float] | None = None
     """The quantiles of all of them (a new request's hold), kept: the policy asks often."""
+    estimate: Estimate | None = None
+    """``whole`` as the estimate of a new request's hold from this history."""
 
 
 class Predictor:
@@ -86,6 +89,13 @@ class Predictor:
         self._weights = [2.0 ** (-i / half_life) for i in range(max_samples)]
         """Weight of the i-th newest sample."""
         self._history: dict[Key, _History] = {}
+        self.shortest = math.inf
+        """The shortest hold ever learnt: every estimate is one of the holds learnt, so
+        none is shorter."""
+        self._holds: dict[Key, Estimate | None] = {}
+        """``hold`` answers by query: the policy ranks every queued bucket with them."""
+        self._readers: dict[Key, set[Key]] = {}
+        """History key -> the queries whose kept answer read it (forgotten when it learns)."""
 
     @staticmethod
     def keys(user: str, group: str, job_class: str, shape: str) -> list[tuple[str, Key]]:
@@ -99,25 +109,44 @@ class Predictor:
 
     def learn(self, user: str, group: str, job_class: str, shape: str, held_s: float) -> None:
         """Record one ended hold (seconds) under every key it belongs to."""
+        self.shortest = min(self.shortest, held_s)
         for _, key in self.keys(user, group, job_class, shape):
             h = self._history.get(key)
             if h is None:
                 h = self._history[key] = _History(deque(maxlen=self.max_samples))
             h.held.append(held_s)
-            h.values = h.cum = h.whole = None
+            h.values = h.cum = h.whole = h.estimate = None
+            for query in self._readers.pop(key, ()):
+                self._holds.pop(query, None)
 
     def hold(self, user: str, group: str, job_class: str, shape: str) -> Estimate | None:
         """How long a new request of this user, group, class and shape will hold its
         grant; None without any history of its class."""
-        return self.remaining(user, group, job_class, shape, 0.0)
+        query = (user, group, job_class, shape)
+        if query in self._holds:
+            return self._holds[query]
+        found, read = self._estimate(user, group, job_class, shape, 0.0)
+        self._holds[query] = found
+        for key in read:
+            self._readers.setdefault(key, set()).add(query)
+        return found
 
     def remaining(
         self, user: str, group: str, job_class: str, shape: str, elapsed: float
     ) -> Estimate | None:
         """How much longer a lease held for ``elapsed`` seconds will run, from the holds
         that lasted longer than that; None when none did (its end is unknown)."""
+        return self._estimate(user, group, job_class, shape, elapsed)[0]
+
+    def _estimate(
+        self, user: str, group: str, job_class: str, shape: str, elapsed: float
+    ) -> tuple[Estimate | None, list[Key]]:
+        """``remaining``'s answer and the history keys it read (finest first, up to the
+        first with enough samples): a change to any of them may change the answer."""
         best: tuple[Estimate, int] | None = None
+        read: list[Key] = []
         for basis, key in self.keys(user, group, job_class, shape):
+            read.append(key)
             h = self._history.get(key)
             if h is None:
                 continue
@@ -126,11 +155,16 @@ class Predictor:
             if n == 0:
                 continue
             if best is None or (best[1] < self.min_samples <= n):
-                low, median, high = self._quantiles(h, first, elapsed)
-                best = (Estimate(low, median, high, n, basis), n)
+                if first == 0 and elapsed == 0:
+                    if h.estimate is None or h.estimate.basis != basis:  # "" shape: 2 bases
+                        h.estimate = Estimate(*self._quantiles(h, 0, 0.0), n, basis)
+                    best = (h.estimate, n)
+                else:
+                    low, median, high = self._quantiles(h, first, elapsed)
+                    best = (Estimate(low, median, high, n, basis), n)
             if n >= self.min_samples:
                 break
-        return best[0] if best else None
+        return (best[0] if best else None), read
 
     def _sorted(self, h: _History) -> tuple[list[float], list[float]]:
         if h.values is None or h.cum is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Generator, Iterator
 
@@ -24,6 +25,8 @@ from .models import Request, Size
 
 BucketKey = tuple[str, str, str, str]
 """(size key, user, group, job class)."""
+Entry = tuple[float, float, int, int, int, BucketKey]
+"""(-priority, head's submit time, head's arrival rank, version, user epoch, bucket)."""
 
 
 def bucket_key(r: Request) -> BucketKey:
@@ -34,9 +37,7 @@ class WaitQueue:
     def __init__(self, rank: Callable[[Request], float]) -> None:
         self._rank = rank
         self._buckets: dict[BucketKey, deque[Request]] = {}
-        self._heaps: dict[str, list[tuple[float, float, int, int, int, BucketKey]]] = defaultdict(
-            list
-        )
+        self._heaps: dict[str, list[Entry]] = defaultdict(list)
         self._order: dict[str, int] = {}
         self._arrivals = itertools.count()
         self._version: dict[BucketKey, int] = {}
@@ -45,6 +46,11 @@ class WaitQueue:
         """Size key -> size, for every size that has waiting requests."""
         self._buckets_of_size: dict[str, int] = defaultdict(int)
         self._tick = itertools.count()
+        self._stated: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+        """Size key -> (stated duration, arrival rank, id) of its requests that state one,
+        a heap; entries of requests no longer waiting are dropped as they come up."""
+        self._unstated: dict[str, int] = defaultdict(int)
+        """Size key -> how many of its waiting requests state no duration."""
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
@@ -70,12 +76,18 @@ class WaitQueue:
         bucket.append(r)
         if len(bucket) == 1:
             self._push(key)
+        if r.expected_duration_s:
+            heapq.heappush(self._stated[key[0]], (r.expected_duration_s, self._order[r.id], r.id))
+        else:
+            self._unstated[key[0]] += 1
 
     def remove(self, r: Request) -> None:
         key = bucket_key(r)
         bucket = self._buckets[key]
         was_head = bucket[0] is r
         del self._order[r.id]
+        if not r.expected_duration_s:
+            self._unstated[key[0]] -= 1
         if was_head:
             bucket.popleft()
         else:
@@ -89,8 +101,21 @@ class WaitQueue:
                     self._buckets_of_size[r.size.key],
                     self._heaps[r.size.key],
                 )
+                self._stated.pop(r.size.key, None)
+                self._unstated.pop(r.size.key, None)
         elif was_head:
             self._push(key)
+
+    def shortest(self, size_key: str, unstated: float) -> float:
+        """A lower bound on how long any waiting request of this size will hold: the
+        shortest stated duration, or ``unstated`` (the shortest any estimate can be)
+        while some state none. A pass stops looking for backfill of a size that cannot
+        end before the reservation starts."""
+        heap = self._stated.get(size_key, [])
+        while heap and self._order.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)  # no longer waiting
+        stated = heap[0][0] if heap else math.inf
+        return min(stated, unstated) if self._unstated.get(size_key) else stated
 
     def oldest_submitted_at(self) -> float | None:
         """The oldest waiting request's submit time (each bucket's head is its oldest)."""
@@ -101,16 +126,19 @@ class WaitQueue:
         self._user_epoch[user] += 1
 
     def rerank_all(self) -> None:
-        """Rank every bucket again (after a fair-share recalculation)."""
+        """Rank every bucket again (after a fair-share recalculation): one heapify per
+        size, not a push per bucket."""
         self._heaps.clear()
         for key in self._buckets:
-            self._push(key)
+            self._heaps[key[0]].append(self._entry(key))
+        for heap in self._heaps.values():
+            heapq.heapify(heap)
 
     def walk(self, size_key: str) -> Generator[tuple[float, Request], None, None]:
         """The heads of one size's buckets, best first. Granting a yielded head
         (``remove``) ranks that bucket's next request into the walk."""
         heap = self._heaps[size_key]
-        seen: list[tuple[float, float, int, int, int, BucketKey]] = []
+        seen: list[Entry] = []
         try:
             while heap:
                 entry = heapq.heappop(heap)
@@ -128,10 +156,14 @@ class WaitQueue:
                     heapq.heappush(heap, entry)
 
     def _push(self, key: BucketKey) -> None:
+        heapq.heappush(self._heaps[key[0]], self._entry(key))
+
+    def _entry(self, key: BucketKey) -> Entry:
+        """The bucket's heap entry, ranked now; older entries of it go stale."""
         head = self._buckets[key][0]
         version = next(self._tick)
         self._version[key] = version
-        entry = (
+        return (
             -self._rank(head),
             head.submitted_at,
             self._order[head.id],
@@ -139,4 +171,3 @@ class WaitQueue:
             self._user_epoch[key[1]],
             key,
         )
-        heapq.heappush(self._heaps[key[0]], entry)

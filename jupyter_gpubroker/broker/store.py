@@ -169,6 +169,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX alerts_ended ON alerts(ended);
     """,
+    # 8: a release deletes its lease's allocations by lease, not by a scan of them all
+    """
+    CREATE INDEX allocations_lease ON allocations(lease_id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

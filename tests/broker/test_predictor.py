@@ -73,3 +73,19 @@ def test_bad_parameters_are_refused():
         Predictor(max_samples=0)
     with pytest.raises(ValueError, match="quantiles must rise"):
         Predictor(quantiles=(0.9, 0.5, 0.1))
+
+
+def test_a_kept_answer_changes_when_a_history_it_read_learns():
+    """``hold`` keeps its answers (the policy asks for every queued bucket); one that
+    fell back to the class's history must follow that history, whoever taught it."""
+    p = Predictor(min_samples=3)
+    for _ in range(3):
+        p.learn("bob", "", "batch", "gpu:1", 100.0)
+    assert p.hold("ann", "", "batch", "gpu:1").median == 100  # type: ignore[union-attr]
+    for _ in range(5):
+        p.learn("cat", "", "batch", "gpu:1", 9000.0)  # only the class history is shared
+    assert p.hold("ann", "", "batch", "gpu:1").median == 9000  # type: ignore[union-attr]
+    for _ in range(3):
+        p.learn("ann", "", "batch", "gpu:1", 7.0)
+    assert p.hold("ann", "", "batch", "gpu:1").median == 7  # type: ignore[union-attr]
+    assert p.shortest == 7

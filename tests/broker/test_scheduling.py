@@ -130,3 +130,19 @@ def test_age_weight_alone_eventually_wins(make_broker, clock):
     policy = BrokerPolicy(weight_age_per_hour=300, max_wait_s=None)
     hog, rounds = starve_scenario(make_broker, clock, policy)
     assert hog.state is RequestState.GRANTED and rounds * 600 < 6 * HOUR
+
+
+def test_requests_that_cannot_fit_at_all_do_not_use_up_the_backfill_depth(make_broker, clock):
+    """A pass examines at most ``backfill_depth`` blocked candidates. A size with no
+    room anywhere (2 GPUs while one is free) is dropped at its first candidate, so a
+    request that fits further down is still found."""
+    broker = make_broker(whole_inventory(4), policy=SlurmPolicy(backfill_depth=3))
+    for user, hours in (("a", 1), ("b", 4), ("c", 4)):
+        broker.submit(user, Size(gpus=1), expected_duration_s=hours * HOUR)
+    clock.advance(60)
+    big = broker.submit("bigjob", Size(gpus=3), expected_duration_s=8 * HOUR)
+    pairs = [broker.submit(f"p{i}", Size(gpus=2), expected_duration_s=HOUR) for i in range(5)]
+    one = broker.submit("dave", Size(gpus=1), expected_duration_s=2 * HOUR)
+    assert [e.request.id for e in broker.queue()][:2] == [big.id, pairs[0].id]
+    assert one.state is RequestState.GRANTED, "the GPU the 3-GPU start does not need"
+    assert big.state is RequestState.QUEUED

@@ -261,3 +261,13 @@ def test_a_change_the_file_refuses_leaves_the_broker_as_it_was(
     monkeypatch.undo()
     assert broker.release(lease.id).state is LeaseState.RELEASED  # and works once it can
     assert broker.request(queued.id).state is RequestState.GRANTED
+
+
+def test_a_release_finds_its_allocations_by_index_not_by_a_scan(state_file):
+    """On a cluster the allocations table holds every held device: ending one lease must
+    not read them all (``end_lease`` runs at every release)."""
+    store = Store(state_file)
+    plan = store.conn.execute(
+        "EXPLAIN QUERY PLAN DELETE FROM allocations WHERE lease_id=?", ("l-1",)
+    ).fetchall()
+    assert any("INDEX allocations_lease" in row[-1] for row in plan), plan
