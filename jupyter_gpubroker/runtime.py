@@ -597,7 +597,10 @@ class GPUBroker(LoggingConfigurable):
 
     def _apply_view(self, view: ClusterView) -> None:
         assert self.engine is not None
-        apply_view(self.core, view)
+        added = apply_view(self.core, view)
+        for node in sorted({d.node for d in added}):
+            count = sum(d.node == node for d in added)
+            self.log.info("GPU broker: %d devices on %s joined the inventory", count, node)
         engine = self.engine.name.capitalize()
         for lease_id in release_ended(self.core, view, self.engine_grace, engine):
             self.log.info("GPU broker: lease %s released: its %s job ended", lease_id, engine)

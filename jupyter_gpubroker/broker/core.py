@@ -46,6 +46,7 @@ from .eta import Calibration, Eta, predicted_starts
 from .fairshare import Entity, FairShareLedger
 from .models import (
     Device,
+    Gpu,
     Inventory,
     JobClass,
     Lease,
@@ -487,6 +488,24 @@ class Broker:
         self._drain_cause[uuid] = cause
         self.placer.drain(uuid)
         self._device_event("drained", uuid, now, reason)
+
+    def add_devices(self, gpus: Iterable[Gpu], devices: Iterable[Device]) -> list[Device]:
+        """Place on devices that joined the inventory (a node added to the engine's
+        cluster, more gres on a node) from this pass on; known UUIDs are left as they
+        are. The devices added."""
+        added = [d for d in devices if d.uuid not in self.placer.devices]
+        if not added:
+            return []
+        for g in gpus:
+            self.placer.gpus.setdefault(g.uuid, g)
+        for d in added:
+            self.placer.add(d)
+        self.inventory = Inventory(
+            tuple(self.placer.gpus.values()), tuple(self.placer.devices.values())
+        )
+        self._gpu_eq_of_size.clear()  # the smallest device that fits a memory size
+        self.schedule()
+        return added
 
     def undrain(self, uuid: str, reason: str) -> None:
         """Grant on a drained GPU or device again, and run a scheduling pass."""

@@ -102,11 +102,13 @@ class NoReadings:
         return []
 
 
-def apply_view(broker: Broker, view: ClusterView) -> None:
-    """Drain in ``broker`` what ``view`` says the engine holds back, and lift the
-    engine's drains it no longer holds. Idempotent: a view applied twice changes
-    nothing the second time. An admin's or health's own drain is left alone."""
+def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
+    """Add to ``broker`` the devices ``view`` has that it lacks (a node that joined),
+    drain what the engine holds back, and lift the engine's drains it no longer holds.
+    Idempotent: a view applied twice changes nothing the second time. An admin's or
+    health's own drain is left alone. The devices added."""
     placer = broker.placer
+    added = broker.add_devices(view.inventory.gpus, view.inventory.devices)
     wanted: dict[str, str] = {}
     known = {d.node for d in placer.devices.values()}
     seen = {d.node for d in view.inventory.devices}
@@ -141,6 +143,7 @@ def apply_view(broker: Broker, view: ClusterView) -> None:
             broker.drain(uuid, reason, cause=ENGINE)
     for uuid in engine_drained - wanted.keys():
         broker.undrain(uuid, "the engine freed it")
+    return added
 
 
 def release_ended(

@@ -139,3 +139,27 @@ def test_a_lease_the_engine_no_longer_runs_is_released_after_the_grace(
     ended = broker.request(gone.id)
     assert ended.state.value == "released" and ended.reason == "its Slurm job ended"
     assert broker.request(held.id).state.value == "granted"
+
+
+def test_a_node_that_joins_the_cluster_is_placed_on_at_the_next_view(
+    make_broker: MakeBroker,
+) -> None:
+    """An admin adds a node to Slurm (or Kubernetes): the broker's next reading of the
+    engine places the queue's requests there, without a restart."""
+    broker = make_broker(two_nodes())
+    broker.submit("ann", Size(gpus=4))  # node-a
+    broker.submit("bob", Size(gpus=2))  # node-b's two whole GPUs
+    cat = broker.submit("cat", Size(gpus=2))
+    dan = broker.submit("dan", Size(gpus=1))
+    queued = [e.request for e in broker.queue()]
+    assert {r.id for r in queued} == {cat.id, dan.id}, "no whole GPU left"
+    bigger = on_nodes(
+        {"node-a": [None] * 4, "node-b": [None, None, ["1g.10gb"] * 7], "node-c": [None] * 4}
+    )
+    added = apply_view(broker, ClusterView(bigger))
+    assert {d.node for d in added} == {"node-c"} and len(added) == 4
+    for r in queued:
+        lease = broker.lease(broker.request(r.id).lease_id or "")
+        assert nodes_of(broker, lease) == {"node-c"}
+    assert apply_view(broker, ClusterView(bigger)) == [], "a view applied twice adds nothing"
+    assert len(broker.inventory.gpus) == 4 + 3 + 4
