@@ -185,6 +185,12 @@ class Policy:
     def priority(self, r: Request, ctx: Context, now: float) -> float:
         raise NotImplementedError
 
+    def promotion(self, r: Request, ctx: Context, now: float) -> tuple[float, float] | None:
+        """When the waiting ``r`` will jump to a higher tier, and the priority it will
+        then have (comparable with priorities at ``now``); None when it will not. Only
+        the start estimates ask (a request that will enter the tier passes others)."""
+        return None
+
 
 @dataclass
 class FcfsPolicy(Policy):
@@ -278,6 +284,15 @@ class BrokerPolicy(Policy):
         if oldest is not None and now - oldest >= self.max_wait_s:
             return p  # the bound is broken: oldest-first now would make every request late
         return p + tier_bonus(age, self.tier_fraction * self.max_wait_s)
+
+    def promotion(self, r: Request, ctx: Context, now: float) -> tuple[float, float] | None:
+        if self.max_wait_s is None:
+            return None
+        oldest, start = ctx.oldest_submitted_at(), self.tier_fraction * self.max_wait_s
+        age = max(now - r.submitted_at, 0.0)
+        if (oldest is not None and now - oldest >= self.max_wait_s) or age >= start:
+            return None  # no tier (the bound is broken), or already in it
+        return r.submitted_at + start, self.priority(r, ctx, now) + STARVING_TIER + age
 
 
 POLICIES: dict[str, type[Policy]] = {
