@@ -244,3 +244,21 @@ def test_a_request_that_will_reach_the_oldest_first_tier_is_expected_first(make_
     broker.release(broker.request(ann.id).lease_id)
     assert broker.request(bob.id).lease_id is not None  # as the estimate said
     assert broker.request(cy.id).lease_id is None
+
+
+def test_requests_still_waiting_past_their_range_widen_the_next_before_they_start():
+    def calibrated():
+        calibration, now = Calibration(), 0.0
+        for i in range(200):  # started 50 to 540 s after a 200 s median
+            calibration.apply({f"r{i}": Eta(now + 100, now + 200, now + 400)}, now)
+            calibration.left(f"r{i}", now + 50 + 10 * (i % 50), started=True)
+            now += 1.0
+        return calibration, now
+
+    waited, now = calibrated()
+    plain, _ = calibrated()
+    shown = waited.apply({f"late{i}": Eta(now + 100, now + 200, now + 400) for i in range(20)}, now)
+    then = max(eta.high for eta in shown.values()) + 1  # none of the 20 has started by then
+    new = {"new": Eta(then + 100, then + 200, then + 400)}
+    wide, narrow = waited.apply(new, then)["new"], plain.apply(new, then)["new"]
+    assert wide.high - wide.low > narrow.high - narrow.low  # 20 misses, known before any start
