@@ -192,6 +192,12 @@ class Policy:
         between them), so a policy may compute what all requests share only once."""
         return lambda r: self.priority(r, ctx, now)
 
+    def promotion(self, r: Request, ctx: Context, now: float) -> tuple[float, float] | None:
+        """When the waiting ``r`` will jump to a higher tier, and what that will add to
+        its priority at ``now``; None when it will not. Only the start estimates ask (a
+        request that will enter the tier passes others)."""
+        return None
+
 
 @dataclass
 class FcfsPolicy(Policy):
@@ -303,6 +309,15 @@ class BrokerPolicy(Policy):
             return p if tier is None else p + tier_bonus(age, tier)
 
         return rank
+
+    def promotion(self, r: Request, ctx: Context, now: float) -> tuple[float, float] | None:
+        if self.max_wait_s is None:
+            return None
+        oldest, start = ctx.oldest_submitted_at(), self.tier_fraction * self.max_wait_s
+        age = max(now - r.submitted_at, 0.0)
+        if (oldest is not None and now - oldest >= self.max_wait_s) or age >= start:
+            return None  # no tier (the bound is broken), or already in it
+        return r.submitted_at + start, STARVING_TIER + age
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -103,6 +103,7 @@ def replay(
     dynamic_mig: bool = True,
     eta_every_s: float | None = None,
     eta_at_submit: bool = True,
+    probe: EtaProbe | None = None,
 ) -> Replay:
     """Replay ``trace`` under ``policy`` (a name or a configured policy) on the
     simulated machine ``inventory``.
@@ -110,7 +111,8 @@ def replay(
     ``compress`` divides the gaps between submissions (durations are kept), so
     a trace that never queues on its own cluster loads a smaller one.
     ``eta_every_s`` (seconds) measures the start estimates (see :mod:`.accuracy`),
-    at each submission too unless ``eta_at_submit`` is false.
+    at each submission too unless ``eta_at_submit`` is false. ``probe`` is one built
+    by the caller instead (``benchmarks/eta_oracle.py`` asks estimators of its own).
     """
     if not compress > 0:
         raise ValueError(f"the time compression factor must be positive, not {compress}")
@@ -131,7 +133,8 @@ def replay(
             config=BrokerConfig(dynamic_mig=dynamic),
             partitioner=MigPartitioner(backend) if dynamic else None,
         )
-        probe = EtaProbe(eta_every_s, eta_at_submit) if eta_every_s is not None else None
+        if probe is None and eta_every_s is not None:
+            probe = EtaProbe(eta_every_s, eta_at_submit)
         run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe)
         run.play([(origin + (j.submit_s - origin) / compress, j) for j in trace.jobs])
     return Replay(

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from broker_helpers import FakePartitioner, make_inventory, whole_inventory
 
 from jupyter_gpubroker.broker.core import BrokerConfig
-from jupyter_gpubroker.broker.eta import Calibration, Eta, limit_starts, predicted_starts
+from jupyter_gpubroker.broker.eta import (
+    Calibration,
+    Eta,
+    continued,
+    limit_starts,
+    median,
+    predicted,
+    predicted_starts,
+)
 from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.broker.policy import BrokerPolicy
 from jupyter_gpubroker.broker.predictor import Predictor
 
 
@@ -169,3 +180,85 @@ def test_the_queue_shows_the_range_widened_by_past_starts(make_broker, clock):
     (entry,) = broker.queue()
     assert entry.eta.median - clock.now() == pytest.approx(100)  # the predictor's
     assert entry.eta.high - clock.now() == pytest.approx(900)  # what the past showed
+
+
+def learnt(broker, *holds):
+    """Five past holds of one GPU for each (user, class, seconds)."""
+    for user, job_class, held in holds:
+        for _ in range(5):
+            broker.predictor.learn(user, "", job_class, "gpu:1", held)
+
+
+def test_an_arrival_that_outranks_a_waiting_request_before_its_start_delays_it(make_broker, clock):
+    broker = make_broker(whole_inventory(1))
+    learnt(
+        broker,
+        ("ann", "interactive", 7200.0),
+        ("cy", "interactive", 600.0),
+        ("bob", "batch", 600.0),
+    )
+    broker.submit("ann", Size(gpus=1))
+    clock.advance(3700)  # ann's lease: 3,500 s more
+    cy = broker.submit("cy", Size(gpus=1))  # interactive, in working hours: ahead of batch
+    bob = broker.submit("bob", Size(gpus=1), job_class="batch")
+    now, queue = clock.now(), queue_of(broker)
+    etas = predicted_starts(broker, queue, broker.predictor, now)
+    first = {rid: eta.median for rid, eta in etas.items() if eta is not None}
+    assert first == {cy.id: now + 3500, bob.id: now + 4100}
+    ends, holds = predicted(broker, broker.predictor, now)
+    like_cy = [
+        replace(cy, id=f"next-{i}", submitted_at=now + at) for i, at in enumerate((60, 5000))
+    ]
+    starts = continued(
+        broker, queue, first, like_cy, lambda x: median(ends(x)), lambda r: median(holds(r)), now
+    )
+    # the one that comes while bob waits goes before him; the one after his start does not
+    assert starts == {cy.id: now + 3500, bob.id: now + 4700}
+
+
+def test_a_request_that_will_reach_the_oldest_first_tier_is_expected_first(make_broker, clock):
+    broker = make_broker(
+        whole_inventory(1),
+        policy=BrokerPolicy(max_wait_s=2400.0),  # the tier from 1,800 s of waiting
+        config=BrokerConfig(request_ttl_s=3600.0),  # the requests wait past the default
+    )
+    learnt(
+        broker,
+        ("ann", "interactive", 2000.0),
+        ("bob", "batch", 600.0),
+        ("cy", "interactive", 300.0),
+    )
+    ann = broker.submit("ann", Size(gpus=1))
+    t0 = clock.now()
+    clock.advance(10)
+    bob = broker.submit("bob", Size(gpus=1), job_class="batch")
+    clock.advance(690)
+    cy = broker.submit("cy", Size(gpus=1))  # interactive: ahead of bob now
+    entries = broker.queue()
+    assert [e.request.id for e in entries] == [cy.id, bob.id]
+    etas = {e.request.id: e.eta for e in entries}
+    # bob reaches the tier before ann's GPU frees at t0 + 2000 (cy only after)
+    assert etas[bob.id] is not None and etas[bob.id].median == t0 + 2000
+    assert etas[cy.id] is not None and etas[cy.id].median == t0 + 2000 + 600
+    clock.set(t0 + 2000)
+    broker.release(broker.request(ann.id).lease_id)
+    assert broker.request(bob.id).lease_id is not None  # as the estimate said
+    assert broker.request(cy.id).lease_id is None
+
+
+def test_requests_still_waiting_past_their_range_widen_the_next_before_they_start():
+    def calibrated():
+        calibration, now = Calibration(), 0.0
+        for i in range(200):  # started 50 to 540 s after a 200 s median
+            calibration.apply({f"r{i}": Eta(now + 100, now + 200, now + 400)}, now)
+            calibration.left(f"r{i}", now + 50 + 10 * (i % 50), started=True)
+            now += 1.0
+        return calibration, now
+
+    waited, now = calibrated()
+    plain, _ = calibrated()
+    shown = waited.apply({f"late{i}": Eta(now + 100, now + 200, now + 400) for i in range(20)}, now)
+    then = max(eta.high for eta in shown.values()) + 1  # none of the 20 has started by then
+    new = {"new": Eta(then + 100, then + 200, then + 400)}
+    wide, narrow = waited.apply(new, then)["new"], plain.apply(new, then)["new"]
+    assert wide.high - wide.low > narrow.high - narrow.low  # 20 misses, known before any start

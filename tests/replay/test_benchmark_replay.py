@@ -3,23 +3,15 @@ public traces; these check its choices on hand-made inputs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-from replay_helpers import trace_of
+from replay_helpers import benchmark, trace_of
 
 from jupyter_gpubroker.replay.driver import Timeline
 from jupyter_gpubroker.replay.traces import Job
 
-SPEC = importlib.util.spec_from_file_location(
-    "bench_replay", Path(__file__).parents[2] / "benchmarks" / "replay.py"
-)
-assert SPEC is not None and SPEC.loader is not None
-bench = importlib.util.module_from_spec(SPEC)
-sys.modules[SPEC.name] = bench  # its dataclasses look their module up
-SPEC.loader.exec_module(bench)
+bench = benchmark("replay")
 
 
 def test_the_time_split_never_puts_one_instant_in_both_halves():
