@@ -657,6 +657,7 @@ class Broker:
             raise InvalidRequest(f"quota kind must be 'user' or 'group', not {kind!r}")
         check_name(name, kind)
         self.budgets.set((kind, name), quota, self.clock.now())
+        self.ledger.shares_changed()
         self._recalc_due = True
         self._quota_event(kind, name, quota)
         self.schedule()  # a raised limit may let waiting requests go
@@ -665,6 +666,7 @@ class Broker:
     def delete_quota(self, kind: str, name: str) -> None:
         if not self.budgets.delete((kind, name)):
             raise NotFound(f"no quota for {kind} {name!r}")
+        self.ledger.shares_changed()
         self._recalc_due = True
         self._quota_event(kind, name, Quota())
         self.schedule()

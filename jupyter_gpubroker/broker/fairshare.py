@@ -57,6 +57,9 @@ class FairShareLedger:
         recalculation charges all of an entity's leases at once, not lease by lease."""
         self._totals: dict[str, float] = {"user": 0.0, "group": 0.0}
         self._share_totals: dict[str, float] = {"user": 0.0, "group": 0.0}
+        self._shares_of = -1
+        """How many entities ``_share_totals`` counts (-1: sum them again at the next
+        recalculation): the sum changes only when one joins or a quota changes."""
         self._fs_cache: dict[Entity, float] = {}
         self._pairs: dict[tuple[str, str], float] = {}
         """``fairshare`` per (user, group), kept while both factors are: the policy asks
@@ -144,14 +147,21 @@ class FairShareLedger:
         """Bring every entity's usage to ``now`` and reset the factors."""
         self._accrue_all(now)
         totals = {"user": 0.0, "group": 0.0}
-        shares = {"user": 0.0, "group": 0.0}
         for entity in self._usage:
             totals[entity[0]] += self._decayed(entity, now)[0]
-            shares[entity[0]] += self.share(entity)
-        self._totals, self._share_totals = totals, shares
+        self._totals = totals
+        if self._shares_of != len(self._usage):
+            shares = {"user": 0.0, "group": 0.0}
+            for entity in self._usage:
+                shares[entity[0]] += self.share(entity)
+            self._share_totals, self._shares_of = shares, len(self._usage)
         self._fs_cache.clear()
         self._pairs.clear()
         self._pairs_of.clear()
+
+    def shares_changed(self) -> None:
+        """A quota's share changed: sum the shares again at the next recalculation."""
+        self._shares_of = -1
 
     # -- internals
 

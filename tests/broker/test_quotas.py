@@ -237,3 +237,17 @@ def test_a_stored_quota_no_later_step_could_use_is_ignored_at_restart(state_file
     assert again.quotas() == {("user", "bob"): Quota(max_gpus=2)}
     assert "ignoring the stored quota of user 'alice'" in caplog.text
     assert again.submit("alice", Size(gpus=1)).state is RequestState.GRANTED
+
+
+def test_a_changed_share_is_counted_in_every_users_normalized_share(make_broker, clock):
+    """Fair share orders and preempts by each user's share over the sum of everyone's
+    shares: raising one user's share lowers the others' part at the next ranking."""
+    broker = make_broker()
+    for user in ("alice", "bob"):
+        broker.submit(user, Size(gpus=1))
+    clock.advance(60)
+    broker.tick()
+    assert broker.ledger.norm_share(("user", "bob")) == pytest.approx(0.5)
+    broker.set_quota("user", "bob", Quota(share=3))
+    assert broker.ledger.norm_share(("user", "bob")) == pytest.approx(0.75)
+    assert broker.ledger.norm_share(("user", "alice")) == pytest.approx(0.25)
