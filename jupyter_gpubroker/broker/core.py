@@ -500,9 +500,7 @@ class Broker:
             self.placer.gpus.setdefault(g.uuid, g)
         for d in added:
             self.placer.add(d)
-        self.inventory = Inventory(
-            tuple(self.placer.gpus.values()), tuple(self.placer.devices.values())
-        )
+        self._sync_inventory()
         self._gpu_eq_of_size.clear()  # the smallest device that fits a memory size
         self.schedule()
         return added
@@ -882,7 +880,7 @@ class Broker:
             self.placer.remove(d.uuid)
         created = self.partitioner.create(plan.gpu.uuid, plan.profile.name, plan.start)
         self.placer.add(created)
-        self.inventory = Inventory(self.inventory.gpus, tuple(self.placer.devices.values()))
+        self._sync_inventory()
         self._emit(
             Event(
                 "repartitioned",
@@ -896,6 +894,12 @@ class Broker:
             )
         )
         return [created]
+
+    def _sync_inventory(self) -> None:
+        """``inventory`` as the placer now has it (after a re-cut or devices that joined)."""
+        self.inventory = Inventory(
+            tuple(self.placer.gpus.values()), tuple(self.placer.devices.values())
+        )
 
     def _hold(self, lease: Lease, expected_end: float) -> None:
         self._leases[lease.id] = lease

@@ -155,7 +155,7 @@ class Predictor:
             if n == 0:
                 continue
             if best is None or (best[1] < self.min_samples <= n):
-                if first == 0 and elapsed == 0:
+                if elapsed == 0:  # a new request's hold: the whole history
                     if h.estimate is None or h.estimate.basis != basis:  # "" shape: 2 bases
                         h.estimate = Estimate(*self._quantiles(h, 0, 0.0), n, basis)
                     best = (h.estimate, n)
