@@ -103,13 +103,15 @@ class NoReadings:
 
 
 def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
-    """Add to ``broker`` the devices ``view`` has that it lacks (a node that joined),
-    drain what the engine holds back, and lift the engine's drains it no longer holds.
+    """Add to ``broker`` the devices ``view`` has that it lacks (a node or gres that
+    joined), drain what the engine holds back or no longer lists (a node that left, gres
+    removed from a node that stays), and lift the engine's drains it no longer holds.
     Idempotent: a view applied twice changes nothing the second time. An admin's or
     health's own drain is left alone. The devices added."""
     placer = broker.placer
     added = broker.add_devices(view.inventory.gpus, view.inventory.devices)
     wanted: dict[str, str] = {}
+    listed = {d.uuid for d in view.inventory.devices}
     known = {d.node for d in placer.devices.values()}
     seen = {d.node for d in view.inventory.devices}
     down = dict(view.down)
@@ -119,6 +121,8 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     for d in placer.devices.values():
         if d.node in down:
             wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
+        elif d.uuid not in listed:
+            wanted[d.uuid] = f"{d.node}: the engine no longer lists this {device_class(d)} device"
         else:
             by_slot[(d.node, device_class(d))].append(d)
     engine_drained = broker.drained_by(ENGINE)

@@ -163,3 +163,26 @@ def test_a_node_that_joins_the_cluster_is_placed_on_at_the_next_view(
         assert nodes_of(broker, lease) == {"node-c"}
     assert apply_view(broker, ClusterView(bigger)) == [], "a view applied twice adds nothing"
     assert len(broker.inventory.gpus) == 4 + 3 + 4
+
+
+def test_gres_removed_from_a_node_that_stays_is_drained_and_comes_back(
+    make_broker: MakeBroker,
+) -> None:
+    """An admin takes two of node-a's four GPUs out of the engine's configuration (Slurm's
+    gres count, a device plugin's allocatable): the broker stops placing on them at its next
+    reading, keeps the rest of the node, and places on them again when they return."""
+    inv = two_nodes()
+    broker = make_broker(inv)
+    gone = {d.uuid for d in inv.devices if d.node == "node-a" and d.gpu_index >= 2}
+    smaller = Inventory(inv.gpus, tuple(d for d in inv.devices if d.uuid not in gone))
+    apply_view(broker, ClusterView(smaller))
+    assert broker.drained_by(ENGINE) == gone
+    assert {broker.drained()[u][0] for u in gone} == {
+        "node-a: the engine no longer lists this gpu device"
+    }
+    ann = broker.submit("ann", Size(gpus=3))
+    assert ann.state is RequestState.QUEUED, "node-a has two GPUs left, node-b two"
+    apply_view(broker, ClusterView(inv))
+    assert broker.drained_by(ENGINE) == set()
+    lease = broker.lease(broker.request(ann.id).lease_id or "")
+    assert nodes_of(broker, lease) == {"node-a"}
