@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker.budgets import QUOTA_BOUNDS, Quota
 from ..broker.core import Broker
-from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
 from ..broker.models import Lease, LeaseState, Request, RequestState, Size, check_name
-from ..broker.reclaim import KernelState
+from ..broker.reclaim import SERVER_OWNER, KernelState
 from ..broker.store import AuditRecord
 from ..runtime import Positions
 from .identity import Identity
@@ -221,6 +221,15 @@ class BrokerAPI:
             raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
         size = Size(**{k: body[k] for k in SIZE_FIELDS if body.get(k) is not None})
         holder = who.kernel_id if who.kernel_id is not None else body.get("owner", "")
+        engine = self.runtime.engine
+        if engine is not None and not str(holder).startswith(SERVER_OWNER):
+            # Its lease would name a device on some node with no job of the engine to run
+            # on it, and be released as an ended job's after engine_grace.
+            raise Unsatisfiable(
+                f"the GPUs here are {engine.name.capitalize()}'s: a GPU comes with a server"
+                " started from the hub's spawn page (its GPU options), not to a kernel or the"
+                " command line"
+            )
         r = self.core.submit(
             who.user,
             size,

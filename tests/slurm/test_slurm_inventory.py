@@ -13,8 +13,9 @@ import pytest
 from openapi_check import check_response
 from slurm_cluster import sh, until
 
+from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import InvalidRequest
+from jupyter_gpubroker.broker.errors import InvalidRequest, Unsatisfiable
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.cli import render_status
 from jupyter_gpubroker.engines import ENGINE
@@ -148,6 +149,23 @@ def test_a_broker_cannot_start_without_slurmctld_and_says_why(
         broker.start()
     assert refused.value.message.startswith("slurmctld unreachable: scontrol show node failed (")
     assert refused.value.message.endswith(": the broker starts once it answers")
+
+
+def test_a_kernels_own_gpu_request_is_refused_on_slurm(broker: GPUBroker) -> None:
+    """On Slurm a GPU is a job's: a kernel's or the CLI's request (no server's job would
+    run on the device) is refused at once, saying where a GPU comes from, instead of
+    being granted and then released as an ended job's; the spawner's still queues."""
+    api = BrokerAPI(broker)
+    ann = api.identify("ann")
+    for who, body in (
+        (Identity("ann", kernel_id="k-1"), {"profile": "1g.10gb"}),
+        (ann, {"profile": "1g.10gb", "owner": "cli"}),
+    ):
+        with pytest.raises(Unsatisfiable, match="a GPU comes with a server started from the hub"):
+            api.submit(who, body)
+    assert broker.core.live_requests() == []
+    served = api.submit(ann, {"profile": "1g.10gb", "owner": "server:ann"})
+    assert served["state"] == "granted"
 
 
 def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
