@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -263,11 +264,62 @@ def test_a_change_the_file_refuses_leaves_the_broker_as_it_was(
     assert broker.request(queued.id).state is RequestState.GRANTED
 
 
-def test_a_release_finds_its_allocations_by_index_not_by_a_scan(state_file):
-    """On a cluster the allocations table holds every held device: ending one lease must
-    not read them all (``end_lease`` runs at every release)."""
+def test_a_grant_writes_no_index_it_can_do_without(state_file):
+    """A grant's commit writes every B-tree page it touched, at every grant: the held
+    devices are keyed by device alone (a release deletes them by that key, never by a
+    scan) and the live requests by ``seq``, which a grant does not change."""
     store = Store(state_file)
-    plan = store.conn.execute(
-        "EXPLAIN QUERY PLAN DELETE FROM allocations WHERE lease_id=?", ("l-1",)
-    ).fetchall()
-    assert any("INDEX allocations_lease" in row[-1] for row in plan), plan
+    origins = [row[3] for row in store.conn.execute("PRAGMA index_list(allocations)")]
+    assert origins == ["pk"]  # the primary key, and no rowid table beside it
+    assert store.conn.execute(
+        "SELECT sql LIKE '%WITHOUT ROWID' FROM sqlite_master WHERE name='allocations'"
+    ).fetchone() == (1,)
+    assert [row[2] for row in store.conn.execute("PRAGMA index_info(requests_live)")] == ["seq"]
+    release = "DELETE FROM allocations WHERE device=? AND lease_id=?"
+    restart = "SELECT * FROM requests WHERE state IN ('queued', 'granted') ORDER BY seq"
+    (plan,) = store.conn.execute("EXPLAIN QUERY PLAN " + release, ("GPU-A", "l-1")).fetchall()
+    assert "USING PRIMARY KEY" in plan[-1], plan
+    (plan,) = store.conn.execute("EXPLAIN QUERY PLAN " + restart).fetchall()
+    assert "USING INDEX requests_live" in plan[-1], plan  # no scan, no sort
+    store.close()
+
+
+def test_a_version_8_file_keeps_its_grants_and_queue_through_the_upgrade(state_file, clock):
+    """Migration 9 rebuilds allocations and the live-requests index: the held devices,
+    the queue's order and the double-grant guard survive it."""
+    inventory = whole_inventory(2)
+    held = inventory.devices[0].uuid
+    conn = sqlite3.connect(state_file)
+    for script in MIGRATIONS[:8]:
+        conn.executescript(script)
+    conn.execute("PRAGMA user_version=8")
+    rows = [("r-held", 1, "granted", "l-1"), ("r-next", 2, "queued", None)]
+    for rid, seq, state, lease in rows:
+        conn.execute(
+            "INSERT INTO requests (id, seq, user, groups, size, job_class, submitted_at, state,"
+            " lease_id, expires_at) VALUES (?, ?, 'alice', '[]', 'gpus=1', 'batch', 10.0, ?, ?,"
+            " 1e12)",
+            (rid, seq, state, lease),
+        )
+    conn.execute(
+        "INSERT INTO leases (id, request_id, user, grp, devices, gpu_equivalents, profile,"
+        " granted_at, expires_at, ttl_s, expected_end, state) VALUES ('l-1', 'r-held', 'alice',"
+        " '', ?, 1.0, 'gpu', 10.0, 1e12, 120.0, 1e12, 'active')",
+        (json.dumps([held]),),
+    )
+    conn.execute("INSERT INTO allocations VALUES (?, 'l-1')", (held,))
+    conn.commit()
+    conn.close()
+    broker = Broker(Store(state_file), inventory, clock=clock)
+    assert broker.store.schema_version == SCHEMA_VERSION
+    assert broker.store.allocations() == {held: "l-1"}
+    origins = [row[3] for row in broker.store.conn.execute("PRAGMA index_list(allocations)")]
+    assert origins == ["pk"]  # rebuilt without its rowid table and lease index
+    assert [r.id for r in broker.store.live_requests()] == ["r-held", "r-next"]
+    with pytest.raises(sqlite3.IntegrityError), broker.store.transaction() as c:
+        c.execute("INSERT INTO allocations VALUES (?, 'l-1')", (held,))
+    broker.schedule()  # the queued request gets the other GPU
+    nxt = broker.request("r-next")
+    assert nxt.state is RequestState.GRANTED
+    broker.release("l-1")
+    assert broker.store.allocations() == {broker.lease(nxt.lease_id).devices[0]: nxt.lease_id}
