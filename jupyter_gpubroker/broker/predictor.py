@@ -20,6 +20,7 @@ unlikely to end in 2 s. When no hold was ever that long, its end is unknown
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -171,10 +172,7 @@ class Predictor:
             newest_first = reversed(h.held)
             pairs = sorted(zip(newest_first, self._weights, strict=False))
             h.values = [v for v, _ in pairs]
-            h.cum, total = [], 0.0
-            for _, w in pairs:
-                total += w
-                h.cum.append(total)
+            h.cum = list(itertools.accumulate(w for _, w in pairs))  # summed in order, as a loop
         return h.values, h.cum
 
     def _quantiles(self, h: _History, first: int, elapsed: float) -> tuple[float, float, float]:
