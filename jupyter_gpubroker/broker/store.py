@@ -175,7 +175,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 9: fewer B-tree pages written per grant: allocations keyed by device alone (a
     # release deletes its devices by key, so allocations_lease goes), and the live
-    # requests indexed by seq, a key a grant does not move (it moved them by state)
+    # requests indexed by what a grant leaves alone: seq, on the rows not ended (keyed
+    # and filtered by state, each grant moved its request in that index)
     """
     DROP INDEX allocations_lease;
     CREATE TABLE allocations_new (
@@ -186,7 +187,7 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE allocations;
     ALTER TABLE allocations_new RENAME TO allocations;
     DROP INDEX requests_live;
-    CREATE INDEX requests_live ON requests(seq) WHERE state IN ('queued', 'granted');
+    CREATE INDEX requests_live ON requests(seq) WHERE ended_at IS NULL;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -498,9 +499,10 @@ class Store:
         )
 
     def live_requests(self) -> list[Request]:
-        """Queued and granted requests, oldest first."""
+        """Queued and granted requests, oldest first (only an ending sets ``ended_at``)."""
         rows = self.db.query(
-            "SELECT * FROM requests WHERE state IN ('queued', 'granted') ORDER BY seq"
+            "SELECT * FROM requests WHERE ended_at IS NULL AND state IN ('queued', 'granted')"
+            " ORDER BY seq"
         )
         return [request_from_row(r) for r in rows]
 
