@@ -273,8 +273,8 @@ class Placer:
             self._soonest[sh].discard(node)
         if sh[0] == WHOLE_GPU:
             gpus = self._gpu_ends.setdefault(node, [])
-            self._file(gpus, u, old, end)
-            for k in range(1, KTH_INDEXED + 1):
+            moved = self._file(gpus, u, old, end)
+            for k in range(moved + 1, KTH_INDEXED + 1):  # the k-th ends before it stand
                 if k <= len(gpus):
                     self._kth[k].set(node, (gpus[k - 1][0],))
                 else:
@@ -287,11 +287,18 @@ class Placer:
     @staticmethod
     def _file(
         entries: list[tuple[float, str]], u: str, old: float | None, new: float | None
-    ) -> None:
+    ) -> int:
+        """Move ``u`` from ``old`` to ``new`` in the sorted ``entries``; the first position
+        that changed (the entries before it are as they were)."""
+        moved = len(entries)
         if old is not None:
-            del entries[bisect.bisect_left(entries, (old, u))]
+            moved = bisect.bisect_left(entries, (old, u))
+            del entries[moved]
         if new is not None:
-            bisect.insort(entries, (new, u))
+            at = bisect.bisect_right(entries, (new, u))
+            entries.insert(at, (new, u))
+            moved = min(moved, at)
+        return moved
 
     def _count_free_gpus(self, d: Device, free: bool) -> None:
         on_node = self._free_gpus[d.node]

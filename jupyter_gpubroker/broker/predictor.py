@@ -20,9 +20,10 @@ unlikely to end in 2 s. When no hold was ever that long, its end is unknown
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .models import Size
 
@@ -60,6 +61,12 @@ class _History:
     """The newest hold times of one key and, computed on demand, their weighted sort."""
 
     held: deque[float]
+    order: list[tuple[float, int]] = field(default_factory=list)
+    """(hold time, arrival) of each of ``held``, sorted: the order of the weighted sort
+    (equal times oldest first, as their weights rank them), kept at each learn so the
+    weights' sums need no sort."""
+    arrivals: int = 0
+    """How many holds were ever learnt here: the next one's arrival."""
     values: list[float] | None = None
     """Sorted hold times, with ``cum`` the running sum of their recency weights."""
     cum: list[float] | None = None
@@ -114,7 +121,11 @@ class Predictor:
             h = self._history.get(key)
             if h is None:
                 h = self._history[key] = _History(deque(maxlen=self.max_samples))
+            if len(h.held) == self.max_samples:  # the oldest leaves
+                del h.order[bisect.bisect_left(h.order, (h.held[0], h.arrivals - len(h.held)))]
             h.held.append(held_s)
+            bisect.insort(h.order, (held_s, h.arrivals))
+            h.arrivals += 1
             h.values = h.cum = h.whole = h.estimate = None
             for query in self._readers.pop(key, ()):
                 self._holds.pop(query, None)
@@ -168,13 +179,9 @@ class Predictor:
 
     def _sorted(self, h: _History) -> tuple[list[float], list[float]]:
         if h.values is None or h.cum is None:
-            newest_first = reversed(h.held)
-            pairs = sorted(zip(newest_first, self._weights, strict=False))
-            h.values = [v for v, _ in pairs]
-            h.cum, total = [], 0.0
-            for _, w in pairs:
-                total += w
-                h.cum.append(total)
+            newest, weights = h.arrivals - 1, self._weights
+            h.values = [v for v, _ in h.order]
+            h.cum = list(itertools.accumulate(weights[newest - a] for _, a in h.order))
         return h.values, h.cum
 
     def _quantiles(self, h: _History, first: int, elapsed: float) -> tuple[float, float, float]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 from broker_helpers import whole_inventory
@@ -263,11 +265,71 @@ def test_a_change_the_file_refuses_leaves_the_broker_as_it_was(
     assert broker.request(queued.id).state is RequestState.GRANTED
 
 
-def test_a_release_finds_its_allocations_by_index_not_by_a_scan(state_file):
-    """On a cluster the allocations table holds every held device: ending one lease must
-    not read them all (``end_lease`` runs at every release)."""
+def test_a_grant_commits_only_the_pages_it_must(state_file):
+    """Every grant's commit writes each B-tree page it touched to the WAL. The request's
+    row and the lease's row with its three indexes (id, request, active) are needed; the
+    held devices take one B-tree keyed by device (no rowid table, no lease index: a
+    release deletes them by key), and the live-requests index is keyed by ``seq`` on
+    rows not ended, which a grant leaves alone. Version 8 wrote 9 pages here."""
     store = Store(state_file)
-    plan = store.conn.execute(
-        "EXPLAIN QUERY PLAN DELETE FROM allocations WHERE lease_id=?", ("l-1",)
-    ).fetchall()
-    assert any("INDEX allocations_lease" in row[-1] for row in plan), plan
+    with store.transaction():
+        store.insert_request(a_request("r-1"), 1)
+        store.insert_request(a_request("r-2", "bob"), 2)
+        store.insert_lease(a_lease("l-1", "r-1", ("GPU-A",)), 500.0)
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with store.transaction():
+        store.insert_lease(a_lease("l-2", "r-2", ("GPU-B", "GPU-C")), 500.0)
+    page = store.conn.execute("PRAGMA page_size").fetchone()[0]
+    frames = (Path(f"{state_file}-wal").stat().st_size - 32) // (page + 24)
+    assert frames == 6
+    restart = (
+        "SELECT * FROM requests WHERE ended_at IS NULL AND state IN ('queued', 'granted')"
+        " ORDER BY seq"
+    )
+    (plan,) = store.conn.execute("EXPLAIN QUERY PLAN " + restart).fetchall()
+    assert "USING INDEX requests_live" in plan[-1], plan  # neither a scan nor a sort
+    release = "DELETE FROM allocations WHERE device=? AND lease_id=?"
+    (plan,) = store.conn.execute("EXPLAIN QUERY PLAN " + release, ("GPU-B", "l-2")).fetchall()
+    assert "USING PRIMARY KEY" in plan[-1], plan
+    store.close()
+
+
+def test_a_version_8_file_keeps_its_grants_and_queue_through_the_upgrade(state_file, clock):
+    """Migration 9 rebuilds allocations and the live-requests index: the held devices,
+    the queue's order and the double-grant guard survive it."""
+    inventory = whole_inventory(2)
+    held = inventory.devices[0].uuid
+    conn = sqlite3.connect(state_file)
+    for script in MIGRATIONS[:8]:
+        conn.executescript(script)
+    conn.execute("PRAGMA user_version=8")
+    rows = [("r-held", 1, "granted", "l-1"), ("r-next", 2, "queued", None)]
+    for rid, seq, state, lease in rows:
+        conn.execute(
+            "INSERT INTO requests (id, seq, user, groups, size, job_class, submitted_at, state,"
+            " lease_id, expires_at) VALUES (?, ?, 'alice', '[]', 'gpus=1', 'batch', 10.0, ?, ?,"
+            " 1e12)",
+            (rid, seq, state, lease),
+        )
+    conn.execute(
+        "INSERT INTO leases (id, request_id, user, grp, devices, gpu_equivalents, profile,"
+        " granted_at, expires_at, ttl_s, expected_end, state) VALUES ('l-1', 'r-held', 'alice',"
+        " '', ?, 1.0, 'gpu', 10.0, 1e12, 120.0, 1e12, 'active')",
+        (json.dumps([held]),),
+    )
+    conn.execute("INSERT INTO allocations VALUES (?, 'l-1')", (held,))
+    conn.commit()
+    conn.close()
+    broker = Broker(Store(state_file), inventory, clock=clock)
+    assert broker.store.schema_version == SCHEMA_VERSION
+    assert broker.store.allocations() == {held: "l-1"}
+    origins = [row[3] for row in broker.store.conn.execute("PRAGMA index_list(allocations)")]
+    assert origins == ["pk"]  # rebuilt without its rowid table and lease index
+    assert [r.id for r in broker.store.live_requests()] == ["r-held", "r-next"]
+    with pytest.raises(sqlite3.IntegrityError), broker.store.transaction() as c:
+        c.execute("INSERT INTO allocations VALUES (?, 'l-1')", (held,))
+    broker.schedule()  # the queued request gets the other GPU
+    nxt = broker.request("r-next")
+    assert nxt.state is RequestState.GRANTED
+    broker.release("l-1")
+    assert broker.store.allocations() == {broker.lease(nxt.lease_id).devices[0]: nxt.lease_id}
