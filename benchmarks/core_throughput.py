@@ -27,12 +27,18 @@ and a pass preempted by another process costs wall time, not CPU. Memory: the
 process's resident set grown while the broker was built and filled
 (``/proc/self/statm``).
 
-    python benchmarks/core_throughput.py [--cluster] [--cycles N] [--queued N] [--json]
+``--without-writes``: after setup, the state file's statements and transactions
+are no-ops (the bare write is then timed on a file of its own): what the
+pure-Python pass costs, a bound on what any faster write could give.
+
+    python benchmarks/core_throughput.py [--cluster] [--cycles N] [--queued N]
+        [--without-writes] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -106,7 +112,17 @@ def cluster_inventory(nodes: int, gpus_per_node: int = 8, mig_every: int = 8) ->
     return Inventory(tuple(gpus), tuple(devices))
 
 
-def run(cycles: int, queued: int, seed: int, cluster: bool = False) -> dict[str, float]:
+def _without_writes(store: Store) -> None:
+    """Make the state file's statements of a grant and a release no-ops: what the pass
+    costs without its durable write (a bound, never how the broker runs)."""
+    for name in ("insert_lease", "end_lease", "end_request", "insert_request", "renew_lease"):
+        setattr(store, name, lambda *args, **kwargs: None)
+    store.transaction = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+
+
+def run(
+    cycles: int, queued: int, seed: int, cluster: bool = False, writes: bool = True
+) -> dict[str, float]:
     rng = random.Random(seed)
     rss0 = rss_mib()
     backend = None
@@ -145,6 +161,8 @@ def run(cycles: int, queued: int, seed: int, cluster: bool = False) -> dict[str,
             assert len(broker.leases()) == slices, "the first pass must fill every slice"
         setup_rss = rss_mib() - rss0
         waiting = len(broker.live_requests()) - len(broker.leases())
+        if not writes:
+            _without_writes(store)
 
         decide: list[float] = []
         cpu: list[float] = []
@@ -164,7 +182,9 @@ def run(cycles: int, queued: int, seed: int, cluster: bool = False) -> dict[str,
             release.append(t1 - t0)
             decide.append(t2 - t1)
 
-        write = _bare_grant_writes(store, broker.leases()[0], cycles)
+        write = _bare_grant_writes(
+            Store(Path(tmp) / "bare.sqlite") if not writes else store, broker.leases()[0], cycles
+        )
     if backend is not None:
         backend.close()
     return {
@@ -215,12 +235,17 @@ def main() -> None:
         "--queued", type=int, help="requests beyond capacity (10,000; --cluster 100,000)"
     )
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--without-writes",
+        action="store_true",
+        help="make the state file's writes no-ops after setup: the pure-Python pass, a bound",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     queued = args.queued if args.queued is not None else 100_000 if args.cluster else 10_000
     if args.cycles < 1 or queued < args.cycles:
         ap.error("--cycles must be >= 1 and --queued >= --cycles (each cycle grants one request)")
-    result = run(args.cycles, queued, args.seed, args.cluster)
+    result = run(args.cycles, queued, args.seed, args.cluster, writes=not args.without_writes)
     if args.json:
         print(json.dumps(result))
         return
