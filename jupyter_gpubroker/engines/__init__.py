@@ -50,6 +50,10 @@ class ClusterView:
     holders: Mapping[str, str] | None = None
     """Lease id -> the engine's work carrying it out (a Slurm job id): the broker's
     grants the engine still runs or queues. ``None``: the source does not track them."""
+    withheld: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """(node, device class) -> why the broker must grant none of them although the
+    engine offers them: the engine hands out shares, not devices of their own (GPU
+    time-slicing or MPS)."""
 
 
 class InventorySource(Protocol):
@@ -104,8 +108,8 @@ class NoReadings:
 
 def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     """Add to ``broker`` the devices ``view`` has that it lacks (a node or gres that
-    joined), drain what the engine holds back or no longer lists (a node that left, gres
-    removed from a node that stays), and lift the engine's drains it no longer holds.
+    joined), drain what the engine holds back, shares or no longer lists (a node that
+    left, gres removed from a node that stays), and lift the engine's drains it no longer holds.
     Idempotent: a view applied twice changes nothing the second time. An admin's or
     health's own drain is left alone. The devices added."""
     placer = broker.placer
@@ -123,6 +127,8 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
             wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
         elif d.uuid not in listed:
             wanted[d.uuid] = f"{d.node}: the engine no longer lists this {device_class(d)} device"
+        elif (d.node, device_class(d)) in view.withheld:
+            wanted[d.uuid] = f"{d.node}: {view.withheld[(d.node, device_class(d))]}"
         else:
             by_slot[(d.node, device_class(d))].append(d)
     engine_drained = broker.drained_by(ENGINE)

@@ -11,6 +11,12 @@ and named by this source: ``k8s:<node>:<class>:<i>``, each listed as its own GPU
 device cannot be re-cut from here: MIG manager does that), and a grant is carried out as a
 count of that resource on that node (``hub_spawner/kubernetes.py``).
 
+GPU sharing (the device plugin's time-slicing or MPS) advertises each device as
+``replicas`` shares, under its own name or renamed ``<resource>.shared``, and GPU feature
+discovery labels the node ``<resource>.replicas`` and ``nvidia.com/gpu.sharing-strategy``.
+A share is not a device of its own, so such a class is listed as its physical devices
+and withheld from grants, with the reason (``ClusterView.withheld``).
+
 What runs on a node is the requests of its bound pods that have not ended; the broker's own
 pods (labelled ``gpubroker.jupyter.org/broker=<its name>``) are its grants, the rest is
 work outside the broker. A cordoned (unschedulable) or NotReady node is down with that
@@ -38,6 +44,9 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 STRATEGY_LABEL = "nvidia.com/mig.strategy"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
+SHARED_SUFFIX = ".shared"
+"""What the device plugin's ``renameByDefault`` appends to a shared resource's name."""
 BROKER_LABEL = "gpubroker.jupyter.org/broker"
 """On the pods of the broker's grants: the broker's name (its hub service's name)."""
 LEASE_LABEL = "gpubroker.jupyter.org/lease"
@@ -143,7 +152,7 @@ def _node_devices(
 ) -> tuple[list[Gpu], list[Device]]:
     product = labels.get(PRODUCT_LABEL, "")
     model = model_for_product(product)
-    name = _SINGLE_PRODUCT.split(product)[0] or "NVIDIA GPU"
+    name = _SINGLE_PRODUCT.split(product)[0].removesuffix("-SHARED") or "NVIDIA GPU"
     gpus: list[Gpu] = []
     devices: list[Device] = []
     for resource, cls, n in classes:
@@ -191,7 +200,7 @@ def _size(
 def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> ClusterView:
     """What the API server's ``nodes`` and ``pods`` (the official client's ``V1Node`` and
     ``V1Pod``) say: every GPU node's devices, the devices pods outside ``broker``'s grants
-    hold, and the nodes that take no pods."""
+    hold, the nodes that take no pods and the classes shared out."""
     used: Counter[tuple[str, str]] = Counter()
     for pod in pods:
         where = pod.spec.node_name if pod.spec else None
@@ -206,6 +215,7 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
     devices: list[Device] = []
     outside: dict[tuple[str, str], int] = {}
     down: dict[str, str] = {}
+    withheld: dict[tuple[str, str], str] = {}
     for node in sorted(nodes, key=lambda n: str(n.metadata.name)):
         name = str(node.metadata.name)
         labels = node.metadata.labels or {}
@@ -213,27 +223,45 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
         single = _SINGLE_PRODUCT.search(labels.get(PRODUCT_LABEL, ""))
         classes = []
         for resource, q in sorted(allocatable.items()):
-            if resource == GPU_RESOURCE:
+            base = resource.removesuffix(SHARED_SUFFIX)
+            if base == GPU_RESOURCE:
                 strategy = labels.get(STRATEGY_LABEL)
                 cls = _profile(single.group(1)) if single and strategy == "single" else WHOLE_GPU
-            elif resource.startswith(MIG_RESOURCE_PREFIX):
-                cls = _profile(resource.removeprefix(MIG_RESOURCE_PREFIX))
+            elif base.startswith(MIG_RESOURCE_PREFIX):
+                cls = _profile(base.removeprefix(MIG_RESOURCE_PREFIX))
             else:
                 continue
-            if _count(q) > 0:
-                classes.append((resource, cls, _count(q)))
+            n = _count(q)
+            replicas = max(1, _count(labels.get(f"{base}.replicas", 1)))
+            if replicas > 1 or base != resource:
+                n = max(1, n // replicas) if n else 0
+                withheld[(name, cls)] = _shared_reason(cls, replicas, labels)
+            if n > 0:
+                classes.append((base, cls, n))
         if not classes:
             continue  # no GPUs: not the broker's
         node_gpus, node_devices = _node_devices(name, labels, classes)
         gpus += node_gpus
         devices += node_devices
         for resource, cls, n in classes:
-            if used[(name, resource)]:
+            if used[(name, resource)] and (name, cls) not in withheld:
                 outside[(name, cls)] = min(n, used[(name, resource)])
         reason = down_reason(node)
         if reason:
             down[name] = reason
-    return ClusterView(Inventory(tuple(gpus), tuple(devices)), outside, down)
+    return ClusterView(Inventory(tuple(gpus), tuple(devices)), outside, down, withheld=withheld)
+
+
+def _shared_reason(cls: str, replicas: int, labels: Mapping[str, str]) -> str:
+    """Why a shared class is withheld, and what the admin can do about it."""
+    how = labels.get(SHARING_LABEL, "")
+    how = f" ({how})" if how and how != "none" else ""
+    ways = f" {replicas} ways" if replicas > 1 else ""
+    return (
+        f"the device plugin shares each {cls}{ways}{how}, so a pod there gets a share, not a "
+        f"{cls} of its own: the broker grants none of them (give the node a device plugin "
+        "config without sharing to schedule it)"
+    )
 
 
 class KubernetesInventory(LoggingConfigurable):

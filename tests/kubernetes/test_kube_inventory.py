@@ -11,6 +11,13 @@ documentation, not recorded from a cluster:
 - the node labels of each strategy (``nvidia.com/mig.strategy``, ``nvidia.com/gpu.product``
   with ``-MIG-<profile>`` under ``single``, ``nvidia.com/<MIG_TYPE>.memory`` under
   ``mixed``): https://github.com/NVIDIA/k8s-device-plugin/blob/main/docs/gpu-feature-discovery/README.md
+- GPU sharing (time-slicing and MPS): each device advertised as ``replicas`` shares, under
+  its own resource name or, with ``renameByDefault``, as ``<resource>.shared``; the labels
+  ``nvidia.com/gpu.replicas``, ``nvidia.com/gpu.sharing-strategy`` and the product's
+  ``-SHARED`` suffix: https://github.com/NVIDIA/k8s-device-plugin#shared-access-to-gpus
+  and https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-sharing.html
+  (the per-MIG-type ``nvidia.com/mig-<profile>.replicas`` follows GFD's naming of MIG
+  labels; the documentation shows it for ``nvidia.com/gpu`` only)
 """
 
 from __future__ import annotations
@@ -318,3 +325,74 @@ async def test_the_source_reads_the_api_servers_lists(kubeconfig: Any, status: i
     assert queries["pods"]["fieldSelector"] == [
         "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
     ]
+
+
+# Four H100s time-sliced 4 ways under the plugin's default naming: 16 x nvidia.com/gpu.
+TIME_SLICED = node(
+    "h100-ts",
+    {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing",
+    },
+    {"nvidia.com/gpu": "16"},
+)
+# Two H100s shared by MPS 4 ways, renamed (renameByDefault): 8 x nvidia.com/gpu.shared.
+MPS_RENAMED = node(
+    "h100-mps",
+    {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "mps",
+    },
+    {"nvidia.com/gpu.shared": "8"},
+)
+
+
+def test_shared_gpus_count_once_and_are_withheld_with_the_reason() -> None:
+    pods = [pod("notebook", "h100-ts", {"nvidia.com/gpu": "3"})]  # three shares, not GPUs
+    view = cluster_view([TIME_SLICED, MPS_RENAMED, MIXED], pods, OURS)
+    assert classes(view, "h100-ts") == {"gpu": 4}  # the physical GPUs, not the 16 shares
+    assert classes(view, "h100-mps") == {"gpu": 2}
+    assert {g.name for g in view.inventory.gpus if g.node == "h100-ts"} == {"NVIDIA-H100-80GB-HBM3"}
+    assert view.withheld[("h100-ts", "gpu")].startswith(
+        "the device plugin shares each gpu 4 ways (time-slicing), so a pod there gets a share"
+    )
+    assert "(mps)" in view.withheld[("h100-mps", "gpu")]
+    assert ("dgx-mixed", "gpu") not in view.withheld  # an unshared node is the broker's
+    assert view.outside == {}  # shares in use change nothing: none of them is granted
+
+    broker = Broker(Store(), view.inventory, clock=VirtualClock(1_700_000_000.0))
+    apply_view(broker, view)
+    drained = broker.drained()
+    shared = [d.uuid for d in view.inventory.devices if d.node in ("h100-ts", "h100-mps")]
+    assert sorted(broker.drained_by(ENGINE)) == sorted(shared)
+    assert drained[shared[0]][0].startswith("h100-mps: the device plugin shares each gpu")
+    # dgx-mixed has two whole GPUs; the six shared ones are never granted
+    two = broker.submit("ann", Size(gpus=2))
+    three = broker.submit("bob", Size(gpus=3))
+    assert (broker.request(two.id).state.value, broker.request(three.id).state.value) == (
+        "granted",
+        "queued",
+    )
+    assert {parse_device_uuid(d)[0] for d in broker.leases()[0].devices} == {"dgx-mixed"}
+
+
+def test_a_shared_mig_profile_is_withheld_and_the_others_are_not() -> None:
+    mixed_shared = node(
+        "dgx-mig-ts",
+        {
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/gpu.product": "A100-SXM4-40GB",
+            "nvidia.com/mig-1g.5gb.count": "7",
+            "nvidia.com/mig-1g.5gb.replicas": "2",
+            "nvidia.com/gpu.sharing-strategy": "time-slicing",
+        },
+        {"nvidia.com/mig-1g.5gb.shared": "14", "nvidia.com/mig-3g.20gb": "2"},
+    )
+    view = cluster_view([mixed_shared], [], OURS)
+    assert classes(view, "dgx-mig-ts") == {"1g.5gb": 7, "3g.20gb": 2}
+    assert list(view.withheld) == [("dgx-mig-ts", "1g.5gb")]
+    assert "each 1g.5gb 2 ways" in view.withheld[("dgx-mig-ts", "1g.5gb")]
