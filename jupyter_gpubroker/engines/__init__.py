@@ -10,12 +10,13 @@ work the broker did not grant (jobs started outside the hub) and nodes the
 engine has drained or lost are drained in the broker with the engine's
 reason, and given back when the engine frees them. The broker's own grants
 are not "outside": a source leaves them out of its counts (Slurm: by the job's
-name; Kubernetes: by the pod's label).
+comment; Kubernetes: by the pod's label) and lists them by lease, so that the
+work of a lease that has ended still holds its devices until the engine ends it.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -50,6 +51,10 @@ class ClusterView:
     holders: Mapping[str, str] | None = None
     """Lease id -> the engine's work carrying it out (a Slurm job id): the broker's
     grants the engine still runs or queues. ``None``: the source does not track them."""
+    grants: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
+    """Lease id -> (node, device class) -> how many devices the broker's granted work
+    runs on now. Left out of ``outside``; once its lease has ended (released, reclaimed)
+    and until the engine ends the work, :func:`apply_view` holds them back as in use."""
     withheld: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """(node, device class) -> why the broker must grant none of them although the
     engine offers them: the engine hands out shares, not devices of their own (GPU
@@ -132,7 +137,15 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
         else:
             by_slot[(d.node, device_class(d))].append(d)
     engine_drained = broker.drained_by(ENGINE)
-    for slot, n in view.outside.items():
+    busy: Counter[tuple[str, str]] = Counter(view.outside)
+    lingering: dict[tuple[str, str], str] = {}
+    active = {x.id for x in broker.leases()}
+    for lease_id, slots in sorted(view.grants.items()):
+        if lease_id not in active:  # ended in the broker, still running on the engine
+            for slot, n in slots.items():
+                busy[slot] += n
+                lingering.setdefault(slot, lease_id)
+    for slot, n in busy.items():
         if n <= 0:
             continue
         # Keep the devices already held back first, then the free ones from the top;
@@ -143,8 +156,11 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
         )
         node, cls = slot
         total = len(by_slot.get(slot, []))
+        why = f"{n} of {total} {cls} on {node} in use outside the broker"
+        if slot in lingering:
+            why += f" or by the work of ended lease {lingering[slot]}"
         for d in cands[:n]:
-            wanted[d.uuid] = f"{n} of {total} {cls} on {node} in use outside the broker"
+            wanted[d.uuid] = why
     drains = broker.drained()
     for uuid, reason in wanted.items():
         if broker.drain_cause(uuid) not in (None, ENGINE, "health"):

@@ -18,9 +18,11 @@ A share is not a device of its own, so such a class is listed as its physical de
 and withheld from grants, with the reason (``ClusterView.withheld``).
 
 What runs on a node is the requests of its bound pods that have not ended; the broker's own
-pods (labelled ``gpubroker.jupyter.org/broker=<its name>``) are its grants, the rest is
-work outside the broker. A cordoned (unschedulable) or NotReady node is down with that
-reason; a node that left the cluster is drained by :func:`apply_view`.
+pods (labelled ``gpubroker.jupyter.org/broker=<its name>``) are its grants, listed by
+their ``gpubroker.jupyter.org/lease`` label (a pod whose lease has ended still holds its
+devices until it stops), the rest is work outside the broker. A cordoned (unschedulable)
+or NotReady node is down with that reason; a node that left the cluster is drained by
+:func:`apply_view`.
 """
 
 from __future__ import annotations
@@ -202,20 +204,25 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
     ``V1Pod``) say: every GPU node's devices, the devices pods outside ``broker``'s grants
     hold, the nodes that take no pods and the classes shared out."""
     used: Counter[tuple[str, str]] = Counter()
+    mine: dict[str, Counter[tuple[str, str]]] = {}
+    """Lease -> (node, resource) -> count: what the broker's own pods hold."""
     for pod in pods:
         where = pod.spec.node_name if pod.spec else None
         phase = pod.status.phase if pod.status else None
         if not where or phase in ENDED_PHASES:
             continue
-        if (pod.metadata.labels or {}).get(BROKER_LABEL) == broker:
-            continue
+        labels = pod.metadata.labels or {}
+        held = used
+        if labels.get(BROKER_LABEL) == broker:
+            held = mine.setdefault(labels.get(LEASE_LABEL, ""), Counter())
         for resource, n in pod_gpu_requests(pod).items():
-            used[(where, resource)] += n
+            held[(where, resource.removesuffix(SHARED_SUFFIX))] += n
     gpus: list[Gpu] = []
     devices: list[Device] = []
     outside: dict[tuple[str, str], int] = {}
     down: dict[str, str] = {}
     withheld: dict[tuple[str, str], str] = {}
+    class_of: dict[tuple[str, str], str] = {}
     for node in sorted(nodes, key=lambda n: str(n.metadata.name)):
         name = str(node.metadata.name)
         labels = node.metadata.labels or {}
@@ -244,12 +251,19 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
         gpus += node_gpus
         devices += node_devices
         for resource, cls, n in classes:
+            class_of[(name, resource)] = cls
             if used[(name, resource)] and (name, cls) not in withheld:
                 outside[(name, cls)] = min(n, used[(name, resource)])
         reason = down_reason(node)
         if reason:
             down[name] = reason
-    return ClusterView(Inventory(tuple(gpus), tuple(devices)), outside, down, withheld=withheld)
+    grants = {
+        lease: Counter({(at[0], class_of[at]): n for at, n in held.items() if at in class_of})
+        for lease, held in mine.items()
+        if lease
+    }
+    inventory = Inventory(tuple(gpus), tuple(devices))
+    return ClusterView(inventory, outside, down, grants=grants, withheld=withheld)
 
 
 def _shared_reason(cls: str, replicas: int, labels: Mapping[str, str]) -> str:

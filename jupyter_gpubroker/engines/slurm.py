@@ -15,7 +15,8 @@ subprocesses and turns them into a :class:`ClusterView`:
   the Slurm spawner sets at submission;
 - a node Slurm has drained, lost or marked down is down, with Slurm's reason;
 - the broker's jobs Slurm still has (pending or running), by lease, so a lease whose
-  job ended is released.
+  job ended is released, and the gres each running one holds, so a job still running
+  after its lease ended (a reclaim's ``scancel`` not through yet) holds them back.
 
 A device's UUID is ``slurm__<node>__<gres type>__<n>``: the spawner reads the node and
 the gres type to submit from the lease's devices (:func:`gres_request`).
@@ -284,6 +285,7 @@ def cluster_view(
     down: dict[str, str] = {}
     ours: Counter[tuple[str, str]] = Counter()
     holders: dict[str, str] = {}
+    grants: dict[str, Counter[tuple[str, str]]] = {}
     for job in jobs:
         if job.lease_id is None:
             continue
@@ -291,6 +293,8 @@ def cluster_view(
         if job.state in ("RUNNING", "COMPLETING", "SUSPENDED"):
             for gres_type, n in job.gres.items():
                 ours[(job.node, gres_type)] += n
+                slot = (job.node, mig_profile(gres_type) or "gpu")
+                grants.setdefault(job.lease_id, Counter())[slot] += n
     for node in nodes:
         if not node.gres:
             continue
@@ -303,7 +307,8 @@ def cluster_view(
             extra = n - ours[(node.name, gres_type)]
             if extra > 0:
                 outside[(node.name, mig_profile(gres_type) or "gpu")] += extra
-    return ClusterView(Inventory(tuple(gpus), tuple(devices)), dict(outside), down, holders=holders)
+    inventory = Inventory(tuple(gpus), tuple(devices))
+    return ClusterView(inventory, dict(outside), down, holders=holders, grants=grants)
 
 
 class SlurmInventory(LoggingConfigurable):

@@ -41,6 +41,7 @@ from jupyter_gpubroker.broker.store import Store  # noqa: E402
 from jupyter_gpubroker.engines import ENGINE, EngineUnavailable, apply_view  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
+    LEASE_LABEL,
     KubernetesInventory,
     cluster_view,
     parse_device_uuid,
@@ -396,3 +397,30 @@ def test_a_shared_mig_profile_is_withheld_and_the_others_are_not() -> None:
     assert classes(view, "dgx-mig-ts") == {"1g.5gb": 7, "3g.20gb": 2}
     assert list(view.withheld) == [("dgx-mig-ts", "1g.5gb")]
     assert "each 1g.5gb 2 ways" in view.withheld[("dgx-mig-ts", "1g.5gb")]
+
+
+def test_a_pod_whose_lease_ended_holds_its_gpu_until_it_stops() -> None:
+    view = cluster_view([MIXED], [], OURS)
+    broker = Broker(Store(), view.inventory, clock=VirtualClock(1_700_000_000.0))
+    ann = broker.submit("ann", Size(profile="3g.20gb"))
+    lease_id = broker.request(ann.id).lease_id or ""
+    labels = {BROKER_LABEL: OURS, LEASE_LABEL: lease_id}
+    running = [pod("jupyter-ann", "dgx-mixed", {"nvidia.com/mig-3g.20gb": "1"}, labels=labels)]
+    view = cluster_view([MIXED], running, OURS)
+    assert view.grants == {lease_id: {("dgx-mixed", "3g.20gb"): 1}} and view.outside == {}
+    apply_view(broker, view)
+    assert broker.drained_by(ENGINE) == set()  # its own pod, its lease active
+
+    broker.release(lease_id)  # e.g. reclaimed: the spawner has not stopped the pod yet
+    apply_view(broker, view)
+    (held,) = broker.drained_by(ENGINE)
+    assert broker.drained()[held][0] == (
+        f"1 of 2 3g.20gb on dgx-mixed in use outside the broker or by the work of ended lease "
+        f"{lease_id}"
+    )
+    bob = broker.submit("bob", Size(profile="3g.20gb"))
+    cat = broker.submit("cat", Size(profile="3g.20gb"))
+    assert [broker.request(r.id).state.value for r in (bob, cat)] == ["granted", "queued"]
+    apply_view(broker, cluster_view([MIXED], [], OURS))  # the pod has stopped
+    broker.schedule()
+    assert broker.request(cat.id).state.value == "granted"

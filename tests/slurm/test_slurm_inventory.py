@@ -19,6 +19,7 @@ from jupyter_gpubroker.broker.errors import InvalidRequest, Unsatisfiable
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.cli import render_status
 from jupyter_gpubroker.engines import ENGINE
+from jupyter_gpubroker.engines.slurm import gres_request
 from jupyter_gpubroker.runtime import GPUBroker
 
 pytestmark = pytest.mark.usefixtures("slurm")
@@ -129,6 +130,44 @@ def test_a_lease_without_its_slurm_job_is_released(broker: GPUBroker) -> None:
     poll(broker)
     ended = core.request(granted.id)
     assert ended.state.value == "released" and ended.reason == "its Slurm job ended"
+
+
+def test_a_job_still_running_after_its_lease_ended_holds_its_gpu(broker: GPUBroker) -> None:
+    """A lease can end before its job does (a reclaim whose ``scancel`` is not through, a
+    hub that is down): the job's gres stay held back until Slurm ends it, so the next
+    request waits instead of being sent to a GPU Slurm still runs a job on."""
+    core = broker.core
+    granted = core.submit("ann", Size(gpus=1))
+    lease = core.lease(core.request(granted.id).lease_id or "")
+    node, gres = gres_request(lease.devices)
+    job = sh(
+        "sbatch",
+        "--parsable",
+        "--output=/dev/null",
+        f"--comment=gpubroker-lease={lease.id}",
+        f"--gres={gres}",
+        "-w",
+        node,
+        "--wrap",
+        "sleep 600",
+    ).strip()
+    until(f"job {job} to run", lambda: "RUNNING" in sh("squeue", "-h", "-j", job, "-o", "%T"))
+    poll(broker)
+    assert core.drained_by(ENGINE) == set()  # the broker's own job is not outside work
+    core.release(lease.id)
+    poll(broker)
+    (held,) = core.drained_by(ENGINE)
+    assert core.drained()[held][0] == (
+        f"1 of 4 gpu on {node} in use outside the broker or by the work of ended lease {lease.id}"
+    )
+    whole = core.submit("bob", Size(gpus=4))
+    assert core.request(whole.id).state.value == "queued"
+    sh("scancel", job)
+    until(
+        "the job to end", lambda: not sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
+    )
+    poll(broker)
+    assert core.request(whole.id).state.value == "granted"
 
 
 def unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
