@@ -601,9 +601,9 @@ class GPUBroker(LoggingConfigurable):
         for node in sorted({d.node for d in added}):
             count = sum(d.node == node for d in added)
             self.log.info("GPU broker: %d devices on %s joined the inventory", count, node)
-        engine = self.engine.name.capitalize()
-        for lease_id in release_ended(self.core, view, self.engine_grace, engine):
-            self.log.info("GPU broker: lease %s released: its %s job ended", lease_id, engine)
+        work = f"{self.engine.name.capitalize()} {self.engine.work}"
+        for lease_id in release_ended(self.core, view, self.engine_grace, work):
+            self.log.info("GPU broker: lease %s released: its %s ended", lease_id, work)
 
     def engine_state(self) -> dict[str, Any] | None:
         """The engine the inventory comes from, and whether it answers (None: NVML)."""

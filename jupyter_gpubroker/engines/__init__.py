@@ -49,8 +49,9 @@ class ClusterView:
     outside: Mapping[tuple[str, str], int] = field(default_factory=dict)
     down: Mapping[str, str] = field(default_factory=dict)
     holders: Mapping[str, str] | None = None
-    """Lease id -> the engine's work carrying it out (a Slurm job id): the broker's
-    grants the engine still runs or queues. ``None``: the source does not track them."""
+    """Lease id -> the engine's work carrying it out (a Slurm job id, a pod): the
+    broker's grants the engine still runs or queues. ``None``: the source does not track
+    them."""
     grants: Mapping[str, Mapping[tuple[str, str], int]] = field(default_factory=dict)
     """Lease id -> (node, device class) -> how many devices the broker's granted work
     runs on now. Left out of ``outside``; once its lease has ended (released, reclaimed)
@@ -68,6 +69,8 @@ class InventorySource(Protocol):
     keeps its queue and its last view and says so."""
 
     name: str
+    work: str
+    """What carries out a grant there, as a user reads it: ``job``, ``pod``."""
 
     async def read(self) -> ClusterView: ...
 
@@ -173,11 +176,12 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
 
 
 def release_ended(
-    broker: Broker, view: ClusterView, grace_s: float, engine: str = "engine"
+    broker: Broker, view: ClusterView, grace_s: float, work: str = "engine job"
 ) -> list[str]:
     """Release the leases whose engine work ended: granted over ``grace_s`` seconds ago
     (the time a spawner has to submit its job) and not among the view's ``holders``,
-    such as a job cancelled with ``scancel`` or one that ended while the broker was down.
+    such as a job cancelled with ``scancel``, a pod deleted with ``kubectl``, or work that
+    ended while the broker was down; ``work`` names it in the reason ("Slurm job").
     The lease ids it released; nothing when the view does not track holders."""
     if view.holders is None:
         return []
@@ -186,5 +190,5 @@ def release_ended(
         x.id for x in broker.leases() if x.id not in view.holders and now - x.granted_at > grace_s
     ]
     for lease_id in ended:
-        broker.release(lease_id, reason=f"its {engine} job ended")
+        broker.release(lease_id, reason=f"its {work} ended")
     return ended

@@ -19,8 +19,9 @@ and withheld from grants, with the reason (``ClusterView.withheld``).
 
 What runs on a node is the requests of its bound pods that have not ended; the broker's own
 pods (labelled ``gpubroker.jupyter.org/broker=<its name>``) are its grants, listed by
-their ``gpubroker.jupyter.org/lease`` label (a pod whose lease has ended still holds its
-devices until it stops), the rest is work outside the broker. A cordoned (unschedulable)
+their ``gpubroker.jupyter.org/lease`` label, bound to a node or still pending (a lease
+whose pod is gone is released; a pod whose lease has ended still holds its devices until
+it stops); the rest, once bound, is work outside the broker. A cordoned (unschedulable)
 or NotReady node is down with that reason; a node that left the cluster is drained by
 :func:`apply_view`.
 """
@@ -202,19 +203,24 @@ def _size(
 def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> ClusterView:
     """What the API server's ``nodes`` and ``pods`` (the official client's ``V1Node`` and
     ``V1Pod``) say: every GPU node's devices, the devices pods outside ``broker``'s grants
-    hold, the nodes that take no pods and the classes shared out."""
+    hold, the broker's pods by lease, the nodes that take no pods and the classes shared
+    out. ``pods``: every pod not ended, bound or not."""
     used: Counter[tuple[str, str]] = Counter()
     mine: dict[str, Counter[tuple[str, str]]] = {}
     """Lease -> (node, resource) -> count: what the broker's own pods hold."""
+    holders: dict[str, str] = {}
     for pod in pods:
         where = pod.spec.node_name if pod.spec else None
         phase = pod.status.phase if pod.status else None
-        if not where or phase in ENDED_PHASES:
+        if phase in ENDED_PHASES:
             continue
         labels = pod.metadata.labels or {}
-        held = used
-        if labels.get(BROKER_LABEL) == broker:
-            held = mine.setdefault(labels.get(LEASE_LABEL, ""), Counter())
+        lease = labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
+        if lease:
+            holders[lease] = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        if not where:
+            continue  # not bound to a node yet: it holds nothing there
+        held = used if lease is None else mine.setdefault(lease, Counter())
         for resource, n in pod_gpu_requests(pod).items():
             held[(where, resource.removesuffix(SHARED_SUFFIX))] += n
     gpus: list[Gpu] = []
@@ -263,7 +269,7 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
         if lease
     }
     inventory = Inventory(tuple(gpus), tuple(devices))
-    return ClusterView(inventory, outside, down, grants=grants, withheld=withheld)
+    return ClusterView(inventory, outside, down, holders=holders, grants=grants, withheld=withheld)
 
 
 def _shared_reason(cls: str, replicas: int, labels: Mapping[str, str]) -> str:
@@ -284,6 +290,7 @@ class KubernetesInventory(LoggingConfigurable):
     cluster with the service account's token, else with ``$KUBECONFIG``."""
 
     name = "kubernetes"
+    work = "pod"
 
     broker_name = Unicode(
         "gpubroker",
@@ -346,7 +353,7 @@ class KubernetesInventory(LoggingConfigurable):
                     _request_timeout=timeout,
                 ),
                 api.list_pod_for_all_namespaces(
-                    field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                    field_selector="status.phase!=Succeeded,status.phase!=Failed",
                     resource_version="0",
                     _request_timeout=timeout,
                 ),

@@ -316,6 +316,7 @@ class SlurmInventory(LoggingConfigurable):
     "slurm"``): see the module's docstring."""
 
     name = "slurm"
+    work = "job"
 
     scontrol = Unicode("scontrol", help="Slurm's scontrol command (a path, or on PATH).").tag(
         config=True

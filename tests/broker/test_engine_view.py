@@ -132,10 +132,10 @@ def test_a_lease_the_engine_no_longer_runs_is_released_after_the_grace(
     gone = broker.submit("bob", Size(gpus=1))
     ids = {r.id: broker.request(r.id).lease_id for r in (held, gone)}
     view = ClusterView(inv, holders={ids[held.id]: "41"})
-    assert release_ended(broker, ClusterView(inv), 60, "Slurm") == []  # holders not tracked
-    assert release_ended(broker, view, 60, "Slurm") == []  # its job may still be on its way
+    assert release_ended(broker, ClusterView(inv), 60, "Slurm job") == []  # holders not tracked
+    assert release_ended(broker, view, 60, "Slurm job") == []  # its job may still be on its way
     clock.advance(61)
-    assert release_ended(broker, view, 60, "Slurm") == [ids[gone.id]]
+    assert release_ended(broker, view, 60, "Slurm job") == [ids[gone.id]]
     ended = broker.request(gone.id)
     assert ended.state.value == "released" and ended.reason == "its Slurm job ended"
     assert broker.request(held.id).state.value == "granted"

@@ -38,7 +38,12 @@ from jupyter_gpubroker.broker.clock import VirtualClock  # noqa: E402
 from jupyter_gpubroker.broker.core import Broker  # noqa: E402
 from jupyter_gpubroker.broker.models import Size  # noqa: E402
 from jupyter_gpubroker.broker.store import Store  # noqa: E402
-from jupyter_gpubroker.engines import ENGINE, EngineUnavailable, apply_view  # noqa: E402
+from jupyter_gpubroker.engines import (  # noqa: E402
+    ENGINE,
+    EngineUnavailable,
+    apply_view,
+    release_ended,
+)
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
@@ -323,9 +328,8 @@ async def test_the_source_reads_the_api_servers_lists(kubeconfig: Any, status: i
     assert view.outside == {("dgx-mixed", "gpu"): 1}
     queries = {q.split("?")[0]: parse_qs(q.split("?")[1]) for q in asked}
     assert queries["nodes"] == {"labelSelector": ["pool=gpu"], "resourceVersion": ["0"]}
-    assert queries["pods"]["fieldSelector"] == [
-        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-    ]
+    # pending pods too: a broker pod waiting at the scheduler still carries out its lease
+    assert queries["pods"]["fieldSelector"] == ["status.phase!=Succeeded,status.phase!=Failed"]
 
 
 # Four H100s time-sliced 4 ways under the plugin's default naming: 16 x nvidia.com/gpu.
@@ -424,3 +428,29 @@ def test_a_pod_whose_lease_ended_holds_its_gpu_until_it_stops() -> None:
     apply_view(broker, cluster_view([MIXED], [], OURS))  # the pod has stopped
     broker.schedule()
     assert broker.request(cat.id).state.value == "granted"
+
+
+def test_a_lease_whose_pod_is_gone_is_released_and_a_pending_pods_is_not() -> None:
+    clock = VirtualClock(1_700_000_000.0)
+    broker = Broker(Store(), cluster_view([MIXED], [], OURS).inventory, clock=clock)
+    leases = {}
+    for user in ("ann", "bob", "cat"):
+        r = broker.submit(user, Size(profile="1g.5gb"))
+        leases[user] = broker.request(r.id).lease_id or ""
+
+    def ours(name: str, user: str, on: str | None, phase: str) -> Any:
+        labels = {BROKER_LABEL: OURS, LEASE_LABEL: leases[user]}
+        return pod(name, on, {"nvidia.com/mig-1g.5gb": "1"}, phase=phase, labels=labels)
+
+    pods = [
+        ours("jupyter-ann", "ann", "dgx-mixed", "Running"),
+        ours("jupyter-bob", "bob", None, "Pending"),  # not bound yet: at the scheduler
+        ours("jupyter-cat", "cat", "dgx-mixed", "Failed"),  # ended
+    ]
+    view = cluster_view([MIXED], pods, OURS)
+    assert view.holders == {leases["ann"]: "jhub/jupyter-ann", leases["bob"]: "jhub/jupyter-bob"}
+    assert view.grants == {leases["ann"]: {("dgx-mixed", "1g.5gb"): 1}}
+    clock.advance(120)
+    assert release_ended(broker, view, 60, "Kubernetes pod") == [leases["cat"]]
+    assert broker.lease(leases["cat"]).reason == "its Kubernetes pod ended"
+    assert {x.user for x in broker.leases()} == {"ann", "bob"}
