@@ -116,10 +116,11 @@ class NoReadings:
 
 def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     """Add to ``broker`` the devices ``view`` has that it lacks (a node or gres that
-    joined), drain what the engine holds back, shares or no longer lists (a node that
-    left, gres removed from a node that stays), and lift the engine's drains it no longer holds.
-    Idempotent: a view applied twice changes nothing the second time. An admin's or
-    health's own drain is left alone. The devices added."""
+    joined); drain what the engine holds back, shares or no longer lists (a node that
+    left, gres removed from a node that stays) and what work outside the broker or of an
+    ended lease still uses; lift the engine's drains it no longer holds. Idempotent: a
+    view applied twice changes nothing the second time. An admin's or health's own drain
+    is left alone. The devices added."""
     placer = broker.placer
     added = broker.add_devices(view.inventory.gpus, view.inventory.devices)
     wanted: dict[str, str] = {}
