@@ -218,11 +218,11 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
         lease = labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
         if lease:
             holders[lease] = f"{pod.metadata.namespace}/{pod.metadata.name}"
-        if not where:
-            continue  # not bound to a node yet: it holds nothing there
+        if not where or lease == "":
+            continue  # not bound to a node yet, or the broker's without a lease: not counted
         held = used if lease is None else mine.setdefault(lease, Counter())
         for resource, n in pod_gpu_requests(pod).items():
-            held[(where, resource.removesuffix(SHARED_SUFFIX))] += n
+            held[(where, resource)] += n
     gpus: list[Gpu] = []
     devices: list[Device] = []
     outside: dict[tuple[str, str], int] = {}
@@ -266,7 +266,6 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
     grants = {
         lease: Counter({(at[0], class_of[at]): n for at, n in held.items() if at in class_of})
         for lease, held in mine.items()
-        if lease
     }
     inventory = Inventory(tuple(gpus), tuple(devices))
     return ClusterView(inventory, outside, down, holders=holders, grants=grants, withheld=withheld)
