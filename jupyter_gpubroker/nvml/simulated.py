@@ -145,9 +145,11 @@ class _Unit:
     def used_mib(self) -> int:
         return self.memory_used_mib + sum(self.processes.values())
 
-    def accrue(self) -> None:
-        """Bring the activity integrals up to now (before the load changes, or a sample)."""
-        now = time.monotonic()
+    def accrue(self, now: float | None = None) -> None:
+        """Bring the activity integrals up to ``now`` (default: this instant), before the
+        load changes or for a sample, which passes its own timestamp so that its counters
+        and its time are read at one instant, as a real GPM sample's are."""
+        now = time.monotonic() if now is None else now
         self.busy_s += self.utilization / 100 * (now - self.accrued_at)
         self.memory_busy_s += self.memory_utilization / 100 * (now - self.accrued_at)
         self.accrued_at = now
@@ -1064,13 +1066,14 @@ class SimulatedNvml:
         gi = _found(gpu.instances.get(_val(gi_id)))
         record: _GpmSample = self._lookup(sample, "gpm")
         units = list(gi.computes.values())
+        now = time.monotonic()
         for unit in units:
-            unit.accrue()
+            unit.accrue(now)
 
         def share(value: Callable[[_MigDevice], float]) -> float:
             return sum(value(m) * m.slices for m in units) / gi.profile.compute_slices
 
-        record.source, record.at = gi, time.monotonic()
+        record.source, record.at = gi, now
         record.busy = (share(lambda m: m.busy_s), share(lambda m: m.memory_busy_s))
         record.rates = (share(lambda m: m.utilization), share(lambda m: m.memory_utilization))
 
