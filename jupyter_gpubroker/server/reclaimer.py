@@ -44,10 +44,17 @@ show why. Its lease, and so its device, went back to the queue at the reclaim.""
 
 
 class _Watch:
-    """One kernel's execution state and last activity, from its IOPub status messages."""
+    """One kernel's execution state and last activity, from its IOPub status messages.
+
+    A new subscription misses what the kernel publishes before it is connected (ZeroMQ's
+    "slow joiner"), so a watch begun while a cell runs can miss that cell's end and see
+    the kernel busy for good: a GPU server that never looks idle keeps its GPU. So a busy
+    watch defers to jupyter-server's own state, watched since the kernel started, once
+    that says idle (only that way: jupyter-server also counts requests that are no use
+    of the kernel, such as completions, as busy)."""
 
     def __init__(self, kernel: Any, clock: Clock) -> None:
-        self.clock = clock
+        self.kernel, self.clock = kernel, clock
         state = getattr(kernel, "execution_state", "idle")
         self.state = state if state in ("idle", "busy") else "idle"
         last = getattr(kernel, "last_activity", None)
@@ -67,6 +74,8 @@ class _Watch:
             self.state, self.last_activity = state, self.clock.now()
 
     def observe(self) -> KernelState:
+        if self.state == "busy" and getattr(self.kernel, "execution_state", None) == "idle":
+            self.state, self.last_activity = "idle", self.clock.now()  # its end was missed
         return KernelState(self.state, self.last_activity)
 
     def close(self) -> None:
