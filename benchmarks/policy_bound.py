@@ -31,18 +31,33 @@ from typing import Any
 
 from jupyter_gpubroker.broker.models import Request
 from jupyter_gpubroker.broker.policy import BrokerPolicy, Context, make_policy
-from jupyter_gpubroker.replay import load, replay, summarize
+from jupyter_gpubroker.replay import replay, summarize
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from replay import SCENARIOS, TARGET_SCENARIOS, TRACES  # noqa: E402
+from replay import (  # noqa: E402
+    SCENARIOS,
+    TARGET_SCENARIOS,
+    TRACES,
+    _start_worker,
+    scenario_trace,
+)
+
+Params = tuple[tuple[str, float], ...]
+"""A grid point: (parameter, value) of the fair-share and the service weight."""
+Got = dict[tuple[str, str, Params], tuple[float, float, int]]
 
 FAIRSHARE = (300.0, 1000.0, 3000.0)
 SERVICE = (1000.0, 3000.0, 10000.0)
-GRID = tuple(
-    {"weight_fairshare": f, "weight_service": s} for f, s in itertools.product(FAIRSHARE, SERVICE)
+GRID: tuple[Params, ...] = tuple(
+    (("weight_fairshare", f), ("weight_service", s))
+    for f, s in itertools.product(FAIRSHARE, SERVICE)
 )
-"""The weights tried; the defaults (1000, 1000) are one of them."""
+"""The weights tried; the defaults are one of them."""
+DEFAULTS: Params = (
+    ("weight_fairshare", BrokerPolicy.weight_fairshare),
+    ("weight_service", BrokerPolicy.weight_service),
+)
 
 
 class _TrueHolds:
@@ -70,19 +85,15 @@ class BrokerTrue(BrokerPolicy):
         return super().ranker(_TrueHolds(ctx), now)  # type: ignore[arg-type]
 
 
-def run(task: tuple[str, str, tuple[tuple[str, float], ...], Path]) -> tuple[Any, ...]:
+def run(task: tuple[str, str, Params]) -> tuple[Any, ...]:
     """One replay: (scenario, column, params) -> its mean wait, Jain's index, starved."""
-    name, column, params, traces = task
+    name, column, params = task
     s = next(s for s in SCENARIOS if s.name == name)
-    trace = load(traces / s.trace, s.fmt)
+    trace = scenario_trace(s)
     policy = BrokerTrue(**dict(params)) if column == "true" else make_policy(column, **dict(params))
     out = summarize(replay(trace, policy, inventory=s.inventory, compress=s.compress))
     print(f"  {name} {column} {dict(params) or ''}: {out['wall_s']:.1f} s", file=sys.stderr)
     return name, column, params, out["mean_wait_s"], out["jain"], out["starved"]
-
-
-Params = tuple[tuple[str, float], ...]
-Got = dict[tuple[str, str, Params], tuple[float, float, int]]
 
 
 def _got(rows: list[tuple[Any, ...]]) -> Got:
@@ -108,8 +119,7 @@ def grid(rows: list[tuple[Any, ...]], names: list[str]) -> str:
         "|---|---|---|---|",
     ]
     for n in names:
-        for g in GRID:
-            p = tuple(sorted(g.items()))
+        for p in GRID:
             cells = [_weights(p), _cell(got, n, "broker", p), _cell(got, n, "true", p)]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -118,13 +128,12 @@ def grid(rows: list[tuple[Any, ...]], names: list[str]) -> str:
 def table(rows: list[tuple[Any, ...]], names: list[str]) -> str:
     """The bound per scenario, as markdown."""
     got = _got(rows)
-    defaults = tuple(sorted({"weight_fairshare": 1000.0, "weight_service": 1000.0}.items()))
 
     def best(n: str, column: str) -> str:
         slurm, fcfs = got[(n, "slurm", ())], got[(n, "fcfs", ())]
         ok = [
             (got[(n, column, p)][0], p)
-            for p in (tuple(sorted(g.items())) for g in GRID)
+            for p in GRID
             if got[(n, column, p)][1] >= slurm[1] and got[(n, column, p)][2] <= fcfs[2]
         ]
         if not ok:
@@ -143,7 +152,7 @@ def table(rows: list[tuple[Any, ...]], names: list[str]) -> str:
         sw, sj, _ = got[(n, "slurm", ())]
         lines.append(
             f"| {n} | {sw:,.0f} s, {sj:.4f} | {got[(n, 'fcfs', ())][2]:,} "
-            f"| {_cell(got, n, 'broker', defaults)} | {_cell(got, n, 'true', defaults)} "
+            f"| {_cell(got, n, 'broker', DEFAULTS)} | {_cell(got, n, 'true', DEFAULTS)} "
             f"| {best(n, 'broker')} | {best(n, 'true')} |"
         )
     return "\n".join(lines)
@@ -161,15 +170,17 @@ def main() -> None:
     if not (args.traces / "openb_pod_list_default.csv").exists():
         ap.error(f"no traces in {args.traces} (pass --traces DIR)")
     tasks = [
-        (n, c, p, args.traces)
+        (n, c, p)
         for n in args.scenarios
         for c, p in [
             ("fcfs", ()),
             ("slurm", ()),
-            *((c, tuple(sorted(g.items()))) for c in ("broker", "true") for g in GRID),
+            *((c, p) for c in ("broker", "true") for p in GRID),
         ]
     ]
-    with ProcessPoolExecutor(args.jobs) as ex:
+    with ProcessPoolExecutor(
+        args.jobs, initializer=_start_worker, initargs=(args.traces, False)
+    ) as ex:
         rows = list(ex.map(run, tasks))
     print(table(rows, args.scenarios), grid(rows, args.scenarios), sep="\n\n")
 

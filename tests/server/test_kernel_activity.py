@@ -10,6 +10,15 @@ from jupyter_gpubroker.broker.clock import SystemClock
 from jupyter_gpubroker.server.reclaimer import ServerKernels
 
 
+async def reaches(km, state: str) -> None:  # type: ignore[no-untyped-def]
+    """Wait (up to 5 s) until jupyter-server's own watch has the kernel in ``state``."""
+    for _ in range(100):
+        if km.execution_state == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the kernel never became {state}")
+
+
 async def test_a_kernel_watched_from_inside_a_cell_is_idle_once_the_cell_ends(jp_serverapp):
     # A GPU server whose kernel looked busy for good was never culled (seen in CI: its
     # activity watch began while a cell ran, and missed the cell's end).
@@ -22,18 +31,12 @@ async def test_a_kernel_watched_from_inside_a_cell_is_idle_once_the_cell_ends(jp
     try:
         await client.wait_for_ready(timeout=60)
         running = asyncio.ensure_future(client.execute_interactive("import time; time.sleep(1)"))
-        for _ in range(100):
-            if km.execution_state == "busy":
-                break
-            await asyncio.sleep(0.05)
+        await reaches(km, "busy")
         assert kernels.state(kid).execution_state == "busy"
         # the watch's subscription misses the end of the cell, as a slow joiner does
         kernels._watches[kid].stream.stop_on_recv()
         await running
-        for _ in range(100):
-            if km.execution_state == "idle":
-                break
-            await asyncio.sleep(0.05)
+        await reaches(km, "idle")
         ended = SystemClock().now()
         seen = kernels.state(kid)
         assert seen.execution_state == "idle"
