@@ -237,6 +237,7 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
             simulate="dgx-h100-mig:1",
             state_file=f"{home}/s.sqlite",
             gpu_lock_dir=f"{home}/gpu-locks",
+            user_gpu_lock_dir=f"{home}/user-gpu-locks",
             identity="username",
         )
         rt.start()

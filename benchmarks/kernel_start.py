@@ -60,6 +60,7 @@ def _start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
         "GPUBROKER_SIMULATE": "dgx-h100-mig",
         "GPUBROKER_STATE": str(tmp / "state.sqlite"),
         "GPUBROKER_LOCK_DIR": str(tmp / "gpu-locks"),  # its simulated GPUs, not the machine's
+        "GPUBROKER_USER_LOCK_DIR": str(tmp / "user-gpu-locks"),
     }
     proc = subprocess.Popen(
         [

@@ -60,8 +60,15 @@ from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
-from .paths import LOCK_DIR_ENV, STATE_FILE_ENV, default_lock_dir, default_state_path
-from .statelock import GpuLocks, StateLock
+from .paths import (
+    LOCK_DIR_ENV,
+    STATE_FILE_ENV,
+    USER_LOCK_DIR_ENV,
+    default_lock_dir,
+    default_state_path,
+    default_user_lock_dir,
+)
+from .statelock import GpuLocks, StateLock, secure_state_file
 
 
 class GPUBroker(LoggingConfigurable):
@@ -87,15 +94,26 @@ class GPUBroker(LoggingConfigurable):
         return os.environ.get(SIMULATE_ENV, "")
 
     gpu_lock_dir = Unicode(
-        help=f"Machine-wide directory of one lock file per GPU UUID, shared by every broker "
-        f"on the machine (whatever its user or state file): a broker refuses to start on GPUs "
-        f"another one manages. World-writable and sticky; created so when missing "
-        f"(default ${LOCK_DIR_ENV}, else {default_lock_dir()}).",
+        help=f"Where a broker running as root keeps one lock file per GPU UUID, so that no "
+        f"other broker on the machine (whatever its user or state file) manages its GPUs. "
+        f"Only root may write it: created 0755, refused if another user owns it or may write "
+        f"in it (default ${LOCK_DIR_ENV}, else {default_lock_dir()}).",
     ).tag(config=True)
 
     @default("gpu_lock_dir")
     def _default_gpu_lock_dir(self) -> str:
         return os.environ.get(LOCK_DIR_ENV) or str(default_lock_dir())
+
+    user_gpu_lock_dir = Unicode(
+        help=f"Where brokers of ordinary users (not root) keep their per-GPU lock files, "
+        f"shared by every user: world-writable and sticky, created so when missing. Such a "
+        f"broker also refuses GPUs root's broker holds in gpu_lock_dir (default "
+        f"${USER_LOCK_DIR_ENV}, else {default_user_lock_dir()}).",
+    ).tag(config=True)
+
+    @default("user_gpu_lock_dir")
+    def _default_user_gpu_lock_dir(self) -> str:
+        return os.environ.get(USER_LOCK_DIR_ENV) or str(default_user_lock_dir())
 
     policy = Enum(
         sorted(POLICIES), default_value="broker", help="Ordering policy: broker, slurm or fcfs."
@@ -438,11 +456,16 @@ class GPUBroker(LoggingConfigurable):
         if self.state_file != ":memory:":
             self._lock = StateLock(state)
             self._lock.acquire(self.api_url)
+            secure_state_file(state, self.log)
         view: ClusterView | None = None
         if self.inventory_source == "nvml":
             self.backend = open_backend(self.simulate, log=self.log)
             inventory = self.backend.inventory()
-            self._gpu_locks = GpuLocks(Path(self.gpu_lock_dir).expanduser())
+            self._gpu_locks = GpuLocks(
+                Path(self.gpu_lock_dir).expanduser(),
+                Path(self.user_gpu_lock_dir).expanduser(),
+                self.log,
+            )
             self._gpu_locks.acquire((g.uuid for g in inventory.gpus), self.api_url)
         else:
             if self.dynamic_mig:

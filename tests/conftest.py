@@ -20,7 +20,7 @@ from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.client import URL_ENV
 from jupyter_gpubroker.kernelspec import spec_for
-from jupyter_gpubroker.paths import LOCK_DIR_ENV
+from jupyter_gpubroker.paths import LOCK_DIR_ENV, USER_LOCK_DIR_ENV
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 PROXY = "configurable-http-proxy"
@@ -41,6 +41,7 @@ def _own_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     checkouts too) run in parallel. No test server talks to a central broker unless it
     says so."""
     monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("gpu-locks")))
+    monkeypatch.setenv(USER_LOCK_DIR_ENV, str(tmp_path_factory.mktemp("user-gpu-locks")))
     monkeypatch.delenv(URL_ENV, raising=False)
 
 

@@ -75,6 +75,7 @@ class Hub:
             "tick_interval": 0.5,
             # the hub passes services no environment of ours: the tests' own lock dir
             "gpu_lock_dir": str(home / "gpu-locks"),
+            "user_gpu_lock_dir": str(home / "user-gpu-locks"),
             **broker,
         }
         self.port, self.proxy_port, self.hub_port, self.service_port = (

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpubroker.api import API_PREFIX
-from jupyter_gpubroker.paths import LOCK_DIR_ENV
+from jupyter_gpubroker.paths import LOCK_DIR_ENV, USER_LOCK_DIR_ENV
 
 TOKEN = "live-server-token"
 EXTENSIONS = {  # only ours: the others slow every start down
@@ -64,6 +64,7 @@ class LiveServer:
             "JUPYTER_RUNTIME_DIR": str(self.home / "runtime"),
             # its simulated GPUs are its own (a benchmark's too), unless a test says whose
             LOCK_DIR_ENV: os.environ.get(LOCK_DIR_ENV) or str(self.home / "gpu-locks"),
+            USER_LOCK_DIR_ENV: os.environ.get(USER_LOCK_DIR_ENV) or str(self.home / "user-locks"),
         }
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(

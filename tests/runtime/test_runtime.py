@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 
 import pytest
@@ -122,7 +123,8 @@ def test_a_second_broker_on_the_same_state_file_is_refused_naming_the_first(tmp_
         with pytest.raises(StateFileError) as info:
             second.start()
         assert info.value.message.startswith(
-            f"{tmp_path / 'state.sqlite'}: in use by another GPU broker (pid {os.getpid()} on "
+            f"{tmp_path / 'state.sqlite'}: in use by another GPU broker (pid {os.getpid()} of user "
+            f"{pwd.getpwuid(os.geteuid()).pw_name} on "
             f"{socket.gethostname()}, serving http://127.0.0.1:8888/gpubroker/api/v1)"
         )
         with pytest.raises(RuntimeError, match="not been started"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import socket
 import sqlite3
 import sys
@@ -25,6 +26,9 @@ SIMULATED_GPU = "GPU-1dd45ae0-2c16-1fa1-4a50-2dbdd1d704fa"
 
 def garbage(state: Path) -> None:
     state.write_bytes(b"this is not a database\n" * 200)
+
+
+ME = pwd.getpwuid(os.geteuid()).pw_name
 
 
 def too_new(state: Path) -> None:
@@ -68,8 +72,9 @@ def expected(state: str, spoil: Callable[[Path], Any]) -> str:
     if spoil is other_broker:
         return (
             f"GPU {SIMULATED_GPU} is already managed by another GPU broker (pid {os.getpid()} "
-            f"on {socket.gethostname()}, serving {OTHER_URL}): brokers that share a machine "
-            "grant the same GPUs twice; run one broker for everyone as the JupyterHub service"
+            f"of user {ME} on {socket.gethostname()}, serving {OTHER_URL}): brokers that share "
+            "a machine grant the same GPUs twice; run one broker for everyone as the JupyterHub "
+            "service"
         )
     if spoil is too_new:
         return (
@@ -77,7 +82,8 @@ def expected(state: str, spoil: Callable[[Path], Any]) -> str:
             f"jupyter-gpubroker supports ({SCHEMA_VERSION}); upgrade the package"
         )
     return (
-        f"{state}: in use by another GPU broker (pid {os.getpid()} on {socket.gethostname()}, "
+        f"{state}: in use by another GPU broker (pid {os.getpid()} of user {ME} "
+        f"on {socket.gethostname()}, "
         "serving http://127.0.0.1:8888/gpubroker/api/v1); use that server, stop it, or give "
         "this one its own state file"
     )
