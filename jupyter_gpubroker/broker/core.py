@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,9 @@ ETA_MAX_AGE_S = 30.0
 times, which they rest on, move on."""
 MAX_GROUPS = 32
 MAX_OWNER = 256
+REQUEST_ID = re.compile(r"r-[0-9a-f]{12,32}")
+"""A request's id: the broker's own (``r-`` and 12 hex digits), or one its client chose
+at random, so that a submit retried after a lost answer is not queued twice."""
 
 
 class Partitioner(Protocol):
@@ -268,8 +272,13 @@ class Broker:
         owner: str = "",
         expected_duration_s: float | None = None,
         schedule: bool = True,
+        request_id: str | None = None,
     ) -> Request:
         """Queue a request (committed before returning), then run a scheduling pass.
+
+        ``request_id``: the client's own id for it; a submit that names one of the same
+        user's requests (one that reached the broker, its answer lost) returns that
+        request, changing nothing.
 
         Raises a ``BrokerError`` subclass, having written nothing, when the input is
         malformed, no device of this inventory could ever satisfy it, or a quota
@@ -292,8 +301,18 @@ class Broker:
         ):
             raise InvalidRequest("expected_duration_s must be between 0 and a year")
         self._check_satisfiable(size)
+        if request_id is not None:
+            if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+                raise InvalidRequest(
+                    "'id' must be 'r-' and 12 to 32 lowercase hex digits, chosen at random"
+                )
+            known = self._live.get(request_id) or self.store.request(request_id)
+            if known is not None:
+                if known.user != user:
+                    raise Conflict(f"request id {request_id!r} is taken: choose another")
+                return known
         r = Request(
-            id="r-" + secrets.token_hex(6),
+            id=request_id or "r-" + secrets.token_hex(6),
             user=user,
             groups=groups,
             size=size,
