@@ -309,7 +309,7 @@ class Broker:
             known = self._live.get(request_id) or self.store.request(request_id)
             if known is not None:
                 if known.user != user:
-                    raise Conflict(f"request id {request_id!r} is taken: choose another")
+                    raise InvalidRequest(f"request id {request_id!r} is taken: choose another")
                 return known
         r = Request(
             id=request_id or "r-" + secrets.token_hex(6),

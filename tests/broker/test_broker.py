@@ -99,7 +99,7 @@ def test_a_submit_repeated_under_its_id_is_queued_once(make_broker):
     first = b.submit("ada", Size(gpus=1), request_id=rid)
     assert b.submit("ada", Size(gpus=1), request_id=rid) is first
     assert [r.id for r in b.live_requests("ada")] == [rid]
-    with pytest.raises(Conflict):
+    with pytest.raises(InvalidRequest):
         b.submit("eve", Size(gpus=1), request_id=rid)
     with pytest.raises(InvalidRequest):
         b.submit("ada", Size(gpus=1), request_id="r-../x")

@@ -37,8 +37,6 @@ class Flaky(BrokerClient):
         return HTTPResponse(HTTPRequest(self.url + path), code, buffer=io.BytesIO(data))
 
 
-
-
 @pytest.fixture(autouse=True)
 def quick(monkeypatch) -> None:
     monkeypatch.setattr("jupyter_gpubroker.client.RETRY_S", 0.01)
