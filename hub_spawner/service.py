@@ -45,15 +45,18 @@ from urllib.parse import quote, urlsplit
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
-from traitlets import Float, Unicode
+from traitlets import Bool, Float, Unicode
 from traitlets.config import Application
 
 from jupyter_gpubroker import __version__
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.errors import BrokerError
+from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
 from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.server.handlers import handlers
@@ -63,10 +66,13 @@ from .hubauth import (
     API_PATH,
     HubAuthFromSettings,
     check_user,
+    has_scope,
     hub_identity,
     require_use,
 )
 from .pages import page_handlers
+
+METRICS_SCOPE = "read:metrics"
 
 
 class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
@@ -102,6 +108,87 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
 
 class CallbackHandler(HubAuthFromSettings, HubOAuthCallbackHandler):
     """The end of the hub's OAuth login."""
+
+
+class MetricsHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+    """``/metrics``: the broker's Prometheus families, as the embedded server serves them,
+    to a hub token with the hub's ``read:metrics`` scope, as the hub serves its own; to
+    anyone when ``authenticate_prometheus`` is off."""
+
+    async def get(self) -> None:
+        if self.settings["authenticate_prometheus"]:
+            model = await self.hub_auth.get_user(self, sync=False)
+            if not model or not has_scope(model, METRICS_SCOPE):
+                self.set_status(403)
+                self.finish(
+                    f"metrics need a hub token with the {METRICS_SCOPE} scope "
+                    "(c.JupyterHub.load_roles), or "
+                    "c.GPUBrokerService.authenticate_prometheus = False\n"
+                )
+                return
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.write(generate_latest(self.settings["metrics_registry"]))
+
+
+async def release_stopped_servers(
+    broker: GPUBroker, hub_auth: HubOAuth, log: Any, tries: int = 30
+) -> list[str]:
+    """Release the leases of hub servers that do not run (a hub stops its service before
+    its servers, whose give-back then finds no broker), at once rather than a TTL later.
+    Each is charged up to its last renewal: the hub tells no server's stop time, and a
+    running server renews every third of the TTL. The hub is asked with the service's
+    token (``read:servers``); a user the hub does not answer for keeps the lease, to
+    expire as before. Returns the released lease ids."""
+    core = broker.core
+    held = {
+        lease.id: lease
+        for lease in core.leases()
+        if core.request(lease.request_id).owner.startswith(SERVER_OWNER)
+    }
+    released = []
+    for user in sorted({lease.user for lease in held.values()}):
+        url = url_path_join(hub_auth.api_url, "users", quote(user, safe=""))
+        for _ in range(tries):  # the hub may still be starting
+            try:
+                response = await AsyncHTTPClient().fetch(
+                    url,
+                    headers={"Authorization": f"token {hub_auth.api_token}"},
+                    raise_error=False,
+                )
+            except OSError:
+                await asyncio.sleep(1)
+                continue
+            break
+        else:
+            continue
+        if response.code == 404:
+            running: set[str] | None = set()
+        elif response.code == 200:
+            servers = json.loads(response.body).get("servers")
+            running = None if servers is None else {f"{user}:{n}" if n else user for n in servers}
+        else:
+            running = None
+        if running is None:
+            log.warning(
+                "GPU broker service: cannot read %s's servers from the hub (%s): grant the "
+                "service read:servers; their GPUs are released only as their leases expire",
+                user,
+                response.code,
+            )
+            continue
+        for lease in held.values():
+            owner = core.request(lease.request_id).owner[len(SERVER_OWNER) :]
+            if lease.user == user and owner not in running:
+                core.release(
+                    lease.id,
+                    reason=f"server {owner} is not running",
+                    charged_until=lease.expires_at - lease.ttl_s,
+                )
+                log.info(
+                    "GPU broker service: released %s of server %s (not running)", lease.id, owner
+                )
+                released.append(lease.id)
+    return released
 
 
 class HubGroups:
@@ -157,6 +244,11 @@ class GPUBrokerService(Application):
     stop_timeout = Float(
         10.0, help="Seconds open connections (event streams) get to close on SIGTERM."
     ).tag(config=True)
+    authenticate_prometheus = Bool(
+        True,
+        help="Whether /metrics needs a hub token with read:metrics (as the hub's own "
+        "c.JupyterHub.authenticate_prometheus); False serves it to anyone who reaches it.",
+    ).tag(config=True)
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
@@ -207,12 +299,15 @@ class GPUBrokerService(Application):
             [
                 *handlers(HubHost, root=url_path_join(prefix, API_PATH)),
                 (url_path_join(prefix, "oauth_callback"), CallbackHandler),
+                (url_path_join(prefix, "metrics"), MetricsHandler),
                 *page_handlers(prefix),
             ],
             gpubroker=broker,
             gpubroker_api=BrokerAPI(broker),
             hub_auth=hub_auth,
             hub_groups=HubGroups(hub_auth, self.log),
+            authenticate_prometheus=self.authenticate_prometheus,
+            metrics_registry=self._metrics_registry(broker),
             cookie_secret=self._cookie_secret(broker.state_file),
             log_function=self._log_request,
         )
@@ -221,17 +316,27 @@ class GPUBrokerService(Application):
         server.listen(where.port or 80, where.hostname or "127.0.0.1")
         broker.start_ticking()
         self.log.info("GPU broker service: the API at %s", broker.api_url)
+        reconciling = asyncio.ensure_future(release_stopped_servers(broker, hub_auth, self.log))
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         await stopping.wait()
         self.log.info("GPU broker service: stopping")
+        reconciling.cancel()
         server.stop()
         try:
             await asyncio.wait_for(server.close_all_connections(), self.stop_timeout)
         except asyncio.TimeoutError:
             self.log.warning("GPU broker service: connections still open; stopping anyway")
+
+    @staticmethod
+    def _metrics_registry(broker: GPUBroker) -> CollectorRegistry:
+        """The broker's metrics alone: the service has no host metrics of its own."""
+        registry = CollectorRegistry(auto_describe=True)
+        if broker.metrics is not None:
+            broker.metrics.register(registry)
+        return registry
 
     def _cookie_secret(self, state_file: str) -> bytes:
         if state_file == ":memory:" and not self.cookie_secret_file:

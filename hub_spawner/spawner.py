@@ -58,6 +58,10 @@ from .hubauth import API_PATH, USE_SCOPE
 from .options import Choices, expected_duration, gpu_request, options_from_form, waiting_message
 
 LEASE_ENV = SERVER_LEASE_ENV
+GIVE_BACK_RETRY_S = 5.0
+"""How long a stopping server tries to give its GPU back: a hub that stops takes its
+broker service down first, and the restarted service releases the lease itself
+(``service.release_stopped_servers``)."""
 
 
 class GPUBrokerSpawnerMixin(Configurable):
@@ -135,10 +139,12 @@ class GPUBrokerSpawnerMixin(Configurable):
             )
         return url_path_join(service.url, service.prefix, API_PATH)
 
-    def _client(self) -> BrokerClient:
+    def _client(self, retry_for: float | None = None) -> BrokerClient:
+        """The broker as the server's user; its calls wait out a service restarting for
+        ``retry_for`` seconds (``BrokerClient``'s default: the lease TTL)."""
         if not self._token:
             self._token = self._new_token()
-        return BrokerClient(self._broker_url, token=self._token)
+        return BrokerClient(self._broker_url, token=self._token, retry_for=retry_for)
 
     @property
     def _token_note(self) -> str:
@@ -335,7 +341,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         try:
             for _ in range(120):  # once the hub's startup is over, and its broker service's
                 try:
-                    await self._client().me()
+                    await self._client(retry_for=0).me()  # this loop is the retry
                     response = await AsyncHTTPClient().fetch(request, raise_error=False)
                 except BrokerAPIError as e:
                     why = e.message
@@ -499,7 +505,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         if not held:
             return
         try:
-            client = self._client()
+            client = self._client(retry_for=GIVE_BACK_RETRY_S)
             if held.get("lease_id"):
                 await client.release(held["lease_id"])
             else:

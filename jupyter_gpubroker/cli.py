@@ -27,6 +27,8 @@ from .broker.errors import BrokerError, InvalidRequest
 from .broker.models import Lease, Size
 from .broker.store import Store
 from .client import (
+    RETRY_ENV,
+    RETRY_FOR_S,
     TOKEN_ENV,
     URL_ENV,
     BrokerAPIError,
@@ -183,6 +185,14 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a Jupyter or JupyterHub token (default: the server's; with --url or "
         "$GPUBROKER_URL, $GPUBROKER_JUPYTER_TOKEN else $JUPYTERHUB_API_TOKEN)",
+    )
+    p.add_argument(
+        "--retry-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"how long to keep trying a broker that does not answer, e.g. a hub service "
+        f"restarting (default ${RETRY_ENV}, else {RETRY_FOR_S:g})",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -497,6 +507,8 @@ def _client(args: argparse.Namespace) -> BrokerClient:
             url,
             token=args.token or user_token_from_env(),
             kernel_token=os.environ.get(TOKEN_ENV, ""),
+            retry_for=getattr(args, "retry_for", None),
+            on_retry=_retrying,
         )
         if url
         else next(_server_clients(args.token), None)
@@ -511,15 +523,20 @@ def _client(args: argparse.Namespace) -> BrokerClient:
     return found
 
 
+def _retrying(why: str) -> None:
+    print(f"the GPU broker does not answer ({why}): trying again", file=sys.stderr)
+
+
 def _server_clients(token: str | None) -> Iterator[BrokerClient]:
     """A client of the broker API of each running Jupyter server (as `jupyter server list`
-    finds them)."""
+    finds them; one that does not answer at once left its file behind)."""
     from jupyter_server.serverapp import list_running_servers
 
     for server in list_running_servers():
         yield BrokerClient(
             server["url"].rstrip("/") + "/" + API_PREFIX,
             token=token or server.get("token", ""),
+            retry_for=0,
         )
 
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -54,11 +55,13 @@ TERMINAL = ("released", "cancelled", "expired", "reclaimed", "refused")
 
 
 class BrokerAPIError(Exception):
-    """The broker answered with an error (``code`` and ``message`` from its JSON)."""
+    """The broker answered with an error (``code`` and ``message`` from its JSON); not
+    ``answered``: the reply was not the broker's JSON (a proxy's page, a timeout)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, answered: bool = True) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.answered = answered
 
 
 class GrantTimeout(Exception):
@@ -120,8 +123,23 @@ class Lost:
 
 
 RETRY_S = 0.5
-"""First wait before renewing again after a network error; it doubles up to a third of
-the TTL."""
+"""First wait before renewing (or calling) again after a network error; it doubles."""
+RETRY_ENV = "GPUBROKER_RETRY_S"
+RETRY_FOR_S = 120.0
+"""How long a call keeps trying a broker that does not answer: the default lease TTL,
+more than a hub takes to start its crashed service again."""
+
+
+def transient(error: Exception) -> bool:
+    """A failure that says nothing of the call, only that the broker did not answer: no
+    connection, a timeout, or a 502/503/504 without the broker's JSON error (the hub's
+    proxy in front of a service that is down or restarting). The broker's own 503 ("not
+    started": another broker holds the state file) is an answer."""
+    if isinstance(error, OSError):
+        return True
+    if not isinstance(error, BrokerAPIError):
+        return False
+    return error.status == 599 or (error.status in (502, 503, 504) and not error.answered)
 
 
 async def keep_alive(
@@ -171,15 +189,26 @@ async def keep_alive(
 
 class BrokerClient:
     def __init__(
-        self, url: str, token: str = "", kernel_token: str = "", timeout: float = 30.0
+        self,
+        url: str,
+        token: str = "",
+        kernel_token: str = "",
+        timeout: float = 30.0,
+        retry_for: float | None = None,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
         """``token``: a Jupyter token; ``kernel_token``: a token the broker issued (a
         kernel's ``GPUBROKER_TOKEN``). One of them, or
-        neither on an open server."""
+        neither on an open server. ``retry_for``: seconds a call keeps trying while the
+        broker does not answer (``transient``); default ``$GPUBROKER_RETRY_S``, else
+        ``RETRY_FOR_S``; ``on_retry(why)`` hears of the first retry of each call."""
         if not url:
             raise ValueError(f"no broker URL: set {URL_ENV} or pass --url")
         self.url = url.rstrip("/") + "/"
         self.token, self.kernel_token, self.timeout = token, kernel_token, timeout
+        if retry_for is None:
+            retry_for = float(os.environ.get(RETRY_ENV) or RETRY_FOR_S)
+        self.retry_for, self.on_retry = retry_for, on_retry
 
     @classmethod
     def from_env(cls) -> BrokerClient:
@@ -202,15 +231,30 @@ class BrokerClient:
     async def call(
         self, method: str, path: str, body: dict[str, Any] | None = None, **query: Any
     ) -> Any:
+        """One API call; while the broker does not answer (``transient``) it is tried
+        again, the pause doubling from ``RETRY_S`` up to 5 s, for ``retry_for`` seconds.
+        Every call is safe to repeat: a submit names its request (``submit``'s ``id``)."""
         q = {k: v for k, v in query.items() if v is not None}
         data = None if body is None and method != "POST" else json.dumps(body or {}).encode()
-        try:
-            response = await self.fetch(method, path + (f"?{urlencode(q)}" if q else ""), data)
-        except HTTPClientError as e:  # a timeout (599)
-            raise _api_error(e) from None
-        if response.code >= 400:
-            raise _error_of(response.code, response.body or b"", response.reason)
-        return json.loads(response.body) if response.body else None
+        loop = asyncio.get_running_loop()
+        deadline, pause, retried = loop.time() + self.retry_for, RETRY_S, False
+        while True:
+            try:
+                response = await self.fetch(method, path + (f"?{urlencode(q)}" if q else ""), data)
+            except HTTPClientError as e:  # a timeout (599)
+                error: Exception = _api_error(e)
+            except OSError as e:
+                error = e
+            else:
+                if response.code < 400:
+                    return json.loads(response.body) if response.body else None
+                error = _error_of(response.code, response.body or b"", response.reason)
+            if not transient(error) or loop.time() + pause > deadline:
+                raise error
+            if not retried and self.on_retry is not None:
+                self.on_retry(_why(error))
+            await asyncio.sleep(pause)
+            pause, retried = min(2 * pause, 5.0), True
 
     async def fetch(self, method: str, path: str, body: bytes | None = None) -> HTTPResponse:
         """One call's raw response, whatever its status (``path`` may carry a query); raises
@@ -244,7 +288,10 @@ class BrokerClient:
         return (await self.call("GET", "queue"))["queue"]  # type: ignore[no-any-return]
 
     async def submit(self, **fields: Any) -> dict[str, Any]:
-        body = {k: v for k, v in fields.items() if v is not None}
+        """Queue a request, under an ``id`` chosen here: a submit tried again after its
+        answer was lost gets the request the first try queued, not a second one."""
+        body = {"id": "r-" + secrets.token_hex(12), **fields}
+        body = {k: v for k, v in body.items() if v is not None}
         return await self.call("POST", "requests", body)  # type: ignore[no-any-return]
 
     async def requests(self) -> list[dict[str, Any]]:
@@ -494,6 +541,13 @@ def _message(frame: str) -> dict[str, Any] | None:
     return json.loads("\n".join(data)) if data else None
 
 
+def _why(error: Exception) -> str:
+    """A failed call's cause in words: the broker's message, or the system's."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return getattr(error, "message", None) or str(error)
+
+
 def _api_error(e: HTTPClientError) -> BrokerAPIError:
     return _error_of(e.code, e.response.body if e.response is not None else b"", str(e))
 
@@ -501,6 +555,8 @@ def _api_error(e: HTTPClientError) -> BrokerAPIError:
 def _error_of(code: int, body: bytes, fallback: str) -> BrokerAPIError:
     try:
         data = json.loads(body)
-        return BrokerAPIError(code, data.get("error", "error"), data.get("message", fallback))
-    except (ValueError, AttributeError):
-        return BrokerAPIError(code, f"http_{code}", fallback)
+        return BrokerAPIError(
+            code, data.get("error", "error"), data.get("message", fallback), "error" in data
+        )
+    except (ValueError, AttributeError, TypeError):
+        return BrokerAPIError(code, f"http_{code}", fallback, answered=False)

@@ -62,7 +62,7 @@ c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", ACCESS, USE]},
     {"name": "gpubroker-admin", "scopes": [ADMINISTER], "users": [ADMIN]},
     # the service reads the hub groups of users whose kernels call it with kernel tokens
-    {"name": "gpubroker-service", "scopes": ["read:users:groups"], "services": [SERVICE]},
+    {"name": "gpubroker-service", "scopes": ["read:users:groups", "read:servers"], "services": [SERVICE]},
 ]
 
 # -- the broker: one process for the whole hub

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ..runtime import GPUBroker, Published
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
-REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups"}
+REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups", "id"}
 KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 MAX_REASON = 500
 AUDIT_PAGE = 100
@@ -237,6 +237,7 @@ class BrokerAPI:
             job_class=body.get("job_class", "interactive"),
             owner=holder,
             expected_duration_s=body.get("expected_duration_s"),
+            request_id=body.get("id"),
         )
         return self._with_lease(r, changed=True)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,9 @@ ETA_MAX_AGE_S = 30.0
 times, which they rest on, move on."""
 MAX_GROUPS = 32
 MAX_OWNER = 256
+REQUEST_ID = re.compile(r"r-[0-9a-f]{12,32}")
+"""A request's id: the broker's own (``r-`` and 12 hex digits), or one its client chose
+at random, so that a submit retried after a lost answer is not queued twice."""
 
 
 class Partitioner(Protocol):
@@ -268,8 +272,13 @@ class Broker:
         owner: str = "",
         expected_duration_s: float | None = None,
         schedule: bool = True,
+        request_id: str | None = None,
     ) -> Request:
         """Queue a request (committed before returning), then run a scheduling pass.
+
+        ``request_id``: the client's own id for it; a submit that names one of the same
+        user's requests (one that reached the broker, its answer lost) returns that
+        request, changing nothing.
 
         Raises a ``BrokerError`` subclass, having written nothing, when the input is
         malformed, no device of this inventory could ever satisfy it, or a quota
@@ -292,8 +301,18 @@ class Broker:
         ):
             raise InvalidRequest("expected_duration_s must be between 0 and a year")
         self._check_satisfiable(size)
+        if request_id is not None:
+            if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+                raise InvalidRequest(
+                    "'id' must be 'r-' and 12 to 32 lowercase hex digits, chosen at random"
+                )
+            known = self._live.get(request_id) or self.store.request(request_id)
+            if known is not None:
+                if known.user != user:
+                    raise InvalidRequest(f"request id {request_id!r} is taken: choose another")
+                return known
         r = Request(
-            id="r-" + secrets.token_hex(6),
+            id=request_id or "r-" + secrets.token_hex(6),
             user=user,
             groups=groups,
             size=size,
@@ -422,11 +441,14 @@ class Broker:
         *,
         schedule: bool = True,
         reason: str = "released by its holder",
+        charged_until: float | None = None,
     ) -> Lease:
         """Give a lease's devices back; the next waiting request may get them. ``reason``:
-        when it is not the holder who gives it back (its engine job ended)."""
+        when it is not the holder who gives it back (its engine job ended);
+        ``charged_until``: when its holder stopped using it, if that was earlier (a hub
+        server stopped while the broker was down): the lease ends, and is charged, then."""
         lease = self._active_lease(lease_id, user)
-        self._end_lease(lease, LeaseState.RELEASED, reason)
+        self._end_lease(lease, LeaseState.RELEASED, reason, ended=charged_until)
         if schedule:
             self.schedule()
         return lease
@@ -917,23 +939,26 @@ class Broker:
         reason: str,
         reclaim: tuple[str, dict[str, Any]] | None = None,
         by: str = "",
+        ended: float | None = None,
     ) -> None:
-        """End a lease; ``reclaim`` is the (cause, evidence) recorded with a reclaim, ``by``
-        the admin who reclaimed it."""
+        """End a lease (as of ``ended``, between its grant and now: what it is charged
+        up to; default now); ``reclaim`` is the (cause, evidence) recorded with a reclaim,
+        ``by`` the admin who reclaimed it."""
         now = self.clock.now()
+        end = now if ended is None else min(now, max(lease.granted_at, ended))
         r = self._live[lease.request_id]
         r_state = RequestState(state.value)
         with self.store.transaction():  # memory changes only once the file has
             self.store.end_lease(
-                replace(lease, state=state, ended_at=now, reason=reason), r.job_class.value
+                replace(lease, state=state, ended_at=end, reason=reason), r.job_class.value
             )
-            self.store.end_request(replace(r, state=r_state, ended_at=now, reason=reason))
+            self.store.end_request(replace(r, state=r_state, ended_at=end, reason=reason))
             if reclaim is not None:
                 self.store.insert_reclaim(lease.id, now, reclaim[0], reason, reclaim[1])
-        lease.state, lease.ended_at, lease.reason = state, now, reason
-        r.state, r.ended_at, r.reason = r_state, now, reason
-        self.ledger.end(lease, now)
-        self.budgets.end(lease, now)
+        lease.state, lease.ended_at, lease.reason = state, end, reason
+        r.state, r.ended_at, r.reason = r_state, end, reason
+        self.ledger.end(lease, end)
+        self.budgets.end(lease, end)
         del self._leases[lease.id], self._expected_end[lease.id]
         del self._live[r.id]
         for d in lease.devices:
@@ -942,7 +967,7 @@ class Broker:
         self._vacate(lease, now)
         shape = held_shape(lease.profile, lease.gpu_equivalents)
         self.predictor.learn(
-            lease.user, lease.group, r.job_class.value, shape, now - lease.granted_at
+            lease.user, lease.group, r.job_class.value, shape, end - lease.granted_at
         )
         detail = {"reason": reason} if reclaim is None else {"reason": reason, "cause": reclaim[0]}
         if by:

@@ -91,6 +91,20 @@ def test_behind_kernels_with_no_expected_end_the_eta_is_unknown_poll_after_poll(
         clock.advance(8)
 
 
+def test_a_submit_repeated_under_its_id_is_queued_once(make_broker):
+    """A client that lost the answer to a submit sends it again under the same id."""
+    b = make_broker(whole_inventory(1))
+    b.submit("bob", Size(gpus=1))
+    rid = "r-" + "ab" * 12
+    first = b.submit("ada", Size(gpus=1), request_id=rid)
+    assert b.submit("ada", Size(gpus=1), request_id=rid) is first
+    assert [r.id for r in b.live_requests("ada")] == [rid]
+    with pytest.raises(InvalidRequest):
+        b.submit("eve", Size(gpus=1), request_id=rid)
+    with pytest.raises(InvalidRequest):
+        b.submit("ada", Size(gpus=1), request_id="r-../x")
+
+
 def test_a_profile_request_takes_a_slice(make_broker):
     broker = make_broker(mig_inventory(gpus=1, layout=("3g.40gb", "2g.20gb", "1g.10gb")))
     r = broker.submit("alice", Size(profile="2g.20gb"))

@@ -23,9 +23,10 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def test_an_unreachable_broker_says_what_to_check(capsys) -> None:
-    code, err = run(capsys, "queue", "--url", NOWHERE)
+    code, err = run(capsys, "queue", "--url", NOWHERE, "--retry-for", "1")
     assert code == 1
     assert err == (
+        "the GPU broker does not answer (Connection refused): trying again\n"
         f"error: could not reach the GPU broker at {NOWHERE} (Connection refused): check --url "
         "(or $GPUBROKER_URL) and that the Jupyter server is running\n"
     )

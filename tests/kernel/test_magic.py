@@ -306,7 +306,8 @@ async def test_terminal_ipython_gets_the_text_forms(broker_env, api, fill):
 
 
 async def test_unreachable_broker_is_one_line():
-    out = await ipython("%gpu queue", {"GPUBROKER_URL": "http://127.0.0.1:9/gpubroker/api/v1"})
+    down = {"GPUBROKER_URL": "http://127.0.0.1:9/gpubroker/api/v1", "GPUBROKER_RETRY_S": "0"}
+    out = await ipython("%gpu queue", down)
     (line,) = [x for x in out.splitlines() if x.strip()]
     assert line.startswith(
         "%gpu queue: cannot reach the GPU broker at http://127.0.0.1:9/gpubroker/api/v1/ ("

@@ -167,8 +167,9 @@ async def test_a_central_broker_that_does_not_answer_is_named(
 
 @pytest.mark.parametrize("central_token", ["not-alices-token"])
 async def test_a_refused_credential_fails_the_kernel_start_saying_what_to_check(
-    jp_serverapp: Any, gpu_kernelspec: Any, central: LiveServer
+    jp_serverapp: Any, gpu_kernelspec: Any, central: LiveServer, monkeypatch: Any
 ) -> None:
+    monkeypatch.setenv("GPUBROKER_RETRY_S", "0")  # its central broker is down for good
     with pytest.raises(RuntimeError) as refused:
         await jp_serverapp.kernel_manager.start_kernel(kernel_name=gpu_kernelspec())
     assert str(refused.value).startswith(
