@@ -88,6 +88,7 @@ def _serve(
         cmd.append("--allow-root")
     if lab:
         cmd.append(f"--LabApp.default_url=/lab/tree/{TOUR.name}")
+    _check_broker(simulate, env[STATE_FILE_ENV])
     print(f"jupyter-gpubroker demo on a simulated '{simulate}' machine", flush=True)
     print("GPU kernels: " + ", ".join(str(n) for n in names), flush=True)
     print(f"state: {env[STATE_FILE_ENV]} (removed on exit); Ctrl-C to stop", flush=True)
@@ -97,6 +98,18 @@ def _serve(
     except KeyboardInterrupt:
         _stop(proc)
         return 0
+
+
+def _check_broker(simulate: str, state_file: str) -> None:
+    """Start and stop here, once, the broker the server is about to run (same machine,
+    state file and locks), so that a demo whose broker cannot run (its GPUs' locks held
+    or unusable, say) says why and exits instead of printing the URL of a server with
+    no broker behind it. Raises the broker's error, one sentence."""
+    from .runtime import GPUBroker
+
+    broker = GPUBroker(simulate=simulate, state_file=state_file)
+    broker.start()
+    broker.stop()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

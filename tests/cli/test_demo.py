@@ -143,3 +143,38 @@ def test_sigterm_stops_the_demo_and_its_kernels_and_the_checkout_stays_as_it_was
     assert not running.state_dir.exists(), "the demo left its temporary files behind"
     assert list(cwd.iterdir()) == [], "the demo wrote where it was started"
     assert TOUR.read_bytes() == tour
+
+
+def test_a_demo_whose_broker_cannot_run_says_why_and_prints_no_url(tmp_path: Path) -> None:
+    """Its GPUs' lock directory unusable (a directory everyone may write, for a broker run
+    as root; a plain file, for anyone else): no server, no URL, the reason, exit 1."""
+    everyone = tmp_path / "everyone"
+    everyone.mkdir()
+    everyone.chmod(0o1777)
+    not_a_directory = tmp_path / "not-a-directory"
+    not_a_directory.write_text("")
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "JUPYTER_TOKEN": TOKEN,
+        "GPUBROKER_LOCK_DIR": str(everyone),
+        "GPUBROKER_USER_LOCK_DIR": str(not_a_directory),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpubroker.cli", "demo", "--port", str(free_port())]
+        + ["--no-browser"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    why = (
+        f"error: {everyone} cannot hold the GPU locks of a broker running as root: other users "
+        "may write in it;"
+        if os.geteuid() == 0
+        else f"error: {not_a_directory} is not a directory (a link, or a file); remove it"
+    )
+    assert done.stderr.startswith(why), done.stderr
+    assert "http" not in done.stdout + done.stderr
