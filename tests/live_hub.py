@@ -121,7 +121,6 @@ broker["command"] = [
 ]
 c.Spawner.environment = {{"GPUBROKER_URL": "{self.service_url}"}}
 c.SimpleLocalProcessSpawner.home_dir_template = "{self.home}/users/{{username}}"
-c.Spawner.args = {["--allow-root"] if os.geteuid() == 0 else []!r}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 {f"c.JupyterHub.spawner_class = {self.spawner!r}" if self.spawner else ""}

@@ -7,9 +7,14 @@ dummy authenticator: a demo, never for a hub other people can reach; it listens 
 127.0.0.1 only). "admin" is the hub's and the broker's admin. Needs
 configurable-http-proxy on PATH (npm install -g configurable-http-proxy).
 
+Run it from any directory: what the hub and the broker write (the hub's database and
+cookie secret, the proxy's pid file, the broker's state) goes to
+$GPUBROKER_EXAMPLE_DIR, else <jupyter data dir>/gpubroker-hub-example, never to the
+directory it was started in. As root (a container, CI) the servers run as root too.
+
 The broker runs as the hub-managed service "gpubroker" on a simulated DGX H100 whose
 eight GPUs are cut in MIG slices (gpubroker_config.py), its state in gpubroker.sqlite
-in the directory the hub starts in, its API at /services/gpubroker/api/v1/. Every user
+there, its API at /services/gpubroker/api/v1/. Every user
 may use it (custom:gpubroker:use), the admin administers it (custom:gpubroker:admin).
 Single-user servers (the GPU spawner over LocalProcessSpawner, all as this OS user: a demo
 too) start CPU-only or with a GPU or MIG slice of their own, chosen on the spawn page's
@@ -26,6 +31,8 @@ import os
 import sys
 from pathlib import Path
 
+from jupyter_core.paths import jupyter_data_dir
+
 from hub_spawner.culling import gpu_announcement
 
 c = get_config()  # noqa: F821 - defined by the config loader
@@ -37,6 +44,13 @@ SERVICE = "gpubroker"
 SERVICE_URL = "http://127.0.0.1:10101"
 ACCESS = f"access:services!service={SERVICE}"
 
+# -- what the example writes, outside the directory it is started in
+RUN = Path(os.environ.get("GPUBROKER_EXAMPLE_DIR") or Path(jupyter_data_dir(), "gpubroker-hub-example"))
+RUN.mkdir(parents=True, exist_ok=True)
+c.JupyterHub.db_url = f"sqlite:///{RUN / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(RUN / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = str(RUN / "jupyterhub-proxy.pid")
+
 # -- the hub, for a demo only
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.authenticator_class = "dummy"  # DEMO: any user name, any password
@@ -45,6 +59,8 @@ c.Authenticator.admin_users = {ADMIN}
 # the GPU spawner over SimpleLocalProcessSpawner (every server as this OS user, homes in
 # /tmp; "gpubroker" once installed, or GPUBrokerSpawner for real OS users)
 c.JupyterHub.spawner_class = "hub_spawner.spawner.SimpleGPUBrokerSpawner"
+if os.geteuid() == 0:  # DEMO as root (a container, CI): the servers run as root too
+    c.Spawner.args = ["--allow-root"]
 c.Spawner.start_timeout = 120  # once the GPU is granted; the queue's wait comes on top
 c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 1800
 # an idle GPU server's warning, then why it was stopped, on the hub's pages
@@ -75,7 +91,7 @@ c.JupyterHub.services = [
             "-m",
             "hub_spawner.service",
             f"--config={HERE / 'gpubroker_config.py'}",
-            f"--GPUBroker.state_file={os.path.abspath('gpubroker.sqlite')}",
+            f"--GPUBroker.state_file={RUN / 'gpubroker.sqlite'}",
         ],
         "display": True,  # in the hub's Services menu: the service's page, logged in by OAuth
         "oauth_no_confirm": True,  # the admin deployed it: no consent page
