@@ -45,7 +45,9 @@ SERVICE_URL = "http://127.0.0.1:10101"
 ACCESS = f"access:services!service={SERVICE}"
 
 # -- what the example writes, outside the directory it is started in
-RUN = Path(os.environ.get("GPUBROKER_EXAMPLE_DIR") or Path(jupyter_data_dir(), "gpubroker-hub-example"))
+RUN = Path(
+    os.environ.get("GPUBROKER_EXAMPLE_DIR") or Path(jupyter_data_dir(), "gpubroker-hub-example")
+)
 RUN.mkdir(parents=True, exist_ok=True)
 c.JupyterHub.db_url = f"sqlite:///{RUN / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(RUN / "jupyterhub_cookie_secret")
@@ -78,7 +80,11 @@ c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", ACCESS, USE]},
     {"name": "gpubroker-admin", "scopes": [ADMINISTER], "users": [ADMIN]},
     # the service reads the hub groups of users whose kernels call it with kernel tokens
-    {"name": "gpubroker-service", "scopes": ["read:users:groups", "read:servers"], "services": [SERVICE]},
+    {
+        "name": "gpubroker-service",
+        "scopes": ["read:users:groups", "read:servers"],
+        "services": [SERVICE],
+    },
 ]
 
 # -- the broker: one process for the whole hub
