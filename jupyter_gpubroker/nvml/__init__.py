@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 from .backend import SIMULATE_ENV, NvmlBackend, NvmlUnavailable, is_mig_device_handle
 from .partitioner import MigPartitioner
@@ -34,11 +35,19 @@ __all__ = [
 ]
 
 
-def open_backend(simulate: str | None = None, log: logging.Logger | None = None) -> NvmlBackend:
+def open_backend(
+    simulate: str | None = None, log: logging.Logger | None = None, *, seed: str = ""
+) -> NvmlBackend:
     """An opened backend. ``simulate`` (or, when it is None, ``$GPUBROKER_SIMULATE``)
     names a simulated topology: a preset, a topology file, either with ``:N`` GPUs.
     Empty means the real driver; :class:`NvmlUnavailable` says how to simulate
-    when there is none. The simulator is ``backend.simulator``."""
+    when there is none. The simulator is ``backend.simulator``; ``seed`` makes its
+    UUIDs those of one simulated machine of its own."""
     spec = os.environ.get(SIMULATE_ENV, "") if simulate is None else simulate
-    simulator = SimulatedNvml(load_topology(spec)) if spec else None
+    simulator = None
+    if spec:
+        topology = load_topology(spec)
+        if seed:
+            topology = replace(topology, seed=f"{topology.seed}@{seed}")
+        simulator = SimulatedNvml(topology)
     return NvmlBackend(simulator, log=log).open()
