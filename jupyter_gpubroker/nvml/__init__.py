@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 
 from .backend import SIMULATE_ENV, NvmlBackend, NvmlUnavailable, is_mig_device_handle
 from .partitioner import MigPartitioner
@@ -31,8 +32,15 @@ __all__ = [
     "is_mig_device_handle",
     "load_topology",
     "open_backend",
+    "seed_for",
     "uninstall",
 ]
+
+
+def seed_for(state_file: str) -> str:
+    """The seed of the simulated machine of the broker on ``state_file``: its own, and
+    the same at every restart (none for a state kept in memory)."""
+    return "" if state_file == ":memory:" else str(Path(state_file).expanduser().resolve())
 
 
 def open_backend(

@@ -15,6 +15,7 @@ import pytest
 from runtime_helpers import make
 
 from jupyter_gpubroker.broker.errors import GpuInUse
+from jupyter_gpubroker.nvml import seed_for
 from jupyter_gpubroker.paths import LOCK_DIR_ENV
 from jupyter_gpubroker.statelock import GpuLocks
 
@@ -65,8 +66,38 @@ def test_a_broker_refuses_a_gpu_another_process_manages_until_that_process_dies(
     assert stat.S_IMODE((locks / f"{first}.lock").stat().st_mode) == 0o666
 
 
+def test_simulated_machines_are_their_own_and_keep_their_gpus(tmp_path: Path) -> None:
+    """Two simulated brokers on one host (two demos, a demo and a test run) simulate two
+    machines: neither holds the other's GPUs. A restart on the same state file finds the
+    same GPUs; an explicit seed shares one simulated machine (and its locks)."""
+    locks = str(Path(os.environ[LOCK_DIR_ENV]) / "shared")
+    one = make(tmp_path / "one", gpu_lock_dir=locks)
+    two = make(tmp_path / "two", gpu_lock_dir=locks)
+    try:
+        mine = {g.uuid for g in one.start().inventory.gpus}
+        theirs = {g.uuid for g in two.start().inventory.gpus}
+        assert len(mine) == len(theirs) == 2 and not mine & theirs
+    finally:
+        two.stop()
+        one.stop()
+    again = make(tmp_path / "one", gpu_lock_dir=locks)
+    try:
+        assert {g.uuid for g in again.start().inventory.gpus} == mine
+        same_machine = make(tmp_path / "three", gpu_lock_dir=locks)
+        same_machine.simulate_seed = again.simulate_seed
+        with pytest.raises(GpuInUse):
+            same_machine.start()
+    finally:
+        again.stop()
+
+
 def _inventory(tmp_path: Path):  # type: ignore[no-untyped-def]
-    probe = make(tmp_path / "probe", gpu_lock_dir=str(tmp_path / "probe-locks"))
+    """The GPUs a broker with state under ``tmp_path`` simulates."""
+    probe = make(
+        tmp_path / "probe",
+        gpu_lock_dir=str(tmp_path / "probe-locks"),
+        simulate_seed=seed_for(str(tmp_path / "state.sqlite")),
+    )
     try:
         return probe.start().inventory.gpus
     finally:
