@@ -38,7 +38,7 @@ from .client import (
     keep_alive,
     user_token_from_env,
 )
-from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend
+from .nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError, open_backend, seed_for
 from .paths import STATE_FILE_ENV, default_state_path
 from .replay.cli import add_replay_command
 from .usage_cli import add_usage_command
@@ -374,7 +374,7 @@ def _local_report(args: argparse.Namespace) -> dict[str, Any]:
         raise InvalidRequest(
             f"{state}: no such state file; check --state (a broker creates it when it first starts)"
         )
-    with open_backend(args.simulate) as backend:
+    with open_backend(args.simulate, seed=seed_for(str(state))) as backend:
         inventory = backend.inventory()
         readings = backend.read_all(inventory)
         source = (

@@ -59,7 +59,7 @@ from .engines import (
 from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
-from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend
+from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend, seed_for
 from .paths import (
     LOCK_DIR_ENV,
     STATE_FILE_ENV,
@@ -92,6 +92,17 @@ class GPUBroker(LoggingConfigurable):
     @default("simulate")
     def _default_simulate(self) -> str:
         return os.environ.get(SIMULATE_ENV, "")
+
+    simulate_seed = Unicode(
+        help="Seeds the UUIDs of the simulated GPUs: brokers with different seeds simulate "
+        "different machines, whose GPUs never meet in the machine-wide GPU locks. Default: "
+        "the state file's path, so a broker keeps its simulated GPUs across restarts and "
+        "never blocks another one's.",
+    ).tag(config=True)
+
+    @default("simulate_seed")
+    def _default_simulate_seed(self) -> str:
+        return seed_for(self.state_file)
 
     gpu_lock_dir = Unicode(
         help=f"Where a broker running as root keeps one lock file per GPU UUID, so that no "
@@ -459,7 +470,7 @@ class GPUBroker(LoggingConfigurable):
             secure_state_file(state, self.log)
         view: ClusterView | None = None
         if self.inventory_source == "nvml":
-            self.backend = open_backend(self.simulate, log=self.log)
+            self.backend = open_backend(self.simulate, log=self.log, seed=self.simulate_seed)
             inventory = self.backend.inventory()
             self._gpu_locks = GpuLocks(
                 Path(self.gpu_lock_dir).expanduser(),

@@ -20,6 +20,7 @@ from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.client import URL_ENV
 from jupyter_gpubroker.kernelspec import spec_for
+from jupyter_gpubroker.nvml.simulated import PRIVILEGE_ENV
 from jupyter_gpubroker.paths import LOCK_DIR_ENV, USER_LOCK_DIR_ENV
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -37,11 +38,13 @@ def pytest_configure(config: pytest.Config) -> None:
 def _own_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every broker a test starts (in process or as a subprocess: servers, the demo, the
     CLI) locks its simulated GPUs in a directory of this test's own, not the machine-wide
-    one: the simulated GPUs' UUIDs are the same in every test, and tests (of other
-    checkouts too) run in parallel. No test server talks to a central broker unless it
-    says so."""
+    one: the simulated GPUs' UUIDs of a state kept in memory are the same in every test,
+    and tests (of other checkouts too) run in parallel. No test server talks to a central
+    broker unless it says so. The simulated caller is root, whoever runs the suite (CI
+    does as root, a developer seldom): the tests of an unprivileged broker say so."""
     monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("gpu-locks")))
     monkeypatch.setenv(USER_LOCK_DIR_ENV, str(tmp_path_factory.mktemp("user-gpu-locks")))
+    monkeypatch.setenv(PRIVILEGE_ENV, "root")
     monkeypatch.delenv(URL_ENV, raising=False)
 
 

@@ -221,6 +221,8 @@ class BrokerAPI:
             raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
         size = Size(**{k: body[k] for k in SIZE_FIELDS if body.get(k) is not None})
         holder = who.kernel_id if who.kernel_id is not None else body.get("owner", "")
+        if who.kernel_id is not None:
+            self._one_slice_per_kernel(who, size)
         engine = self.runtime.engine
         if engine is not None and not str(holder).startswith(SERVER_OWNER):
             # Its lease would name a device on some node with no job of the engine to run
@@ -240,6 +242,25 @@ class BrokerAPI:
             request_id=body.get("id"),
         )
         return self._with_lease(r, changed=True)
+
+    def _one_slice_per_kernel(self, who: Identity, size: Size) -> None:
+        """CUDA shows a process one MIG device: a kernel never gets a MIG slice beside
+        another device. One request cannot yield two (whole GPUs come alone or as whole
+        GPUs, a profile or a memory size as one device); two requests of one kernel could."""
+        held = next(
+            (
+                r
+                for r in self.core.live_requests(who.user)
+                if r.owner == who.kernel_id and (r.size.gpus is None or size.gpus is None)
+            ),
+            None,
+        )
+        if held is not None:
+            raise Conflict(
+                f"this kernel already has request {held.id} for {held.size.key}: a kernel with "
+                "a MIG slice holds nothing beside it (CUDA shows a process only one MIG "
+                "device); release that request first"
+            )
 
     @staticmethod
     def _groups(who: Identity, asked: Any) -> list[str]:

@@ -69,7 +69,8 @@ class Device:
         where = f"{self.node} GPU {self.gpu_index}" if self.node else f"GPU {self.gpu_index}"
         if self.kind == "gpu":
             return where
-        return f"{where} / {self.profile}@{self.start}"
+        placed = "" if self.start is None else f"@{self.start}"  # unknown to an unprivileged broker
+        return f"{where} / {self.profile}{placed}"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
+from pathlib import Path
 
 from .backend import SIMULATE_ENV, NvmlBackend, NvmlUnavailable, is_mig_device_handle
 from .partitioner import MigPartitioner
@@ -30,15 +32,35 @@ __all__ = [
     "is_mig_device_handle",
     "load_topology",
     "open_backend",
+    "seed_for",
     "uninstall",
 ]
 
 
-def open_backend(simulate: str | None = None, log: logging.Logger | None = None) -> NvmlBackend:
+def seed_for(state_file: str) -> str:
+    """The seed of the simulated machine of the broker on ``state_file``: its own, and
+    the same at every restart (none for a state kept in memory)."""
+    return "" if state_file == ":memory:" else str(Path(state_file).expanduser().resolve())
+
+
+def open_backend(
+    simulate: str | None = None,
+    log: logging.Logger | None = None,
+    *,
+    seed: str = "",
+    privilege: str | None = None,
+) -> NvmlBackend:
     """An opened backend. ``simulate`` (or, when it is None, ``$GPUBROKER_SIMULATE``)
     names a simulated topology: a preset, a topology file, either with ``:N`` GPUs.
     Empty means the real driver; :class:`NvmlUnavailable` says how to simulate
-    when there is none. The simulator is ``backend.simulator``."""
+    when there is none. The simulator is ``backend.simulator``; ``seed`` makes its
+    UUIDs those of one simulated machine of its own; ``privilege`` is the simulated
+    caller's (default: see :data:`.simulated.PRIVILEGES`)."""
     spec = os.environ.get(SIMULATE_ENV, "") if simulate is None else simulate
-    simulator = SimulatedNvml(load_topology(spec)) if spec else None
+    simulator = None
+    if spec:
+        topology = load_topology(spec)
+        if seed:
+            topology = replace(topology, seed=f"{topology.seed}@{seed}")
+        simulator = SimulatedNvml(topology, privilege=privilege)
     return NvmlBackend(simulator, log=log).open()

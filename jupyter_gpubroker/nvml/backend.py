@@ -8,9 +8,11 @@ chooses which.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pynvml
@@ -24,7 +26,7 @@ from ..broker.models import (
     Inventory,
     ProcessInfo,
 )
-from ..broker.profiles import GpuModel, model_for_name
+from ..broker.profiles import model_for_name
 from .presets import PRESET_NAMES
 
 if TYPE_CHECKING:
@@ -42,6 +44,50 @@ _WATCHED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDou
 _GPM_METRICS = (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
 GPM_MIN_INTERVAL_S = 1.0
 """GPM metrics are computed between two samples; closer ones reuse the last result."""
+_UNAVAILABLE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_NoPermission)
+"""What a reading that NVML does not give this caller, on this device, answers."""
+_NOT_ON_A_SLICE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+"""What GPU-wide sensors answer on a MIG device handle (NVML documents neither)."""
+_PROFILE_SUFFIXES = {
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE": "",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": "+me",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": "+me",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": "",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX": "+gfx",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX": "+gfx",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX": "+gfx",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME": "-me",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME": "-me",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME": "+me.all",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME": "+me.all",
+}
+"""GPU-instance profile constants (those this pynvml has) and the attribute mig-parted
+appends to their names."""
+UNPRIVILEGED = (
+    "NVML does not let this GPU broker look up MIG instances (it runs neither as root nor "
+    "with the mig/monitor capability): it offers the MIG slices as they are, but cannot "
+    "create or destroy them, read a MIG-enabled GPU's total memory and processes, or see "
+    "an Xid error that hits a single slice"
+)
+"""Said once, when NVML first refuses the broker a GPU-instance lookup."""
+
+
+@dataclass(frozen=True)
+class NvmlProfile:
+    """A GPU-instance profile as NVML describes it on one GPU."""
+
+    name: str
+    """mig-parted's name for it, e.g. ``3g.40gb``."""
+    slices: int
+    memory_mib: int
+    media: tuple[int, int, int]
+    """Decoders, JPEG and OFA engines: what tells ``1g.10gb`` from ``1g.10gb+me``."""
 
 
 class NvmlUnavailable(RuntimeError):
@@ -75,6 +121,10 @@ class NvmlBackend:
         """Readings may be taken on several threads; a GPM sample must be freed once."""
         self._thresholds: dict[str, tuple[int | None, int | None]] = {}
         """GPU UUID -> its (slowdown, shutdown) temperatures, which never change."""
+        self._profiles: dict[str, dict[int, NvmlProfile]] = {}
+        """GPU UUID -> its GPU-instance profiles by NVML profile id, which never change."""
+        self.unprivileged = False
+        """NVML refused this broker a GPU-instance lookup (said once in the log)."""
 
     def open(self) -> NvmlBackend:
         if self._open:
@@ -127,9 +177,8 @@ class NvmlBackend:
         gpus: list[Gpu] = []
         devices: list[Device] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             try:
-                gpu, on_gpu = self._scan(index, handle)
+                gpu, on_gpu = self._scan(index, pynvml.nvmlDeviceGetHandleByIndex(index))
             except pynvml.NVMLError_GpuIsLost:
                 self.log.warning("GPU %d is lost (fell off the bus); leaving it out", index)
                 continue
@@ -139,15 +188,38 @@ class NvmlBackend:
 
     def gpu_devices(self, gpu_uuid: str) -> tuple[Device, ...]:
         """The grantable devices on one GPU, read afresh (after a MIG change)."""
-        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        handle = self.handle(gpu_uuid)
         return tuple(self._scan(pynvml.nvmlDeviceGetIndex(handle), handle)[1])
+
+    def handle(self, uuid: str) -> Any:
+        """The handle of a GPU or MIG device. NVML may refuse every lookup by UUID while
+        any GPU is lost; then the devices are walked by index, so that only the lost
+        GPU's own lookups fail (GpuIsLost)."""
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        except pynvml.NVMLError_GpuIsLost:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                try:
+                    gpu = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    if pynvml.nvmlDeviceGetUUID(gpu) == uuid:
+                        return gpu
+                    if _mig_enabled(gpu):
+                        for mig in _mig_handles(gpu):
+                            if pynvml.nvmlDeviceGetUUID(mig) == uuid:
+                                return mig
+                except pynvml.NVMLError_GpuIsLost:
+                    continue
+            raise
 
     def _scan(self, index: int, handle: Any) -> tuple[Gpu, list[Device]]:
         uuid = pynvml.nvmlDeviceGetUUID(handle)
         name = pynvml.nvmlDeviceGetName(handle)
-        memory_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB
         mig = _mig_enabled(handle)
         model = model_for_name(name)
+        try:
+            memory_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB
+        except pynvml.NVMLError_NoPermission:  # a MIG-enabled GPU, to an unprivileged caller
+            memory_mib = model.memory_mib if model else 0
         gpu = Gpu(
             index=index,
             uuid=uuid,
@@ -159,29 +231,36 @@ class NvmlBackend:
         )
         if not mig:
             return gpu, [Device(uuid, "gpu", index, uuid, memory_mib)]
-        if model is None:
-            self.log.warning(
-                "GPU %d (%s) is not in the MIG profile catalog; its MIG devices are not offered",
-                index,
-                name,
-            )
-            return gpu, []
-        found = (self._mig_device(gpu, model, handle, m) for m in _mig_handles(handle))
+        profiles = self._profiles.get(uuid)
+        if profiles is None:
+            profiles = self._profiles[uuid] = _nvml_profiles(handle, memory_mib)
+        found = (self._mig_device(gpu, profiles, handle, m) for m in _mig_handles(handle))
         return gpu, [d for d in found if d is not None]
 
-    def _mig_device(self, gpu: Gpu, model: GpuModel, parent: Any, handle: Any) -> Device | None:
-        """One MIG device. The broker, like mig-parted, makes one compute instance
-        spanning each GPU instance, so the GPU instance's profile is the device's."""
+    def _mig_device(
+        self, gpu: Gpu, profiles: dict[int, NvmlProfile], parent: Any, handle: Any
+    ) -> Device | None:
+        """One MIG device, its profile read from NVML. The broker, like mig-parted, makes
+        one compute instance spanning each GPU instance, so the GPU instance's profile is
+        the device's. Its placement needs a GPU-instance lookup, which NVML refuses an
+        unprivileged caller: the profile then comes from the device's own attributes."""
         gi_id = pynvml.nvmlDeviceGetGpuInstanceId(handle)
-        info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(parent, gi_id))
-        profile = next((p for p in model.profiles if p.profile_id == info.profileId), None)
+        start: int | None = None
+        try:
+            gi = pynvml.nvmlDeviceGetGpuInstanceById(parent, gi_id)
+        except pynvml.NVMLError_NoPermission:
+            if not self.unprivileged:
+                self.unprivileged = True
+                self.log.warning(UNPRIVILEGED)
+            profile = _profile_from_attributes(profiles, pynvml.nvmlDeviceGetAttributes(handle))
+        else:
+            info = pynvml.nvmlGpuInstanceGetInfo(gi)
+            profile, start = profiles.get(info.profileId), info.placement.start
         if profile is None:
             self.log.warning(
-                "GPU %d: GPU instance %d has profile id %d, which the %s catalog lacks; skipped",
+                "GPU %d: GPU instance %d has a profile NVML does not list; skipped",
                 gpu.index,
                 gi_id,
-                info.profileId,
-                model.key,
             )
             return None
         return Device(
@@ -190,9 +269,9 @@ class NvmlBackend:
             gpu_index=gpu.index,
             gpu_uuid=gpu.uuid,
             memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB,
-            compute_slices=profile.compute_slices,
+            compute_slices=profile.slices,
             profile=profile.name,
-            start=info.placement.start,
+            start=start,
             gpu_instance_id=gi_id,
             compute_instance_id=pynvml.nvmlDeviceGetComputeInstanceId(handle),
         )
@@ -203,7 +282,7 @@ class NvmlBackend:
         """One sample of a GPU or MIG device. Never raises for NVML errors: a lost GPU
         reads as ``Health.LOST``, any other failure as ``Health.UNREACHABLE``."""
         try:
-            return self._read(uuid, pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            return self._read(uuid, self.handle(uuid))
         except pynvml.NVMLError_GpuIsLost as e:
             return DeviceReading(uuid, health=Health.LOST, error=f"GPU is lost: {e}")
         except pynvml.NVMLError as e:
@@ -221,18 +300,28 @@ class NvmlBackend:
         probe); ``()`` when there are none or NVML cannot tell (a lost GPU is drained by
         its health check instead)."""
         try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
-            return tuple(p.pid for p in _processes(handle))
+            return tuple(p.pid for p in _processes(self.handle(device_uuid)))
         except pynvml.NVMLError:
             return ()
 
     def _read(self, uuid: str, handle: Any) -> DeviceReading:
+        """A MIG device has no sensors of its own (NVML answers NotSupported or
+        InvalidArgument): its GPU's temperature, power and clock reasons are its."""
         unsupported: list[str] = []
+        mig = is_mig_device_handle(handle)
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if mig else None
 
-        def probe(fields: tuple[str, ...], call: Callable[[Any], _T]) -> _T | None:
+        def probe(
+            fields: tuple[str, ...], call: Callable[[Any], _T], gpu_wide: bool = False
+        ) -> _T | None:
             try:
-                return call(handle)
-            except pynvml.NVMLError_NotSupported:
+                try:
+                    return call(handle)
+                except _NOT_ON_A_SLICE:
+                    if not (gpu_wide and mig):
+                        raise
+                    return call(parent)
+            except _UNAVAILABLE:
                 unsupported.extend(fields)
                 return None
 
@@ -241,13 +330,14 @@ class NvmlBackend:
         )
         memory = probe(("memory_used_mib", "memory_total_mib"), pynvml.nvmlDeviceGetMemoryInfo)
         rates = None if util is None else (float(util.gpu), float(util.memory))
-        if rates is None and is_mig_device_handle(handle):
+        if rates is None and mig:
             rates = self._gpm_rates(uuid, handle)
             if rates is not None:
                 unsupported.remove("utilization_gpu")
                 unsupported.remove("utilization_memory")
-        temperature = probe(("temperature_c",), _temperature)
-        slowdown, shutdown = (None, None) if temperature is None else self._limits(uuid, handle)
+        temperature = probe(("temperature_c",), _temperature, gpu_wide=True)
+        sensors = parent if mig else handle
+        slowdown, shutdown = (None, None) if temperature is None else self._limits(uuid, sensors)
         return DeviceReading(
             uuid,
             utilization_gpu=None if rates is None else rates[0],
@@ -257,10 +347,10 @@ class NvmlBackend:
             temperature_c=temperature,
             temperature_slowdown_c=slowdown,
             temperature_shutdown_c=shutdown,
-            power_mw=probe(("power_mw",), pynvml.nvmlDeviceGetPowerUsage),
-            power_limit_mw=probe(("power_limit_mw",), pynvml.nvmlDeviceGetEnforcedPowerLimit),
+            power_mw=probe(("power_mw",), pynvml.nvmlDeviceGetPowerUsage, True),
+            power_limit_mw=probe(("power_limit_mw",), pynvml.nvmlDeviceGetEnforcedPowerLimit, True),
             clock_event_reasons=probe(
-                ("clock_event_reasons",), pynvml.nvmlDeviceGetCurrentClocksEventReasons
+                ("clock_event_reasons",), pynvml.nvmlDeviceGetCurrentClocksEventReasons, True
             ),
             processes=probe(("processes",), _processes) or (),
             unsupported=tuple(unsupported),
@@ -348,8 +438,8 @@ class NvmlBackend:
     def _register_events(self) -> Any:
         events = pynvml.nvmlEventSetCreate()
         for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 wanted = pynvml.nvmlDeviceGetSupportedEventTypes(handle) & _WATCHED_EVENTS
                 if wanted:
                     pynvml.nvmlDeviceRegisterEvents(handle, wanted, events)
@@ -384,6 +474,56 @@ def _gpm_metrics(first: Any, second: Any) -> tuple[float, float] | None:
     return float(graphics.value), float(dram.value)
 
 
+def _nvml_profiles(handle: Any, total_mib: int) -> dict[int, NvmlProfile]:
+    """A MIG-enabled GPU's GPU-instance profiles, asked of NVML one profile constant at a
+    time (the v1 call: pynvml leaves the v2 struct's version unset), named by mig-parted's
+    rule. Constants the GPU lacks answer NotSupported or InvalidArgument."""
+    found: dict[int, NvmlProfile] = {}
+    for constant, suffix in _PROFILE_SUFFIXES.items():
+        if not hasattr(pynvml, constant):
+            continue
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, getattr(pynvml, constant), 1)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            continue
+        gb = _profile_gb(info.memorySizeMB, total_mib)
+        found.setdefault(
+            info.id,
+            NvmlProfile(
+                f"{info.sliceCount}g.{gb}gb{suffix}",
+                info.sliceCount,
+                info.memorySizeMB,
+                (info.decoderCount, info.jpegCount, info.ofaCount),
+            ),
+        )
+    return found
+
+
+def _profile_gb(memory_mib: int, total_mib: int) -> int:
+    """mig-parted's (go-nvlib's) memory figure of a profile name: its share of the GPU's
+    memory rounded up to eighths, times the GPU's memory in whole GiB rounded up (half
+    rounds away from zero, as Go's does). Without the GPU's memory, its own GiB."""
+    if total_mib <= 0:
+        return math.ceil(memory_mib / 1024)
+    eighths = math.ceil(memory_mib / total_mib * 8) / 8
+    return math.floor(eighths * math.ceil(total_mib / 1024) + 0.5)
+
+
+def _profile_from_attributes(profiles: dict[int, NvmlProfile], attrs: Any) -> NvmlProfile | None:
+    """The profile of a MIG device whose GPU instance NVML does not let the caller look
+    up: the one with the device's slices, memory and media engines."""
+    media = (attrs.sharedDecoderCount, attrs.sharedJpegCount, attrs.sharedOfaCount)
+    return next(
+        (
+            p
+            for p in profiles.values()
+            if (p.slices, p.memory_mib, p.media)
+            == (attrs.gpuInstanceSliceCount, attrs.memorySizeMB, media)
+        ),
+        None,
+    )
+
+
 def _mig_enabled(handle: Any) -> bool:
     try:
         return bool(pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
@@ -403,7 +543,7 @@ def _mig_handles(parent: Any) -> Iterator[Any]:
 def _temperature(handle: Any) -> int:
     """The GPU temperature; ``TemperatureV`` is preferred since NVML 13, older drivers
     and pynvml versions lack it."""
-    get_v = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+    get_v = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)  # not in nvidia-ml-py 12.535
     if get_v is not None:
         try:
             return int(get_v(handle, pynvml.NVML_TEMPERATURE_GPU))

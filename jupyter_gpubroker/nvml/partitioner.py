@@ -63,7 +63,7 @@ class MigPartitioner:
         instance spanning it; return the new slice as the inventory shows it."""
         action = f"create {profile} at memory slice {start} on GPU {gpu_uuid}"
         with _failures(action):
-            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            handle = self.backend.handle(gpu_uuid)
             name = pynvml.nvmlDeviceGetName(handle)
             model = model_for_name(name)
             found = model.profile(profile) if model else None
@@ -108,7 +108,7 @@ class MigPartitioner:
         instance that still holds other compute instances (made outside the broker) stays."""
         action = f"destroy MIG device {device_uuid}"
         with _failures(action):
-            handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
+            handle = self.backend.handle(device_uuid)
             if not is_mig_device_handle(handle):
                 raise PartitionFailed(f"cannot {action}: it is a whole GPU, not a MIG device")
             parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)

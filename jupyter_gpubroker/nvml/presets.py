@@ -20,6 +20,9 @@ the GPUs and which of the file's mig-configs is applied to them::
       gpu-model: H100-80GB      # a catalog key, or a name NVML reports
       gpu-count: 8
       mig-config: balanced      # optional when there is only one
+      gpu-name: NVIDIA H100 80GB HBM3   # optional: the name NVML reports
+      privilege: monitor        # optional: root, monitor or none (see below)
+      seed: lab-4               # optional: seeds the UUIDs (see below)
     mig-configs:
       balanced:
         - devices: [0, 1]       # or: all
@@ -34,6 +37,13 @@ GPUs that no entry covers have MIG disabled. Instances are laid out largest
 profile first, each at the lowest allowed start that still lets the rest fit.
 Everything wrong with a spelling or a file raises :class:`TopologyError`
 naming the problem.
+
+``privilege`` is what NVML lets the simulated caller do (see
+:data:`.simulated.PRIVILEGES`); without it, ``$GPUBROKER_SIMULATE_PRIVILEGE``, else
+root when the process runs as root and none otherwise. ``seed`` makes the UUIDs of a
+simulated machine its own: two brokers simulating the same preset with different seeds
+have different GPUs, so neither holds the other's machine-wide GPU locks; the broker
+seeds it from its state file (see ``GPUBroker.simulate_seed``).
 """
 
 from __future__ import annotations
@@ -61,6 +71,11 @@ class GpuSpec:
     mig_enabled: bool = False
     instances: tuple[tuple[str, int], ...] = ()
     """(profile name, placement start) of each GPU instance, in creation order."""
+    name: str = ""
+    """The name NVML reports, when not the catalog model's first (a GPU the catalog
+    does not know by name: its profiles must then be read from NVML)."""
+    pci_device_id: int = 0
+    """The PCI device id, when not the catalog model's."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,8 @@ class Topology:
     gpus: tuple[GpuSpec, ...]
     seed: str = ""
     """Seeds the simulated UUIDs; empty means the name."""
+    privilege: str | None = None
+    """The simulated caller's privilege; None: as :func:`.simulated._privilege` says."""
 
     def __post_init__(self) -> None:
         if not self.seed:
@@ -205,7 +222,11 @@ def read_topology_file(path: Path) -> Topology:
             f"{path} has no 'simulate' section naming the GPUs, e.g. "
             "simulate: {gpu-model: H100-80GB, gpu-count: 8}"
         )
-    sim = _mapping(doc["simulate"], f"{path}: simulate", {"gpu-model", "gpu-count", "mig-config"})
+    sim = _mapping(
+        doc["simulate"],
+        f"{path}: simulate",
+        {"gpu-model", "gpu-count", "mig-config", "gpu-name", "privilege", "seed"},
+    )
     model = _model(sim.get("gpu-model"), f"{path}: simulate.gpu-model")
     count = sim.get("gpu-count")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -221,8 +242,12 @@ def read_topology_file(path: Path) -> Topology:
     specs: dict[int, GpuSpec] = {}
     for n, entry in enumerate(entries):
         _apply(entry, model, count, specs, f"{where}[{n}]")
-    gpus = tuple(specs.get(i, GpuSpec(model.key)) for i in range(count))
-    return Topology(f"{path.stem}/{selected}", gpus)
+    name = sim.get("gpu-name") or ""
+    if not isinstance(name, str):
+        raise TopologyError(f"{path}: simulate.gpu-name must be text, not {name!r}")
+    gpus = tuple(replace(specs.get(i, GpuSpec(model.key)), name=name) for i in range(count))
+    optional = {k: str(sim[k]) for k in ("privilege", "seed") if sim.get(k) is not None}
+    return Topology(f"{path.stem}/{selected}", gpus, **optional)
 
 
 def _mapping(value: Any, where: str, allowed: set[str] | None) -> dict[str, Any]:

@@ -15,17 +15,26 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   per-profile maximum counts), compute instances in them, MIG device handles
   and UUIDs; InUse when destroying something still in use; NotSupported for
   utilization on MIG-enabled GPUs and on MIG devices;
+- privileges (:data:`PRIVILEGES`, NVML's documented rules): GPU-instance and
+  compute-instance lookups and placements need root or the ``mig/monitor``
+  capability, creating and destroying instances root (or ``mig/config``); the memory
+  and processes of a MIG-enabled GPU are refused to a caller with neither, and so are
+  events that hit a single MIG slice; a MIG device's own attributes
+  (``nvmlDeviceGetAttributes``) and readings need nothing;
 - faults: a lost GPU answers GpuIsLost to every call on it and its MIG
-  devices; over-temperature raises the temperature past the slowdown
-  threshold and sets the thermal clock-event reasons; a power cap holds the GPU at its
-  power limit with the software power-cap reason; Xid and double-bit ECC
-  errors arrive through event sets (``nvmlEventSetWait``);
+  devices, to ``nvmlDeviceGetHandleByIndex`` for it, and (as NVML documents it may)
+  to every ``nvmlDeviceGetHandleByUUID`` while it is lost; over-temperature raises the
+  temperature past the slowdown threshold and sets the thermal clock-event reasons; a
+  power cap holds the GPU at its power limit with the software power-cap reason; Xid
+  and double-bit ECC errors arrive through event sets (``nvmlEventSetWait``);
 - GPM on the GPUs that have it (Hopper: the H100 and H200 models; ``gpm=`` forces it on
   or off for every GPU): MIG activity between two ``nvmlGpmMigSampleGet`` samples, from
   the load integrated over time.
 
 Choices where NVML documents nothing: GPU-wide sensors (utilization,
-temperature, power, clocks) answer NotSupported on MIG device handles; a GPU
+temperature, power, clocks) answer NotSupported on MIG device handles (or
+``mig_sensor_error``, since NVML lists InvalidArgument among these calls' errors);
+media engine counts follow the A100's (see :func:`_media`); a GPU
 instance's id is the swizzle id of its memory slices; the sensors follow the
 load set with :meth:`SimulatedNvml.set_load`; GPM reports a GPU instance's graphics
 and SM activity as its compute instances' utilization, DRAM bandwidth as their
@@ -57,6 +66,13 @@ SHUTDOWN_C = 92
 MAX_OPERATING_C = 85
 IDLE_C = 32
 MAX_MIG_DEVICES = COMPUTE_SLICES
+PRIVILEGE_ENV = "GPUBROKER_SIMULATE_PRIVILEGE"
+"""Overrides the simulated caller's privilege (one of :data:`PRIVILEGES`)."""
+PRIVILEGES = ("root", "monitor", "none")
+"""What the simulated caller may do: everything (root, or CAP_SYS_ADMIN); read MIG
+instances as a user with the ``mig/monitor`` capability; or only what NVML allows any
+user. The default is the running process's own: root when it runs as root, else none
+(containers rarely carry the capability files)."""
 GPM_MODELS = frozenset({"H100-80GB", "H200-141GB"})
 """The catalog's models with GPM (Hopper and newer); the A100 has none."""
 
@@ -159,6 +175,7 @@ class _Unit:
 class _Gpu(_Unit):
     index: int
     model: GpuModel
+    spec: GpuSpec
     bus_id: str
     mig_enabled: bool
     instances: dict[int, _GpuInstance] = field(default_factory=dict)
@@ -172,7 +189,11 @@ class _Gpu(_Unit):
 
     @property
     def name(self) -> str:
-        return self.model.nvml_names[0]
+        return self.spec.name or self.model.nvml_names[0]
+
+    @property
+    def pci_device_id(self) -> int:
+        return self.spec.pci_device_id or self.model.pci_device_id
 
     @property
     def total_mib(self) -> int:
@@ -455,10 +476,21 @@ class SimulatedNvml:
     simulated GPU or MIG device is named by its UUID, as in NVML.
     """
 
-    def __init__(self, topology: Topology, *, gpm: bool | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        gpm: bool | None = None,
+        privilege: str | None = None,
+        mig_sensor_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED,
+    ) -> None:
         self.topology = topology
         self.gpm = gpm
         """GPM on every GPU (True), on none (False), or as each GPU's model has it (None)."""
+        self.privilege = _privilege(privilege or topology.privilege)
+        """The simulated caller's privilege, one of :data:`PRIVILEGES`."""
+        self.mig_sensor_error = mig_sensor_error
+        """What temperature, power and clock-reason calls answer on a MIG device handle."""
         self._hidden: set[str] = set()
         self._lock = threading.RLock()
         self._handles: dict[int, tuple[str, Any]] = {}
@@ -588,6 +620,8 @@ class SimulatedNvml:
             unit = self._unit(uuid)
             gpu = unit.gpu
             ids = (unit.gi.id, unit.id) if isinstance(unit, _MigDevice) else (_NOT_AVAILABLE,) * 2
+            if isinstance(unit, _MigDevice) and self.privilege == "none":
+                return  # NVML reports only whole-device events to such a caller
             for what, obj in self._handles.values():
                 if what == "events" and obj.masks.get(gpu, 0) & kind:
                     obj.pending.append(_Event(gpu, kind, data, *ids))
@@ -615,6 +649,7 @@ class SimulatedNvml:
             handle=self._new_address(),
             index=index,
             model=model,
+            spec=spec,
             bus_id=bus,
             mig_enabled=spec.mig_enabled,
         )
@@ -654,7 +689,19 @@ class SimulatedNvml:
 
     def _sensor_gpu(self, handle: Any) -> _Gpu:
         """A GPU handle, for GPU-wide sensors, which a MIG device does not have."""
-        return self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._typed(handle, _Gpu, self.mig_sensor_error)
+
+    def _require(self, needed: str) -> None:
+        """Refuse with NoPermission unless the caller has ``needed`` ("monitor": the
+        ``mig/monitor`` capability or root; "root": root or ``mig/config``)."""
+        if PRIVILEGES.index(self.privilege) > PRIVILEGES.index(needed):
+            raise _Fail(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def _aggregate(self, device: _Device) -> None:
+        """A MIG-enabled GPU's memory and processes are the sum over its instances, which
+        NVML gives only to a caller who may see every instance."""
+        if isinstance(device, _Gpu) and device.mig_enabled:
+            self._require("monitor")
 
     def _mig_device(self, handle: Any) -> _MigDevice:
         return self._typed(handle, _MigDevice, pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -738,6 +785,7 @@ class SimulatedNvml:
 
     def _fill_memory(self, info: Any, handle: Any) -> None:
         device = self._device(handle)
+        self._aggregate(device)
         total = device.total_mib
         info.total = total * _MIB
         info.used = min(device.used_mib(), total) * _MIB
@@ -756,6 +804,7 @@ class SimulatedNvml:
         info.instanceCount = profile.max_count
         info.multiprocessorCount = profile.sm_count
         info.memorySizeMB = profile.memory_mib
+        info.decoderCount, info.jpegCount, info.ofaCount = _media(profile)
         return profile
 
     def _fill_ci_profile(self, info: Any, gi_handle: Any, profile: int, engines: int) -> int:
@@ -807,9 +856,13 @@ class SimulatedNvml:
         i = _val(index)
         if not 0 <= i < len(self._gpus):
             raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self._gpus[i].lost:
+            raise _Fail(pynvml.NVML_ERROR_GPU_IS_LOST)
         _set_handle(out, self._gpus[i].handle)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, out: Any) -> None:
+        if any(gpu.lost for gpu in self._gpus):
+            raise _Fail(pynvml.NVML_ERROR_GPU_IS_LOST)
         _set_handle(out, _found(self._units.get((_val(uuid) or b"").decode())).handle)
 
     def nvmlDeviceGetIndex(self, handle: Any, out: Any) -> None:
@@ -827,7 +880,7 @@ class SimulatedNvml:
         domain, bus, _ = gpu.bus_id.split(":")
         info.busIdLegacy = info.busId = gpu.bus_id.encode()
         info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), 0
-        info.pciDeviceId = gpu.model.pci_device_id
+        info.pciDeviceId = gpu.pci_device_id
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> None:
         self._fill_memory(_out(ref), handle)
@@ -839,7 +892,7 @@ class SimulatedNvml:
         info.reserved = 0
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any, ref: Any) -> None:
-        gpu = self._sensor_gpu(handle)
+        gpu = self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)
         if gpu.mig_enabled:
             raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         util = _out(ref)
@@ -848,7 +901,7 @@ class SimulatedNvml:
     def nvmlDeviceGetProcessUtilization(
         self, handle: Any, samples: Any, count: Any, last_seen: Any
     ) -> None:
-        gpu = self._sensor_gpu(handle)
+        gpu = self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)
         if gpu.mig_enabled:
             raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if not gpu.processes:
@@ -869,7 +922,9 @@ class SimulatedNvml:
             pid, mib, p.gpuInstanceId, p.computeInstanceId = proc
             p.pid, p.usedGpuMemory = pid, mib * _MIB
 
-        _write_array(infos, count, self._processes(self._device(handle)), write, query_fails=True)
+        device = self._device(handle)
+        self._aggregate(device)
+        _write_array(infos, count, self._processes(device), write, query_fails=True)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> None:
         _set(out, self._temperature(handle, _val(sensor)))
@@ -925,6 +980,17 @@ class SimulatedNvml:
     def nvmlDeviceGetComputeInstanceId(self, handle: Any, out: Any) -> None:
         _set(out, self._mig_device(handle).id)
 
+    def nvmlDeviceGetAttributes_v2(self, handle: Any, ref: Any) -> None:
+        device = self._mig_device(handle)  # NVML: MIG device handles only
+        profile, attrs = device.gi.profile, _out(ref)
+        attrs.gpuInstanceSliceCount = profile.compute_slices
+        attrs.computeInstanceSliceCount = device.slices
+        attrs.multiprocessorCount = profile.sm_count * device.slices // profile.compute_slices
+        attrs.sharedCopyEngineCount = profile.size
+        attrs.sharedDecoderCount, attrs.sharedJpegCount, attrs.sharedOfaCount = _media(profile)
+        attrs.sharedEncoderCount = 0
+        attrs.memorySizeMB = profile.memory_mib
+
     # -------------------------------------------------------------- C symbols: GPU instances
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: Any, ref: Any) -> None:
@@ -941,11 +1007,13 @@ class SimulatedNvml:
     def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
         self, handle: Any, profile_id: Any, placements: Any, count: Any
     ) -> None:
+        self._require("monitor")
         profile = self._profile_by_id(self._whole_gpu(handle), _val(profile_id))
         starts = [(s, profile.size) for s in profile.starts]
         _write_array(placements, count, starts, _write_placement, query_fails=False)
 
     def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: Any, out: Any) -> None:
+        self._require("root")
         gpu = self._mig_gpu(handle)
         profile = self._profile_by_id(gpu, _val(profile_id))
         starts = free_starts(profile, gpu.occupied())
@@ -956,6 +1024,7 @@ class SimulatedNvml:
     def nvmlDeviceCreateGpuInstanceWithPlacement(
         self, handle: Any, profile_id: Any, placement: Any, out: Any
     ) -> None:
+        self._require("root")
         gpu = self._mig_gpu(handle)
         profile = self._profile_by_id(gpu, _val(profile_id))
         where = _out(placement)
@@ -966,12 +1035,14 @@ class SimulatedNvml:
     def nvmlDeviceGetGpuInstances(
         self, handle: Any, profile_id: Any, instances: Any, count: Any
     ) -> None:
+        self._require("monitor")
         gpu = self._mig_gpu(handle)
         profile = self._profile_by_id(gpu, _val(profile_id))
         found = [gi.handle for _, gi in sorted(gpu.instances.items()) if gi.profile == profile]
         _write_handles(instances, count, found, pynvml.c_nvmlGpuInstance_t)
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, out: Any) -> None:
+        self._require("monitor")
         _set_handle(out, _found(self._mig_gpu(handle).instances.get(_val(gi_id))).handle)
 
     def nvmlGpuInstanceGetInfo(self, gi_handle: Any, ref: Any) -> None:
@@ -981,6 +1052,7 @@ class SimulatedNvml:
         )
 
     def nvmlGpuInstanceDestroy(self, gi_handle: Any) -> None:
+        self._require("root")
         gi = self._lookup(gi_handle, "gi")
         if gi.computes:
             raise _Fail(pynvml.NVML_ERROR_IN_USE)
@@ -1007,12 +1079,14 @@ class SimulatedNvml:
     def nvmlGpuInstanceCreateComputeInstance(
         self, gi_handle: Any, profile_id: Any, out: Any
     ) -> None:
+        self._require("root")
         device = self._create_compute_instance(self._lookup(gi_handle, "gi"), _val(profile_id))
         _set_handle(out, device.ci_handle)
 
     def nvmlGpuInstanceGetComputeInstances(
         self, gi_handle: Any, profile_id: Any, instances: Any, count: Any
     ) -> None:
+        self._require("monitor")
         gi = self._lookup(gi_handle, "gi")
         found = [
             m.ci_handle for _, m in sorted(gi.computes.items()) if m.profile_id == _val(profile_id)
@@ -1020,6 +1094,7 @@ class SimulatedNvml:
         _write_handles(instances, count, found, pynvml.c_nvmlComputeInstance_t)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi_handle: Any, ci_id: Any, out: Any) -> None:
+        self._require("monitor")
         _set_handle(out, _found(self._lookup(gi_handle, "gi").computes.get(_val(ci_id))).ci_handle)
 
     def nvmlComputeInstanceGetInfo_v2(self, ci_handle: Any, ref: Any) -> None:
@@ -1031,6 +1106,7 @@ class SimulatedNvml:
         )
 
     def nvmlComputeInstanceDestroy(self, ci_handle: Any) -> None:
+        self._require("root")
         device = self._lookup(ci_handle, "ci")
         if device.processes:
             raise _Fail(pynvml.NVML_ERROR_IN_USE)
@@ -1142,6 +1218,27 @@ def _percent(value: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
         raise ValueError(f"{what} is a whole percent from 0 to 100, not {value!r}")
     return value
+
+
+def _privilege(chosen: str | None) -> str:
+    """The simulated caller's privilege: ``chosen``, else ``$GPUBROKER_SIMULATE_PRIVILEGE``,
+    else the running process's own (root, or none)."""
+    value = chosen or os.environ.get(PRIVILEGE_ENV) or ("root" if os.geteuid() == 0 else "none")
+    if value not in PRIVILEGES:
+        raise TopologyError(
+            f"the simulated privilege must be one of {', '.join(PRIVILEGES)}, not {value!r}"
+        )
+    return value
+
+
+def _media(profile: MigProfile) -> tuple[int, int, int]:
+    """(decoders, JPEG engines, OFA engines) of a GPU-instance profile, as on the A100:
+    a media-extensions profile and the whole GPU have all three kinds."""
+    if "+me" in profile.name:
+        return 1, 1, 1
+    if profile.compute_slices == COMPUTE_SLICES:
+        return 5, 1, 1
+    return profile.size // 2, 0, 0
 
 
 def _full_ci_profile(gi: _GpuInstance) -> int:

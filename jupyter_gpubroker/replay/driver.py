@@ -120,7 +120,7 @@ def replay(
         raise ValueError(f"the ETA sampling interval must be positive, not {eta_every_s}")
     wall0 = time.perf_counter()
     chosen = make_policy(policy) if isinstance(policy, str) else policy
-    with open_backend(inventory) as backend:
+    with open_backend(inventory, privilege="root") as backend:  # the machine's manager
         inv = backend.inventory()
         dynamic = dynamic_mig and any(g.mig_enabled for g in inv.gpus)
         origin = trace.jobs[0].submit_s

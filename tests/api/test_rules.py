@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import Forbidden, InvalidRequest
+from jupyter_gpubroker.broker.errors import Conflict, Forbidden, InvalidRequest
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -44,6 +44,35 @@ def test_a_kernel_token_is_never_an_admin_and_acts_only_on_its_kernel(team: Brok
     assert [r["id"] for r in team.requests(k1)["requests"]] == [mine["id"]]
     with pytest.raises(Forbidden, match="cannot issue or revoke tokens"):
         team.issue_token(k1, {"kernel_id": "k2"})
+
+
+def test_a_kernel_never_gets_two_mig_slices(start) -> None:
+    """CUDA shows a process one MIG device. No single request yields two slices (whole
+    GPUs come only as whole GPUs, a profile or a memory size as one device); a kernel's
+    second request is refused while its first lives, unless both ask for whole GPUs."""
+    api = start(simulate="workstation-a100")  # GPU 0: 3g.20gb, 2g.10gb, 2x 1g.5gb; GPU 1 whole
+    alice = api.user_identity("alice")
+    shapes = [{"gpus": 1}, *({"profile": p} for p in ("1g.5gb", "2g.10gb", "3g.20gb"))]
+    shapes += [{"min_memory_gb": gb} for gb in (1, 5, 10, 20, 40)]
+    for shape in shapes:
+        r = api.submit(alice, {**shape, "owner": "nb"})
+        assert r["state"] == "granted" and len(r["lease"]["devices"]) == 1, shape
+        api.cancel(alice, r["id"])
+    kernel = api.token_identity(api.issue_token(alice, {"kernel_id": "k1"})["token"])
+    first = api.submit(kernel, {"profile": "1g.5gb"})
+    for second in ({"profile": "1g.5gb"}, {"min_memory_gb": 1}, {"gpus": 1}):
+        with pytest.raises(Conflict) as refused:
+            api.submit(kernel, second)
+        assert refused.value.message == (
+            f"this kernel already has request {first['id']} for profile=1g.5gb: a kernel with "
+            "a MIG slice holds nothing beside it (CUDA shows a process only one MIG device); "
+            "release that request first"
+        )
+    api.cancel(kernel, first["id"])
+    whole = api.submit(kernel, {"gpus": 1})
+    assert api.submit(kernel, {"gpus": 1})["state"] == "queued"  # whole GPUs may add up
+    assert api.submit(alice, {"profile": "1g.5gb", "owner": "k1"})["state"] == "granted"
+    assert whole["state"] == "granted"
 
 
 def test_a_user_sees_others_requests_only_without_ids(team: BrokerAPI) -> None:

@@ -12,7 +12,7 @@ from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli import main, render_status
-from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.nvml import open_backend, seed_for
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def test_json_lists_every_gpu_and_slice(capsys, tmp_path) -> None:
 
 def test_holders_come_from_the_state_file(capsys, tmp_path) -> None:
     state = tmp_path / "state.sqlite"
-    with open_backend("h200-mig-balanced") as backend:
+    with open_backend("h200-mig-balanced", seed=seed_for(str(state))) as backend:
         inventory = backend.inventory()
     broker = Broker(Store(state), inventory)
     lease_id = broker.submit("ada", Size(profile="3g.71gb")).lease_id
@@ -104,7 +104,7 @@ def test_command_line_entry_point() -> None:
 
 def test_drained_gpus_show_with_their_reason(capsys, tmp_path) -> None:
     state = tmp_path / "state.sqlite"
-    with open_backend("h200-mig-balanced") as backend:
+    with open_backend("h200-mig-balanced", seed=seed_for(str(state))) as backend:
         inventory = backend.inventory()
     broker = Broker(Store(state), inventory)
     gpu = inventory.gpus[1].uuid

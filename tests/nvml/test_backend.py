@@ -11,7 +11,7 @@ import pytest
 
 from jupyter_gpubroker.broker.models import Health, Inventory, ProcessInfo
 from jupyter_gpubroker.broker.profiles import CATALOG, COMPUTE_SLICES
-from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.nvml import NvmlBackend, SimulatedNvml, load_topology, open_backend
 from jupyter_gpubroker.nvml.simulated import IDLE_C, SLOWDOWN_C
 
 
@@ -79,30 +79,37 @@ def test_reading_a_whole_gpu(open_sim):
     assert r.processes == (ProcessInfo(321, 1024, None, None),)
 
 
-def test_mig_metrics_nvml_does_not_support_read_as_none(open_sim):
-    backend = open_sim("h200-mig-balanced")
-    inv = backend.inventory()
-    device = inv.devices[1]
-    backend.simulator.set_load(device.uuid, memory_used_mib=512)
-    backend.simulator.add_process(device.uuid, 77, 256)
-    r = backend.read(device.uuid)
-    assert r.health is Health.OK
-    assert (r.utilization_gpu, r.temperature_c, r.power_mw, r.clock_event_reasons) == (None,) * 4
-    assert set(r.unsupported) == {
-        "utilization_gpu",
-        "utilization_memory",
-        "temperature_c",
-        "power_mw",
-        "power_limit_mw",
-        "clock_event_reasons",
-    }
+@pytest.mark.parametrize(
+    "refusal", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT]
+)
+def test_a_mig_slice_reads_its_gpus_sensors(refusal):
+    """NVML documents no answer for GPU-wide sensors on a MIG handle and lists both
+    NotSupported and InvalidArgument among these calls' errors: either way a slice shows
+    its GPU's temperature, power and clock reasons, and stays reachable."""
+    sim = SimulatedNvml(load_topology("h200-mig-balanced"), mig_sensor_error=refusal)
+    with NvmlBackend(sim) as backend:
+        device = backend.inventory().devices[1]
+        sim.set_load(device.uuid, memory_used_mib=512)
+        sim.add_process(device.uuid, 77, 256)
+        sim.inject_overheat(device.uuid, temperature_c=91)
+        r = backend.read(device.uuid)
+        parent = backend.read(device.gpu_uuid)
+    assert (r.health, r.error) == (Health.OK, None)
+    assert set(r.unsupported) == {"utilization_gpu", "utilization_memory"}
+    assert r.utilization_gpu is None
+    assert (r.temperature_c, r.temperature_slowdown_c) == (91, SLOWDOWN_C)
+    assert (r.power_mw, r.power_limit_mw, r.clock_event_reasons) == (
+        parent.power_mw,
+        parent.power_limit_mw,
+        parent.clock_event_reasons,
+    )
+    assert r.power_limit_mw == 700_000 and r.clock_event_reasons
     assert (r.memory_used_mib, r.memory_total_mib) == (768, device.memory_mib)
     assert r.processes == (
         ProcessInfo(77, 256, device.gpu_instance_id, device.compute_instance_id),
     )
-    parent = backend.read(device.gpu_uuid)
     assert parent.unsupported == ("utilization_gpu", "utilization_memory")
-    assert parent.temperature_c == IDLE_C and parent.memory_used_mib == 768
+    assert parent.temperature_c == 91 and parent.memory_used_mib == 768
     assert [p.pid for p in parent.processes] == [77]
 
 
@@ -140,7 +147,19 @@ def test_overheat_shows_in_the_reading(open_sim):
     )
 
 
-def test_temperature_falls_back_without_temperature_v(open_sim):
+def test_temperature_falls_back_when_pynvml_lacks_temperature_v(open_sim, monkeypatch):
+    """nvidia-ml-py 12.535, the lowest version the package allows, has no
+    nvmlDeviceGetTemperatureV."""
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetTemperatureV", raising=False)
+    backend = open_sim("dgx-h100")
+    uuid = backend.inventory().gpus[0].uuid
+    backend.simulator.inject_overheat(uuid, temperature_c=93)
+    assert backend.read(uuid).temperature_c == 93
+
+
+def test_temperature_falls_back_when_the_driver_lacks_temperature_v(open_sim):
+    if not hasattr(pynvml, "nvmlDeviceGetTemperatureV"):
+        pytest.skip("this nvidia-ml-py has no nvmlDeviceGetTemperatureV to call")
     backend = open_sim("dgx-h100")
     uuid = backend.inventory().gpus[0].uuid
     backend.simulator.inject_overheat(uuid, temperature_c=93)

@@ -24,9 +24,11 @@ import pytest
 from runtime_helpers import make
 
 from jupyter_gpubroker.broker.errors import GpuInUse, StateFileError
+from jupyter_gpubroker.nvml import seed_for
+from jupyter_gpubroker.paths import LOCK_DIR_ENV
 from jupyter_gpubroker.statelock import GpuLocks
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two users")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two users")
 
 NOBODY, STRANGER = 65534, 54321  # another user on the host; one without a passwd entry
 
@@ -121,6 +123,7 @@ def victim(machine: Path) -> Path:
     return secret
 
 
+@as_root
 def test_a_broker_refuses_a_gpu_another_process_manages_until_that_process_dies(
     tmp_path: Path, machine: Path
 ) -> None:
@@ -157,6 +160,7 @@ def test_a_broker_refuses_a_gpu_another_process_manages_until_that_process_dies(
     assert stat.S_IMODE((locks / f"{first}.lock").stat().st_mode) == 0o600
 
 
+@as_root
 def test_a_root_broker_never_follows_a_link_planted_where_it_locks(
     tmp_path: Path, machine: Path
 ) -> None:
@@ -189,6 +193,7 @@ def test_a_root_broker_never_follows_a_link_planted_where_it_locks(
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
 
 
+@as_root
 def test_no_user_can_keep_a_root_broker_from_starting_nor_lie_about_who_holds_a_gpu(
     tmp_path: Path, machine: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -224,6 +229,7 @@ def test_no_user_can_keep_a_root_broker_from_starting_nor_lie_about_who_holds_a_
     assert secret.read_text() == "root:secret\n"
 
 
+@as_root
 def test_a_root_broker_refuses_a_lock_directory_another_user_made(
     tmp_path: Path, machine: Path
 ) -> None:
@@ -234,6 +240,7 @@ def test_a_root_broker_refuses_a_lock_directory_another_user_made(
         rt.start()
 
 
+@as_root
 def test_the_state_file_and_its_journal_are_readable_by_their_owner_only(
     tmp_path: Path, machine: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -267,6 +274,7 @@ def test_the_state_file_and_its_journal_are_readable_by_their_owner_only(
     )
 
 
+@as_root
 def test_a_state_file_that_is_a_link_is_refused(tmp_path: Path, machine: Path) -> None:
     secret = victim(machine)
     (tmp_path / "state.sqlite.lock").symlink_to(secret)
@@ -276,11 +284,38 @@ def test_a_state_file_that_is_a_link_is_refused(tmp_path: Path, machine: Path) -
     assert secret.read_text() == "root:secret\n"
 
 
+def test_simulated_machines_are_their_own_and_keep_their_gpus(tmp_path: Path) -> None:
+    """Two simulated brokers on one host (two demos, a demo and a test run) simulate two
+    machines: neither holds the other's GPUs. A restart on the same state file finds the
+    same GPUs; an explicit seed shares one simulated machine (and its locks)."""
+    locks = str(Path(os.environ[LOCK_DIR_ENV]) / "shared")
+    one = make(tmp_path / "one", gpu_lock_dir=locks, user_gpu_lock_dir=locks)
+    two = make(tmp_path / "two", gpu_lock_dir=locks, user_gpu_lock_dir=locks)
+    try:
+        mine = {g.uuid for g in one.start().inventory.gpus}
+        theirs = {g.uuid for g in two.start().inventory.gpus}
+        assert len(mine) == len(theirs) == 2 and not mine & theirs
+    finally:
+        two.stop()
+        one.stop()
+    again = make(tmp_path / "one", gpu_lock_dir=locks, user_gpu_lock_dir=locks)
+    try:
+        assert {g.uuid for g in again.start().inventory.gpus} == mine
+        same_machine = make(tmp_path / "three", gpu_lock_dir=locks, user_gpu_lock_dir=locks)
+        same_machine.simulate_seed = again.simulate_seed
+        with pytest.raises(GpuInUse):
+            same_machine.start()
+    finally:
+        again.stop()
+
+
 def _inventory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The GPUs a broker with state under ``tmp_path`` simulates."""
     probe = make(
         tmp_path / "probe",
         gpu_lock_dir=str(tmp_path / "probe-locks"),
         user_gpu_lock_dir=str(tmp_path / "probe-user-locks"),
+        simulate_seed=seed_for(str(tmp_path / "state.sqlite")),
     )
     try:
         return probe.start().inventory.gpus

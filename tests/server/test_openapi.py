@@ -381,6 +381,8 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
         "POST", "requests", {"profile": "1g.10gb", "owner": "elsewhere"}, headers=kernel, expect=201
     )
     assert mine["owner"] == "k1"
+    second = await check("POST", "requests", {"min_memory_gb": 1}, headers=kernel, expect=409)
+    assert "CUDA shows a process only one MIG device" in second["message"]
     assert (await check("GET", f"requests/{mine['id']}", headers=kernel, expect=200))["id"]
     assert [
         r["id"] for r in (await check("GET", "requests", headers=kernel, expect=200))["requests"]

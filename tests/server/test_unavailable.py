@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 
 from jupyter_gpubroker.broker.store import SCHEMA_VERSION
+from jupyter_gpubroker.nvml import open_backend, seed_for
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.statelock import StateLock
 
 OTHER_URL = "http://127.0.0.1:8899/gpubroker/api/v1"
-SIMULATED_GPU = "GPU-1dd45ae0-2c16-1fa1-4a50-2dbdd1d704fa"
-"""The UUID of the simulated dgx-h100-mig's first GPU, the same on every run."""
 
 
 def garbage(state: Path) -> None:
@@ -45,8 +44,12 @@ def locked(state: Path) -> StateLock:
 
 def other_broker(state: Path) -> GPUBroker:
     """Another embedded broker (another user's server, its own state file) on the same
-    machine: it holds the GPUs' machine-wide locks."""
-    other = GPUBroker(simulate="dgx-h100-mig:1", state_file=str(state.with_name("other.sqlite")))
+    (simulated) machine: it holds the GPUs' machine-wide locks."""
+    other = GPUBroker(
+        simulate="dgx-h100-mig:1",
+        state_file=str(state.with_name("other.sqlite")),
+        simulate_seed=seed_for(str(state)),  # the server's own simulated machine
+    )
     other.api_url = OTHER_URL
     other.start()
     return other
@@ -70,8 +73,10 @@ def expected(state: str, spoil: Callable[[Path], Any]) -> str:
     if spoil is garbage:
         return f"{state}: not a SQLite database; move it aside"
     if spoil is other_broker:
+        with open_backend("dgx-h100-mig:1", seed=seed_for(state)) as machine:
+            gpu = machine.inventory().gpus[0].uuid
         return (
-            f"GPU {SIMULATED_GPU} is already managed by another GPU broker (pid {os.getpid()} "
+            f"GPU {gpu} is already managed by another GPU broker (pid {os.getpid()} "
             f"of user {ME} on {socket.gethostname()}, serving {OTHER_URL}): brokers that share "
             "a machine grant the same GPUs twice; run one broker for everyone as the JupyterHub "
             "service"
