@@ -23,14 +23,18 @@ Who is calling, and what they may do (``HubHost``), all from the hub:
 
 SIGTERM or SIGINT (how the hub stops it) closes the connections, stops the broker and
 releases the state file; a killed service restarts from the file (the hub starts it
-again) with its leases and the kernels' tokens intact. One that cannot start says why in
-one line and exits 1: the hub starts it again at its next poll, so it recovers by itself
-once the cause (another broker on the file, no driver) is gone.
+again) with its leases and the kernels' tokens intact. A service whose broker cannot run
+(a config error, another broker on the file, no driver) does not exit, which would take
+the hub down at its start: it logs why, answers every call with a 503 that says it (to
+users of the broker; as the embedded server does), and tries again every
+``retry_interval`` seconds with its config file read anew, so it recovers by itself once
+the cause is gone. Only a service the hub started wrongly (no service URL) exits 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -50,10 +54,11 @@ from prometheus_client.registry import CollectorRegistry
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Float, Unicode
+from traitlets import Bool, Float, TraitError, Unicode
 from traitlets.config import Application
 
 from jupyter_gpubroker import __version__
+from jupyter_gpubroker.api import TOKEN_HEADER
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.errors import BrokerError
 from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
@@ -64,6 +69,7 @@ from jupyter_gpubroker.server.handlers import handlers
 from .hubauth import (
     ADMIN_SCOPE,
     API_PATH,
+    USE_SCOPE,
     HubAuthFromSettings,
     check_user,
     has_scope,
@@ -108,6 +114,28 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
 
 class CallbackHandler(HubAuthFromSettings, HubOAuthCallbackHandler):
     """The end of the hub's OAuth login."""
+
+
+class UnavailableHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+    """Every route while the broker cannot run: 503 with why to users of the broker (the
+    reason may name local files), a plain 503 to a kernel's token (it cannot be checked
+    without the broker), 403 to anyone else."""
+
+    async def prepare(self) -> None:
+        why = self.settings["unavailable"]
+        if self.request.headers.get(TOKEN_HEADER):
+            why = "The GPU broker is not running just now; the hub's admin can see why in its log."
+        else:
+            model = await self.hub_auth.get_user(self, sync=False)
+            if not model or not has_scope(model, USE_SCOPE):
+                raise web.HTTPError(403, "no hub credential that may use the GPU broker")
+        self.set_status(503)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": "broker_unavailable", "message": why}))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": f"http_{status_code}", "message": self._reason}))
 
 
 class MetricsHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
@@ -244,6 +272,11 @@ class GPUBrokerService(Application):
     stop_timeout = Float(
         10.0, help="Seconds open connections (event streams) get to close on SIGTERM."
     ).tag(config=True)
+    retry_interval = Float(
+        30.0,
+        help="Seconds between tries to start a broker that could not run (its config file "
+        "is read again before each), meanwhile every call is answered with a 503 saying why.",
+    ).tag(config=True)
     authenticate_prometheus = Bool(
         True,
         help="Whether /metrics needs a hub token with read:metrics (as the hub's own "
@@ -257,10 +290,13 @@ class GPUBrokerService(Application):
                 "GPU broker service not started: no config file %s: fix --config", self.config_file
             )
             self.exit(1)
+        self._from_command_line = deepcopy(self.config)
+        self._read_config_file()
+
+    def _read_config_file(self) -> None:
         if self.config_file:  # the command line wins over the file
-            from_command_line = deepcopy(self.config)
             self.load_config_file(self.config_file)
-            self.update_config(from_command_line)
+            self.update_config(self._from_command_line)
 
     def start(self) -> None:
         try:
@@ -271,6 +307,36 @@ class GPUBrokerService(Application):
 
     async def serve(self) -> None:
         url, prefix = _from_hub("JUPYTERHUB_SERVICE_URL"), _from_hub("JUPYTERHUB_SERVICE_PREFIX")
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        while not stopping.is_set():
+            try:
+                broker = self._start_broker(url, prefix)
+            except ServiceError as e:
+                self.log.error(
+                    "GPU broker service: the broker cannot run: %s; every call is answered "
+                    "with this, and the service tries again in %s s",
+                    e,
+                    f"{self.retry_interval:g}",
+                )
+                app = self._app(
+                    prefix,
+                    [(url_path_join(prefix, ".*"), UnavailableHost)],
+                    unavailable=str(e),
+                    cookie_secret=secrets.token_bytes(32),  # a login of these minutes only
+                )
+                await self._listen(app, url, stopping, self.retry_interval)
+                self._read_config_file()
+                continue
+            try:
+                await self._serve(broker, url, prefix, stopping)
+            finally:
+                broker.stop()
+
+    def _start_broker(self, url: str, prefix: str) -> GPUBroker:
+        """The broker started; ``ServiceError`` says why it cannot run."""
         if "identity" in self.config.GPUBroker and self.config.GPUBroker.identity != "username":
             raise ServiceError(
                 "c.GPUBroker.identity = 'owner' would make every hub user one user: remove it, "
@@ -282,53 +348,68 @@ class GPUBrokerService(Application):
                 "c.JupyterHub.load_roles instead",
                 ADMIN_SCOPE,
             )
-        broker = GPUBroker(parent=self, identity="username")
-        broker.api_url = url_path_join(url, prefix, API_PATH)
         try:
+            broker = GPUBroker(parent=self, identity="username")
+            broker.api_url = url_path_join(url, prefix, API_PATH)
             broker.start()
         except (BrokerError, NvmlUnavailable, TopologyError) as e:
             raise ServiceError(getattr(e, "message", None) or str(e)) from None
-        try:
-            await self._serve(broker, url, prefix)
-        finally:
-            broker.stop()
+        except TraitError as e:
+            raise ServiceError(f"a setting of c.GPUBroker is wrong: {e}") from None
+        return broker
 
-    async def _serve(self, broker: GPUBroker, url: str, prefix: str) -> None:
-        hub_auth = HubOAuth(parent=self, base_url=prefix)
-        app = web.Application(
-            [
-                *handlers(HubHost, root=url_path_join(prefix, API_PATH)),
-                (url_path_join(prefix, "oauth_callback"), CallbackHandler),
-                (url_path_join(prefix, "metrics"), MetricsHandler),
-                *page_handlers(prefix),
-            ],
-            gpubroker=broker,
-            gpubroker_api=BrokerAPI(broker),
-            hub_auth=hub_auth,
-            hub_groups=HubGroups(hub_auth, self.log),
-            authenticate_prometheus=self.authenticate_prometheus,
-            metrics_registry=self._metrics_registry(broker),
-            cookie_secret=self._cookie_secret(broker.state_file),
+    def _app(self, prefix: str, routes: list[Any], **settings: Any) -> web.Application:
+        """The service's application: ``routes``, the hub's OAuth callback, its logging."""
+        return web.Application(
+            [(url_path_join(prefix, "oauth_callback"), CallbackHandler), *routes],
+            hub_auth=HubOAuth(parent=self, base_url=prefix),
             log_function=self._log_request,
+            **settings,
         )
+
+    async def _listen(
+        self, app: web.Application, url: str, stopping: asyncio.Event, for_s: float | None = None
+    ) -> None:
+        """Serve ``app`` at ``url`` until ``stopping`` (or ``for_s`` seconds), then close
+        the open connections (event streams) within ``stop_timeout``."""
         where = urlsplit(url)
         server = HTTPServer(app, xheaders=True)
         server.listen(where.port or 80, where.hostname or "127.0.0.1")
-        broker.start_ticking()
-        self.log.info("GPU broker service: the API at %s", broker.api_url)
-        reconciling = asyncio.ensure_future(release_stopped_servers(broker, hub_auth, self.log))
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
-        await stopping.wait()
-        self.log.info("GPU broker service: stopping")
-        reconciling.cancel()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stopping.wait(), for_s)
         server.stop()
         try:
             await asyncio.wait_for(server.close_all_connections(), self.stop_timeout)
         except asyncio.TimeoutError:
             self.log.warning("GPU broker service: connections still open; stopping anyway")
+
+    async def _serve(
+        self, broker: GPUBroker, url: str, prefix: str, stopping: asyncio.Event
+    ) -> None:
+        app = self._app(
+            prefix,
+            [
+                *handlers(HubHost, root=url_path_join(prefix, API_PATH)),
+                (url_path_join(prefix, "metrics"), MetricsHandler),
+                *page_handlers(prefix),
+            ],
+            gpubroker=broker,
+            gpubroker_api=BrokerAPI(broker),
+            authenticate_prometheus=self.authenticate_prometheus,
+            metrics_registry=self._metrics_registry(broker),
+            cookie_secret=self._cookie_secret(broker.state_file),
+        )
+        app.settings["hub_groups"] = HubGroups(app.settings["hub_auth"], self.log)
+        broker.start_ticking()
+        self.log.info("GPU broker service: the API at %s", broker.api_url)
+        reconciling = asyncio.ensure_future(
+            release_stopped_servers(broker, app.settings["hub_auth"], self.log)
+        )
+        try:
+            await self._listen(app, url, stopping)
+        finally:
+            self.log.info("GPU broker service: stopping")
+            reconciling.cancel()
 
     @staticmethod
     def _metrics_registry(broker: GPUBroker) -> CollectorRegistry:

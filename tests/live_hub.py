@@ -137,7 +137,7 @@ c.JupyterHub.load_roles.append(
 {self.extra_config}
 """
 
-    def start(self) -> None:
+    def start(self, broker_runs: bool = True) -> None:
         path = self.home / "jupyterhub_config.py"
         path.write_text(self.config())
         paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]  # this checkout's code
@@ -150,10 +150,11 @@ c.JupyterHub.load_roles.append(
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self.wait_for_service()
+        self.wait_for_service(broker_runs)
 
-    def wait_for_service(self) -> int:
-        """Wait until the broker service answers through the proxy; its pid."""
+    def wait_for_service(self, broker_runs: bool = True) -> int:
+        """Wait until the broker service answers through the proxy; its pid (0 when its
+        broker does not run: no process holds the state file)."""
 
         def up() -> int | None:
             assert self.proc is not None
@@ -161,9 +162,9 @@ c.JupyterHub.load_roles.append(
                 raise AssertionError(f"the hub exited:\n{self.log.read_text()[-4000:]}")
             if requests.get(f"{self.api_url}/me", timeout=5).status_code != 403:
                 return None
-            return self.service_pid()
+            return self.service_pid() if broker_runs else -1
 
-        return int(wait_for("the broker service", up, log=self.log))
+        return max(0, int(wait_for("the broker service", up, log=self.log)))
 
     def service_pid(self) -> int | None:
         """The service's pid, from its state file's lock (who holds the file)."""
@@ -185,10 +186,10 @@ c.JupyterHub.load_roles.append(
         return after
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[Hub]:
+    def running(self, broker_runs: bool = True) -> Iterator[Hub]:
         """The hub started, stopped at the end (also when it failed to start)."""
         try:
-            self.start()
+            self.start(broker_runs)
             yield self
         finally:
             self.stop()

@@ -242,3 +242,15 @@ def test_a_users_server_reaches_the_service_with_its_own_token(hub: Hub) -> None
         assert gone.status_code == 200
     finally:
         hub.stop_server("ivan")
+
+
+def test_a_broker_config_error_leaves_the_hub_up_and_tells_its_users(
+    tmp_path: Path, proxy: None
+) -> None:
+    """A typo in c.GPUBroker used to end the service at once, and the hub with it."""
+    with Hub(tmp_path, simulate="dgx-h100-migg").running(broker_runs=False) as broken:
+        token = broken.user("ann")
+        status, answer = broken.api(token, "GET", "devices")
+        assert status == 503 and answer["error"] == "broker_unavailable"
+        assert "unknown simulated topology 'dgx-h100-migg'" in answer["message"]
+        assert broken.hub_api("GET", "users/ann")["name"] == "ann"  # the hub works on

@@ -70,12 +70,9 @@ def test_sigterm_stops_the_service_and_frees_its_state_file(tmp_path: Path) -> N
     lock.release()
 
 
-def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
-    config = tmp_path / "gpubroker_config.py"
-    config.write_text('c.GPUBroker.identity = "owner"\n')
+def test_a_service_the_hub_started_wrongly_says_why_in_one_line(tmp_path: Path) -> None:
     cases = [
         ((), {}, "$JUPYTERHUB_SERVICE_URL is not set"),
-        ((f"--config={config}",), {"JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:1"}, "one user"),
         (("--config=/nowhere.py",), {}, "no config file /nowhere.py"),
     ]
     for options, env, why in cases:
@@ -83,6 +80,48 @@ def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> Non
         proc = start(tmp_path, *options, env=environment)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 1 and why in out and "Traceback" not in out, out
+
+
+def test_a_broker_that_cannot_run_is_a_503_saying_why_until_its_config_is_fixed(
+    tmp_path: Path,
+) -> None:
+    """A config error must not end the service (the hub would exit at its start): it
+    answers, says why in its log, and runs the broker once its config file is fixed."""
+    config = tmp_path / "gpubroker_config.py"
+    config.write_text('c.GPUBroker.identity = "owner"\n')
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start(
+        tmp_path,
+        f"--config={config}",
+        "--GPUBrokerService.retry_interval=1",
+        env={"JUPYTERHUB_SERVICE_URL": url},
+    )
+    me = f"{url}{PREFIX}api/v1/me"
+    kernel = {"X-GPUBroker-Token": "k-not-a-token"}
+    try:
+        wait_for("the service", lambda: _status(me, kernel) == 503)
+        answer = requests.get(me, headers=kernel, timeout=5).json()
+        assert answer["error"] == "broker_unavailable"
+        assert requests.get(me, timeout=5).status_code == 403  # no credential: nothing said
+        config.write_text('c.GPUBroker.identity = "username"\n')
+        wait_for("the broker", lambda: _status(me, kernel) == 403)  # the token is checked
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert (
+        "the broker cannot run: c.GPUBroker.identity = 'owner' would make every hub user one "
+        "user: remove it, the service always names callers by their hub user name; every call "
+        "is answered with this, and the service tries again in 1 s"
+    ) in out
+
+
+def _status(url: str, headers: dict[str, str]) -> int | None:
+    try:
+        return requests.get(url, headers=headers, timeout=5).status_code
+    except requests.ConnectionError:
+        return None
 
 
 class Calls(logging.Handler):
