@@ -68,6 +68,11 @@ def test_bad_traits_are_refused(tmp_path) -> None:
         make(tmp_path, lease_ttl=0.0)
     with pytest.raises(TraitError):
         make(tmp_path, policy="lottery")
+    with pytest.raises(TraitError, match="GPUBroker.user_groups: group name 'a.nb' holds"):
+        make(tmp_path, user_groups={"🦊 fox": ["ML Team", "/staff", "a\nb"]})
+    with pytest.raises(TraitError, match="GPUBroker.admin_users: user name must be non-empty"):
+        make(tmp_path, admin_users={""})
+    make(tmp_path, user_groups={"🦊 fox": ["ML Team", "/staff", "org:team"]}, admin_users={"é"})
     with pytest.raises(TraitError, match="bad day range"):
         make(tmp_path, windows=[{"name": "x", "start": "8", "end": "9", "days": "funday"}])
     rt = make(tmp_path, policy_params={"half_lif_s": 1})
