@@ -14,6 +14,8 @@ import requests
 from bs4 import BeautifulSoup
 from live_hub import Hub, wait_for
 
+from hub_spawner.pages import usage_csv
+
 pytestmark = pytest.mark.hub
 SLICE = {"profile": "1g.10gb"}
 PAGES = "/services/gpubroker"
@@ -294,3 +296,13 @@ def test_a_user_in_groups_with_any_hub_name_uses_the_broker_and_pages_show_them_
             hub.api(token, "DELETE", f"requests/{r['id']}")
         for group in ("/staff", HUB_GROUPS[3]):
             hub.api(full["admin"], "DELETE", f"quotas/group/{quote(group, safe='')}")
+
+
+def test_the_usage_csv_shows_a_name_a_spreadsheet_would_run_as_text() -> None:
+    usage = {"user": {'=HYPERLINK("http://x")': 1.5, "alice": 2.0}, "group": {"@staff": 1}}
+    assert usage_csv(usage).splitlines() == [
+        "by,key,gpu_hours",
+        'user,"\'=HYPERLINK(""http://x"")",1.500000',
+        "user,alice,2.000000",
+        "group,'@staff,1.000000",
+    ]
