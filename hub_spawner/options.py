@@ -9,14 +9,16 @@ import math
 from html import escape
 from typing import Any
 
+from jupyter_gpubroker.broker.core import DURATIONS, expected_duration
 from jupyter_gpubroker.broker.errors import BrokerError
 from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.client import eta_text, size_text
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+GPU_KINDS = ("cpu", *SIZE_FIELDS)
+"""The options form's choices (its ``gpu_kind``): CPU only, or one of the sizes."""
 OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "expected_duration_s")
 JOB_CLASSES = ("interactive", "batch")
-MAX_DURATION_S = 366 * 86400.0
 
 
 def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -43,24 +45,21 @@ def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
     hold = options.get("expected_duration_s")
     if hold not in (None, ""):
         if not expected_duration(hold):
-            raise ValueError(
-                f"expected_duration_s must be seconds, more than 0 and at most a year, not {hold!r}"
-            )
+            raise ValueError(f"expected_duration_s must be {DURATIONS}, not {hold!r}")
         request["expected_duration_s"] = float(hold)
     return request
 
 
-def expected_duration(value: Any) -> bool:
-    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and 0 < value <= MAX_DURATION_S
-
-
 def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
     """The form's choice as ``user_options`` (the REST API's shape); numbers as numbers
-    when they read as such, anything else is left for ``gpu_request`` to refuse."""
+    when they read as such, anything else is left for ``gpu_request`` to refuse; a
+    ``gpu_kind`` the form does not offer is a ``ValueError``."""
     field = {k: v[0].strip() for k, v in form.items() if v}
     kind = field.get("gpu_kind", "cpu")
+    if kind not in GPU_KINDS:  # never a CPU-only server for a choice the form lacks
+        raise ValueError(
+            f"gpu_kind must be {', '.join(GPU_KINDS[:-1])} or {GPU_KINDS[-1]}, not {kind!r}"
+        )
     options: dict[str, Any] = {"job_class": field.get("job_class") or "interactive"}
     value = field.get(kind, "")
     if kind == "gpus":

@@ -226,16 +226,27 @@ class UsageCSV(PageHandler):
     def get(self) -> None:
         self.require_admin()
         since = self.usage_days()[1]
-        out = io.StringIO()
-        rows = csv.writer(out)
-        rows.writerow(["by", "key", "gpu_hours"])
-        for by in USAGE_BY:
-            usage = self.api.usage(self.who, by, since)
-            for key, hours in sorted(usage["gpu_hours"].items()):
-                rows.writerow([by, key, f"{hours:.6f}"])
+        usage = {by: self.api.usage(self.who, by, since)["gpu_hours"] for by in USAGE_BY}
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", 'attachment; filename="gpubroker-usage.csv"')
-        self.finish(out.getvalue())
+        self.finish(usage_csv(usage))
+
+
+FORMULA_STARTS = ("=", "+", "-", "@")
+"""What makes a spreadsheet read a cell as a formula: a user or group name may start so."""
+
+
+def usage_csv(usage: dict[str, dict[str, float]]) -> str:
+    """GPU-hours by (by, key) as CSV; a key a spreadsheet would run as a formula (a name
+    such as ``=HYPERLINK(...)``) starts with ``'``, which shows it as the text it is."""
+    out = io.StringIO()
+    rows = csv.writer(out)
+    rows.writerow(["by", "key", "gpu_hours"])
+    for by, hours_by_key in usage.items():
+        for key, hours in sorted(hours_by_key.items()):
+            cell = f"'{key}" if key.startswith(FORMULA_STARTS) else key
+            rows.writerow([by, cell, f"{hours:.6f}"])
+    return out.getvalue()
 
 
 Form = dict[str, str]

@@ -36,11 +36,12 @@ from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
-from jupyterhub.utils import url_path_join
+from jupyterhub.utils import url_escape_path, url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from jupyter_gpubroker.broker.core import DURATIONS, expected_duration
 from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
 from jupyter_gpubroker.broker.text import duration
 from jupyter_gpubroker.client import (
@@ -55,13 +56,18 @@ from jupyter_gpubroker.client import (
 
 from .culling import stopped_text, warning_text
 from .hubauth import API_PATH, USE_SCOPE
-from .options import Choices, expected_duration, gpu_request, options_from_form, waiting_message
+from .options import Choices, gpu_request, options_from_form, waiting_message
 
 LEASE_ENV = SERVER_LEASE_ENV
 GIVE_BACK_RETRY_S = 5.0
 """How long a stopping server tries to give its GPU back: a hub that stops takes its
 broker service down first, and the restarted service releases the lease itself
 (``service.release_stopped_servers``)."""
+
+
+def _bad_options(e: ValueError) -> SpawnException:
+    """Options the broker would refuse, in one sentence, from the form or the REST API."""
+    return SpawnException(f"Cannot start the server: {e}.", reason="user_options", status_code=400)
 
 
 class GPUBrokerSpawnerMixin(Configurable):
@@ -96,10 +102,7 @@ class GPUBrokerSpawnerMixin(Configurable):
     def _check_expected_duration(self, proposal: dict[str, Any]) -> float | None:
         value = proposal["value"]
         if value is not None and not expected_duration(value):
-            raise TraitError(
-                f"gpu_expected_duration must be seconds, more than 0 and at most a year, "
-                f"not {value!r}"
-            )
+            raise TraitError(f"gpu_expected_duration must be {DURATIONS}, not {value!r}")
         return value
 
     _gpu: dict[str, Any] | None = None
@@ -202,7 +205,13 @@ class GPUBrokerSpawnerMixin(Configurable):
 
     @default("options_from_form")
     def _gpu_options_from_form(self) -> Any:
-        return options_from_form
+        def parse(form: dict[str, list[str]]) -> dict[str, Any]:
+            try:
+                return options_from_form(form)
+            except ValueError as e:
+                raise _bad_options(e) from None
+
+        return parse
 
     async def _render_options_form(self) -> str:
         """The form, live from the broker; CPU only, saying why, when it cannot be read."""
@@ -229,9 +238,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         try:
             request = gpu_request(options)
         except ValueError as e:
-            raise SpawnException(
-                f"Cannot start the server: {e}.", reason="user_options", status_code=400
-            ) from None
+            raise _bad_options(e) from None
         if request is not None and self.gpu_expected_duration is not None:
             request.setdefault("expected_duration_s", self.gpu_expected_duration)
         return request
@@ -326,7 +333,8 @@ class GPUBrokerSpawnerMixin(Configurable):
             self._resumed = asyncio.ensure_future(self._start_again(options))
 
     async def _start_again(self, options: dict[str, Any]) -> None:
-        path = f"users/{self.user.name}/server" + (f"s/{self.name}" if self.name else "")
+        server = f"s/{url_escape_path(self.name)}" if self.name else ""
+        path = f"users/{self.user.escaped_name}/server{server}"  # names hold ' ', '?', '#'...
         note = f"gpubroker resumes {self._log_name}"
         token = self.user.new_api_token(
             note=note, scopes=[f"servers!server={self.user.name}/{self.name}"], expires_in=600

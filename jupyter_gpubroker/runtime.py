@@ -395,6 +395,21 @@ class GPUBroker(LoggingConfigurable):
             raise TraitError(f"{proposal['trait'].name} must be positive, not {value}")
         return value
 
+    @validate("admin_users", "user_groups")
+    def _check_names(self, proposal: dict[str, Any]) -> Any:
+        """Configured names follow the API's one rule (``check_name``) from the start, not
+        a refusal of every call of the user they name later."""
+        name, value = proposal["trait"].name, proposal["value"]
+        groups = value.values() if isinstance(value, dict) else []
+        try:
+            for user in value:
+                check_name(user, "user")
+            for group in (g for named in groups for g in named):
+                check_name(group, "group")
+        except InvalidRequest as e:
+            raise TraitError(f"GPUBroker.{name}: {e.message}") from None
+        return value
+
     @validate("windows")
     def _check_windows(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
         for w in proposal["value"]:

@@ -121,10 +121,8 @@ def api(jp_fetch) -> Api:
         **params,
     ):
         kwargs: dict[str, Any] = {"method": method, "params": params or None}
-        if raw is not None:
-            kwargs["body"] = raw
-        elif body is not None:
-            kwargs["body"] = json.dumps(body)
+        if raw is not None or body is not None:
+            kwargs["body"] = raw if raw is not None else json.dumps(body)
             kwargs["allow_nonstandard_methods"] = method == "DELETE"  # a DELETE with a body
         elif method == "POST":
             kwargs["body"] = "{}"

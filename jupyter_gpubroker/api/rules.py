@@ -88,9 +88,16 @@ class BrokerAPI:
         are ``c.GPUBroker.user_groups``' plus those its host knows (``groups``). A host that
         decides who is an admin says so (``admin``: the hub service, from the admin scope);
         otherwise admins are ``c.GPUBroker.admin_users`` and, in "owner" mode, the server's
-        owner (the one user of a single-user server). A kernel token is never an admin."""
+        owner (the one user of a single-user server). A kernel token is never an admin.
+        A user or group name ``check_name`` refuses is a 403 on every call."""
         rt = self.runtime
         named = [*rt.user_groups.get(user, []), *groups]
+        try:  # every front's identity: one rule for names everywhere
+            check_name(user, "user")
+            for group in named:
+                check_name(group, "group")
+        except InvalidRequest as e:
+            raise Forbidden(f"the GPU broker cannot serve this caller: {e.message}") from None
         if admin is None:
             admin = user in rt.admin_users or (rt.identity == "owner" and user == rt.owner)
         return Identity(
@@ -216,9 +223,7 @@ class BrokerAPI:
     def submit(self, who: Identity, body: dict[str, Any]) -> dict[str, Any]:
         """A new request of ``who``; a kernel token's is always held by its kernel, a
         user's by the ``owner`` it names (the API's name for the holder: a kernel id, 'cli')."""
-        unknown = set(body) - REQUEST_FIELDS
-        if unknown:
-            raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+        only(body, REQUEST_FIELDS)
         size = Size(**{k: body[k] for k in SIZE_FIELDS if body.get(k) is not None})
         holder = who.kernel_id if who.kernel_id is not None else body.get("owner", "")
         if who.kernel_id is not None:
@@ -415,9 +420,7 @@ class BrokerAPI:
         self, who: Identity, kind: str, name: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         self._require_admin(who)
-        unknown = set(body) - set(QUOTA_BOUNDS)
-        if unknown:
-            raise InvalidRequest(f"unknown quota field(s): {', '.join(sorted(unknown))}")
+        only(body, QUOTA_BOUNDS)
         if all(v is None for v in body.values()):
             raise InvalidRequest(
                 "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
@@ -592,6 +595,7 @@ class BrokerAPI:
         """A kernel-scoped token of ``who`` for one of its kernels; the reply names the
         user it acts for, whom its kernel's requests are charged to."""
         self._require_user(who)
+        only(body, {"kernel_id"})
         kernel_id = body.get("kernel_id")
         if not isinstance(kernel_id, str) or not KERNEL_ID.fullmatch(kernel_id):
             raise InvalidRequest("'kernel_id' must be a kernel id (letters, digits, '-')")
@@ -695,6 +699,18 @@ class BrokerAPI:
         return [*(e for e in seen if e is not None), self.positions(who)]
 
 
+def only(body: dict[str, Any], fields: Iterable[str]) -> None:
+    """Refuse a body with a field its operation does not take (each body has a fixed
+    shape, ``additionalProperties: false`` in the API document): a misspelt field is a
+    400, never silently ignored."""
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s): {', '.join(sorted(unknown))}; this call takes "
+            f"{', '.join(sorted(fields))}"
+        )
+
+
 def _reason(value: Any) -> str:
     """An admin's optional reason: text of at most ``MAX_REASON`` characters."""
     if value is None:
@@ -719,9 +735,7 @@ def parse_int(name: str, value: str | None, lo: int, hi: int, default: int) -> i
 
 def _kernel_report(body: dict[str, Any]) -> KernelState | None:
     """A renewal's ``kernel`` (``{execution_state, last_activity}``), checked."""
-    unknown = set(body) - {"kernel"}
-    if unknown:
-        raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    only(body, {"kernel"})
     kernel = body.get("kernel")
     if kernel is None:
         return None

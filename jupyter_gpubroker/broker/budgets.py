@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequest, QuotaExceeded
 from .fairshare import Entity, entities
-from .models import Lease, Request, finite_number
+from .models import Lease, Request, amounts, quantity
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,9 @@ QUOTA_BOUNDS = {
     "gpu_hours": (0.0, 1e9),
     "period_s": (60.0, 10 * 366 * 86400.0),
 }
-"""Each quota field's inclusive range: a share outside it would make fair-share factors
-divide by zero, a period shorter than a minute would make budget periods overflow."""
+"""Each quota field's inclusive range (a non-zero value is at least ``models.RESOLUTION``):
+a share outside it would make fair-share factors divide by zero, a period shorter than a
+minute would make budget periods overflow."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ def quota_problems(values: Mapping[str, object]) -> dict[str, str]:
     problems = {}
     for name, (lo, hi) in QUOTA_BOUNDS.items():
         v = values.get(name)
-        if v is not None and not (finite_number(v) and lo <= v <= hi):  # type: ignore[operator]
-            problems[name] = f"quota {name} must be a number from {lo:.15g} to {hi:.15g}, not {v!r}"
+        if v is not None and not quantity(v, lo, hi):
+            problems[name] = f"quota {name} must be {amounts(lo, hi)}, not {v!r}"
     budget = [values.get(k) is None for k in ("gpu_hours", "period_s")]
     if budget[0] != budget[1] and not problems:
         missing = "period_s" if budget[1] else "gpu_hours"

@@ -46,6 +46,7 @@ from .errors import (
 from .eta import Calibration, Eta, predicted_starts
 from .fairshare import Entity, FairShareLedger
 from .models import (
+    RESOLUTION,
     Device,
     Gpu,
     Inventory,
@@ -56,6 +57,7 @@ from .models import (
     RequestState,
     Size,
     check_name,
+    quantity,
 )
 from .placement import MigPlan, Placer
 from .policy import BrokerPolicy, Policy
@@ -67,6 +69,8 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 MAX_DURATION_S = 366 * 86400.0
+DURATIONS = f"seconds, at least {RESOLUTION:g} and at most a year"
+"""What ``expected_duration`` takes, in words."""
 ETA_MAX_AGE_S = 30.0
 """How long the queue's start estimates stand without a change: the leases' elapsed
 times, which they rest on, move on."""
@@ -179,6 +183,11 @@ class _Reservation:
 
     devices: frozenset[str]
     start: float
+
+
+def expected_duration(value: object) -> bool:
+    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
+    return quantity(value, RESOLUTION, MAX_DURATION_S)
 
 
 def _job_class(value: JobClass | str) -> JobClass:
@@ -294,12 +303,10 @@ class Broker:
         job_class = _job_class(job_class)
         if not isinstance(owner, str) or len(owner) > MAX_OWNER:
             raise InvalidRequest(f"owner must be text of at most {MAX_OWNER} characters")
-        if expected_duration_s is not None and not (
-            isinstance(expected_duration_s, (int, float))
-            and not isinstance(expected_duration_s, bool)
-            and 0 < expected_duration_s <= MAX_DURATION_S
-        ):
-            raise InvalidRequest("expected_duration_s must be between 0 and a year")
+        if expected_duration_s is not None and not expected_duration(expected_duration_s):
+            raise InvalidRequest(
+                f"expected_duration_s must be {DURATIONS}, not {expected_duration_s!r}"
+            )
         self._check_satisfiable(size)
         if request_id is not None:
             if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):

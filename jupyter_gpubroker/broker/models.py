@@ -143,7 +143,16 @@ class DeviceEvent:
 
 # ---------------------------------------------------------------- requests
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}$")
+MAX_NAME = 255
+"""The longest user or group name, in characters: JupyterHub's own bound (its user and
+group names are columns of 255)."""
+UNSAFE_IN_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+"""What a name may not hold: control characters and line separators (they would break a
+log line, a table row, a header) and half a UTF-16 pair (it cannot be stored as UTF-8)."""
+RESOLUTION = 1e-3
+"""The finest non-zero amount the broker takes, in every unit (GPU-equivalents, GB,
+GPU-hours, shares, seconds): a smaller one, a subnormal like 5e-324 above all, is a slip
+or a probe, never a size or a limit anyone means (a 1e-320 GPU quota refuses everything)."""
 MAX_GPUS = 1024
 MAX_MEMORY_GB = 4096.0
 
@@ -178,12 +187,40 @@ def finite_number(value: object) -> bool:
         return False
 
 
-def check_name(value: str, what: str) -> str:
-    """A user or group name: 1-64 characters of letters, digits and ``_.@+-``."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+def quantity(value: object, lo: float, hi: float) -> bool:
+    """A JSON number fit to be an amount from ``lo`` to ``hi``: finite, and 0 or at least
+    ``RESOLUTION``."""
+    return (
+        finite_number(value)
+        and lo <= value <= hi  # type: ignore[operator]
+        and (value == 0 or abs(value) >= RESOLUTION)  # type: ignore[arg-type]
+    )
+
+
+def amounts(lo: float, hi: float) -> str:
+    """The words for what ``quantity(value, lo, hi)`` takes: "0 or a number from 0.001 to 10"."""
+    lo_text = f"0 or a number from {RESOLUTION:g}" if lo == 0 else f"a number from {lo:.15g}"
+    return f"{lo_text} to {hi:.15g}"
+
+
+def check_name(value: object, what: str) -> str:
+    """A user or group name, the one rule of every front: any text JupyterHub takes (user
+    names: anything without '/'; group names: anything, from an identity provider's
+    ``/staff``, ``org:team`` or ``ML Team``), used only as an opaque key and escaped
+    wherever it is shown. Refused only: empty, longer than ``MAX_NAME``, or holding a
+    character of ``UNSAFE_IN_NAME``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{what} name must be non-empty text, not {value!r}")
+    if len(value) > MAX_NAME:
         raise InvalidRequest(
-            f"{what} name {value!r} is malformed: use 1-64 letters, digits or '_.@+-', "
-            "not starting with a punctuation mark"
+            f"{what} name {value[:40]!r}... is too long: {len(value)} characters, "
+            f"at most {MAX_NAME}"
+        )
+    unsafe = UNSAFE_IN_NAME.search(value)
+    if unsafe:
+        raise InvalidRequest(
+            f"{what} name {value!r} holds {unsafe.group()!r}: a name may hold any character "
+            "but control characters and line breaks"
         )
     return value
 
@@ -218,10 +255,9 @@ class Size:
             )
         if self.min_memory_gb is not None:
             m = self.min_memory_gb
-            if not finite_number(m) or not 0 < m <= MAX_MEMORY_GB:
+            if not quantity(m, RESOLUTION, MAX_MEMORY_GB):
                 raise InvalidRequest(
-                    f"'min_memory_gb' must be a number above 0 and at most {MAX_MEMORY_GB:g}, "
-                    f"not {m!r}"
+                    f"'min_memory_gb' must be {amounts(RESOLUTION, MAX_MEMORY_GB)}, not {m!r}"
                 )
 
     @cached_property

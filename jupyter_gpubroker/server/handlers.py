@@ -30,7 +30,7 @@ from tornado.iostream import StreamClosedError
 
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
-from ..api.rules import BrokerAPI
+from ..api.rules import BrokerAPI, only
 from ..broker.errors import BrokerError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
@@ -109,11 +109,16 @@ class BrokerHandler(BrokerErrorStatus):
         return data
 
     def reason(self) -> Any:
-        """An admin's optional ``reason``: the query's, else the JSON body's, if any."""
-        reason = self.get_argument("reason", None)
-        if reason is None and self.request.body:
-            return self.body().get("reason")
-        return reason
+        """An admin's optional ``reason``: the query's or the body's (``{"reason": ...}``
+        and nothing else), not both: a body that is not that is a 400, never ignored."""
+        reason = self.get_query_argument("reason", None)  # a form body is no place for it
+        if not self.request.body:
+            return reason
+        body = self.body()
+        only(body, {"reason"})
+        if reason is not None:
+            raise InvalidRequest("give the reason in the query or in the body, not both")
+        return body.get("reason")
 
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)

@@ -125,13 +125,15 @@ def test_a_multi_gpu_request_takes_all_of_its_gpus_at_once(make_broker):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"user": "bad user"}, "user name"),
-        ({"groups": ["ok", "not ok"]}, "group name"),
+        ({"user": "bad\nuser"}, "user name"),
+        ({"user": ""}, "user name"),
+        ({"groups": ["ok", "not\x00ok"]}, "group name"),
         ({"groups": [f"g{i}" for i in range(33)]}, "at most 32 groups"),
         ({"job_class": "urgent"}, "job class"),
         ({"owner": "k" * 257}, "owner"),
         ({"owner": 5}, "owner"),
         ({"expected_duration_s": 0}, "expected_duration_s"),
+        ({"expected_duration_s": 5e-324}, "expected_duration_s"),
         ({"expected_duration_s": -5}, "expected_duration_s"),
         ({"expected_duration_s": float("nan")}, "expected_duration_s"),
         ({"expected_duration_s": 400 * 86400}, "expected_duration_s"),

@@ -199,8 +199,8 @@ def test_set_quota_validates_kind_and_name(make_broker):
     broker = make_broker()
     with pytest.raises(InvalidRequest, match="kind"):
         broker.set_quota("team", "alice", Quota(share=2))
-    with pytest.raises(InvalidRequest, match="malformed"):
-        broker.set_quota("user", "not a name", Quota(share=2))
+    with pytest.raises(InvalidRequest, match="control characters and line breaks"):
+        broker.set_quota("user", "not\ta name", Quota(share=2))
     assert broker.store.quotas() == []
 
 

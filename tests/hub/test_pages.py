@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
 from bs4 import BeautifulSoup
 from live_hub import Hub, wait_for
+
+from hub_spawner.pages import usage_csv
 
 pytestmark = pytest.mark.hub
 SLICE = {"profile": "1g.10gb"}
@@ -154,7 +157,7 @@ def test_a_form_without_xsrf_or_with_bad_values_changes_nothing(
         if td.select_one(".invalid-feedback")
     }
     assert "must be a number from 0.001" in messages["share"] and "'lots'" in messages["share"]
-    assert "must be a number from 0" in messages["max_gpus"]
+    assert "must be 0 or a number from 0.001" in messages["max_gpus"]
     assert row.find("input", attrs={"name": "share"})["value"] == "lots"  # kept to fix
     assert quota(hub, full["admin"], "carol") == before
 
@@ -239,3 +242,67 @@ def test_the_admin_page_shows_devices_usage_and_acts_on_queue_and_devices(
     r = post(hub, bob, "my/cancel", {"request_id": bobs}, xsrf(page(hub, bob)))
     assert r.status_code == 200 and "cancelled" in r.text
     assert bobs not in waiting(hub, full["bob"])
+
+
+HUB_GROUPS = ("ML Team", "/staff", "org:team", "<script>alert(1)</script>")
+"""Group names as identity providers sync them (Keycloak paths, ``org:team``), and one
+that would run as HTML if a page showed it unescaped."""
+
+
+def test_a_user_in_groups_with_any_hub_name_uses_the_broker_and_pages_show_them_as_text(
+    hub: Hub, full: dict[str, str]
+) -> None:
+    name = "🦊 <img src=x onerror=alert(1)>"  # any name the hub takes: no '/', lowercase
+    token = hub.user(name)
+    hub.hub_api("POST", "groups", {"groups": list(HUB_GROUPS)}, expect=None)
+    for group in HUB_GROUPS:
+        hub.hub_api("POST", f"groups/{quote(group, safe='')}/users", {"users": [name]})
+    admin = hub.login("admin")
+    try:
+        # the service copies her hub groups into the request; the first is charged
+        mine = hub.ok(token, "POST", "requests", {**SLICE, "owner": "nb"})
+        assert (mine["user"], mine["groups"][0]) == (name, HUB_GROUPS[0])
+        assert set(mine["groups"]) == set(HUB_GROUPS)
+        kernel = hub.ok(token, "POST", "tokens", {"kernel_id": "k-fox"})
+        assert kernel["user"] == name
+        assert hub.api(kernel["token"], "GET", "me", kernel=True)[1]["user"] == name
+        hub.ok(token, "DELETE", "tokens/k-fox")
+        # and her GPU server's start, from the spawn API, waits in the queue as hers
+        spawn(hub, token, quote(name, safe=""))
+        wait_for("her server's request", lambda: len(waiting(hub, token)) == 2, log=hub.log)
+
+        # an admin gives a group with a '/' a quota, on the page and through the API
+        doc = page(hub, admin, "admin")
+        form = {"form_id": "quota-new", "kind": "group", "name": "/staff", "max_gpus": "0.5"}
+        r = post(hub, admin, "admin/quota", form, xsrf(doc))
+        assert r.status_code == 200 and "The quota of group /staff is set." in r.text, r.text
+        path = f"quotas/group/{quote('/staff', safe='')}"
+        assert hub.ok(full["admin"], "PUT", path, {"max_gpus": 1})["name"] == "/staff"
+        group = f"quotas/group/{quote(HUB_GROUPS[3], safe='')}"
+        hub.ok(full["admin"], "PUT", group, {"share": 2})
+
+        # the admin page shows every name as text: no tag of theirs reaches the page
+        r = admin.get(f"{hub.url}{PAGES}/admin", timeout=60)
+        assert "<script>alert(1)</script>" not in r.text and "<img src=x" not in r.text
+        doc = BeautifulSoup(r.text, "html.parser")
+        assert name in [tr["data-user"] for tr in doc.select("tr.gpubroker-queued")]
+        shown = {tr["data-quota"] for tr in doc.select("tr.gpubroker-quota")}
+        assert {"group:/staff", f"group:{HUB_GROUPS[3]}"} <= shown
+        staff = doc.select_one('tr[data-quota="group:/staff"]')
+        assert staff.find("input", attrs={"name": "max_gpus"})["value"] == "1"
+    finally:
+        hub.stop_server(quote(name, safe=""))
+        for r in hub.ok(token, "GET", "requests")["requests"]:
+            hub.api(token, "DELETE", f"requests/{r['id']}")
+        for group in ("/staff", HUB_GROUPS[3]):
+            hub.api(full["admin"], "DELETE", f"quotas/group/{quote(group, safe='')}")
+
+
+def test_the_usage_csv_shows_a_name_a_spreadsheet_would_run_as_text() -> None:
+    usage = {"user": {'=HYPERLINK("http://x")': 1.5, "alice": 2.0}, "group": {"@staff": 1}}
+    assert usage_csv(usage).splitlines() == [
+        "by,key,gpu_hours",
+        'user,"\'=HYPERLINK(""http://x"")",1.500000',
+        "user,alice,2.000000",
+        "group,'@staff,1.000000",
+    ]

@@ -119,7 +119,10 @@ def test_philly_tenants_are_users_and_groups_and_duplicates_stay(write_trace):
         ("2017-10-09 07:01:55,-5,1,66,vc", "duration must be at least 0, not -5"),
         ("2017-10-09 07:01:55,66,0,66,vc", "num_gpus must be at least 1, not 0"),
         ("2017-10-09 07:01:55,66,1.5,66,vc", "num_gpus must be a whole number, not '1.5'"),
-        ("2017-10-09 07:01:55,66,1,66,bad name", "cluster name 'bad name' is malformed"),
+        (
+            "2017-10-09 07:01:55,66,1,66,bad\tname",
+            "cluster name .+ holds .+ but control characters",
+        ),
     ],
 )
 def test_philly_bad_rows_name_the_line(write_trace, row, message):
@@ -179,7 +182,7 @@ def test_generic_needs_only_three_columns(write_trace):
         ("0,10,0,ann,,", "gpus must be a whole number >= 1 or a share in (0, 1), not 0"),
         ("0,10,1,ann,,urgent", "class must be 'interactive' or 'batch', not 'urgent'"),
         ("0,ten,1,ann,,", "duration_s must be a number, not 'ten'"),
-        ("0,10,1,-ann,,", "user name '-ann' is malformed"),
+        ("0,10,1,\x1b[2Jann,,", "user name '\\x1b[2Jann' holds '\\x1b'"),
     ],
 )
 def test_generic_bad_rows_name_the_line(write_trace, row, message):

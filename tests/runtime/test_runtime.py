@@ -48,7 +48,7 @@ def test_quotas_file_is_applied_at_start(tmp_path) -> None:
         ("users: [alice]\n", "needs a mapping|'users'"),
         ("people: {}\n", "top-level keys are 'users' and 'groups'"),
         ("users:\n  alice: {max_gpu: 1}\n", "unexpected keyword argument 'max_gpu'"),
-        ("users:\n  'bad name': {share: 1}\n", "user name 'bad name' is malformed"),
+        ('users:\n  "bad\\tname": {share: 1}\n', "user name .+ holds .+ but control characters"),
         ("groups:\n  lab: {gpu_hours: 5}\n", "needs both gpu_hours and period_s"),
         ("users: {alice: {share: -1}}\n", "share must be a number from 0.001 to 1000000"),
     ],
@@ -69,6 +69,11 @@ def test_bad_traits_are_refused(tmp_path) -> None:
         make(tmp_path, lease_ttl=0.0)
     with pytest.raises(TraitError):
         make(tmp_path, policy="lottery")
+    with pytest.raises(TraitError, match="GPUBroker.user_groups: group name 'a.nb' holds"):
+        make(tmp_path, user_groups={"🦊 fox": ["ML Team", "/staff", "a\nb"]})
+    with pytest.raises(TraitError, match="GPUBroker.admin_users: user name must be non-empty"):
+        make(tmp_path, admin_users={""})
+    make(tmp_path, user_groups={"🦊 fox": ["ML Team", "/staff", "org:team"]}, admin_users={"é"})
     with pytest.raises(TraitError, match="bad day range"):
         make(tmp_path, windows=[{"name": "x", "start": "8", "end": "9", "days": "funday"}])
     rt = make(tmp_path, policy_params={"half_lif_s": 1})

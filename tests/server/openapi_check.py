@@ -131,7 +131,9 @@ Api = Callable[..., Awaitable[Any]]
 
 class CheckedApi:
     """Calls the API through the ``api`` fixture, asserts the status, validates the
-    reply against the document and records which (template, method, status) ran."""
+    reply against the document and records which (template, method, status) ran. A
+    body that is to succeed is first sent with one field more, which its schema does not
+    take (``additionalProperties: false``): the server must refuse that with a 400."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -151,6 +153,10 @@ class CheckedApi:
         if raw is not None:
             status, data = await self.api(method, path, raw=raw, headers=headers, **params)
         else:
+            if isinstance(body, dict) and expect < 300:
+                more = {**body, "undocumented": 1}
+                status, data = await self.api(method, path, more, headers=headers, **params)
+                assert status == 400, f"{method} {path} took a field its body lacks: {data}"
             status, data = await self.api(method, path, body, headers=headers, **params)
         assert status == expect, f"{method} {path}: expected {expect}, got {status} {data}"
         template = check_response(method, path, status, data, body)

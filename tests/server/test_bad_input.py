@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
 from openapi_check import check_response, fill_state_file, free_state_file, until_full
@@ -65,6 +66,11 @@ async def test_a_body_that_is_not_a_json_object_is_a_400(
         {"profile": "1g.10gb", "expected_duration_s": 10**400},
         {"profile": "1g.10gb", "groups": [[]]},
         {"profile": "1g.10gb", "groups": {}},
+        {"min_memory_gb": 5e-324},  # a subnormal: 0 in all but name
+        {"min_memory_gb": 1e-4},  # finer than the broker's resolution (0.001)
+        {"min_memory_gb": 0},
+        {"profile": "1g.10gb", "expected_duration_s": 5e-324},
+        {"profile": "1g.10gb", "size": "big"},  # a field no request has
     ],
     ids=lambda body: json.dumps(body)[:40],
 )
@@ -82,6 +88,9 @@ async def test_a_request_field_of_the_wrong_type_is_a_400(api: Api, body: dict[s
         {"share": 1e-300},  # fair-share factors would divide by zero
         {"share": 1e300},
         {"max_gpus": 10**400},
+        {"max_gpus": 1e-320},  # a limit that refuses everything, in disguise
+        {"max_gpus": -0.0001},
+        {"gpu_hours": 5e-324, "period_s": 3600},
         {"gpu_hours": [], "period_s": 3600},
         {"share": {}},
         {},  # nothing to set: DELETE resets a quota
@@ -95,6 +104,63 @@ async def test_a_quota_no_later_step_could_use_is_refused_before_anything_is_wri
     user = (await api("GET", "me"))[1]["user"]
     await refused(api, "PUT", f"quotas/user/{user}", body=body)
     await nothing_written(api)
+
+
+async def test_an_amount_finer_than_the_resolution_is_refused_saying_what_is_taken(
+    api: Api,
+) -> None:
+    user = (await api("GET", "me"))[1]["user"]
+    message = await refused(api, "PUT", f"quotas/user/{user}", body={"max_gpus": 1e-320})
+    assert message == "quota max_gpus must be 0 or a number from 0.001 to 1000000, not 1e-320"
+    message = await refused(api, "POST", "requests", body={"min_memory_gb": 5e-324})
+    assert message == "'min_memory_gb' must be a number from 0.001 to 4096, not 5e-324"
+    for body in ({"max_gpus": 0}, {"max_gpus": 0.001}):  # none at all; the finest limit
+        assert (await api("PUT", f"quotas/user/{user}", body))[0] == 200
+    status, reply = await api("POST", "requests", {"min_memory_gb": 0.001})
+    assert (status, reply["message"]) == (  # taken, then over the limit
+        403,
+        f"asks for 0.142857 GPU-equivalents but user {user!r} may hold at most 0.001",
+    )
+
+
+BAD_BODIES = {
+    "a token with a field tokens lack": ("POST", "tokens", '{"kernel_id": "k1", "admin": true}'),
+    "an undrain with random bytes": ("DELETE", "devices/{gpu}/drain", b"\x8f\x13\xfeGPU\xc3("),
+    "an undrain with a reason and random bytes": (
+        "DELETE",
+        "devices/{gpu}/drain?reason=fixed",
+        b"\x8f\x13\xfeGPU\xc3(",
+    ),
+    "an undrain with a field": ("DELETE", "devices/{gpu}/drain", '{"reason": "ok", "force": 1}'),
+    "an undrain with a list": ("DELETE", "devices/{gpu}/drain", "[]"),
+    "a cancel with a field": ("DELETE", "requests/{request}", '{"reason": "x", "notify": false}'),
+    "a renewal with a field": ("POST", "leases/{lease}/renew", '{"ttl": 3600}'),
+}
+
+
+@pytest.mark.parametrize(("method", "path", "raw"), BAD_BODIES.values(), ids=list(BAD_BODIES))
+async def test_a_body_not_of_its_calls_shape_is_a_400_not_ignored(
+    api: Api, method: str, path: str, raw: str | bytes
+) -> None:
+    """Every body has a fixed shape (``additionalProperties: false`` in the document): a
+    field it does not take, or bytes that are no JSON object, are refused, nothing done."""
+    held = (await api("POST", "requests", {"profile": "1g.10gb"}))[1]
+    (gpu,) = (await api("GET", "devices"))[1]["gpus"]
+    assert (await api("POST", f"devices/{gpu['uuid']}/drain", {"reason": "repair"}))[0] == 200
+    ids = {"gpu": gpu["uuid"], "request": held["id"], "lease": held["lease"]["id"]}
+    path, _, query = path.format(**ids).partition("?")
+    message = await refused(api, method, path, raw=raw, **dict(parse_qsl(query)))
+    assert "body" in message or "unknown field(s)" in message, message
+    assert (await api("GET", f"requests/{held['id']}"))[1]["state"] == "granted"
+    (gpu,) = (await api("GET", "devices"))[1]["gpus"]
+    assert gpu["drained"]["reason"].endswith("repair")
+
+
+async def test_a_reason_in_both_the_query_and_the_body_is_a_400(api: Api) -> None:
+    r = (await api("POST", "requests", {"profile": "1g.10gb"}))[1]
+    message = await refused(api, "DELETE", f"requests/{r['id']}", body={"reason": "a"}, reason="b")
+    assert message == "give the reason in the query or in the body, not both"
+    assert (await api("GET", f"requests/{r['id']}"))[1]["state"] == "granted"
 
 
 async def test_a_quota_put_with_an_empty_body_does_not_reset_the_quota(api: Api) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from importlib import resources
 from typing import Any
@@ -106,6 +107,39 @@ async def test_an_undocumented_method_is_refused_with_405(api: Any) -> None:
             body = "{}" if method in ("put", "post", "patch") else None
             status, reply = await api(method.upper(), path[1:], raw=body)
             assert (status, reply["error"]) == (405, "http_405"), (method, template, reply)
+
+
+def _resolved(schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = DOC["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def open_objects(schema: dict[str, Any], where: str) -> Iterator[str]:
+    """Where an object schema in ``schema`` takes properties it does not name."""
+    schema = _resolved(schema)
+    if "properties" in schema or schema.get("type") == "object":
+        closed = schema.get("additionalProperties") is False
+        if not closed and schema.get("unevaluatedProperties") is not False:
+            yield where
+    for name, sub in schema.get("properties", {}).items():
+        if isinstance(sub, dict):
+            yield from open_objects(sub, f"{where}.{name}")
+    for part in schema.get("allOf", []):
+        yield from (w for w in open_objects(part, where) if w != where)
+
+
+def test_every_request_body_has_a_fixed_shape() -> None:
+    """The server refuses a field a body does not take (``api.rules.only``): the document
+    says so of every body, down to the objects inside it."""
+    found = []
+    for template, method in operations():
+        body = DOC["paths"][template][method].get("requestBody")
+        if body is not None:
+            schema = body["content"]["application/json"]["schema"]
+            found += open_objects(schema, f"{method.upper()} {template}")
+    assert found == []
+    assert list(open_objects({"type": "object", "properties": {"a": {}}}, "x")) == ["x"]
 
 
 def test_error_codes_in_the_document_are_the_brokers() -> None:
@@ -320,7 +354,7 @@ async def _malformed_and_impossible(check: CheckedApi, owner: str) -> None:
         ({"gpu_hours": 1}, "quotas/user/x"),  # a budget needs a period
         ({"cap": 1}, "quotas/user/x"),
         ({"share": -1}, "quotas/group/x"),
-        ({"share": 1}, "quotas/user/not a name!"),
+        ({"share": 1}, "quotas/user/a\nname"),  # a line break: no name holds one
     ):
         assert (await check("PUT", path, body, expect=400))["error"] == "invalid_request"
     reply = await check("PUT", "quotas/user/x", None, raw="not json", expect=400)

@@ -20,7 +20,14 @@ from openapi_check import EventStream, check_response, operations, validate
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
 
 EVENT = "#/components/schemas/Event"
-USERS = {"alice-token": "alice", "bob-token": "bob", "carol-token": "carol"}
+USERS = {
+    "alice-token": "alice",
+    "bob-token": "bob",
+    "carol-token": "carol",
+    "fox-token": "🦊 fox",  # any name the hub allows
+    "bell-token": "bell\x07",  # a control character: no name holds one
+}
+HUB_GROUPS = ["ML Team", "/staff", "org:team"]
 
 
 class TokenUsers(IdentityProvider):
@@ -48,7 +55,7 @@ def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
             "identity": "username",
             "owner": "root-owner",
             "admin_users": {"carol"},
-            "user_groups": {"alice": ["lab"], "bob": ["physics", "lab-b"]},
+            "user_groups": {"alice": ["lab"], "bob": ["physics", "lab-b"], "🦊 fox": HUB_GROUPS},
             "lease_ttl": 120.0,
         },
     }
@@ -89,9 +96,8 @@ class World:
         self.seen: dict[str, list[str]] = {}
 
     def user(self, name: str) -> Caller:
-        return Caller(
-            self.api, {"Authorization": f"token {name}-token"}, self.seen.setdefault(name, [])
-        )
+        token = next(t for t, user in USERS.items() if user == name)
+        return Caller(self.api, {"Authorization": f"token {token}"}, self.seen.setdefault(name, []))
 
     def kernel(self, token: str, name: str = "kernel") -> Caller:
         return Caller(self.api, {TOKEN_HEADER: token}, self.seen.setdefault(name, []))
@@ -538,6 +544,27 @@ async def test_a_request_is_charged_only_to_its_users_own_groups(world: World) -
     assert mine["groups"] == ["lab"] and mine["lease"]["group"] == "lab"  # her first group
     other = await bob("POST", "requests", {"profile": "1g.10gb", "groups": ["lab-b"]}, expect=201)
     assert other["lease"]["group"] == "lab-b"
+
+
+async def test_a_name_is_held_to_one_rule_on_every_call_whatever_it_holds(
+    world: World,
+) -> None:
+    """The name rule is the identity's: a kernel token is issued only to a user whose
+    requests the broker then takes, and a caller whose name it refuses is refused on
+    every call (403: no call of theirs can be served)."""
+    fox = world.user("🦊 fox")
+    token = (await fox("POST", "tokens", {"kernel_id": "k-fox"}, expect=201))["token"]
+    mine = await world.kernel(token)("POST", "requests", {"profile": "1g.10gb"}, expect=201)
+    assert (mine["user"], mine["groups"], mine["state"]) == ("🦊 fox", HUB_GROUPS, "granted")
+    body = {"profile": "1g.10gb", "groups": ["/staff"]}
+    assert (await fox("POST", "requests", body, expect=201))["lease"]["group"] == "/staff"
+
+    bell = world.user("bell\x07")
+    for method, path, body in (("GET", "me", None), ("POST", "tokens", {"kernel_id": "k"})):
+        assert await bell.refused(method, path, body) == (
+            "the GPU broker cannot serve this caller: user name 'bell\\x07' holds '\\x07': "
+            "a name may hold any character but control characters and line breaks"
+        )
 
 
 # --------------------------------------------------------------------- kernels
