@@ -27,6 +27,8 @@ from .broker.errors import BrokerError, InvalidRequest
 from .broker.models import Lease, Size
 from .broker.store import Store
 from .client import (
+    HUB_TOKEN_ENV,
+    JUPYTER_TOKEN_ENV,
     RETRY_ENV,
     RETRY_FOR_S,
     TOKEN_ENV,
@@ -110,9 +112,14 @@ def _api_error_text(args: argparse.Namespace, e: BrokerAPIError) -> str:
     if e.status == 599:
         return _unreachable(url, e.message)
     if from_server and e.status in (401, 403):
+        if "/services/" in url:  # the hub's service: a hub token, never a kernel's
+            return (
+                f"the broker at {url} refused the token: pass --token or set "
+                f"${HUB_TOKEN_ENV} to a hub API token of yours (the hub's Token page)"
+            )
         return (
-            f"the broker at {url} refused the token: check --token or ${TOKEN_ENV}, or the "
-            "Jupyter server's token (jupyter server list)"
+            f"the broker at {url} refused the token: check --token or ${JUPYTER_TOKEN_ENV}, or "
+            "the Jupyter server's token (jupyter server list)"
         )
     if from_server and e.status == 404:
         return f"no GPU broker at {url}: check --url (it ends in /{API_PREFIX})"
@@ -334,7 +341,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.state is None and args.simulate is None:
         report = _broker_report(args)
     if report is None:
-        report = _local_report(args)
+        try:
+            report = _local_report(args)
+        except NvmlUnavailable:
+            if args.state is not None:
+                raise
+            raise BrokerAPIError(
+                0,
+                "no_server",
+                "no running Jupyter server found, and this machine has no NVIDIA driver: "
+                f"start a server, pass --url (or set {URL_ENV}), or look at a simulated "
+                "machine with --simulate dgx-h100-mig",
+            ) from None
     if args.json:
         print(json.dumps(report, indent=2))
     else:

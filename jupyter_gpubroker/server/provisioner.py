@@ -147,6 +147,13 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
             kernels = self._server_kernels()
             if kernels is not None:
                 kernels.forget(self.kernel_id)
+        if not self.broker_url and registry.current() is None and self._kernel_token:
+            self.log.info(  # a server stopping stops its broker before its kernels
+                "Kernel %s: its GPU comes back when its lease expires (the GPU broker of this "
+                "server stopped first)",
+                self.kernel_id,
+            )
+            return
         try:
             await self._give_back(self._client(), keep_own=restart)
         except Exception as e:  # the server is going down with its broker

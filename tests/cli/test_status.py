@@ -78,9 +78,15 @@ def test_whole_gpus_show_their_utilization(capsys, tmp_path) -> None:
 
 
 @pytest.mark.usefixtures("no_driver")
-def test_no_driver_says_how_to_simulate(capsys, monkeypatch) -> None:
+def test_no_driver_says_how_to_simulate(capsys, monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("GPUBROKER_SIMULATE", raising=False)
-    assert main(["status"]) == 1
+    assert main(["status"]) == 1  # no server either: say that first, as `queue` does
+    assert capsys.readouterr().err == (
+        "error: no running Jupyter server found, and this machine has no NVIDIA driver: "
+        "start a server, pass --url (or set GPUBROKER_URL), or look at a simulated machine "
+        "with --simulate dgx-h100-mig\n"
+    )
+    assert main(["status", "--state", empty_state(tmp_path)]) == 1  # this machine's view
     err = capsys.readouterr().err
     assert "No NVIDIA driver" in err and "GPUBROKER_SIMULATE=dgx-h100-mig" in err
 

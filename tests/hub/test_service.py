@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +118,11 @@ def test_the_service_says_which_scope_a_caller_lacks(hub: Hub) -> None:
         assert r.status_code == 403 and "hub API token" in r.json()["message"]
     status, data = hub.api("gpb_not-a-token", "GET", "me", kernel=True)
     assert status == 403 and "token" in data["message"]
+    # at a terminal, with no token: the one the hub needs is named
+    bare = {k: v for k, v in os.environ.items() if "TOKEN" not in k}
+    cli = [sys.executable, "-m", "jupyter_gpubroker.cli", "queue", "--url", hub.api_url]
+    done = subprocess.run(cli, env=bare, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "$JUPYTERHUB_API_TOKEN" in done.stderr, done.stderr
 
 
 def test_a_browser_logs_in_through_the_hub_and_needs_xsrf_to_change_anything(hub: Hub) -> None:

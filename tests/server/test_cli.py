@@ -178,7 +178,7 @@ async def test_a_wrong_token_or_url_says_what_to_check(cli, broker_url):  # type
     assert code == 1
     assert err.strip() == (
         f"error: the broker at {broker_url} refused the token: check --token or "
-        "$GPUBROKER_TOKEN, or the Jupyter server's token (jupyter server list)"
+        "$GPUBROKER_JUPYTER_TOKEN, or the Jupyter server's token (jupyter server list)"
     )
     wrong = broker_url.replace("gpubroker/api/v1", "gpu/api")
     code, _, err = await cli("queue", url=wrong)
