@@ -470,8 +470,8 @@ class GPUBrokerSpawnerMixin(Configurable):
         """Read the lease: a pending warning becomes the hub's notice; an ended lease stops
         the server (True)."""
         assert self._gpu is not None
-        try:
-            lease = await self._client().lease(self._gpu["lease_id"])
+        try:  # at once: the hub polls before it stops a server, and waits for the poll
+            lease = await self._client(retry_for=0).lease(self._gpu["lease_id"])
         except (BrokerAPIError, OSError, SpawnException) as e:
             self.log.debug("Cannot read %s's GPU lease: %s", self._log_name, e)
             return False  # keep_alive decides what an unanswered renewal means

@@ -44,8 +44,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(what: str, check: Any, timeout_s: float = 90.0, log: Path | None = None) -> Any:
-    """Poll ``check()`` until it returns something true; fail with the hub's log."""
+def wait_for(
+    what: str,
+    check: Any,
+    timeout_s: float = 90.0,
+    log: Path | None = None,
+    interval_s: float = 0.3,
+) -> Any:
+    """Poll ``check()`` every ``interval_s`` until it returns something true; fail with
+    the hub's log."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -57,7 +64,7 @@ def wait_for(what: str, check: Any, timeout_s: float = 90.0, log: Path | None = 
         if time.monotonic() > deadline:
             tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
             raise AssertionError(f"timed out waiting for {what}\n{tail}")
-        time.sleep(0.3)
+        time.sleep(interval_s)
 
 
 class Hub:

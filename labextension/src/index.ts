@@ -207,16 +207,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     schedule();
     labShell?.currentChanged.connect(onWaiting);
 
-    try {
-      await model.refresh();
-    } catch (e) {
-      console.warn('jupyter-gpubroker: no GPU broker answers', e);
-    }
+    // While the broker does not answer, calls and the event stream try again and the
+    // panel says why it waits.
+    client.onUnavailable = why => (model.away = why);
+    void model.refresh().catch(e => console.warn('jupyter-gpubroker: no GPU broker answers', e));
     void client.follow(
       e => model.apply(e),
       new AbortController().signal,
-      connected => {
+      (connected, why) => {
         model.connected = connected;
+        model.away = connected ? null : (why ?? null);
         if (connected) {
           void model.refresh().catch(() => undefined);
         }

@@ -57,6 +57,18 @@ export class GpuModel {
     }
   }
 
+  /** Why the broker does not answer now, in its own words or ours; null while it does. */
+  get away(): string | null {
+    return this._away;
+  }
+
+  set away(why: string | null) {
+    if (why !== this._away) {
+      this._away = why;
+      this._changed.emit();
+    }
+  }
+
   /** Recent utilization samples of a device (oldest first; null: not reported). */
   history(uuid: string): Array<number | null> {
     return this._history.get(uuid) ?? [];
@@ -231,6 +243,7 @@ export class GpuModel {
 
   private _overview: IOverview | null = null;
   private _connected = false;
+  private _away: string | null = null;
   private _kernels = new Map<string, IKernelInfo>();
   private _history = new Map<string, Array<number | null>>();
   private _inFlight: Promise<void> | null = null;

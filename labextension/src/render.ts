@@ -231,11 +231,11 @@ export function renderPanel(model: GpuModel, show: IShow, now: number, actions: 
   const root = el('div', 'jp-GpuBroker-content');
   const o = model.overview;
   if (!o) {
-    root.appendChild(el('div', 'jp-GpuBroker-empty', 'Connecting to the GPU broker…'));
+    root.appendChild(el('div', 'jp-GpuBroker-empty', model.away ?? 'Connecting to the GPU broker…'));
     return root;
   }
-  if (!model.connected) {
-    root.appendChild(el('div', 'jp-GpuBroker-offline', 'Reconnecting to the GPU broker…'));
+  if (!model.connected || model.away) {
+    root.appendChild(el('div', 'jp-GpuBroker-offline', model.away ?? 'Reconnecting to the GPU broker…'));
   }
   if (show.leases) {
     const s = section(`My GPUs (${model.leases.length})`);

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ from live_hub import Hub, wait_for
 
 from hub_spawner.hubauth import USE_SCOPE as USE
 from hub_spawner.spawner import LEASE_ENV
+from jupyter_gpubroker.api.shapes import parse_iso
 
 pytestmark = pytest.mark.hub
 SLICE = {"profile": "1g.10gb"}
+SERVICE_STARTED = "GPU broker service: the API at"
 IMPATIENT = "impatient"
 """The user whose GPU servers wait only 5 s in the queue (the test config's hook)."""
 
@@ -32,6 +35,7 @@ def _impatient(spawner):
     if spawner.user.name == {IMPATIENT!r}:
         spawner.gpu_wait_timeout = 5
 c.Spawner.pre_spawn_hook = _impatient
+c.JupyterHub.services[0]["command"].append("--log-level=INFO")  # its start, its releases
 """
 
 
@@ -276,6 +280,51 @@ def test_a_start_still_queued_when_the_hub_restarts_keeps_its_request_and_starts
         hub.stop_server("hal")
         for r in held:
             hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
+
+
+def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_back(
+    hub: Hub,
+) -> None:
+    """The service dies, the user's server stops meanwhile (its give-back finds no broker):
+    the restarted service releases its lease within seconds of starting, charged no later
+    than the stop (up to the last renewal, at most a third of the TTL before)."""
+    token = hub.user("ida")
+    try:
+        assert spawn(hub, token, "ida", SLICE).status_code in (201, 202)
+        lease_id = hub.ready_server_env("ida")[LEASE_ENV]
+        ttl_s = ok(hub, token, "GET", f"leases/{lease_id}")["ttl_s"]
+        starts = hub.log.read_text().count(SERVICE_STARTED)
+        killed = hub.service_pid()
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        stopped_at = time.time()
+        hub.stop_server("ida")  # its give-back fails: no broker
+        wait_for("ida's stop", lambda: hub.hub_api("GET", "users/ida")["servers"] == {})
+        wait_for("the failed give-back", lambda: "Could not give ida" in hub.log.read_text())
+        # the hub restarts its dead service at its next poll
+        wait_for(
+            "the restarted service",
+            lambda: hub.log.read_text().count(SERVICE_STARTED) > starts,
+            timeout_s=60,
+            interval_s=0.05,
+            log=hub.log,
+        )
+        started = time.monotonic()
+        lease = wait_for(
+            "the stopped server's release",
+            lambda: (
+                (x := hub.api(token, "GET", f"leases/{lease_id}")[1])["state"] == "released" and x
+            ),
+            timeout_s=10,
+            interval_s=0.05,
+            log=hub.log,
+        )
+        print(f"released {time.monotonic() - started:.2f} s after the service started")
+        assert "not running" in lease["reason"]
+        ended = parse_iso(lease["ended_at"])
+        assert ended <= stopped_at + ttl_s / 3, (lease, stopped_at)
+    finally:
+        hub.stop_server("ida")
 
 
 def login(hub: Hub, name: str) -> requests.Session:

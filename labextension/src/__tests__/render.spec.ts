@@ -92,6 +92,17 @@ describe('renderPanel', () => {
     const node = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: () => undefined });
     expect(node.textContent).toContain('Reconnecting to the GPU broker');
   });
+
+  it('says why the broker is away, in its own words when it gave them, before and after a first picture', () => {
+    const why = 'The GPU broker could not start: its state file is held by pid 7.';
+    const fresh = new GpuModel(async () => overview());
+    fresh.away = why;
+    const none = { cancel: () => undefined, release: () => undefined };
+    expect(renderPanel(fresh, SHOW, NOW, none).textContent).toBe(why);
+    const { model } = draw();
+    model.away = why;
+    expect(renderPanel(model, SHOW, NOW, none).textContent).toContain(why);
+  });
 });
 
 describe('sparkline', () => {
