@@ -135,10 +135,12 @@ def test_sigterm_stops_the_demo_and_its_kernels_and_the_checkout_stays_as_it_was
         running.call("api/contents/gpu-broker-tour.ipynb", "PUT", opened)  # as autosave does
         running.call("api/contents", "POST", {"type": "notebook"})  # File > New > Notebook
         running.call("api/kernels", "POST", {"name": "python3"})
+        running.call("api/kernels", "POST", {"name": "python3-gpu-1g.10gb"})
         children = psutil.Process(running.proc.pid).children(recursive=True)
-        assert len(children) >= 2  # the server and the kernel
+        assert len(children) >= 3  # the server and the kernels
         running.stop(signal.SIGTERM)
     assert running.proc.returncode == 0
+    assert "c.GPUProvisioner" not in running.out  # a clean stop gives no advice
     assert not [c.pid for c in children if c.is_running()], "SIGTERM left processes running"
     assert not running.state_dir.exists(), "the demo left its temporary files behind"
     assert list(cwd.iterdir()) == [], "the demo wrote where it was started"
