@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import ClientError
-from jupyterhub.spawner import SpawnException
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Enum, Float, Unicode
@@ -44,6 +43,7 @@ from jupyter_gpubroker.engines.kubernetes import (
     resource_name,
 )
 
+from ._compat import SpawnException
 from .spawner import GPUBrokerSpawnerMixin
 
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from batchspawner import SlurmSpawner
-from jupyterhub.spawner import SpawnException
 from traitlets import Unicode, default
 
 from jupyter_gpubroker.engines.slurm import COMMENT_PREFIX, gres_request
 
+from ._compat import SpawnException
 from .spawner import LEASE_ENV, GPUBrokerSpawnerMixin
 
 

@@ -35,7 +35,7 @@ from html import escape
 from typing import Any
 
 from jupyterhub import orm
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, SpawnException
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from jupyterhub.utils import url_escape_path, url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from traitlets import Float, TraitError, Unicode, default, validate
@@ -54,6 +54,7 @@ from jupyter_gpubroker.client import (
     size_text,
 )
 
+from ._compat import SpawnException
 from .culling import stopped_text, warning_text
 from .hubauth import API_PATH, USE_SCOPE
 from .options import Choices, gpu_request, options_from_form, waiting_message

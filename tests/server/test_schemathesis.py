@@ -18,12 +18,20 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from live_server import LiveServer
 from schemathesis import GenerationMode
-from schemathesis.checks import (
-    content_type_conformance,
-    not_a_server_error,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.checks import not_a_server_error
+
+try:
+    from schemathesis.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+except ImportError:  # schemathesis < 4.2 exports them from its OpenAPI module only
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
 
 EXAMPLES = 30
 """Generated calls per operation and generation mode (valid, invalid)."""
