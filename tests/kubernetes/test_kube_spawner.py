@@ -13,12 +13,12 @@ import pytest
 
 clients = pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
-from hub_spawner._compat import SpawnException  # noqa: E402
 from kube_helpers import free_port  # noqa: E402
 from kubernetes_asyncio.client import ApiClient  # noqa: E402
 from tornado import web  # noqa: E402
 from tornado.httpserver import HTTPServer  # noqa: E402
 
+from hub_spawner._compat import SpawnException  # noqa: E402
 from hub_spawner.kubernetes import (  # noqa: E402
     GPUBrokerKubeSpawner,
     KueuePosition,
