@@ -170,3 +170,16 @@ def test_a_configured_expected_hold_goes_with_every_gpu_request_unless_the_user_
     for bad in (0, -5.0, 400 * 86400.0):
         with pytest.raises(TraitError, match="gpu_expected_duration must be seconds"):
             SimpleGPUBrokerSpawner(gpu_expected_duration=bad)
+
+
+def test_a_refused_start_reads_as_its_sentence_without_the_exceptions_name() -> None:
+    """What the spawn page ("Error: ..."), its progress ("Spawn failed: ...") and the REST
+    API show of a failed start: JupyterHub's own formatting of the spawner's exception."""
+    from jupyterhub.utils import format_exception
+
+    from hub_spawner.spawner import _bad_options
+
+    exc = _bad_options(ValueError("gpus must be a whole number, not 'x'"))
+    sentence = "Cannot start the server: gpus must be a whole number, not 'x'."
+    assert format_exception(exc) == (sentence, None)
+    assert str(exc) == sentence and exc.reason == "user_options"  # the hub's metrics label
