@@ -347,8 +347,8 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         assert page.status_code == 200
         assert 'name="gpu_kind" id="gpu-cpu" value="cpu" checked' in page.text
         assert "1g.10gb: 5 of 7 free; starts at once" in page.text
-        assert "You hold 0 GPU-equivalents now; no quota of your own; the default" in page.text
-        assert "largest has 9.7 GB" in page.text and "Whole GPUs" not in page.text
+        assert "You hold nothing now; no quota of your own; the default" in page.text
+        assert "largest has 9.7 GiB" in page.text and "Whole GPUs" not in page.text
 
         choice = {"gpu_kind": "profile", "profile": "1g.10gb", "job_class": "batch"}
         choice["_xsrf"] = browser.cookies.get("_xsrf", path="/hub/")
