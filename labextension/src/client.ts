@@ -10,6 +10,16 @@ import { IEnvelope, ILease, IOverview } from './types';
 
 export const API_PATH = 'gpubroker/api/v1';
 
+/** An answer of the API other than a success: its one sentence for the user, and status. */
+export class BrokerAPIError extends Error {
+  constructor(
+    message: string,
+    readonly status: number
+  ) {
+    super(message);
+  }
+}
+
 export class BrokerClient {
   /** `apiUrl`: the broker's API elsewhere (a JupyterHub service's URL, absolute or from
    * the page's origin); empty: this server's own `{base}gpubroker/api/v1/`. */
@@ -29,7 +39,7 @@ export class BrokerClient {
     const body = text ? JSON.parse(text) : {};
     if (!response.ok) {
       // The API's errors are {error, message}: the message is one sentence for the user.
-      throw new Error(body.message || `${response.status} ${response.statusText}`);
+      throw new BrokerAPIError(body.message || `${response.status} ${response.statusText}`, response.status);
     }
     return body as T;
   }

@@ -6,6 +6,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { BrokerAPIError } from './client';
 import { sizeText } from './format';
 import { IEnvelope, IGpu, ILease, IOverview, IPositions, IQueueEntry, IRequest } from './types';
 
@@ -55,6 +56,12 @@ export class GpuModel {
       this._connected = value;
       this._changed.emit();
     }
+  }
+
+  /** Why this server has no broker (its API answers 503 with the sentence: no GPUs on
+   * this host, a state file in use, ...); null while it answers or is not reached. */
+  get unavailable(): string | null {
+    return this._unavailable;
   }
 
   /** Recent utilization samples of a device (oldest first; null: not reported). */
@@ -140,6 +147,13 @@ export class GpuModel {
           this._again = false;
           this.setOverview(await this.fetchOverview());
         } while (this._again);
+      } catch (e) {
+        const why = e instanceof BrokerAPIError && e.status === 503 ? e.message : null;
+        if (why !== this._unavailable) {
+          this._unavailable = why;
+          this._changed.emit();
+        }
+        throw e;
       } finally {
         this._inFlight = null;
       }
@@ -149,6 +163,7 @@ export class GpuModel {
 
   setOverview(overview: IOverview): void {
     this._overview = overview;
+    this._unavailable = null;
     for (const gpu of overview.gpus) {
       for (const d of gpu.devices) {
         this._sample(d.uuid, d.utilization_gpu);
@@ -231,6 +246,7 @@ export class GpuModel {
 
   private _overview: IOverview | null = null;
   private _connected = false;
+  private _unavailable: string | null = null;
   private _kernels = new Map<string, IKernelInfo>();
   private _history = new Map<string, Array<number | null>>();
   private _inFlight: Promise<void> | null = null;

@@ -230,6 +230,11 @@ function section(title: string): HTMLElement {
 export function renderPanel(model: GpuModel, show: IShow, now: number, actions: IActions): HTMLElement {
   const root = el('div', 'jp-GpuBroker-content');
   const o = model.overview;
+  const why = model.unavailable;
+  if (why) {
+    root.appendChild(el('div', 'jp-GpuBroker-empty', why.charAt(0).toUpperCase() + why.slice(1) + '.'));
+    return root;
+  }
   if (!o) {
     root.appendChild(el('div', 'jp-GpuBroker-empty', 'Connecting to the GPU broker…'));
     return root;

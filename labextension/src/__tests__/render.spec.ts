@@ -1,3 +1,4 @@
+import { BrokerAPIError } from '../client';
 import { GpuModel } from '../model';
 import { renderPanel, sliceBar, sparkline } from '../render';
 import { entry, h100, NOW, overview, queued } from './fixtures';
@@ -91,6 +92,26 @@ describe('renderPanel', () => {
     model.connected = false;
     const node = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: () => undefined });
     expect(node.textContent).toContain('Reconnecting to the GPU broker');
+  });
+});
+
+describe('a server without a broker', () => {
+  it('says why, as the API does, instead of connecting for ever', async () => {
+    const model = new GpuModel(async () => {
+      throw new BrokerAPIError('this server has no GPUs: its host has no NVIDIA driver', 503);
+    });
+    await expect(model.refresh()).rejects.toThrow('no GPUs');
+    const node = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: () => undefined });
+    expect(node.textContent).toBe('This server has no GPUs: its host has no NVIDIA driver.');
+  });
+
+  it('keeps connecting while the server does not answer at all', async () => {
+    const model = new GpuModel(async () => {
+      throw new TypeError('Failed to fetch');
+    });
+    await expect(model.refresh()).rejects.toThrow('Failed to fetch');
+    const node = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: () => undefined });
+    expect(node.textContent).toBe('Connecting to the GPU broker…');
   });
 });
 
