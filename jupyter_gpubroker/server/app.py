@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +174,6 @@ class GPUBrokerExtension(ExtensionApp):
             return
         except pynvml.NVMLError as e:
             self._not_started(nvml_broken(e))
-            return
-        except (OSError, sqlite3.Error) as e:
-            self._not_started(f"{gpubroker.state_file}: {getattr(e, 'strerror', None) or e}")
             return
         registry.set_current(gpubroker)
         self.settings["gpubroker"] = gpubroker

@@ -71,8 +71,10 @@ async def test_a_bad_setting_is_one_sentence(
 
 
 @pytest.fixture
-def broker_config(broker_config: dict[str, Any], request: Any) -> dict[str, Any]:
-    return {**broker_config, **getattr(request, "param", {})}
+def broker_config(broker_config: dict[str, Any], request: Any, tmp_path: Path) -> dict[str, Any]:
+    """``c.GPUBroker`` with the test's own values (a dict, or made from ``tmp_path``)."""
+    own = getattr(request, "param", {})
+    return {**broker_config, **(own(tmp_path) if callable(own) else own)}
 
 
 @pytest.mark.usefixtures("no_driver")
@@ -121,3 +123,21 @@ def test_a_second_server_on_the_same_state_says_whose_it_is(
         )
     finally:
         first.stop()
+
+
+def under_a_file(tmp_path: Path) -> dict[str, Any]:
+    """A state file whose directory cannot be made: a file is in the way."""
+    (tmp_path / "a-file").write_text("")
+    return {"state_file": str(tmp_path / "a-file" / "state.sqlite")}
+
+
+@pytest.mark.parametrize("broker_config", [under_a_file], indirect=True)
+async def test_a_state_file_that_cannot_be_made_is_one_sentence(
+    broker_config: dict[str, Any], api: Any, extension_log: list[logging.LogRecord]
+) -> None:
+    status, reply = await api("GET", "overview")
+    assert status == 503
+    assert reply["message"].startswith(f"{broker_config['state_file']}: cannot create its lock")
+    assert [(r.levelname, r.getMessage()) for r in extension_log] == [
+        ("ERROR", f"GPU broker not started: {reply['message']}")
+    ]
