@@ -4,10 +4,12 @@ Installing the package enables the extension in every server of the environment,
 cost is paid by every start. Each run starts ``python -m jupyter_server`` (the other
 extensions of the environment off, as in ``tests/live_server.py``) and times it from
 the process's start to the first answer of ``GET /api/status``: the extension's whole
-load (imports, the broker's start) happens before the server listens. Three servers,
-each ``--runs`` times in turn: without the extension; with it on a host without GPUs
-(``host_root`` an empty directory: no driver, the broker stays off); with it on a
-simulated ``dgx-h100-mig:1`` (the broker starts: state file, GPU locks, first readings).
+load (imports, the broker's start) happens before the server listens. The server's CPU
+time until then is given too: on a machine others share, wall time follows their load.
+Three servers, each ``--runs`` times in turn: without the extension; with it on a host
+without GPUs (``host_root`` an empty directory: no driver, the broker stays off); with
+it on a simulated ``dgx-h100-mig:1`` (the broker starts: state file, GPU locks, first
+readings).
 
     python benchmarks/server_start.py [--runs 5] [--json]
 """
@@ -38,8 +40,15 @@ SERVERS: dict[str, tuple[bool, list[str]]] = {  # name: (the extension on?, its 
 }
 
 
-def start_s(home: Path, extension: bool, options: list[str]) -> float:
-    """Seconds from the server process's start to its first answer."""
+def cpu_s(pid: int) -> float:
+    """A process's CPU time (user + system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_s(home: Path, extension: bool, options: list[str]) -> tuple[float, float]:
+    """Seconds from the server process's start to its first answer, and the CPU seconds
+    it spent meanwhile (what a loaded machine does not change)."""
     port = free_port()
     env = {
         **os.environ,
@@ -74,7 +83,7 @@ def start_s(home: Path, extension: bool, options: list[str]) -> float:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 conn.request("GET", "/api/status", headers={"Authorization": f"token {TOKEN}"})
                 if conn.getresponse().status == 200:
-                    return time.perf_counter() - started
+                    return time.perf_counter() - started, cpu_s(proc.pid)
             except OSError:
                 pass
             if proc.poll() is not None or time.perf_counter() - started > 120:
@@ -91,17 +100,23 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     times: dict[str, list[float]] = {name: [] for name in SERVERS}
+    cpu: dict[str, list[float]] = {name: [] for name in SERVERS}
     for _ in range(args.runs):  # in turn, so the machine's load falls on each alike
         for name, (extension, options) in SERVERS.items():
             with tempfile.TemporaryDirectory() as home:
-                times[name].append(start_s(Path(home), extension, options))
+                wall, spent = start_s(Path(home), extension, options)
+            times[name].append(wall)
+            cpu[name].append(spent)
     bare = statistics.median(times["without the extension"])
+    bare_cpu = statistics.median(cpu["without the extension"])
     results: list[dict[str, Any]] = [
         {
             "server": name,
             "median_s": round(statistics.median(ts), 3),
             "min_s": round(min(ts), 3),
             "ratio_to_without": round(statistics.median(ts) / bare, 2),
+            "cpu_median_s": round(statistics.median(cpu[name]), 3),
+            "cpu_ratio_to_without": round(statistics.median(cpu[name]) / bare_cpu, 2),
             "runs": len(ts),
         }
         for name, ts in times.items()
@@ -112,7 +127,8 @@ def main() -> None:
     for r in results:
         print(
             f"{r['server']:<24} median {r['median_s']:.2f} s (min {r['min_s']:.2f} s), "
-            f"{r['ratio_to_without']:.2f}x the server without it"
+            f"{r['ratio_to_without']:.2f}x the server without it; CPU {r['cpu_median_s']:.2f} s, "
+            f"{r['cpu_ratio_to_without']:.2f}x"
         )
 
 
