@@ -231,6 +231,7 @@ class _Run:
         self.peak = 0
         self.passes = 0
         self._readings: dict[str, DeviceReading] = {}
+        self._wakes: set[float] = set()
 
     # -- the event loop
 
@@ -251,7 +252,9 @@ class _Run:
                 if kind == "heartbeat":
                     if any(not k.left for k in self.kernels.values()):
                         self.at(now + HEARTBEAT_S, "heartbeat")
-                elif kind != "wake":
+                elif kind == "wake":
+                    self._wakes.discard(now)
+                else:
                     getattr(self, f"_{kind}")(self.kernels[owner], now)
             self.broker.schedule()
             self._collect_grants(now)
@@ -293,7 +296,7 @@ class _Run:
         """A pass when this lease's warning falls due, or its idle time reaches its timeout."""
         assert self.reclaimer is not None
         if lease.reclaim_at is not None:
-            self.at(lease.reclaim_at, "wake")
+            self._wake_at(lease.reclaim_at, now)
             return
         idle = self.reclaimer.idle_s(lease.id)
         request = self.broker.request(lease.request_id)
@@ -301,7 +304,15 @@ class _Run:
             lease.profile, request.job_class.value, len(lease.devices)
         )
         if idle is not None and timeout and not self.kernels[request.owner].busy:
-            self.at(now + max(timeout - idle, 0.0), "wake")
+            self._wake_at(now + timeout - idle, now)
+
+    def _wake_at(self, t: float, now: float) -> None:
+        """A pass at ``t``, once; no sooner than a millisecond from now (the reclaimer
+        rounds idle times to milliseconds)."""
+        t = max(t, now + 0.001)
+        if t not in self._wakes:
+            self._wakes.add(t)
+            self.at(t, "wake")
 
     # -- what the host sees (the Sampler's KernelSource)
 
