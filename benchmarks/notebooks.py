@@ -171,14 +171,14 @@ def plot(results: dict[int, list[tuple[nb.Policy, dict[str, float]]]], out: Path
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     for gpus, marker in zip(results, "os", strict=False):
         rows = results[gpus]
-        for ax, key, scale in ((axes[0], "shutdowns", 1), (axes[1], "wait_p95_s", 60)):
+        for ax, key, scale in ((axes[0], "shutdowns", 1), (axes[1], "wait_p95_s", 1)):
             xs = [f[key] / scale for _, f in rows]
             ys = [f["held_ratio"] for _, f in rows]
             ax.scatter(xs, ys, marker=marker, label=f"{gpus} GPUs")
             for (p, _), x, y in zip(rows, xs, ys, strict=True):
                 ax.annotate(p.name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     axes[0].set_xlabel("kernels shut down (suspend: modelled, none)")
-    axes[1].set_xlabel("p95 wait at a GPU cell's start (minutes)")
+    axes[1].set_xlabel("p95 wait at a GPU cell's start (seconds)")
     axes[0].set_ylabel("GPU-hours held ÷ GPU-hours of cells")
     for ax in axes:
         ax.grid(alpha=0.3)
