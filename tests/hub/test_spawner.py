@@ -370,7 +370,10 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         # over quota from the form: the page says why, and no server starts
         ok(hub, hub.user("admin"), "PUT", "quotas/user/fay", {"max_gpus": 0.1, "share": 2})
         page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
-        assert "at most 0.1 GPU-equivalents at once (0.1 left); your share: 2" in page.text
+        assert (
+            "your quota allows 0.1 GPUs' worth at a time, less than any device here; your "
+            "share: 2" in html.unescape(page.text)
+        )
         refused = browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60)
         assert "may hold at most 0.1" in html.unescape(refused.text)
         assert hub.hub_api("GET", "users/fay")["servers"] == {}
