@@ -5,6 +5,8 @@ traceback; the host without GPUs is tests/server/test_no_gpu_host.py."""
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import socket
 import sys
 from pathlib import Path
@@ -116,7 +118,8 @@ def test_a_second_server_on_the_same_state_says_whose_it_is(
         assert line.startswith("[E ")
         assert line.endswith(
             f"GPU broker not started: {state}: in use by another GPU broker (pid "
-            f"{first.proc.pid} on {socket.gethostname()}, serving "  # type: ignore[union-attr]
+            f"{first.proc.pid} of user {pwd.getpwuid(os.geteuid()).pw_name} on "  # type: ignore[union-attr]
+            f"{socket.gethostname()}, serving "
             f"http://localhost:{first.port}/gpubroker/api/v1); use that "
             "server, stop it, or give this one its own state file with c.GPUBroker.state_file "
             "or $GPUBROKER_STATE"
