@@ -20,7 +20,7 @@ except ImportError:  # JupyterHub < 6.0
             message_html: str = "",
             status_code: int = 400,
         ) -> None:
-            self.message = self.jupyterhub_message = message
+            self.message = message
             self.reason = reason
             self.log_message = log_message or message
             self.message_html = message_html
@@ -28,6 +28,10 @@ except ImportError:  # JupyterHub < 6.0
                 self.jupyterhub_html_message = message_html
             self.status_code = status_code
             super().__init__(status_code, message, reason=reason)
+
+        @property
+        def jupyterhub_message(self) -> str:
+            return self.message
 
 
 __all__ = ["SpawnException"]

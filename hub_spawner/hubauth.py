@@ -8,11 +8,10 @@ from typing import Any
 from jupyterhub.services.auth import HubOAuth, check_scopes
 from tornado import web
 
+from hub_spawner.hubconfig import ADMIN_SCOPE, USE_SCOPE
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
 
-USE_SCOPE = "custom:gpubroker:use"
-ADMIN_SCOPE = "custom:gpubroker:admin"
 API_PATH = "api/v1"
 """The API's path under the service prefix."""
 

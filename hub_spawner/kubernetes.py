@@ -43,8 +43,7 @@ from jupyter_gpubroker.engines.kubernetes import (
     resource_name,
 )
 
-from ._compat import SpawnException
-from .spawner import GPUBrokerSpawnerMixin
+from .spawner import GPUBrokerSpawnerMixin, SpawnError
 
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_VISIBILITY = (
@@ -172,14 +171,14 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
         try:
             slots = Counter(parse_device_uuid(u) for u in devices)
         except ValueError as e:
-            raise SpawnException(
+            raise SpawnError(
                 f"The GPU broker granted a device this spawner cannot place ({e}): give the "
                 "broker the cluster's inventory (engine 'kubernetes').",
                 reason="gpubroker_config",
                 status_code=503,
             ) from None
         if len(slots) != 1:
-            raise SpawnException(
+            raise SpawnError(
                 f"The GPU broker granted devices of {len(slots)} kinds or nodes "
                 f"({', '.join(devices)}); a pod takes one kind on one node.",
                 reason="gpubroker_config",

@@ -12,6 +12,7 @@ from typing import Any
 from jupyter_gpubroker.broker.core import DURATIONS, expected_duration
 from jupyter_gpubroker.broker.errors import BrokerError
 from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.broker.text import count, devices_held, memory, queue_place, quota_allows
 from jupyter_gpubroker.client import eta_text, size_text
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
@@ -87,14 +88,12 @@ def waiting_message(
     request: dict[str, Any], ahead: dict[str, int], length: int, reason: str = ""
 ) -> str:
     """Where a waiting server's request is and why: "Waiting for 1g.10gb (interactive):
-    every 1g.10gb is in use; position 2 of 5, requests ahead: 1 interactive; ETA 10:40
-    (10:20-11:30)"."""
-    position = request.get("position") or 0
-    before = ", ".join(f"{n} {cls}" for cls, n in sorted(ahead.items()) if n) or "none"
+    every 1g.10gb is in use; position 2 of 5, one request ahead (interactive); ETA 10:40
+    (10:20-11:30)": the position once (``queue_place``)."""
     why = f"{reason}; " if reason else ""
+    place = queue_place(request.get("position"), length, ahead)
     return (
-        f"Waiting for {size_text(request)} ({request['job_class']}): {why}position "
-        f"{position or '?'} of {max(length, position)}, requests ahead: {before}; "
+        f"Waiting for {size_text(request)} ({request['job_class']}): {why}{place}; "
         f"ETA {eta_text(request)}"
     )
 
@@ -116,12 +115,12 @@ class Choices:
         self.max_gpus: float | None = mine[0]["max_gpus"] if mine else None
         self.share: float | None = mine[0]["share"] if mine else None
         sizes = [d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])]
-        # GB as the broker compares them (MiB / 1024), rounded down: a size shown fits
+        # GiB as the broker compares them (MiB / 1024), rounded down: a size shown fits
         self.largest_gb = math.floor(max(sizes, default=0) / 102.4) / 10
         self.smallest_gb = math.floor(min(sizes, default=0) / 102.4) / 10
-        self.held = sum(
-            d["gpu_equivalents"] for d in devices if (d["holder"] or {}).get("user") == user
-        )
+        self.mine = [d for d in devices if (d["holder"] or {}).get("user") == user]
+        self.held = sum(d["gpu_equivalents"] for d in self.mine)
+        self.profile_equivalents = {p: ds[0]["gpu_equivalents"] for p, ds in self.profiles.items()}
 
     def within_quota(self, gpu_equivalents: float) -> bool:
         return self.max_gpus is None or gpu_equivalents <= self.max_gpus + 1e-9
@@ -136,8 +135,15 @@ class Choices:
         same = [e for e in self.overview["queue"] if all(e.get(k) == v for k, v in size.items())]
         if not same:
             return "starts at once" if self._free_for(**size) else "waits for a device to free"
-        last = same[-1]
-        return f"{len(same)} waiting for the same; the last expected {eta_text(last)}"
+        waiting = f"{count(len(same), 'request')} {'waits' if len(same) == 1 else 'wait'}"
+        eta = eta_text(same[-1])
+        if eta == "unknown":
+            return f"{waiting} for the same, with no estimate yet of when"
+        return f"{waiting} for the same; the last expected to start {eta}"
+
+    def quota(self) -> str:
+        """The user's quota in things: "one 1g.10gb slice at a time"."""
+        return quota_allows(self.max_gpus, self.profile_equivalents)
 
     def blocked(self, request: dict[str, Any]) -> str:
         """Why a request waits, in words: the user's own quota, or every fitting device
@@ -158,8 +164,8 @@ class Choices:
             eq = float(request["gpus"])
         if self.max_gpus is not None and self.held + eq > self.max_gpus + 1e-9:
             return (
-                f"you hold {self.held:g} of the {self.max_gpus:g} GPU-equivalents your quota "
-                "allows at once: it starts once you give some back"
+                f"you hold {devices_held(self.mine)}; your quota allows {self.quota()}: "
+                "it starts once you give some back"
             )
         return f"every {size_text(request)} is in use"
 
@@ -223,14 +229,13 @@ class Choices:
                     checked="",
                     label="Any device with at least",
                     field='<input type="number" name="min_memory_gb" min="1" step="any" '
-                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GB"> GB',
-                    note=f"the largest has {self.largest_gb:g} GB",
+                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GiB"> GiB',
+                    note=f"the largest has {memory(self.largest_gb * 1024)}",
                 )
             )
         classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
         quota = (
-            f"your quota: at most {self.max_gpus:g} GPU-equivalents at once "
-            f"({max(0.0, self.max_gpus - self.held):g} left)"
+            f"your quota allows {self.quota()}"
             if self.max_gpus is not None
             else "no quota of your own"
         )
@@ -244,7 +249,7 @@ class Choices:
             'name="hours" id="gpu-hours" min="0.1" step="any" aria-label="hours"> hours '
             '<span class="form-text">(optional: how long you expect to need the GPU, so '
             "that those waiting behind you get an ETA)</span></div>"
-            f'<p class="form-text">You hold {self.held:g} GPU-equivalents now; {quota}; '
+            f'<p class="form-text">You hold {devices_held(self.mine)} now; {quota}; '
             f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
         )
 
@@ -263,9 +268,5 @@ class Choices:
             offers.append(f"a MIG profile ({', '.join(allowed)})")
         if self.largest_gb:
             offers.append(f"min_memory_gb up to {self.largest_gb:g}")
-        quota = (
-            f"; your quota: at most {self.max_gpus:g} GPU-equivalents at once"
-            if self.max_gpus is not None
-            else ""
-        )
+        quota = f"; your quota allows {self.quota()}" if self.max_gpus is not None else ""
         return f"you may ask for {', '.join(offers)}, with job_class interactive or batch{quota}"

@@ -33,6 +33,7 @@ from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.broker.budgets import QUOTA_BOUNDS
 from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest
+from jupyter_gpubroker.broker.text import devices_held, holder
 from jupyter_gpubroker.client import eta_text, size_text
 from jupyter_gpubroker.server.handlers import BrokerErrorStatus
 
@@ -156,11 +157,14 @@ class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web
             budget_left = max(0.0, quota["gpu_hours"] - (quota["spent_gpu_hours"] or 0.0))
         return {
             "page": "my",
-            "waiting": [{**r, "why": choices.blocked(r)} for r in waiting],
+            "waiting": [
+                {**r, "why": choices.blocked(r), "holder": holder(r["owner"])} for r in waiting
+            ],
             "leases": overview["leases"],
             "queue_length": overview["length"],
             "quota": quota,
-            "held": choices.held,
+            "held": devices_held(choices.mine),
+            "allows": choices.quota(),
             "budget_left": budget_left,
             "periods": PERIODS,
             "used": api.usage(who, "user")["gpu_hours"].get(who.user, 0.0),

@@ -166,7 +166,11 @@ async def release_stopped_servers(
     Each is charged up to its last renewal: the hub tells no server's stop time, and a
     running server renews every third of the TTL. The hub is asked with the service's
     token (``read:servers``); a user the hub does not answer for keeps the lease, to
-    expire as before. Returns the released lease ids."""
+    expire as before. Under an engine (Slurm, Kubernetes) the engine's own view of its
+    jobs and pods releases them, with that cause, so nothing is done here. Returns the
+    released lease ids."""
+    if broker.engine is not None:
+        return []
     core = broker.core
     held = {
         lease.id: lease

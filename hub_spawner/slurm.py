@@ -30,8 +30,7 @@ from traitlets import Unicode, default
 
 from jupyter_gpubroker.engines.slurm import COMMENT_PREFIX, gres_request
 
-from ._compat import SpawnException
-from .spawner import LEASE_ENV, GPUBrokerSpawnerMixin
+from .spawner import LEASE_ENV, GPUBrokerSpawnerMixin, SpawnError
 
 
 class SlurmJobProgress(SlurmSpawner):
@@ -87,7 +86,7 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
         try:
             node, gres = gres_request(held["devices"])
         except ValueError as e:
-            raise SpawnException(
+            raise SpawnError(
                 f"The GPU broker granted devices that are no Slurm gres ({e}): set "
                 "c.GPUBroker.inventory_source = 'slurm' in the broker service's config.",
                 reason="gpubroker_config",
@@ -106,7 +105,7 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
         except RuntimeError as e:  # sbatch's own words, in one line, on the spawn page
             lines = (line.removeprefix("sbatch: error: ").strip() for line in str(e).splitlines())
             why = "; ".join(line.rstrip(".") for line in lines if line) or "sbatch failed"
-            raise SpawnException(
+            raise SpawnError(
                 f"Slurm refused the server's job: {why}.",
                 reason="sbatch",
                 status_code=503,

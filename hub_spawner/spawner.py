@@ -66,9 +66,26 @@ broker service down first, and the restarted service releases the lease itself
 (``service.release_stopped_servers``)."""
 
 
+class SpawnError(SpawnException):
+    """A start the spawner refuses or gives up on, read by its user as its sentence alone.
+
+    JupyterHub shows a failed start's ``jupyterhub_message`` where it has one, else
+    ``str(exc)``, which for a ``SpawnException`` is "400 SpawnException(reason=...): ..."
+    (JupyterHub 6: the spawn page's "Error: ...", the progress's "Spawn failed: ...", the
+    REST API's answer). Both are the sentence here; the reason label still goes to the
+    hub's metrics."""
+
+    @property
+    def jupyterhub_message(self) -> str:
+        return self.message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def _bad_options(e: ValueError) -> SpawnException:
     """Options the broker would refuse, in one sentence, from the form or the REST API."""
-    return SpawnException(f"Cannot start the server: {e}.", reason="user_options", status_code=400)
+    return SpawnError(f"Cannot start the server: {e}.", reason="user_options", status_code=400)
 
 
 class GPUBrokerSpawnerMixin(Configurable):
@@ -135,7 +152,7 @@ class GPUBrokerSpawnerMixin(Configurable):
             return self.gpubroker_url
         service = (self.user.settings.get("services") or {}).get(self.gpubroker_service)
         if service is None or not service.url:
-            raise SpawnException(
+            raise SpawnError(
                 f"no GPU broker service {self.gpubroker_service!r} with a url in "
                 "c.JupyterHub.services: add it, or set c.GPUBrokerSpawner.gpubroker_url",
                 reason="gpubroker_config",
@@ -162,7 +179,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         try:
             return str(self.user.new_api_token(note=self._token_note, scopes=scopes))
         except (ValueError, KeyError):
-            raise SpawnException(
+            raise SpawnError(
                 f"{self.user.name} may not use the GPU broker: ask a hub admin to grant "
                 f"{USE_SCOPE} and access:services!service={self.gpubroker_service} "
                 "(c.JupyterHub.load_roles), or start a server without a GPU",
@@ -193,7 +210,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         except (BrokerAPIError, OSError):
             what = ""
         message = f"Cannot start a GPU server: {why.rstrip('.')}" + (f"; {what}." if what else ".")
-        return SpawnException(message, reason="gpu_request", status_code=400)
+        return SpawnError(message, reason="gpu_request", status_code=400)
 
     # -- the spawner's lifecycle
 
@@ -293,7 +310,7 @@ class GPUBrokerSpawnerMixin(Configurable):
                 )
             except GrantTimeout as e:
                 self._gpu = None
-                raise SpawnException(
+                raise SpawnError(
                     f"No GPU for this server within {duration(e.waited)} "
                     f"(position {e.request.get('position') or '?'} in the queue); the request "
                     "was withdrawn: try again later or ask for something smaller.",
@@ -302,7 +319,7 @@ class GPUBrokerSpawnerMixin(Configurable):
                 ) from None
             except BrokerAPIError as e:
                 self._gpu = None
-                raise SpawnException(
+                raise SpawnError(
                     f"The server's GPU request ended: {e.message}.", reason="gpu_request"
                 ) from None
         lease = request["lease"]
@@ -375,7 +392,7 @@ class GPUBrokerSpawnerMixin(Configurable):
             self._revoke_token(note)
 
     def _unreachable(self, why: str) -> SpawnException:
-        return SpawnException(
+        return SpawnError(
             f"The GPU broker at {self._broker_url} does not answer ({why}): check that its "
             "service runs (the hub's log says why it stopped), or start a server without a GPU.",
             reason="gpubroker_unreachable",

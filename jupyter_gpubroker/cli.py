@@ -26,6 +26,7 @@ from .api.shapes import devices_json
 from .broker.errors import BrokerError, InvalidRequest
 from .broker.models import Lease, Size
 from .broker.store import Store
+from .broker.text import memory
 from .client import (
     HUB_TOKEN_ENV,
     JUPYTER_TOKEN_ENV,
@@ -446,7 +447,7 @@ def render_status(report: dict[str, Any]) -> str:
                 (
                     f"  {d['label'].split(' / ')[1]}",
                     d["profile"],
-                    f"{d['memory_mib'] / 1024:.1f} GiB",
+                    memory(d["memory_mib"]),
                     _pct(d.get("utilization_gpu")),
                     "",
                     "",

@@ -79,17 +79,17 @@ class GrantTimeout(Exception):
 
 
 def size_text(r: dict[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GB"."""
+    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GiB"."""
     if r.get("gpus"):
         return f"{r['gpus']} GPU(s)"
     if r.get("profile"):
         return str(r["profile"])
-    return f">= {r.get('min_memory_gb')} GB"
+    return f">= {r.get('min_memory_gb')} GiB"
 
 
 def eta_text(r: dict[str, Any]) -> str:
     """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
-    ``eta_known`` and ``position`` of the API): "10:40 (10:20-11:30)", "unknown; position 3"."""
+    ``eta_known`` of the API): "10:40 (10:20-11:30)", "unknown"."""
     span = r.get("eta_range")
     estimate = None
     if r.get("eta_known") and span and r.get("eta"):

@@ -148,7 +148,13 @@ c.JupyterHub.load_roles.append(
         path = self.home / "jupyterhub_config.py"
         path.write_text(self.config())
         paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]  # this checkout's code
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            # the example's runtime files (the proxy's pid file too) in this test's home,
+            # not in the Jupyter data dir that every other hub run on this machine shares
+            "GPUBROKER_EXAMPLE_DIR": str(self.home),
+        }
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(path)],

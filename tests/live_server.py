@@ -37,8 +37,11 @@ class LiveServer:
     """``jupyter server`` on ``state_file`` (one H100 in seven 1g.10gb slices unless
     ``GPUBroker`` options say otherwise), its Jupyter dirs under ``home``."""
 
-    def __init__(self, home: Path, state_file: Path, **broker: Any) -> None:
+    def __init__(
+        self, home: Path, state_file: Path, extensions: dict[str, bool] | None = None, **broker: Any
+    ) -> None:
         self.home, self.state_file = home, state_file
+        self.extensions = {**EXTENSIONS, **(extensions or {})}
         self.broker = {"simulate": "dgx-h100-mig:1", **broker}
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -52,8 +55,9 @@ class LiveServer:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {TOKEN}"}
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start it on a fresh port and wait until the API answers."""
+    def start(self, timeout_s: float = 60.0, status: int = 200) -> None:
+        """Start it on a fresh port and wait until the API answers (with ``status``: 503
+        where its broker is not to start)."""
         self.port = free_port()
         options = [f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]
         env = {
@@ -77,7 +81,7 @@ class LiveServer:
                     f"--IdentityProvider.token={TOKEN}",
                     "--ServerApp.open_browser=False",
                     "--allow-root",
-                    f"--ServerApp.jpserver_extensions={EXTENSIONS}",
+                    f"--ServerApp.jpserver_extensions={self.extensions}",
                     f"--GPUBroker.state_file={self.state_file}",
                     *options,
                 ],
@@ -89,7 +93,7 @@ class LiveServer:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if self.call("GET", "me")[0] == 200:
+                if self.call("GET", "me")[0] == status:
                     return
             except OSError:
                 pass

@@ -65,6 +65,7 @@ from .predictor import Predictor, held_shape, request_shape
 from .profiles import CATALOG
 from .queue import WaitQueue
 from .store import Store
+from .text import memory
 
 log = logging.getLogger(__name__)
 
@@ -803,7 +804,8 @@ class Broker:
             )
         biggest = max((d.memory_gb for d in self.placer.devices.values()), default=0.0)
         raise Unsatisfiable(
-            f"no device here has {size.min_memory_gb:g} GB; the largest has {biggest:.1f} GB"
+            f"no device here has {size.min_memory_gb:g} GiB; the largest has "
+            f"{memory(biggest * 1024)}"
         )
 
     def _mig_capable(self, profile: str) -> bool:

@@ -1,6 +1,9 @@
 """The MIG profile catalog: which slices each GPU model can be cut into, and where.
 
-Pure data, checked against NVIDIA's MIG user guide (see REFERENCE.md). A GPU
+Pure data, checked against NVIDIA's MIG user guide (see REFERENCE.md). Profile memory
+is what ``nvidia-smi mig -lgip`` shows on real A100 and H100 GPUs (GiB to two decimals:
+an H100's 3g.40gb shows 39.50, 40448 MiB); NVIDIA publishes only round numbers for the
+H200 (18, 35, 71, 141 GB) and no capture was found, so its values are estimates. A GPU
 has 8 memory slices and 7 compute slices; every GPU-instance profile occupies
 ``size`` consecutive memory slices starting at one of its allowed ``starts``,
 and instances may not overlap. Both the simulated NVML library and the
@@ -120,7 +123,7 @@ CATALOG: dict[str, GpuModel] = {
             400_000,
             0x20B210DE,
             ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-            (9728, 9728, 19968, 19968, 40192, 40192, 80384),
+            (9728, 9728, 19968, 19968, 40192, 40192, 80896),
             (14, 14, 14, 28, 42, 56, 98),
         ),
         _model(
@@ -130,7 +133,7 @@ CATALOG: dict[str, GpuModel] = {
             700_000,
             0x233010DE,
             ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-            (9984, 9984, 20096, 20096, 40320, 40320, 80896),
+            (9984, 9984, 20096, 20096, 40448, 40448, 81152),
             (16, 16, 26, 32, 60, 64, 132),
         ),
         _model(

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .errors import InvalidRequest
 from .models import JobClass, Lease, Request, RequestState
 from .profiles import ALL_PROFILE_NAMES
+from .text import SERVER_OWNER as SERVER_OWNER  # ``server:<user>[:<name>]``
 from .text import duration
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 
 MEMORY_ACTIVITY_MIB = 16.0
 """A change of the holder's GPU memory by more than this counts as GPU activity."""
-SERVER_OWNER = "server:"
-"""How the owner of a GPU server's reservation begins (``server:<user>[:<name>]``)."""
 
 Cause = Literal["idle", "stalled", "preempted"]
 

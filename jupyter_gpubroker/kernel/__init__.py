@@ -6,6 +6,9 @@ Like every other front it reaches the broker only through the HTTP API
 
 from __future__ import annotations
 
+NO_GPUS_ENV = "GPUBROKER_NO_GPUS"
+"""Set by a server without GPUs for its kernels: what ``%gpu`` says there."""
+
 
 class GpuError(Exception):
     """A ``%gpu`` command that failed for a reason the user can act on.

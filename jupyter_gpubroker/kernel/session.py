@@ -25,7 +25,7 @@ from IPython.core.getipython import get_ipython
 
 from ..broker.text import duration
 from ..client import SERVER_LEASE_ENV, BrokerClient, keep_alive, kernel_report, size_text
-from . import GpuError
+from . import NO_GPUS_ENV, GpuError
 from .cuda import cuda_initialised
 from .feed import DevicePoll, EventFeed, Runner
 
@@ -195,7 +195,7 @@ class Session:
         try:
             client = BrokerClient.from_env()
         except ValueError:
-            raise GpuError(NO_BROKER) from None
+            raise GpuError(os.environ.get(NO_GPUS_ENV) or NO_BROKER) from None
         return cls(client, _kernel_id(), log, refresh_interval)
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:

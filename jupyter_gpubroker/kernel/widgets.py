@@ -23,7 +23,7 @@ from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
 from ..broker.text import clock as wall_clock
-from ..broker.text import duration
+from ..broker.text import duration, memory
 from ..client import eta_text, size_text
 from .feed import TRANSIENT, why
 from .session import Activity, Session, Tracker
@@ -88,7 +88,7 @@ class Held:
     @property
     def memory_text(self) -> str:
         used = "?" if self.used_mib is None else f"{self.used_mib / 1024:.1f}"
-        return f"{used} / {self.memory_mib / 1024:.1f} GiB"
+        return f"{used} / {memory(self.memory_mib)}"
 
     @property
     def temperature_text(self) -> str:
@@ -112,7 +112,7 @@ class Held:
     def headline(self) -> str:
         """The device and its memory; a MIG slice's label names its profile already."""
         name = self.label if self.mig else f"{self.label} (whole GPU)"
-        return f"{name}, {self.memory_mib / 1024:.1f} GiB"
+        return f"{name}, {memory(self.memory_mib)}"
 
 
 def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:

@@ -476,7 +476,7 @@ def _gpm_metrics(first: Any, second: Any) -> tuple[float, float] | None:
 
 def _nvml_profiles(handle: Any, total_mib: int) -> dict[int, NvmlProfile]:
     """A MIG-enabled GPU's GPU-instance profiles, asked of NVML one profile constant at a
-    time (the v1 call: pynvml leaves the v2 struct's version unset), named by mig-parted's
+    time (the v1 call, which needs no struct version, whatever pynvml sets), named by mig-parted's
     rule. Constants the GPU lacks answer NotSupported or InvalidArgument."""
     found: dict[int, NvmlProfile] = {}
     for constant, suffix in _PROFILE_SUFFIXES.items():

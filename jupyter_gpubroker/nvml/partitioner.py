@@ -77,7 +77,7 @@ class MigPartitioner:
                 raise PartitionFailed(
                     f"cannot {action}: {profile} may start only at memory slice {starts}"
                 )
-            # version=1: pynvml leaves the v2 struct's version field unset.
+            # version=1: needs no struct version (pynvml 13.615 sets it; older may not).
             info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, found.nvml_profile, 1)
             placement = pynvml.c_nvmlGpuInstancePlacement_t(start, found.size)
             gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(

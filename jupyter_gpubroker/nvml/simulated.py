@@ -103,6 +103,13 @@ _CI_SLICES = {
     pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
 }
 """Compute-instance profiles (their NVML id is the constant) and their compute slices."""
+_CI_CHOICES = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
+"""Compute slices a compute instance may have in a GPU instance of so many: a 4g instance
+offers 1, 2 or 4, never 3 (the MIG user guide; go-nvml's A100/H100/H200 mocks)."""
+_VERSION_REFUSED = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+"""What a versioned ("V") profile-info call answers to a struct without its version. nvml.h
+lists InvalidArgument for an invalid ``info->version``; the driver's generic version check
+answers ArgumentVersionMismatch, which is what is simulated."""
 _GPM_ACTIVITY = {
     pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 0,
     pynvml.NVML_GPM_METRIC_SM_UTIL: 0,
@@ -291,7 +298,7 @@ class _Event:
 class _GpmSample:
     """What ``nvmlGpmMigSampleGet`` recorded: a GPU instance's activity integrals."""
 
-    source: _GpuInstance | None = None
+    source: _GpuInstance | _Gpu | None = None
     at: float = 0.0
     busy: tuple[float, float] = (0.0, 0.0)
     rates: tuple[float, float] = (0.0, 0.0)
@@ -743,7 +750,7 @@ class SimulatedNvml:
         if engines != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         slices = _CI_SLICES.get(profile)
-        if slices is None or slices > gi.profile.compute_slices:
+        if slices not in _CI_CHOICES[gi.profile.compute_slices]:
             raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return slices
 
@@ -866,7 +873,9 @@ class SimulatedNvml:
         _set_handle(out, _found(self._units.get((_val(uuid) or b"").decode())).handle)
 
     def nvmlDeviceGetIndex(self, handle: Any, out: Any) -> None:
-        _set(out, self._whole_gpu(handle).index)
+        # On a MIG handle NVML answers its index for nvmlDeviceGetMigDeviceHandleByIndex.
+        device = self._device(handle)
+        _set(out, device.index if isinstance(device, _Gpu) else device.slot)
 
     def nvmlDeviceGetName(self, handle: Any, buffer: Any, length: Any) -> None:
         _write_str(buffer, length, self._device(handle).name)
@@ -998,10 +1007,8 @@ class SimulatedNvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, profile: Any, ref: Any) -> None:
         info = _out(ref)
-        # pynvml leaves the version unset (0); accept that as well as v2.
-        _check_version(
-            info, (0, pynvml.nvmlGpuInstanceProfileInfo_v2), pynvml.NVML_ERROR_INVALID_ARGUMENT
-        )
+        # The caller must set the version (nvml.h); pynvml's default path leaves it 0.
+        _check_version(info, (pynvml.nvmlGpuInstanceProfileInfo_v2,), _VERSION_REFUSED)
         info.name = f"MIG {self._fill_gi_profile(info, handle, _val(profile)).name}".encode()
 
     def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
@@ -1070,9 +1077,7 @@ class SimulatedNvml:
         self, gi_handle: Any, profile: Any, engines: Any, ref: Any
     ) -> None:
         info = _out(ref)
-        _check_version(
-            info, (0, pynvml.nvmlComputeInstanceProfileInfo_v2), pynvml.NVML_ERROR_INVALID_ARGUMENT
-        )
+        _check_version(info, (pynvml.nvmlComputeInstanceProfileInfo_v2,), _VERSION_REFUSED)
         slices = self._fill_ci_profile(info, gi_handle, _val(profile), _val(engines))
         info.name = f"MIG {slices}c.{self._lookup(gi_handle, 'gi').profile.name}".encode()
 
@@ -1140,16 +1145,38 @@ class SimulatedNvml:
         if not self._has_gpm(gpu):
             raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         gi = _found(gpu.instances.get(_val(gi_id)))
-        record: _GpmSample = self._lookup(sample, "gpm")
-        units = list(gi.computes.values())
+        self._gpm_sample(self._lookup(sample, "gpm"), gi, list(gi.computes.values()))
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> None:
+        """nvml.h: "This API supports the device handle and MIG device handle". A MIG
+        device samples its GPU instance (as nvmlGpmMigSampleGet does), a GPU the whole chip."""
+        device = self._device(handle)
+        if not self._has_gpm(device.gpu):
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        record = self._lookup(sample, "gpm")
+        if isinstance(device, _MigDevice):
+            self._gpm_sample(record, device.gi, list(device.gi.computes.values()))
+        elif device.mig_enabled:
+            self._gpm_sample(record, device, list(device.mig_devices()))
+        else:
+            self._gpm_sample(record, device, [device])
+
+    def _gpm_sample(
+        self, record: _GpmSample, source: _GpuInstance | _Gpu, units: list[_Unit]
+    ) -> None:
+        """Record the activity integrals of ``units``, weighted by their compute slices,
+        as a share of ``source``."""
         now = time.monotonic()
         for unit in units:
             unit.accrue(now)
+        whole = (
+            source.profile.compute_slices if isinstance(source, _GpuInstance) else COMPUTE_SLICES
+        )
 
-        def share(value: Callable[[_MigDevice], float]) -> float:
-            return sum(value(m) * m.slices for m in units) / gi.profile.compute_slices
+        def share(value: Callable[[_Unit], float]) -> float:
+            return sum(value(m) * _slices(m) for m in units) / whole
 
-        record.source, record.at = gi, now
+        record.source, record.at = source, now
         record.busy = (share(lambda m: m.busy_s), share(lambda m: m.memory_busy_s))
         record.rates = (share(lambda m: m.utilization), share(lambda m: m.memory_utilization))
 
@@ -1239,6 +1266,11 @@ def _media(profile: MigProfile) -> tuple[int, int, int]:
     if profile.compute_slices == COMPUTE_SLICES:
         return 5, 1, 1
     return profile.size // 2, 0, 0
+
+
+def _slices(unit: _Unit) -> int:
+    """Compute slices of a MIG device, or all of a GPU's."""
+    return unit.slices if isinstance(unit, _MigDevice) else COMPUTE_SLICES
 
 
 def _full_ci_profile(gi: _GpuInstance) -> int:

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
+import pynvml  # type: ignore[import-untyped]
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from tornado.ioloop import IOLoop
@@ -41,13 +44,16 @@ from ..api.rules import BrokerAPI
 from ..broker.clock import SystemClock
 from ..broker.errors import BrokerError
 from ..client import SERVER_LEASE_ENV, URL_ENV, BrokerClient, user_token_from_env
-from ..nvml import NvmlUnavailable, TopologyError
+from ..kernel import NO_GPUS_ENV
+from ..nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
 from . import registry
 from .handlers import handlers
 from .proxy import proxy_handlers
 from .reclaimer import ServerKernels, carry_out_reclaims, report_server_activity
-from .unavailable import unavailable_handlers
+from .unavailable import NO_GPUS, unavailable_handlers
+
+GPU_PROVISIONER = "gpubroker-provisioner"
 
 
 class GPUBrokerExtension(ExtensionApp):
@@ -90,14 +96,37 @@ class GPUBrokerExtension(ExtensionApp):
             raise TraitError(f"server_report_interval must be positive, not {value}")
         return value
 
-    def initialize_settings(self) -> None:
-        self.gpubroker = GPUBroker(parent=self)
-        self.gpubroker.api_url = url_path_join(self.serverapp.connection_url, API_PREFIX)
+    host_root = Unicode(
+        "/",
+        help="Where this host's /proc and /dev are looked at for an NVIDIA kernel driver "
+        "(/proc/driver/nvidia, /dev/nvidia*): on a host with neither, which has no GPUs, the "
+        "embedded broker stays off without an error. Tests point it at a fake host.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # The server may stop the extension before loading it (another extension's failed
+        # start, a bad server setting): stop_extension then finds nothing to stop.
+        self.gpubroker: GPUBroker | None = None
         self.kernels: ServerKernels | None = None
         self.why_not = ""
         self._tasks: list[asyncio.Task[None]] = []
+        self._loaded = False
+        self._hidden: tuple[KernelSpecManager, set[str]] | None = None
+        """The server's kernelspecs and those it allowed before the GPU ones were hidden."""
+
+    def initialize_settings(self) -> None:
+        if self._loaded:
+            self.log.warning(
+                "GPU broker: this server has loaded the extension already; loading it again "
+                "changes nothing"
+            )
+            return
+        self._loaded = True
+        serverapp = self.serverapp
+        assert serverapp is not None  # linked before loading
         if self.broker_url:
-            kernels = ServerKernels(self.serverapp.kernel_manager, SystemClock(), self.log)
+            kernels = ServerKernels(serverapp.kernel_manager, SystemClock(), self.log)
             self.kernels = kernels
             registry.set_remote(registry.Remote(self.broker_url, self.jupyter_token, kernels))
             self.log.info("GPU broker: none here; this server uses %s", self.broker_url)
@@ -116,24 +145,67 @@ class GPUBrokerExtension(ExtensionApp):
             IOLoop.current().add_callback(follow)
             return
         try:
-            core = self.gpubroker.start()
-        except (BrokerError, NvmlUnavailable, TopologyError) as e:
-            # Serve on, loudly: the API answers 503 with this sentence, GPU kernels fail
-            # with it, and the log says it once as an error.
-            self.why_not = getattr(e, "message", None) or str(e)
-            self.log.error("GPU broker not started: %s", self.why_not)
-            registry.set_current(None, self.why_not)
+            gpubroker = self.gpubroker = GPUBroker(parent=self)
+        except TraitError as e:  # a bad c.GPUBroker value
+            self._not_started(str(e))
             return
-        registry.set_current(self.gpubroker)
-        self.settings["gpubroker"] = self.gpubroker
-        self.settings["gpubroker_api"] = BrokerAPI(self.gpubroker)
-        self.kernels = ServerKernels(self.serverapp.kernel_manager, core.clock, self.log)
-        self.gpubroker.attach_kernels(self.kernels)
-        if self.gpubroker.metrics is not None:  # served by the server's own /metrics
-            self.gpubroker.metrics.register(prometheus_client.REGISTRY)
-        self.gpubroker.start_ticking()
+        gpubroker.api_url = url_path_join(serverapp.connection_url, API_PREFIX)
+        driver = nvidia_driver(Path(self.host_root))
+        if not driver and not gpubroker.simulate and gpubroker.inventory_source == "nvml":
+            # A laptop, or a hub image shared by CPU and GPU servers: nothing is wrong.
+            self.log.info(
+                "GPU broker: %s; to try it on simulated GPUs, set "
+                "c.GPUBroker.simulate = 'dgx-h100-mig' (or $%s)",
+                NO_GPUS,
+                SIMULATE_ENV,
+            )
+            self._not_started(NO_GPUS, error=False)
+            os.environ[NO_GPUS_ENV] = NO_GPUS  # what %gpu says in this server's kernels
+            if serverapp.kernel_spec_manager is not None:
+                self._hide_gpu_kernelspecs(serverapp.kernel_spec_manager)
+            return
+        try:
+            core = gpubroker.start()
+        except (BrokerError, NvmlUnavailable, TopologyError) as e:
+            why = getattr(e, "message", None) or str(e)
+            if driver and isinstance(e, NvmlUnavailable):  # not "no driver": the library
+                why = nvml_broken(e.__cause__ or e)
+            self._not_started(why)
+            return
+        except pynvml.NVMLError as e:
+            self._not_started(nvml_broken(e))
+            return
+        registry.set_current(gpubroker)
+        self.settings["gpubroker"] = gpubroker
+        self.settings["gpubroker_api"] = BrokerAPI(gpubroker)
+        self.kernels = ServerKernels(serverapp.kernel_manager, core.clock, self.log)
+        gpubroker.attach_kernels(self.kernels)
+        if gpubroker.metrics is not None:  # served by the server's own /metrics
+            gpubroker.metrics.register(prometheus_client.REGISTRY)
+        gpubroker.start_ticking()
+
+    def _not_started(self, why: str, error: bool = True) -> None:
+        """Serve on: the API answers 503 with this sentence, GPU kernels fail with it, and
+        the log says it once (as an error, unless the host simply has no GPUs)."""
+        self.why_not = why
+        if error:
+            self.log.error("GPU broker not started: %s", why)
+        registry.set_current(None, why)
+
+    def _hide_gpu_kernelspecs(self, specs: KernelSpecManager) -> None:
+        """Offer no kernelspec whose kernels would wait for a GPU this server cannot have
+        (those installed when the server starts)."""
+        gpu = {
+            name for name, found in specs.get_all_specs().items() if _waits_for_gpu(found["spec"])
+        }
+        if gpu:
+            allowed = set(specs.allowed_kernelspecs)
+            self._hidden = (specs, allowed)
+            specs.allowed_kernelspecs = (allowed or set(specs.find_kernel_specs())) - gpu
 
     def initialize_handlers(self) -> None:
+        if self.handlers:  # loaded twice: the first load's routes stand
+            return
         if self.broker_url:
             self.handlers.extend(proxy_handlers(self.broker_url, self.jupyter_token))
         elif self.why_not:
@@ -142,10 +214,38 @@ class GPUBrokerExtension(ExtensionApp):
             self.handlers.extend(handlers())
 
     async def stop_extension(self) -> None:
-        registry.set_current(None)
-        registry.set_remote(None)
         for task in self._tasks:
             task.cancel()
         if self.kernels is not None:
             self.kernels.close()
+        if self.gpubroker is not None:
             self.gpubroker.stop()
+        if self._hidden is not None:
+            specs, allowed = self._hidden
+            specs.allowed_kernelspecs = allowed
+            self._hidden = None
+        if self._loaded:  # not before loading: the registry may be another server's
+            self._loaded = False
+            registry.set_current(None)
+            registry.set_remote(None)
+            if self.why_not == NO_GPUS:
+                os.environ.pop(NO_GPUS_ENV, None)
+
+
+def _waits_for_gpu(spec: dict[str, Any]) -> bool:
+    provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
+    return bool(provisioner.get("provisioner_name") == GPU_PROVISIONER)
+
+
+def nvidia_driver(root: Path) -> bool:
+    """Is an NVIDIA kernel driver loaded on the host whose / is ``root``?"""
+    return (root / "proc/driver/nvidia").exists() or any((root / "dev").glob("nvidia*"))
+
+
+def nvml_broken(e: BaseException) -> str:
+    """A host with the NVIDIA driver whose NVML does not work: what the admin must check."""
+    return (
+        f"the NVIDIA driver is loaded but its management library (NVML) does not work ({e}): "
+        "check that libnvidia-ml.so.1 is on the library path (in a container, start it with "
+        "the NVIDIA container runtime) and that its version matches the driver's (nvidia-smi)"
+    )

@@ -13,6 +13,9 @@ from jupyter_server.base.handlers import APIHandler
 
 from ..api import API_PREFIX
 
+NO_GPUS = "this server has no GPUs: its host has no NVIDIA driver"
+"""What a host without GPUs says: the API (and so the Lab panel) and ``%gpu`` alike."""
+
 
 class BrokerUnavailableHandler(APIHandler):
     """Answers every method under the API prefix with 503 ``broker_unavailable``."""

@@ -2,7 +2,7 @@
 
 import { ILease, IQueueEntry, IRequest } from './types';
 
-/** A request's size as the user asked: "1g.10gb", "2 GPUs", "≥ 20 GB". */
+/** A request's size as the user asked: "1g.10gb", "2 GPUs", "≥ 20 GiB". */
 export function sizeText(r: {
   profile?: string | null;
   gpus?: number | null;
@@ -15,7 +15,7 @@ export function sizeText(r: {
     return r.gpus === 1 ? '1 GPU' : `${r.gpus} GPUs`;
   }
   if (r.min_memory_gb) {
-    return `≥ ${r.min_memory_gb} GB`;
+    return `≥ ${r.min_memory_gb} GiB`;
   }
   return '?';
 }
@@ -51,8 +51,26 @@ export function etaText(
   return left <= 0 ? 'any moment' : `~${duration(left)}`;
 }
 
+/** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as
+ * jupyter_gpubroker/broker/text.py `memory`). */
 export function mib(m: number | null): string {
-  return m === null ? '?' : `${(m / 1024).toFixed(1)} GiB`;
+  return m === null ? '?' : `${(Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1)} GiB`;
+}
+
+/** Who holds a lease, as its user says it (as broker/text.py `holder`): "bob's server",
+ * "a `jupyter gpubroker run` command", "kernel 0f3e9a7c". */
+export function ownerText(owner: string | null | undefined): string {
+  if (!owner) {
+    return 'no kernel';
+  }
+  if (owner.startsWith('server:')) {
+    const [user, ...name] = owner.slice('server:'.length).split(':');
+    return `${user}'s server` + (name.length ? ` ${name.join(':')}` : '');
+  }
+  if (owner === 'cli-run') {
+    return 'a `jupyter gpubroker run` command';
+  }
+  return `kernel ${owner.slice(0, 8)}`;
 }
 
 export function percent(p: number | null): string {

@@ -2,7 +2,7 @@
  * memory slices, the queue, my leases. Pure functions of their inputs (the time
  * included), so the tests draw them without a Lab. */
 
-import { duration, etaText, mib, percent, since, sizeText } from './format';
+import { duration, etaText, mib, ownerText, percent, since, sizeText } from './format';
 import { GpuModel } from './model';
 import { IDevice, IGpu, ILease, IQueueEntry } from './types';
 
@@ -195,7 +195,7 @@ export function renderLease(
     box.classList.add('jp-mod-warned');
   }
   const owner = model.overview?.requests.find(r => r.id === lease.request_id)?.owner;
-  const where = model.kernelPath(owner) ?? (owner ? `kernel ${owner.slice(0, 8)}` : 'no kernel');
+  const where = model.kernelPath(owner) ?? ownerText(owner);
   const head = el('div', 'jp-GpuBroker-leaseHead');
   head.appendChild(el('span', 'jp-GpuBroker-leaseWhere', where));
   const b = el('button', 'jp-GpuBroker-release jp-mod-styled', 'Release');

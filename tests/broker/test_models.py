@@ -204,7 +204,7 @@ def test_check_name_says_which_kind_of_name():
 
 def test_device_gpu_equivalents_and_label():
     whole = Device("GPU-1", "gpu", 3, "GPU-1", 81559)
-    mig = Device("MIG-1", "mig", 3, "GPU-1", 40320, 3, "3g.40gb", 4)
+    mig = Device("MIG-1", "mig", 3, "GPU-1", 40448, 3, "3g.40gb", 4)
     assert whole.gpu_equivalents == 1.0
     assert mig.gpu_equivalents == pytest.approx(3 / 7)
     assert whole.label == "GPU 3"

@@ -347,8 +347,8 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         assert page.status_code == 200
         assert 'name="gpu_kind" id="gpu-cpu" value="cpu" checked' in page.text
         assert "1g.10gb: 5 of 7 free; starts at once" in page.text
-        assert "You hold 0 GPU-equivalents now; no quota of your own; the default" in page.text
-        assert "largest has 9.7 GB" in page.text and "Whole GPUs" not in page.text
+        assert "You hold nothing now; no quota of your own; the default" in page.text
+        assert "largest has 9.7 GiB" in page.text and "Whole GPUs" not in page.text
 
         choice = {"gpu_kind": "profile", "profile": "1g.10gb", "job_class": "batch"}
         choice["_xsrf"] = browser.cookies.get("_xsrf", path="/hub/")
@@ -370,7 +370,10 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         # over quota from the form: the page says why, and no server starts
         ok(hub, hub.user("admin"), "PUT", "quotas/user/fay", {"max_gpus": 0.1, "share": 2})
         page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
-        assert "at most 0.1 GPU-equivalents at once (0.1 left); your share: 2" in page.text
+        assert (
+            "your quota allows 0.1 GPUs' worth at a time, less than any device here; your "
+            "share: 2" in html.unescape(page.text)
+        )
         refused = browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60)
         assert "may hold at most 0.1" in html.unescape(refused.text)
         assert hub.hub_api("GET", "users/fay")["servers"] == {}

@@ -116,13 +116,18 @@ def test_a_waiting_start_says_its_position_the_requests_ahead_and_its_eta() -> N
     eta = f"{clock(at['eta'].timestamp())} ({clock(at['low'].timestamp())}-"
     eta += f"{clock(at['high'].timestamp())})"
     assert waiting_message(request, {"interactive": 1, "batch": 0}, 5) == (
-        f"Waiting for 1g.10gb (interactive): position 2 of 5, requests ahead: 1 interactive; "
+        f"Waiting for 1g.10gb (interactive): position 2 of 5, one request ahead (interactive); "
         f"ETA {eta}"
     )
     because = waiting_message(request, {}, 2, "every 1g.10gb is in use")
     assert because.startswith("Waiting for 1g.10gb (interactive): every 1g.10gb is in use; pos")
     unknown = {**request, "eta": None, "eta_range": None, "eta_known": False}
-    assert waiting_message(unknown, {}, 2).endswith("requests ahead: none; ETA unknown; position 2")
+    # the position said once, and the request ahead counted even where its class is unknown
+    assert waiting_message(unknown, {}, 2).endswith(
+        "position 2 of 2, one request ahead; ETA unknown"
+    )
+    first = {**unknown, "position": 1}
+    assert waiting_message(first, {}, 1).endswith(": position 1 of 1, nothing ahead; ETA unknown")
 
 
 def overview(user: str, held: int) -> dict:
@@ -146,16 +151,16 @@ def test_a_wait_and_a_refusal_say_what_the_quota_allows() -> None:
     quota = [{"kind": "user", "name": "ann", "max_gpus": 0.3, "share": None}]
     choices = Choices(overview("ann", 2), quota)
     assert choices.blocked({"profile": "1g.10gb"}) == (
-        "you hold 0.2858 of the 0.3 GPU-equivalents your quota allows at once: it starts "
-        "once you give some back"
+        "you hold two 1g.10gb slices; your quota allows two 1g.10gb slices at a time: it "
+        "starts once you give some back"
     )
     assert Choices(overview("ann", 1), quota).blocked({"profile": "1g.10gb"}) == (
         "every 1g.10gb is in use"
     )
     assert choices.text() == (
         "you may ask for a CPU-only server (no options), a MIG profile (1g.10gb), "
-        "min_memory_gb up to 9.6, with job_class interactive or batch; your quota: at most "
-        "0.3 GPU-equivalents at once"
+        "min_memory_gb up to 9.6, with job_class interactive or batch; your quota allows two "
+        "1g.10gb slices at a time"
     )
     # sizes shown are ones that fit: 9856 MiB is 9.625 GB, offered as 9.6
     assert 'max="9.6" value="9.6"' in choices.form()
@@ -170,3 +175,24 @@ def test_a_configured_expected_hold_goes_with_every_gpu_request_unless_the_user_
     for bad in (0, -5.0, 400 * 86400.0):
         with pytest.raises(TraitError, match="gpu_expected_duration must be seconds"):
             SimpleGPUBrokerSpawner(gpu_expected_duration=bad)
+
+
+def test_a_refused_start_reads_as_its_sentence_without_the_exceptions_name() -> None:
+    """What the spawn page ("Error: ..."), its progress ("Spawn failed: ...") and the REST
+    API show of a failed start: JupyterHub's own formatting of the spawner's exception."""
+    from jupyterhub.utils import format_exception
+
+    from hub_spawner.spawner import _bad_options
+
+    exc = _bad_options(ValueError("gpus must be a whole number, not 'x'"))
+    sentence = "Cannot start the server: gpus must be a whole number, not 'x'."
+    assert format_exception(exc) == (sentence, None)
+    assert str(exc) == sentence and exc.reason == "user_options"  # the hub's metrics label
+
+
+def test_the_forms_wait_says_how_many_wait_for_the_same_without_a_position() -> None:
+    view = overview("ann", 7)
+    view["queue"] = [{"profile": "1g.10gb", "position": 1, "eta_known": False}]
+    assert Choices(view, []).waits(profile="1g.10gb") == (
+        "one request waits for the same, with no estimate yet of when"
+    )

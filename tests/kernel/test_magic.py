@@ -297,7 +297,7 @@ async def test_terminal_ipython_gets_the_text_forms(broker_env, api, fill):
     assert "Holding 1g.10gb (interactive)\nGPU 0 / 1g.10gb@" in out
     # A simulated H100 has GPM: its slice's utilization is known once two samples exist.
     readings = (
-        rf", 9.8 GiB \({re.escape(device)}\)\n  utilization (0%|n/a on MIG) · memory 0.0 / 9.8 GiB"
+        rf", 9.7 GiB \({re.escape(device)}\)\n  utilization (0%|n/a on MIG) · memory 0.0 / 9.7 GiB"
     )
     assert re.search(readings, out)
     assert "The GPU queue is empty." in out

@@ -52,7 +52,7 @@ def test_a_waiting_request_says_where_it_stands_with_its_eta_range():
 def test_an_eta_the_broker_cannot_know_says_so_with_the_position():
     tracker = waiting(eta=None, eta_range=None, eta_known=False)
     (line,) = request_facts(tracker, Activity())[1]  # type: ignore[arg-type]
-    assert line == "ETA unknown; position 3 · ahead: 1 batch, 1 interactive"
+    assert line == "ETA unknown · ahead: 1 batch, 1 interactive"  # the position is the title's
 
 
 def test_any_moment_only_once_the_low_end_is_now():
@@ -97,7 +97,7 @@ def test_queue_and_usage_tables():
     assert queue_text(queue).splitlines() == [
         "GPU queue: 2 waiting",
         "#  user       class        size      waiting  ETA",
-        "1  ada (you)  interactive  1g.10gb   3 min    unknown; position 1",
+        "1  ada (you)  interactive  1g.10gb   3 min    unknown",
         f"2  bob        batch        2 GPU(s)  30 s     {local_clock(90)} ({later})",
     ]
     days = [{"date": "2026-11-27", "gpu_hours": 2.0}, {"date": "2026-11-28", "gpu_hours": 0.5}]

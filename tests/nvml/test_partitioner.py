@@ -17,7 +17,7 @@ def test_create_and_destroy_round_trip(open_sim, empty_h100):
     gpu = backend.inventory().gpus[0]
     made = partitioner.create(gpu.uuid, "3g.40gb", 4)
     assert (made.kind, made.profile, made.start, made.gpu_uuid) == ("mig", "3g.40gb", 4, gpu.uuid)
-    assert (made.memory_mib, made.compute_slices, made.compute_instance_id) == (40320, 3, 0)
+    assert (made.memory_mib, made.compute_slices, made.compute_instance_id) == (40448, 3, 0)
     other = partitioner.create(gpu.uuid, "2g.20gb", 0)
     assert backend.inventory().device(made.uuid) == made
     partitioner.destroy(made.uuid)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
 from jupyter_gpubroker.client import BrokerAPIError, BrokerClient
 from jupyter_gpubroker.server import handlers
 
@@ -42,6 +43,34 @@ async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, ap
             break
         await asyncio.sleep(0.05)
     assert runtime.subscribers == 0
+
+
+async def test_streams_that_close_leave_nothing_subscribed(jp_serverapp, jp_http_port, jp_base_url):
+    """Streams whose clients go away without a word, with no event after (issue 23's 200
+    streams), end their subscriptions: none is kept, nor an idle kernel's bucket, round
+    after round."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    user = f"Authorization: token {jp_serverapp.identity_provider.token}"
+    for round_ in range(3):
+        tokens = [runtime.issue_token(runtime.owner, f"k-{round_}-{i}") for i in range(5)]
+        streams = []
+        for auth in [user] * 5 + [f"{TOKEN_HEADER}: {t}" for t in tokens]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", jp_http_port)
+            writer.write(
+                f"GET {jp_base_url}{API_PREFIX}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"{auth}\r\n\r\n".encode()
+            )
+            await asyncio.wait_for(reader.readuntil(b"data:"), 10)  # its hello: subscribed
+            streams.append(writer)
+        assert runtime.subscribers == 10
+        for writer in streams:
+            writer.close()
+        for _ in range(100):
+            if not runtime.subscribers:
+                break
+            await asyncio.sleep(0.05)
+        assert runtime.subscribers == 0
+        assert runtime._by_kernel == {}  # no bucket of a gone kernel's stream kept
 
 
 async def test_a_refused_stream_raises_the_brokers_error(jp_serverapp):

@@ -1,4 +1,4 @@
-import { statusText } from '../format';
+import { mib, ownerText, statusText } from '../format';
 import { SseParser } from '../sse';
 import { iso, lease, NOW, queued } from './fixtures';
 
@@ -49,5 +49,19 @@ describe('SseParser', () => {
       { id: '7', data: '{"a": 1}' },
       { id: '8', data: '{}' }
     ]);
+  });
+});
+
+describe('words shared with the Python fronts', () => {
+  it('names holders as people say them', () => {
+    expect(ownerText('server:a')).toBe("a's server");
+    expect(ownerText('server:bob:gpu1')).toBe("bob's server gpu1");
+    expect(ownerText('cli-run')).toBe('a `jupyter gpubroker run` command');
+    expect(ownerText('0f3e9a7c-1111')).toBe('kernel 0f3e9a7c');
+  });
+
+  it('shows memory in GiB rounded down, as the hub pages and the CLI do', () => {
+    expect(mib(9984)).toBe('9.7 GiB');
+    expect(mib(81559)).toBe('79.6 GiB');
   });
 });

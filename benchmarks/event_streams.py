@@ -1,0 +1,206 @@
+"""Event streams opened and closed in rounds: does the server keep anything of them?
+
+A real ``jupyter server`` with the extension (``tests/live_server.py``) on a simulated
+``dgx-h100-mig:1``, with this file loaded into it as a second server extension that
+traces allocations (``tracemalloc``) and answers ``GET /bench/memory``: the process's
+RSS, the traced Python memory after a full collection, the broker's subscriber count
+and, against the first round, the source lines whose memory grew most. Each round
+opens ``--streams`` event streams (the server owner's, or with ``--viewer kernel`` a
+kernel token's each, as idle kernels hold them), sends ``--events`` submissions and
+cancellations through them, closes every stream and waits until the broker has no
+subscriber left.
+
+    python benchmarks/event_streams.py [--rounds 10] [--streams 200] [--events 20]
+                                       [--viewer user|kernel] [--event-buffer 1000] [--json]
+
+A leak grows the traced memory every round; the allocator's high-water mark (RSS that
+stays up once the first round's buffers were freed) does not, nor does the broker's ring
+of recent events (``event_buffer``, kept for streams that reconnect), which grows until
+it holds that many events (about three per submission and cancellation) and then stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+import tempfile
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ------------------------------------------------- in the server: the memory probe
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "event_streams"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from jupyter_server.base.handlers import APIHandler
+    from tornado import web
+
+    tracemalloc.start(8)
+    first: list[tracemalloc.Snapshot] = []
+    first_types: list[Counter[str]] = []
+
+    class MemoryHandler(APIHandler):
+        @web.authenticated
+        def get(self) -> None:
+            gc.collect()
+            snapshot = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
+            types = Counter(type(o).__qualname__ for o in gc.get_objects())
+            if not first or self.get_argument("first", "") == "1":
+                first[:], first_types[:] = [snapshot], [types]
+            types.subtract(first_types[0])
+            grown = snapshot.compare_to(first[0], "lineno")[:8]
+            runtime = self.settings["gpubroker"]
+            self.finish(
+                {
+                    "rss_mib": _rss_mib(),
+                    "traced_mib": tracemalloc.get_traced_memory()[0] / MIB,
+                    "subscribers": runtime.subscribers,
+                    "kernel_groups": len(runtime._by_kernel),
+                    "top_growth": [
+                        f"{s.size_diff / 1024:+.1f} KiB {s.count_diff:+d} blocks "
+                        f"{s.traceback[0].filename.rsplit('site-packages/', 1)[-1]}:"
+                        f"{s.traceback[0].lineno}"
+                        for s in grown
+                    ],
+                    "object_growth": [f"{n:+d} {t}" for t, n in types.most_common(6) if n > 0],
+                }
+            )
+
+    serverapp.web_app.add_handlers(".*$", [("/bench/memory", MemoryHandler)])
+
+
+# ------------------------------------------------------------ the load generator
+
+
+async def _memory(conn: Any, first: bool = False) -> dict[str, Any]:
+    status, body = await conn.call("GET", "memory" + ("?first=1" if first else ""))
+    assert status == 200, body
+    return dict(body)
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from api_load import SLICE, Connection, open_stream
+    from live_server import TOKEN, LiveServer
+
+    from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    )
+    headers = {"Authorization": f"token {TOKEN}"}
+    with tempfile.TemporaryDirectory() as home:
+        server = LiveServer(
+            Path(home),
+            Path(home) / "state.sqlite",
+            extensions={"event_streams": True},
+            simulate="dgx-h100-mig:1",
+            lease_ttl=600,
+            event_buffer=args.event_buffer,
+        )
+        server.start()
+        try:
+            api = Connection(server.port, headers, f"/{API_PREFIX}")
+            probe = Connection(server.port, headers, "/bench")
+            start = await _memory(probe, first=True)
+            rounds = [{"round": 0, "rss_mib": start["rss_mib"], "traced_mib": start["traced_mib"]}]
+            for n in range(1, args.rounds + 1):
+                streams = []
+                for i in range(args.streams):
+                    auth = f"Authorization: token {TOKEN}"
+                    if args.viewer == "kernel":
+                        body = json.dumps({"kernel_id": f"bench-{n}-{i}"})
+                        status, t = await api.call("POST", "tokens", body)
+                        assert status == 201, t
+                        auth = f"{TOKEN_HEADER}: {t['token']}"
+                    streams.append(await open_stream(server.port, auth, [0], f"/{API_PREFIX}"))
+                for _ in range(args.events):
+                    status, r = await api.call("POST", "requests", SLICE)
+                    assert status == 201, r
+                    status, _ = await api.call("DELETE", f"requests/{r['id']}")
+                    assert status == 200
+                opened = await _memory(probe)
+                for s in streams:
+                    s.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                for _ in range(200):
+                    if not (await _memory(probe))["subscribers"]:
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)  # the closed connections' last callbacks run
+                closed = await _memory(probe, first=n == 1)
+                rounds.append(
+                    {
+                        "round": n,
+                        "rss_open_mib": opened["rss_mib"],
+                        "subscribers_open": opened["subscribers"],
+                        "rss_mib": closed["rss_mib"],
+                        "traced_mib": closed["traced_mib"],
+                        "subscribers": closed["subscribers"],
+                        "kernel_groups": closed["kernel_groups"],
+                    }
+                )
+                if not args.json:
+                    print(json.dumps(rounds[-1]), flush=True)
+            rounds.append(
+                {
+                    "top_growth_since_round_1": closed["top_growth"],
+                    "object_growth_since_round_1": closed["object_growth"],
+                }
+            )
+            return rounds
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--events", type=int, default=20)
+    parser.add_argument("--viewer", choices=("user", "kernel"), default="user")
+    parser.add_argument(
+        "--event-buffer", type=int, default=1000, help="c.GPUBroker.event_buffer (its default)"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rounds = asyncio.run(run(args))
+    if args.json:
+        print(json.dumps(rounds, indent=1))
+    else:
+        print(json.dumps(rounds[-1], indent=1))
+        first, last = rounds[1], rounds[-2]
+        per_round = (last["traced_mib"] - first["traced_mib"]) / max(1, last["round"] - 1)
+        print(
+            f"RSS {rounds[0]['rss_mib']:.1f} MiB at start, {first['rss_open_mib']:.1f} with "
+            f"{args.streams} streams open, {first['rss_mib']:.1f} after round 1, "
+            f"{last['rss_mib']:.1f} after round {last['round']}; traced Python memory "
+            f"{first['traced_mib']:.2f} -> {last['traced_mib']:.2f} MiB "
+            f"({per_round * 1024:+.1f} KiB per round after the first)"
+        )
+
+
+if __name__ == "__main__":
+    main()

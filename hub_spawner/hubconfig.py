@@ -1,0 +1,121 @@
+"""A hub's whole GPU broker setup in one call: ``configure(c, ...)`` in jupyterhub_config.py.
+
+    from hub_spawner import configure
+
+    c = get_config()
+    configure(c, broker_config="/etc/gpubroker/gpubroker_config.py", admin_users=["alice"])
+
+fills ``c`` with everything the README's long form ("Under JupyterHub", *Permissions*)
+spells out by hand: the broker service's entry in ``c.JupyterHub.services``, its custom
+scopes, the roles that grant them, the scopes of single-user servers' tokens, the
+servers' ``$GPUBROKER_URL``, the GPU spawner and the idle-server announcement. Each part
+is an argument; anything set on ``c`` after the call wins, as usual in a config file.
+What ``c`` already holds before the call is kept: roles, services and scopes are added
+to (a role or service of the same name is replaced), the environment is merged.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+USE_SCOPE = "custom:gpubroker:use"  # as hub_spawner.hubauth, without importing JupyterHub
+ADMIN_SCOPE = "custom:gpubroker:admin"
+
+SERVER_ROLE_DEFAULTS = ["users:activity!user", "access:servers!server"]
+"""The scopes of JupyterHub's default 'server' role, which ``server_token_scopes`` replaces."""
+
+
+def configure(
+    c: Any,
+    *,
+    broker_config: str | None = None,
+    state_file: str | None = None,
+    admin_users: Iterable[str] = (),
+    name: str = "gpubroker",
+    url: str = "http://127.0.0.1:10101",
+    spawner: str | None = "hub_spawner.spawner.GPUBrokerSpawner",
+    service_args: Iterable[str] = (),
+    announcement: bool = True,
+    display: bool = True,
+) -> dict[str, Any]:
+    """Fill the hub config ``c`` for one GPU broker service shared by every user.
+
+    ``broker_config``: the service's ``c.GPUBroker.*`` file (``--config``); ``state_file``:
+    its state (default: the service's own, in the Jupyter data dir of the hub's user);
+    ``admin_users``: who administers the broker (``custom:gpubroker:admin``: everyone's
+    requests, leases and quotas); every user may use it (``custom:gpubroker:use``).
+    ``name`` and ``url``: the service's name and where it listens. ``spawner``: the hub's
+    ``spawner_class`` (``None`` leaves it); ``service_args``: more command-line options of
+    the service (``--GPUBroker.simulate=dgx-h100-mig``). ``announcement``: the hub's
+    pages warn of an idle GPU server and say why one was stopped. Returns the service's
+    entry (also in ``c.JupyterHub.services``), to change further.
+    """
+    access = f"access:services!service={name}"
+    command = [sys.executable, "-m", "hub_spawner.service"]
+    if broker_config:
+        command.append(f"--config={broker_config}")
+    command += list(service_args)
+    if state_file:
+        command.append(f"--GPUBroker.state_file={state_file}")
+    service = {
+        "name": name,
+        "url": url,
+        "command": command,
+        "display": display,  # in the hub's Services menu: My GPUs, and the admin page
+        "oauth_no_confirm": True,  # the admin deployed it: no consent page
+        "oauth_client_allowed_scopes": [USE_SCOPE, ADMIN_SCOPE],  # what a user holds of them
+    }
+    hub = c.JupyterHub
+    hub.services = _replace_by_name(_list(hub, "services"), [service])
+    hub.custom_scopes = {
+        **_dict(hub, "custom_scopes"),
+        USE_SCOPE: {"description": "Request, hold and release GPUs through the GPU broker."},
+        ADMIN_SCOPE: {
+            "description": "Administer the GPU broker: everyone's requests and leases, quotas.",
+            "subscopes": [USE_SCOPE],
+        },
+    }
+    roles = [
+        {"name": "user", "scopes": ["self", access, USE_SCOPE]},
+        {"name": f"{name}-admin", "scopes": [ADMIN_SCOPE], "users": sorted(admin_users)},
+        # the service reads the hub groups of users whose kernels call it with kernel
+        # tokens, and which servers run (a restarted service frees the leases of the others)
+        {
+            "name": f"{name}-service",
+            "scopes": ["read:users:groups", "read:servers"],
+            "services": [name],
+        },
+    ]
+    hub.load_roles = _replace_by_name(_list(hub, "load_roles"), roles)
+    # single-user servers reach the service with their own token: it carries the scopes
+    # their user holds (the admin scope only on the admins' servers)
+    c.Spawner.server_token_scopes = [*SERVER_ROLE_DEFAULTS, access, USE_SCOPE, ADMIN_SCOPE]
+    c.Spawner.environment = {
+        **_dict(c.Spawner, "environment"),
+        "GPUBROKER_URL": f"{url.rstrip('/')}/services/{name}/api/v1",
+    }
+    if spawner:
+        hub.spawner_class = spawner
+        c.GPUBrokerSpawnerMixin.gpubroker_service = name  # where the spawner asks for GPUs
+    if announcement:
+        from hub_spawner.culling import gpu_announcement
+
+        hub.template_vars = {**_dict(hub, "template_vars"), "announcement": gpu_announcement}
+    return service
+
+
+def _list(section: Any, key: str) -> list[Any]:
+    value = section.get(key) if hasattr(section, "get") else None
+    return list(value) if isinstance(value, list) else []
+
+
+def _dict(section: Any, key: str) -> dict[str, Any]:
+    value = section.get(key) if hasattr(section, "get") else None
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _replace_by_name(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[Any]:
+    names = {entry["name"] for entry in new}
+    return [entry for entry in old if entry.get("name") not in names] + new

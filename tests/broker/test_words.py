@@ -1,0 +1,43 @@
+"""The words every front shares (``broker/text.py``): holders, amounts, memory, places."""
+
+from jupyter_gpubroker.broker.text import (
+    devices_held,
+    holder,
+    memory,
+    queue_place,
+    quota_allows,
+    start_estimate,
+)
+
+
+def test_holders_are_named_as_people_say_them() -> None:
+    assert holder("server:bob") == "bob's server"
+    assert holder("server:bob:gpu1") == "bob's server gpu1"
+    assert holder("cli-run") == "a `jupyter gpubroker run` command"
+    assert holder("0f3e9a7c-1111-2222") == "kernel 0f3e9a7c"
+    assert holder("0f3e9a7c-1111", "Untitled.ipynb") == "kernel Untitled.ipynb"
+
+
+def test_a_quota_and_holdings_are_things_not_fractions_of_a_gpu() -> None:
+    slices = {"1g.10gb": 0.1429, "2g.20gb": 0.2857}
+    assert quota_allows(0.15, slices) == "one 1g.10gb slice at a time"
+    assert quota_allows(2, {}) == "two whole GPUs at a time"
+    assert quota_allows(0.3, slices) == "up to two 1g.10gb slices or one 2g.20gb slice at a time"
+    assert quota_allows(0.1, slices) == "0.1 GPUs' worth at a time, less than any device here"
+    held = [{"kind": "mig", "profile": "1g.10gb"}, {"kind": "gpu"}, {"kind": "gpu"}]
+    assert devices_held(held) == "two whole GPUs and one 1g.10gb slice"
+    assert devices_held([]) == "nothing"
+
+
+def test_memory_is_gib_as_nvml_counts_it_rounded_down_so_a_size_shown_fits() -> None:
+    assert memory(9984) == "9.7 GiB"  # a 1g.10gb slice of an H100
+    assert memory(81559) == "79.6 GiB"  # nvidia-smi's 81559MiB
+
+
+def test_a_place_in_the_queue_is_said_once_and_counts_whoever_is_ahead() -> None:
+    assert queue_place(1, 1) == "position 1 of 1, nothing ahead"
+    assert queue_place(2, 2, {}) == "position 2 of 2, one request ahead"
+    assert queue_place(3, 5, {"interactive": 1, "batch": 1}) == (
+        "position 3 of 5, two requests ahead (1 batch, 1 interactive)"
+    )
+    assert start_estimate(None, 3, 0.0) == "unknown"  # no second position
