@@ -168,8 +168,12 @@ async def keep_alive(
         await asyncio.sleep(max(0.0, min(wait, renewed + ttl - loop.time())))
         if alive is not None and not await alive():
             return None
-        try:
-            reply = await renew(held["id"])
+        try:  # a client's call retries an absent broker itself: not past this TTL
+            reply = await asyncio.wait_for(
+                renew(held["id"]), max(RETRY_S, renewed + ttl - loop.time())
+            )
+        except asyncio.TimeoutError:
+            return Lost("unreachable", "the GPU broker did not answer for a whole lease")
         except BrokerAPIError as e:
             if e.status < 500:
                 return Lost("gone" if e.status in (404, 409) else "refused", e.message)

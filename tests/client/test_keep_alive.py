@@ -85,3 +85,15 @@ def test_now_renews_at_once_so_a_restarted_holder_learns_its_lease_is_gone() -> 
     held = {"id": "l-1", "ttl_s": 3600.0}
     lost = asyncio.run(asyncio.wait_for(keep_alive(broker.renew, held, now=True), 30))
     assert lost == Lost("gone", "no lease 'l-1'") and broker.renewals == 1
+
+
+def test_a_renewal_still_retrying_at_the_ttl_loses_the_lease_then() -> None:
+    """A client's call waits out an absent broker by itself; the loop does not wait past
+    the lease's TTL for it."""
+
+    async def never_answers(held_id: str) -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    lost = asyncio.run(asyncio.wait_for(keep_alive(never_answers, HELD), 5))
+    assert lost == Lost("unreachable", "the GPU broker did not answer for a whole lease")
