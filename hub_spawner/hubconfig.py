@@ -5,7 +5,7 @@
     c = get_config()
     configure(c, broker_config="/etc/gpubroker/gpubroker_config.py", admin_users=["alice"])
 
-fills ``c`` with everything the README's long form ("Under JupyterHub", *Permissions*)
+fills ``c`` with everything the docs' long form (docs/hub.md, *Permissions*)
 spells out by hand: the broker service's entry in ``c.JupyterHub.services``, its custom
 scopes, the roles that grant them, the scopes of single-user servers' tokens, the
 servers' ``$GPUBROKER_URL``, the GPU spawner and the idle-server announcement. Each part

@@ -459,7 +459,7 @@ def _from_hub(name: str) -> str:
     if not value:
         raise ServiceError(
             f"${name} is not set: the service is started by JupyterHub, listed in "
-            "c.JupyterHub.services with its command and url (see the README, 'Under JupyterHub')"
+            "c.JupyterHub.services with its command and url (see docs/hub.md)"
         )
     return value
 

@@ -321,7 +321,9 @@ def _add_broker_commands(sub: Any) -> None:
         metavar="TOPOLOGY",
         help="the simulated machine (default dgx-h100-mig)",
     )
-    demo.add_argument("--port", type=int, default=8888)
+    demo.add_argument(
+        "--port", type=int, help="default: $JUPYTER_PORT, else 8888 or the next free port"
+    )
     demo.add_argument("--no-browser", action="store_true")
     demo.add_argument(
         "--server", action="store_true", help="start a plain jupyter server instead of JupyterLab"

@@ -39,7 +39,11 @@ def demo_sizes(simulate: str) -> list[Size]:
     return sizes
 
 
-def run_demo(simulate: str, *, port: int = 8888, browser: bool = True, lab: bool = True) -> int:
+def run_demo(
+    simulate: str, *, port: int | None = None, browser: bool = True, lab: bool = True
+) -> int:
+    """Serve JupyterLab on ``simulate`` from a temporary directory; ``port`` None is
+    Jupyter's own choice (``$JUPYTER_PORT``, else 8888 or the next free one)."""
     sizes: list[Size | None] = [None, *demo_sizes(simulate)]  # None: the tour's on-demand kernel
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -57,7 +61,13 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _serve(
-    tmp: Path, simulate: str, sizes: list[Size | None], *, port: int, browser: bool, lab: bool
+    tmp: Path,
+    simulate: str,
+    sizes: list[Size | None],
+    *,
+    port: int | None,
+    browser: bool,
+    lab: bool,
 ) -> int:
     """Run the server in ``tmp`` until it exits or the demo is interrupted."""
     names = [kernelspec.spec_for(s)[1]["display_name"] for s in sizes]
@@ -79,9 +89,10 @@ def _serve(
         sys.executable,
         "-m",
         "jupyterlab" if lab else "jupyter_server",
-        f"--port={port}",
         f"--ServerApp.root_dir={notebooks}",
     ]
+    if port is not None:
+        cmd.append(f"--port={port}")
     if not browser:
         cmd.append("--no-browser")
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -272,7 +272,7 @@ class GpuLocks:
                         f"GPU {uuid} is already managed by another GPU broker "
                         f"({held.text()}): brokers that share a machine grant the same GPUs "
                         "twice; run one broker for everyone as the JupyterHub service "
-                        "(README, 'JupyterHub'), or stop the other one"
+                        "(docs/hub.md), or stop the other one"
                     )
                 self._held.append(held)
         except BaseException:

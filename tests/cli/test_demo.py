@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +24,8 @@ import pytest
 from jupyter_gpubroker.demo import TOUR
 
 TOKEN = "demo-test-token"
+DEMO_COMMAND = "jupyter gpubroker demo"  # the README's first command, after its install
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -62,9 +65,11 @@ class Demo:
 
 
 @contextmanager
-def demo(tmp_path: Path, cwd: Path, *args: str) -> Iterator[Demo]:
+def demo(tmp_path: Path, cwd: Path, *args: str, command: list[str] | None = None) -> Iterator[Demo]:
     """The demo started in ``cwd`` with a Jupyter setup of its own under ``tmp_path``,
-    once it serves the broker's API; stopped with SIGINT unless the test stopped it."""
+    once it serves the broker's API; stopped with SIGINT unless the test stopped it.
+    ``command`` runs it as a person types it: the port then comes from
+    ``$JUPYTER_PORT`` and the browser it opens is ``true``."""
     port = free_port()
     env = {
         **os.environ,
@@ -73,9 +78,12 @@ def demo(tmp_path: Path, cwd: Path, *args: str) -> Iterator[Demo]:
         "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
         "JUPYTER_DATA_DIR": str(tmp_path / "data"),
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTER_PORT": str(port),
+        "BROWSER": "true",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpubroker.cli", "demo", "--port", str(port)]
+        command
+        or [sys.executable, "-m", "jupyter_gpubroker.cli", "demo", "--port", str(port)]
         + ["--no-browser", *args],
         env=env,
         cwd=cwd,
@@ -98,6 +106,19 @@ def demo(tmp_path: Path, cwd: Path, *args: str) -> Iterator[Demo]:
     finally:
         if proc.poll() is None:
             running.stop(signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_the_readmes_demo_command_as_written_serves_the_dgx_h100(tmp_path: Path) -> None:
+    first = (ROOT / "README.md").read_text().split("```bash\n")[1].splitlines()[0]
+    assert first.endswith(" && " + DEMO_COMMAND)
+    with demo(tmp_path, tmp_path, command=shlex.split(DEMO_COMMAND)) as running:
+        gpus = running.call("gpubroker/api/v1/devices")["gpus"]
+        assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 8
+        assert {d["profile"] for g in gpus for d in g["devices"]} == {"1g.10gb"}
+        running.stop(signal.SIGINT)
+    assert running.proc.returncode == 0
+    assert not running.state_dir.exists()
 
 
 @pytest.mark.slow

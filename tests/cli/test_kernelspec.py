@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +62,21 @@ def test_install_refuses_a_bad_size(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["kernelspec", "install", "--gpu", "1g.10gb", "--gpus", "2"])
     assert e.value.code == 2
+
+
+def test_the_quick_starts_sys_prefix_install_as_written_is_found_by_every_server() -> None:
+    """docs/quickstart.md's command, typed into a shell: the spec lands in the
+    environment's own prefix, where every user's server of that environment finds it.
+    The test removes it again unless it was there before."""
+    command = "jupyter gpubroker kernelspec install --gpu 1g.10gb --sys-prefix"
+    target = Path(sys.prefix) / "share/jupyter/kernels/python3-gpu-1g.10gb"
+    existed = target.exists()
+    try:
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "installed Python 3 (GPU 1g.10gb)" in done.stdout
+        spec = KernelSpecManager().get_kernel_spec("python3-gpu-1g.10gb")
+        assert Path(spec.resource_dir) == target
+    finally:
+        if not existed:
+            shutil.rmtree(target, ignore_errors=True)

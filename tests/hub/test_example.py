@@ -13,13 +13,14 @@ import requests
 from live_hub import EXAMPLE, ROOT, SERVICE, wait_for
 
 URL = "http://127.0.0.1:8000"
-COMMAND = "jupyterhub -f examples/hub-simulated/jupyterhub_config.py"  # README, "The example"
+COMMAND = "jupyterhub -f examples/hub-simulated/jupyterhub_config.py"  # README, quick start
 
 
 def test_the_example_hub_starts_a_users_server_and_writes_nothing_into_the_checkout(
     tmp_path: Path, proxy: None
 ) -> None:
-    assert COMMAND in (ROOT / "README.md").read_text().replace("\n", " ")
+    for doc in ("README.md", "docs/quickstart.md"):
+        assert f"```bash\n{COMMAND}\n```" in (ROOT / doc).read_text()
     assert EXAMPLE.relative_to(ROOT).as_posix() in COMMAND
     before = set(ROOT.iterdir())
     run = tmp_path / "run"

@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def long_form() -> Config:
-    """The README's hand-written hub config ("Under JupyterHub", *Permissions*)."""
-    readme = (ROOT / "README.md").read_text()
+    """The docs' hand-written hub config (docs/hub.md, *Permissions*)."""
+    readme = (ROOT / "docs" / "hub.md").read_text()
     block = re.search(
         r"```python\n(import sys\n\nc\.JupyterHub\.custom_scopes.*?)```", readme, re.S
     )
-    assert block, "the README's long form"
+    assert block, "the docs' long form"
     c = Config()
     exec(block.group(1), {"c": c, "sys": sys})
     return c

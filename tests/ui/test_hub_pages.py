@@ -3,7 +3,7 @@ the hub, asks for a MIG slice on the spawn page's options form and, the machine 
 full, sees the queue position on the spawn progress page; the admin raises that user's
 quota on the admin page and the server is granted its slice.
 
-The screenshots of the README's hub section come from this test: set
+The screenshots of the docs' hub page come from this test: set
 ``GPUBROKER_SCREENSHOTS=docs`` to write them there (default: the test's temporary dir)."""
 
 from __future__ import annotations
