@@ -32,6 +32,8 @@ from jupyter_gpubroker.api import TOKEN_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "hub-simulated" / "jupyterhub_config.py"
+EXAMPLE_COMMAND = "jupyterhub -f examples/hub-simulated/jupyterhub_config.py"
+"""How the README and the quick start start the example hub, from the checkout."""
 SERVICE = "gpubroker"
 API = f"/services/{SERVICE}/api/v1"
 

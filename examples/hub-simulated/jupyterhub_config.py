@@ -12,8 +12,8 @@ cookie secret, the proxy's pid file, the broker's state) goes to
 $GPUBROKER_EXAMPLE_DIR, else <jupyter data dir>/gpubroker-hub-example, never to the
 directory it was started in. As root (a container, CI) the servers run as root too.
 
-``hub_spawner.configure`` sets up the broker's part (the README's "Under JupyterHub" shows
-what it fills in, for those who write it by hand). The broker runs as the hub-managed
+``hub_spawner.configure`` sets up the broker's part (docs/hub.md shows what it fills in,
+for those who write it by hand). The broker runs as the hub-managed
 service "gpubroker" on a simulated DGX H100 whose
 eight GPUs are cut in MIG slices (gpubroker_config.py), its state in gpubroker.sqlite
 there, its API at /services/gpubroker/api/v1/. Every user

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import requests
 from live_hub import EXAMPLE, ROOT, SERVICE, wait_for
+from live_hub import EXAMPLE_COMMAND as COMMAND
 
 URL = "http://127.0.0.1:8000"
-COMMAND = "jupyterhub -f examples/hub-simulated/jupyterhub_config.py"  # README, quick start
 
 
 def test_the_example_hub_starts_a_users_server_and_writes_nothing_into_the_checkout(
