@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +32,7 @@ from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.broker.budgets import QUOTA_BOUNDS
 from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest
-from jupyter_gpubroker.broker.text import devices_held, holder
+from jupyter_gpubroker.broker.text import audit_detail, devices_held, gpu_hours, holder, period
 from jupyter_gpubroker.client import eta_text, size_text
 from jupyter_gpubroker.server.handlers import BrokerErrorStatus
 
@@ -48,7 +47,7 @@ USAGE_DAYS = 30
 ALERT_ROWS = 20
 """Ended alerts shown under the active ones (the CLI and GET alerts page further)."""
 AUDIT_ROWS = 25
-PERIODS = {"3600": "hour", "86400": "day", "604800": "week", "2592000": "30 days"}
+PERIODS = {str(s): period(s) for s in (3600, 86400, 604800, 2592000)}
 """The budget periods the quota form offers (any other one set through the API is kept)."""
 FLASH = "gpubroker-flash"
 
@@ -67,7 +66,15 @@ def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.15g}"
 
 
-_env.filters.update(when=_when, num=_num, size=size_text, eta=eta_text)
+_env.filters.update(
+    when=_when,
+    num=_num,
+    size=size_text,
+    eta=eta_text,
+    hours=gpu_hours,
+    audit=audit_detail,
+    period=lambda s: period(float(s)),
+)
 
 
 def bars(values: dict[str, float], sort_by_key: bool = False) -> list[dict[str, Any]]:
@@ -205,7 +212,6 @@ def admin_view(
         "audit": audit["audit"],
         "audit_next": audit["next_after"],
         "audit_paged": after is not None,
-        "json": json.dumps,
     }
 
 

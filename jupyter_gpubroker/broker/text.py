@@ -134,3 +134,62 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
     if len(options) == 1:
         return f"{options[0]} at a time"
     return f"up to {', '.join(options[:-1])} or {options[-1]} at a time"
+
+
+def gpu_hours(hours: float) -> str:
+    """GPU-hours as a chart's label says them, so that bars of clearly different length
+    never read the same: "120 h", "2.5 h", "36 min", "under a minute"."""
+    if hours >= 10:
+        return f"{hours:,.0f} h"
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:.0f} min"
+    return "under a minute" if hours > 0 else "none"
+
+
+def period(seconds: float) -> str:
+    """A budget period as "per ..." ends: "hour", "day", "week", "30 days", "90 min"."""
+    named = {3600: "hour", 86400: "day", 604800: "week"}
+    if seconds in named:
+        return named[int(seconds)]
+    if seconds % 86400 == 0:
+        return f"{seconds // 86400:.0f} days"
+    return duration(seconds)
+
+
+AUDIT_FIELDS = {
+    "share": "share",
+    "max_gpus": "most GPU-equivalents at once",
+    "gpu_hours": "GPU-hours",
+    "period_s": "per",
+}
+
+
+def audit_detail(detail: Mapping[str, object], action: str) -> str:
+    """An audit record's detail in words ("was queued; reason: nightly run moved"), not
+    the JSON the state file keeps."""
+    said: list[str] = []
+    if action == "set_quota":
+        for field, label in AUDIT_FIELDS.items():
+            value = detail.get(field)
+            if value is None:
+                continue
+            if field == "period_s":
+                said.append(f"per {period(float(value))}")  # type: ignore[arg-type]
+            else:
+                said.append(f"{label} {float(value):g}")  # type: ignore[arg-type]
+        return ", ".join(said) or "no limits"
+    if "user" in detail:
+        said.append(f"{detail['user']}'s request")
+    if "was" in detail and detail["was"] is not None:
+        said.append(f"was {detail['was']}")
+    if "state" in detail:
+        said.append(f"was {detail['state']}")
+    if action == "set_class":
+        said.append(f"now {detail.get('job_class')}")
+    if detail.get("faults"):
+        said.append("still faulty: " + ", ".join(str(f) for f in detail["faults"]))  # type: ignore[attr-defined]
+    if detail.get("reason"):
+        said.append(f"reason: {detail['reason']}")
+    return "; ".join(said)

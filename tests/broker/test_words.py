@@ -1,9 +1,12 @@
 """The words every front shares (``broker/text.py``): holders, amounts, memory, places."""
 
 from jupyter_gpubroker.broker.text import (
+    audit_detail,
     devices_held,
+    gpu_hours,
     holder,
     memory,
+    period,
     queue_place,
     quota_allows,
     start_estimate,
@@ -41,3 +44,41 @@ def test_a_place_in_the_queue_is_said_once_and_counts_whoever_is_ahead() -> None
         "position 3 of 5, two requests ahead (1 batch, 1 interactive)"
     )
     assert start_estimate(None, 3, 0.0) == "unknown"  # no second position
+
+
+def test_usage_chart_labels_tell_clearly_different_amounts_apart() -> None:
+    """Two bars of 0.6 and 0.01 GPU-hours were both labelled "0.01"-ish; now each says
+    what a person would: minutes under an hour, hours above."""
+    assert [gpu_hours(h) for h in (250, 12.4, 2.54, 0.6, 0.0125, 0.001, 0)] == [
+        "250 h",
+        "12 h",
+        "2.5 h",
+        "36 min",
+        "under a minute",
+        "under a minute",
+        "none",
+    ]
+
+
+def test_audit_details_read_as_words_not_json() -> None:
+    quota = {"share": 2.0, "max_gpus": 0.5, "gpu_hours": 100.0, "period_s": 604800.0}
+    assert audit_detail(quota, "set_quota") == (
+        "share 2, most GPU-equivalents at once 0.5, GPU-hours 100, per week"
+    )
+    moved = {"user": "bob", "job_class": "batch", "was": "interactive", "reason": "overnight"}
+    assert audit_detail(moved, "set_class") == (
+        "bob's request; was interactive; now batch; reason: overnight"
+    )
+    assert audit_detail({"user": "bob", "state": "granted", "reason": None}, "cancel") == (
+        "bob's request; was granted"
+    )
+
+
+def test_budget_periods_are_said_as_periods() -> None:
+    assert [period(s) for s in (3600, 86400, 604800, 2592000, 5400)] == [
+        "hour",
+        "day",
+        "week",
+        "30 days",
+        "1 h 30 min",
+    ]

@@ -123,7 +123,7 @@ def test_the_admin_lowers_a_share_on_the_admin_page_and_the_queue_reorders(
     row = doc.select_one(f'tr[data-quota="user:{first}"]')
     assert row.find("input", attrs={"name": "share"})["value"] == "0.01"
     audit = [tr.get_text(" ", strip=True) for tr in doc.select("tr.gpubroker-audit")]
-    assert any("admin set_quota user:" + first in a for a in audit)
+    assert any("admin set quota user:" + first in a and "share 0.01" in a for a in audit)
 
     # Each user's page shows their own requests, at their new positions, and no one else's.
     for name, position in ((first, 2), (second, 1)):
@@ -235,6 +235,15 @@ def test_the_admin_page_shows_devices_usage_and_acts_on_queue_and_devices(
     assert "drained" in row.get_text(" ") and "fan noise" in row.get_text(" ")
     r = post(hub, admin, "admin/undrain", {"uuid": uuid}, xsrf(doc))
     assert r.status_code == 200 and "takes grants again" in r.text
+    audit = [
+        tr.get_text(" ", strip=True)
+        for tr in page(hub, admin, "admin").select("tr.gpubroker-audit")
+    ]
+    assert any(
+        "set class" in a and "alice's request; was interactive; now batch" in a for a in audit
+    )
+    assert any(a.endswith("drain " + uuid + " reason: fan noise") for a in audit), audit
+    assert not any("{" in a for a in audit), audit  # words, not the stored JSON
 
     # A user cancels their own waiting server's request from their page.
     bob = hub.login("bob")
