@@ -1,0 +1,239 @@
+"""Confine processes to the GPU device nodes of their grant.
+
+``CUDA_VISIBLE_DEVICES`` is advice: a user can unset it and open every GPU on the box.
+Where the broker's side runs as root on the GPU machine (a hub with the local spawner),
+:class:`DeviceConfinement` puts each single-user server in a device cgroup that lets it
+open the NVIDIA nodes of its grant (``nodes``) and no other, as Slurm's
+``ConstrainDevices`` does for jobs. A server joins its cgroup between fork and exec, so it
+never runs unconfined; a kernel granted a GPU later inside a CPU-only server gets its own
+cgroup with the kernel's devices added (:meth:`DeviceConfinement.allow`, given the
+kernel's pid), and loses them again with its lease (:meth:`DeviceConfinement.withdraw`).
+
+Backends: the cgroup v1 ``devices`` controller (``cgroup``). Not done: cgroup v2 (a BPF
+device program on the server's cgroup) and systemd's ``DeviceAllow=`` for SystemdSpawner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from traitlets import CaselessStrEnum, TraitError, Unicode, validate
+from traitlets.config import LoggingConfigurable
+
+from .cgroup import DevicesV1
+from .nodes import (
+    CTL_MINOR,
+    NVIDIA_MAJOR,
+    Address,
+    ConfinementError,
+    DriverNodes,
+    Node,
+    nvml_address,
+)
+
+__all__ = ["Address", "ConfinementError", "DeviceConfinement", "DriverNodes", "Node"]
+
+_said: set[str] = set()
+"""Why confinement is off, said once per process and reason."""
+KERNEL_SUFFIX = ".kernel-"
+
+
+class DeviceConfinement(LoggingConfigurable):
+    """Device cgroups for servers and kernels (see the module's docstring)."""
+
+    mode = CaselessStrEnum(
+        ["auto", "require", "off"],
+        default_value="auto",
+        help="auto: confine each server to its grant's GPU device nodes where this machine "
+        "can (run as root, a cgroup v1 devices controller, an NVIDIA driver loaded), and "
+        "say once in the log why not elsewhere. require: a server that cannot be confined "
+        "does not start. off: never confine.",
+    ).tag(config=True)
+    cgroup_devices = Unicode(
+        "/sys/fs/cgroup/devices", help="Where the cgroup v1 devices controller is mounted."
+    ).tag(config=True)
+    proc_devices = Unicode(
+        "/proc/devices", help="The kernel's list of device majors (the NVIDIA ones)."
+    ).tag(config=True)
+    mig_minors = Unicode(
+        "/proc/driver/nvidia-caps/mig-minors",
+        help="The NVIDIA driver's table of MIG capability minors (absent without MIG).",
+    ).tag(config=True)
+
+    @validate("cgroup_devices", "proc_devices", "mig_minors")
+    def _absolute(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if not os.path.isabs(value):
+            raise TraitError(f"{proposal['trait'].name} must be an absolute path, not {value!r}")
+        return value
+
+    def __init__(self, resolve: Callable[[str], Address] | None = None, **kwargs: Any) -> None:
+        """``resolve`` finds a device by UUID (default: through NVML on this machine)."""
+        super().__init__(**kwargs)
+        self._resolve = resolve
+        self._backend: Any = None
+
+    @property
+    def cgroups(self) -> DevicesV1:
+        return DevicesV1(self.cgroup_devices)
+
+    def why_not(self) -> str:
+        """Why this process cannot confine anything ("" when it can)."""
+        if self.mode == "off":
+            return "confinement is off (DeviceConfinement.mode)"
+        if os.geteuid() != 0:
+            return "it does not run as root"
+        why = self.cgroups.why_not()
+        if why:
+            return why + " (cgroup v2 device programs are not supported yet)"
+        if not self._driver().majors:
+            return f"no NVIDIA driver is loaded ({self.proc_devices} lists no nvidia device)"
+        return ""
+
+    def active(self, what: str = "GPU servers") -> bool:
+        """Whether it confines; says once why not, and refuses in ``require`` mode."""
+        why = self.why_not()
+        if not why:
+            return True
+        if self.mode == "require":
+            raise ConfinementError(f"{what} must be confined to their devices, but {why}")
+        if why not in _said and self.mode != "off":
+            _said.add(why)
+            self.log.warning("%s are not confined to their GPU devices: %s.", what, why)
+        return False
+
+    # -- servers
+
+    def server(self, user: str, server: str, devices: Iterable[str]) -> Path | None:
+        """A new cgroup for ``user``'s server holding ``devices`` (GPU or MIG UUIDs; none:
+        a CPU-only server, which may open no GPU). None where it does not confine."""
+        if not self.active():
+            return None
+        driver = self._driver()
+        nodes = self._nodes(driver, devices)
+        key = f"{user}/{server}"
+        readable = re.sub(r"[^A-Za-z0-9_.-]", "_", key.replace("/", "-"))[:40].strip("-.")
+        name = f"server-{readable}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+        path = self.cgroups.create(f"{name}.{secrets.token_hex(3)}", nodes, driver.nvidia_majors)
+        self.log.info(
+            "%s's server%s may open %s and no other NVIDIA device (%s)",
+            user,
+            f" {server}" if server else "",
+            _names(driver, nodes),
+            path,
+        )
+        return path
+
+    def joiner(self, path: Path) -> Callable[[], None]:
+        """What the server's forked child runs first: join ``path``."""
+        return self.cgroups.joiner(path)
+
+    def release(self, path: Path) -> None:
+        """A server stopped: its cgroup, and those of its kernels, keep no NVIDIA node and
+        go once empty (a process left behind stays, confined to no GPU)."""
+        majors = self._driver().nvidia_majors
+        for cgroup in [*path.parent.glob(path.name + KERNEL_SUFFIX + "*"), path]:
+            if not cgroup.is_dir():
+                continue
+            self.cgroups.deny(cgroup, self.cgroups.allowed(cgroup, majors))
+            if not self.cgroups.remove(cgroup):
+                left = self.cgroups.processes(cgroup)
+                self.log.warning(
+                    "Processes %s outlived their server: they stay in %s, with no GPU",
+                    ", ".join(map(str, left)),
+                    cgroup,
+                )
+
+    # -- kernels granted later
+
+    def allow(self, pid: int, devices: Iterable[str]) -> Path | None:
+        """Let the process ``pid`` (a kernel granted ``devices`` in a confined server) open
+        their nodes as well as its server's: it moves to a cgroup of its own, beside its
+        server's. None where ``pid`` is not confined (nothing to add)."""
+        if not self.active("GPU kernels"):
+            return None
+        cgroups, driver = self.cgroups, self._driver()
+        current = cgroups.of(pid)
+        if current is None:
+            return None
+        server = cgroups.root / current.name.split(KERNEL_SUFFIX)[0]
+        nodes = cgroups.allowed(server, driver.nvidia_majors) | self._nodes(driver, devices)
+        path = cgroups.root / f"{server.name}{KERNEL_SUFFIX}{pid}"
+        if path == current:
+            cgroups.allow(path, nodes)
+        else:
+            cgroups.remove(path)  # a stale one of an earlier process with this pid
+            path = cgroups.create(path.name, nodes, driver.nvidia_majors)
+            cgroups.move(pid, path)
+        self.log.info("Kernel %d may open %s (%s)", pid, _names(driver, nodes), path)
+        return path
+
+    def withdraw(self, pid: int) -> None:
+        """The kernel ``pid``'s grant ended: it and what it started go back to their
+        server's cgroup (or, that gone, keep no NVIDIA node)."""
+        if not self.active("GPU kernels"):
+            return
+        cgroups = self.cgroups
+        found = [p for p in cgroups.root.glob(f"*{KERNEL_SUFFIX}{pid}") if p.is_dir()]
+        for path in found:
+            server = cgroups.root / path.name.split(KERNEL_SUFFIX)[0]
+            if server.is_dir():
+                for process in cgroups.processes(path):
+                    with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                        cgroups.move(process, server)
+            self.release(path)
+
+    # -- the driver and the devices
+
+    def _driver(self) -> DriverNodes:
+        try:
+            devices = Path(self.proc_devices).read_text()
+        except OSError as e:
+            raise ConfinementError(f"cannot read {self.proc_devices}: {e.strerror}") from e
+        try:
+            minors = Path(self.mig_minors).read_text()
+        except FileNotFoundError:
+            minors = ""  # no MIG on this driver
+        return DriverNodes.parse(devices, minors)
+
+    def _nodes(self, driver: DriverNodes, devices: Iterable[str]) -> set[Node]:
+        nodes = driver.always()
+        for uuid in devices:
+            nodes |= driver.nodes(self._address(uuid))
+        return nodes
+
+    def _address(self, uuid: str) -> Address:
+        if self._resolve is not None:
+            return self._resolve(uuid)
+        import pynvml
+
+        from ..nvml import NvmlUnavailable, open_backend
+
+        try:
+            if self._backend is None:
+                self._backend = open_backend(log=self.log)
+            return nvml_address(self._backend.handle(uuid))
+        except (NvmlUnavailable, pynvml.NVMLError) as e:
+            raise ConfinementError(f"NVML cannot find {uuid}: {e}") from e
+
+
+def _names(driver: DriverNodes, nodes: Iterable[Node]) -> str:
+    """The nodes as /dev paths, for the log."""
+    by_major = {major: name for name, major in driver.majors.items()}
+    names = []
+    for node in sorted(nodes):
+        if node.major == NVIDIA_MAJOR:
+            ctl = node.minor == CTL_MINOR
+            names.append("/dev/nvidiactl" if ctl else f"/dev/nvidia{node.minor}")
+        elif by_major.get(node.major) == "nvidia-caps":
+            names.append(f"/dev/nvidia-caps/nvidia-cap{node.minor}")
+        else:
+            names.append(f"/dev/{by_major.get(node.major, node.major)}")
+    return ", ".join(names)
