@@ -42,6 +42,9 @@ __all__ = ["Address", "ConfinementError", "DeviceConfinement", "DriverNodes", "N
 
 _said: set[str] = set()
 """Why confinement is off, said once per process and reason."""
+_nvml: list[Any] = []
+"""The process's NVML backend, opened at the first device looked up (one per process:
+NVML is a process-wide library)."""
 KERNEL_SUFFIX = ".kernel-"
 
 
@@ -78,7 +81,6 @@ class DeviceConfinement(LoggingConfigurable):
         """``resolve`` finds a device by UUID (default: through NVML on this machine)."""
         super().__init__(**kwargs)
         self._resolve = resolve
-        self._backend: Any = None
 
     @property
     def cgroups(self) -> DevicesV1:
@@ -217,9 +219,9 @@ class DeviceConfinement(LoggingConfigurable):
         from ..nvml import NvmlUnavailable, open_backend
 
         try:
-            if self._backend is None:
-                self._backend = open_backend(log=self.log)
-            return nvml_address(self._backend.handle(uuid))
+            if not _nvml:
+                _nvml.append(open_backend(log=self.log))
+            return nvml_address(_nvml[0].handle(uuid))
         except (NvmlUnavailable, pynvml.NVMLError) as e:
             raise ConfinementError(f"NVML cannot find {uuid}: {e}") from e
 
