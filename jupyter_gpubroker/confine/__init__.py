@@ -9,8 +9,9 @@ never runs unconfined; a kernel granted a GPU later inside a CPU-only server get
 cgroup with the kernel's devices added (:meth:`DeviceConfinement.allow`, given the
 kernel's pid), and loses them again with its lease (:meth:`DeviceConfinement.withdraw`).
 
-Backends: the cgroup v1 ``devices`` controller (``cgroup``). Not done: cgroup v2 (a BPF
-device program on the server's cgroup) and systemd's ``DeviceAllow=`` for SystemdSpawner.
+Backends: the cgroup v1 ``devices`` controller where it is mounted (``cgroup``), else
+cgroup v2 with a BPF device program (``bpf``). Not done: systemd's ``DeviceAllow=`` for
+SystemdSpawner (its ``unit_extra_properties`` cannot repeat a property).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from traitlets import CaselessStrEnum, TraitError, Unicode, validate
+from traitlets import CaselessStrEnum, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from .cgroup import DevicesV1
+from .bpf import DevicesV2
+from .cgroup import Cgroups, DevicesV1
 from .nodes import (
     CTL_MINOR,
     NVIDIA_MAJOR,
@@ -59,9 +61,28 @@ class DeviceConfinement(LoggingConfigurable):
         "say once in the log why not elsewhere. require: a server that cannot be confined "
         "does not start. off: never confine.",
     ).tag(config=True)
+    cgroup = CaselessStrEnum(
+        ["auto", "v1", "v2"],
+        default_value="auto",
+        help="Which cgroups confine: v1 (the devices controller at cgroup_devices), v2 (a "
+        "BPF device program in the cgroup v2 hierarchy at cgroup2), or auto: v1 where its "
+        "devices controller is mounted, else v2.",
+    ).tag(config=True)
     cgroup_devices = Unicode(
         "/sys/fs/cgroup/devices", help="Where the cgroup v1 devices controller is mounted."
     ).tag(config=True)
+    cgroup2 = Unicode(
+        help="Where the cgroup v2 hierarchy is mounted (default: as /proc/self/mounts says)."
+    ).tag(config=True)
+
+    @default("cgroup2")
+    def _cgroup2_mount(self) -> str:
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            _, where, kind, *_ = line.split()
+            if kind == "cgroup2":
+                return where
+        return "/sys/fs/cgroup"
+
     proc_devices = Unicode(
         "/proc/devices", help="The kernel's list of device majors (the NVIDIA ones)."
     ).tag(config=True)
@@ -70,7 +91,7 @@ class DeviceConfinement(LoggingConfigurable):
         help="The NVIDIA driver's table of MIG capability minors (absent without MIG).",
     ).tag(config=True)
 
-    @validate("cgroup_devices", "proc_devices", "mig_minors")
+    @validate("cgroup_devices", "cgroup2", "proc_devices", "mig_minors")
     def _absolute(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
         if not os.path.isabs(value):
@@ -83,8 +104,11 @@ class DeviceConfinement(LoggingConfigurable):
         self._resolve = resolve
 
     @property
-    def cgroups(self) -> DevicesV1:
-        return DevicesV1(self.cgroup_devices)
+    def cgroups(self) -> Cgroups:
+        v1 = DevicesV1(self.cgroup_devices)
+        if self.cgroup == "v1" or (self.cgroup == "auto" and not v1.why_not()):
+            return v1
+        return DevicesV2(self.cgroup2)
 
     def why_not(self) -> str:
         """Why this process cannot confine anything ("" when it can)."""
@@ -94,7 +118,7 @@ class DeviceConfinement(LoggingConfigurable):
             return "it does not run as root"
         why = self.cgroups.why_not()
         if why:
-            return why + " (cgroup v2 device programs are not supported yet)"
+            return why
         if not self._driver().majors:
             return f"no NVIDIA driver is loaded ({self.proc_devices} lists no nvidia device)"
         return ""
@@ -125,10 +149,11 @@ class DeviceConfinement(LoggingConfigurable):
         name = f"server-{readable}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         path = self.cgroups.create(f"{name}.{secrets.token_hex(3)}", nodes, driver.nvidia_majors)
         self.log.info(
-            "%s's server%s may open %s and no other NVIDIA device (%s)",
+            "%s's server%s may open %s and no other NVIDIA device (%s, %s)",
             user,
             f" {server}" if server else "",
             _names(driver, nodes),
+            self.cgroups.version,
             path,
         )
         return path
@@ -144,7 +169,7 @@ class DeviceConfinement(LoggingConfigurable):
         for cgroup in [*path.parent.glob(path.name + KERNEL_SUFFIX + "*"), path]:
             if not cgroup.is_dir():
                 continue
-            self.cgroups.deny(cgroup, self.cgroups.allowed(cgroup, majors))
+            self.cgroups.close(cgroup, majors)
             if not self.cgroups.remove(cgroup):
                 left = self.cgroups.processes(cgroup)
                 self.log.warning(
@@ -157,23 +182,23 @@ class DeviceConfinement(LoggingConfigurable):
 
     def allow(self, pid: int, devices: Iterable[str]) -> Path | None:
         """Let the process ``pid`` (a kernel granted ``devices`` in a confined server) open
-        their nodes as well as its server's: it moves to a cgroup of its own, beside its
-        server's. None where ``pid`` is not confined (nothing to add)."""
+        their nodes as well as what it may open now: it moves to a new cgroup of its own,
+        beside its server's. None where ``pid`` is not confined (nothing to add)."""
         if not self.active("GPU kernels"):
             return None
         cgroups, driver = self.cgroups, self._driver()
         current = cgroups.of(pid)
         if current is None:
             return None
-        server = cgroups.root / current.name.split(KERNEL_SUFFIX)[0]
-        nodes = cgroups.allowed(server, driver.nvidia_majors) | self._nodes(driver, devices)
-        path = cgroups.root / f"{server.name}{KERNEL_SUFFIX}{pid}"
-        if path == current:
-            cgroups.allow(path, nodes)
-        else:
-            cgroups.remove(path)  # a stale one of an earlier process with this pid
-            path = cgroups.create(path.name, nodes, driver.nvidia_majors)
+        majors = driver.nvidia_majors
+        nodes = cgroups.allowed(current, majors) | self._nodes(driver, devices)
+        server = current.name.split(KERNEL_SUFFIX)[0]
+        path = cgroups.create(f"{server}{KERNEL_SUFFIX}{pid}.{secrets.token_hex(3)}", nodes, majors)
+        if current.name == server:
             cgroups.move(pid, path)
+        else:  # granted more: the kernel and what it started move on together
+            self._move_all(current, path)
+            self.release(current)
         self.log.info("Kernel %d may open %s (%s)", pid, _names(driver, nodes), path)
         return path
 
@@ -182,15 +207,17 @@ class DeviceConfinement(LoggingConfigurable):
         server's cgroup (or, that gone, keep no NVIDIA node)."""
         if not self.active("GPU kernels"):
             return
-        cgroups = self.cgroups
-        found = [p for p in cgroups.root.glob(f"*{KERNEL_SUFFIX}{pid}") if p.is_dir()]
-        for path in found:
-            server = cgroups.root / path.name.split(KERNEL_SUFFIX)[0]
+        root = self.cgroups.root
+        for path in [p for p in root.glob(f"*{KERNEL_SUFFIX}{pid}.*") if p.is_dir()]:
+            server = root / path.name.split(KERNEL_SUFFIX)[0]
             if server.is_dir():
-                for process in cgroups.processes(path):
-                    with contextlib.suppress(ProcessLookupError):  # exited meanwhile
-                        cgroups.move(process, server)
+                self._move_all(path, server)
             self.release(path)
+
+    def _move_all(self, source: Path, target: Path) -> None:
+        for process in self.cgroups.processes(source):
+            with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                self.cgroups.move(process, target)
 
     # -- the driver and the devices
 

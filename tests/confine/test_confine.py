@@ -1,8 +1,9 @@
 """Servers and kernels confined to their grant's GPU device nodes, for real: device cgroups
-of this machine's cgroup v1 devices controller, NVIDIA device nodes made with mknod in a
-scratch directory under the driver's majors, and a process of another user that opens
-them. There is no NVIDIA driver here, so a node the cgroup lets through answers ENXIO (no
-such device) and one it blocks EPERM, before any driver is asked."""
+of this machine's cgroup v1 devices controller and of its cgroup v2 hierarchy (a BPF
+device program), NVIDIA device nodes made with mknod in a scratch directory under the
+driver's majors, and a process of another user that opens them. There is no NVIDIA
+driver here, so a node the cgroup lets through answers ENXIO (no such device) and one it
+blocks EPERM, before any driver is asked."""
 
 from __future__ import annotations
 
@@ -23,11 +24,7 @@ from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
 from jupyter_gpubroker.confine.nodes import DriverNodes, nvml_address
 from jupyter_gpubroker.nvml import NvmlBackend, open_backend
 
-DEVICES_V1 = Path("/sys/fs/cgroup/devices")
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not (DEVICES_V1 / "devices.allow").exists(),
-    reason="needs root and the cgroup v1 devices controller",
-)
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 NOBODY = 65534
 UVM, CAPS = 510, 511
 """Dynamic majors as a driver may get them (free on this machine: no driver)."""
@@ -77,7 +74,7 @@ class Box:
         return sorted(str(p) for p in self.dev.rglob("nvidia*") if p.is_char_device())
 
 
-def _make_box(top: Path, simulate: str) -> Box:
+def _make_box(top: Path, simulate: str, cgroup: str) -> Box:
     backend = open_backend(simulate)
     sim = backend.simulator
     dev = top / "dev"
@@ -101,6 +98,7 @@ def _make_box(top: Path, simulate: str) -> Box:
     (proc / "mig-minors").write_text(sim.mig_minors())
     confinement = DeviceConfinement(
         resolve=lambda uuid: nvml_address(backend.handle(uuid)),
+        cgroup=cgroup,
         proc_devices=str(proc / "devices"),
         mig_minors=str(proc / "mig-minors"),
     )
@@ -117,20 +115,24 @@ def scratch() -> Iterator[Path]:
         shutil.rmtree(top)
 
 
-@pytest.fixture
-def make_box(scratch: Path) -> Iterator[Callable[[str], Box]]:
-    """Boxes, and at the end (their probes stopped first) no cgroup left of the test's."""
+@pytest.fixture(params=["v1", "v2"])
+def make_box(request: pytest.FixtureRequest, scratch: Path) -> Iterator[Callable[[str], Box]]:
+    """Boxes confining with cgroup v1 or v2, and at the end (their probes stopped first)
+    no cgroup left of the test's."""
     made: list[Box] = []
-    before = set(DEVICES_V1.glob("gpubroker/*"))
+    root = DeviceConfinement(cgroup=request.param).cgroups
+    if root.why_not():
+        pytest.skip(root.why_not())
+    before = {p for p in root.root.glob("*") if p.is_dir()}
 
     def make(simulate: str) -> Box:
-        made.append(_make_box(scratch, simulate))
+        made.append(_make_box(scratch, simulate, request.param))
         return made[-1]
 
     yield make
     for box in made:
         box.backend.close()
-    for left in set(DEVICES_V1.glob("gpubroker/*")) - before:
+    for left in {p for p in root.root.glob("*") if p.is_dir()} - before:
         left.rmdir()
 
 
@@ -274,7 +276,7 @@ def test_a_grant_the_driver_cannot_place_refuses_to_confine(
     (scratch / "proc" / "mig-minors").unlink()  # a driver without the MIG caps table
     with pytest.raises(ConfinementError, match="nvidia-caps"):
         box.confinement.server("erin", "", [box.slices(0)[0]])
-    assert not list(DEVICES_V1.glob("gpubroker/server-erin*"))
+    assert not list(box.confinement.cgroups.root.glob("server-erin*"))
 
 
 def test_where_it_cannot_confine_it_says_why_and_require_refuses(
@@ -282,8 +284,11 @@ def test_where_it_cannot_confine_it_says_why_and_require_refuses(
 ) -> None:
     box = make_box("dgx-h100:1")
     c = box.confinement
-    c.cgroup_devices = str(scratch)  # no devices controller there
+    c.cgroup_devices = c.cgroup2 = str(scratch)  # no cgroups there
+    c.cgroup = "v1"
     assert "no cgroup v1 devices controller" in c.why_not()
+    c.cgroup = "auto"  # no v1 controller: v2
+    assert "no cgroup v2 hierarchy" in c.why_not()
     assert c.server("frank", "", [box.gpu(0)]) is None
     assert "GPU servers are not confined to their GPU devices" in caplog.text
     c.mode = "require"
