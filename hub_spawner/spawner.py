@@ -17,6 +17,11 @@ server (``culling``). A queued start's request is in the state as soon as it is 
 hub restarted meanwhile starts the server again, and the start re-attaches to its request
 by its owner (``server:<user>``), keeping its place in the queue.
 
+Where the hub runs as root, the server's process joins a device cgroup between fork and
+exec that lets it open its grant's NVIDIA device nodes and no other (``make_preexec_fn``;
+``jupyter_gpubroker.confine``, configured as ``c.DeviceConfinement``), so unsetting
+``CUDA_VISIBLE_DEVICES`` gains it nothing; the cgroup goes when the server stops.
+
 Whose request it is: the spawner runs in the hub, so it calls the broker with a hub API
 token *of the server's user* that it makes itself (``User.new_api_token``), with only the
 scopes to reach and use the broker (``access:services!service=...``,

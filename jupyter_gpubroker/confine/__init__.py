@@ -146,8 +146,8 @@ class DeviceConfinement(LoggingConfigurable):
         nodes = self._nodes(driver, devices)
         key = f"{user}/{server}"
         readable = re.sub(r"[^A-Za-z0-9_.-]", "_", key.replace("/", "-"))[:40].strip("-.")
-        name = f"server-{readable}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-        path = self.cgroups.create(f"{name}.{secrets.token_hex(3)}", nodes, driver.nvidia_majors)
+        name = f"server-{readable}-{_tag(user)}.{secrets.token_hex(3)}"
+        path = self.cgroups.create(name, nodes, driver.nvidia_majors)
         self.log.info(
             "%s's server%s may open %s and no other NVIDIA device (%s, %s)",
             user,
@@ -180,16 +180,20 @@ class DeviceConfinement(LoggingConfigurable):
 
     # -- kernels granted later
 
-    def allow(self, pid: int, devices: Iterable[str]) -> Path | None:
-        """Let the process ``pid`` (a kernel granted ``devices`` in a confined server) open
-        their nodes as well as what it may open now: it moves to a new cgroup of its own,
-        beside its server's. None where ``pid`` is not confined (nothing to add)."""
+    def allow(self, pid: int, devices: Iterable[str], user: str) -> Path | None:
+        """Let the process ``pid`` (a kernel granted ``devices`` in a confined server of
+        ``user``) open their nodes as well as what it may open now: it moves to a new
+        cgroup of its own, beside its server's. None where ``pid`` is not confined (nothing
+        to add); refused when ``pid`` is in a server of someone else (a pid reported wrong,
+        or reused meanwhile)."""
         if not self.active("GPU kernels"):
             return None
         cgroups, driver = self.cgroups, self._driver()
         current = cgroups.of(pid)
         if current is None:
             return None
+        if f"-{_tag(user)}." not in current.name:
+            raise ConfinementError(f"process {pid} is not in a server of {user}")
         majors = driver.nvidia_majors
         nodes = cgroups.allowed(current, majors) | self._nodes(driver, devices)
         server = current.name.split(KERNEL_SUFFIX)[0]
@@ -251,6 +255,11 @@ class DeviceConfinement(LoggingConfigurable):
             return nvml_address(_nvml[0].handle(uuid))
         except (NvmlUnavailable, pynvml.NVMLError) as e:
             raise ConfinementError(f"NVML cannot find {uuid}: {e}") from e
+
+
+def _tag(user: str) -> str:
+    """The user's mark in the names of their cgroups (user names may hold any character)."""
+    return hashlib.sha256(user.encode()).hexdigest()[:10]
 
 
 def _names(driver: DriverNodes, nodes: Iterable[Node]) -> str:

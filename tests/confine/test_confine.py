@@ -233,12 +233,19 @@ def test_a_cpu_only_server_opens_no_gpu_until_its_kernel_is_granted_one(
     kernel = probes(c.joiner(path))  # a process of the server: a kernel it started
     assert allowed(box, kernel.open(box.all_nodes)) == always(box)
     granted = box.slices(1)[3]
-    moved = c.allow(kernel.pid, [granted])
+    with pytest.raises(ConfinementError, match="not in a server of mallory"):
+        c.allow(kernel.pid, [granted], "mallory")  # a pid reported by, or for, someone else
+    moved = c.allow(kernel.pid, [granted], "carol")
     assert moved is not None and moved != path
     assert allowed(box, kernel.open(box.all_nodes)) == always(box) | set(box.node(granted))
+    more = box.slices(0)[0]  # a second grant to the same kernel
+    again = c.allow(kernel.pid, [more], "carol")
+    assert again is not None and not moved.exists()
+    both = set(box.node(granted)) | set(box.node(more))
+    assert allowed(box, kernel.open(box.all_nodes)) == always(box) | both
     c.withdraw(kernel.pid)  # its lease ended
     assert allowed(box, kernel.open(box.all_nodes)) == always(box)
-    assert not moved.exists()
+    assert not again.exists()
     assert f"{kernel.pid}" in (path / "cgroup.procs").read_text().split()
 
 
@@ -250,7 +257,7 @@ def test_a_stopped_servers_cgroups_go_and_a_process_left_behind_keeps_no_gpu(
     path = c.server("dave", "", [box.gpu(0)])
     assert path is not None
     stray = probes(c.joiner(path))
-    c.allow(stray.pid, [box.gpu(1)])
+    c.allow(stray.pid, [box.gpu(1)], "dave")
     c.release(path)  # the server stopped; this process outlived it
     assert path.exists() is False
     kernel_cgroups = list(path.parent.glob(path.name + "*"))
@@ -266,7 +273,7 @@ def test_a_process_not_confined_gets_nothing_added(
 ) -> None:
     box = make_box("dgx-h100:2")
     free = probes(lambda: None)
-    assert box.confinement.allow(free.pid, [box.gpu(0)]) is None
+    assert box.confinement.allow(free.pid, [box.gpu(0)], "nobody") is None
 
 
 def test_a_grant_the_driver_cannot_place_refuses_to_confine(

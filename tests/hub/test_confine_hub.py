@@ -2,7 +2,8 @@
 its grant's NVIDIA nodes only: a real hub as root, the broker service on the simulated
 machine, the hub's own NVML on the same simulated machine, and the NVIDIA nodes made with
 mknod in a scratch directory (no driver here: a node let through answers ENXIO, one
-blocked EPERM). Needs root and the cgroup v1 devices controller."""
+blocked EPERM). Once with the cgroup v1 devices controller, once with cgroup v2 (a BPF
+device program). Needs root."""
 
 from __future__ import annotations
 
@@ -16,17 +17,11 @@ import pytest
 from live_hub import Hub, ServerKernel, wait_for
 
 from hub_spawner.spawner import LEASE_ENV
+from jupyter_gpubroker.confine import DeviceConfinement
 from jupyter_gpubroker.confine.nodes import DriverNodes, nvml_address
 from jupyter_gpubroker.nvml import SIMULATE_ENV, SimulatedNvml, load_topology, open_backend
 
-DEVICES_V1 = Path("/sys/fs/cgroup/devices")
-pytestmark = [
-    pytest.mark.hub,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not (DEVICES_V1 / "devices.allow").exists(),
-        reason="needs root and the cgroup v1 devices controller",
-    ),
-]
+pytestmark = [pytest.mark.hub, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 MACHINE = "dgx-h100-mig:1"
 UVM, CAPS = 510, 511
 OPEN_ALL = """
@@ -62,10 +57,22 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return top
 
 
+@pytest.fixture(scope="module", params=["v1", "v2"])
+def version(request: pytest.FixtureRequest) -> str:
+    """The cgroup version that confines (``c.DeviceConfinement.cgroup``)."""
+    why = DeviceConfinement(cgroup=request.param).cgroups.why_not()
+    if why:
+        pytest.skip(why)
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory, proxy: None, scratch: Path) -> Iterator[Hub]:
+def hub(
+    tmp_path_factory: pytest.TempPathFactory, proxy: None, scratch: Path, version: str
+) -> Iterator[Hub]:
     config = f"""
 c.DeviceConfinement.mode = "require"  # a server that cannot be confined does not start
+c.DeviceConfinement.cgroup = "{version}"
 c.DeviceConfinement.proc_devices = "{scratch / "devices"}"
 c.DeviceConfinement.mig_minors = "{scratch / "mig-minors"}"
 """
@@ -108,19 +115,15 @@ def opened_by_kernel(hub: Hub, user: str, token: str, scratch: Path) -> dict[str
 
 
 def test_a_gpu_server_and_its_kernels_open_only_the_nodes_of_its_slice(
-    hub: Hub, scratch: Path
+    hub: Hub, scratch: Path, version: str
 ) -> None:
     token = hub.user("hana")
     hub.hub_api("POST", "users/hana/server", {"profile": "1g.10gb"}, expect=None)
     try:
         env = hub.ready_server_env("hana")
         pid = hub.hub_api("GET", "users/hana")["servers"][""]["state"]["pid"]
-        cgroup = next(
-            line.split(":", 2)[2]
-            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-            if line.split(":")[1] == "devices"
-        )
-        assert cgroup.startswith("/gpubroker/server-hana-")
+        cgroup = DeviceConfinement(cgroup=version).cgroups.of(pid)
+        assert cgroup is not None and cgroup.name.startswith("server-hana-")
         granted = env["CUDA_VISIBLE_DEVICES"]
         assert granted.startswith("MIG-") and env[LEASE_ENV]
         answers = opened_by_kernel(hub, "hana", token, scratch)
@@ -130,8 +133,7 @@ def test_a_gpu_server_and_its_kernels_open_only_the_nodes_of_its_slice(
         assert {a for p, a in answers.items() if p not in through} == {"EPERM"}
     finally:
         hub.stop_server("hana")
-    gone = DEVICES_V1 / cgroup.lstrip("/")
-    wait_for("the stopped server's cgroup to go", lambda: not gone.exists(), log=hub.log)
+    wait_for("the stopped server's cgroup to go", lambda: not cgroup.exists(), log=hub.log)
 
 
 def test_a_cpu_only_server_opens_no_gpu(hub: Hub, scratch: Path) -> None:
