@@ -413,6 +413,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         before it becomes the user, so the server never runs able to open a GPU device
         node beyond its grant (``jupyter_gpubroker.confine``; c.DeviceConfinement)."""
         start = super().make_preexec_fn(name)  # type: ignore[misc]
+        self._unconfine()  # one a start the hub's restart interrupted left
         confinement = DeviceConfinement(parent=self)
         try:
             devices = (self._gpu or {}).get("devices", [])

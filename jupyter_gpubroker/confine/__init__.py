@@ -57,9 +57,9 @@ class DeviceConfinement(LoggingConfigurable):
         ["auto", "require", "off"],
         default_value="auto",
         help="auto: confine each server to its grant's GPU device nodes where this machine "
-        "can (run as root, a cgroup v1 devices controller, an NVIDIA driver loaded), and "
-        "say once in the log why not elsewhere. require: a server that cannot be confined "
-        "does not start. off: never confine.",
+        "can (it runs as root, with device cgroups of v1 or v2 and an NVIDIA driver "
+        "loaded), and say once in the log why not elsewhere. require: a server that "
+        "cannot be confined does not start. off: never confine.",
     ).tag(config=True)
     cgroup = CaselessStrEnum(
         ["auto", "v1", "v2"],
@@ -115,7 +115,7 @@ class DeviceConfinement(LoggingConfigurable):
         if self.mode == "off":
             return "confinement is off (DeviceConfinement.mode)"
         if os.geteuid() != 0:
-            return "it does not run as root"
+            return "this process does not run as root"
         why = self.cgroups.why_not()
         if why:
             return why
@@ -194,6 +194,7 @@ class DeviceConfinement(LoggingConfigurable):
             return None
         if f"-{_tag(user)}." not in current.name:
             raise ConfinementError(f"process {pid} is not in a server of {user}")
+        born = _started(pid)
         majors = driver.nvidia_majors
         nodes = cgroups.allowed(current, majors) | self._nodes(driver, devices)
         server = current.name.split(KERNEL_SUFFIX)[0]
@@ -203,6 +204,9 @@ class DeviceConfinement(LoggingConfigurable):
         else:  # granted more: the kernel and what it started move on together
             self._move_all(current, path)
             self.release(current)
+        if _started(pid) != born:  # it exited, and its pid went to another process
+            self.release(path)
+            raise ConfinementError(f"process {pid} exited before it got its devices")
         self.log.info("Kernel %d may open %s (%s)", pid, _names(driver, nodes), path)
         return path
 
@@ -255,6 +259,16 @@ class DeviceConfinement(LoggingConfigurable):
             return nvml_address(_nvml[0].handle(uuid))
         except (NvmlUnavailable, pynvml.NVMLError) as e:
             raise ConfinementError(f"NVML cannot find {uuid}: {e}") from e
+
+
+def _started(pid: int) -> str:
+    """When the process ``pid`` started (``/proc/<pid>/stat``'s field 22): a pid reused
+    by a new process starts later."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ""
+    return stat.rpartition(")")[2].split()[19]
 
 
 def _tag(user: str) -> str:
