@@ -17,6 +17,11 @@ server (``culling``). A queued start's request is in the state as soon as it is 
 hub restarted meanwhile starts the server again, and the start re-attaches to its request
 by its owner (``server:<user>``), keeping its place in the queue.
 
+Where the hub runs as root, the server's process joins a device cgroup between fork and
+exec that lets it open its grant's NVIDIA device nodes and no other (``make_preexec_fn``;
+``jupyter_gpubroker.confine``, configured as ``c.DeviceConfinement``), so unsetting
+``CUDA_VISIBLE_DEVICES`` gains it nothing; the cgroup goes when the server stops.
+
 Whose request it is: the spawner runs in the hub, so it calls the broker with a hub API
 token *of the server's user* that it makes itself (``User.new_api_token``), with only the
 scopes to reach and use the broker (``access:services!service=...``,
@@ -32,6 +37,7 @@ import asyncio
 import contextlib
 import json
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from jupyterhub import orm
@@ -53,6 +59,7 @@ from jupyter_gpubroker.client import (
     keep_alive,
     size_text,
 )
+from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
 
 from ._compat import SpawnException
 from .culling import stopped_text, warning_text
@@ -143,6 +150,8 @@ class GPUBrokerSpawnerMixin(Configurable):
         self.gpu_notice = ""
         """What the hub's pages say of this server's GPU: an idle warning, or why the
         server was stopped (``culling.gpu_announcement``)."""
+        self._cgroup = ""
+        """The device cgroup the server runs in (``confine``), while it runs."""
 
     # -- the broker, as the server's user
 
@@ -399,6 +408,43 @@ class GPUBrokerSpawnerMixin(Configurable):
             status_code=503,
         )
 
+    def make_preexec_fn(self, name: str) -> Any:
+        """LocalProcessSpawner's child joins the server's device cgroup first, as root
+        before it becomes the user, so the server never runs able to open a GPU device
+        node beyond its grant (``jupyter_gpubroker.confine``; c.DeviceConfinement)."""
+        start = super().make_preexec_fn(name)  # type: ignore[misc]
+        self._unconfine()  # one a start the hub's restart interrupted left
+        confinement = DeviceConfinement(parent=self)
+        try:
+            devices = (self._gpu or {}).get("devices", [])
+            path = confinement.server(self.user.name, self.name, devices)
+        except ConfinementError as e:
+            raise SpawnError(
+                f"Cannot start the server confined to its GPU devices: {e}.",
+                reason="gpu_confine",
+                status_code=500,
+            ) from None
+        if path is None:
+            return start
+        self._cgroup = str(path)
+        join = confinement.joiner(path)
+
+        def preexec() -> None:
+            join()
+            if start is not None:
+                start()
+
+        return preexec
+
+    def _unconfine(self) -> None:
+        """The server stopped: its device cgroup goes (``DeviceConfinement.release``)."""
+        path, self._cgroup = self._cgroup, ""
+        if path:
+            try:
+                DeviceConfinement(parent=self).release(Path(path))
+            except (ConfinementError, OSError) as e:
+                self.log.warning("Could not remove %s's device cgroup: %s", self._log_name, e)
+
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self._gpu and self._gpu.get("devices"):
@@ -450,12 +496,15 @@ class GPUBrokerSpawnerMixin(Configurable):
             state["gpubroker"] = dict(self._gpu)
         if self.gpu_notice:
             state["gpubroker_notice"] = self.gpu_notice
+        if self._cgroup:
+            state["gpubroker_cgroup"] = self._cgroup
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self._gpu = state.get("gpubroker")
         self.gpu_notice = state.get("gpubroker_notice", "")
+        self._cgroup = state.get("gpubroker_cgroup", "")
         self._resuming = bool(self._gpu)  # until a poll finds the server running
 
     def _save_state(self) -> None:
@@ -520,9 +569,12 @@ class GPUBrokerSpawnerMixin(Configurable):
         if renewing is not None and renewing is not asyncio.current_task():
             renewing.cancel()
         await super().stop(now=True)
+        self._unconfine()
 
     async def _give_back(self) -> None:
-        """Release the lease (or withdraw the request) and stop renewing it."""
+        """Release the lease (or withdraw the request), stop renewing it, and remove the
+        server's device cgroup."""
+        self._unconfine()
         if self._renewing is not None:
             if self._renewing is not asyncio.current_task():
                 self._renewing.cancel()

@@ -15,6 +15,9 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   per-profile maximum counts), compute instances in them, MIG device handles
   and UUIDs; InUse when destroying something still in use; NotSupported for
   utilization on MIG-enabled GPUs and on MIG devices;
+- device nodes: a GPU's minor number (``/dev/nvidia<minor>``, its index here) and the
+  driver's ``mig-minors`` table (:meth:`SimulatedNvml.mig_minors`), which names the
+  ``/dev/nvidia-caps`` node of each GPU and compute instance;
 - privileges (:data:`PRIVILEGES`, NVML's documented rules): GPU-instance and
   compute-instance lookups and placements need root or the ``mig/monitor``
   capability, creating and destroying instances root (or ``mig/config``); the memory
@@ -66,6 +69,10 @@ SHUTDOWN_C = 92
 MAX_OPERATING_C = 85
 IDLE_C = 32
 MAX_MIG_DEVICES = COMPUTE_SLICES
+MIG_GPU_INSTANCE_IDS = 15
+MIG_COMPUTE_INSTANCE_IDS = 8
+"""GPU-instance ids 0-14 and compute-instance ids 0-7 per GPU: the driver's mig-minors
+table has a line for each (``gpu0/gi3/ci3/access`` is minor 3 + 3 * 9 + 1 + 3 = 34)."""
 PRIVILEGE_ENV = "GPUBROKER_SIMULATE_PRIVILEGE"
 """Overrides the simulated caller's privilege (one of :data:`PRIVILEGES`)."""
 PRIVILEGES = ("root", "monitor", "none")
@@ -545,6 +552,24 @@ class SimulatedNvml:
             self._saved = None
             pynvml._nvmlGetFunctionPointer_cache.clear()
 
+    def mig_minors(self) -> str:
+        """What the driver shows in ``/proc/driver/nvidia-caps/mig-minors``: the minor of
+        the ``/dev/nvidia-caps/nvidia-cap<M>`` node guarding each GPU instance
+        (``gpu<G>/gi<I>/access``) and compute instance (``gpu<G>/gi<I>/ci<C>/access``) that
+        can exist on the GPU of minor G, after ``config`` and ``monitor``. The table is
+        fixed by the driver, the same whatever instances exist: here for this machine's
+        GPUs (a real driver lists every GPU minor it supports, numbered alike)."""
+        lines = ["config 1", "monitor 2"]
+        minor = 3
+        for gpu in range(len(self._gpus)):
+            for gi in range(MIG_GPU_INSTANCE_IDS):
+                lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
+                minor += 1
+                for ci in range(MIG_COMPUTE_INSTANCE_IDS):
+                    lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
+                    minor += 1
+        return "\n".join(lines) + "\n"
+
     def hide_symbol(self, name: str) -> None:
         """Stop exporting ``name``, so pynvml answers FunctionNotFound like an older driver."""
         with pynvml.libLoadLock:
@@ -876,6 +901,9 @@ class SimulatedNvml:
         # On a MIG handle NVML answers its index for nvmlDeviceGetMigDeviceHandleByIndex.
         device = self._device(handle)
         _set(out, device.index if isinstance(device, _Gpu) else device.slot)
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any, out: Any) -> None:
+        _set(out, self._whole_gpu(handle).index)  # /dev/nvidia<minor>; a MIG device has none
 
     def nvmlDeviceGetName(self, handle: Any, buffer: Any, length: Any) -> None:
         _write_str(buffer, length, self._device(handle).name)
