@@ -19,7 +19,6 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .policy import Window
-from .store import Store
 
 GROUPINGS = ("user", "group", "profile", "job_class", "day")
 
@@ -80,26 +79,6 @@ class UsageRow:
     key: str
     gpu_hours: float
     cost: float | None = None
-
-
-def holdings(store: Store, now: float) -> list[dict[str, Any]]:
-    """Every lease as a ledger row: the ended ones from the ledger, the active ones (as
-    far as ``now``) from the leases table. Read-only."""
-    rows = store.ledger()
-    for lease, _ in store.active_leases():
-        request = store.request(lease.request_id)
-        rows.append(
-            {
-                "user": lease.user,
-                "grp": lease.group,
-                "profile": lease.profile,
-                "job_class": request.job_class.value if request else "",
-                "gpu_equivalents": lease.gpu_equivalents,
-                "start": lease.granted_at,
-                "end": now,
-            }
-        )
-    return rows
 
 
 def usage(

@@ -209,20 +209,35 @@ class AuditRecord:
 class Store:
     """The broker's SQLite file. ``path=":memory:"`` keeps it in memory (replay, tests)."""
 
-    def __init__(self, path: str | Path = ":memory:", synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self, path: str | Path = ":memory:", synchronous: str = "NORMAL", *, read_only: bool = False
+    ) -> None:
+        """``read_only``: a reader beside the broker that owns the file (``jupyter gpubroker
+        usage``, ``status``): opened ``mode=ro``, never migrated, and only at this
+        package's schema version (a clear ``StateFileError`` otherwise)."""
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidRequest("synchronous must be 'NORMAL' or 'FULL'")
         self.path = str(path)
+        self.read_only = read_only
         self._audit: AuditRecord | None = None
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            # Autocommit mode: transactions are opened explicitly by ``transaction()``.
-            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            if read_only:
+                uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+            else:
+                if self.path != ":memory:":
+                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                # Autocommit mode: transactions are opened explicitly by ``transaction()``.
+                self.conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
         except (OSError, sqlite3.Error) as e:
             raise self._unusable(e) from None
         try:
             self.db = sqlite_utils.Database(self.conn)
+            if read_only:
+                self._check_version()
+                return
             if self.path != ":memory:":
                 self.db.enable_wal()
                 self.conn.execute("PRAGMA wal_autocheckpoint=10000")
@@ -239,6 +254,11 @@ class Store:
         if isinstance(e, StateFileError):
             return e
         text = getattr(e, "strerror", None) or str(e)
+        if self.read_only:
+            return StateFileError(
+                f"{self.path}: cannot be read ({text}); check that it is a GPU broker state "
+                "file this user can read"
+            )
         if isinstance(e, sqlite3.DatabaseError) and "not a database" in text:
             cause = "not a SQLite database"
             todo = "move it aside (the broker then starts with an empty state) or restore a backup"
@@ -314,14 +334,32 @@ class Store:
     def schema_version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
 
+    def _check_version(self) -> None:
+        """Refuse what this package cannot read as it is: a file with no broker tables, or
+        one at another schema version (a reader never migrates)."""
+        version = self.schema_version
+        if version == 0 and not self.db.table_names():
+            raise StateFileError(f"{self.path}: not a GPU broker state file (it holds no tables)")
+        if version > SCHEMA_VERSION:
+            raise self._newer(version)
+        if version < SCHEMA_VERSION:
+            raise StateFileError(
+                f"{self.path} was written by an older jupyter-gpubroker (schema version "
+                f"{version}, this one reads {SCHEMA_VERSION}); it is left as it is: the broker "
+                "upgrades it when it next starts"
+            )
+
+    def _newer(self, version: int) -> StateFileError:
+        return StateFileError(
+            f"{self.path}: schema version {version} is newer than this jupyter-gpubroker "
+            f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
+            "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
+        )
+
     def _migrate(self) -> None:
         version = self.schema_version
         if version > SCHEMA_VERSION:
-            raise StateFileError(
-                f"{self.path}: schema version {version} is newer than this jupyter-gpubroker "
-                f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
-                "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
-            )
+            raise self._newer(version)
         for i in range(version, SCHEMA_VERSION):
             with self.transaction() as c:
                 for stmt in MIGRATIONS[i].split(";"):
@@ -577,6 +615,22 @@ class Store:
             self.db.query(
                 "SELECT * FROM alerts WHERE ended IS NOT NULL AND id < ? ORDER BY id DESC LIMIT ?",
                 [before if before is not None else 2**63 - 1, limit],
+            )
+        )
+
+    def holdings(self, since: float, until: float, now: float) -> list[dict[str, Any]]:
+        """Every lease held at some time inside [since, until), as a ledger row (user, grp,
+        profile, job_class, gpu_equivalents, start, end): the ended ones from the ledger
+        (its ``end`` index bounds the scan), the active ones up to ``now``. One query."""
+        return list(
+            self.db.query(
+                "SELECT user, grp, profile, job_class, gpu_equivalents, start, end FROM ledger"
+                " WHERE end > :since AND start < :until"
+                " UNION ALL SELECT l.user, l.grp, l.profile, COALESCE(r.job_class, ''),"
+                " l.gpu_equivalents, l.granted_at, :now FROM leases l"
+                " LEFT JOIN requests r ON r.id = l.request_id"
+                " WHERE l.state = 'active' AND l.granted_at < :until",
+                {"since": since, "until": until, "now": now},
             )
         )
 
