@@ -254,20 +254,16 @@ class Store:
         if isinstance(e, StateFileError):
             return e
         text = getattr(e, "strerror", None) or str(e)
-        if self.read_only:
-            return StateFileError(
-                f"{self.path}: cannot be read ({text}); check that it is a GPU broker state "
-                "file this user can read"
-            )
+        access = "read" if self.read_only else "read and write"
         if isinstance(e, sqlite3.DatabaseError) and "not a database" in text:
             cause = "not a SQLite database"
             todo = "move it aside (the broker then starts with an empty state) or restore a backup"
         elif isinstance(e, PermissionError) or "readonly" in text or "permission" in text.lower():
             cause = f"permission denied ({text})"
-            todo = "give this user read and write access to it and its directory"
+            todo = f"give this user {access} access to it and its directory"
         else:
             cause = f"cannot be opened ({text})"
-            todo = "check that it is a file (not a directory) this user can read and write"
+            todo = f"check that it is a file (not a directory) this user can {access}"
         return StateFileError(
             f"{self.path}: {cause}; {todo}, or set c.GPUBroker.state_file (or $GPUBROKER_STATE) "
             "to another file"
