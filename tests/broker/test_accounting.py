@@ -151,3 +151,18 @@ def test_holdings_read_only_the_leases_held_inside_the_window() -> None:
         assert usage(store.holdings(a, b, now), by="user", since=a, until=b, tz=UTC) == usage(
             everything, by="user", since=a, until=b, tz=UTC
         )
+
+
+def test_usage_is_one_query_however_many_leases_are_live() -> None:
+    """The admin page asks for usage once per grouping: each is one statement, not one
+    per active lease on top of a scan of the whole ledger."""
+    clock = VirtualClock(at("2024-05-16 09:00"))
+    store = Store()
+    broker = Broker(store, make_inventory([None] * 4), clock=clock)
+    for user in ("ann", "bob", "cyd", "dee"):
+        broker.submit(user, Size(gpus=1))
+    clock.advance(3600)
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    assert broker.usage(by="user") == {"ann": 1.0, "bob": 1.0, "cyd": 1.0, "dee": 1.0}
+    assert len([s for s in statements if s.startswith("SELECT")]) == 1
