@@ -100,8 +100,12 @@ def usage(
     edges = sorted({0.0, *(h for b in (prices.bands if prices else ()) for h in _hours(b))})
     hours: dict[str, float] = defaultdict(float)
     cost: dict[str, float] = defaultdict(float)
+    whole = by != "day" and prices is None  # nothing to cut at midnights or band edges
     for row in rows:
         start, end = max(row["start"], since), min(row["end"], until)
+        if whole and start < end:
+            hours[str(row[_COLUMN[by]])] += row["gpu_equivalents"] * (end - start) / 3600.0
+            continue
         for a, b, local in _pieces(start, end, tz, edges):
             key = local.date().isoformat() if by == "day" else str(row[_COLUMN[by]])
             gpu_hours = row["gpu_equivalents"] * (b - a) / 3600.0
