@@ -546,7 +546,7 @@ class Store:
 
     def active_leases(self) -> list[tuple[Lease, float]]:
         """Active leases with their expected end."""
-        rows = self.db.query("SELECT * FROM leases WHERE state='active'")
+        rows = self.db["leases"].rows_where("state = 'active'")
         return [(lease_from_row(r), float(r["expected_end"])) for r in rows]
 
     def lease(self, lease_id: str) -> Lease | None:
@@ -554,19 +554,19 @@ class Store:
         return lease_from_row(rows[0]) if rows else None
 
     def allocations(self) -> dict[str, str]:
-        return {r["device"]: r["lease_id"] for r in self.db.query("SELECT * FROM allocations")}
+        return {r["device"]: r["lease_id"] for r in self.db["allocations"].rows}
 
     def quotas(self) -> list[dict[str, Any]]:
-        return list(self.db.query("SELECT * FROM quotas ORDER BY kind, name"))
+        return list(self.db["quotas"].rows_where(order_by="kind, name"))
 
     def drains(self) -> dict[str, tuple[str, float]]:
         """Drained GPU or device UUID -> (reason, since)."""
-        rows = self.db.query("SELECT * FROM drains")
+        rows = self.db["drains"].rows
         return {r["uuid"]: (r["reason"], r["since"]) for r in rows}
 
     def drain_causes(self) -> dict[str, str]:
         """Drained GPU or device UUID -> who drained it (``health``, ``vacate``, ...)."""
-        return {r["uuid"]: r["cause"] for r in self.db.query("SELECT uuid, cause FROM drains")}
+        return {r["uuid"]: r["cause"] for r in self.db["drains"].rows_where(select="uuid, cause")}
 
     def reclaims(
         self, since: float | None = None, until: float | None = None, user: str | None = None
