@@ -45,26 +45,13 @@ def add_status(p: argparse.ArgumentParser) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     """The running broker's view when there is one (or --url names one), else the local
     hardware's and the state file's."""
-    from ..nvml.backend import NvmlUnavailable
-
     report = None
     if args.state is None and args.simulate is None:
         found = ask_broker(args, lambda client: client.call("GET", "devices"))
         if found is not None:
             report = {"source": found[1], **found[0]}
     if report is None:
-        try:
-            report = _local_report(args)
-        except NvmlUnavailable:
-            if args.state is not None:
-                raise
-            raise BrokerAPIError(
-                0,
-                "no_server",
-                "no running Jupyter server found, and this machine has no NVIDIA driver: "
-                f"start a server, pass --url (or set {URL_ENV}), or look at a simulated "
-                "machine with --simulate dgx-h100-mig",
-            ) from None
+        report = _local_report(args)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -73,18 +60,31 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _local_report(args: argparse.Namespace) -> dict[str, Any]:
+    """What NVML (or the simulated machine) and the state file say, read-only."""
     import pynvml
 
     from ..api.shapes import devices_json
     from ..broker.errors import InvalidRequest
-    from ..nvml import open_backend, seed_for
+    from ..nvml import NvmlUnavailable, open_backend, seed_for
 
     state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
     if args.state is not None and not state.exists():
         raise InvalidRequest(
             f"{state}: no such state file; check --state (a broker creates it when it first starts)"
         )
-    with open_backend(args.simulate, seed=seed_for(str(state))) as backend:
+    try:
+        backend = open_backend(args.simulate, seed=seed_for(str(state)))
+    except NvmlUnavailable:
+        if args.state is not None:
+            raise
+        raise BrokerAPIError(
+            0,
+            "no_server",
+            "no running Jupyter server found, and this machine has no NVIDIA driver: "
+            f"start a server, pass --url (or set {URL_ENV}), or look at a simulated "
+            "machine with --simulate dgx-h100-mig",
+        ) from None
+    with backend:
         inventory = backend.inventory()
         readings = backend.read_all(inventory)
         source = (
