@@ -19,7 +19,6 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .policy import Window
-from .store import Store
 
 GROUPINGS = ("user", "group", "profile", "job_class", "day")
 
@@ -82,26 +81,6 @@ class UsageRow:
     cost: float | None = None
 
 
-def holdings(store: Store, now: float) -> list[dict[str, Any]]:
-    """Every lease as a ledger row: the ended ones from the ledger, the active ones (as
-    far as ``now``) from the leases table. Read-only."""
-    rows = store.ledger()
-    for lease, _ in store.active_leases():
-        request = store.request(lease.request_id)
-        rows.append(
-            {
-                "user": lease.user,
-                "grp": lease.group,
-                "profile": lease.profile,
-                "job_class": request.job_class.value if request else "",
-                "gpu_equivalents": lease.gpu_equivalents,
-                "start": lease.granted_at,
-                "end": now,
-            }
-        )
-    return rows
-
-
 def usage(
     rows: Iterable[Mapping[str, Any]],
     *,
@@ -121,8 +100,12 @@ def usage(
     edges = sorted({0.0, *(h for b in (prices.bands if prices else ()) for h in _hours(b))})
     hours: dict[str, float] = defaultdict(float)
     cost: dict[str, float] = defaultdict(float)
+    whole = by != "day" and prices is None  # nothing to cut at midnights or band edges
     for row in rows:
         start, end = max(row["start"], since), min(row["end"], until)
+        if whole and start < end:
+            hours[str(row[_COLUMN[by]])] += row["gpu_equivalents"] * (end - start) / 3600.0
+            continue
         for a, b, local in _pieces(start, end, tz, edges):
             key = local.date().isoformat() if by == "day" else str(row[_COLUMN[by]])
             gpu_hours = row["gpu_equivalents"] * (b - a) / 3600.0

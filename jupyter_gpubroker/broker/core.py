@@ -718,8 +718,8 @@ class Broker:
         """GPU-hours per user, group, profile, job class or UTC day over [since, until),
         live leases included up to now (``accounting.usage`` over the store)."""
         now = self.clock.now()
-        rows = accounting.holdings(self.store, now)
         lo, hi = since if since is not None else -math.inf, until if until is not None else now
+        rows = self.store.holdings(lo, hi, now)
         found = accounting.usage(rows, since=lo, until=hi, by=by, tz=timezone.utc)
         return {row.key: row.gpu_hours for row in found}
 

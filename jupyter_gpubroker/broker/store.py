@@ -209,20 +209,35 @@ class AuditRecord:
 class Store:
     """The broker's SQLite file. ``path=":memory:"`` keeps it in memory (replay, tests)."""
 
-    def __init__(self, path: str | Path = ":memory:", synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self, path: str | Path = ":memory:", synchronous: str = "NORMAL", *, read_only: bool = False
+    ) -> None:
+        """``read_only``: a reader beside the broker that owns the file (``jupyter gpubroker
+        usage``, ``status``): opened ``mode=ro``, never migrated, and only at this
+        package's schema version (a clear ``StateFileError`` otherwise)."""
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidRequest("synchronous must be 'NORMAL' or 'FULL'")
         self.path = str(path)
+        self.read_only = read_only
         self._audit: AuditRecord | None = None
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            # Autocommit mode: transactions are opened explicitly by ``transaction()``.
-            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            if read_only:
+                uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+            else:
+                if self.path != ":memory:":
+                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                # Autocommit mode: transactions are opened explicitly by ``transaction()``.
+                self.conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
         except (OSError, sqlite3.Error) as e:
             raise self._unusable(e) from None
         try:
             self.db = sqlite_utils.Database(self.conn)
+            if read_only:
+                self._check_version()
+                return
             if self.path != ":memory:":
                 self.db.enable_wal()
                 self.conn.execute("PRAGMA wal_autocheckpoint=10000")
@@ -239,15 +254,16 @@ class Store:
         if isinstance(e, StateFileError):
             return e
         text = getattr(e, "strerror", None) or str(e)
+        access = "read" if self.read_only else "read and write"
         if isinstance(e, sqlite3.DatabaseError) and "not a database" in text:
             cause = "not a SQLite database"
             todo = "move it aside (the broker then starts with an empty state) or restore a backup"
         elif isinstance(e, PermissionError) or "readonly" in text or "permission" in text.lower():
             cause = f"permission denied ({text})"
-            todo = "give this user read and write access to it and its directory"
+            todo = f"give this user {access} access to it and its directory"
         else:
             cause = f"cannot be opened ({text})"
-            todo = "check that it is a file (not a directory) this user can read and write"
+            todo = f"check that it is a file (not a directory) this user can {access}"
         return StateFileError(
             f"{self.path}: {cause}; {todo}, or set c.GPUBroker.state_file (or $GPUBROKER_STATE) "
             "to another file"
@@ -314,14 +330,32 @@ class Store:
     def schema_version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
 
+    def _check_version(self) -> None:
+        """Refuse what this package cannot read as it is: a file with no broker tables, or
+        one at another schema version (a reader never migrates)."""
+        version = self.schema_version
+        if version == 0 and not self.db.table_names():
+            raise StateFileError(f"{self.path}: not a GPU broker state file (it holds no tables)")
+        if version > SCHEMA_VERSION:
+            raise self._newer(version)
+        if version < SCHEMA_VERSION:
+            raise StateFileError(
+                f"{self.path} was written by an older jupyter-gpubroker (schema version "
+                f"{version}, this one reads {SCHEMA_VERSION}); it is left as it is: the broker "
+                "upgrades it when it next starts"
+            )
+
+    def _newer(self, version: int) -> StateFileError:
+        return StateFileError(
+            f"{self.path}: schema version {version} is newer than this jupyter-gpubroker "
+            f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
+            "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
+        )
+
     def _migrate(self) -> None:
         version = self.schema_version
         if version > SCHEMA_VERSION:
-            raise StateFileError(
-                f"{self.path}: schema version {version} is newer than this jupyter-gpubroker "
-                f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
-                "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
-            )
+            raise self._newer(version)
         for i in range(version, SCHEMA_VERSION):
             with self.transaction() as c:
                 for stmt in MIGRATIONS[i].split(";"):
@@ -512,7 +546,7 @@ class Store:
 
     def active_leases(self) -> list[tuple[Lease, float]]:
         """Active leases with their expected end."""
-        rows = self.db.query("SELECT * FROM leases WHERE state='active'")
+        rows = self.db["leases"].rows_where("state = 'active'")
         return [(lease_from_row(r), float(r["expected_end"])) for r in rows]
 
     def lease(self, lease_id: str) -> Lease | None:
@@ -520,19 +554,19 @@ class Store:
         return lease_from_row(rows[0]) if rows else None
 
     def allocations(self) -> dict[str, str]:
-        return {r["device"]: r["lease_id"] for r in self.db.query("SELECT * FROM allocations")}
+        return {r["device"]: r["lease_id"] for r in self.db["allocations"].rows}
 
     def quotas(self) -> list[dict[str, Any]]:
-        return list(self.db.query("SELECT * FROM quotas ORDER BY kind, name"))
+        return list(self.db["quotas"].rows_where(order_by="kind, name"))
 
     def drains(self) -> dict[str, tuple[str, float]]:
         """Drained GPU or device UUID -> (reason, since)."""
-        rows = self.db.query("SELECT * FROM drains")
+        rows = self.db["drains"].rows
         return {r["uuid"]: (r["reason"], r["since"]) for r in rows}
 
     def drain_causes(self) -> dict[str, str]:
         """Drained GPU or device UUID -> who drained it (``health``, ``vacate``, ...)."""
-        return {r["uuid"]: r["cause"] for r in self.db.query("SELECT uuid, cause FROM drains")}
+        return {r["uuid"]: r["cause"] for r in self.db["drains"].rows_where(select="uuid, cause")}
 
     def reclaims(
         self, since: float | None = None, until: float | None = None, user: str | None = None
@@ -577,6 +611,22 @@ class Store:
             self.db.query(
                 "SELECT * FROM alerts WHERE ended IS NOT NULL AND id < ? ORDER BY id DESC LIMIT ?",
                 [before if before is not None else 2**63 - 1, limit],
+            )
+        )
+
+    def holdings(self, since: float, until: float, now: float) -> list[dict[str, Any]]:
+        """Every lease held at some time inside [since, until), as a ledger row (user, grp,
+        profile, job_class, gpu_equivalents, start, end): the ended ones from the ledger
+        (its ``end`` index bounds the scan), the active ones up to ``now``. One query."""
+        return list(
+            self.db.query(
+                "SELECT user, grp, profile, job_class, gpu_equivalents, start, end FROM ledger"
+                " WHERE end > :since AND start < :until"
+                " UNION ALL SELECT l.user, l.grp, l.profile, COALESCE(r.job_class, ''),"
+                " l.gpu_equivalents, l.granted_at, :now FROM leases l"
+                " LEFT JOIN requests r ON r.id = l.request_id"
+                " WHERE l.state = 'active' AND l.granted_at < :until",
+                {"since": since, "until": until, "now": now},
             )
         )
 

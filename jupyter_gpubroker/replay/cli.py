@@ -15,14 +15,13 @@ from .report import json_ready, table
 from .traces import TraceError, load
 
 
-def add_replay_command(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "replay",
-        help="replay a cluster trace through the broker on simulated GPUs",
-        description="Replay a trace through the real broker core on a virtual clock (no "
+def add_replay(p: argparse.ArgumentParser) -> None:
+    """The ``jupyter gpubroker replay`` command's options (its help is the CLI's)."""
+    p.description = (
+        "Replay a trace through the real broker core on a virtual clock (no "
         "sleeping) and print wait, utilization, fairness and cost figures. Formats: openb "
         "(Alibaba GPU-sharing pods), philly (Microsoft Philly jobs), generic (CSV with "
-        "submit_s, duration_s, gpus and optional user, group, class).",
+        "submit_s, duration_s, gpus and optional user, group, class)."
     )
     p.add_argument("--trace", required=True, metavar="FILE", help="the trace CSV file")
     p.add_argument("--format", choices=FORMATS, default="generic", help="default: generic")

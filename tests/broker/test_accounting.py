@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from broker_helpers import make_inventory
 
-from jupyter_gpubroker.broker.accounting import Prices, holdings, usage
+from jupyter_gpubroker.broker.accounting import Prices, usage
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.errors import InvalidRequest
@@ -124,6 +124,45 @@ def test_holdings_include_live_leases_up_to_now() -> None:
     clock.advance(3600)
     broker.release(first.lease_id)  # type: ignore[arg-type]
     clock.advance(1800)
-    rows = holdings(store, clock.now())
+    rows = store.holdings(0, clock.now(), clock.now())
     got = {r.key: r.gpu_hours for r in usage(rows, by="user", since=0, until=clock.now(), tz=UTC)}
     assert got == {"bob": 1.5, "ann": 1.0}
+    assert [r["job_class"] for r in rows] == ["interactive", "interactive"]
+
+
+def test_holdings_read_only_the_leases_held_inside_the_window() -> None:
+    """A window's holdings leave out what ended before it or began after it, and the
+    usage they give is the usage of every lease clipped to the window."""
+    clock = VirtualClock(at("2024-05-16 09:00"))
+    store = Store()
+    broker = Broker(store, make_inventory([None, None]), clock=clock)
+    for user in ("early", "across", "late"):
+        lease_id = broker.submit(user, Size(gpus=1)).lease_id
+        clock.advance(3600)
+        broker.release(lease_id)  # type: ignore[arg-type]
+    broker.submit("live", Size(gpus=1))
+    clock.advance(3600)
+    since, until, now = at("2024-05-16 10:30"), at("2024-05-16 11:00"), clock.now()
+    window = store.holdings(since, until, now)
+    assert sorted(r["user"] for r in window) == ["across"]
+    everything = store.holdings(float("-inf"), now, now)
+    assert {r["user"] for r in everything} == {"early", "across", "late", "live"}
+    for a, b in ((since, until), (at("2024-05-16 11:30"), now)):
+        assert usage(store.holdings(a, b, now), by="user", since=a, until=b, tz=UTC) == usage(
+            everything, by="user", since=a, until=b, tz=UTC
+        )
+
+
+def test_usage_is_one_query_however_many_leases_are_live() -> None:
+    """The admin page asks for usage once per grouping: each is one statement, not one
+    per active lease on top of a scan of the whole ledger."""
+    clock = VirtualClock(at("2024-05-16 09:00"))
+    store = Store()
+    broker = Broker(store, make_inventory([None] * 4), clock=clock)
+    for user in ("ann", "bob", "cyd", "dee"):
+        broker.submit(user, Size(gpus=1))
+    clock.advance(3600)
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    assert broker.usage(by="user") == {"ann": 1.0, "bob": 1.0, "cyd": 1.0, "dee": 1.0}
+    assert len([s for s in statements if s.startswith("SELECT")]) == 1

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from jupyter_gpubroker.cli import _hold, _stop, main
+from jupyter_gpubroker.cli import main
+from jupyter_gpubroker.cli.leases import _hold, _stop
 
 NOWHERE = "http://127.0.0.1:9/gpubroker/api/v1"  # the discard port: nothing listens
 

@@ -1,9 +1,11 @@
-"""`jupyter gpubroker usage`: GPU-hours and cost from a state file, as a table or CSV."""
+"""`jupyter gpubroker usage` from a state file: GPU-hours and cost, as a table or CSV;
+the file is read as it is, never migrated."""
 
 from __future__ import annotations
 
 import csv
 import io
+import sqlite3
 from datetime import datetime, timezone
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.models import Size
-from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.broker.store import MIGRATIONS, SCHEMA_VERSION, Store
 from jupyter_gpubroker.cli import main
 from jupyter_gpubroker.nvml import open_backend
 
@@ -86,3 +88,51 @@ def test_bad_input_is_one_line(capsys, state, tmp_path) -> None:
         assert capsys.readouterr().err.startswith("error: ")
     assert main(["usage", "--state", str(tmp_path / "none.sqlite")]) == 1
     assert "no broker state file" in capsys.readouterr().err
+
+
+def old_state(path, version: int):  # type: ignore[no-untyped-def]
+    """A state file as a broker of schema ``version`` left it, with one ended lease."""
+    conn = sqlite3.connect(path)
+    for migration in MIGRATIONS[:version]:
+        conn.executescript(migration)
+    conn.execute(
+        "INSERT INTO ledger VALUES ('l-1', 'ann', '', 'gpu', 'batch', 1.0, 0.0, 7200.0, 2.0)"
+    )
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_an_older_state_file_is_left_as_it_is(capsys, tmp_path) -> None:
+    """A broker of the version before may still run on it: a reader never migrates."""
+    state = old_state(tmp_path / "state.sqlite", SCHEMA_VERSION - 1)
+    before = state.read_bytes()
+    assert main(["usage", "--state", str(state)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {state} was written by an older jupyter-gpubroker (schema version "
+        f"{SCHEMA_VERSION - 1}, this one reads {SCHEMA_VERSION}); it is left as it is: the "
+        "broker upgrades it when it next starts\n"
+    )
+    assert state.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.sqlite"]  # no WAL either
+
+
+def test_a_newer_state_file_says_to_upgrade(capsys, tmp_path) -> None:
+    state = old_state(tmp_path / "state.sqlite", SCHEMA_VERSION)
+    conn = sqlite3.connect(state)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    assert main(["usage", "--state", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {state}: schema version {SCHEMA_VERSION + 1} is newer")
+    assert "upgrade the package" in err and err.count("\n") == 1
+
+
+def test_a_database_that_is_no_state_file_says_so(capsys, tmp_path) -> None:
+    other = tmp_path / "notes.sqlite"
+    other.write_bytes(b"")  # an empty file is an empty SQLite database
+    assert main(["usage", "--state", str(other)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {other}: not a GPU broker state file (it holds no tables)\n"
+    )

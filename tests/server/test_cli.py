@@ -275,3 +275,60 @@ async def test_an_admin_reads_the_health_alerts(cli, api, jp_serverapp):  # type
         1,
         "error: 'limit' must be an integer from 1 to 1000, not '5000'",
     )
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    """``python -c CODE ARGS...``: its exit status, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+WATCHED = """import json, sys
+from jupyter_gpubroker.cli import main
+opened = []
+sys.addaudithook(lambda event, args: event == "sqlite3.connect" and opened.append(str(args[0])))
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "modules": sorted(sys.modules), "sqlite": opened}))
+"""
+"""Run ``jupyter gpubroker ARGS`` and print, last, what it loaded and the SQLite
+files it opened (Python's audit hook sees every ``sqlite3.connect``)."""
+
+
+async def test_queue_loads_neither_the_replay_nor_nvml(api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+    """`jupyter gpubroker queue` is a client: no simulator, NVML backend, store or replay."""
+    async with held(api, 7):
+        await api("POST", "requests", {"profile": "1g.10gb"})  # the GPU is full: it waits
+        argv = ["queue", "--url", broker_url, "--token", jp_serverapp.identity_provider.token]
+        code, out, err = await run_cli(WATCHED, *argv)
+    *table, last = out.splitlines()
+    seen = json.loads(last)
+    assert code == 0 and seen["status"] == 0, err
+    assert table[-1] == "1 waiting"  # it did show the queue
+    ours = [m for m in seen["modules"] if m.startswith("jupyter_gpubroker.")]
+    for heavy in ("replay", "nvml", "broker.store", "broker.core", "runtime"):
+        assert not [m for m in ours if m.startswith(f"jupyter_gpubroker.{heavy}")], heavy
+
+
+async def test_usage_asks_the_running_broker_without_opening_its_state_file(  # type: ignore[no-untyped-def]
+    api, jp_serverapp, broker_url, broker_config, monkeypatch
+):
+    """With a broker running, `usage` reports through its API and opens no SQLite file,
+    though $GPUBROKER_STATE names the broker's; given --state, it opens it read-only."""
+    state = broker_config["state_file"]
+    monkeypatch.setenv("GPUBROKER_STATE", state)
+    token = jp_serverapp.identity_provider.token
+    async with held(api) as (r,):
+        code, out, err = await run_cli(WATCHED, "usage", "--url", broker_url, "--token", token)
+        *table, last = out.splitlines()
+        seen = json.loads(last)
+        assert code == 0 and seen["status"] == 0, err
+        assert table[0].split() == ["user", "gpu_hours"]
+        assert table[1].split()[0] == r["user"]
+        assert seen["sqlite"] == []
+        code, out, err = await run_cli(WATCHED, "usage", "--state", state)
+    *table, last = out.splitlines()
+    assert code == 0 and table[1].split()[0] == r["user"], err
+    assert json.loads(last)["sqlite"] == [f"file://{state}?mode=ro"]

@@ -17,7 +17,7 @@ from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.errors import InvalidRequest, Unsatisfiable
 from jupyter_gpubroker.broker.models import Size
-from jupyter_gpubroker.cli import render_status
+from jupyter_gpubroker.cli.status import render_status
 from jupyter_gpubroker.engines import ENGINE
 from jupyter_gpubroker.engines.slurm import gres_request
 from jupyter_gpubroker.runtime import GPUBroker

@@ -1,7 +1,8 @@
-"""``jupyter gpubroker usage``: GPU-hours (and their cost) from the broker's state file.
+"""``jupyter gpubroker usage``: GPU-hours (and their cost) per user, group, profile or day.
 
-Read-only, like ``status``: it opens the state file, reads the ledger and the active
-leases, and prints a table or CSV. Prices come from a YAML or JSON file
+From the running broker's API when there is one (``GET usage``); else, and for what only
+the ledger itself can give (prices by time of day, days in another time zone), from the
+state file opened read-only. Prices come from a YAML or JSON file
 (:meth:`jupyter_gpubroker.broker.accounting.Prices.from_dict`).
 """
 
@@ -12,27 +13,29 @@ import csv
 import io
 import os
 import time
+from collections.abc import Sequence
+from datetime import tzinfo
 from pathlib import Path
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TYPE_CHECKING
 
-import yaml
+from ..paths import STATE_FILE_ENV, default_state_path
+from .common import ask_broker, connection_args
 
-from .api.shapes import parse_iso
-from .broker.accounting import GROUPINGS, Prices, holdings, usage
-from .broker.errors import InvalidRequest
-from .broker.store import Store
-from .paths import STATE_FILE_ENV, default_state_path
+if TYPE_CHECKING:
+    from ..broker.accounting import Prices, UsageRow
 
 
-def add_usage_command(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "usage",
-        help="GPU-hours (and cost) per user, group, profile or day, from the state file",
-        description="GPU-hours (GPU-equivalents x hours; a MIG slice counts its compute "
-        "slices out of 7) of leases inside [--since, --until), live leases up to now, read "
-        "from the broker's state file without changing it.",
+def add_usage(p: argparse.ArgumentParser) -> None:
+    from ..broker.accounting import GROUPINGS
+
+    p.description = (
+        "GPU-hours (GPU-equivalents x hours; a MIG slice counts its compute slices out of 7) "
+        "of leases inside [--since, --until), live leases up to now: as the running Jupyter "
+        "server's broker counts them (or the broker at --url), else read from the broker's "
+        "state file (--state) without changing it. --prices and --timezone read the state "
+        "file."
     )
+    connection_args(p, json_output=False)
     p.add_argument(
         "--since", help="start, ISO 8601 (e.g. 2024-05-01; UTC without an offset); default: all"
     )
@@ -60,6 +63,11 @@ def add_usage_command(sub: Any) -> None:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from ..broker.accounting import UsageRow
+    from ..broker.errors import InvalidRequest
+
     try:
         tz = ZoneInfo(args.timezone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -68,16 +76,48 @@ def cmd_usage(args: argparse.Namespace) -> int:
     since = _time(args.since, "--since") if args.since else float("-inf")
     until = _time(args.until, "--until") if args.until else now
     prices = _prices(args.prices) if args.prices else None
+    found = None
+    if args.state is None and prices is None and args.timezone == "UTC":
+        found = ask_broker(
+            args, lambda broker: broker.usage(by=args.by, since=args.since, until=args.until)
+        )
+    if found is not None:
+        hours: dict[str, float] = found[0]["gpu_hours"]
+        rows = [UsageRow(key, gpu_hours) for key, gpu_hours in hours.items()]
+    else:
+        rows = _from_state(args, since, until, now, tz, prices)
+    _print(args, rows, prices)
+    return 0
+
+
+def _from_state(
+    args: argparse.Namespace,
+    since: float,
+    until: float,
+    now: float,
+    tz: tzinfo,
+    prices: Prices | None,
+) -> list[UsageRow]:
+    """Usage from the state file, opened read-only: never migrated, never written."""
+    from ..broker.accounting import usage
+    from ..broker.errors import InvalidRequest
+    from ..broker.store import Store
+
     state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
     if not state.exists():
-        raise InvalidRequest(f"no broker state file at {state}")
-    store = Store(state)
-    try:
-        rows = usage(
-            holdings(store, now), since=since, until=until, by=args.by, tz=tz, prices=prices
+        raise InvalidRequest(
+            f"no broker state file at {state}"
+            + ("" if args.state else ", and no running broker found: pass --url or --state")
         )
+    store = Store(state, read_only=True)
+    try:
+        rows = store.holdings(since, until, now)
     finally:
         store.close()
+    return usage(rows, since=since, until=until, by=args.by, tz=tz, prices=prices)
+
+
+def _print(args: argparse.Namespace, rows: Sequence[UsageRow], prices: Prices | None) -> None:
     header = [args.by, "gpu_hours"] + (["cost"] if prices else [])
     table = [
         [r.key, f"{r.gpu_hours:.4f}"] + ([f"{r.cost:.2f}"] if r.cost is not None else [])
@@ -89,7 +129,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         writer.writerow(header)
         writer.writerows(table)
         print(out.getvalue(), end="")
-        return 0
+        return
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table, strict=False)]
     for line in [header, *table]:
         print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
@@ -97,10 +137,12 @@ def cmd_usage(args: argparse.Namespace) -> int:
     cost = sum(r.cost or 0.0 for r in rows)
     currency = f" {prices.currency}".rstrip() if prices else ""
     print(f"total {total:.4f} GPU-hours" + (f", {cost:.2f}{currency}" if prices else ""))
-    return 0
 
 
 def _time(text: str, flag: str) -> float:
+    from ..api.shapes import parse_iso
+    from ..broker.errors import InvalidRequest
+
     try:
         return parse_iso(text)
     except ValueError:
@@ -108,6 +150,11 @@ def _time(text: str, flag: str) -> float:
 
 
 def _prices(path: Path) -> Prices:
+    import yaml
+
+    from ..broker.accounting import Prices
+    from ..broker.errors import InvalidRequest
+
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:

@@ -1,0 +1,241 @@
+"""The queue and one's own requests and leases: ``queue``, ``request``, ``renew``,
+``release`` and ``run``, all through the broker's API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from asyncio.subprocess import Process
+from typing import Any
+
+from ..client import BrokerAPIError, BrokerClient, eta_text, keep_alive
+from .common import client, connection_args, print_result, seconds, table
+
+STOP_GRACE_S = 5.0
+"""Seconds ``run`` gives its command after SIGTERM before it kills it."""
+
+
+def add_queue(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "List the requests waiting for a GPU, in the order the broker will "
+        "grant them, with each one's size, class, submission time and estimated grant time."
+    )
+    connection_args(p)
+    p.set_defaults(func=cmd_queue)
+
+
+def _sized(p: argparse.ArgumentParser) -> None:
+    connection_args(p)
+    p.add_argument("size", help="a MIG profile (1g.10gb), a GPU count (2) or memory (20GB)")
+    p.add_argument(
+        "--class", dest="job_class", default="interactive", choices=["interactive", "batch"]
+    )
+
+
+def add_request(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Submit a request and (by default) wait for the grant. The lease expires "
+        "unless renewed within its TTL: use 'renew', or 'run' for a command."
+    )
+    _sized(p)
+    p.add_argument("--no-wait", action="store_true", help="return once queued")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=600.0,
+        help="seconds to wait; then the request is withdrawn",
+    )
+    p.set_defaults(func=cmd_request)
+
+
+def add_renew(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Renew a lease (l-...) or a queued request (r-..., e.g. one made with "
+        "'request --no-wait') for another TTL. A lease or request nobody renews expires: the "
+        "GPU goes to the next request, and a waiting request leaves the queue."
+    )
+    connection_args(p)
+    p.add_argument("id", help="a lease id (l-...) or request id (r-...)")
+    p.set_defaults(func=cmd_renew)
+
+
+def add_release(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Give a lease's GPU back (l-...) or withdraw a request (r-...), queued "
+        "or granted; the next request in the queue is granted at once."
+    )
+    connection_args(p)
+    p.add_argument("id", help="a lease id (l-...) or request id (r-...)")
+    p.add_argument(
+        "--reason", default=None, help="why (an admin withdrawing another user's request)"
+    )
+    p.set_defaults(func=cmd_release)
+
+
+def add_run(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Wait for a grant, run COMMAND with CUDA_VISIBLE_DEVICES set, renew the "
+        "lease while it runs, release it when it ends. Exits with the command's status. If "
+        "the lease is lost (ended by the broker, or not renewable within its TTL) the "
+        "command is stopped (SIGTERM, then SIGKILL)."
+    )
+    _sized(p)
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds to wait for a grant")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    queue = asyncio.run(client(args).queue())
+    rows = [("POS", "USER", "SIZE", "CLASS", "SUBMITTED", "ETA")]
+    for e in queue:
+        size = e.get("profile") or (
+            f"{e['gpus']} GPU" if e.get("gpus") else f">={e['min_memory_gb']}GB"
+        )
+        rows.append(
+            (
+                str(e["position"]),
+                e["user"],
+                size,
+                e["job_class"],
+                e["submitted_at"][11:19],
+                eta_text(e),
+            )
+        )
+    print_result(args, queue, table(rows) + f"\n{len(queue)} waiting")
+    return 0
+
+
+def _size_fields(text: str) -> dict[str, Any]:
+    from ..broker.errors import InvalidRequest
+    from ..broker.models import Size
+
+    if text.strip().startswith("-"):
+        digits = text.strip()[1:].isdigit()
+        raise InvalidRequest(
+            f"a GPU count must be positive, not {text}"
+            if digits
+            else f"sizes cannot be negative: {text} (give e.g. 1g.10gb, 2 or 20GB)"
+        )
+    return Size.parse(text).to_json()
+
+
+async def _granted(broker: BrokerClient, args: argparse.Namespace, owner: str) -> dict[str, Any]:
+    """Submit the request and wait for its grant (unless --no-wait). A request whose
+    wait ends (timeout, Ctrl-C, error) is withdrawn by ``wait_for_grant``: nothing is
+    granted to a caller who left."""
+    fields = _size_fields(args.size)
+    r = await broker.submit(**fields, job_class=args.job_class, owner=owner)
+    if r["state"] != "queued" or getattr(args, "no_wait", False):
+        return r
+    print(f"queued at position {r['position']} (request {r['id']})", file=sys.stderr)
+    try:
+        return await broker.wait_for_grant(r["id"], args.timeout)
+    except BaseException:
+        args.withdrawn = f": request {r['id']} withdrawn"
+        raise
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    r = asyncio.run(_granted(client(args), args, "cli"))
+    if r["state"] != "granted":
+        print_result(
+            args,
+            r,
+            f"request {r['id']} is {r['state']} at position {r['position']}\n"
+            f"# renew within {r['ttl_s']:g} s or it leaves the queue: "
+            f"jupyter gpubroker renew {r['id']}",
+        )
+        return 0
+    lease = r["lease"]
+    print_result(
+        args,
+        r,
+        f"CUDA_VISIBLE_DEVICES={','.join(lease['devices'])}\n"
+        f"GPUBROKER_LEASE_ID={lease['id']}\n"
+        f"# renew within {lease['ttl_s']:g} s: jupyter gpubroker renew {lease['id']}",
+    )
+    return 0
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    broker = client(args)
+    if args.id.startswith("r-"):
+        r = asyncio.run(broker.renew_request(args.id))
+        print_result(args, r, f"request {r['id']} is {r['state']}; expires at {r['expires_at']}")
+        return 0
+    lease = asyncio.run(broker.renew(args.id))
+    print_result(args, lease, f"lease {lease['id']} expires at {lease['expires_at']}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    broker = client(args)
+    if args.id.startswith("r-"):
+        done = asyncio.run(broker.cancel(args.id, args.reason))
+    else:
+        done = asyncio.run(broker.release(args.id))
+    print_result(args, done, f"{args.id}: {done['state']}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("error: give the command to run after --", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(client(args), args, command))
+
+
+async def _run(broker: BrokerClient, args: argparse.Namespace, command: list[str]) -> int:
+    r = await _granted(broker, args, "cli-run")
+    try:
+        lease = r["lease"]
+        devices = ",".join(lease["devices"])
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
+        try:
+            proc = await asyncio.create_subprocess_exec(*command, env=env)
+        except OSError as e:  # as a shell says it: 127 not found, 126 not runnable
+            print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
+            return 127 if isinstance(e, FileNotFoundError) else 126
+        try:
+            return await _hold(broker, lease, proc)
+        finally:
+            if proc.returncode is None:  # lost lease, Ctrl-C: never leave it running
+                await _stop(proc)
+    finally:
+        with contextlib.suppress(BrokerAPIError, OSError):
+            await broker.cancel(r["id"])
+
+
+async def _hold(broker: BrokerClient, lease: dict[str, Any], proc: Process) -> int:
+    """Renew the lease while the command runs (``keep_alive``); its exit status, or 1
+    once the lease is lost: ended by the broker, refused, or not renewed within its TTL."""
+    renewing = asyncio.ensure_future(keep_alive(broker.renew, lease))
+    exiting = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.wait({renewing, exiting}, return_when=asyncio.FIRST_COMPLETED)
+        if exiting.done():
+            return exiting.result()
+        lost = renewing.result()
+        why = lost.message if lost is not None else "no longer renewed"
+        print(f"error: lost lease {lease['id']} ({why}): stopping the command", file=sys.stderr)
+        return 1
+    finally:
+        renewing.cancel()
+        exiting.cancel()
+
+
+async def _stop(proc: Process) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after ``STOP_GRACE_S``."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()

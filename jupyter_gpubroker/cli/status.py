@@ -1,0 +1,206 @@
+"""``jupyter gpubroker status``: the GPUs and slices, their load and holders.
+
+From the running broker's API when there is one; else from NVML (or a simulated machine)
+and the state file, opened read-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..client import URL_ENV, BrokerAPIError
+from ..paths import STATE_FILE_ENV, default_state_path
+from .common import ask_broker, connection_args, table
+
+
+def add_status(p: argparse.ArgumentParser) -> None:
+    from ..nvml.backend import SIMULATE_ENV
+
+    p.description = (
+        "Show every GPU and MIG slice, its live load and the lease holding it: "
+        "as the running Jupyter server's broker sees them (or the broker at --url), else as "
+        "NVML (or --simulate) and the broker's state file (--state) say."
+    )
+    connection_args(p)
+    p.add_argument(
+        "--simulate",
+        metavar="TOPOLOGY",
+        default=None,
+        help=f"a simulated machine: a preset (e.g. dgx-h100-mig, dgx-h100-mig:64) or a "
+        f"topology file; default ${SIMULATE_ENV}, else the real driver",
+    )
+    p.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help=f"the broker's state file (default ${STATE_FILE_ENV}, else {default_state_path()})",
+    )
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The running broker's view when there is one (or --url names one), else the local
+    hardware's and the state file's."""
+    report = None
+    if args.state is None and args.simulate is None:
+        found = ask_broker(args, lambda client: client.call("GET", "devices"))
+        if found is not None:
+            report = {"source": found[1], **found[0]}
+    if report is None:
+        report = _local_report(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_status(report))
+    return 0
+
+
+def _local_report(args: argparse.Namespace) -> dict[str, Any]:
+    """What NVML (or the simulated machine) and the state file say, read-only."""
+    import pynvml
+
+    from ..api.shapes import devices_json
+    from ..broker.errors import InvalidRequest
+    from ..nvml import NvmlUnavailable, open_backend, seed_for
+
+    state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
+    if args.state is not None and not state.exists():
+        raise InvalidRequest(
+            f"{state}: no such state file; check --state (a broker creates it when it first starts)"
+        )
+    try:
+        backend = open_backend(args.simulate, seed=seed_for(str(state)))
+    except NvmlUnavailable:
+        if args.state is not None:
+            raise
+        raise BrokerAPIError(
+            0,
+            "no_server",
+            "no running Jupyter server found, and this machine has no NVIDIA driver: "
+            f"start a server, pass --url (or set {URL_ENV}), or look at a simulated "
+            "machine with --simulate dgx-h100-mig",
+        ) from None
+    with backend:
+        inventory = backend.inventory()
+        readings = backend.read_all(inventory)
+        source = (
+            f"simulated: {backend.simulator.topology.name}"
+            if backend.simulator
+            else f"NVIDIA driver {pynvml.nvmlSystemGetDriverVersion()}"
+        )
+    holders, drains, causes = _state_view(state)
+    return {
+        "source": source,
+        "state": str(state) if state.exists() else None,
+        "gpus": devices_json(inventory, readings, holders, drains=drains, causes=causes),
+    }
+
+
+def _state_view(state: Path) -> tuple[dict[str, Any], dict[str, tuple[str, float]], dict[str, str]]:
+    """Device uuid -> active lease, drained uuid -> (reason, since) and who drained it,
+    from the state file, read-only (none when there is no file yet)."""
+    from ..broker.store import Store
+
+    if not state.exists():
+        return {}, {}, {}
+    store = Store(state, read_only=True)
+    try:
+        holders = {d: lease for lease, _ in store.active_leases() for d in lease.devices}
+        return holders, store.drains(), store.drain_causes()
+    finally:
+        store.close()
+
+
+def render_status(report: dict[str, Any]) -> str:
+    from ..broker.text import memory
+
+    rows = [("DEVICE", "MODEL / PROFILE", "MEMORY", "UTIL", "TEMP", "POWER", "HOLDER", "UUID")]
+    for g in report["gpus"]:
+        rows.append(
+            (
+                _gpu_label(g),
+                f"{g['name']}" + (" [MIG]" if g["mig_enabled"] else ""),
+                f"{g['memory_mib'] / 1024:.0f} GiB",
+                _pct(g.get("utilization_gpu")),
+                _num(g.get("temperature_c"), "C"),
+                _num(g.get("power_w"), "W"),
+                _gpu_state(g),
+                g["uuid"],
+            )
+        )
+        for d in g["devices"]:
+            if d["kind"] == "gpu":
+                rows[-1] = (*rows[-1][:6], _holder_text(d), g["uuid"])
+                continue
+            rows.append(
+                (
+                    f"  {d['label'].split(' / ')[1]}",
+                    d["profile"],
+                    memory(d["memory_mib"]),
+                    _pct(d.get("utilization_gpu")),
+                    "",
+                    "",
+                    _holder_text(d),
+                    d["uuid"],
+                )
+            )
+    lines = [table(rows)]
+    n_dev = sum(len(g["devices"]) for g in report["gpus"])
+    held = sum(1 for g in report["gpus"] for d in g["devices"] if d["holder"])
+    drained = sum(1 for g in report["gpus"] for d in g["devices"] if d.get("drained"))
+    lines.append("")
+    lines.append(
+        f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
+        f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
+    )
+    engine = report.get("engine")
+    if engine and not engine["reachable"]:
+        lines.append(
+            f"{engine['error']} since {engine['since']}: the broker keeps its queue and its "
+            f"last view of the cluster"
+        )
+    return "\n".join(lines)
+
+
+def _gpu_label(g: dict[str, Any]) -> str:
+    """``GPU 3``, on a cluster with its node (``gpu-a GPU 3``), as its devices' labels say."""
+    label = str(g["devices"][0].get("label", "")) if g["devices"] else ""
+    return label.split(" / ")[0] or f"GPU {g['index']}"
+
+
+def _read_from(report: dict[str, Any]) -> str:
+    """Where the report comes from: a running broker, or the hardware and a state file."""
+    if "state" not in report:
+        return str(report["source"])
+    state = report["state"]
+    return f"{report['source']}; no broker running; " + (
+        f"holders from {state}" if state else "no state file yet"
+    )
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def _num(v: float | None, unit: str) -> str:
+    return "-" if v is None else f"{v:.0f}{unit}"
+
+
+def _gpu_state(g: dict[str, Any]) -> str:
+    """A GPU row's last column but one: its trouble, if any."""
+    if g.get("drained"):
+        return f"DRAINED: {g['drained']['reason']}"
+    return "" if g.get("health", "ok") == "ok" else g["health"].upper()
+
+
+def _holder_text(d: dict[str, Any]) -> str:
+    holder = d["holder"]
+    if holder is None:
+        text = "free"
+    else:  # another user's lease, seen through a broker's API, shows no id
+        text = holder["user"] + (f" ({holder['lease_id']})" if holder["lease_id"] else "")
+    return f"{text}, drained" if d.get("drained") else text
