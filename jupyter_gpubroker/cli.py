@@ -875,7 +875,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.simulate, port=args.port, browser=not args.no_browser, lab=not args.server)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
