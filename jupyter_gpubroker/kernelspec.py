@@ -37,7 +37,7 @@ def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, di
         config["job_class"] = job_class
         label, slug = f"{label}, {job_class}", f"{slug}-{job_class}"
     name = "python3-gpu-" + re.sub(r"[^a-z0-9._-]", "-", slug.lower())
-    spec = {
+    spec: dict[str, object] = {
         "argv": [
             sys.executable,
             "-m",

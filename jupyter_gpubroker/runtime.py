@@ -36,6 +36,7 @@ from .broker.alerts import AlertChange, AlertConfig, AlertJudge
 from .broker.budgets import Quota
 from .broker.core import Broker, BrokerConfig, Event, QueueEntry
 from .broker.errors import InvalidRequest
+from .broker.eta import Eta
 from .broker.health import (
     CRITICAL_XIDS,
     DEFAULT_DRAIN_REASONS,
@@ -945,7 +946,7 @@ class Positions:
             classes[r.job_class.value] += 1
         return cls(event_id, at, len(entries), by_user, by_holder, ahead)
 
-    def _seen(self) -> dict[str, tuple[int, float | None]]:
+    def _seen(self) -> dict[str, tuple[int, Eta | None]]:
         return {e.request.id: (e.position, e.eta) for es in self.by_user.values() for e in es}
 
     def moved_since(self, before: Positions | None) -> None:

@@ -1,6 +1,14 @@
 const jestJupyterLab = require('@jupyterlab/testutils/lib/jest-config');
 
-const esModules = ['@codemirror', '@jupyter/ydoc', '@jupyterlab/', 'lib0', 'nanoid', 'y-protocols', 'yjs'].join('|');
+const esModules = [
+  '@codemirror',
+  '@jupyter/ydoc',
+  '@jupyterlab/',
+  'lib0',
+  'nanoid',
+  'y-protocols',
+  'yjs'
+].join('|');
 
 module.exports = {
   ...jestJupyterLab(__dirname),

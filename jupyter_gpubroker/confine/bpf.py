@@ -89,7 +89,7 @@ def attach(path: Path, code: bytes) -> None:
     try:
         prog = _bpf(_PROG_LOAD, load)
     except OSError as e:
-        why = log.value.decode(errors="replace").strip().splitlines()[-1:] or [e.strerror]
+        why = log.value.decode(errors="replace").strip().splitlines()[-1:] or [e.strerror or str(e)]
         raise ConfinementError(f"the kernel refused the device program: {why[0]}") from e
     try:
         cgroup = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

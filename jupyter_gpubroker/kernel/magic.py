@@ -265,11 +265,11 @@ class GPUMagics(Magics):
     def _request(self, args: argparse.Namespace) -> GpuResult:
         size = requested_size(args)
         held = self.session.live()
-        if held is not None and self.session.shared(held):  # a second device: never
+        if held is not None and (lease := self.session.shared(held)):  # a second device: never
             r = held.request
             display(
                 {
-                    "text/plain": f"This server already holds {', '.join(held.lease['devices'])} "
+                    "text/plain": f"This server already holds {', '.join(lease['devices'])} "
                     f"({size_text(r)}); this kernel uses it (ask for a different GPU when "
                     "you start the server)."
                 },
@@ -312,9 +312,9 @@ class GPUMagics(Magics):
         tracker = self.session.live()
         if tracker is None:
             return GpuResult({}, lambda: "This kernel holds no GPU and has no request waiting.")
-        if self.session.shared(tracker):
+        if lease := self.session.shared(tracker):
             raise GpuError(
-                f"this kernel shares its server's {', '.join(tracker.lease['devices'])}: stop "
+                f"this kernel shares its server's {', '.join(lease['devices'])}: stop "
                 "the server (the hub's home page) to give the GPU back"
             )
         granted = tracker.state == "granted"

@@ -230,10 +230,11 @@ class Session:
         hub's GPU spawner): its kernels share it rather than ask for another."""
         return os.environ.get(SERVER_LEASE_ENV, "")
 
-    def shared(self, tracker: Tracker) -> bool:
-        """Is ``tracker`` the server's reservation (not this kernel's own request)?"""
+    def shared(self, tracker: Tracker) -> dict[str, Any] | None:
+        """The server's lease when ``tracker`` is the server's reservation (not this kernel's
+        own request), else None."""
         lease = tracker.lease
-        return bool(self.server_lease) and lease is not None and lease["id"] == self.server_lease
+        return lease if self.server_lease and lease and lease["id"] == self.server_lease else None
 
     def submit(self, size: dict[str, Any], job_class: str) -> Tracker:
         """Ask for ``size`` for this kernel; refused while it already has a live request or

@@ -69,7 +69,8 @@ class SampleStore:
         self.store = store
         self.interval_s = interval_s
         self.tiers = (Tier(RAW, raw_kept_s), Tier(60, minutes_kept_s), Tier(3600, hours_kept_s))
-        store.conn.create_aggregate("BIT_OR", 1, _BitOr)
+        # typeshed wants finalize() -> int; SQLite takes None (NULL: no device reported it)
+        store.conn.create_aggregate("BIT_OR", 1, _BitOr)  # type: ignore[arg-type]
         self._rolled = {t.resolution_s: self._last(t.resolution_s) for t in self.tiers[1:]}
         """Per rolled-up tier: the end of the last bucket it holds."""
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import prometheus_client
-import pynvml  # type: ignore[import-untyped]
+import pynvml
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join

@@ -42,7 +42,7 @@ import contextlib
 import os
 from typing import Any
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_server.base.call_context import CallContext
 from traitlets import Bool, Enum, Float, Int, Unicode, default, observe
 
@@ -63,7 +63,7 @@ from .reclaimer import ServerKernels
 LIVE = ("queued", "granted")
 
 
-class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
+class GPUProvisioner(LocalProvisioner):
     gpu = Unicode("", help="MIG profile to request, e.g. '1g.10gb'.").tag(config=True)
     gpus = Int(0, help="Number of whole GPUs to request.").tag(config=True)
     min_memory_gb = Float(0.0, help="Any GPU or MIG slice with at least this memory.").tag(
@@ -123,7 +123,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         shared = (kwargs.get("env") or os.environ).get(SERVER_LEASE_ENV)
         if shared:  # the server's reservation is this kernel's: no second request
             self.log.info("Kernel %s shares its server's GPU (lease %s)", self.kernel_id, shared)
-            return await super().pre_launch(**kwargs)  # type: ignore[no-any-return]
+            return await super().pre_launch(**kwargs)
         if self._kernel_token is None:  # a restart keeps the kernel's token and its user
             await self._issue_token()
         client = self._client()
@@ -132,7 +132,7 @@ class GPUProvisioner(LocalProvisioner):  # type: ignore[misc]
         env = dict(kwargs.get("env") or os.environ)
         env.update(self.gpu_env(client.url))
         kwargs["env"] = env
-        return await super().pre_launch(**kwargs)  # type: ignore[no-any-return]
+        return await super().pre_launch(**kwargs)
 
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)

@@ -83,7 +83,8 @@ export class BrokerClient {
   /** Told why calls wait for the broker (`null`: it answers again). */
   onUnavailable: (why: string | null) => void = () => undefined;
 
-  sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms));
+  sleep = (ms: number): Promise<void> =>
+    new Promise(resolve => setTimeout(resolve, ms));
 
   url(path: string): string {
     const base = this.apiUrl || URLExt.join(this.settings.baseUrl, API_PATH);
@@ -136,15 +137,21 @@ export class BrokerClient {
   }
 
   cancel(requestId: string): Promise<unknown> {
-    return this.call(`requests/${encodeURIComponent(requestId)}`, { method: 'DELETE' });
+    return this.call(`requests/${encodeURIComponent(requestId)}`, {
+      method: 'DELETE'
+    });
   }
 
   release(leaseId: string): Promise<ILease> {
-    return this.call<ILease>(`leases/${encodeURIComponent(leaseId)}`, { method: 'DELETE' });
+    return this.call<ILease>(`leases/${encodeURIComponent(leaseId)}`, {
+      method: 'DELETE'
+    });
   }
 
   keep(leaseId: string): Promise<ILease> {
-    return this.call<ILease>(`leases/${encodeURIComponent(leaseId)}/keep`, { method: 'POST' });
+    return this.call<ILease>(`leases/${encodeURIComponent(leaseId)}/keep`, {
+      method: 'POST'
+    });
   }
 
   /** Follow the event stream until `signal` aborts: each message to `onEvent`, and after a
@@ -187,7 +194,9 @@ export class BrokerClient {
           if (done) {
             break;
           }
-          for (const m of parser.feed(decoder.decode(value, { stream: true }))) {
+          for (const m of parser.feed(
+            decoder.decode(value, { stream: true })
+          )) {
             if (m.id !== null) {
               last = m.id;
             }

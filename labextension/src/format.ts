@@ -54,7 +54,9 @@ export function etaText(
 /** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as
  * jupyter_gpubroker/broker/text.py `memory`). */
 export function mib(m: number | null): string {
-  return m === null ? '?' : `${(Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1)} GiB`;
+  return m === null
+    ? '?'
+    : `${(Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1)} GiB`;
 }
 
 /** Who holds a lease, as its user says it (as broker/text.py `holder`): "bob's server",

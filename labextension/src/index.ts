@@ -22,7 +22,10 @@ import { IShow } from './render';
 
 const PLUGIN_ID = 'jupyter-gpubroker:plugin';
 
-export const gpuIcon = new LabIcon({ name: 'jupyter-gpubroker:gpu', svgstr: gpuSvg });
+export const gpuIcon = new LabIcon({
+  name: 'jupyter-gpubroker:gpu',
+  svgstr: gpuSvg
+});
 
 interface ISettings extends IShow {
   apiUrl: string;
@@ -50,7 +53,11 @@ function specSize(spec: any): string | null | undefined {
     return undefined;
   }
   const c = p.config ?? {};
-  return sizeText({ profile: c.gpu, gpus: c.gpus, min_memory_gb: c.min_memory_gb });
+  return sizeText({
+    profile: c.gpu,
+    gpus: c.gpus,
+    min_memory_gb: c.min_memory_gb
+  });
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -71,8 +78,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const fail = (what: string) => (e: Error) =>
       Notification.error(`${what}: ${e.message}`, { autoClose: 8000 });
     const actions = {
-      cancel: (id: string) => client.cancel(id).then(() => model.refresh(), fail('Cancel')),
-      release: (id: string) => client.release(id).then(() => model.refresh(), fail('Release'))
+      cancel: (id: string) =>
+        client.cancel(id).then(() => model.refresh(), fail('Cancel')),
+      release: (id: string) =>
+        client.release(id).then(() => model.refresh(), fail('Release'))
     };
 
     const panel = new GpuPanel(model, actions, settings);
@@ -81,7 +90,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.shell.add(panel, 'left', { rank: 900 });
 
     if (statusBar) {
-      const status = new GpuStatus(model, () => app.shell.activateById(panel.id));
+      const status = new GpuStatus(model, () =>
+        app.shell.activateById(panel.id)
+      );
       statusBar.registerStatusItem('jupyter-gpubroker:status', {
         item: status,
         align: 'left',
@@ -111,19 +122,29 @@ const plugin: JupyterFrontEndPlugin<void> = {
       if (n.kind === 'granted') {
         Notification.success(n.message, { autoClose: 6000 });
       } else if (n.kind === 'reclaimed') {
-        Notification.warning(`GPU reclaimed: ${n.message}`, { autoClose: false });
-      } else {
-        const when = n.deadline ? ` at ${new Date(n.deadline).toLocaleTimeString()}` : '';
-        Notification.warning(`Your GPU will be reclaimed${when}: ${n.message}`, {
-          autoClose: false,
-          actions: [
-            {
-              label: 'Keep it',
-              caption: 'Count this as activity: the GPU stays yours',
-              callback: () => void client.keep(n.leaseId).then(() => model.refresh(), fail('Keep it'))
-            }
-          ]
+        Notification.warning(`GPU reclaimed: ${n.message}`, {
+          autoClose: false
         });
+      } else {
+        const when = n.deadline
+          ? ` at ${new Date(n.deadline).toLocaleTimeString()}`
+          : '';
+        Notification.warning(
+          `Your GPU will be reclaimed${when}: ${n.message}`,
+          {
+            autoClose: false,
+            actions: [
+              {
+                label: 'Keep it',
+                caption: 'Count this as activity: the GPU stays yours',
+                callback: () =>
+                  void client
+                    .keep(n.leaseId)
+                    .then(() => model.refresh(), fail('Keep it'))
+              }
+            ]
+          }
+        );
       }
     });
 
@@ -156,7 +177,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
           `${model.overview?.length ?? '?'}, ${etaText(r, Date.now())}`;
         const known = waitingShown.get(r.id);
         if (known) {
-          Notification.update({ id: known, message: text, type: 'in-progress' });
+          Notification.update({
+            id: known,
+            message: text,
+            type: 'in-progress'
+          });
           continue;
         }
         const id = Notification.emit(text, 'in-progress', {
@@ -164,7 +189,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           actions: [
             {
               label: 'Cancel',
-              caption: 'Withdraw this kernel\'s GPU request',
+              caption: "Withdraw this kernel's GPU request",
               callback: () => actions.cancel(r.id)
             }
           ]
@@ -185,7 +210,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const schedule = () => {
       window.clearInterval(timer);
       if (settings.refreshSeconds > 0) {
-        timer = window.setInterval(() => void model.refresh().catch(() => undefined), settings.refreshSeconds * 1000);
+        timer = window.setInterval(
+          () => void model.refresh().catch(() => undefined),
+          settings.refreshSeconds * 1000
+        );
       }
     };
     if (settingRegistry) {
@@ -210,7 +238,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // While the broker does not answer, calls and the event stream try again and the
     // panel says why it waits.
     client.onUnavailable = why => (model.away = why);
-    void model.refresh().catch(e => console.warn('jupyter-gpubroker: no GPU broker answers', e));
+    void model
+      .refresh()
+      .catch(e => console.warn('jupyter-gpubroker: no GPU broker answers', e));
     void client.follow(
       e => model.apply(e),
       new AbortController().signal,

@@ -7,7 +7,15 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { sizeText } from './format';
-import { IEnvelope, IGpu, ILease, IOverview, IPositions, IQueueEntry, IRequest } from './types';
+import {
+  IEnvelope,
+  IGpu,
+  ILease,
+  IOverview,
+  IPositions,
+  IQueueEntry,
+  IRequest
+} from './types';
 
 export interface INotice {
   kind: 'granted' | 'warning' | 'reclaimed';
@@ -93,7 +101,10 @@ export class GpuModel {
   }
 
   get leases(): ILease[] {
-    return this._overview?.leases.filter(l => l.user === this._overview?.me.user) ?? [];
+    return (
+      this._overview?.leases.filter(l => l.user === this._overview?.me.user) ??
+      []
+    );
   }
 
   device(uuid: string): { gpu: IGpu; utilization: number | null } | null {
@@ -111,7 +122,9 @@ export class GpuModel {
 
   /** A device's label ("GPU 0 / 1g.10gb@3"), or its UUID when the picture lacks it. */
   label(uuid: string): string {
-    return this.device(uuid)?.gpu.devices.find(d => d.uuid === uuid)?.label ?? uuid;
+    return (
+      this.device(uuid)?.gpu.devices.find(d => d.uuid === uuid)?.label ?? uuid
+    );
   }
 
   /** The highest utilization over a lease's devices. */
@@ -126,13 +139,17 @@ export class GpuModel {
    * a kernel that waits in the queue is not running yet, so the Lab does not know its id;
    * each starting notebook (in the order they started) takes the oldest such request of
    * its size. */
-  waitingNotebooks(starting: Array<{ path: string; size: string | null }>): IWaitingNotebook[] {
+  waitingNotebooks(
+    starting: Array<{ path: string; size: string | null }>
+  ): IWaitingNotebook[] {
     const free = this.waiting
       .filter(r => !this._kernels.has(r.owner))
       .sort((a, b) => Date.parse(a.submitted_at) - Date.parse(b.submitted_at));
     const out: IWaitingNotebook[] = [];
     for (const nb of starting) {
-      const i = free.findIndex(r => nb.size === null || sizeText(r) === nb.size);
+      const i = free.findIndex(
+        r => nb.size === null || sizeText(r) === nb.size
+      );
       if (i >= 0) {
         out.push({ path: nb.path, request: free.splice(i, 1)[0] });
       }
@@ -217,12 +234,24 @@ export class GpuModel {
     }
     o.queue = o.queue.map((q: IQueueEntry) => {
       const r = q.id ? moved.get(q.id) : undefined;
-      return r ? { ...q, position: r.position ?? q.position, eta: r.eta, eta_known: r.eta_known } : q;
+      return r
+        ? {
+            ...q,
+            position: r.position ?? q.position,
+            eta: r.eta,
+            eta_known: r.eta_known
+          }
+        : q;
     });
     o.length = p.queue_length;
   }
 
-  private _notify(kind: INotice['kind'], d: any, message: string, deadline: string | null): void {
+  private _notify(
+    kind: INotice['kind'],
+    d: any,
+    message: string,
+    deadline: string | null
+  ): void {
     this._notice.emit({
       kind,
       leaseId: d.lease_id,

@@ -17,11 +17,16 @@ export class GpuPanel extends Widget {
     this.id = 'jp-gpubroker-panel';
     this.addClass('jp-GpuBroker');
     model.changed.connect(this.update, this);
-    this._clock = window.setInterval(() => this.isVisible && this.update(), 1000);
+    this._clock = window.setInterval(
+      () => this.isVisible && this.update(),
+      1000
+    );
   }
 
   protected onUpdateRequest(): void {
-    this.node.replaceChildren(renderPanel(this.model, this.options, Date.now(), this.actions));
+    this.node.replaceChildren(
+      renderPanel(this.model, this.options, Date.now(), this.actions)
+    );
   }
 
   protected onAfterShow(): void {

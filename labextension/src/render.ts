@@ -2,7 +2,15 @@
  * memory slices, the queue, my leases. Pure functions of their inputs (the time
  * included), so the tests draw them without a Lab. */
 
-import { duration, etaText, mib, ownerText, percent, since, sizeText } from './format';
+import {
+  duration,
+  etaText,
+  mib,
+  ownerText,
+  percent,
+  since,
+  sizeText
+} from './format';
 import { GpuModel } from './model';
 import { IDevice, IGpu, ILease, IQueueEntry } from './types';
 
@@ -34,7 +42,11 @@ function el<K extends keyof HTMLElementTagNameMap>(
 }
 
 /** A small SVG polyline of recent utilization (0-100 %); gaps where nothing was reported. */
-export function sparkline(values: Array<number | null>, width = 60, height = 14): SVGSVGElement {
+export function sparkline(
+  values: Array<number | null>,
+  width = 60,
+  height = 14
+): SVGSVGElement {
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
   svg.setAttribute('class', 'jp-GpuBroker-spark');
@@ -74,13 +86,19 @@ function holderText(d: IDevice, me: string): string {
  * marked free, mine or another's, drained ones struck; a whole GPU is one segment. */
 export function sliceBar(gpu: IGpu, me: string): HTMLElement {
   const bar = el('div', 'jp-GpuBroker-bar');
-  const slices = gpu.mig_enabled ? gpu.devices : gpu.devices.filter(d => d.kind === 'gpu');
+  const slices = gpu.mig_enabled
+    ? gpu.devices
+    : gpu.devices.filter(d => d.kind === 'gpu');
   const total = gpu.mig_enabled ? MEMORY_SLICES : 1;
   for (const d of slices) {
-    const span = gpu.mig_enabled ? Math.max(1, Math.round((d.memory_mib / gpu.memory_mib) * 8)) : 1;
+    const span = gpu.mig_enabled
+      ? Math.max(1, Math.round((d.memory_mib / gpu.memory_mib) * 8))
+      : 1;
     const seg = el('div', 'jp-GpuBroker-slice');
     const who = holderText(d, me);
-    seg.classList.add(`jp-mod-${who === 'free' ? 'free' : who === 'mine' ? 'mine' : 'taken'}`);
+    seg.classList.add(
+      `jp-mod-${who === 'free' ? 'free' : who === 'mine' ? 'mine' : 'taken'}`
+    );
     if (d.drained) {
       seg.classList.add('jp-mod-drained');
     }
@@ -88,7 +106,8 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
     seg.style.gridColumn = `${start + 1} / span ${span}`;
     seg.dataset.uuid = d.uuid;
     seg.textContent = who;
-    const util = d.utilization_gpu === null ? '' : ` · ${percent(d.utilization_gpu)}`;
+    const util =
+      d.utilization_gpu === null ? '' : ` · ${percent(d.utilization_gpu)}`;
     seg.title = `${d.label}: ${who}${util}${d.drained ? ` · drained: ${d.drained.reason}` : ''}`;
     bar.appendChild(seg);
   }
@@ -117,11 +136,17 @@ function healthBadge(gpu: IGpu): HTMLElement {
   return el('span', `jp-GpuBroker-badge jp-mod-${gpu.health}`, gpu.health);
 }
 
-export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement {
+export function renderGpu(
+  gpu: IGpu,
+  model: GpuModel,
+  show: IShow
+): HTMLElement {
   const me = model.overview?.me.user ?? '';
   const row = el('div', 'jp-GpuBroker-gpu');
   const head = el('div', 'jp-GpuBroker-gpuHead');
-  head.appendChild(el('span', 'jp-GpuBroker-gpuName', `GPU ${gpu.index} · ${gpu.model}`));
+  head.appendChild(
+    el('span', 'jp-GpuBroker-gpuName', `GPU ${gpu.index} · ${gpu.model}`)
+  );
   head.appendChild(healthBadge(gpu));
   row.appendChild(head);
   row.appendChild(el('div', 'jp-GpuBroker-profiles', profilesText(gpu)));
@@ -138,7 +163,9 @@ export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement 
   }
   row.appendChild(readings);
   if (gpu.drained) {
-    row.appendChild(el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`));
+    row.appendChild(
+      el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`)
+    );
   }
   return row;
 }
@@ -163,7 +190,9 @@ export function renderQueue(
     size.appendChild(el('div', 'jp-GpuBroker-class', q.job_class));
     tr.appendChild(size);
     tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
-    tr.appendChild(el('td', '', etaText(q, now).replace('ETA unknown', 'unknown')));
+    tr.appendChild(
+      el('td', '', etaText(q, now).replace('ETA unknown', 'unknown'))
+    );
     const td = el('td', '');
     if (q.mine && q.id) {
       const id = q.id;
@@ -194,7 +223,9 @@ export function renderLease(
   if (lease.reclaim_at) {
     box.classList.add('jp-mod-warned');
   }
-  const owner = model.overview?.requests.find(r => r.id === lease.request_id)?.owner;
+  const owner = model.overview?.requests.find(
+    r => r.id === lease.request_id
+  )?.owner;
   const where = model.kernelPath(owner) ?? ownerText(owner);
   const head = el('div', 'jp-GpuBroker-leaseHead');
   head.appendChild(el('span', 'jp-GpuBroker-leaseWhere', where));
@@ -204,8 +235,17 @@ export function renderLease(
   head.appendChild(b);
   box.appendChild(head);
   const labels = lease.devices.map(u => model.label(u));
-  box.appendChild(el('div', 'jp-GpuBroker-leaseDevice', `${lease.profile} · ${labels.join(', ')}`));
-  const facts = [`held ${duration(since(lease.granted_at, now))}`, `util ${percent(model.utilization(lease))}`];
+  box.appendChild(
+    el(
+      'div',
+      'jp-GpuBroker-leaseDevice',
+      `${lease.profile} · ${labels.join(', ')}`
+    )
+  );
+  const facts = [
+    `held ${duration(since(lease.granted_at, now))}`,
+    `util ${percent(model.utilization(lease))}`
+  ];
   if (lease.idle_s !== undefined && lease.idle_s !== null) {
     facts.push(lease.idle_s > 0 ? `idle ${duration(lease.idle_s)}` : 'in use');
   }
@@ -227,15 +267,32 @@ function section(title: string): HTMLElement {
 }
 
 /** The whole panel. */
-export function renderPanel(model: GpuModel, show: IShow, now: number, actions: IActions): HTMLElement {
+export function renderPanel(
+  model: GpuModel,
+  show: IShow,
+  now: number,
+  actions: IActions
+): HTMLElement {
   const root = el('div', 'jp-GpuBroker-content');
   const o = model.overview;
   if (!o) {
-    root.appendChild(el('div', 'jp-GpuBroker-empty', model.away ?? 'Connecting to the GPU broker…'));
+    root.appendChild(
+      el(
+        'div',
+        'jp-GpuBroker-empty',
+        model.away ?? 'Connecting to the GPU broker…'
+      )
+    );
     return root;
   }
   if (!model.connected || model.away) {
-    root.appendChild(el('div', 'jp-GpuBroker-offline', model.away ?? 'Reconnecting to the GPU broker…'));
+    root.appendChild(
+      el(
+        'div',
+        'jp-GpuBroker-offline',
+        model.away ?? 'Reconnecting to the GPU broker…'
+      )
+    );
   }
   if (show.leases) {
     const s = section(`My GPUs (${model.leases.length})`);
@@ -253,9 +310,17 @@ export function renderPanel(model: GpuModel, show: IShow, now: number, actions: 
     root.appendChild(s);
   }
   if (show.devices) {
-    const slices = o.gpus.reduce((n, g) => n + (g.mig_enabled ? g.devices.length : 0), 0);
-    const free = o.gpus.reduce((n, g) => n + g.devices.filter(d => !d.holder && !d.drained).length, 0);
-    const s = section(`GPUs (${o.gpus.length} GPUs, ${slices} MIG slices, ${free} free)`);
+    const slices = o.gpus.reduce(
+      (n, g) => n + (g.mig_enabled ? g.devices.length : 0),
+      0
+    );
+    const free = o.gpus.reduce(
+      (n, g) => n + g.devices.filter(d => !d.holder && !d.drained).length,
+      0
+    );
+    const s = section(
+      `GPUs (${o.gpus.length} GPUs, ${slices} MIG slices, ${free} free)`
+    );
     for (const gpu of o.gpus) {
       s.appendChild(renderGpu(gpu, model, show));
     }

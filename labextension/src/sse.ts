@@ -14,7 +14,9 @@ export class SseParser {
     let end: number;
     while ((end = this._buffer.search(/\r?\n/)) >= 0) {
       const line = this._buffer.slice(0, end);
-      this._buffer = this._buffer.slice(end + (this._buffer[end] === '\r' ? 2 : 1));
+      this._buffer = this._buffer.slice(
+        end + (this._buffer[end] === '\r' ? 2 : 1)
+      );
       if (line === '') {
         if (this._data.length) {
           out.push({ id: this._id, data: this._data.join('\n') });

@@ -67,6 +67,8 @@ def test_every_command_the_quick_start_shows_is_run_by_a_test_or_ci() -> None:
     assert 'pip install --quiet -e ".[dev]"' in ci
     unrun = []
     for command in sorted(shown - installs):
+        if re.search(rf"^{re.escape(command)}( |$)", ci, re.M):
+            continue  # .ci/run runs the whole line
         for part in command.split(" && "):
             if part.startswith("pip install -e"):
                 continue

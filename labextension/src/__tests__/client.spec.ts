@@ -12,7 +12,9 @@ function stream(chunks: string[]): Response {
     body: {
       getReader: () => ({
         read: async () =>
-          encoded.length ? { value: encoded.shift(), done: false } : { value: undefined, done: true }
+          encoded.length
+            ? { value: encoded.shift(), done: false }
+            : { value: undefined, done: true }
       })
     }
   } as unknown as Response;
@@ -20,35 +22,54 @@ function stream(chunks: string[]): Response {
 
 describe('BrokerClient.follow', () => {
   it('reconnects after the server restarts, resuming after the last event id', async () => {
-    const settings = ServerConnection.makeSettings({ baseUrl: 'http://localhost:8888/' });
+    const settings = ServerConnection.makeSettings({
+      baseUrl: 'http://localhost:8888/'
+    });
     const client = new BrokerClient(settings);
     const abort = new AbortController();
     const sent: Array<Record<string, string>> = [];
     const replies = [
-      stream(['id: 41\ndata: {"v":1,"id":41,"type":"hello","at":"","data":{}}\n\n']),
-      stream(['id: 42\ndata: {"v":1,"id":42,"type":"granted","at":"","data":{}}\n\n'])
+      stream([
+        'id: 41\ndata: {"v":1,"id":41,"type":"hello","at":"","data":{}}\n\n'
+      ]),
+      stream([
+        'id: 42\ndata: {"v":1,"id":42,"type":"granted","at":"","data":{}}\n\n'
+      ])
     ];
-    jest.spyOn(ServerConnection, 'makeRequest').mockImplementation(async (url, init) => {
-      expect(url).toBe('http://localhost:8888/gpubroker/api/v1/events');
-      sent.push({ ...(init.headers as Record<string, string>) });
-      const reply = replies.shift();
-      if (!reply) {
-        abort.abort();
-        throw new Error('stopped');
-      }
-      return reply;
-    });
+    jest
+      .spyOn(ServerConnection, 'makeRequest')
+      .mockImplementation(async (url, init) => {
+        expect(url).toBe('http://localhost:8888/gpubroker/api/v1/events');
+        sent.push({ ...(init.headers as Record<string, string>) });
+        const reply = replies.shift();
+        if (!reply) {
+          abort.abort();
+          throw new Error('stopped');
+        }
+        return reply;
+      });
     const seen: IEnvelope[] = [];
     const states: boolean[] = [];
-    await client.follow(e => seen.push(e), abort.signal, c => states.push(c), 0);
+    await client.follow(
+      e => seen.push(e),
+      abort.signal,
+      c => states.push(c),
+      0
+    );
     expect(seen.map(e => e.type)).toEqual(['hello', 'granted']);
-    expect(sent).toEqual([{}, { 'Last-Event-ID': '41' }, { 'Last-Event-ID': '42' }]);
+    expect(sent).toEqual([
+      {},
+      { 'Last-Event-ID': '41' },
+      { 'Last-Event-ID': '42' }
+    ]);
     expect(states).toEqual([true, false, true, false]);
   });
 });
 
 describe('BrokerClient.url', () => {
-  const settings = ServerConnection.makeSettings({ baseUrl: 'http://hub/user/ann/' });
+  const settings = ServerConnection.makeSettings({
+    baseUrl: 'http://hub/user/ann/'
+  });
 
   it("calls this server's own broker by default", () => {
     expect(new BrokerClient(settings).url('overview')).toBe(
@@ -64,15 +85,26 @@ describe('BrokerClient.url', () => {
 
 /** A response with `status` and `text` (the broker's JSON or a proxy's page). */
 function answer(status: number, text: string): Response {
-  return { ok: status < 400, status, statusText: '', text: async () => text } as unknown as Response;
+  return {
+    ok: status < 400,
+    status,
+    statusText: '',
+    text: async () => text
+  } as unknown as Response;
 }
 
 const PROXY_PAGE = '<html><body>503 Service Unavailable</body></html>';
 
 describe('BrokerClient while the broker does not answer', () => {
-  const settings = ServerConnection.makeSettings({ baseUrl: 'http://localhost:8888/' });
+  const settings = ServerConnection.makeSettings({
+    baseUrl: 'http://localhost:8888/'
+  });
 
-  function client(replies: Array<Response | Error>): { client: BrokerClient; waits: number[]; told: Array<string | null> } {
+  function client(replies: Array<Response | Error>): {
+    client: BrokerClient;
+    waits: number[];
+    told: Array<string | null>;
+  } {
     const c = new BrokerClient(settings);
     const waits: number[] = [];
     const told: Array<string | null> = [];
@@ -91,7 +123,11 @@ describe('BrokerClient while the broker does not answer', () => {
   afterEach(() => jest.restoreAllMocks());
 
   it('tries again after a proxy 502/503 or no connection, 0.5 s doubling to 5 s, and says so', async () => {
-    const { client: c, waits, told } = client([
+    const {
+      client: c,
+      waits,
+      told
+    } = client([
       answer(502, PROXY_PAGE),
       answer(503, PROXY_PAGE),
       new ServerConnection.NetworkError(new TypeError('Failed to fetch')),
@@ -102,14 +138,28 @@ describe('BrokerClient while the broker does not answer', () => {
     ]);
     expect(await c.call('overview')).toEqual({ me: { user: 'ann' } });
     expect(waits).toEqual([500, 1000, 2000, 4000, 5000, 5000]);
-    expect(told).toEqual([...Array(6).fill('The GPU broker is not answering; trying again…'), null]);
+    expect(told).toEqual([
+      ...Array(6).fill('The GPU broker is not answering; trying again…'),
+      null
+    ]);
   });
 
   it("shows the broker's own reason for a 503 in full and tries again every few seconds", async () => {
-    const why = 'The GPU broker could not start: its state file /srv/gpubroker.sqlite is held by pid 7.';
-    const { client: c, waits, told } = client([
-      answer(503, JSON.stringify({ error: 'broker_unavailable', message: why })),
-      answer(503, JSON.stringify({ error: 'broker_unavailable', message: why })),
+    const why =
+      'The GPU broker could not start: its state file /srv/gpubroker.sqlite is held by pid 7.';
+    const {
+      client: c,
+      waits,
+      told
+    } = client([
+      answer(
+        503,
+        JSON.stringify({ error: 'broker_unavailable', message: why })
+      ),
+      answer(
+        503,
+        JSON.stringify({ error: 'broker_unavailable', message: why })
+      ),
       answer(200, '{}')
     ]);
     await c.call('overview');
@@ -119,13 +169,23 @@ describe('BrokerClient while the broker does not answer', () => {
 
   it("fails at once with the broker's sentence for its other errors, and after its time", async () => {
     const { client: c, waits } = client([
-      answer(409, JSON.stringify({ error: 'conflict', message: 'That lease is already released.' }))
+      answer(
+        409,
+        JSON.stringify({
+          error: 'conflict',
+          message: 'That lease is already released.'
+        })
+      )
     ]);
-    await expect(c.release('l-1')).rejects.toThrow('That lease is already released.');
+    await expect(c.release('l-1')).rejects.toThrow(
+      'That lease is already released.'
+    );
     expect(waits).toEqual([]);
     const gone = client(Array(20).fill(answer(502, PROXY_PAGE)));
     gone.client.retryForMs = 0;
-    await expect(gone.client.overview()).rejects.toThrow('The GPU broker is not answering; trying again…');
+    await expect(gone.client.overview()).rejects.toThrow(
+      'The GPU broker is not answering; trying again…'
+    );
   });
 
   it('reconnects the event stream with the same backoff, saying why it is away', async () => {
@@ -133,7 +193,10 @@ describe('BrokerClient while the broker does not answer', () => {
     const { client: c, waits } = client([
       answer(502, PROXY_PAGE),
       new ServerConnection.NetworkError(new TypeError('Failed to fetch')),
-      answer(503, JSON.stringify({ error: 'broker_unavailable', message: 'Starting.' })),
+      answer(
+        503,
+        JSON.stringify({ error: 'broker_unavailable', message: 'Starting.' })
+      ),
       stream([]),
       answer(503, PROXY_PAGE)
     ]);
@@ -144,9 +207,21 @@ describe('BrokerClient while the broker does not answer', () => {
         abort.abort();
       }
     };
-    await c.follow(() => undefined, abort.signal, (up, why) => states.push([up, why]), 2000);
+    await c.follow(
+      () => undefined,
+      abort.signal,
+      (up, why) => states.push([up, why]),
+      2000
+    );
     const away = 'The GPU broker is not answering; trying again…';
-    expect(states).toEqual([[false, away], [false, away], [false, 'Starting.'], [true, undefined], [false, undefined], [false, away]]);
+    expect(states).toEqual([
+      [false, away],
+      [false, away],
+      [false, 'Starting.'],
+      [true, undefined],
+      [false, undefined],
+      [false, away]
+    ]);
     expect(waits).toEqual([500, 1000, 3000, 2000, 500]);
   });
 });

@@ -1,6 +1,13 @@
 /** Overviews as the broker's API writes them (api/openapi.yaml), small enough to read. */
 
-import { IDevice, IGpu, ILease, IOverview, IQueueEntry, IRequest } from '../types';
+import {
+  IDevice,
+  IGpu,
+  ILease,
+  IOverview,
+  IQueueEntry,
+  IRequest
+} from '../types';
 
 export const NOW = Date.parse('2026-12-01T10:00:00Z');
 
@@ -8,7 +15,12 @@ export function iso(secondsFromNow: number): string {
   return new Date(NOW + secondsFromNow * 1000).toISOString();
 }
 
-export function slice(gpu: number, start: number, holder: string | null, extra: Partial<IDevice> = {}): IDevice {
+export function slice(
+  gpu: number,
+  start: number,
+  holder: string | null,
+  extra: Partial<IDevice> = {}
+): IDevice {
   return {
     uuid: `MIG-${gpu}-${start}`,
     kind: 'mig',
@@ -16,7 +28,13 @@ export function slice(gpu: number, start: number, holder: string | null, extra: 
     profile: '1g.10gb',
     start,
     memory_mib: 9984,
-    holder: holder ? { user: holder, lease_id: `l-${gpu}${start}`, request_id: `r-${gpu}${start}` } : null,
+    holder: holder
+      ? {
+          user: holder,
+          lease_id: `l-${gpu}${start}`,
+          request_id: `r-${gpu}${start}`
+        }
+      : null,
     drained: null,
     health: 'ok',
     utilization_gpu: holder ? 73 : 0,
@@ -26,7 +44,11 @@ export function slice(gpu: number, start: number, holder: string | null, extra: 
   };
 }
 
-export function h100(index: number, holders: Array<string | null>, extra: Partial<IGpu> = {}): IGpu {
+export function h100(
+  index: number,
+  holders: Array<string | null>,
+  extra: Partial<IGpu> = {}
+): IGpu {
   return {
     index,
     uuid: `GPU-${index}`,
@@ -44,7 +66,11 @@ export function h100(index: number, holders: Array<string | null>, extra: Partia
   };
 }
 
-export function queued(id: string, position: number, extra: Partial<IRequest> = {}): IRequest {
+export function queued(
+  id: string,
+  position: number,
+  extra: Partial<IRequest> = {}
+): IRequest {
   return {
     id,
     user: 'ann',
@@ -77,7 +103,11 @@ export function entry(r: IRequest, mine = true): IQueueEntry {
   };
 }
 
-export function lease(id: string, device: string, extra: Partial<ILease> = {}): ILease {
+export function lease(
+  id: string,
+  device: string,
+  extra: Partial<ILease> = {}
+): ILease {
   return {
     id,
     request_id: `r-of-${id}`,

@@ -4,17 +4,23 @@ import { iso, lease, NOW, queued } from './fixtures';
 
 describe('statusText', () => {
   it('shows my slice and its utilization', () => {
-    expect(statusText([lease('l1', 'MIG-0-0')], [], () => 73, NOW)).toBe('GPU 1g.10gb 73%');
+    expect(statusText([lease('l1', 'MIG-0-0')], [], () => 73, NOW)).toBe(
+      'GPU 1g.10gb 73%'
+    );
   });
 
   it('shows my best place in the queue and the ETA', () => {
     const waiting = [queued('r2', 3), queued('r1', 2)];
-    expect(statusText([], waiting, () => null, NOW)).toBe('GPU queue #2 ~12 min');
+    expect(statusText([], waiting, () => null, NOW)).toBe(
+      'GPU queue #2 ~12 min'
+    );
   });
 
   it('says when the ETA is unknown rather than guessing', () => {
     const waiting = [queued('r1', 1, { eta: null, eta_known: false })];
-    expect(statusText([], waiting, () => null, NOW)).toBe('GPU queue #1 (ETA unknown)');
+    expect(statusText([], waiting, () => null, NOW)).toBe(
+      'GPU queue #1 (ETA unknown)'
+    );
   });
 
   it('adds my place in the queue to what I hold', () => {
@@ -26,7 +32,9 @@ describe('statusText', () => {
 
   it('puts a reclaim warning first', () => {
     const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
-    expect(statusText([warned], [], () => 0, NOW)).toBe('GPU idle: reclaim in 8 min');
+    expect(statusText([warned], [], () => 0, NOW)).toBe(
+      'GPU idle: reclaim in 8 min'
+    );
   });
 
   it('keeps my place in the queue beside a reclaim warning', () => {

@@ -15,7 +15,9 @@ function modelWith(o: IOverview): { model: GpuModel; fetches: () => number } {
 describe('GpuModel', () => {
   it('moves my queue position in place on a positions event, without a fetch', () => {
     const r = queued('r1', 3);
-    const { model, fetches } = modelWith(overview({ requests: [r], queue: [entry(r)], length: 3 }));
+    const { model, fetches } = modelWith(
+      overview({ requests: [r], queue: [entry(r)], length: 3 })
+    );
     model.apply({
       v: 1,
       id: 2,
@@ -41,9 +43,31 @@ describe('GpuModel', () => {
     const notices: INotice[] = [];
     model.notice.connect((_, n) => notices.push(n));
     const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
-    model.apply({ v: 1, id: 3, type: 'granted', at: '', data: { ...about, devices: ['MIG-0-0'], waited_s: 1 } });
-    model.apply({ v: 1, id: 4, type: 'warning', at: '', data: { ...about, reason: 'idle for 1 h', deadline: '2026-12-01T10:08:00Z' } });
-    model.apply({ v: 1, id: 5, type: 'released', at: '', data: { user: 'bob', request_id: 'x', lease_id: 'y' } });
+    model.apply({
+      v: 1,
+      id: 3,
+      type: 'granted',
+      at: '',
+      data: { ...about, devices: ['MIG-0-0'], waited_s: 1 }
+    });
+    model.apply({
+      v: 1,
+      id: 4,
+      type: 'warning',
+      at: '',
+      data: {
+        ...about,
+        reason: 'idle for 1 h',
+        deadline: '2026-12-01T10:08:00Z'
+      }
+    });
+    model.apply({
+      v: 1,
+      id: 5,
+      type: 'released',
+      at: '',
+      data: { user: 'bob', request_id: 'x', lease_id: 'y' }
+    });
     expect(notices.map(n => n.kind)).toEqual(['granted', 'warning']);
     expect(notices[0].message).toBe('GPU granted: GPU 0 / 1g.10gb@0');
     expect(notices[1].deadline).toBe('2026-12-01T10:08:00Z');
@@ -52,24 +76,41 @@ describe('GpuModel', () => {
     expect(fetches()).toBe(2); // the one in flight, and one after it for the rest
   });
 
-  it('ignores other users\' grants for notifications', () => {
+  it("ignores other users' grants for notifications", () => {
     const { model } = modelWith(overview());
     const notices: INotice[] = [];
     model.notice.connect((_, n) => notices.push(n));
-    model.apply({ v: 1, id: 3, type: 'granted', at: '', data: { user: 'bob', request_id: 'r', lease_id: 'l', devices: ['x'], waited_s: 0 } });
+    model.apply({
+      v: 1,
+      id: 3,
+      type: 'granted',
+      at: '',
+      data: {
+        user: 'bob',
+        request_id: 'r',
+        lease_id: 'l',
+        devices: ['x'],
+        waited_s: 0
+      }
+    });
     expect(notices).toEqual([]);
   });
 
-  it('counts only my own requests as waiting, though an admin sees everyone\'s', () => {
+  it("counts only my own requests as waiting, though an admin sees everyone's", () => {
     const mine = queued('r-mine', 2);
-    const { model } = modelWith(overview({ requests: [queued('r-bob', 1, { user: 'bob' }), mine] }));
+    const { model } = modelWith(
+      overview({ requests: [queued('r-bob', 1, { user: 'bob' }), mine] })
+    );
     expect(model.waiting.map(r => r.id)).toEqual(['r-mine']);
   });
 
   it('matches starting GPU notebooks to my waiting requests no running kernel owns', () => {
     const running = queued('r0', 1);
     const a = queued('ra', 2, { submitted_at: '2026-12-01T09:50:00Z' });
-    const b = queued('rb', 3, { submitted_at: '2026-12-01T09:55:00Z', profile: '3g.40gb' });
+    const b = queued('rb', 3, {
+      submitted_at: '2026-12-01T09:55:00Z',
+      profile: '3g.40gb'
+    });
     const { model } = modelWith(overview({ requests: [running, b, a] }));
     model.setKernels(new Map([[running.owner, { path: 'busy.ipynb' }]]));
     const matched = model.waitingNotebooks([
@@ -82,7 +123,7 @@ describe('GpuModel', () => {
     ]);
   });
 
-  it('takes a lease\'s utilization from its device and keeps a history for sparklines', () => {
+  it("takes a lease's utilization from its device and keeps a history for sparklines", () => {
     const { model } = modelWith(overview());
     model.setOverview(overview());
     expect(model.utilization(lease('l-00', 'MIG-0-0'))).toBe(73);

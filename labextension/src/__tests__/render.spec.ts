@@ -17,8 +17,11 @@ function draw(o = overview()) {
 }
 
 describe('sliceBar', () => {
-  it('draws each MIG slice at its memory slices: mine, another user\'s, free', () => {
-    const bar = sliceBar(h100(0, ['ann', 'bob', null, null, null, null, null]), 'ann');
+  it("draws each MIG slice at its memory slices: mine, another user's, free", () => {
+    const bar = sliceBar(
+      h100(0, ['ann', 'bob', null, null, null, null, null]),
+      'ann'
+    );
     const segments = Array.from(bar.children) as HTMLElement[];
     expect(segments).toHaveLength(7);
     expect(segments.map(s => s.className.split(' ')[1])).toEqual([
@@ -42,14 +45,23 @@ describe('sliceBar', () => {
 describe('renderPanel', () => {
   it('counts the GPUs, slices and free ones, and says why a GPU is drained', () => {
     const drained = h100(1, Array(7).fill(null), {
-      drained: { reason: 'Xid 79: fell off the bus', since: '2026-12-01T09:00:00Z' }
+      drained: {
+        reason: 'Xid 79: fell off the bus',
+        since: '2026-12-01T09:00:00Z'
+      }
     });
-    const { node } = draw(overview({ gpus: [h100(0, ['ann', 'bob', null, null, null, null, null]), drained] }));
+    const { node } = draw(
+      overview({
+        gpus: [h100(0, ['ann', 'bob', null, null, null, null, null]), drained]
+      })
+    );
     expect(node.textContent).toContain('GPUs (2 GPUs, 14 MIG slices, 12 free)');
     expect(node.textContent).toContain('GPU 1 · H100-80GBdrained7 × 1g.10gb');
-    expect(node.querySelector('.jp-GpuBroker-badge.jp-mod-drained')?.getAttribute('title')).toBe(
-      'Xid 79: fell off the bus'
-    );
+    expect(
+      node
+        .querySelector('.jp-GpuBroker-badge.jp-mod-drained')
+        ?.getAttribute('title')
+    ).toBe('Xid 79: fell off the bus');
     expect(node.textContent).toContain('drained: Xid 79: fell off the bus');
   });
 
@@ -59,10 +71,14 @@ describe('renderPanel', () => {
     const { node, calls } = draw(
       overview({ queue: [theirs, entry(mine)], requests: [mine], length: 2 })
     );
-    const rows = Array.from(node.querySelectorAll('.jp-GpuBroker-queue tbody tr'));
+    const rows = Array.from(
+      node.querySelectorAll('.jp-GpuBroker-queue tbody tr')
+    );
     expect(rows.map(r => r.className)).toEqual(['', 'jp-GpuBroker-mine']);
     expect(rows[1].textContent).toContain('2ann1g.10gbinteractive5 min~12 min');
-    expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe('interactive');
+    expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe(
+      'interactive'
+    );
     expect(rows[0].querySelector('button')).toBeNull();
     (rows[1].querySelector('button') as HTMLButtonElement).click();
     expect(calls).toEqual(['cancel r-mine']);
@@ -72,15 +88,27 @@ describe('renderPanel', () => {
     const o = overview();
     o.leases[0].reclaim_at = new Date(NOW + 8 * 60_000).toISOString();
     o.leases[0].idle_s = 3600;
-    o.requests = [{ ...queued('r-of-l-00', 0), state: 'granted', owner: 'k-1', position: null }];
+    o.requests = [
+      {
+        ...queued('r-of-l-00', 0),
+        state: 'granted',
+        owner: 'k-1',
+        position: null
+      }
+    ];
     const { node, calls, model } = draw(o);
     model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
-    const again = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: id => calls.push(id) });
+    const again = renderPanel(model, SHOW, NOW, {
+      cancel: () => undefined,
+      release: id => calls.push(id)
+    });
     const box = again.querySelector('.jp-GpuBroker-lease') as HTMLElement;
     expect(box.classList).toContain('jp-mod-warned');
     expect(box.textContent).toContain('train.ipynb');
     expect(box.textContent).toContain('1g.10gb · GPU 0 / 1g.10gb@0');
-    expect(box.textContent).toContain('held 30 min · util 73% · idle 1 h 00 min · reclaim in 8 min');
+    expect(box.textContent).toContain(
+      'held 30 min · util 73% · idle 1 h 00 min · reclaim in 8 min'
+    );
     (box.querySelector('button') as HTMLButtonElement).click();
     expect(calls).toEqual(['l-00']);
     expect(node.textContent).toContain('kernel k-1');
@@ -89,12 +117,16 @@ describe('renderPanel', () => {
   it('says it is reconnecting while the event stream is down', () => {
     const { model } = draw();
     model.connected = false;
-    const node = renderPanel(model, SHOW, NOW, { cancel: () => undefined, release: () => undefined });
+    const node = renderPanel(model, SHOW, NOW, {
+      cancel: () => undefined,
+      release: () => undefined
+    });
     expect(node.textContent).toContain('Reconnecting to the GPU broker');
   });
 
   it('says why the broker is away, in its own words when it gave them, before and after a first picture', () => {
-    const why = 'The GPU broker could not start: its state file is held by pid 7.';
+    const why =
+      'The GPU broker could not start: its state file is held by pid 7.';
     const fresh = new GpuModel(async () => overview());
     fresh.away = why;
     const none = { cancel: () => undefined, release: () => undefined };
@@ -108,7 +140,9 @@ describe('renderPanel', () => {
 describe('sparkline', () => {
   it('breaks the line where nothing was reported', () => {
     const svg = sparkline([0, 100, null, 50, 50], 40, 12);
-    const lines = Array.from(svg.querySelectorAll('polyline')).map(l => l.getAttribute('points'));
+    const lines = Array.from(svg.querySelectorAll('polyline')).map(l =>
+      l.getAttribute('points')
+    );
     expect(lines).toEqual(['0.0,11.0 10.0,1.0', '30.0,6.0 40.0,6.0']);
   });
 });
