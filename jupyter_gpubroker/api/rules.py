@@ -32,7 +32,7 @@ from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsat
 from ..broker.models import Lease, LeaseState, Request, RequestState, Size, check_name
 from ..broker.reclaim import SERVER_OWNER, KernelState
 from ..broker.store import AuditRecord
-from ..runtime import Positions
+from ..events import Positions, Published
 from .identity import Identity
 from .shapes import (
     alert_json,
@@ -51,7 +51,7 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import GPUBroker, Published
+    from ..runtime import GPUBroker
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups", "id"}
@@ -199,7 +199,7 @@ class BrokerAPI:
         entry = None
         if r.state is RequestState.QUEUED:
             if changed:
-                mine = self.runtime.positions().by_holder.get((r.user, r.owner), [])
+                mine = self.runtime.events.positions().by_holder.get((r.user, r.owner), [])
             else:
                 mine = self.core.queue()
             entry = next((e for e in mine if e.request.id == r.id), None)
@@ -643,7 +643,7 @@ class BrokerAPI:
 
         start = self.resume(who, last_event_id)
         audience = None if who.kernel_id is None else (who.user, who.kernel_id)
-        return start, self.runtime.subscribe(deliver, audience)
+        return start, self.runtime.events.subscribe(deliver, audience)
 
     def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
@@ -661,7 +661,7 @@ class BrokerAPI:
 
     def positions(self, who: Identity, kind: str = "positions") -> dict[str, Any]:
         """``who``'s waiting requests with positions and ETAs, and the queue's length."""
-        return self._positions_json(who, self.runtime.positions(), kind)
+        return self._positions_json(who, self.runtime.events.positions(), kind)
 
     def moved(self, who: Identity, positions: Positions) -> dict[str, Any] | None:
         """A ``positions`` event for ``who`` if one of its waiting requests moved."""
@@ -688,13 +688,13 @@ class BrokerAPI:
         """What a stream starts with: a ``hello`` with ``who``'s positions; after a
         reconnect (``last_event_id``) the events it missed, then its positions; a
         ``snapshot`` (the overview) when those events are no longer kept."""
-        rt = self.runtime
+        bus = self.runtime.events
         if last_event_id is None:
             return [self.positions(who, "hello")]
-        missed = rt.since(last_event_id)
+        missed = bus.since(last_event_id)
         if missed is None:
             at = self.core.clock.now()
-            return [envelope(rt.last_event_id, "snapshot", at, self.overview(who))]
+            return [envelope(bus.last_event_id, "snapshot", at, self.overview(who))]
         seen = (self.event(who, p) for p in missed)
         return [*(e for e in seen if e is not None), self.positions(who)]
 
