@@ -31,11 +31,11 @@ from tornado import web
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.api.shapes import iso
-from jupyter_gpubroker.broker.budgets import QUOTA_BOUNDS
-from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest
-from jupyter_gpubroker.broker.text import devices_held, holder
 from jupyter_gpubroker.client import eta_text, size_text
 from jupyter_gpubroker.server.handlers import BrokerErrorStatus
+from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest
+from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS
+from jupyter_gpubroker.wire.text import devices_held, holder
 
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .options import JOB_CLASSES, Choices

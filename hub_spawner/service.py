@@ -60,11 +60,11 @@ from traitlets.config import Application
 from jupyter_gpubroker import __version__
 from jupyter_gpubroker.api import TOKEN_HEADER
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import BrokerError
-from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
 from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.server.handlers import handlers
+from jupyter_gpubroker.wire.errors import BrokerError
+from jupyter_gpubroker.wire.text import SERVER_OWNER
 
 from .hubauth import (
     ADMIN_SCOPE,

@@ -31,7 +31,6 @@ from traitlets.config import LoggingConfigurable
 from .broker.alerts import AlertChange, AlertConfig, AlertJudge
 from .broker.budgets import Quota
 from .broker.core import Broker, BrokerConfig, Event
-from .broker.errors import InvalidRequest
 from .broker.health import (
     CRITICAL_XIDS,
     DEFAULT_DRAIN_REASONS,
@@ -66,6 +65,7 @@ from .paths import (
     default_user_lock_dir,
 )
 from .statelock import GpuLocks, StateLock, secure_state_file
+from .wire.errors import InvalidRequest
 
 
 class GPUBroker(LoggingConfigurable):

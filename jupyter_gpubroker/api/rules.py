@@ -26,13 +26,15 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..broker.budgets import QUOTA_BOUNDS, Quota
+from ..broker.budgets import Quota
 from ..broker.core import Broker
-from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
-from ..broker.models import Lease, LeaseState, Request, RequestState, Size, check_name
-from ..broker.reclaim import SERVER_OWNER, KernelState
+from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
+from ..broker.reclaim import KernelState
 from ..broker.store import AuditRecord
 from ..events import Positions, Published
+from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
+from ..wire.sizes import QUOTA_BOUNDS, Size
+from ..wire.text import SERVER_OWNER
 from .identity import Identity
 from .shapes import (
     alert_json,

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 import pynvml
 
-from ..broker.errors import PartitionFailed
 from ..broker.models import Device
-from ..broker.profiles import model_for_name
+from ..wire.errors import PartitionFailed
+from ..wire.profiles import model_for_name
 from .backend import NvmlBackend, is_mig_device_handle
 
 _FULL_COMPUTE_INSTANCE = {

@@ -42,11 +42,11 @@ from .. import __version__
 from ..api import API_PREFIX
 from ..api.rules import BrokerAPI
 from ..broker.clock import SystemClock
-from ..broker.errors import BrokerError
 from ..client import SERVER_LEASE_ENV, URL_ENV, BrokerClient, user_token_from_env
 from ..kernel import NO_GPUS_ENV
 from ..nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
+from ..wire.errors import BrokerError
 from . import registry
 from .handlers import handlers
 from .proxy import proxy_handlers

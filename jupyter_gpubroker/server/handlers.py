@@ -31,7 +31,7 @@ from tornado.iostream import StreamClosedError
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI, only
-from ..broker.errors import BrokerError, InvalidRequest, NotFound
+from ..wire.errors import BrokerError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
     _Handler = web.RequestHandler

@@ -9,8 +9,8 @@ import pytest
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.errors import Conflict, Forbidden, StorageFull
 from jupyter_gpubroker.runtime import Positions, Published
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, StorageFull
 
 SLICE = {"profile": "1g.10gb"}
 

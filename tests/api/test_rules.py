@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import Conflict, Forbidden, InvalidRequest
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
 
 SLICE = {"profile": "1g.10gb"}
 

@@ -1,6 +1,6 @@
 """The words every front shares (``broker/text.py``): holders, amounts, memory, places."""
 
-from jupyter_gpubroker.broker.text import (
+from jupyter_gpubroker.wire.text import (
     devices_held,
     holder,
     memory,

@@ -1,0 +1,136 @@
+"""Words for people: the one way durations, start estimates, queue places, holders,
+amounts and memory are written, in the core's reasons, the widgets, the hub's pages, the
+spawner and the CLI (the Lab panel's ``labextension/src/format.ts`` mirrors it)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+SERVER_OWNER = "server:"
+"""A hub server's requests and leases are owned by ``server:<user>[:<server name>]``."""
+CLI_RUN_OWNER = "cli-run"
+"""``jupyter gpubroker run``'s requests and leases."""
+NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: "40 s", "3 min", "2 h 05 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
+
+
+def clock(t: float) -> str:
+    """An instant (UTC seconds) as local wall-clock time: "10:40"."""
+    return datetime.fromtimestamp(t).astimezone().strftime("%H:%M")
+
+
+def start_estimate(
+    estimate: tuple[float, float, float | None] | None, position: int | None, now: float
+) -> str:
+    """A waiting request's start as its user reads it, from (low, median, high; None: no
+    bound): "10:40 (10:20-11:30)"; "any moment" only once the low end is now; "unknown"
+    when the broker cannot know (never a guess that looks like one). The position is the
+    caller's to say, once (``queue_place``); ``position`` is kept for old callers."""
+    if estimate is None:
+        return "unknown"
+    low, median, high = estimate
+    until = f"-{clock(high)}" if high is not None else " or later"
+    if median <= now:
+        return "any moment" + (f" (by {clock(high)})" if high is not None else "")
+    start = "now" if low <= now else clock(low)
+    if start == clock(median) and high is not None and clock(high) == start:
+        return start
+    return f"{clock(median)} ({start}{until})"
+
+
+def count(n: int, thing: str, plural: str | None = None) -> str:
+    """ "one 1g.10gb slice", "two whole GPUs", "12 requests": numbers a person says."""
+    word = NUMBERS[n] if 0 <= n < len(NUMBERS) else str(n)
+    return f"{word} {thing if n == 1 else plural or thing + 's'}"
+
+
+def queue_place(position: int | None, length: int, ahead: Mapping[str, int] | None = None) -> str:
+    """Where a waiting request stands, said once: "position 2 of 5, one request ahead
+    (interactive)", "position 1 of 3, nothing ahead". The number ahead is the position's
+    own (position - 1); the classes are added only where they add up to it."""
+    if not position:
+        return "in the queue"
+    before = position - 1
+    where = f"position {position} of {max(length, position)}"
+    if before == 0:
+        return f"{where}, nothing ahead"
+    classes = {c: n for c, n in sorted((ahead or {}).items()) if n}
+    kinds = ""
+    if sum(classes.values()) == before:
+        kinds = (
+            f" ({next(iter(classes))})"
+            if len(classes) == 1
+            else f" ({', '.join(f'{n} {c}' for c, n in classes.items())})"
+        )
+    return f"{where}, {count(before, 'request')} ahead{kinds}"
+
+
+def holder(owner: str | None, kernel_name: str | None = None) -> str:
+    """Who holds a lease or waits, as its user says it: "bob's server", "bob's server
+    gpu1" (a named server), "a `jupyter gpubroker run` command", "kernel Untitled.ipynb"
+    (``kernel_name``: the notebook, where the front knows it), "a kernel" otherwise."""
+    if not owner:
+        return "no kernel"
+    if owner.startswith(SERVER_OWNER):
+        user, _, name = owner[len(SERVER_OWNER) :].partition(":")
+        return f"{user}'s server" + (f" {name}" if name else "")
+    if owner == CLI_RUN_OWNER:
+        return "a `jupyter gpubroker run` command"
+    return f"kernel {kernel_name}" if kernel_name else f"kernel {owner[:8]}"
+
+
+def memory(mib: float) -> str:
+    """A device's memory in GiB, one decimal, rounded down (a size shown fits): "9.7 GiB".
+
+    NVML reports memory in MiB (bytes / 2**20) and nvidia-smi shows it so; the broker
+    compares ``min_memory_gb`` with MiB / 1024. GiB is that same binary unit, so what a
+    user reads here is what the broker compares and what nvidia-smi shows, divided by
+    1024. (MIG profile names, "1g.10gb", are NVIDIA's names, not sizes: a 1g.10gb slice
+    has 9.7 GiB.)"""
+    return f"{math.floor(mib / 102.4 + 1e-9) / 10:.1f} GiB"
+
+
+def devices_held(held: Iterable[Mapping[str, object]]) -> str:
+    """What a user holds, in things: "one 1g.10gb slice", "two whole GPUs and one 2g.20gb
+    slice", "nothing"; from the API's devices (``kind``, ``profile``)."""
+    whole = 0
+    slices: dict[str, int] = {}
+    for d in held:
+        if d.get("kind") == "mig":
+            slices[str(d.get("profile"))] = slices.get(str(d.get("profile")), 0) + 1
+        else:
+            whole += 1
+    parts = [count(whole, "whole GPU")] if whole else []
+    parts += [count(n, f"{p} slice") for p, n in sorted(slices.items())]
+    if not parts:
+        return "nothing"
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
+    """What a quota of ``max_gpus`` GPU-equivalents lets a user hold at once, in things:
+    "one 1g.10gb slice at a time", "two whole GPUs at a time", "up to two 1g.10gb slices
+    or one 2g.20gb slice at a time"; ``profiles``: this machine's MIG profiles and their
+    GPU-equivalents. A fraction of a GPU only where no whole thing says it ("0.5 GPUs'
+    worth at a time")."""
+    if max_gpus is None:
+        return "no limit at a time"
+    whole = int(max_gpus + 1e-9)
+    options = [count(whole, "whole GPU")] if whole >= 1 else []
+    fits = {p: int(max_gpus / e + 1e-9) for p, e in sorted(profiles.items(), key=lambda x: x[1])}
+    options += [count(n, f"{p} slice") for p, n in fits.items() if n >= 1]
+    if not options:
+        return f"{max_gpus:g} GPUs' worth at a time, less than any device here"
+    if len(options) == 1:
+        return f"{options[0]} at a time"
+    return f"up to {', '.join(options[:-1])} or {options[-1]} at a time"
