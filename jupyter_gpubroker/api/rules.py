@@ -109,17 +109,24 @@ class BrokerAPI:
             kernel_id=kernel_id,
         )
 
-    def user_identity(self, username: str, groups: Iterable[str] = ()) -> Identity:
+    def user_identity(self, username: str | None, groups: Iterable[str] = ()) -> Identity:
         """A logged-in user: in "owner" mode (a single-user server, whose credentials
         already grant everything) every caller is the owner; in "username" mode the name
-        the host's login gave."""
+        the host's login gave. ``None`` (nobody logged in: a kernel that no request
+        started) is the server's owner."""
         rt = self.runtime
-        return self.identify(username if rt.identity == "username" else rt.owner, groups=groups)
+        named = username if rt.identity == "username" and username else rt.owner
+        return self.identify(named, groups=groups)
 
     def token_identity(self, token: str) -> Identity | None:
         """Whom a kernel token speaks for; ``None`` when unknown or revoked."""
         held = self.runtime.token_holder(token)
         return None if held is None else self.identify(*held)
+
+    def now(self) -> float:
+        """The broker's time (UTC seconds, its injected clock): where a front's "the last
+        N days" end."""
+        return self.core.clock.now()
 
     def me(self, who: Identity) -> dict[str, Any]:
         return {"user": who.user, "admin": who.admin, "kernel_id": who.kernel_id}
