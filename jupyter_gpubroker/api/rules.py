@@ -3,8 +3,9 @@
 ``BrokerAPI`` is what a host calls. A host (the jupyter-server extension's handlers,
 the JupyterHub service's) parses its HTTP input, builds an ``Identity`` from
 its own auth with ``identify`` / ``token_identity``, calls one method per operation and
-writes the JSON-ready answer it gets back; errors are the core's typed ``BrokerError``s,
-which carry their HTTP status. Nothing here knows tornado or Jupyter.
+writes the JSON-ready answer it gets back; errors are the typed ``BrokerError``s of
+``wire.errors``, which carry their HTTP status. Nothing here knows tornado or Jupyter,
+nor the running broker's module: it takes one (``runtime.GPUBroker``) as an argument.
 
 The rules: a user sees and acts on their own requests and leases; an admin on everyone's;
 a kernel-scoped token only on its own kernel's requests (never as an admin, and it

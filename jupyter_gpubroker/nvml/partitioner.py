@@ -2,7 +2,7 @@
 
 Only used when the deployment enables dynamic MIG (creating instances needs
 root or the mig-config capability). Every failure surfaces as the core's
-:class:`~jupyter_gpubroker.broker.errors.PartitionFailed`, with a sentence
+:class:`~jupyter_gpubroker.wire.errors.PartitionFailed`, with a sentence
 saying why, so the core never sees an NVML type.
 """
 

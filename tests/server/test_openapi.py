@@ -147,7 +147,7 @@ def test_every_request_body_has_a_fixed_shape() -> None:
 
 
 def test_error_codes_in_the_document_are_the_brokers() -> None:
-    from jupyter_gpubroker.broker import errors
+    from jupyter_gpubroker.wire import errors
 
     codes = {
         cls.code

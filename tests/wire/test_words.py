@@ -1,4 +1,4 @@
-"""The words every front shares (``broker/text.py``): holders, amounts, memory, places."""
+"""The words every front shares (``wire/text.py``): holders, amounts, memory, places."""
 
 from jupyter_gpubroker.wire.text import (
     devices_held,
