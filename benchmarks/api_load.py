@@ -256,14 +256,14 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
                 sent[0] += 1
 
             api.follow(kernel, send)  # its hello is not sent
-        rt.positions()
+        rt.events.positions()
         sent[0] = 0
         start = time.process_time()
         for _ in range(events // 2):  # each moves every waiter's queue length
             r = api.submit(alice, {"profile": "1g.10gb", "owner": "x"})
-            rt._positions_later()
+            rt.events._positions_later()
             api.cancel(alice, r["id"])
-            rt._positions_later()
+            rt.events._positions_later()
         per_event = (time.process_time() - start) / events
         rt.stop()
     return {

@@ -49,10 +49,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, JobClass, Lease, Request, Size
-from jupyter_gpubroker.broker.profiles import CATALOG
+from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, JobClass, Lease, Request
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.wire.profiles import CATALOG
+from jupyter_gpubroker.wire.sizes import Size
 
 CLUSTER_SIZES = (
     (Size(profile="1g.10gb"), 0.45),

@@ -75,8 +75,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                 {
                     "rss_mib": _rss_mib(),
                     "traced_mib": tracemalloc.get_traced_memory()[0] / MIB,
-                    "subscribers": runtime.subscribers,
-                    "kernel_groups": len(runtime._by_kernel),
+                    "subscribers": runtime.events.subscribers,
+                    "kernel_groups": len(runtime.events._by_kernel),
                     "top_growth": [
                         f"{s.size_diff / 1024:+.1f} KiB {s.count_diff:+d} blocks "
                         f"{s.traceback[0].filename.rsplit('site-packages/', 1)[-1]}:"

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from jupyter_gpubroker import kernelspec
-from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.wire.sizes import Size
 
 TOKEN = "kernel-start-bench"
 

@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from jupyter_gpubroker.broker.profiles import CATALOG
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
 from jupyter_gpubroker.replay import notebooks as nb
+from jupyter_gpubroker.wire.profiles import CATALOG
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE.parent.parent / "shared/data/traces/notebooks/adobe-sensei-june-1-2.json"

@@ -56,10 +56,10 @@ from typing import Any
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig, Event
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.reclaim import KernelState, Observation, ReclaimConfig, Reclaimer
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.wire.sizes import Size
 
 MONDAY = datetime(2024, 5, 13, tzinfo=timezone.utc).timestamp()
 HOUR = 3600.0

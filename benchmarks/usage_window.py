@@ -40,9 +40,9 @@ from typing import Any
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.wire.sizes import Size
 
 DAY = 86400.0
 NOW = 1_790_000_000.0

@@ -54,7 +54,7 @@ import time
 
 from tornado.ioloop import PeriodicCallback
 
-from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.wire.sizes import Size
 from jupyter_gpubroker.server import registry
 
 WAIT_S = 6.0
@@ -151,7 +151,7 @@ def write_setup(tmp: Path) -> dict[str, str]:
     """Kernelspecs, server and kernel config, Lab settings and the scene, under ``tmp``;
     returns the environment that points Jupyter at them."""
     from jupyter_gpubroker import kernelspec
-    from jupyter_gpubroker.broker.models import Size
+    from jupyter_gpubroker.wire.sizes import Size
 
     for size in (None, Size(profile="1g.10gb")):
         kernelspec.install(size, prefix=str(tmp))
@@ -241,7 +241,7 @@ def capture_panel(page: Page, lab: Any, out_dir: Path) -> None:
     """Open a GPU notebook (it gets the last free slice) and a second one (it waits), show
     the panel, and capture it with the status bar in each theme."""
     from jupyter_gpubroker import kernelspec
-    from jupyter_gpubroker.broker.models import Size
+    from jupyter_gpubroker.wire.sizes import Size
 
     kernel = kernelspec.spec_for(Size(profile=PANEL_PROFILE))[0]
     page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").click()

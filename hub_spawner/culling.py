@@ -21,7 +21,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from jupyter_gpubroker.broker.text import clock, duration
+from jupyter_gpubroker.wire.text import clock, duration
 
 
 def warning_text(lease: dict[str, Any]) -> str:

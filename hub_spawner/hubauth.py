@@ -3,14 +3,16 @@ scopes, the API's path, and the ``Identity`` of a hub user model."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyterhub.services.auth import HubOAuth, check_scopes
 from tornado import web
 
 from hub_spawner.hubconfig import ADMIN_SCOPE, USE_SCOPE
 from jupyter_gpubroker.api.identity import Identity
-from jupyter_gpubroker.api.rules import BrokerAPI
+
+if TYPE_CHECKING:  # the spawner imports this module, in a hub that runs no broker
+    from jupyter_gpubroker.api.rules import BrokerAPI
 
 API_PATH = "api/v1"
 """The API's path under the service prefix."""

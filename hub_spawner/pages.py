@@ -7,10 +7,13 @@ hub's own stylesheet and dark-mode switch (its static files, from the hub), so t
 like the hub in both themes, and need no JavaScript: every action is a plain form post
 with the hub's XSRF token (``_xsrf``) to ``my/<action>`` or ``admin/<action>``.
 
-Thin fronts of the one API: each action calls the ``BrokerAPI`` method the REST API
-calls (the same rules, the same audit records), then redirects back with what happened
-(post/redirect/get). A refused action shows the page again with the broker's reason,
-next to the form field it is about, and the values the admin typed; nothing changed.
+Thin fronts of the one API, served by the host of the broker as its REST handlers are:
+they build the caller's ``Identity`` from HubAuth and call the ``BrokerAPI`` method the
+REST API calls (the same rules, the same audit records), in this process rather than
+over HTTP to itself; they touch neither the core nor the runtime, only ``api`` and the
+wire types. Each action then redirects back with what happened (post/redirect/get). A
+refused action shows the page again with the broker's reason, next to the form field it
+is about, and the values the admin typed; nothing changed.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ from tornado import web
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.api.shapes import iso
-from jupyter_gpubroker.broker.budgets import QUOTA_BOUNDS
-from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest
-from jupyter_gpubroker.broker.text import audit_detail, devices_held, gpu_hours, holder, period
 from jupyter_gpubroker.client import eta_text, size_text
-from jupyter_gpubroker.server.handlers import BrokerErrorStatus
+from jupyter_gpubroker.server.handlers import broker_error, broker_errors
+from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest
+from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS
+from jupyter_gpubroker.wire.text import audit_detail, devices_held, gpu_hours, holder, period
 
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .options import JOB_CLASSES, Choices
@@ -84,10 +87,11 @@ def bars(values: dict[str, float], sort_by_key: bool = False) -> list[dict[str, 
     return [{"key": k or "(none)", "value": v, "pct": 100.0 * v / top} for k, v in items]
 
 
-class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
+class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
     """A page of a logged-in hub user with the use scope: a browser without the service's
     login is sent through the hub's OAuth; a form post without a valid XSRF token, whose
-    login cookie the hub's auth then ignores, is refused with a sentence."""
+    login cookie the hub's auth then ignores, is refused with a sentence. A broker error
+    shows its sentence with its status (``@broker_errors`` on each method)."""
 
     who: Identity
 
@@ -95,6 +99,7 @@ class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web
     def api(self) -> BrokerAPI:
         return self.settings["gpubroker_api"]  # type: ignore[no-any-return]
 
+    @broker_errors
     async def prepare(self) -> None:
         model = await self.hub_auth.get_user(self, sync=False)
         if not model:
@@ -139,7 +144,8 @@ class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = getattr(exc, "message", None) or getattr(exc, "log_message", None) or self._reason
+        error = broker_error(exc)
+        message = error.message if error else getattr(exc, "log_message", None) or self._reason
         self.render_page("error.html", status_code, code=status_code, message=message)
 
     def require_admin(self) -> None:
@@ -180,7 +186,7 @@ class PageHandler(BrokerErrorStatus, HubAuthFromSettings, HubOAuthenticated, web
     def usage_days(self) -> tuple[int, str]:
         """The days of usage asked for (``days``) and the ISO time they start."""
         days = parse_int("days", self.get_argument("days", None), 1, 3660, USAGE_DAYS)
-        return days, str(iso(self.api.core.clock.now() - days * 86400.0))
+        return days, str(iso(self.api.now() - days * 86400.0))
 
     def admin_context(self) -> dict[str, Any]:
         days, since = self.usage_days()
@@ -218,6 +224,7 @@ def admin_view(
 class MyPage(PageHandler):
     """What I hold and wait for, my quota, budget and usage; release and cancel."""
 
+    @broker_errors
     def get(self) -> None:
         self.render_page("my.html", **self.my_context())
 
@@ -225,6 +232,7 @@ class MyPage(PageHandler):
 class AdminPage(PageHandler):
     """Quotas, the live queue, the devices, usage charts and the audit log."""
 
+    @broker_errors
     def get(self) -> None:
         self.require_admin()
         self.render_page("admin.html", **self.admin_context())
@@ -233,6 +241,7 @@ class AdminPage(PageHandler):
 class UsageCSV(PageHandler):
     """The admin page's usage, one row per (by, key): GPU-hours over its days."""
 
+    @broker_errors
     def get(self) -> None:
         self.require_admin()
         since = self.usage_days()[1]
@@ -329,6 +338,7 @@ class ActionHandler(PageHandler):
     """A form post: ``page`` (``my`` or ``admin``) and its ``action``, done by the API as
     the logged-in user (whose rules refuse anything not theirs to do)."""
 
+    @broker_errors
     def post(self, page: str, action: str) -> None:
         do = ACTIONS[page].get(action)
         if do is None:

@@ -60,11 +60,11 @@ from traitlets.config import Application
 from jupyter_gpubroker import __version__
 from jupyter_gpubroker.api import TOKEN_HEADER
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import BrokerError
-from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
 from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
-from jupyter_gpubroker.server.handlers import handlers
+from jupyter_gpubroker.server.handlers import broker_errors, handlers
+from jupyter_gpubroker.wire.errors import BrokerError
+from jupyter_gpubroker.wire.text import SERVER_OWNER
 
 from .hubauth import (
     ADMIN_SCOPE,
@@ -85,6 +85,7 @@ class HubHost(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
     """The hub service host of ``server.handlers``: the caller from HubAuth (token or
     cookie with XSRF), or a kernel token; the broker is theirs to use with the use scope."""
 
+    @broker_errors
     async def prepare(self) -> None:
         kernel = self.kernel_caller()
         api: BrokerAPI = self.api

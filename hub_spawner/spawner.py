@@ -47,9 +47,6 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpubroker.broker.core import DURATIONS, expected_duration
-from jupyter_gpubroker.broker.reclaim import SERVER_OWNER
-from jupyter_gpubroker.broker.text import duration
 from jupyter_gpubroker.client import (
     SERVER_LEASE_ENV,
     BrokerAPIError,
@@ -60,6 +57,8 @@ from jupyter_gpubroker.client import (
     size_text,
 )
 from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
+from jupyter_gpubroker.wire.sizes import DURATIONS, expected_duration
+from jupyter_gpubroker.wire.text import SERVER_OWNER, duration
 
 from ._compat import SpawnException
 from .culling import stopped_text, warning_text

@@ -34,7 +34,7 @@ from tornado.httputil import (
 from tornado.tcpclient import TCPClient
 
 from .api import TOKEN_HEADER
-from .broker.text import duration, start_estimate
+from .wire.text import duration, start_estimate
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"

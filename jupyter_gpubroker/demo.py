@@ -19,9 +19,9 @@ from pathlib import Path
 from types import FrameType
 
 from . import kernelspec
-from .broker.models import Size
 from .nvml import SIMULATE_ENV, open_backend
 from .paths import STATE_FILE_ENV
+from .wire.sizes import Size
 
 TOUR = Path(__file__).parent / "tour" / "gpu-broker-tour.ipynb"
 """The tour notebook, package data (so an installed wheel has it); binder/ copies it."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from ipykernel.kernelspec import RESOURCES
 from jupyter_client.kernelspec import KernelSpecManager
 
-from .broker.models import Size
+from .wire.sizes import Size
 
 
 def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, dict[str, object]]:

@@ -5,24 +5,20 @@ every host of the broker starts: the jupyter-server extension (embedded, the
 default) and, under JupyterHub, the broker service. It builds the core from
 configuration, runs its periodic ``tick`` and sampling pass (whose latest
 readings ``GET devices`` and ``/metrics`` both show), issues the kernel-scoped
-tokens (kept hashed in the state file), and fans broker events out to live
-subscribers. It decides nothing itself: every decision is the core's, every
-rule of the API is ``api.rules``'.
+tokens (kept hashed in the state file), and feeds the core's events to its bus
+(``events``), which the live streams follow. It decides nothing itself: every
+decision is the core's, every rule of the API is ``api.rules``'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import getpass
 import hashlib
 import os
 import secrets
 import time
-from collections import Counter, deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +30,7 @@ from traitlets.config import LoggingConfigurable
 
 from .broker.alerts import AlertChange, AlertConfig, AlertJudge
 from .broker.budgets import Quota
-from .broker.core import Broker, BrokerConfig, Event, QueueEntry
-from .broker.errors import InvalidRequest
-from .broker.eta import Eta
+from .broker.core import Broker, BrokerConfig, Event
 from .broker.health import (
     CRITICAL_XIDS,
     DEFAULT_DRAIN_REASONS,
@@ -57,6 +51,7 @@ from .engines import (
     load_source,
     release_ended,
 )
+from .events import EventBus
 from .monitor.metrics import BrokerCollector
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
@@ -70,6 +65,7 @@ from .paths import (
     default_user_lock_dir,
 )
 from .statelock import GpuLocks, StateLock, secure_state_file
+from .wire.errors import InvalidRequest
 
 
 class GPUBroker(LoggingConfigurable):
@@ -424,26 +420,7 @@ class GPUBroker(LoggingConfigurable):
         super().__init__(**kwargs)
         self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
-        self._everyone: list[Listener] = []
-        """Listeners that may see any event (users' streams), called with each one."""
-        self._by_kernel: dict[Audience, list[Listener]] = {}
-        """Listeners that may see only one kernel's requests (kernel tokens' streams), by
-        (user, kernel id): called only with that kernel's events and positions."""
-        self._owners: dict[str, str] = {}
-        """Request id -> its holder (``owner``), for the requests of recent events: an
-        ended request's holder is then not read back from the state file."""
-        self._recent: deque[Published] = deque(maxlen=max(1, self.event_buffer))
-        self.last_event_id = int(time.time() * 1e6)
-        """The id of the newest event. Ids count up from the start time in microseconds,
-        so an id a client kept from an earlier run of the broker is older than any of
-        this run's (it gets a snapshot)."""
-        self._positions: Positions | None = None
-        self._positions_due = False
-        """The positions are stale: an event happened since they were computed."""
-        self._positions_scheduled = False
-        """Their computation for the streams is on its way (the next pass of the loop)."""
-        self._positions_ranked_at: float | None = None
-        """The core's ranking instant the last positions reflect (``Broker.ranked_at``)."""
+        self._events: EventBus | None = None
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
         self.sampler: Sampler | None = None
@@ -525,7 +502,8 @@ class GPUBroker(LoggingConfigurable):
             raise
         if self.quotas_file:
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
-        self._core.subscribe(self._fan_out)
+        self._events = EventBus(self._core, self.event_buffer)
+        self._core.subscribe(self._events.publish)
         if view is not None:  # leases whose jobs ended while the broker was down end now
             self._apply_view(view)
         self._start_monitoring(self._core, self.backend or NoReadings())
@@ -595,7 +573,7 @@ class GPUBroker(LoggingConfigurable):
     def _publish_alert(self, change: AlertChange) -> None:
         """An alert that started, escalated or ended, on the event stream (admins only)."""
         detail = {"state": change.state, "alert": change.alert.to_json()}
-        self._fan_out(Event("alert", self.core.clock.now(), "", detail=detail))
+        self.events.publish(Event("alert", self.core.clock.now(), "", detail=detail))
 
     def attach_kernels(self, kernels: KernelActions) -> None:
         """Let idle reclaim see and act on the host's kernels."""
@@ -693,21 +671,16 @@ class GPUBroker(LoggingConfigurable):
         return decisions
 
     def _tick(self) -> None:
-        """The core's housekeeping, then the queue's positions again when aging re-ranked
-        it without any event (a waiting widget would show a stale position)."""
+        """The core's housekeeping, then the positions of a queue that aging re-ranked."""
         try:
             self.core.tick()
-            if (
-                self._listening()
-                and not self._positions_scheduled  # an event's computation is on its way
-                and (self._positions_due or self._positions_ranked_at != self.core.ranked_at)
-            ):
-                self._update_positions()
+            self.events.after_tick()
         except Exception:
             self.log.exception("GPU broker tick failed")
 
     def stop(self) -> None:
-        self._positions_due = False
+        if self._events is not None:
+            self._events.close()
         for callback in (self._ticker, self._sampling, self._engine_poll):
             if callback is not None:
                 callback.stop()
@@ -728,6 +701,13 @@ class GPUBroker(LoggingConfigurable):
         if self._core is None:
             raise RuntimeError("the GPU broker has not been started")
         return self._core
+
+    @property
+    def events(self) -> EventBus:
+        """The bus the live event streams follow (``events.EventBus``)."""
+        if self._events is None:
+            raise RuntimeError("the GPU broker has not been started")
+        return self._events
 
     # -------------------------------------------------------------- tokens
 
@@ -766,98 +746,6 @@ class GPUBroker(LoggingConfigurable):
         shows too); never a read of NVML on the caller's thread."""
         return self.sampler.latest if self.sampler is not None else {}
 
-    # --------------------------------------------------------------- events
-
-    def subscribe(self, listener: Listener, audience: Audience | None = None) -> Callable[[], None]:
-        """Call ``listener`` with every event (``Published``, with its stream id) and,
-        once per burst of events, with the queue's new ``Positions`` when any moved.
-
-        ``audience`` (user, kernel id): a listener that may see only that kernel's
-        requests is called only with their events and positions, so the streams of idle
-        kernels cost an event nothing (``api.rules`` still decides what each one sees)."""
-        group = self._everyone if audience is None else self._by_kernel.setdefault(audience, [])
-        group.append(listener)
-
-        def unsubscribe() -> None:
-            group.remove(listener)
-            if not group and audience is not None and self._by_kernel.get(audience) is group:
-                del self._by_kernel[audience]
-
-        return unsubscribe
-
-    @property
-    def subscribers(self) -> int:
-        """How many listeners follow the events now (one per open event stream)."""
-        return len(self._everyone) + sum(map(len, self._by_kernel.values()))
-
-    def _listening(self) -> bool:
-        return bool(self._everyone or self._by_kernel)
-
-    def since(self, event_id: int) -> list[Published] | None:
-        """The events after ``event_id``; ``None`` when some of them are no longer kept
-        (or the id is not one of this run's): the caller needs a snapshot."""
-        oldest = self._recent[0].id if self._recent else self.last_event_id + 1
-        if not oldest - 1 <= event_id <= self.last_event_id:
-            return None
-        return [p for p in self._recent if p.id > event_id]
-
-    def positions(self) -> Positions:
-        """The queue's positions now (computed at most once per change)."""
-        if self._positions is None or self._positions_due:
-            self._update_positions()
-        assert self._positions is not None
-        return self._positions
-
-    def _fan_out(self, event: Event) -> None:
-        self.last_event_id += 1
-        holder = None if event.request_id is None else self._holder(event.request_id)
-        published = Published(self.last_event_id, event, holder)
-        self._recent.append(published)
-        listeners = self._everyone
-        if holder is not None and self._by_kernel:
-            listeners = [*listeners, *self._by_kernel.get((event.user, holder), ())]
-        for listener in list(listeners):
-            listener(published)
-        self._positions_due = True
-        if not self._positions_scheduled:
-            # once the burst is over: the next pass of the event loop (without a loop,
-            # in a script or a test, they are computed when asked for)
-            with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().call_soon(self._positions_later)
-                self._positions_scheduled = True
-
-    def _holder(self, request_id: str) -> str:
-        """A request's holder, remembered for the last ``event_buffer`` requests with
-        events (a holder never changes): the event that ends a request, once the core
-        has let it go, then needs no read of the state file."""
-        owner = self._owners.get(request_id)
-        if owner is None:
-            owner = self._owners[request_id] = self.core.request(request_id).owner
-            if len(self._owners) > max(1, self.event_buffer):
-                del self._owners[next(iter(self._owners))]
-        return owner
-
-    def _positions_later(self) -> None:
-        """The burst's positions, for the streams: with none open, nobody needs them
-        before someone asks (``positions()`` computes them then)."""
-        self._positions_scheduled = False
-        if self._positions_due and self._listening():  # not computed meanwhile, nor stopped
-            self._update_positions()
-
-    def _update_positions(self) -> None:
-        self._positions_due = False
-        self._positions_ranked_at = self.core.ranked_at
-        now = Positions.of(self.core.queue(), self.last_event_id, self.core.clock.now())
-        before, self._positions = self._positions, now
-        now.moved_since(before)
-        if not now.moved_users:
-            return
-        listeners = [*self._everyone]
-        for pair in now.moved_holders:
-            listeners.extend(self._by_kernel.get(pair, ()))
-        for listener in listeners:
-            listener(now)
-
     # --------------------------------------------------------------- quotas
 
     def _apply_quotas_file(self, path: Path) -> None:
@@ -882,10 +770,6 @@ class GPUBroker(LoggingConfigurable):
                 self.core.set_quota(kind, str(name), quota)
 
 
-Audience = tuple[str, str]
-"""(user, kernel id): the one kernel whose requests a listener may see."""
-
-
 def _read_now(source: InventorySource) -> ClusterView:
     """The engine's first view, read before the broker exists (whether or not an event
     loop runs on this thread): on a thread of its own."""
@@ -898,66 +782,3 @@ def _read_now(source: InventorySource) -> ClusterView:
 
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Published:
-    """A broker event as the streams send it: with its id, for resume."""
-
-    id: int
-    event: Event
-    owner: str | None = None
-    """Its request's holder (a kernel id), read once for every stream's visibility check."""
-    views: dict[bool, dict[str, Any]] = field(default_factory=dict, compare=False)
-    """Its JSON in full and reduced (``api.rules``), made once for every stream."""
-
-
-@dataclass
-class Positions:
-    """The queue once, after a burst of events: every subscriber takes its own part.
-
-    ``moved_users`` and ``moved_holders`` ((user, owner) pairs) name whose waiting
-    requests moved since the last computation: position, ETA, or the queue's length.
-    """
-
-    id: int
-    """The last event id these positions reflect."""
-    at: float
-    length: int
-    by_user: dict[str, list[QueueEntry]]
-    by_holder: dict[tuple[str, str], list[QueueEntry]]
-    """Waiting requests by (user, owner): a kernel's own, without scanning its user's."""
-    ahead: dict[str, dict[str, int]]
-    """Request id -> requests ahead of it by job class."""
-    moved_users: set[str] = field(default_factory=set)
-    moved_holders: set[tuple[str, str]] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, entries: list[QueueEntry], event_id: int, at: float) -> Positions:
-        by_user: dict[str, list[QueueEntry]] = {}
-        by_holder: dict[tuple[str, str], list[QueueEntry]] = {}
-        ahead: dict[str, dict[str, int]] = {}
-        classes: Counter[str] = Counter()
-        for e in entries:
-            r = e.request
-            by_user.setdefault(r.user, []).append(e)
-            by_holder.setdefault((r.user, r.owner), []).append(e)
-            ahead[r.id] = dict(classes)
-            classes[r.job_class.value] += 1
-        return cls(event_id, at, len(entries), by_user, by_holder, ahead)
-
-    def _seen(self) -> dict[str, tuple[int, Eta | None]]:
-        return {e.request.id: (e.position, e.eta) for es in self.by_user.values() for e in es}
-
-    def moved_since(self, before: Positions | None) -> None:
-        """Fill ``moved_*`` from the previous computation."""
-        old = {} if before is None else before._seen()
-        same_length = before is not None and before.length == self.length
-        for user, entries in self.by_user.items():
-            for e in entries:
-                if not same_length or old.get(e.request.id) != (e.position, e.eta):
-                    self.moved_users.add(user)
-                    self.moved_holders.add((user, e.request.owner))
-
-
-Listener = Callable[[Published | Positions], None]

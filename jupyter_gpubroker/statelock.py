@@ -40,8 +40,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .broker.errors import GpuInUse, StateFileError
 from .paths import LOCK_DIR_ENV, STATE_FILE_ENV, USER_LOCK_DIR_ENV
+from .wire.errors import GpuInUse, StateFileError
 
 PRIVATE = 0o600
 """The mode of the state file, its journals and its lock: usage, the audit log and token

@@ -17,11 +17,11 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpubroker.api import API_PREFIX
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.client import URL_ENV
 from jupyter_gpubroker.kernelspec import spec_for
 from jupyter_gpubroker.nvml.simulated import PRIVILEGE_ENV
 from jupyter_gpubroker.paths import LOCK_DIR_ENV, USER_LOCK_DIR_ENV
+from jupyter_gpubroker.wire.sizes import Size
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 PROXY = "configurable-http-proxy"

@@ -10,12 +10,13 @@ from jupyter_gpubroker.broker.alerts import AlertChange, AlertConfig, AlertJudge
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker, Event
 from jupyter_gpubroker.broker.health import HealthConfig, HealthJudge
-from jupyter_gpubroker.broker.models import Lease, Size
+from jupyter_gpubroker.broker.models import Lease
 from jupyter_gpubroker.broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.monitor.sampler import Sampler
 from jupyter_gpubroker.monitor.samples import SampleStore
 from jupyter_gpubroker.nvml import NvmlBackend, SimulatedNvml, load_topology
+from jupyter_gpubroker.wire.sizes import Size
 
 INTERVAL = 5.0
 WEDNESDAY_10AM = 1_715_767_200.0

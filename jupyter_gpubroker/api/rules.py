@@ -3,8 +3,9 @@
 ``BrokerAPI`` is what a host calls. A host (the jupyter-server extension's handlers,
 the JupyterHub service's) parses its HTTP input, builds an ``Identity`` from
 its own auth with ``identify`` / ``token_identity``, calls one method per operation and
-writes the JSON-ready answer it gets back; errors are the core's typed ``BrokerError``s,
-which carry their HTTP status. Nothing here knows tornado or Jupyter.
+writes the JSON-ready answer it gets back; errors are the typed ``BrokerError``s of
+``wire.errors``, which carry their HTTP status. Nothing here knows tornado or Jupyter,
+nor the running broker's module: it takes one (``runtime.GPUBroker``) as an argument.
 
 The rules: a user sees and acts on their own requests and leases; an admin on everyone's;
 a kernel-scoped token only on its own kernel's requests (never as an admin, and it
@@ -26,13 +27,15 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..broker.budgets import QUOTA_BOUNDS, Quota
+from ..broker.budgets import Quota
 from ..broker.core import Broker
-from ..broker.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
-from ..broker.models import Lease, LeaseState, Request, RequestState, Size, check_name
-from ..broker.reclaim import SERVER_OWNER, KernelState
+from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
+from ..broker.reclaim import KernelState
 from ..broker.store import AuditRecord
-from ..runtime import Positions
+from ..events import Positions, Published
+from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
+from ..wire.sizes import QUOTA_BOUNDS, Size
+from ..wire.text import SERVER_OWNER
 from .identity import Identity
 from .shapes import (
     alert_json,
@@ -51,7 +54,7 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import GPUBroker, Published
+    from ..runtime import GPUBroker
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups", "id"}
@@ -107,17 +110,24 @@ class BrokerAPI:
             kernel_id=kernel_id,
         )
 
-    def user_identity(self, username: str, groups: Iterable[str] = ()) -> Identity:
+    def user_identity(self, username: str | None, groups: Iterable[str] = ()) -> Identity:
         """A logged-in user: in "owner" mode (a single-user server, whose credentials
         already grant everything) every caller is the owner; in "username" mode the name
-        the host's login gave."""
+        the host's login gave. ``None`` (nobody logged in: a kernel that no request
+        started) is the server's owner."""
         rt = self.runtime
-        return self.identify(username if rt.identity == "username" else rt.owner, groups=groups)
+        named = username if rt.identity == "username" and username else rt.owner
+        return self.identify(named, groups=groups)
 
     def token_identity(self, token: str) -> Identity | None:
         """Whom a kernel token speaks for; ``None`` when unknown or revoked."""
         held = self.runtime.token_holder(token)
         return None if held is None else self.identify(*held)
+
+    def now(self) -> float:
+        """The broker's time (UTC seconds, its injected clock): where a front's "the last
+        N days" end."""
+        return self.core.clock.now()
 
     def me(self, who: Identity) -> dict[str, Any]:
         return {"user": who.user, "admin": who.admin, "kernel_id": who.kernel_id}
@@ -199,7 +209,7 @@ class BrokerAPI:
         entry = None
         if r.state is RequestState.QUEUED:
             if changed:
-                mine = self.runtime.positions().by_holder.get((r.user, r.owner), [])
+                mine = self.runtime.events.positions().by_holder.get((r.user, r.owner), [])
             else:
                 mine = self.core.queue()
             entry = next((e for e in mine if e.request.id == r.id), None)
@@ -643,7 +653,7 @@ class BrokerAPI:
 
         start = self.resume(who, last_event_id)
         audience = None if who.kernel_id is None else (who.user, who.kernel_id)
-        return start, self.runtime.subscribe(deliver, audience)
+        return start, self.runtime.events.subscribe(deliver, audience)
 
     def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
         """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
@@ -661,7 +671,7 @@ class BrokerAPI:
 
     def positions(self, who: Identity, kind: str = "positions") -> dict[str, Any]:
         """``who``'s waiting requests with positions and ETAs, and the queue's length."""
-        return self._positions_json(who, self.runtime.positions(), kind)
+        return self._positions_json(who, self.runtime.events.positions(), kind)
 
     def moved(self, who: Identity, positions: Positions) -> dict[str, Any] | None:
         """A ``positions`` event for ``who`` if one of its waiting requests moved."""
@@ -688,13 +698,13 @@ class BrokerAPI:
         """What a stream starts with: a ``hello`` with ``who``'s positions; after a
         reconnect (``last_event_id``) the events it missed, then its positions; a
         ``snapshot`` (the overview) when those events are no longer kept."""
-        rt = self.runtime
+        bus = self.runtime.events
         if last_event_id is None:
             return [self.positions(who, "hello")]
-        missed = rt.since(last_event_id)
+        missed = bus.since(last_event_id)
         if missed is None:
             at = self.core.clock.now()
-            return [envelope(rt.last_event_id, "snapshot", at, self.overview(who))]
+            return [envelope(bus.last_event_id, "snapshot", at, self.overview(who))]
         seen = (self.event(who, p) for p in missed)
         return [*(e for e in seen if e is not None), self.positions(who)]
 

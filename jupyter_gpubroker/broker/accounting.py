@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-from .errors import InvalidRequest
+from ..wire.errors import InvalidRequest
 from .policy import Window
 
 GROUPINGS = ("user", "group", "profile", "job_class", "day")

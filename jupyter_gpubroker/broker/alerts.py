@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from .errors import InvalidRequest
+from ..wire.errors import InvalidRequest
 from .health import CRITICAL_XIDS, HW_POWER_BRAKE, SW_POWER_CAP
 from .models import DeviceEvent, DeviceReading, Health, Inventory
 from .store import Store

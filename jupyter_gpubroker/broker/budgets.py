@@ -14,22 +14,13 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import InvalidRequest, QuotaExceeded
+from ..wire.errors import InvalidRequest, QuotaExceeded
+from ..wire.sizes import QUOTA_BOUNDS, amounts, quantity
 from .fairshare import Entity, entities
-from .models import Lease, Request, amounts, quantity
+from .models import Lease, Request
 from .store import Store
 
 log = logging.getLogger(__name__)
-
-QUOTA_BOUNDS = {
-    "share": (1e-3, 1e6),
-    "max_gpus": (0.0, 1e6),
-    "gpu_hours": (0.0, 1e9),
-    "period_s": (60.0, 10 * 366 * 86400.0),
-}
-"""Each quota field's inclusive range (a non-zero value is at least ``models.RESOLUTION``):
-a share outside it would make fair-share factors divide by zero, a period shorter than a
-minute would make budget periods overflow."""
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timezone
 from typing import Any, Protocol
 
-from . import accounting
-from .budgets import Budgets, Quota
-from .clock import Clock, SystemClock
-from .errors import (
+from ..wire.errors import (
     Conflict,
     Forbidden,
     InvalidRequest,
@@ -43,10 +40,15 @@ from .errors import (
     StorageFull,
     Unsatisfiable,
 )
+from ..wire.profiles import CATALOG
+from ..wire.sizes import DURATIONS, MAX_DURATION_S, Size, expected_duration
+from ..wire.text import memory
+from . import accounting
+from .budgets import Budgets, Quota
+from .clock import Clock, SystemClock
 from .eta import Calibration, Eta, predicted_starts
 from .fairshare import Entity, FairShareLedger
 from .models import (
-    RESOLUTION,
     Device,
     Gpu,
     Inventory,
@@ -55,23 +57,16 @@ from .models import (
     LeaseState,
     Request,
     RequestState,
-    Size,
     check_name,
-    quantity,
 )
 from .placement import MigPlan, Placer
 from .policy import BrokerPolicy, Policy
 from .predictor import Predictor, held_shape, request_shape
-from .profiles import CATALOG
 from .queue import WaitQueue
 from .store import Store
-from .text import memory
 
 log = logging.getLogger(__name__)
 
-MAX_DURATION_S = 366 * 86400.0
-DURATIONS = f"seconds, at least {RESOLUTION:g} and at most a year"
-"""What ``expected_duration`` takes, in words."""
 ETA_MAX_AGE_S = 30.0
 """How long the queue's start estimates stand without a change: the leases' elapsed
 times, which they rest on, move on."""
@@ -184,11 +179,6 @@ class _Reservation:
 
     devices: frozenset[str]
     start: float
-
-
-def expected_duration(value: object) -> bool:
-    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
-    return quantity(value, RESOLUTION, MAX_DURATION_S)
 
 
 def _job_class(value: JobClass | str) -> JobClass:

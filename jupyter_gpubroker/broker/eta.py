@@ -40,11 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .models import Lease, Request, Size
+from ..wire.profiles import CATALOG, COMPUTE_SLICES
+from ..wire.sizes import Size
+from .models import Lease, Request
 from .placement import WHOLE_GPU, Placer, device_class
 from .policy import Context, Policy
 from .predictor import Predictor, held_shape, request_shape
-from .profiles import CATALOG, COMPUTE_SLICES
 
 
 @dataclass(frozen=True)

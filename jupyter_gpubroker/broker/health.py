@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .errors import InvalidRequest
+from ..wire.errors import InvalidRequest
 from .models import DeviceEvent, DeviceReading, Health
 
 # nvmlClocksEventReason* bits (nvml.h)

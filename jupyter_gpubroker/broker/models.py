@@ -7,15 +7,14 @@ every front renders them through ``to_json`` so all of them show one shape.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from functools import cached_property
 from typing import Any, Literal
 
-from .errors import InvalidRequest, UnknownProfile
-from .profiles import ALL_PROFILE_NAMES, COMPUTE_SLICES
+from ..wire.errors import InvalidRequest
+from ..wire.profiles import COMPUTE_SLICES
+from ..wire.sizes import Size
 
 # ---------------------------------------------------------------- inventory
 
@@ -149,12 +148,6 @@ group names are columns of 255)."""
 UNSAFE_IN_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 """What a name may not hold: control characters and line separators (they would break a
 log line, a table row, a header) and half a UTF-16 pair (it cannot be stored as UTF-8)."""
-RESOLUTION = 1e-3
-"""The finest non-zero amount the broker takes, in every unit (GPU-equivalents, GB,
-GPU-hours, shares, seconds): a smaller one, a subnormal like 5e-324 above all, is a slip
-or a probe, never a size or a limit anyone means (a 1e-320 GPU quota refuses everything)."""
-MAX_GPUS = 1024
-MAX_MEMORY_GB = 4096.0
 
 
 class RequestState(str, Enum):
@@ -177,32 +170,6 @@ class JobClass(str, Enum):
     BATCH = "batch"
 
 
-def finite_number(value: object) -> bool:
-    """A JSON number that fits a float: not a bool, NaN, an infinity or a huge integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer beyond the largest float
-        return False
-
-
-def quantity(value: object, lo: float, hi: float) -> bool:
-    """A JSON number fit to be an amount from ``lo`` to ``hi``: finite, and 0 or at least
-    ``RESOLUTION``."""
-    return (
-        finite_number(value)
-        and lo <= value <= hi  # type: ignore[operator]
-        and (value == 0 or abs(value) >= RESOLUTION)  # type: ignore[arg-type]
-    )
-
-
-def amounts(lo: float, hi: float) -> str:
-    """The words for what ``quantity(value, lo, hi)`` takes: "0 or a number from 0.001 to 10"."""
-    lo_text = f"0 or a number from {RESOLUTION:g}" if lo == 0 else f"a number from {lo:.15g}"
-    return f"{lo_text} to {hi:.15g}"
-
-
 def check_name(value: object, what: str) -> str:
     """A user or group name, the one rule of every front: any text JupyterHub takes (user
     names: anything without '/'; group names: anything, from an identity provider's
@@ -223,94 +190,6 @@ def check_name(value: object, what: str) -> str:
             "but control characters and line breaks"
         )
     return value
-
-
-@dataclass(frozen=True)
-class Size:
-    """What a request asks for: exactly one of N whole GPUs, a MIG profile, or any
-    device with at least ``min_memory_gb`` of memory."""
-
-    gpus: int | None = None
-    profile: str | None = None
-    min_memory_gb: float | None = None
-
-    def __post_init__(self) -> None:
-        given = [f for f in ("gpus", "profile", "min_memory_gb") if getattr(self, f) is not None]
-        if len(given) != 1:
-            raise InvalidRequest(
-                "a request asks for exactly one of 'gpus', 'profile' or 'min_memory_gb'"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
-        if self.gpus is not None:
-            if isinstance(self.gpus, bool) or not isinstance(self.gpus, int):
-                raise InvalidRequest(f"'gpus' must be a whole number, not {self.gpus!r}")
-            if not 1 <= self.gpus <= MAX_GPUS:
-                raise InvalidRequest(f"'gpus' must be between 1 and {MAX_GPUS}, not {self.gpus}")
-        if self.profile is not None and not isinstance(self.profile, str):
-            raise InvalidRequest(f"'profile' must be a MIG profile name, not {self.profile!r}")
-        if self.profile is not None and self.profile not in ALL_PROFILE_NAMES:
-            raise UnknownProfile(
-                f"unknown MIG profile {self.profile!r}; known profiles: "
-                + ", ".join(sorted(ALL_PROFILE_NAMES))
-            )
-        if self.min_memory_gb is not None:
-            m = self.min_memory_gb
-            if not quantity(m, RESOLUTION, MAX_MEMORY_GB):
-                raise InvalidRequest(
-                    f"'min_memory_gb' must be {amounts(RESOLUTION, MAX_MEMORY_GB)}, not {m!r}"
-                )
-
-    @cached_property
-    def key(self) -> str:
-        """A short stable text form, also the queue's shape key: ``gpus=2``,
-        ``profile=1g.10gb`` or ``min_memory_gb=20``."""
-        if self.gpus is not None:
-            return f"gpus={self.gpus}"
-        if self.profile is not None:
-            return f"profile={self.profile}"
-        m = float(self.min_memory_gb or 0)
-        short = f"{m:g}"  # 6 significant digits: keep it only when it reads back exactly
-        return f"min_memory_gb={short if float(short) == m else repr(m)}"
-
-    @classmethod
-    def parse(cls, text: str) -> Size:
-        """Parse the short form a person types: ``2`` or ``gpus=2``, ``1g.10gb``,
-        ``20GB`` or ``min_memory_gb=20``."""
-        t = text.strip()
-        if "=" in t:
-            k, _, v = t.partition("=")
-            k = k.strip()
-            if k == "gpus":
-                return cls(gpus=_int(v))
-            if k == "profile":
-                return cls(profile=v.strip())
-            if k == "min_memory_gb":
-                return cls(min_memory_gb=_float(v))
-            raise InvalidRequest(f"unknown size field {k!r} in {text!r}")
-        if t.isdigit():
-            return cls(gpus=_int(t))
-        if t.lower().endswith("gb") and t[:-2].replace(".", "", 1).isdigit():
-            return cls(min_memory_gb=_float(t[:-2]))
-        return cls(profile=t)
-
-    def to_json(self) -> dict[str, Any]:
-        # field by field, not ``asdict``: its deep copy is a visible share of an API call
-        sizes = {"gpus": self.gpus, "profile": self.profile, "min_memory_gb": self.min_memory_gb}
-        return {k: v for k, v in sizes.items() if v is not None}
-
-
-def _int(v: str) -> int:
-    try:
-        return int(v)
-    except ValueError:
-        raise InvalidRequest(f"{v!r} is not a whole number") from None
-
-
-def _float(v: str) -> float:
-    try:
-        return float(v)
-    except ValueError:
-        raise InvalidRequest(f"{v!r} is not a number") from None
 
 
 @dataclass

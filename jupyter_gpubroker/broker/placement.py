@@ -24,8 +24,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from .models import Device, Gpu, Inventory, Size
-from .profiles import CATALOG, GpuModel, MigProfile
+from ..wire.profiles import CATALOG, GpuModel, MigProfile
+from ..wire.sizes import Size
+from .models import Device, Gpu, Inventory
 
 WHOLE_GPU = "gpu"
 KTH_INDEXED = 8

@@ -58,7 +58,7 @@ from datetime import datetime, timezone, tzinfo
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .errors import InvalidRequest
+from ..wire.errors import InvalidRequest
 from .models import JobClass, Request
 
 STARVING_TIER = 1e9

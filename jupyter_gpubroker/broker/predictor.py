@@ -25,7 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .models import Size
+from ..wire.sizes import Size
 
 Key = tuple[str, str, str, str]
 """(user, group, job class, shape); "" where a coarser key leaves a part out."""

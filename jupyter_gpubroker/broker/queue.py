@@ -21,7 +21,8 @@ import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Generator, Iterator
 
-from .models import Request, Size
+from ..wire.sizes import Size
+from .models import Request
 
 BucketKey = tuple[str, str, str, str]
 """(size key, user, group, job class)."""

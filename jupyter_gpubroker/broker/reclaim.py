@@ -33,11 +33,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import InvalidRequest
+from ..wire.errors import InvalidRequest
+from ..wire.profiles import ALL_PROFILE_NAMES
+from ..wire.text import SERVER_OWNER as SERVER_OWNER  # ``server:<user>[:<name>]``
+from ..wire.text import duration
 from .models import JobClass, Lease, Request, RequestState
-from .profiles import ALL_PROFILE_NAMES
-from .text import SERVER_OWNER as SERVER_OWNER  # ``server:<user>[:<name>]``
-from .text import duration
 
 if TYPE_CHECKING:
     from .core import Broker

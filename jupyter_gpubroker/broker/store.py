@@ -22,8 +22,9 @@ from typing import Any
 
 import sqlite_utils
 
-from .errors import InvalidRequest, StateFileError, StorageFull
-from .models import JobClass, Lease, LeaseState, Request, RequestState, Size
+from ..wire.errors import InvalidRequest, StateFileError, StorageFull
+from ..wire.sizes import Size
+from .models import JobClass, Lease, LeaseState, Request, RequestState
 
 # Each entry upgrades the schema by one version; never edit a released one.
 MIGRATIONS: tuple[str, ...] = (

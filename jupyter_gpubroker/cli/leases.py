@@ -110,8 +110,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def _size_fields(text: str) -> dict[str, Any]:
-    from ..broker.errors import InvalidRequest
-    from ..broker.models import Size
+    from ..wire.errors import InvalidRequest
+    from ..wire.sizes import Size
 
     if text.strip().startswith("-"):
         digits = text.strip()[1:].isdigit()

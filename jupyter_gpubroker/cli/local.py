@@ -59,7 +59,7 @@ def add_demo(p: argparse.ArgumentParser) -> None:
 
 def cmd_kernelspec_install(args: argparse.Namespace) -> int:
     from .. import kernelspec
-    from ..broker.models import Size
+    from ..wire.sizes import Size
 
     size: Size | None
     if args.on_demand:

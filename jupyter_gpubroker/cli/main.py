@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _REFUSALS = {
-    "jupyter_gpubroker.broker.errors": "BrokerError",
+    "jupyter_gpubroker.wire.errors": "BrokerError",
     "jupyter_gpubroker.nvml.backend": "NvmlUnavailable",
     "jupyter_gpubroker.nvml.presets": "TopologyError",
 }

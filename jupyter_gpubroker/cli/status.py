@@ -64,8 +64,9 @@ def _local_report(args: argparse.Namespace) -> dict[str, Any]:
     import pynvml
 
     from ..api.shapes import devices_json
-    from ..broker.errors import InvalidRequest
     from ..nvml import NvmlUnavailable, open_backend, seed_for
+    from ..offline import state_view
+    from ..wire.errors import InvalidRequest
 
     state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
     if args.state is not None and not state.exists():
@@ -92,7 +93,7 @@ def _local_report(args: argparse.Namespace) -> dict[str, Any]:
             if backend.simulator
             else f"NVIDIA driver {pynvml.nvmlSystemGetDriverVersion()}"
         )
-    holders, drains, causes = _state_view(state)
+    holders, drains, causes = state_view(state)
     return {
         "source": source,
         "state": str(state) if state.exists() else None,
@@ -100,23 +101,8 @@ def _local_report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _state_view(state: Path) -> tuple[dict[str, Any], dict[str, tuple[str, float]], dict[str, str]]:
-    """Device uuid -> active lease, drained uuid -> (reason, since) and who drained it,
-    from the state file, read-only (none when there is no file yet)."""
-    from ..broker.store import Store
-
-    if not state.exists():
-        return {}, {}, {}
-    store = Store(state, read_only=True)
-    try:
-        holders = {d: lease for lease, _ in store.active_leases() for d in lease.devices}
-        return holders, store.drains(), store.drain_causes()
-    finally:
-        store.close()
-
-
 def render_status(report: dict[str, Any]) -> str:
-    from ..broker.text import memory
+    from ..wire.text import memory
 
     rows = [("DEVICE", "MODEL / PROFILE", "MEMORY", "UTIL", "TEMP", "POWER", "HOLDER", "UUID")]
     for g in report["gpus"]:

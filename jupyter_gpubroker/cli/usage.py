@@ -22,11 +22,11 @@ from ..paths import STATE_FILE_ENV, default_state_path
 from .common import ask_broker, connection_args
 
 if TYPE_CHECKING:
-    from ..broker.accounting import Prices, UsageRow
+    from ..offline import Prices, UsageRow
 
 
 def add_usage(p: argparse.ArgumentParser) -> None:
-    from ..broker.accounting import GROUPINGS
+    from ..offline import GROUPINGS
 
     p.description = (
         "GPU-hours (GPU-equivalents x hours; a MIG slice counts its compute slices out of 7) "
@@ -65,8 +65,8 @@ def add_usage(p: argparse.ArgumentParser) -> None:
 def cmd_usage(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-    from ..broker.accounting import UsageRow
-    from ..broker.errors import InvalidRequest
+    from ..offline import UsageRow, load_prices
+    from ..wire.errors import InvalidRequest
 
     try:
         tz = ZoneInfo(args.timezone)
@@ -75,7 +75,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     now = time.time()
     since = _time(args.since, "--since") if args.since else float("-inf")
     until = _time(args.until, "--until") if args.until else now
-    prices = _prices(args.prices) if args.prices else None
+    prices = load_prices(args.prices) if args.prices else None
     found = None
     if args.state is None and prices is None and args.timezone == "UTC":
         found = ask_broker(
@@ -99,9 +99,8 @@ def _from_state(
     prices: Prices | None,
 ) -> list[UsageRow]:
     """Usage from the state file, opened read-only: never migrated, never written."""
-    from ..broker.accounting import usage
-    from ..broker.errors import InvalidRequest
-    from ..broker.store import Store
+    from .. import offline
+    from ..wire.errors import InvalidRequest
 
     state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
     if not state.exists():
@@ -109,12 +108,7 @@ def _from_state(
             f"no broker state file at {state}"
             + ("" if args.state else ", and no running broker found: pass --url or --state")
         )
-    store = Store(state, read_only=True)
-    try:
-        rows = store.holdings(since, until, now)
-    finally:
-        store.close()
-    return usage(rows, since=since, until=until, by=args.by, tz=tz, prices=prices)
+    return offline.usage(state, since=since, until=until, now=now, by=args.by, tz=tz, prices=prices)
 
 
 def _print(args: argparse.Namespace, rows: Sequence[UsageRow], prices: Prices | None) -> None:
@@ -141,24 +135,9 @@ def _print(args: argparse.Namespace, rows: Sequence[UsageRow], prices: Prices | 
 
 def _time(text: str, flag: str) -> float:
     from ..api.shapes import parse_iso
-    from ..broker.errors import InvalidRequest
+    from ..wire.errors import InvalidRequest
 
     try:
         return parse_iso(text)
     except ValueError:
         raise InvalidRequest(f"{flag} must be an ISO 8601 time or date, not {text!r}") from None
-
-
-def _prices(path: Path) -> Prices:
-    import yaml
-
-    from ..broker.accounting import Prices
-    from ..broker.errors import InvalidRequest
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InvalidRequest(f"cannot read prices file {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest(f"prices file {path} must hold a mapping")
-    return Prices.from_dict(data)

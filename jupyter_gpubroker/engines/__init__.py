@@ -23,9 +23,9 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..broker.errors import InvalidRequest
 from ..broker.models import Device, DeviceEvent, DeviceReading, Inventory
 from ..broker.placement import device_class
+from ..wire.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ..broker.core import Broker

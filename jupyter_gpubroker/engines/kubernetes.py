@@ -39,7 +39,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..broker.models import Device, Gpu, Inventory
 from ..broker.placement import WHOLE_GPU
-from ..broker.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
+from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
 from . import ClusterView, EngineUnavailable
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -34,13 +34,7 @@ from traitlets import Dict, Float, Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..broker.models import Device, Gpu, Inventory
-from ..broker.profiles import (
-    ALL_PROFILE_NAMES,
-    CATALOG,
-    COMPUTE_SLICES,
-    MEMORY_SLICES,
-    GpuModel,
-)
+from ..wire.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES, GpuModel
 from . import ClusterView, EngineUnavailable
 
 COMMENT_PREFIX = "gpubroker-lease="

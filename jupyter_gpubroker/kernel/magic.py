@@ -22,10 +22,10 @@ from IPython.display import display
 from traitlets import Float, observe
 from traitlets.log import get_logger
 
-from ..broker.errors import BrokerError
-from ..broker.models import Size
-from ..broker.text import duration
 from ..client import BrokerAPIError, size_text
+from ..wire.errors import BrokerError
+from ..wire.sizes import Size
+from ..wire.text import duration
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why

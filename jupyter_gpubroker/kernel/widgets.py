@@ -22,9 +22,9 @@ from typing import Any
 from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
-from ..broker.text import clock as wall_clock
-from ..broker.text import duration, memory
 from ..client import eta_text, size_text
+from ..wire.text import clock as wall_clock
+from ..wire.text import duration, memory
 from .feed import TRANSIENT, why
 from .session import Activity, Session, Tracker
 

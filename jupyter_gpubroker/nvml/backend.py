@@ -26,7 +26,7 @@ from ..broker.models import (
     Inventory,
     ProcessInfo,
 )
-from ..broker.profiles import model_for_name
+from ..wire.profiles import model_for_name
 from .presets import PRESET_NAMES
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Only used when the deployment enables dynamic MIG (creating instances needs
 root or the mig-config capability). Every failure surfaces as the core's
-:class:`~jupyter_gpubroker.broker.errors.PartitionFailed`, with a sentence
+:class:`~jupyter_gpubroker.wire.errors.PartitionFailed`, with a sentence
 saying why, so the core never sees an NVML type.
 """
 
@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 import pynvml
 
-from ..broker.errors import PartitionFailed
 from ..broker.models import Device
-from ..broker.profiles import model_for_name
+from ..wire.errors import PartitionFailed
+from ..wire.profiles import model_for_name
 from .backend import NvmlBackend, is_mig_device_handle
 
 _FULL_COMPUTE_INSTANCE = {

@@ -56,7 +56,7 @@ from typing import Any
 
 import yaml
 
-from ..broker.profiles import CATALOG, MEMORY_SLICES, GpuModel, MigProfile, free_starts
+from ..wire.profiles import CATALOG, MEMORY_SLICES, GpuModel, MigProfile, free_starts
 
 
 class TopologyError(ValueError):

@@ -59,7 +59,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from ..broker.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
+from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
 from .presets import GpuSpec, Topology, TopologyError
 
 DRIVER_VERSION = "570.86.15"

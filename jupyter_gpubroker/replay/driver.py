@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 
 from ..broker.clock import VirtualClock
 from ..broker.core import Broker, BrokerConfig
-from ..broker.errors import Unsatisfiable
-from ..broker.models import JobClass, Lease, Size
+from ..broker.models import JobClass, Lease
 from ..broker.placement import WHOLE_GPU
 from ..broker.policy import Policy, make_policy
 from ..broker.store import Store
 from ..nvml import MigPartitioner, open_backend
+from ..wire.errors import Unsatisfiable
+from ..wire.sizes import Size
 from .accuracy import Estimate, EtaProbe
 from .sizing import Sizer
 from .traces import Job, Trace

@@ -49,13 +49,14 @@ from typing import Literal
 from ..broker.clock import VirtualClock
 from ..broker.core import Broker
 from ..broker.health import HealthConfig, HealthJudge
-from ..broker.models import DeviceReading, Inventory, Lease, Size
+from ..broker.models import DeviceReading, Inventory, Lease
 from ..broker.policy import make_policy
 from ..broker.reclaim import KernelState, ReclaimConfig, Reclaimer
 from ..broker.store import Store
 from ..monitor.sampler import Sampler
 from ..monitor.samples import SampleStore
 from ..nvml import NvmlBackend, open_backend
+from ..wire.sizes import Size
 
 TICK_S = 60.0
 """The trace's tick: one minute."""

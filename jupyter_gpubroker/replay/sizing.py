@@ -18,8 +18,9 @@ With GPUs of several models in MIG mode, the first one's ladder is used.
 
 from __future__ import annotations
 
-from ..broker.models import Inventory, Size
-from ..broker.profiles import CATALOG, GpuModel, MigProfile
+from ..broker.models import Inventory
+from ..wire.profiles import CATALOG, GpuModel, MigProfile
+from ..wire.sizes import Size
 
 _EPS = 1e-9
 

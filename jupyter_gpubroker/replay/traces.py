@@ -57,8 +57,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
 
-from ..broker.errors import InvalidRequest
 from ..broker.models import JobClass, check_name
+from ..wire.errors import InvalidRequest
 
 MIN_DURATION_S = 1.0
 DEFAULT_USERS = 32

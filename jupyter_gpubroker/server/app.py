@@ -42,13 +42,14 @@ from .. import __version__
 from ..api import API_PREFIX
 from ..api.rules import BrokerAPI
 from ..broker.clock import SystemClock
-from ..broker.errors import BrokerError
 from ..client import SERVER_LEASE_ENV, URL_ENV, BrokerClient, user_token_from_env
 from ..kernel import NO_GPUS_ENV
 from ..nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
+from ..wire.errors import BrokerError
 from . import registry
 from .handlers import handlers
+from .host import JupyterHost
 from .proxy import proxy_handlers
 from .reclaimer import ServerKernels, carry_out_reclaims, report_server_activity
 from .unavailable import NO_GPUS, unavailable_handlers
@@ -211,7 +212,7 @@ class GPUBrokerExtension(ExtensionApp):
         elif self.why_not:
             self.handlers.extend(unavailable_handlers(self.why_not))
         else:
-            self.handlers.extend(handlers())
+            self.handlers.extend(handlers(JupyterHost))
 
     async def stop_extension(self) -> None:
         for task in self._tasks:

@@ -5,12 +5,14 @@ its HTTP input, calls the API with the caller's ``Identity`` and writes the answ
 rule of who may see or do what is the API layer's. The handlers and the route table are
 written once, as mixins, and bound by ``handlers(host)`` to a host's request handler,
 which says only who the caller is (``prepare`` sets ``who``) and whether the caller may
-use the broker at all (``authorize``, run by ``@authorized``): ``JupyterHost`` here (the
-server's identity provider and authorizer, resource ``gpubroker``), the hub service's
-in ``hub_spawner.service`` (HubAuth and the ``custom:gpubroker:*`` scopes). Every method
-is authenticated (``@web.authenticated``) and authorized (``@authorized``). In both hosts
-a kernel presenting its kernel-scoped token in the ``X-GPUBroker-Token`` header acts for
-its user on its own kernel's requests.
+use the broker at all (``authorize``, run by ``@authorized``): the jupyter-server's
+``server.host.JupyterHost`` (the server's identity provider and authorizer, resource
+``gpubroker``), the hub service's in ``hub_spawner.service`` (HubAuth and the
+``custom:gpubroker:*`` scopes). This module imports tornado and the API layer only, so
+the hub service loads no jupyter-server. Every method is authenticated
+(``@web.authenticated``) and authorized (``@authorized``). In both hosts a kernel
+presenting its kernel-scoped token in the ``X-GPUBroker-Token`` header acts for its user
+on its own kernel's requests.
 """
 
 from __future__ import annotations
@@ -22,16 +24,13 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from jupyter_server.auth.decorator import authorized as jupyter_authorized
-from jupyter_server.auth.identity import User
-from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI, only
-from ..broker.errors import BrokerError, InvalidRequest, NotFound
+from ..wire.errors import BrokerError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
     _Handler = web.RequestHandler
@@ -39,9 +38,31 @@ else:
     _Handler = object
 
 
+def broker_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` with a broker error (``BrokerError``) raised as tornado's
+    ``HTTPError`` of its own status, never a 500; the error is its cause, which the
+    host's ``write_error`` renders (``broker_error``: JSON here, a page on the hub's)."""
+
+    @functools.wraps(method)
+    async def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = method(self, *args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        except BrokerError as e:
+            raise web.HTTPError(e.status) from e
+
+    return checked
+
+
+def broker_error(exc: BaseException | None) -> BrokerError | None:
+    """The broker error an ``HTTPError`` of ``broker_errors`` stands for (else None)."""
+    cause = exc.__cause__ if isinstance(exc, web.HTTPError) else None
+    return cause if isinstance(cause, BrokerError) else None
+
+
 def authorized(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run the host's ``authorize`` (may this authenticated caller use the broker with
-    this HTTP method?) before ``method``."""
+    this HTTP method?) before ``method``, with broker errors as their statuses."""
 
     @functools.wraps(method)
     async def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -49,21 +70,10 @@ def authorized(method: Callable[..., Any]) -> Callable[..., Any]:
         result = method(self, *args, **kwargs)
         return await result if inspect.isawaitable(result) else result
 
-    return checked
+    return broker_errors(checked)
 
 
-class BrokerErrorStatus(_Handler):
-    """A broker error (``BrokerError``) is sent with its own status, never as a 500; a
-    host's ``write_error`` renders it (JSON here, a page on the hub's pages)."""
-
-    def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, BrokerError):
-            self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
-            return
-        super()._handle_request_exception(e)
-
-
-class BrokerHandler(BrokerErrorStatus):
+class BrokerHandler(_Handler):
     """What every handler shares, whatever its host: the API, the caller, JSON in and
     out, errors as the API's ``{error, message}``."""
 
@@ -87,8 +97,9 @@ class BrokerHandler(BrokerErrorStatus):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, BrokerError):
-            body = exc.to_json()
+        error = broker_error(exc)
+        if error is not None:
+            body = error.to_json()
         else:
             message = getattr(exc, "log_message", None) or self._reason
             body = {"error": f"http_{status_code}", "message": message}
@@ -396,6 +407,7 @@ class UnknownPathHandler(BrokerHandler):
     """Any other path under the API prefix: the API's JSON 404 (403 without a valid
     credential), not Jupyter's HTML page."""
 
+    @broker_errors
     async def prepare(self) -> None:
         await super().prepare()  # type: ignore[misc]  # the host's, async
         if self.current_user is None:
@@ -403,40 +415,10 @@ class UnknownPathHandler(BrokerHandler):
         raise NotFound(f"no API path {self.request.path!r}; see the API document, openapi.yaml")
 
 
-class JupyterHost(APIHandler):
-    """The jupyter-server host: the caller is the server's identity provider's user (a
-    Jupyter token, or the login cookie with its XSRF check) or a kernel token's; it may
-    use the broker when the server's authorizer allows it on resource ``gpubroker``."""
-
-    auth_resource = "gpubroker"
-
-    async def prepare(self) -> None:  # type: ignore[override]
-        if not self.check_host():  # jupyter-server's DNS-rebinding guard, for kernel tokens too
-            raise web.HTTPError(403, "the Host header does not name this server")
-        who = self.kernel_caller()  # type: ignore[attr-defined]
-        if who is None:
-            await super().prepare()
-            user = self.current_user
-            if user is not None:
-                self.who = self.api.user_identity(user.username)  # type: ignore[attr-defined]
-            return
-        self.who = who
-        self.current_user = self._jupyter_current_user = User(username=who.user)
-
-    async def authorize(self) -> None:
-        await jupyter_authorized(_nothing)(self)
-
-
-async def _nothing(handler: Any) -> None:
-    """What ``authorize`` lets jupyter-server's own ``@authorized`` guard."""
-
-
 Route = tuple[str, type[web.RequestHandler]]
 
 
-def handlers(
-    host: type[web.RequestHandler] = JupyterHost, root: str = f"/{API_PREFIX}"
-) -> list[Route]:
+def handlers(host: type[web.RequestHandler], root: str = f"/{API_PREFIX}") -> list[Route]:
     """URL patterns under ``root`` (the API's path on its host: relative to the server's
     base URL here) and their handlers, bound to ``host``."""
     ident = r"([^/]+)"  # any segment: the handler says what is wrong with it (400, 404)

@@ -210,15 +210,12 @@ class GPUProvisioner(LocalProvisioner):
         the server's owner when no request did), through ``broker_url`` the token's user."""
         if self.broker_url:
             issued = await self._remote_token()
-            self._kernel_token, self.charged_to = issued["token"], str(issued["user"])
-        else:
-            runtime = self._embedded()
+        else:  # the API's rules, as for a token asked for over HTTP
+            api = BrokerAPI(self._embedded())
             handler = CallContext.get(CallContext.JUPYTER_HANDLER)
             login = getattr(getattr(handler, "current_user", None), "username", None)
-            api = BrokerAPI(runtime)
-            who = api.user_identity(login) if login else api.identify(runtime.owner)
-            self._kernel_token = runtime.issue_token(who.user, self.kernel_id)
-            self.charged_to = who.user
+            issued = api.issue_token(api.user_identity(login), {"kernel_id": self.kernel_id})
+        self._kernel_token, self.charged_to = issued["token"], str(issued["user"])
         self.log.info("Kernel %s: its GPUs are charged to %s", self.kernel_id, self.charged_to)
 
     async def _remote_token(self) -> dict[str, Any]:
@@ -246,8 +243,9 @@ class GPUProvisioner(LocalProvisioner):
         if self.broker_url:
             with contextlib.suppress(BrokerAPIError):
                 await client.revoke_kernel_token(self.kernel_id)
-        else:
-            self._embedded().revoke_tokens(self.kernel_id, self.charged_to)
+        elif self.charged_to:  # else a kernel restored from before its user was kept
+            api = BrokerAPI(self._embedded())
+            api.revoke_tokens(api.identify(self.charged_to), self.kernel_id)
 
     def size(self) -> dict[str, Any]:
         """The request's size in the API's terms, from the kernelspec's config."""

@@ -9,8 +9,8 @@ import pytest
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.errors import Conflict, Forbidden, StorageFull
-from jupyter_gpubroker.runtime import Positions, Published
+from jupyter_gpubroker.events import Positions, Published
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, StorageFull
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -29,7 +29,7 @@ def test_an_admin_cancels_another_users_requests_and_the_holder_hears_who_and_wh
     held = [team.submit(alice, {**SLICE, "owner": f"nb-{i}"}) for i in range(7)]
     waiting = team.submit(alice, {**SLICE, "owner": "nb-waiting"})
     published: list[Any] = []
-    team.runtime.subscribe(published.append)
+    team.runtime.events.subscribe(published.append)
 
     cancelled = team.cancel(carol, waiting["id"], "the queue is closed for maintenance")
     assert cancelled["state"] == "cancelled"
@@ -123,7 +123,7 @@ def test_a_class_change_reorders_the_queue_at_once(start) -> None:
     batch = api.submit(bob, {**SLICE, "job_class": "batch"})
     urgent = api.submit(bob, {**SLICE, "job_class": "interactive"})
     published: list[Any] = []
-    api.runtime.subscribe(published.append)
+    api.runtime.events.subscribe(published.append)
 
     changed = api.change_request(carol, batch["id"], {"job_class": "interactive"})
     api.change_request(carol, urgent["id"], {"job_class": "batch", "reason": "it can wait"})
@@ -145,7 +145,7 @@ def test_an_admin_drains_a_gpu_and_its_holders_are_told(team: BrokerAPI) -> None
     held = team.submit(alice, SLICE)
     gpu = team.devices(carol)["gpus"][0]["uuid"]
     published: list[Any] = []
-    team.runtime.subscribe(published.append)
+    team.runtime.events.subscribe(published.append)
 
     state = team.drain(carol, gpu, {"reason": "replacing a fan"})
     assert state["drained"]["cause"] == "admin"
@@ -210,9 +210,9 @@ def test_positions_follow_the_queue_when_aging_reorders_it(start) -> None:
     clock.advance(100)
     api.submit(dana, SLICE)
     assert api.request(bob, old["id"])["position"] == 2
-    runtime.positions()  # what the streams last sent
+    runtime.events.positions()  # what the streams last sent
     moved: list[Positions] = []
-    runtime.subscribe(lambda p: moved.append(p) if isinstance(p, Positions) else None)
+    runtime.events.subscribe(lambda p: moved.append(p) if isinstance(p, Positions) else None)
 
     clock.advance(210)  # bob's request has waited 310 s, past 3/4 of max_wait_s
     runtime._tick()
@@ -225,7 +225,7 @@ def test_deleting_a_quota_tells_its_user_the_defaults_are_back(team: BrokerAPI) 
     carol = team.user_identity("carol")
     team.set_quota(carol, "user", "alice", {"max_gpus": 1})
     published: list[Any] = []
-    team.runtime.subscribe(published.append)
+    team.runtime.events.subscribe(published.append)
     team.delete_quota(carol, "user", "alice")
     (event,) = seen_by(team, "alice", published)
     assert event["type"] == "quota"

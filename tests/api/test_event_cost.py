@@ -64,7 +64,7 @@ def test_an_ended_requests_event_reads_nothing_back_from_the_state_file(
     team: BrokerAPI, monkeypatch
 ) -> None:
     alice = team.user_identity("alice")
-    team.runtime.subscribe(lambda published: None)
+    team.runtime.events.subscribe(lambda published: None)
     held = team.submit(alice, {**SLICE, "owner": "nb"})
     calls: Counter[str] = Counter()
     count_calls(monkeypatch, Store, "request", calls)

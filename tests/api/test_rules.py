@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import Conflict, Forbidden, InvalidRequest
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -128,7 +128,7 @@ def test_a_kernel_token_sees_only_its_kernels_events(team: BrokerAPI) -> None:
     k1 = team.token_identity(team.issue_token(alice, {"kernel_id": "k1"})["token"])
     assert k1 is not None
     seen: list[object] = []
-    team.runtime.subscribe(seen.append)
+    team.runtime.events.subscribe(seen.append)
     team.submit(alice, {**SLICE, "owner": "notebook"})
     own = team.submit(k1, SLICE)
     views = [v for v in (team.event(k1, e) for e in seen) if v is not None]

@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, Size
-from jupyter_gpubroker.broker.profiles import CATALOG, free_starts
+from jupyter_gpubroker.broker.models import Device, Gpu, Inventory
+from jupyter_gpubroker.wire.profiles import CATALOG, free_starts
+from jupyter_gpubroker.wire.sizes import Size
 
 WEDNESDAY_10AM = datetime(2024, 5, 15, 10, 0, tzinfo=timezone.utc).timestamp()
 """A working-hours instant (Wednesday 10:00 UTC): interactive outranks batch."""

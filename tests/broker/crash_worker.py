@@ -20,9 +20,9 @@ import sys
 import time
 
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
-from jupyter_gpubroker.broker.errors import Conflict
 from jupyter_gpubroker.broker.policy import BrokerPolicy
 from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.wire.errors import Conflict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from broker_helpers import SIZES, make_inventory  # noqa: E402

@@ -11,9 +11,9 @@ from broker_helpers import make_inventory
 from jupyter_gpubroker.broker.accounting import Prices, usage
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import InvalidRequest
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.wire.errors import InvalidRequest
+from jupyter_gpubroker.wire.sizes import Size
 
 UTC = timezone.utc
 PARIS = ZoneInfo("Europe/Paris")

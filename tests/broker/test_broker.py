@@ -9,15 +9,16 @@ from broker_helpers import WEDNESDAY_10AM, make_inventory, mig_inventory, whole_
 
 from jupyter_gpubroker.broker import core
 from jupyter_gpubroker.broker.core import BrokerConfig
-from jupyter_gpubroker.broker.errors import (
+from jupyter_gpubroker.broker.eta import Eta
+from jupyter_gpubroker.broker.models import LeaseState, RequestState
+from jupyter_gpubroker.wire.errors import (
     Conflict,
     Forbidden,
     InvalidRequest,
     NotFound,
     Unsatisfiable,
 )
-from jupyter_gpubroker.broker.eta import Eta
-from jupyter_gpubroker.broker.models import LeaseState, RequestState, Size
+from jupyter_gpubroker.wire.sizes import Size
 
 HOUR = 3600.0
 

@@ -6,8 +6,9 @@ import pytest
 from broker_helpers import FakePartitioner, mig_inventory, mig_uuid, whole_inventory
 
 from jupyter_gpubroker.broker.core import BrokerConfig
-from jupyter_gpubroker.broker.errors import InvalidRequest, PartitionFailed, Unsatisfiable
-from jupyter_gpubroker.broker.models import RequestState, Size
+from jupyter_gpubroker.broker.models import RequestState
+from jupyter_gpubroker.wire.errors import InvalidRequest, PartitionFailed, Unsatisfiable
+from jupyter_gpubroker.wire.sizes import Size
 
 DYNAMIC = BrokerConfig(dynamic_mig=True)
 THREE_G = Size(profile="3g.40gb")

@@ -10,10 +10,11 @@ from broker_helpers import on_nodes
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import Unsatisfiable
-from jupyter_gpubroker.broker.models import Inventory, Lease, RequestState, Size
+from jupyter_gpubroker.broker.models import Inventory, Lease, RequestState
 from jupyter_gpubroker.broker.policy import SlurmPolicy
 from jupyter_gpubroker.engines import ENGINE, ClusterView, apply_view, release_ended
+from jupyter_gpubroker.wire.errors import Unsatisfiable
+from jupyter_gpubroker.wire.sizes import Size
 
 MakeBroker = Callable[..., Broker]
 HOUR = 3600.0

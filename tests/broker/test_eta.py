@@ -17,9 +17,9 @@ from jupyter_gpubroker.broker.eta import (
     predicted,
     predicted_starts,
 )
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.policy import BrokerPolicy
 from jupyter_gpubroker.broker.predictor import Predictor
+from jupyter_gpubroker.wire.sizes import Size
 
 
 def queue_of(broker):

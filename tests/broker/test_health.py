@@ -12,7 +12,6 @@ from broker_helpers import mig_inventory, whole_inventory
 from sim_machine import Machine
 
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import NotFound
 from jupyter_gpubroker.broker.health import (
     HW_THERMAL,
     SW_POWER_CAP,
@@ -20,8 +19,10 @@ from jupyter_gpubroker.broker.health import (
     HealthConfig,
     HealthJudge,
 )
-from jupyter_gpubroker.broker.models import DeviceEvent, DeviceReading, Health, Size
+from jupyter_gpubroker.broker.models import DeviceEvent, DeviceReading, Health
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
+from jupyter_gpubroker.wire.errors import NotFound
+from jupyter_gpubroker.wire.sizes import Size
 
 GPU = "GPU-0"
 

@@ -8,9 +8,10 @@ import pytest
 from broker_helpers import whole_inventory
 
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
-from jupyter_gpubroker.broker.errors import Conflict
-from jupyter_gpubroker.broker.models import RequestState, Size
+from jupyter_gpubroker.broker.models import RequestState
 from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.wire.errors import Conflict
+from jupyter_gpubroker.wire.sizes import Size
 
 ONE_GPU = Size(gpus=1)
 

@@ -7,15 +7,9 @@ import math
 import pytest
 
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.errors import BrokerError, InvalidRequest, UnknownProfile
-from jupyter_gpubroker.broker.models import (
-    Device,
-    JobClass,
-    Request,
-    RequestState,
-    Size,
-    check_name,
-)
+from jupyter_gpubroker.broker.models import Device, JobClass, Request, RequestState, check_name
+from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest, UnknownProfile
+from jupyter_gpubroker.wire.sizes import Size
 
 # ---------------------------------------------------------------- Size
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from broker_helpers import make_inventory, mig_inventory, mig_uuid, whole_inventory
 
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.placement import Placer
+from jupyter_gpubroker.wire.sizes import Size
 
 ONE_G = Size(profile="1g.10gb")
 MIXED = make_inventory([None, ("3g.40gb", "2g.20gb", "1g.10gb"), ("1g.20gb",) * 4])

@@ -9,8 +9,7 @@ import pytest
 from broker_helpers import WEDNESDAY_10AM, whole_inventory
 
 from jupyter_gpubroker.broker.budgets import Quota
-from jupyter_gpubroker.broker.errors import InvalidRequest
-from jupyter_gpubroker.broker.models import JobClass, Request, RequestState, Size
+from jupyter_gpubroker.broker.models import JobClass, Request, RequestState
 from jupyter_gpubroker.broker.policy import (
     BrokerPolicy,
     FcfsPolicy,
@@ -18,6 +17,8 @@ from jupyter_gpubroker.broker.policy import (
     Window,
     make_policy,
 )
+from jupyter_gpubroker.wire.errors import InvalidRequest
+from jupyter_gpubroker.wire.sizes import Size
 
 HOUR = 3600.0
 

@@ -17,10 +17,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import QuotaExceeded
-from jupyter_gpubroker.broker.models import Inventory, RequestState, Size
+from jupyter_gpubroker.broker.models import Inventory, RequestState
 from jupyter_gpubroker.broker.policy import make_policy
 from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.wire.errors import QuotaExceeded
+from jupyter_gpubroker.wire.sizes import Size
 
 USERS = ("ada", "bob", "cy", "dee")
 

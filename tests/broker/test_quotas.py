@@ -8,9 +8,10 @@ from broker_helpers import mig_inventory, whole_inventory
 from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import InvalidRequest, QuotaExceeded
-from jupyter_gpubroker.broker.models import RequestState, Size
+from jupyter_gpubroker.broker.models import RequestState
 from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.wire.errors import InvalidRequest, QuotaExceeded
+from jupyter_gpubroker.wire.sizes import Size
 
 HOUR = 3600.0
 DAY = 86400.0

@@ -10,10 +10,10 @@ import pytest
 from sim_machine import Machine
 
 from jupyter_gpubroker.broker.budgets import Quota
-from jupyter_gpubroker.broker.errors import InvalidRequest
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
 from jupyter_gpubroker.nvml import backend
+from jupyter_gpubroker.wire.errors import InvalidRequest
+from jupyter_gpubroker.wire.sizes import Size
 
 CONFIG = ReclaimConfig(idle_timeout_s=600, grace_s=120, stalled_timeout_s=900)
 ONE_GPU = Size(gpus=1)

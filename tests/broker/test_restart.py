@@ -7,9 +7,10 @@ from broker_helpers import make_inventory, whole_inventory, without
 
 from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
-from jupyter_gpubroker.broker.errors import QuotaExceeded
-from jupyter_gpubroker.broker.models import LeaseState, RequestState, Size
+from jupyter_gpubroker.broker.models import LeaseState, RequestState
 from jupyter_gpubroker.broker.store import Store
+from jupyter_gpubroker.wire.errors import QuotaExceeded
+from jupyter_gpubroker.wire.sizes import Size
 
 HOUR = 3600.0
 

@@ -6,8 +6,9 @@ import pytest
 from broker_helpers import make_inventory, whole_inventory
 
 from jupyter_gpubroker.broker.budgets import Quota
-from jupyter_gpubroker.broker.models import RequestState, Size
+from jupyter_gpubroker.broker.models import RequestState
 from jupyter_gpubroker.broker.policy import BrokerPolicy, SlurmPolicy
+from jupyter_gpubroker.wire.sizes import Size
 
 HOUR = 3600.0
 

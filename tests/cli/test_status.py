@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli import main
 from jupyter_gpubroker.cli.status import render_status
 from jupyter_gpubroker.nvml import open_backend, seed_for
+from jupyter_gpubroker.wire.sizes import Size
 
 
 @pytest.fixture(autouse=True)

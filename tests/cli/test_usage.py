@@ -12,10 +12,10 @@ import pytest
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.broker.store import MIGRATIONS, SCHEMA_VERSION, Store
 from jupyter_gpubroker.cli import main
 from jupyter_gpubroker.nvml import open_backend
+from jupyter_gpubroker.wire.sizes import Size
 
 MONDAY_9AM = datetime(2024, 5, 13, 9, tzinfo=timezone.utc).timestamp()
 

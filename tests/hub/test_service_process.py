@@ -16,8 +16,8 @@ import requests
 from live_hub import ROOT, free_port, wait_for
 
 from hub_spawner.service import GPUBrokerService
-from jupyter_gpubroker.broker.errors import StateFileError
 from jupyter_gpubroker.statelock import StateLock
+from jupyter_gpubroker.wire.errors import StateFileError
 
 PREFIX = "/services/gpubroker/"
 

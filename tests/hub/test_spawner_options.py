@@ -13,8 +13,8 @@ from traitlets import TraitError
 from hub_spawner.options import Choices, gpu_request, options_from_form, waiting_message
 from hub_spawner.slurm import GPUBrokerSlurmSpawner, SimpleGPUBrokerSlurmSpawner
 from hub_spawner.spawner import GPUBrokerSpawner, SimpleGPUBrokerSpawner
-from jupyter_gpubroker.broker.text import clock
 from jupyter_gpubroker.engines import BUILT_IN
+from jupyter_gpubroker.wire.text import clock
 
 ROOT = Path(__file__).resolve().parents[2]
 

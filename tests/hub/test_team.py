@@ -19,8 +19,8 @@ from live_hub import Hub, ServerKernel, wait_for
 from test_service import SLICE, ok
 
 from jupyter_gpubroker.api import API_PREFIX
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.kernelspec import install, spec_for
+from jupyter_gpubroker.wire.sizes import Size
 
 pytestmark = pytest.mark.hub
 TOPOLOGY = """\

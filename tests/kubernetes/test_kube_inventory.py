@@ -36,7 +36,6 @@ k8s = pytest.importorskip("kubernetes_asyncio.client", reason="the kubernetes ex
 
 from jupyter_gpubroker.broker.clock import VirtualClock  # noqa: E402
 from jupyter_gpubroker.broker.core import Broker  # noqa: E402
-from jupyter_gpubroker.broker.models import Size  # noqa: E402
 from jupyter_gpubroker.broker.store import Store  # noqa: E402
 from jupyter_gpubroker.engines import (  # noqa: E402
     ENGINE,
@@ -52,6 +51,7 @@ from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     parse_device_uuid,
     resource_name,
 )
+from jupyter_gpubroker.wire.sizes import Size  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = "gpubroker"

@@ -10,9 +10,9 @@ import pynvml
 import pytest
 
 from jupyter_gpubroker.broker.models import Health, Inventory, ProcessInfo
-from jupyter_gpubroker.broker.profiles import CATALOG, COMPUTE_SLICES
 from jupyter_gpubroker.nvml import NvmlBackend, SimulatedNvml, load_topology, open_backend
 from jupyter_gpubroker.nvml.simulated import IDLE_C, SLOWDOWN_C
+from jupyter_gpubroker.wire.profiles import CATALOG, COMPUTE_SLICES
 
 
 def check_inventory(inv: Inventory) -> None:

@@ -7,8 +7,8 @@ import ctypes
 import pynvml
 import pytest
 
-from jupyter_gpubroker.broker.errors import PartitionFailed
 from jupyter_gpubroker.nvml import MigPartitioner
+from jupyter_gpubroker.wire.errors import PartitionFailed
 
 
 def test_create_and_destroy_round_trip(open_sim, empty_h100):

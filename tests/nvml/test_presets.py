@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpubroker.broker.profiles import CATALOG, MEMORY_SLICES
 from jupyter_gpubroker.nvml import PRESET_NAMES, TopologyError, load_topology
 from jupyter_gpubroker.nvml.presets import GpuSpec, layout
+from jupyter_gpubroker.wire.profiles import CATALOG, MEMORY_SLICES
 
 H100 = CATALOG["H100-80GB"]
 

@@ -15,11 +15,11 @@ import time
 import pynvml
 import pytest
 
-from jupyter_gpubroker.broker import text
-from jupyter_gpubroker.broker.profiles import CATALOG
 from jupyter_gpubroker.nvml import MigPartitioner
 from jupyter_gpubroker.nvml.backend import _gpm_metrics
 from jupyter_gpubroker.nvml.presets import Topology, gpu_spec
+from jupyter_gpubroker.wire import text
+from jupyter_gpubroker.wire.profiles import CATALOG
 
 LGIP_GIB = {
     "H100-80GB": {

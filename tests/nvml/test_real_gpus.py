@@ -11,8 +11,7 @@ import pynvml
 import pytest
 
 from jupyter_gpubroker.broker.core import Broker
-from jupyter_gpubroker.broker.errors import PartitionFailed
-from jupyter_gpubroker.broker.models import DeviceEvent, Health, Size
+from jupyter_gpubroker.broker.models import DeviceEvent, Health
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import (
     MigPartitioner,
@@ -25,6 +24,8 @@ from jupyter_gpubroker.nvml import (
 from jupyter_gpubroker.nvml.backend import UNPRIVILEGED
 from jupyter_gpubroker.nvml.presets import GpuSpec, gpu_spec
 from jupyter_gpubroker.nvml.simulated import PRIVILEGE_ENV
+from jupyter_gpubroker.wire.errors import PartitionFailed
+from jupyter_gpubroker.wire.sizes import Size
 
 MIXED = "workstation-a100"
 """GPU 0 cut into 3g.20gb + 2g.10gb + 2x 1g.5gb, GPU 1 whole."""

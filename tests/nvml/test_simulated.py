@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpubroker.broker.profiles import CATALOG, free_starts
 from jupyter_gpubroker.nvml import (
     SimulatedNvml,
     Topology,
@@ -21,6 +20,7 @@ from jupyter_gpubroker.nvml import (
 )
 from jupyter_gpubroker.nvml.presets import GpuSpec, gpu_spec
 from jupyter_gpubroker.nvml.simulated import DRIVER_VERSION, IDLE_C
+from jupyter_gpubroker.wire.profiles import CATALOG, free_starts
 
 MIB = 1 << 20
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"

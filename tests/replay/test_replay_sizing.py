@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpubroker.broker.models import Size
-from jupyter_gpubroker.broker.profiles import CATALOG
 from jupyter_gpubroker.nvml import open_backend
 from jupyter_gpubroker.replay.sizing import Sizer, ladder
+from jupyter_gpubroker.wire.profiles import CATALOG
+from jupyter_gpubroker.wire.sizes import Size
 
 
 def sizer(topology: str) -> Sizer:

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from runtime_helpers import make
 
-from jupyter_gpubroker.broker.errors import GpuInUse, StateFileError
 from jupyter_gpubroker.nvml import seed_for
 from jupyter_gpubroker.paths import LOCK_DIR_ENV
 from jupyter_gpubroker.statelock import GpuLocks
+from jupyter_gpubroker.wire.errors import GpuInUse, StateFileError
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two users")
 

@@ -7,8 +7,8 @@ from runtime_helpers import make
 from traitlets import TraitError
 
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import InvalidRequest
 from jupyter_gpubroker.broker.health import SW_POWER_CAP
+from jupyter_gpubroker.wire.errors import InvalidRequest
 
 
 def test_traits_reach_the_reclaimer_and_the_health_judge(tmp_path) -> None:

@@ -11,7 +11,7 @@ from runtime_helpers import make
 from traitlets import TraitError
 
 from jupyter_gpubroker.broker.budgets import Quota
-from jupyter_gpubroker.broker.errors import InvalidRequest, StateFileError
+from jupyter_gpubroker.wire.errors import InvalidRequest, StateFileError
 
 
 def test_builds_the_configured_broker(tmp_path) -> None:

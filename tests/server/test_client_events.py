@@ -36,13 +36,13 @@ async def test_closing_the_stream_ends_the_servers_subscription(jp_serverapp, ap
     client = kernel_client(runtime, "k-events")
     async with contextlib.aclosing(client.events()) as events:
         hello = await anext(events)
-        assert hello["type"] == "hello" and runtime.subscribers == 1
+        assert hello["type"] == "hello" and runtime.events.subscribers == 1
     await api("POST", "requests", SLICE)  # the server writes to it, and learns
     for _ in range(50):
-        if not runtime.subscribers:
+        if not runtime.events.subscribers:
             break
         await asyncio.sleep(0.05)
-    assert runtime.subscribers == 0
+    assert runtime.events.subscribers == 0
 
 
 async def test_streams_that_close_leave_nothing_subscribed(jp_serverapp, jp_http_port, jp_base_url):
@@ -62,15 +62,15 @@ async def test_streams_that_close_leave_nothing_subscribed(jp_serverapp, jp_http
             )
             await asyncio.wait_for(reader.readuntil(b"data:"), 10)  # its hello: subscribed
             streams.append(writer)
-        assert runtime.subscribers == 10
+        assert runtime.events.subscribers == 10
         for writer in streams:
             writer.close()
         for _ in range(100):
-            if not runtime.subscribers:
+            if not runtime.events.subscribers:
                 break
             await asyncio.sleep(0.05)
-        assert runtime.subscribers == 0
-        assert runtime._by_kernel == {}  # no bucket of a gone kernel's stream kept
+        assert runtime.events.subscribers == 0
+        assert runtime.events._by_kernel == {}  # no bucket of a gone kernel's stream kept
 
 
 async def test_a_refused_stream_raises_the_brokers_error(jp_serverapp):

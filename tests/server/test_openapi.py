@@ -35,6 +35,7 @@ from tornado import web
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
 from jupyter_gpubroker.server.handlers import handlers
+from jupyter_gpubroker.server.host import JupyterHost
 
 EVENT = "#/components/schemas/Event"
 NO_CREDENTIAL = {"Authorization": ""}
@@ -90,7 +91,7 @@ def test_document_describes_every_routed_method() -> None:
         return re.sub(r"\([^)]*\)", "{}", path)
 
     routed = set()
-    for pattern, handler in handlers():
+    for pattern, handler in handlers(JupyterHost):
         path = shape(pattern.removeprefix(f"/{API_PREFIX}"))
         for method in ("get", "put", "post", "delete", "patch"):
             if getattr(handler, method) is not getattr(web.RequestHandler, method):
@@ -146,7 +147,7 @@ def test_every_request_body_has_a_fixed_shape() -> None:
 
 
 def test_error_codes_in_the_document_are_the_brokers() -> None:
-    from jupyter_gpubroker.broker import errors
+    from jupyter_gpubroker.wire import errors
 
     codes = {
         cls.code

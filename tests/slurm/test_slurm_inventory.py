@@ -15,12 +15,12 @@ from slurm_cluster import sh, until
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.broker.errors import InvalidRequest, Unsatisfiable
-from jupyter_gpubroker.broker.models import Size
 from jupyter_gpubroker.cli.status import render_status
 from jupyter_gpubroker.engines import ENGINE
 from jupyter_gpubroker.engines.slurm import gres_request
 from jupyter_gpubroker.runtime import GPUBroker
+from jupyter_gpubroker.wire.errors import InvalidRequest, Unsatisfiable
+from jupyter_gpubroker.wire.sizes import Size
 
 pytestmark = pytest.mark.usefixtures("slurm")
 

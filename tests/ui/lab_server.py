@@ -19,7 +19,7 @@ from live_server import free_port
 
 from jupyter_gpubroker import kernelspec
 from jupyter_gpubroker.api import API_PREFIX
-from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.wire.sizes import Size
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT = ROOT / "jupyter_gpubroker" / "labextension"
@@ -34,7 +34,7 @@ SCENE = f'''
 
 from tornado.ioloop import IOLoop
 
-from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.wire.sizes import Size
 from jupyter_gpubroker.server import registry
 
 HOLDERS = {HOLDERS!r}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpubroker.broker.profiles import (
+from jupyter_gpubroker.wire.profiles import (
     ALL_PROFILE_NAMES,
     CATALOG,
     COMPUTE_SLICES,

@@ -1,6 +1,6 @@
-"""The words every front shares (``broker/text.py``): holders, amounts, memory, places."""
+"""The words every front shares (``wire/text.py``): holders, amounts, memory, places."""
 
-from jupyter_gpubroker.broker.text import (
+from jupyter_gpubroker.wire.text import (
     audit_detail,
     devices_held,
     gpu_hours,

@@ -1,0 +1,153 @@
+"""Sizes and amounts as the API takes them: what a request asks for (``Size``), the
+bounds of every number (hold times, quotas), and the words for them in its errors.
+The core checks its input with these and every front (the magic, the spawner's form,
+the CLI) with the same ones, so a front refuses what the broker would, in its words.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from .errors import InvalidRequest, UnknownProfile
+from .profiles import ALL_PROFILE_NAMES
+
+RESOLUTION = 1e-3
+"""The finest non-zero amount the broker takes, in every unit (GPU-equivalents, GB,
+GPU-hours, shares, seconds): a smaller one, a subnormal like 5e-324 above all, is a slip
+or a probe, never a size or a limit anyone means (a 1e-320 GPU quota refuses everything)."""
+MAX_GPUS = 1024
+MAX_MEMORY_GB = 4096.0
+MAX_DURATION_S = 366 * 86400.0
+DURATIONS = f"seconds, at least {RESOLUTION:g} and at most a year"
+"""What ``expected_duration`` takes, in words."""
+QUOTA_BOUNDS = {
+    "share": (1e-3, 1e6),
+    "max_gpus": (0.0, 1e6),
+    "gpu_hours": (0.0, 1e9),
+    "period_s": (60.0, 10 * 366 * 86400.0),
+}
+"""Each quota field's inclusive range (a non-zero value is at least ``RESOLUTION``):
+a share outside it would make fair-share factors divide by zero, a period shorter than a
+minute would make budget periods overflow."""
+
+
+def finite_number(value: object) -> bool:
+    """A JSON number that fits a float: not a bool, NaN, an infinity or a huge integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the largest float
+        return False
+
+
+def quantity(value: object, lo: float, hi: float) -> bool:
+    """A JSON number fit to be an amount from ``lo`` to ``hi``: finite, and 0 or at least
+    ``RESOLUTION``."""
+    return (
+        finite_number(value)
+        and lo <= value <= hi  # type: ignore[operator]
+        and (value == 0 or abs(value) >= RESOLUTION)  # type: ignore[arg-type]
+    )
+
+
+def amounts(lo: float, hi: float) -> str:
+    """The words for what ``quantity(value, lo, hi)`` takes: "0 or a number from 0.001 to 10"."""
+    lo_text = f"0 or a number from {RESOLUTION:g}" if lo == 0 else f"a number from {lo:.15g}"
+    return f"{lo_text} to {hi:.15g}"
+
+
+def expected_duration(value: object) -> bool:
+    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
+    return quantity(value, RESOLUTION, MAX_DURATION_S)
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a request asks for: exactly one of N whole GPUs, a MIG profile, or any
+    device with at least ``min_memory_gb`` of memory."""
+
+    gpus: int | None = None
+    profile: str | None = None
+    min_memory_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        given = [f for f in ("gpus", "profile", "min_memory_gb") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise InvalidRequest(
+                "a request asks for exactly one of 'gpus', 'profile' or 'min_memory_gb'"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if self.gpus is not None:
+            if isinstance(self.gpus, bool) or not isinstance(self.gpus, int):
+                raise InvalidRequest(f"'gpus' must be a whole number, not {self.gpus!r}")
+            if not 1 <= self.gpus <= MAX_GPUS:
+                raise InvalidRequest(f"'gpus' must be between 1 and {MAX_GPUS}, not {self.gpus}")
+        if self.profile is not None and not isinstance(self.profile, str):
+            raise InvalidRequest(f"'profile' must be a MIG profile name, not {self.profile!r}")
+        if self.profile is not None and self.profile not in ALL_PROFILE_NAMES:
+            raise UnknownProfile(
+                f"unknown MIG profile {self.profile!r}; known profiles: "
+                + ", ".join(sorted(ALL_PROFILE_NAMES))
+            )
+        if self.min_memory_gb is not None:
+            m = self.min_memory_gb
+            if not quantity(m, RESOLUTION, MAX_MEMORY_GB):
+                raise InvalidRequest(
+                    f"'min_memory_gb' must be {amounts(RESOLUTION, MAX_MEMORY_GB)}, not {m!r}"
+                )
+
+    @cached_property
+    def key(self) -> str:
+        """A short stable text form, also the queue's shape key: ``gpus=2``,
+        ``profile=1g.10gb`` or ``min_memory_gb=20``."""
+        if self.gpus is not None:
+            return f"gpus={self.gpus}"
+        if self.profile is not None:
+            return f"profile={self.profile}"
+        m = float(self.min_memory_gb or 0)
+        short = f"{m:g}"  # 6 significant digits: keep it only when it reads back exactly
+        return f"min_memory_gb={short if float(short) == m else repr(m)}"
+
+    @classmethod
+    def parse(cls, text: str) -> Size:
+        """Parse the short form a person types: ``2`` or ``gpus=2``, ``1g.10gb``,
+        ``20GB`` or ``min_memory_gb=20``."""
+        t = text.strip()
+        if "=" in t:
+            k, _, v = t.partition("=")
+            k = k.strip()
+            if k == "gpus":
+                return cls(gpus=_int(v))
+            if k == "profile":
+                return cls(profile=v.strip())
+            if k == "min_memory_gb":
+                return cls(min_memory_gb=_float(v))
+            raise InvalidRequest(f"unknown size field {k!r} in {text!r}")
+        if t.isdigit():
+            return cls(gpus=_int(t))
+        if t.lower().endswith("gb") and t[:-2].replace(".", "", 1).isdigit():
+            return cls(min_memory_gb=_float(t[:-2]))
+        return cls(profile=t)
+
+    def to_json(self) -> dict[str, Any]:
+        # field by field, not ``asdict``: its deep copy is a visible share of an API call
+        sizes = {"gpus": self.gpus, "profile": self.profile, "min_memory_gb": self.min_memory_gb}
+        return {k: v for k, v in sizes.items() if v is not None}
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise InvalidRequest(f"{v!r} is not a whole number") from None
+
+
+def _float(v: str) -> float:
+    try:
+        return float(v)
+    except ValueError:
+        raise InvalidRequest(f"{v!r} is not a number") from None
