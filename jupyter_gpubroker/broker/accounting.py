@@ -82,9 +82,15 @@ class UsageRow:
     cost: float | None = None
 
 
+UNBROKERED = "unbrokered"
+"""The job class of GPU use outside the broker (``monitor.outside``), charged to the user
+whose process it was, in no group."""
+
+
 def holdings(store: Store, now: float) -> list[dict[str, Any]]:
     """Every lease as a ledger row: the ended ones from the ledger, the active ones (as
-    far as ``now``) from the leases table. Read-only."""
+    far as ``now``) from the leases table; and the use outside the broker, job class
+    ``unbrokered``. Read-only."""
     rows = store.ledger()
     for lease, _ in store.active_leases():
         request = store.request(lease.request_id)
@@ -97,6 +103,15 @@ def holdings(store: Store, now: float) -> list[dict[str, Any]]:
                 "gpu_equivalents": lease.gpu_equivalents,
                 "start": lease.granted_at,
                 "end": now,
+            }
+        )
+    for row in store.unbrokered():
+        rows.append(
+            {
+                **{k: row[k] for k in ("user", "profile", "gpu_equivalents", "start")},
+                "grp": "",
+                "job_class": UNBROKERED,
+                "end": now if row["end"] is None else row["end"],
             }
         )
     return rows

@@ -189,6 +189,20 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX requests_live;
     CREATE INDEX requests_live ON requests(seq) WHERE ended_at IS NULL;
     """,
+    # 10: GPU use outside the broker (a process on a device its user was not granted),
+    # charged to that user as unbrokered use; open while ``end`` is null
+    """
+    CREATE TABLE unbrokered (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        user TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        start REAL NOT NULL,
+        end REAL
+    );
+    CREATE INDEX unbrokered_end ON unbrokered(end);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -416,6 +430,20 @@ class Store:
             ),
         )
 
+    def open_unbrokered(
+        self, uuid: str, user: str, profile: str, gpu_equivalents: float, start: float
+    ) -> int:
+        """Start charging ``user`` for a device used outside the broker; the record's id."""
+        cur = self.conn.execute(
+            "INSERT INTO unbrokered (uuid, user, profile, gpu_equivalents, start)"
+            " VALUES (?,?,?,?,?)",
+            (uuid, user, profile, gpu_equivalents, start),
+        )
+        return int(cur.lastrowid or 0)
+
+    def close_unbrokered(self, record: int, end: float) -> None:
+        self.conn.execute("UPDATE unbrokered SET end=? WHERE id=?", (end, record))
+
     def upsert_quota(self, kind: str, name: str, values: dict[str, float | None]) -> None:
         self.conn.execute(
             "INSERT INTO quotas (kind, name, share, max_gpus, gpu_hours, period_s)"
@@ -579,6 +607,11 @@ class Store:
                 [before if before is not None else 2**63 - 1, limit],
             )
         )
+
+    def unbrokered(self, open_only: bool = False) -> list[dict[str, Any]]:
+        """Use outside the broker, oldest first (only what still goes on: ``open_only``)."""
+        where = " WHERE end IS NULL" if open_only else ""
+        return list(self.db.query(f"SELECT * FROM unbrokered{where} ORDER BY id"))
 
     def ledger(
         self, since: float | None = None, until: float | None = None
