@@ -214,7 +214,8 @@ class AuditRecord:
     at: float
     actor: str
     action: str
-    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``."""
+    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``;
+    ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was)."""
     target: str
     """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>``."""
     detail: dict[str, Any]
