@@ -5,9 +5,9 @@ the hardware events NVML delivered to :meth:`AlertJudge.assess` with the time, w
 answers with the alerts that started, escalated or ended, and writes them to the store
 in one transaction (so the active ones and the history survive a restart). An alert is
 one condition on one device (``kind``: over-temperature, power capping, an ECC error or
-a hardware Xid, a lost or unreadable GPU, memory nearly full, use outside the broker); it ends once its
-condition stayed clear for ``clear_after_s``, so a reading that hovers at a threshold
-does not flap. Alerting is apart from draining (:mod:`.health`): an alert tells an
+a hardware Xid, a lost or unreadable GPU, memory nearly full, use outside the broker);
+it ends once its condition stayed clear for ``clear_after_s``, so a reading that hovers
+at a threshold does not flap. Alerting is apart from draining (:mod:`.health`): an alert tells an
 admin; a drain stops grants.
 """
 
