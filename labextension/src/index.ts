@@ -112,6 +112,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         Notification.success(n.message, { autoClose: 6000 });
       } else if (n.kind === 'reclaimed') {
         Notification.warning(`GPU reclaimed: ${n.message}`, { autoClose: false });
+      } else if (n.kind === 'outside') {
+        Notification.warning(n.message, { autoClose: false });
       } else {
         const when = n.deadline ? ` at ${new Date(n.deadline).toLocaleTimeString()}` : '';
         Notification.warning(`Your GPU will be reclaimed${when}: ${n.message}`, {

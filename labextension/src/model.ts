@@ -10,7 +10,7 @@ import { sizeText } from './format';
 import { IEnvelope, IGpu, ILease, IOverview, IPositions, IQueueEntry, IRequest } from './types';
 
 export interface INotice {
-  kind: 'granted' | 'warning' | 'reclaimed';
+  kind: 'granted' | 'warning' | 'reclaimed' | 'outside';
   leaseId: string;
   requestId: string | null;
   message: string;
@@ -189,6 +189,9 @@ export class GpuModel {
     }
     const me = o?.me.user;
     const d = e.data ?? {};
+    if (me !== undefined && d.user === me && e.type === 'outside_use') {
+      this._notify('outside', d, d.message, d.deadline ?? null);
+    }
     if (me !== undefined && d.user === me && d.lease_id) {
       if (e.type === 'granted') {
         const labels = (d.devices ?? []).map((u: string) => this.label(u));

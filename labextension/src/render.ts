@@ -2,7 +2,7 @@
  * memory slices, the queue, my leases. Pure functions of their inputs (the time
  * included), so the tests draw them without a Lab. */
 
-import { duration, etaText, mib, ownerText, percent, since, sizeText } from './format';
+import { duration, etaText, mib, outsideText, ownerText, percent, since, sizeText } from './format';
 import { GpuModel } from './model';
 import { IDevice, IGpu, ILease, IQueueEntry } from './types';
 
@@ -117,7 +117,7 @@ function healthBadge(gpu: IGpu): HTMLElement {
   return el('span', `jp-GpuBroker-badge jp-mod-${gpu.health}`, gpu.health);
 }
 
-export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement {
+export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow, now = Date.now()): HTMLElement {
   const me = model.overview?.me.user ?? '';
   const row = el('div', 'jp-GpuBroker-gpu');
   const head = el('div', 'jp-GpuBroker-gpuHead');
@@ -139,6 +139,11 @@ export function renderGpu(gpu: IGpu, model: GpuModel, show: IShow): HTMLElement 
   row.appendChild(readings);
   if (gpu.drained) {
     row.appendChild(el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`));
+  }
+  for (const d of gpu.devices) {
+    for (const o of d.outside ?? []) {
+      row.appendChild(el('div', 'jp-GpuBroker-why jp-mod-outside', outsideText(d.label, o, now)));
+    }
   }
   return row;
 }
@@ -257,7 +262,7 @@ export function renderPanel(model: GpuModel, show: IShow, now: number, actions: 
     const free = o.gpus.reduce((n, g) => n + g.devices.filter(d => !d.holder && !d.drained).length, 0);
     const s = section(`GPUs (${o.gpus.length} GPUs, ${slices} MIG slices, ${free} free)`);
     for (const gpu of o.gpus) {
-      s.appendChild(renderGpu(gpu, model, show));
+      s.appendChild(renderGpu(gpu, model, show, now));
     }
     root.appendChild(s);
   }
