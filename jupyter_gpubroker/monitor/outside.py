@@ -29,8 +29,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import psutil
-
 from ..broker.core import Broker, Event
 from ..broker.models import Device, DeviceReading, Lease
 from ..broker.store import AuditRecord
@@ -52,8 +50,8 @@ class Proc:
     """Its real uid's user name (``uid 1234`` when the uid has no name)."""
     chain: frozenset[int]
     """Itself and its ancestors."""
-    started: float
-    """Its start time: tells the process from a later one with the same pid."""
+    started: int
+    """Its start time (clock ticks since boot): tells it from a later one with its pid."""
 
 
 @lru_cache(maxsize=4096)
@@ -64,33 +62,70 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _read(path: str) -> bytes | None:
+    """A small ``/proc`` file, unbuffered (half the cost of ``open``); None once gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks since boot) from ``/proc/<pid>/stat``; None
+    when the process is gone. The command name, in parentheses, may hold anything: the
+    fields are read after its last ``)``."""
+    data = _read(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    fields = data.rpartition(b")")[2].split()
+    return int(fields[1]), int(fields[19])
+
+
+def _owner(pid: int) -> int | None:
+    """The uid the process runs for: the owner of ``/proc/<pid>`` (its effective uid, one
+    cheap call), or, where that is root (root's processes, and setuid programs, which
+    the kernel hands to root there), the real uid its ``status`` names."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    if uid != 0:
+        return uid
+    status = _read(f"/proc/{pid}/status") or b""
+    line = next((x for x in status.splitlines() if x.startswith(b"Uid:")), None)
+    return None if line is None else int(line.split()[1])
+
+
 def processes(pids: Iterable[int]) -> dict[int, Proc]:
-    """The processes behind ``pids`` (read from ``/proc`` through psutil); a pid that is
-    gone or not in this broker's pid namespace is left out: nothing can be said of it."""
+    """The processes behind ``pids``, read from ``/proc`` (each one's ``stat`` and owner,
+    each ancestor's ``stat`` once a pass); a pid that is gone or not in this broker's pid
+    namespace is left out: nothing can be said of it."""
     parent: dict[int, int] = {}
 
     def ppid(pid: int) -> int:
         if pid not in parent:
-            try:
-                parent[pid] = psutil.Process(pid).ppid()
-            except psutil.Error:
-                parent[pid] = 0
+            found = _stat(pid)
+            parent[pid] = 0 if found is None else found[0]
         return parent[pid]
 
-    found = {}
+    procs = {}
     for pid in set(pids):
-        try:
-            p = psutil.Process(pid)
-            with p.oneshot():
-                uid, started, parent[pid] = p.uids().real, p.create_time(), p.ppid()
-        except psutil.Error:
+        stat, uid = _stat(pid), _owner(pid)
+        if stat is None or uid is None:
             continue
-        chain, at = {pid}, parent[pid]
+        parent[pid] = stat[0]
+        chain, at = {pid}, stat[0]
         while at > 1 and at not in chain:
             chain.add(at)
             at = ppid(at)
-        found[pid] = Proc(pid, user_name(uid), frozenset(chain), started)
-    return found
+        procs[pid] = Proc(pid, user_name(uid), frozenset(chain), stat[1])
+    return procs
 
 
 @dataclass(frozen=True)
@@ -101,7 +136,7 @@ class Sighting:
     label: str
     pid: int
     user: str
-    started: float
+    started: int
 
 
 def find_outside(
@@ -303,12 +338,19 @@ class OutsideWatch:
 
 
 def _send(s: Sighting, sig: signal.Signals) -> bool:
-    """Signal the very process seen (never a later one that took its pid)."""
+    """Signal the very process seen, never a later one that took its pid: through a pidfd,
+    which names one process, once its start time says it is the one seen."""
     try:
-        p = psutil.Process(s.pid)
-        if p.create_time() != s.started:
-            return False
-        p.send_signal(sig)
-    except psutil.Error:
+        fd = os.pidfd_open(s.pid)
+    except OSError:
         return False
+    try:
+        found = _stat(s.pid)
+        if found is None or found[1] != s.started:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return True
