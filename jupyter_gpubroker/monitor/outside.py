@@ -178,6 +178,9 @@ def outside_text(s: Sighting, for_s: float | None = None) -> str:
 class _Seen:
     sighting: Sighting
     since: float
+    """Since when its user has used the device outside the broker (kept over a restart)."""
+    noticed: float
+    """When this process was first seen there: its grace counts from then."""
     termed_at: float | None = None
 
 
@@ -235,7 +238,7 @@ class OutsideWatch:
         for key, s in current.items():
             if key not in self._seen:
                 known = self._usage.get((s.uuid, s.user))
-                self._seen[key] = _Seen(s, now if known is None else known[1])
+                self._seen[key] = _Seen(s, now if known is None else known[1], now)
                 self._started(s, now)
         self._drains()
         self._charge(now)
@@ -244,7 +247,7 @@ class OutsideWatch:
         return {
             uuid: f"{outside_text(seen[0][0])}."
             + (
-                f" {len(seen) - 1} more of its processes are outside the broker too."
+                f" {len(seen) - 1} more processes use it outside the broker too."
                 if len(seen) > 1
                 else ""
             )
@@ -304,7 +307,7 @@ class OutsideWatch:
     def _signal(self, now: float) -> None:
         for seen in self._seen.values():
             s = seen.sighting
-            if now - seen.since < self.grace_s:
+            if now - seen.noticed < self.grace_s:
                 continue
             if seen.termed_at is not None and now - seen.termed_at < KILL_AFTER_S:
                 continue
