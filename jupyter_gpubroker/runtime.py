@@ -794,6 +794,11 @@ class GPUBroker(LoggingConfigurable):
             for uuid, seen in watch.now_seen().items()
         }
 
+    def holder_pid(self, lease_id: str) -> int | None:
+        """The holder process a lease's last renewal named (None: none, or no NVML here)."""
+        watch = self.sampler.outside if self.sampler is not None else None
+        return None if watch is None else watch.holder_pids.get(lease_id)
+
     def report_pid(self, lease_id: str, pid: int) -> None:
         """The holder process a renewal named (a kernel's or a server's): what it starts
         on the lease's devices is the lease's (``monitor.outside``)."""

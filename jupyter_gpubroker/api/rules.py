@@ -338,12 +338,14 @@ class BrokerAPI:
     def _lease_json(self, lease: Lease) -> dict[str, Any]:
         """A lease with what its holder's server does to the kernel once it is reclaimed
         (``c.GPUBroker.reclaim_action``: a server in remote mode carries it out) and how
-        long it has been idle (null once ended, or where not known)."""
+        long it has been idle and which process holds it (null once ended, or where not
+        known)."""
         active = lease.state is LeaseState.ACTIVE
         return {
             **lease_json(lease),
             "on_reclaim": self.runtime.reclaim_action,
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
+            "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
         }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:
