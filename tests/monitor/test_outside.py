@@ -260,3 +260,30 @@ def test_a_renewal_names_a_real_process_id_or_is_refused(broker: GPUBroker, pid:
     lease = broker.core.lease(broker.core.submit("alice", Size(gpus=1)).lease_id)
     with pytest.raises(Exception, match="'holder_pid' must be a process id from 2 to"):
         api.renew(api.identify("alice"), lease.id, {"holder_pid": pid})
+
+
+def test_outside_use_outlives_a_broker_restart_and_is_charged_once(
+    tmp_path: Path, procs: list
+) -> None:
+    stray = terminal(procs)
+    start = time.time()
+    for minutes in (0, 7):  # the broker restarts 7 minutes in
+        rt = make(tmp_path)
+        rt.start()
+        try:
+            rt.core.clock = VirtualClock(start + minutes * 60)
+            gpu1 = rt.core.inventory.gpus[1].uuid
+            rt.backend.simulator.add_process(gpu1, stray.pid, follow=True)  # type: ignore[union-attr]
+            rt.sampler.sample()  # type: ignore[union-attr]
+            (seen,) = devices(rt)[gpu1]["outside"]
+            assert seen["text"].endswith(
+                f"pid {stray.pid}, for {minutes} min" if minutes else "0 s"
+            )
+        finally:
+            if minutes:
+                stray.kill()
+                stray.wait()
+                rt.core.clock.advance(60)
+                rt.sampler.sample()  # type: ignore[union-attr]
+                assert rt.core.usage(by="job_class") == {"unbrokered": pytest.approx(8 / 60)}
+            rt.stop()
