@@ -87,45 +87,62 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[19])
 
 
-def _owner(pid: int) -> int | None:
-    """The uid the process runs for: the owner of ``/proc/<pid>`` (its effective uid, one
-    cheap call), or, where that is root (root's processes, and setuid programs, which
-    the kernel hands to root there), the real uid its ``status`` names."""
-    try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-    if uid != 0:
-        return uid
+def _real_uid(pid: int) -> int | None:
+    """The real uid ``/proc/<pid>/status`` names (None once gone)."""
     status = _read(f"/proc/{pid}/status") or b""
     line = next((x for x in status.splitlines() if x.startswith(b"Uid:")), None)
     return None if line is None else int(line.split()[1])
 
 
-def processes(pids: Iterable[int]) -> dict[int, Proc]:
-    """The processes behind ``pids``, read from ``/proc`` (each one's ``stat`` and owner,
-    each ancestor's ``stat`` once a pass); a pid that is gone or not in this broker's pid
-    namespace is left out: nothing can be said of it."""
-    parent: dict[int, int] = {}
+class ProcessTable:
+    """The processes NVML lists, as ``/proc`` describes them: owner, start, ancestry.
 
-    def ppid(pid: int) -> int:
-        if pid not in parent:
-            found = _stat(pid)
-            parent[pid] = 0 if found is None else found[0]
-        return parent[pid]
+    A process's facts are kept from pass to pass while ``/proc/<pid>`` stays the same
+    inode with the same owner (a new process under a reused pid gets a new inode), so a
+    steady pass costs one ``stat`` call a process; its ancestry is as first seen (a
+    process whose parent exits stays its former holder's, which is still its lease's)."""
 
-    procs = {}
-    for pid in set(pids):
-        stat, uid = _stat(pid), _owner(pid)
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[int, int, Proc]] = {}
+        """pid -> (inode of /proc/<pid>, its owner's uid, the process)."""
+
+    def read(self, pids: Iterable[int]) -> dict[int, Proc]:
+        """The processes behind ``pids``; a pid that is gone or not in this broker's pid
+        namespace is left out: nothing can be said of it."""
+        parent: dict[int, int] = {}
+        known: dict[int, tuple[int, int, Proc]] = {}
+        for pid in set(pids):
+            try:
+                st = os.stat(f"/proc/{pid}")
+            except OSError:
+                continue
+            seen = self._known.get(pid)
+            if seen is None or seen[:2] != (st.st_ino, st.st_uid):
+                proc = self._describe(pid, st.st_uid, parent)
+                if proc is None:
+                    continue
+                seen = (st.st_ino, st.st_uid, proc)
+            known[pid] = seen
+        self._known = known
+        return {pid: seen[2] for pid, seen in known.items()}
+
+    @staticmethod
+    def _describe(pid: int, owner: int, parent: dict[int, int]) -> Proc | None:
+        """Read one process: its owner is that of ``/proc/<pid>`` (its effective uid),
+        or, where that is root (root's processes, and setuid programs, which the kernel
+        hands to root there), the real uid its ``status`` names."""
+        stat = _stat(pid)
+        uid = owner if owner != 0 else _real_uid(pid)
         if stat is None or uid is None:
-            continue
-        parent[pid] = stat[0]
+            return None
         chain, at = {pid}, stat[0]
         while at > 1 and at not in chain:
             chain.add(at)
-            at = ppid(at)
-        procs[pid] = Proc(pid, user_name(uid), frozenset(chain), stat[1])
-    return procs
+            if at not in parent:
+                found = _stat(at)
+                parent[at] = 0 if found is None else found[0]
+            at = parent[at]
+        return Proc(pid, user_name(uid), frozenset(chain), stat[1])
 
 
 @dataclass(frozen=True)
@@ -200,6 +217,8 @@ class OutsideWatch:
     may_signal: bool = field(default_factory=lambda: os.geteuid() == 0)
     holder_pids: dict[str, int] = field(default_factory=dict)
     """Lease id -> the pid of its holder process, as its last renewal reported it."""
+    processes: ProcessTable = field(default_factory=ProcessTable)
+    """The processes NVML lists, read on the sampler's worker thread (``Sampler.read``)."""
     _seen: dict[tuple[str, int], _Seen] = field(default_factory=dict)
     _usage: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     """(device UUID, user) -> the open unbrokered-use record charging it: (id, start)."""

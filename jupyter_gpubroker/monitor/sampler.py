@@ -22,7 +22,7 @@ from ..broker.core import Broker
 from ..broker.health import HealthJudge
 from ..broker.models import DeviceEvent, DeviceReading, Inventory
 from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
-from .outside import OutsideWatch, Proc, processes
+from .outside import OutsideWatch, Proc
 from .samples import SampleStore
 
 
@@ -84,7 +84,8 @@ class Sampler:
         readings = self.reader.read_all(self.broker.inventory)
         procs = {}
         if self.outside is not None:
-            procs = processes(p.pid for r in readings.values() for p in r.processes)
+            pids = (p.pid for r in readings.values() for p in r.processes)
+            procs = self.outside.processes.read(pids)
         return readings, self.reader.poll_events(), procs
 
     def apply(

@@ -23,6 +23,7 @@ from traitlets import TraitError
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.models import Size
+from jupyter_gpubroker.monitor.outside import ProcessTable
 from jupyter_gpubroker.runtime import GPUBroker
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
@@ -287,3 +288,25 @@ def test_outside_use_outlives_a_broker_restart_and_is_charged_once(
                 rt.sampler.sample()  # type: ignore[union-attr]
                 assert rt.core.usage(by="job_class") == {"unbrokered": pytest.approx(8 / 60)}
             rt.stop()
+
+
+def test_the_process_table_sees_a_process_that_drops_to_another_user(procs: list) -> None:
+    """A process's facts are kept from pass to pass, but not past a change of its owner."""
+    code = (
+        "import os, sys; print(1, flush=True); sys.stdin.readline(); os.setuid(65534); "
+        "print(2, flush=True); sys.stdin.readline()"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    procs.append(p)
+    assert p.stdout is not None and p.stdin is not None and p.stdout.readline()
+    table = ProcessTable()
+    first = table.read([p.pid, 99999999])
+    assert list(first) == [p.pid] and first[p.pid].user == "root"
+    assert os.getpid() in first[p.pid].chain  # its parent: this test
+    assert table.read([p.pid]) == first  # kept
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline()
+    assert table.read([p.pid])[p.pid].user == "nobody"
