@@ -9,6 +9,7 @@ as it runs (``add_process(..., follow=True)``), as NVML does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from traitlets import TraitError
@@ -44,13 +46,18 @@ STUBBORN = "trap '' TERM; echo 1; exec sleep 600"
 
 
 @pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
+def procs() -> Iterator[list[Any]]:
+    """What a test starts: processes, and pids of their children, killed at its end."""
+    started: list[Any] = []
     yield started
     for p in started:
-        if p.poll() is None:
+        if isinstance(p, int):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        elif p.poll() is None:
             p.kill()
-        p.wait()
+        if not isinstance(p, int):
+            p.wait()
 
 
 def spawn(
@@ -66,6 +73,7 @@ def kernel(procs: list[subprocess.Popen[str]]) -> tuple[int, int]:
     k = spawn(procs, [sys.executable, "-c", KERNEL])
     assert k.stdout is not None
     child = int(k.stdout.readline())
+    procs.append(child)
     return k.pid, child
 
 

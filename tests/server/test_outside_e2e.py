@@ -10,6 +10,7 @@ is outside use: the API shows it in words, the audit log records it and, under t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -50,7 +51,7 @@ async def test_a_kernels_own_program_is_its_lease_and_a_terminals_is_stopped(
     runtime = jp_serverapp.web_app.settings["gpubroker"]
     km = jp_serverapp.kernel_manager
     kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec())
-    stray = None
+    stray, child = None, 0
     try:
         kernel_pid = km.get_kernel(kernel_id).provisioner.pid
         (lease,) = runtime.core.leases()
@@ -108,4 +109,7 @@ async def test_a_kernels_own_program_is_its_lease_and_a_terminals_is_stopped(
     finally:
         if stray is not None and stray.poll() is None:
             stray.kill()
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         await km.shutdown_kernel(kernel_id)
