@@ -16,7 +16,8 @@ unbrokered use, hands the alert judge a finding, and, as the admin's policy says
 notifies the owner's fronts and at last signals the process (SIGTERM, then SIGKILL)
 when the broker runs as root. A lease holder's own processes on its own devices are
 never outside use, so never touched. The processes of a lease that just ended are the
-core's to handle (``vacating``), not this watch's.
+core's to handle (``vacating``), not this watch's; those found running when the broker
+started are outside use.
 """
 
 from __future__ import annotations
@@ -244,7 +245,9 @@ class OutsideWatch:
         broker, now = self.broker, self.broker.clock.now()
         for ended in self.holder_pids.keys() - {x.id for x in broker.leases()}:
             del self.holder_pids[ended]
-        lingering = {uuid: v.pids for uuid, v in broker.vacating().items()}
+        # an ended lease's processes, on their way out, are the core's to wait for; what
+        # ran on a device when the broker started is no lease's
+        lingering = {uuid: v.pids for uuid, v in broker.vacating().items() if v.lease_id}
         found = find_outside(
             broker.inventory.devices, readings, broker.holders(), self.holder_pids, procs, lingering
         )
