@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from traitlets import TraitError
 
 from jupyter_gpubroker.api.rules import BrokerAPI
@@ -318,3 +319,46 @@ def test_the_process_table_sees_a_process_that_drops_to_another_user(procs: list
     p.stdin.flush()
     assert p.stdout.readline()
     assert table.read([p.pid])[p.pid].user == "nobody"
+
+
+def test_a_process_already_on_a_gpu_when_the_broker_starts_is_outside_use(
+    tmp_path: Path, procs: list
+) -> None:
+    stray = terminal(procs)
+    machine = tmp_path / "machine.yaml"
+    machine.write_text(
+        yaml.safe_dump(
+            {
+                "version": "v1",
+                "simulate": {
+                    "gpu-model": "A100-40GB",
+                    "gpu-count": 2,
+                    "processes": {1: [stray.pid]},
+                },
+                "mig-configs": {"whole": [{"devices": "all", "mig-enabled": False}]},
+            }
+        )
+    )
+    rt = make(tmp_path, simulate=str(machine), vacate_timeout=0.0)
+    rt.start()
+    try:
+        gpu1 = rt.core.inventory.gpus[1].uuid
+        rt.sampler.sample()  # type: ignore[union-attr]
+        rt.core.tick()  # the core's wait for what ran there at its start is over
+        rt.sampler.sample()  # type: ignore[union-attr]
+        seen = devices(rt)[gpu1]
+        assert [o["pid"] for o in seen["outside"]] == [stray.pid]
+        assert seen["drained"] == {
+            **seen["drained"],
+            "cause": "outside",
+            "reason": f"in use outside the broker by nobody, pid {stray.pid}",
+        }
+        stray.kill()
+        stray.wait()
+        rt.sampler.sample()  # type: ignore[union-attr]
+        rt.core.tick()
+        assert (
+            rt.core.drained() == {} and rt.core.submit("bob", Size(gpus=2)).state.value == "granted"
+        )
+    finally:
+        rt.stop()
