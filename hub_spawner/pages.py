@@ -181,6 +181,13 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
             "budget_left": budget_left,
             "periods": PERIODS,
             "used": api.usage(who, "user")["gpu_hours"].get(who.user, 0.0),
+            "outside": [
+                o["text"]
+                for g in overview["gpus"]
+                for d in g["devices"]
+                for o in d["outside"]
+                if o["user"] == who.user
+            ],
         }
 
     def usage_days(self) -> tuple[int, str]:

@@ -525,8 +525,15 @@ class GPUBrokerSpawnerMixin(Configurable):
         held = {"id": self._gpu["lease_id"], "ttl_s": self._gpu["ttl_s"]}
         client = self._client()
 
+        async def renew_lease(lease_id: str) -> dict[str, Any]:
+            # a local server's process: what it starts on the GPU is the lease's
+            pid = (
+                self.pid if isinstance(self, LocalProcessSpawner) and (self.pid or 0) > 1 else None
+            )
+            return await client.renew(lease_id, holder_pid=pid)
+
         async def renew() -> None:
-            lost = await keep_alive(client.renew, held, now=now)
+            lost = await keep_alive(renew_lease, held, now=now)
             if lost is not None:
                 await self._lost(lost)
 

@@ -323,11 +323,17 @@ class BrokerClient:
     async def lease(self, lease_id: str) -> dict[str, Any]:
         return await self.call("GET", f"leases/{lease_id}")  # type: ignore[no-any-return]
 
-    async def renew(self, lease_id: str, kernel: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def renew(
+        self, lease_id: str, kernel: dict[str, Any] | None = None, holder_pid: int | None = None
+    ) -> dict[str, Any]:
         """Renew a lease; ``kernel``: its kernel's execution state (``execution_state``,
-        ``last_activity``), for a broker that does not run the kernel to judge it idle."""
-        body = {"kernel": kernel} if kernel is not None else None
-        return await self.call("POST", f"leases/{lease_id}/renew", body)  # type: ignore[no-any-return]
+        ``last_activity``), for a broker that does not run the kernel to judge it idle;
+        ``holder_pid``: the process holding it on the broker's machine (the kernel, the
+        server), whose children on its devices are the lease's, not outside use."""
+        body: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
+        if holder_pid is not None:
+            body["holder_pid"] = holder_pid
+        return await self.call("POST", f"leases/{lease_id}/renew", body or None)  # type: ignore[no-any-return]
 
     async def release(self, lease_id: str) -> dict[str, Any]:
         return await self.call("DELETE", f"leases/{lease_id}")  # type: ignore[no-any-return]

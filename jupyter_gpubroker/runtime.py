@@ -53,6 +53,8 @@ from .engines import (
 )
 from .events import EventBus
 from .monitor.metrics import BrokerCollector
+from .monitor.outside import POLICIES as OUTSIDE_POLICIES
+from .monitor.outside import OutsideWatch, outside_text
 from .monitor.sampler import KernelActions, Sampler
 from .monitor.samples import SampleStore
 from .nvml import SIMULATE_ENV, MigPartitioner, NvmlBackend, open_backend, seed_for
@@ -334,6 +336,21 @@ class GPUBroker(LoggingConfigurable):
     alert_history_days = Float(90.0, help="Days ended alerts are kept in the state file.").tag(
         config=True
     )
+    outside_use = Enum(
+        list(OUTSIDE_POLICIES),
+        default_value="report",
+        help="What the broker does about a process that uses a local GPU or MIG slice its "
+        "user was not granted (found by matching NVML's processes to the leases every "
+        "sampling pass; the device then takes no grants, an alert is raised, the audit log "
+        "records it and its time is charged to the user as unbrokered use). 'report': only "
+        "that. 'warn': also a notice on every front of that user. 'stop': warn, then after "
+        "outside_use_grace send the process SIGTERM, and SIGKILL 10 s later (only a broker "
+        "running as root; a lease holder's processes on its own devices are never touched).",
+    ).tag(config=True)
+    outside_use_grace = Float(
+        300.0,
+        help="Seconds between the notice of outside use and the signal, with outside_use='stop'.",
+    ).tag(config=True)
 
     @validate(
         "idle_timeout",
@@ -343,6 +360,7 @@ class GPUBroker(LoggingConfigurable):
         "max_temperature",
         "vacate_timeout",
         "alert_clear_after",
+        "outside_use_grace",
     )
     def _not_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
@@ -561,6 +579,15 @@ class GPUBroker(LoggingConfigurable):
             alerts=AlertJudge(core.store, core.clock.now(), alerts),
         )
         sampler.on_alert = self._publish_alert
+        if isinstance(backend, NvmlBackend):  # an engine's nodes are the engine's to watch
+            sampler.outside = OutsideWatch(
+                core, self.events.publish, self.outside_use, self.outside_use_grace, self.log
+            )
+            if self.outside_use == "stop" and not sampler.outside.may_signal:
+                self.log.warning(
+                    "GPU broker: c.GPUBroker.outside_use is 'stop' but the broker does not run "
+                    "as root: it warns the users, and stops no process"
+                )
         sampler.latest = backend.read_all(core.inventory)  # GET devices has readings at once
         self.sampler = sampler
         self.metrics = BrokerCollector(
@@ -645,10 +672,10 @@ class GPUBroker(LoggingConfigurable):
         sampler = self.sampler
         assert sampler is not None
         try:
-            readings, events = await asyncio.to_thread(sampler.read)
+            found = await asyncio.to_thread(sampler.read)
             if self._sampling is not None and not self._sampling.is_running():
                 return []  # stopped meanwhile: the store may be closed
-            decisions = sampler.apply(readings, events)
+            decisions = sampler.apply(*found)
         except Exception:
             self.log.exception("GPU broker sampling failed")
             return []
@@ -732,6 +759,32 @@ class GPUBroker(LoggingConfigurable):
     def token_holder(self, token: str) -> tuple[str, str] | None:
         """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""
         return self.core.store.kernel_token(_hash(token))
+
+    def outside_now(self) -> dict[str, list[dict[str, Any]]]:
+        """Device UUID -> the processes using it outside the broker now, as the last
+        sampling pass saw them: ``user``, ``pid``, ``since`` and their ``text``."""
+        watch = self.sampler.outside if self.sampler is not None else None
+        if watch is None:
+            return {}
+        now = self.core.clock.now()
+        return {
+            uuid: [
+                {"user": s.user, "pid": s.pid, "since": since, "text": outside_text(s, now - since)}
+                for s, since in seen
+            ]
+            for uuid, seen in watch.now_seen().items()
+        }
+
+    def holder_pid(self, lease_id: str) -> int | None:
+        """The holder process a lease's last renewal named (None: none, or no NVML here)."""
+        watch = self.sampler.outside if self.sampler is not None else None
+        return None if watch is None else watch.holder_pids.get(lease_id)
+
+    def report_pid(self, lease_id: str, pid: int) -> None:
+        """The holder process a renewal named (a kernel's or a server's): what it starts
+        on the lease's devices is the lease's (``monitor.outside``)."""
+        if self.sampler is not None and self.sampler.outside is not None:
+            self.sampler.outside.holder_pids[lease_id] = pid
 
     def report_kernel(self, lease_id: str, kernel: KernelState) -> None:
         """What a renewal said of the lease's kernel, for idle reclaim to judge: the

@@ -64,6 +64,8 @@ AUDIT_PAGE = 100
 """Audit records or ended alerts per page unless ``limit`` says otherwise (at most
 ``MAX_AUDIT_PAGE``)."""
 MAX_AUDIT_PAGE = 1000
+MAX_PID = 4194304
+"""Linux's largest pid (``/proc/sys/kernel/pid_max`` at most)."""
 KERNEL_STATES = ("idle", "busy")
 """A kernel's execution state as a renewal reports it (``server.reclaimer`` watches them)."""
 
@@ -175,6 +177,7 @@ class BrokerAPI:
             drains=core.drained(),
             vacating=core.vacating(),
             causes=core.drain_causes(),
+            outside=self.runtime.outside_now(),
         )
         engine = self.runtime.engine_state()
         if engine is None:
@@ -345,12 +348,14 @@ class BrokerAPI:
     def _lease_json(self, lease: Lease) -> dict[str, Any]:
         """A lease with what its holder's server does to the kernel once it is reclaimed
         (``c.GPUBroker.reclaim_action``: a server in remote mode carries it out) and how
-        long it has been idle (null once ended, or where not known)."""
+        long it has been idle and which process holds it (null once ended, or where not
+        known)."""
         active = lease.state is LeaseState.ACTIVE
         return {
             **lease_json(lease),
             "on_reclaim": self.runtime.reclaim_action,
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
+            "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
         }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:
@@ -364,12 +369,19 @@ class BrokerAPI:
         self, who: Identity, lease_id: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """The holder's heartbeat; ``body``'s ``kernel`` reports the holding kernel's
-        execution state, which idle reclaim judges when the broker does not run it."""
+        execution state, which idle reclaim judges when the broker does not run it, and
+        its ``holder_pid`` the holding process (the kernel's or the server's), whose
+        descendants on the lease's devices are the lease's, not outside use."""
         lease = self._own_lease(who, lease_id)
-        kernel = _kernel_report(body or {})
+        body = body or {}
+        only(body, {"kernel", "holder_pid"})
+        kernel = _kernel_report(body)
+        pid = _holder_pid(body)
         renewed = self._lease_json(self.core.renew(lease.id))
         if kernel is not None:
             self.runtime.report_kernel(lease.id, kernel)
+        if pid is not None:
+            self.runtime.report_pid(lease.id, pid)
         return renewed
 
     def keep(self, who: Identity, lease_id: str) -> dict[str, Any]:
@@ -745,7 +757,6 @@ def parse_int(name: str, value: str | None, lo: int, hi: int, default: int) -> i
 
 def _kernel_report(body: dict[str, Any]) -> KernelState | None:
     """A renewal's ``kernel`` (``{execution_state, last_activity}``), checked."""
-    only(body, {"kernel"})
     kernel = body.get("kernel")
     if kernel is None:
         return None
@@ -763,6 +774,17 @@ def _kernel_report(body: dict[str, Any]) -> KernelState | None:
     since = parse_time("last_activity", kernel["last_activity"])
     assert since is not None
     return KernelState(kernel["execution_state"], since)
+
+
+def _holder_pid(body: dict[str, Any]) -> int | None:
+    """A renewal's ``holder_pid``, checked: a process id above 1 (init would make every
+    process on the lease's devices its own), at most Linux's largest."""
+    pid = body.get("holder_pid")
+    if pid is None:
+        return None
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid <= MAX_PID:
+        raise InvalidRequest(f"'holder_pid' must be a process id from 2 to {MAX_PID}, not {pid!r}")
+    return pid
 
 
 def parse_time(name: str, value: str | None) -> float | None:

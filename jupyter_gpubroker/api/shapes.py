@@ -112,6 +112,7 @@ def devices_json(
     drains: Mapping[str, tuple[str, float]] | None = None,
     vacating: Mapping[str, Vacating] | None = None,
     causes: Mapping[str, str] | None = None,
+    outside: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
@@ -119,8 +120,10 @@ def devices_json(
     kernels (the requests' ``owner``).
     ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices.
     ``causes``: who drained each (``health``, ``vacate``, ``admin``; default ``health``).
-    ``vacating``: devices of ended leases still waiting for their processes to exit."""
-    drains, vacating, causes = drains or {}, vacating or {}, causes or {}
+    ``vacating``: devices of ended leases still waiting for their processes to exit.
+    ``outside``: device UUID -> the processes using it outside the broker (``user``,
+    ``pid``, ``since`` in UTC seconds, ``text``)."""
+    drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
 
     def left(uuid: str) -> dict[str, Any] | None:
         v = vacating.get(uuid)
@@ -168,6 +171,7 @@ def devices_json(
                     "holder": holder(holders.get(d.uuid)),
                     "drained": drained(d.uuid, g.uuid),
                     "vacating": left(d.uuid),
+                    "outside": [{**o, "since": iso(o["since"])} for o in outside.get(d.uuid, [])],
                     **reading_json(readings.get(d.uuid)),
                 }
                 for d in sorted(inventory.devices, key=lambda d: d.start or 0)

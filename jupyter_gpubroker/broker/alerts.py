@@ -5,9 +5,9 @@ the hardware events NVML delivered to :meth:`AlertJudge.assess` with the time, w
 answers with the alerts that started, escalated or ended, and writes them to the store
 in one transaction (so the active ones and the history survive a restart). An alert is
 one condition on one device (``kind``: over-temperature, power capping, an ECC error or
-a hardware Xid, a lost or unreadable GPU, memory nearly full); it ends once its
-condition stayed clear for ``clear_after_s``, so a reading that hovers at a threshold
-does not flap. Alerting is apart from draining (:mod:`.health`): an alert tells an
+a hardware Xid, a lost or unreadable GPU, memory nearly full, use outside the broker);
+it ends once its condition stayed clear for ``clear_after_s``, so a reading that hovers
+at a threshold does not flap. Alerting is apart from draining (:mod:`.health`): an alert tells an
 admin; a drain stops grants.
 """
 
@@ -23,7 +23,7 @@ from .models import DeviceEvent, DeviceReading, Health, Inventory
 from .store import Store
 
 Severity = Literal["warning", "critical"]
-KINDS = ("temperature", "power_cap", "ecc", "xid", "lost", "unreachable", "memory")
+KINDS = ("temperature", "power_cap", "ecc", "xid", "lost", "unreachable", "memory", "outside")
 SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 XID_NAMES = {
     48: "a double-bit ECC error",
@@ -244,10 +244,14 @@ class AlertJudge:
         inventory: Inventory,
         readings: Mapping[str, DeviceReading],
         events: Iterable[DeviceEvent],
+        outside: Mapping[str, str] | None = None,
     ) -> list[AlertChange]:
         """One pass: the alerts that start, escalate and end, committed in one transaction
-        (none when nothing changed) before they are kept here."""
+        (none when nothing changed) before they are kept here. ``outside``: device UUID ->
+        what uses it outside the broker (``monitor.outside``)."""
         found = self.findings(inventory, readings, events)
+        for uuid, message in (outside or {}).items():
+            found[uuid, "outside"] = _Finding("warning", message)
         label = _labels(inventory)
         changes: list[AlertChange] = []
         for (uuid, kind), finding in found.items():

@@ -190,8 +190,24 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX requests_live;
     CREATE INDEX requests_live ON requests(seq) WHERE ended_at IS NULL;
     """,
+    # 10: GPU use outside the broker (a process on a device its user was not granted),
+    # charged to that user as unbrokered use; open while ``end`` is null
+    """
+    CREATE TABLE unbrokered (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        user TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        start REAL NOT NULL,
+        end REAL
+    );
+    CREATE INDEX unbrokered_end ON unbrokered(end);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+UNBROKERED = "unbrokered"
+"""The job class of GPU use outside the broker in usage: no request, no group."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +217,8 @@ class AuditRecord:
     at: float
     actor: str
     action: str
-    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``."""
+    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``;
+    ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was)."""
     target: str
     """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>``."""
     detail: dict[str, Any]
@@ -451,6 +468,20 @@ class Store:
             ),
         )
 
+    def open_unbrokered(
+        self, uuid: str, user: str, profile: str, gpu_equivalents: float, start: float
+    ) -> int:
+        """Start charging ``user`` for a device used outside the broker; the record's id."""
+        cur = self.conn.execute(
+            "INSERT INTO unbrokered (uuid, user, profile, gpu_equivalents, start)"
+            " VALUES (?,?,?,?,?)",
+            (uuid, user, profile, gpu_equivalents, start),
+        )
+        return int(cur.lastrowid or 0)
+
+    def close_unbrokered(self, record: int, end: float) -> None:
+        self.conn.execute("UPDATE unbrokered SET end=? WHERE id=?", (end, record))
+
     def upsert_quota(self, kind: str, name: str, values: dict[str, float | None]) -> None:
         self.conn.execute(
             "INSERT INTO quotas (kind, name, share, max_gpus, gpu_hours, period_s)"
@@ -618,7 +649,9 @@ class Store:
     def holdings(self, since: float, until: float, now: float) -> list[dict[str, Any]]:
         """Every lease held at some time inside [since, until), as a ledger row (user, grp,
         profile, job_class, gpu_equivalents, start, end): the ended ones from the ledger
-        (its ``end`` index bounds the scan), the active ones up to ``now``. One query."""
+        (its ``end`` index bounds the scan), the active ones up to ``now``, and the use
+        outside the broker (``monitor.outside``) as job class ``unbrokered``, charged to
+        the user whose process it was, in no group. One query."""
         return list(
             self.db.query(
                 "SELECT user, grp, profile, job_class, gpu_equivalents, start, end FROM ledger"
@@ -626,10 +659,18 @@ class Store:
                 " UNION ALL SELECT l.user, l.grp, l.profile, COALESCE(r.job_class, ''),"
                 " l.gpu_equivalents, l.granted_at, :now FROM leases l"
                 " LEFT JOIN requests r ON r.id = l.request_id"
-                " WHERE l.state = 'active' AND l.granted_at < :until",
-                {"since": since, "until": until, "now": now},
+                " WHERE l.state = 'active' AND l.granted_at < :until"
+                " UNION ALL SELECT user, '', profile, :unbrokered, gpu_equivalents, start,"
+                " COALESCE(end, :now) FROM unbrokered"
+                " WHERE COALESCE(end, :now) > :since AND start < :until",
+                {"since": since, "until": until, "now": now, "unbrokered": UNBROKERED},
             )
         )
+
+    def unbrokered(self, open_only: bool = False) -> list[dict[str, Any]]:
+        """Use outside the broker, oldest first (only what still goes on: ``open_only``)."""
+        where = " WHERE end IS NULL" if open_only else ""
+        return list(self.db.query(f"SELECT * FROM unbrokered{where} ORDER BY id"))
 
     def ledger(
         self, since: float | None = None, until: float | None = None

@@ -307,10 +307,11 @@ class Session:
 
         async def renew_lease(lease_id: str) -> dict[str, Any]:
             report = self.activity.report() if self.activity is not None else None
-            return await self.client.renew(lease_id, report)
+            return await self.client.renew(lease_id, report, holder_pid=os.getpid())
 
         renew = renew_lease if kind == "lease" else self.client.renew_request
-        lost = await keep_alive(renew, held, request=kind == "request")
+        # a lease's first renewal at once: it names this kernel's process (outside use)
+        lost = await keep_alive(renew, held, request=kind == "request", now=kind == "lease")
         if lost is not None:  # ended elsewhere (expired, reclaimed, released) or refused
             self.log.warning("GPU %s %s lost: %s", kind, held["id"], lost.message)
             if self.tracker is not None:

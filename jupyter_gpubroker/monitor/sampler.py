@@ -22,6 +22,7 @@ from ..broker.core import Broker
 from ..broker.health import HealthJudge
 from ..broker.models import DeviceEvent, DeviceReading, Inventory
 from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
+from .outside import OutsideWatch, Proc
 from .samples import SampleStore
 
 
@@ -72,17 +73,28 @@ class Sampler:
         id: the kernels of other servers (remote mode), judged where the host has none."""
         self.latest: dict[str, DeviceReading] = {}
         """The last pass's readings, by GPU or device UUID."""
+        self.outside: OutsideWatch | None = None
+        """Matches NVML's processes to the leases (local GPUs only)."""
         gpus = {g.uuid for g in broker.inventory.gpus}
         health.adopt(broker.drained_by("health") & gpus, broker.clock.now())
 
-    def read(self) -> tuple[dict[str, DeviceReading], list[DeviceEvent]]:
-        """Read NVML (no store, no broker change: safe on a worker thread)."""
-        return self.reader.read_all(self.broker.inventory), self.reader.poll_events()
+    def read(self) -> tuple[dict[str, DeviceReading], list[DeviceEvent], dict[int, Proc]]:
+        """Read NVML, and the OS's word on the processes it lists when outside use is
+        watched (no store, no broker change: safe on a worker thread)."""
+        readings = self.reader.read_all(self.broker.inventory)
+        procs = {}
+        if self.outside is not None:
+            pids = (p.pid for r in readings.values() for p in r.processes)
+            procs = self.outside.processes.read(pids)
+        return readings, self.reader.poll_events(), procs
 
     def apply(
-        self, readings: dict[str, DeviceReading], events: list[DeviceEvent]
+        self,
+        readings: dict[str, DeviceReading],
+        events: list[DeviceEvent],
+        procs: dict[int, Proc] | None = None,
     ) -> list[Decision]:
-        """Record a pass's readings, act on health, judge the leases."""
+        """Record a pass's readings, act on health and outside use, judge the leases."""
         broker, now = self.broker, self.broker.clock.now()
         self.latest = readings
         self.samples.record(now, readings, events)
@@ -100,8 +112,9 @@ class Sampler:
             elif change.gpu_uuid in broker.drained_by("health"):
                 self.log.info("GPU broker: GPU %s is back: %s", change.gpu_uuid, change.reason)
                 broker.undrain(change.gpu_uuid, change.reason)
+        outside = None if self.outside is None else self.outside.step(readings, procs or {})
         if self.alerts is not None:
-            for alert in self.alerts.assess(now, inventory, readings, events):
+            for alert in self.alerts.assess(now, inventory, readings, events, outside):
                 log = self.log.info if alert.state == "ended" else self.log.warning
                 log("GPU broker: alert %s: %s", alert.state, alert.alert.message)
                 if self.on_alert is not None:

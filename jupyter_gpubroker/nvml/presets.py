@@ -23,6 +23,7 @@ the GPUs and which of the file's mig-configs is applied to them::
       gpu-name: NVIDIA H100 80GB HBM3   # optional: the name NVML reports
       privilege: monitor        # optional: root, monitor or none (see below)
       seed: lab-4               # optional: seeds the UUIDs (see below)
+      processes: {2: [4242]}    # optional: real pids running on a GPU with MIG off
     mig-configs:
       balanced:
         - devices: [0, 1]       # or: all
@@ -37,6 +38,9 @@ GPUs that no entry covers have MIG disabled. Instances are laid out largest
 profile first, each at the lowest allowed start that still lets the rest fit.
 Everything wrong with a spelling or a file raises :class:`TopologyError`
 naming the problem.
+
+``processes`` lists real OS processes as compute processes of whole GPUs, by GPU
+index, for as long as they run (a machine on which someone already computes).
 
 ``privilege`` is what NVML lets the simulated caller do (see
 :data:`.simulated.PRIVILEGES`); without it, ``$GPUBROKER_SIMULATE_PRIVILEGE``, else
@@ -88,6 +92,8 @@ class Topology:
     """Seeds the simulated UUIDs; empty means the name."""
     privilege: str | None = None
     """The simulated caller's privilege; None: as :func:`.simulated._privilege` says."""
+    processes: tuple[tuple[int, int], ...] = ()
+    """(GPU index, pid) of real OS processes listed on whole GPUs while they run."""
 
     def __post_init__(self) -> None:
         if not self.seed:
@@ -98,7 +104,8 @@ class Topology:
         if count < 1:
             raise TopologyError(f"a topology needs at least one GPU, not {count}")
         gpus = tuple(self.gpus[i % len(self.gpus)] for i in range(count))
-        return replace(self, name=f"{self.name}:{count}", gpus=gpus)
+        processes = tuple(p for p in self.processes if p[0] < count)
+        return replace(self, name=f"{self.name}:{count}", gpus=gpus, processes=processes)
 
 
 def gpu_spec(model: str, mig_devices: Mapping[str, int] | None = None) -> GpuSpec:
@@ -225,7 +232,7 @@ def read_topology_file(path: Path) -> Topology:
     sim = _mapping(
         doc["simulate"],
         f"{path}: simulate",
-        {"gpu-model", "gpu-count", "mig-config", "gpu-name", "privilege", "seed"},
+        {"gpu-model", "gpu-count", "mig-config", "gpu-name", "privilege", "seed", "processes"},
     )
     model = _model(sim.get("gpu-model"), f"{path}: simulate.gpu-model")
     count = sim.get("gpu-count")
@@ -247,7 +254,26 @@ def read_topology_file(path: Path) -> Topology:
         raise TopologyError(f"{path}: simulate.gpu-name must be text, not {name!r}")
     gpus = tuple(replace(specs.get(i, GpuSpec(model.key)), name=name) for i in range(count))
     optional = {k: str(sim[k]) for k in ("privilege", "seed") if sim.get(k) is not None}
-    return Topology(f"{path.stem}/{selected}", gpus, **optional)
+    processes = _processes(sim.get("processes"), gpus, f"{path}: simulate.processes")
+    return Topology(f"{path.stem}/{selected}", gpus, processes=processes, **optional)
+
+
+def _processes(value: Any, gpus: tuple[GpuSpec, ...], where: str) -> tuple[tuple[int, int], ...]:
+    """``{gpu index: [pid, ...]}``, checked: whole GPUs of this machine, positive pids."""
+    found: list[tuple[int, int]] = []
+    if value is None:
+        return ()
+    for index, pids in _mapping(value, where, None).items():
+        if not isinstance(index, int) or not 0 <= index < len(gpus) or gpus[index].mig_enabled:
+            raise TopologyError(
+                f"{where}: {index!r} is not the index of a GPU with MIG off on this machine"
+            )
+        if not isinstance(pids, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids
+        ):
+            raise TopologyError(f"{where}.{index}: a list of process ids, not {pids!r}")
+        found += [(index, pid) for pid in pids]
+    return tuple(found)
 
 
 def _mapping(value: Any, where: str, allowed: set[str] | None) -> dict[str, Any]:

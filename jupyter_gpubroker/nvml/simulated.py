@@ -530,6 +530,8 @@ class SimulatedNvml:
                         f"slice {start} next to its other instances (lay GPUs out with gpu_spec)"
                     ) from None
                 self._create_compute_instance(gi, _full_ci_profile(gi))
+        for index, pid in topology.processes:
+            self.add_process(self._gpus[index].uuid, pid, follow=True)
 
     # -------------------------------------------------------------- install
 

@@ -335,13 +335,13 @@ class GPUProvisioner(LocalProvisioner):
 
         async def renew(lease_id: str) -> dict[str, Any]:
             state = kernels.state(self.kernel_id) if kernels is not None else None
-            if state is None:
-                return await client.renew(lease_id)
-            return await client.renew(
-                lease_id, kernel_report(state.execution_state, state.last_activity)
+            report = (
+                None if state is None else kernel_report(state.execution_state, state.last_activity)
             )
+            return await client.renew(lease_id, report, holder_pid=self.pid)
 
-        lost = await keep_alive(renew, self.lease, alive=alive)
+        # the first renewal at once: it names the kernel's process (outside use)
+        lost = await keep_alive(renew, self.lease, alive=alive, now=True)
         if lost is not None:
             await self._log_lease_end(client, lease_id, lost)
 

@@ -1,6 +1,6 @@
 /** Short texts the panel and the status bar show: sizes, durations, ETAs. Pure. */
 
-import { ILease, IQueueEntry, IRequest } from './types';
+import { ILease, IOutside, IQueueEntry, IRequest } from './types';
 
 /** A request's size as the user asked: "1g.10gb", "2 GPUs", "≥ 20 GiB". */
 export function sizeText(r: {
@@ -32,6 +32,12 @@ export function duration(seconds: number): string {
   }
   const h = Math.floor(m / 60);
   return `${h} h ${String(m % 60).padStart(2, '0')} min`;
+}
+
+/** "GPU 3: in use outside the broker by bob, pid 4242, for 12 min" (the broker's words,
+ * with the time counted on). */
+export function outsideText(label: string, o: IOutside, now: number): string {
+  return `${label}: in use outside the broker by ${o.user}, pid ${o.pid}, for ${duration(since(o.since, now))}`;
 }
 
 /** Seconds from `iso` to `now` (ms since the epoch). */

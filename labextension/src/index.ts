@@ -125,6 +125,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         Notification.warning(`GPU reclaimed: ${n.message}`, {
           autoClose: false
         });
+      } else if (n.kind === 'outside') {
+        Notification.warning(n.message, { autoClose: false });
       } else {
         const when = n.deadline
           ? ` at ${new Date(n.deadline).toLocaleTimeString()}`

@@ -18,7 +18,7 @@ import {
 } from './types';
 
 export interface INotice {
-  kind: 'granted' | 'warning' | 'reclaimed';
+  kind: 'granted' | 'warning' | 'reclaimed' | 'outside';
   leaseId: string;
   requestId: string | null;
   message: string;
@@ -206,6 +206,9 @@ export class GpuModel {
     }
     const me = o?.me.user;
     const d = e.data ?? {};
+    if (me !== undefined && d.user === me && e.type === 'outside_use') {
+      this._notify('outside', d, d.message, d.deadline ?? null);
+    }
     if (me !== undefined && d.user === me && d.lease_id) {
       if (e.type === 'granted') {
         const labels = (d.devices ?? []).map((u: string) => this.label(u));

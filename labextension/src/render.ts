@@ -6,6 +6,7 @@ import {
   duration,
   etaText,
   mib,
+  outsideText,
   ownerText,
   percent,
   since,
@@ -139,7 +140,8 @@ function healthBadge(gpu: IGpu): HTMLElement {
 export function renderGpu(
   gpu: IGpu,
   model: GpuModel,
-  show: IShow
+  show: IShow,
+  now = Date.now()
 ): HTMLElement {
   const me = model.overview?.me.user ?? '';
   const row = el('div', 'jp-GpuBroker-gpu');
@@ -166,6 +168,17 @@ export function renderGpu(
     row.appendChild(
       el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`)
     );
+  }
+  for (const d of gpu.devices) {
+    for (const o of d.outside ?? []) {
+      row.appendChild(
+        el(
+          'div',
+          'jp-GpuBroker-why jp-mod-outside',
+          outsideText(d.label, o, now)
+        )
+      );
+    }
   }
   return row;
 }
@@ -322,7 +335,7 @@ export function renderPanel(
       `GPUs (${o.gpus.length} GPUs, ${slices} MIG slices, ${free} free)`
     );
     for (const gpu of o.gpus) {
-      s.appendChild(renderGpu(gpu, model, show));
+      s.appendChild(renderGpu(gpu, model, show, now));
     }
     root.appendChild(s);
   }

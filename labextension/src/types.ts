@@ -12,6 +12,14 @@ export interface IDrain {
   since: string;
 }
 
+/** A process using a device although no lease of its owner holds it. */
+export interface IOutside {
+  user: string;
+  pid: number;
+  since: string;
+  text: string;
+}
+
 export interface IDevice {
   uuid: string;
   kind: 'gpu' | 'mig';
@@ -21,6 +29,7 @@ export interface IDevice {
   memory_mib: number;
   holder: IHolder | null;
   drained: IDrain | null;
+  outside?: IOutside[];
   health: string;
   utilization_gpu: number | null;
   memory_used_mib: number | null;

@@ -76,6 +76,39 @@ describe('GpuModel', () => {
     expect(fetches()).toBe(2); // the one in flight, and one after it for the rest
   });
 
+  it('tells me, and only me, that my process uses a GPU outside the broker', () => {
+    const { model } = modelWith(overview());
+    const notices: INotice[] = [];
+    model.notice.connect((_, n) => notices.push(n));
+    const message =
+      'GPU 1 is not granted to you, yet your process 4242 uses it.';
+    const about = {
+      request_id: null,
+      lease_id: null,
+      device: 'GPU-1',
+      label: 'GPU 1',
+      pid: 4242,
+      message
+    };
+    model.apply({
+      v: 1,
+      id: 3,
+      type: 'outside_use',
+      at: '',
+      data: { user: 'ann', ...about }
+    });
+    model.apply({
+      v: 1,
+      id: 4,
+      type: 'outside_use',
+      at: '',
+      data: { user: 'bob' }
+    });
+    expect(notices.map(n => [n.kind, n.message])).toEqual([
+      ['outside', message]
+    ]);
+  });
+
   it("ignores other users' grants for notifications", () => {
     const { model } = modelWith(overview());
     const notices: INotice[] = [];

@@ -1,6 +1,6 @@
 import { GpuModel } from '../model';
 import { renderPanel, sliceBar, sparkline } from '../render';
-import { entry, h100, NOW, overview, queued } from './fixtures';
+import { entry, h100, iso, NOW, overview, queued } from './fixtures';
 
 const SHOW = { devices: true, queue: true, leases: true, sparklines: true };
 
@@ -43,6 +43,17 @@ describe('sliceBar', () => {
 });
 
 describe('renderPanel', () => {
+  it('says which device is used outside the broker, by whom, and for how long', () => {
+    const gpu = h100(1, Array(7).fill(null));
+    gpu.devices[2].outside = [
+      { user: 'bob', pid: 4242, since: iso(-12 * 60), text: '' }
+    ];
+    const { node } = draw(overview({ gpus: [gpu] }));
+    expect(node.querySelector('.jp-mod-outside')?.textContent).toBe(
+      'GPU 1 / 1g.10gb@2: in use outside the broker by bob, pid 4242, for 12 min'
+    );
+  });
+
   it('counts the GPUs, slices and free ones, and says why a GPU is drained', () => {
     const drained = h100(1, Array(7).fill(null), {
       drained: {
