@@ -38,10 +38,12 @@ from .broker.health import (
     HealthConfig,
     HealthJudge,
 )
-from .broker.models import DeviceReading, check_name
+from .broker.models import DeviceReading, LeaseState, check_name
 from .broker.policy import POLICIES, Window, make_policy
 from .broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from .broker.store import Store
+from .confine import ConfinementError, DeviceConfinement
+from .confine.nodes import nvml_address
 from .engines import (
     ClusterView,
     EngineUnavailable,
@@ -68,6 +70,10 @@ from .paths import (
 )
 from .statelock import GpuLocks, StateLock, secure_state_file
 from .wire.errors import InvalidRequest
+from .wire.text import SERVER_OWNER
+
+LEASE_ENDS = frozenset(s.value for s in LeaseState if s is not LeaseState.ACTIVE)
+"""The events that end a lease (``Broker._end_lease`` names them by the lease's state)."""
 
 
 class GPUBroker(LoggingConfigurable):
@@ -439,6 +445,9 @@ class GPUBroker(LoggingConfigurable):
         self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
         self._events: EventBus | None = None
+        self._confinement: DeviceConfinement | None = None
+        self._confined: dict[str, int] = {}
+        """Lease id -> the kernel process given its devices (``_confine_kernel``)."""
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
         self.sampler: Sampler | None = None
@@ -522,6 +531,9 @@ class GPUBroker(LoggingConfigurable):
             self._apply_quotas_file(Path(self.quotas_file).expanduser())
         self._events = EventBus(self._core, self.event_buffer)
         self._core.subscribe(self._events.publish)
+        self._confinement = self._kernel_confinement()
+        if self._confinement is not None:
+            self._core.subscribe(self._lease_ended)
         if view is not None:  # leases whose jobs ended while the broker was down end now
             self._apply_view(view)
         self._start_monitoring(self._core, self.backend or NoReadings())
@@ -782,9 +794,49 @@ class GPUBroker(LoggingConfigurable):
 
     def report_pid(self, lease_id: str, pid: int) -> None:
         """The holder process a renewal named (a kernel's or a server's): what it starts
-        on the lease's devices is the lease's (``monitor.outside``)."""
+        on the lease's devices is the lease's (``monitor.outside``); and a kernel in a
+        server confined to its devices may open its lease's too (``confine``)."""
         if self.sampler is not None and self.sampler.outside is not None:
             self.sampler.outside.holder_pids[lease_id] = pid
+        if self._confinement is not None and self._confined.get(lease_id) != pid:
+            self._confine_kernel(lease_id, pid)
+
+    def _confine_kernel(self, lease_id: str, pid: int) -> None:
+        """Add a kernel's granted devices to what its confined server lets it open (a
+        server's own lease is the spawner's to confine); a restarted kernel's old process
+        gives them back first."""
+        assert self._confinement is not None
+        lease = self.core.lease(lease_id)
+        if self.core.request(lease.request_id).owner.startswith(SERVER_OWNER):
+            return
+        old = self._confined.pop(lease_id, None)
+        if old is not None:
+            self._confinement.withdraw(old)
+        try:
+            if self._confinement.allow(pid, lease.devices, lease.user) is not None:
+                self._confined[lease_id] = pid
+        except ConfinementError as e:
+            self.log.warning(
+                "GPU broker: the kernel (pid %d) of %s cannot open its GPU: %s", pid, lease.user, e
+            )
+
+    def _lease_ended(self, event: Event) -> None:
+        """A confined kernel whose lease ended opens only its server's devices again."""
+        if event.lease_id in self._confined and event.kind in LEASE_ENDS:
+            assert self._confinement is not None
+            self._confinement.withdraw(self._confined.pop(event.lease_id))
+
+    def _kernel_confinement(self) -> DeviceConfinement | None:
+        """Device cgroups for kernels granted a GPU in a confined server: a broker run as
+        root on this machine's NVML, where the machine can confine (the spawner says why
+        not, once, for the servers)."""
+        backend = self.backend
+        if os.geteuid() != 0 or not isinstance(backend, NvmlBackend):
+            return None
+        confinement = DeviceConfinement(
+            parent=self, resolve=lambda uuid: nvml_address(backend.handle(uuid))
+        )
+        return None if confinement.why_not() else confinement
 
     def report_kernel(self, lease_id: str, kernel: KernelState) -> None:
         """What a renewal said of the lease's kernel, for idle reclaim to judge: the

@@ -307,3 +307,49 @@ def test_where_it_cannot_confine_it_says_why_and_require_refuses(
         c.proc_devices = "proc/devices"
     with pytest.raises(TraitError):
         c.mode = "sometimes"
+
+
+def test_the_root_broker_gives_a_reported_kernel_its_lease_and_takes_it_back_at_the_end(
+    make_box: Callable[[str], Box],
+    probes: Callable[[Callable[[], None]], Probe],
+    tmp_path: Path,
+) -> None:
+    """The wiring a GPU kernel in a CPU-only server goes through: its renewal names its
+    pid (``holder_pid``), the root broker moves it to its lease's devices; the lease's
+    end takes them back; a server's own lease is left to the spawner."""
+    from traitlets.config import Config
+
+    from jupyter_gpubroker.api.rules import BrokerAPI
+    from jupyter_gpubroker.runtime import GPUBroker
+    from jupyter_gpubroker.wire.sizes import Size
+
+    box = make_box("dgx-h100-mig:2")
+    c = Config()
+    c.GPUBroker.simulate = "dgx-h100-mig:2"
+    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    c.GPUBroker.identity = "username"
+    c.DeviceConfinement.cgroup = box.confinement.cgroup
+    c.DeviceConfinement.proc_devices = box.confinement.proc_devices
+    c.DeviceConfinement.mig_minors = box.confinement.mig_minors
+    rt = GPUBroker(config=c)
+    rt.start()
+    try:
+        api = BrokerAPI(rt)
+        server = box.confinement.server("carol", "", [])
+        assert server is not None
+        kernel = probes(box.confinement.joiner(server))
+        lease = rt.core.lease(rt.core.submit("carol", Size(profile="1g.10gb")).lease_id)
+        a = nvml_address(rt.backend.handle(lease.devices[0]))
+        mine = {str(box.dev / f"nvidia{a.gpu_minor}")}
+        assert allowed(box, kernel.open(box.all_nodes)) == always(box)
+        api.renew(api.identify("carol"), lease.id, {"holder_pid": kernel.pid})
+        assert mine < allowed(box, kernel.open(box.all_nodes))
+        held = rt.core.submit("carol", Size(profile="1g.10gb"), owner="server:carol")
+        api.renew(api.identify("carol"), held.lease_id, {"holder_pid": kernel.pid})
+        assert f"{kernel.pid}" not in (server / "cgroup.procs").read_text().split()
+        rt.core.release(lease.id)
+        assert allowed(box, kernel.open(box.all_nodes)) == always(box)
+        assert f"{kernel.pid}" in (server / "cgroup.procs").read_text().split()
+    finally:
+        rt.stop()
+        box.confinement.release(server)
