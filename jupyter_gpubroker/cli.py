@@ -12,11 +12,12 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 from asyncio.subprocess import Process
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -48,6 +49,7 @@ from .usage_cli import add_usage_command
 
 STOP_GRACE_S = 5.0
 """Seconds ``run`` gives its command after SIGTERM before it kills it."""
+T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -611,9 +613,29 @@ async def _granted(client: BrokerClient, args: argparse.Namespace, owner: str) -
         raise
 
 
+def _interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` where Ctrl-C cancels the command at its next ``await``, as
+    Python 3.11 does: on 3.10 it raises wherever the loop happens to be (a resolver
+    thread starting), before the wait can withdraw its request."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(main())
+
+
 def cmd_request(args: argparse.Namespace) -> int:
     client = _client(args)
-    r = asyncio.run(_granted(client, args, "cli"))
+    r = _interruptible(_granted(client, args, "cli"))
     if r["state"] != "granted":
         _print(
             args,
@@ -793,7 +815,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("error: give the command to run after --", file=sys.stderr)
         return 2
-    return asyncio.run(_run(_client(args), args, command))
+    return _interruptible(_run(_client(args), args, command))
 
 
 async def _run(client: BrokerClient, args: argparse.Namespace, command: list[str]) -> int:
