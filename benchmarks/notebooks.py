@@ -9,6 +9,8 @@ on each session's idle gaps that shares no code with the replay.
     python benchmarks/notebooks.py   # --trace PATH: the trace, --plot PATH: the PNG
 
 ``--check`` only compares with the plain count (exit 1 on a difference over 1%).
+``--fit`` chooses the idle timeout on the trace's first day and checks it on the second
+(``fit``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from jupyter_gpubroker.wire.profiles import CATALOG
 HERE = Path(__file__).resolve().parent
 TRACE = HERE.parent.parent / "shared/data/traces/notebooks/adobe-sensei-june-1-2.json"
 CLUSTERS = (144, 64)
-SWEEP_MIN = (5, 15, 30, 60, 120)
+SWEEP_MIN = (5, 15, 20, 30, 60, 120)
 CULLER_S = 3600.0
 """jupyterhub-idle-culler as zero-to-jupyterhub deploys it (``cull.timeout``)."""
 SUSPEND_GBPS = 64.0
@@ -35,6 +37,14 @@ SUSPEND_GBPS = 64.0
 as 128 GB/s both ways). No published cuda-checkpoint throughput was found; a real
 checkpoint or restore is slower, so this is a bound, not a measurement."""
 AGREE = 0.01
+FIT_MIN = (5, 10, 15, 20, 30, 45, 60, 90, 120)
+LOST_PRICE_H = 2.0
+"""What a kernel lost (shut down under a user who comes back) costs, in hours of its
+GPUs: reloading, re-running the cells that built its state, the user's time. The trace
+does not say; this is the choice the shipped default rests on (``PRICES_H``: others)."""
+PRICES_H = (0.5, 1.0, 2.0, 4.0)
+NEAR = 0.01
+"""Timeouts whose cost is within this of the lowest count as tied; the longest wins."""
 
 
 def policies(shipped: ReclaimConfig | None = None) -> list[nb.Policy]:
@@ -71,9 +81,9 @@ def plain_count(path: Path, limit_s: float | None, on_demand: bool = False) -> d
     alone: a kernel holds its GPUs from its session's start; one whose idle gap (end of
     its last cell, CPU-only ones too, to the next cell's start or the session's stop)
     exceeds ``limit_s`` (idle timeout + grace) is shut down at its end and holds again
-    from its next GPU cell. ``None``: held to the stop."""
+    from its next GPU cell; lost, if a cell follows the gap. ``None``: held to the stop."""
     held = cells = 0.0
-    shutdowns = 0
+    shutdowns = lost = 0
     for s in json.loads(path.read_text())["sessions"]:
         trainings = sorted(s["trainings"], key=lambda t: t["start_tick"])
         gpus = max((t["gpus"] for t in trainings), default=0)
@@ -91,7 +101,7 @@ def plain_count(path: Path, limit_s: float | None, on_demand: bool = False) -> d
             a, b = 60.0 * t["start_tick"], 60.0 * t["end_tick"]
             if since is not None and a - last > limit_s:
                 held += gpus * (last + limit_s - since)
-                since, shutdowns = None, shutdowns + 1
+                since, shutdowns, lost = None, shutdowns + 1, lost + 1
             if since is None and t["gpus"]:
                 since = a
             last = b
@@ -99,7 +109,7 @@ def plain_count(path: Path, limit_s: float | None, on_demand: bool = False) -> d
             end = last + limit_s if stop - last > limit_s else stop
             shutdowns += stop - last > limit_s
             held += gpus * (end - since)
-    return {"held_ratio": held / cells, "shutdowns": shutdowns}
+    return {"held_ratio": held / cells, "shutdowns": shutdowns, "lost": lost}
 
 
 def mig_fit(sessions: list[nb.Session]) -> dict[str, int]:
@@ -139,6 +149,90 @@ def check(path: Path, results: dict[int, list[tuple[nb.Policy, dict[str, float]]
     return problems
 
 
+Fit = dict[str, dict[int, list[tuple[int, dict[str, float]]]]]
+
+
+def days(sessions: list[nb.Session]) -> dict[str, list[nb.Session]]:
+    """Whole sessions by the day they start: the trace's first 24 hours, and the rest."""
+    t0 = min(s.start_s for s in sessions)
+    return {
+        "day 1": [s for s in sessions if s.start_s < t0 + 86400],
+        "day 2": [s for s in sessions if s.start_s >= t0 + 86400],
+    }
+
+
+def cost(f: dict[str, float], price_h: float) -> float:
+    """GPU-hours held plus ``price_h`` hours of each lost kernel's GPUs, per GPU-hour of
+    cells: the figure the idle timeout is chosen to make smallest."""
+    return f["held_ratio"] + price_h * f["lost_gpus"] / f["cell_gpu_h"]
+
+
+def choose(rows: list[tuple[int, dict[str, float]]], price_h: float) -> int:
+    """The longest timeout (minutes) whose cost is within ``NEAR`` of the lowest: where
+    the trace cannot tell them apart, the one that shuts fewer kernels down."""
+    costs = {m: cost(f, price_h) for m, f in rows}
+    best = min(costs.values())
+    return max(m for m, c in costs.items() if c <= best * (1 + NEAR))
+
+
+def fit(path: Path) -> Fit:
+    """The shipped reclaim with its idle timeout swept, on each day and cluster."""
+    shipped = ReclaimConfig()
+    return {
+        day: {
+            gpus: [
+                (
+                    m,
+                    nb.summarize(
+                        nb.replay(
+                            sessions,
+                            nb.Policy(
+                                f"{m} min", "reclaim", replace(shipped, idle_timeout_s=m * 60.0)
+                            ),
+                            gpus=gpus,
+                        )
+                    ),
+                )
+                for m in FIT_MIN
+            ]
+            for gpus in CLUSTERS
+        }
+        for day, sessions in days(nb.load(path)).items()
+    }
+
+
+def fit_report(results: Fit) -> str:
+    """Both days' tables, the timeout day 1 chooses and how it does on day 2."""
+    lines = [
+        f"| day | GPUs | idle timeout | held ÷ cells | kernels shut down | lost | "
+        f"cost ({LOST_PRICE_H:g} h a lost kernel) |",
+        "|" + "---|" * 7,
+    ]
+    for day, clusters in results.items():
+        for gpus, rows in clusters.items():
+            for m, f in rows:
+                lines.append(
+                    f"| {day} | {gpus} | {m} min | {f['held_ratio']:.2f}x | "
+                    f"{f['shutdowns']:.0f} | {f['lost']:.0f} | {cost(f, LOST_PRICE_H):.3f} |"
+                )
+    shipped = ReclaimConfig().idle_timeout_s / 60
+    for price in PRICES_H:
+        picked = choose(results["day 1"][CLUSTERS[0]], price)
+        held_out = []
+        for gpus, rows in results["day 2"].items():
+            costs = {m: cost(f, price) for m, f in rows}
+            best = min(costs, key=costs.__getitem__)
+            held_out.append(
+                f"{gpus} GPUs {costs[picked]:.3f} (its best {costs[best]:.3f} at {best} min, "
+                f"{shipped:g} min {costs[shipped]:.3f})"
+            )
+        lines.append(
+            f"\nA lost kernel at {price:g} h: day 1 ({CLUSTERS[0]} GPUs) chooses {picked} min; "
+            f"its cost on day 2: " + "; ".join(held_out)
+        )
+    return "\n".join(lines)
+
+
 def _wait(s: float) -> str:
     return f"{s / 60:.0f} min" if s >= 60 else f"{s:.1f} s" if s else "0"
 
@@ -146,9 +240,9 @@ def _wait(s: float) -> str:
 def table(results: dict[int, list[tuple[nb.Policy, dict[str, float]]]]) -> str:
     head = (
         "| GPUs | policy | held ÷ cells | no wait | p50 wait | p95 wait | kernels shut down "
-        "(sessions) | never got GPUs | GPU cells never run |"
+        "(sessions) | lost | never got GPUs | GPU cells never run |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for gpus, rows in results.items():
         for p, f in rows:
             shut = f"{f['shutdowns']:.0f} ({f['sessions_shut']:.0f})"
@@ -157,7 +251,7 @@ def table(results: dict[int, list[tuple[nb.Policy, dict[str, float]]]]) -> str:
             lines.append(
                 f"| {gpus} | {p.name} | {f['held_ratio']:.2f}x | {f['no_wait_pct']:.1f}% | "
                 f"{_wait(f['wait_p50_s'])} | {_wait(f['wait_p95_s'])} | {shut} | "
-                f"{f['never_granted']:.0f} | {f['cells_never_ran']:.0f} |"
+                f"{f['lost']:.0f} | {f['never_granted']:.0f} | {f['cells_never_ran']:.0f} |"
             )
     return "\n".join(lines)
 
@@ -193,15 +287,19 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=TRACE, help="the notebook trace (JSON)")
     ap.add_argument("--plot", type=Path, default=HERE / "notebooks.png", help="PNG to write")
     ap.add_argument("--check", action="store_true", help="only compare with the plain count")
+    ap.add_argument("--fit", action="store_true", help="only choose the idle timeout")
     args = ap.parse_args()
+    if args.fit:
+        print(fit_report(fit(args.trace)))
+        return
     results = run(args.trace)
     problems = check(args.trace, results)
     if not args.check:
         print(table(results))
-        fit: dict[str, Any] = mig_fit(nb.load(args.trace))
+        mig: dict[str, Any] = mig_fit(nb.load(args.trace))
         print(
-            f"\nPeak GPU memory of the {fit['sessions']} GPU sessions: {fit['1g.10gb']} fit a "
-            f"1g.10gb slice, {fit['3g.40gb']} a 3g.40gb one.\nSuspend is modelled: "
+            f"\nPeak GPU memory of the {mig['sessions']} GPU sessions: {mig['1g.10gb']} fit a "
+            f"1g.10gb slice, {mig['3g.40gb']} a 3g.40gb one.\nSuspend is modelled: "
             f"{SUSPEND_GBPS:g} GB/s each way (PCIe 5.0 x16), a bound on cuda-checkpoint."
         )
         plot(results, args.plot)

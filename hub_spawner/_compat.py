@@ -1,4 +1,4 @@
-"""What the spawners need from JupyterHub that its oldest supported release (5.0) lacks."""
+"""What the spawners need from JupyterHub that its oldest supported release (5.1) lacks."""
 
 from __future__ import annotations
 

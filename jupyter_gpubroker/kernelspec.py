@@ -13,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ipykernel.kernelspec import RESOURCES
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .wire.sizes import Size
@@ -69,6 +68,10 @@ def install(
     default_name, spec = spec_for(size, job_class)
     if display_name:
         spec["display_name"] = display_name
+    # here, not at the top: ipykernel 6.25 (the lowest allowed) imports IPython with it,
+    # seconds that every CLI command would pay at its start
+    from ipykernel.kernelspec import RESOURCES
+
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(RESOURCES, tmp, dirs_exist_ok=True)  # the launcher's Python logo
         (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=1))

@@ -237,7 +237,7 @@ class GPUBroker(LoggingConfigurable):
         "week).",
     ).tag(config=True)
     idle_timeout = Float(
-        3600.0,
+        1200.0,
         help="Seconds a lease may sit idle (its kernel ran nothing and its GPU stayed under "
         "idle_utilization_threshold) before its holder is warned; 0 disables idle reclaim. "
         "Leases of kernels that neither this server runs nor their own server reports with "

@@ -71,7 +71,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class ReclaimConfig:
-    idle_timeout_s: float = 3600.0
+    idle_timeout_s: float = 1200.0
     """How long a lease may sit idle before its holder is warned; 0 disables."""
     idle_timeout_by_class: Mapping[str, float] = field(default_factory=dict)
     idle_timeout_by_profile: Mapping[str, float] = field(default_factory=dict)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
@@ -137,3 +138,23 @@ def table(rows: Sequence[tuple[str, ...]]) -> str:
     return "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` where Ctrl-C cancels the command at its next ``await``, as
+    Python 3.11 does: on 3.10 it raises wherever the loop happens to be (a resolver
+    thread starting), before the wait can withdraw its request."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(main())

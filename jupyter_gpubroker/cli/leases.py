@@ -12,7 +12,7 @@ from asyncio.subprocess import Process
 from typing import Any
 
 from ..client import BrokerAPIError, BrokerClient, eta_text, keep_alive
-from .common import client, connection_args, print_result, seconds, table
+from .common import client, connection_args, interruptible, print_result, seconds, table
 
 STOP_GRACE_S = 5.0
 """Seconds ``run`` gives its command after SIGTERM before it kills it."""
@@ -140,7 +140,7 @@ async def _granted(broker: BrokerClient, args: argparse.Namespace, owner: str) -
 
 
 def cmd_request(args: argparse.Namespace) -> int:
-    r = asyncio.run(_granted(client(args), args, "cli"))
+    r = interruptible(_granted(client(args), args, "cli"))
     if r["state"] != "granted":
         print_result(
             args,
@@ -187,7 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("error: give the command to run after --", file=sys.stderr)
         return 2
-    return asyncio.run(_run(client(args), args, command))
+    return interruptible(_run(client(args), args, command))
 
 
 async def _run(broker: BrokerClient, args: argparse.Namespace, command: list[str]) -> int:

@@ -16,6 +16,8 @@ What a session does, in every policy:
   for it in the queue (its *wait*); a CPU-only cell is kernel activity and needs no GPU;
 - a kernel shut down by a reclaim asks again at its next GPU cell (not at its next CPU
   cell: a notebook that only reads and plots goes on without a GPU);
+- a shutdown whose user comes back (a later cell becomes ready) is a kernel *lost*:
+  the cost of a reclaim a user notices, which one after the last cell is not;
 - the user leaves at the session's recorded stop: a running cell finishes, a waiting
   request is withdrawn, and cells not started by then never run.
 
@@ -141,6 +143,9 @@ class SessionResult:
     never_ran: int = 0
     """GPU cells not started by the session's end."""
     shutdowns: int = 0
+    lost: int = 0
+    """Shutdowns its user came back to: a later cell of the session became ready (a
+    shutdown after the last cell costs nobody anything)."""
     suspends: int = 0
     granted: bool = False
 
@@ -202,6 +207,8 @@ class _Kernel:
     """The most GPU memory its cells have used since its kernel started."""
     suspended_gb: float = 0.0
     """GPU memory copied to the host at a modelled suspend, restored at the next grant."""
+    shut: bool = False
+    """Shut down, and its user not back yet."""
 
 
 class _Run:
@@ -342,6 +349,9 @@ class _Run:
         if cell.start_s > now:
             self.at(cell.start_s, "ready", k.owner)
             return
+        if k.shut:  # the user is back and finds the kernel gone
+            k.result.lost += 1
+            k.shut = False
         if not cell.gpus:
             self._run(k, cell, now)
             return
@@ -456,7 +466,7 @@ class _Run:
         self._ended(k, now)
         if self.policy.suspend_gbps is None:
             k.result.shutdowns += 1
-            k.memory_gb = 0.0
+            k.memory_gb, k.shut = 0.0, True
         else:
             k.result.suspends += 1
             k.result.held_s += k.memory_gb / self.policy.suspend_gbps * n
@@ -479,11 +489,14 @@ def summarize(result: NotebookReplay) -> dict[str, float]:
     return {
         "held_ratio": sum(r.held_s for r in rs) / result.cell_gpu_s,
         "held_gpu_h": sum(r.held_s for r in rs) / 3600,
+        "cell_gpu_h": result.cell_gpu_s / 3600,
         "no_wait_pct": 100 * sum(w < NO_WAIT_S for w in waits) / cells if cells else 100.0,
         "wait_p50_s": percentile(waits, 50),
         "wait_p95_s": percentile(waits, 95),
         "shutdowns": sum(r.shutdowns for r in rs),
         "sessions_shut": sum(1 for r in rs if r.shutdowns),
+        "lost": sum(r.lost for r in rs),
+        "lost_gpus": sum(r.lost * r.gpus for r in rs),
         "suspends": sum(r.suspends for r in rs),
         "never_granted": sum(1 for r in rs if not r.granted),
         "cells_never_ran": sum(r.never_ran for r in rs),

@@ -179,14 +179,18 @@ def test_a_configured_expected_hold_goes_with_every_gpu_request_unless_the_user_
 
 def test_a_refused_start_reads_as_its_sentence_without_the_exceptions_name() -> None:
     """What the spawn page ("Error: ..."), its progress ("Spawn failed: ...") and the REST
-    API show of a failed start: JupyterHub's own formatting of the spawner's exception."""
-    from jupyterhub.utils import format_exception
+    API show of a failed start: JupyterHub's own formatting of the spawner's exception
+    (``format_exception`` since JupyterHub 6; 5.x reads ``jupyterhub_message`` in place)."""
+    from jupyterhub import utils
 
     from hub_spawner.spawner import _bad_options
 
     exc = _bad_options(ValueError("gpus must be a whole number, not 'x'"))
     sentence = "Cannot start the server: gpus must be a whole number, not 'x'."
-    assert format_exception(exc) == (sentence, None)
+    if hasattr(utils, "format_exception"):
+        assert utils.format_exception(exc) == (sentence, None)
+    assert exc.jupyterhub_message == sentence
+    assert getattr(exc, "jupyterhub_html_message", None) is None
     assert str(exc) == sentence and exc.reason == "user_options"  # the hub's metrics label
 
 

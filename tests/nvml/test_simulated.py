@@ -30,8 +30,22 @@ THERMAL = (
 )
 
 
+# Not in nvidia-ml-py 12.535, the lowest version the package allows: its process struct
+# is ``c_nvmlProcessInfo_t`` (the v3 layout), and it has no TemperatureV to call.
+PROCESS_INFO_V3 = getattr(pynvml, "c_nvmlProcessInfo_v3_t", pynvml.c_nvmlProcessInfo_t)
+TEMPERATURE_V = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+
+
 def gpu(index: int) -> object:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def temperature(handle: object) -> int:
+    """The GPU temperature; where this pynvml has TemperatureV, both calls must agree."""
+    t = int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+    if TEMPERATURE_V is not None:
+        assert TEMPERATURE_V(handle, pynvml.NVML_TEMPERATURE_GPU) == t
+    return t
 
 
 def mig(parent: object, index: int) -> object:
@@ -156,11 +170,16 @@ def test_error_texts_come_from_the_library(simulate):
 
 
 def test_a_hidden_symbol_is_function_not_found(simulate):
+    """As an older driver without the symbol: every pynvml looks it up this way."""
     sim = simulate("dgx-h100")
-    assert pynvml.nvmlDeviceGetTemperatureV(gpu(0), pynvml.NVML_TEMPERATURE_GPU) == IDLE_C
+    assert temperature(gpu(0)) == IDLE_C
+    assert pynvml._nvmlGetFunctionPointer("nvmlDeviceGetTemperatureV")
     sim.hide_symbol("nvmlDeviceGetTemperatureV")
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        pynvml.nvmlDeviceGetTemperatureV(gpu(0), pynvml.NVML_TEMPERATURE_GPU)
+        pynvml._nvmlGetFunctionPointer("nvmlDeviceGetTemperatureV")
+    if TEMPERATURE_V is not None:
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            TEMPERATURE_V(gpu(0), pynvml.NVML_TEMPERATURE_GPU)
     assert pynvml.nvmlDeviceGetTemperature(gpu(0), pynvml.NVML_TEMPERATURE_GPU) == IDLE_C
 
 
@@ -260,7 +279,7 @@ def test_running_processes_use_the_two_call_protocol(simulate):
     count = ctypes.c_uint(0)
     assert fn(whole, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
     assert count.value == 3
-    small = (pynvml.c_nvmlProcessInfo_v3_t * 2)()
+    small = (PROCESS_INFO_V3 * 2)()
     count = ctypes.c_uint(2)
     assert fn(whole, ctypes.byref(count), small) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
     assert count.value == 3
@@ -313,7 +332,10 @@ def test_a_lost_gpu_answers_gpu_is_lost_with_its_mig_devices(simulate):
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
         pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
-        pynvml.nvmlDeviceGetTemperatureV(parent, pynvml.NVML_TEMPERATURE_GPU)
+        temperature(parent)
+    if TEMPERATURE_V is not None:
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            TEMPERATURE_V(parent, pynvml.NVML_TEMPERATURE_GPU)
     assert pynvml.nvmlDeviceGetName(other) == "NVIDIA H200"
     sim.clear_faults(uuid_of(other))  # clearing another GPU leaves GPU 0 lost
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
@@ -336,16 +358,14 @@ def test_overheat_passes_slowdown_and_sets_thermal_reasons(simulate):
     slowdown = pynvml.nvmlDeviceGetTemperatureThreshold(
         h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
     )
-    assert pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU) < slowdown
+    assert temperature(h) < slowdown
     assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) & THERMAL == 0
     sim.inject_overheat(uuid_of(h))
-    hot = pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU)
-    assert hot > slowdown
-    assert pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == hot
+    assert temperature(h) > slowdown
     assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) & THERMAL == THERMAL
     assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(gpu(3)) & THERMAL == 0
     sim.clear_faults(uuid_of(h))
-    assert pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU) < slowdown
+    assert temperature(h) < slowdown
 
 
 def test_xid_errors_reach_registered_event_sets(simulate):

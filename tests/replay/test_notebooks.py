@@ -74,6 +74,8 @@ def test_a_reclaim_frees_the_gpus_for_a_waiter_and_the_next_cell_waits_in_its_tu
     assert f["no_wait_pct"] == pytest.approx(100 * 2 / 3)
     assert f["wait_p50_s"] == 0.0 and f["wait_p95_s"] == 35 * MIN
     assert (f["shutdowns"], f["sessions_shut"], f["never_granted"]) == (2, 2, 0)
+    # A's user came back (its cell at 150) to a kernel shut down; B's never did.
+    assert (a.lost, b.lost, f["lost"], f["lost_gpus"]) == (1, 0, 1, 8)
     assert f["cells_never_ran"] == 0 and f["peak_gpus"] == 8
 
 
@@ -141,15 +143,35 @@ def test_the_excerpt_agrees_with_the_plain_count():
         plain = bench.plain_count(EXCERPT, limit, on_demand=policy.hold == "cell")
         assert f["no_wait_pct"] == 100.0
         assert f["held_ratio"] == pytest.approx(plain["held_ratio"], rel=0.01)
-        assert f["shutdowns"] == plain["shutdowns"]
-    assert f["shutdowns"] > 0  # the 15-minute timeout does reclaim here
+        assert (f["shutdowns"], f["lost"]) == (plain["shutdowns"], plain["lost"])
+    assert f["lost"] > 0  # the 15-minute timeout does reclaim here
 
 
 def test_the_benchmark_table_says_which_results_are_modelled():
     sessions = nb.load(EXCERPT)
     results = {144: [(p, nb.summarize(nb.replay(sessions, p, gpus=144))) for p in bench.policies()]}
     text = bench.table(results)
-    assert "| 144 | suspend 60 min (modelled) |" in text
-    assert "| 144 | broker 60 min (shipped) |" in text
+    shipped = ReclaimConfig().idle_timeout_s / 60
+    assert f"| 144 | suspend {shipped:g} min (modelled) |" in text
+    assert f"| 144 | broker {shipped:g} min (shipped) |" in text
     assert not bench.check(EXCERPT, results)
     assert bench.mig_fit(sessions)["sessions"] == 10
+
+
+def test_the_fit_splits_whole_sessions_by_day_and_ties_go_to_the_longer_timeout(two_sessions):
+    """A session starting 24 hours after the first belongs to day 2, whole. Cost: held ÷
+    cells plus, per lost kernel, the price in hours of its GPUs per GPU-hour of cells."""
+    a, b = two_sessions
+    late = nb.Session("late", a.start_s + 24 * 3600, a.stop_s + 24 * 3600, a.cells)
+    assert {d: [s.id for s in ss] for d, ss in bench.days([late, a, b]).items()} == {
+        "day 1": ["a", "b"],
+        "day 2": ["late"],
+    }
+    # 10 GPU-hours of cells; a 5-minute timeout holds 12 and loses two 1-GPU kernels.
+    short = {"held_ratio": 1.2, "lost_gpus": 2, "cell_gpu_h": 10.0}
+    long = {"held_ratio": 1.4, "lost_gpus": 0, "cell_gpu_h": 10.0}
+    assert bench.cost(short, 2.0) == pytest.approx(1.6)
+    assert bench.choose([(5, short), (60, long)], 2.0) == 60  # 1.6 against 1.4
+    assert bench.choose([(5, short), (60, long)], 0.5) == 5  # 1.3 against 1.4
+    tied = {**long, "held_ratio": 1.3 * 1.005}  # within 1% of 1.3: the longer wins
+    assert bench.choose([(5, short), (60, tied)], 0.5) == 60
