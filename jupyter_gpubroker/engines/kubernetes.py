@@ -359,7 +359,7 @@ class KubernetesInventory(LoggingConfigurable):
             )
         except ApiException as e:
             hint = (
-                "grant the broker's service account get and list on nodes and pods "
+                "grant the broker's service account list on nodes and pods "
                 "(a ClusterRole and its binding)"
                 if e.status in (401, 403)
                 else "the broker keeps its queue and its last view until it answers"
