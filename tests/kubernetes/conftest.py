@@ -10,8 +10,8 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
 import kube_cluster
+import pytest
 from kube_helpers import free_port
 
 KubeconfigFactory = Callable[..., Path]

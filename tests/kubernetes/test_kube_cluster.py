@@ -318,13 +318,8 @@ def test_a_pod_still_running_after_its_lease_ended_holds_its_gpus(broker: GPUBro
     running("ann")
     core.release(lease.id)
     poll(broker)
-    assert (
-        drains(broker)["gpu-h100"]
-        == [
-            f"2 of 4 gpu on gpu-h100 in use outside the broker or by the work of ended lease {lease.id}"
-        ]
-        * 2
-    )
+    why = "2 of 4 gpu on gpu-h100 in use outside the broker or by the work of ended lease"
+    assert drains(broker)["gpu-h100"] == [f"{why} {lease.id}"] * 2
     whole = core.submit("bob", Size(gpus=4))
     assert core.request(whole.id).state.value == "queued"
     kubectl("delete", "pod", "ann", "-n", NAMESPACE)
