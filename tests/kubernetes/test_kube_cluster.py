@@ -52,7 +52,12 @@ from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
 )
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
 
-pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("kube")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.usefixtures("kube"),
+    # KubeSpawner closes its shared API client from a task its test's loop may outlive
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 RUN = Path("/run/gpubroker-kube")
 

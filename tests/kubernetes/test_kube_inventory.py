@@ -252,7 +252,6 @@ async def test_an_api_server_that_does_not_answer_makes_the_engine_unavailable(
     source = KubernetesInventory(kubeconfig=str(kubeconfig()), request_timeout=5)
     with pytest.raises(EngineUnavailable, match=r"at http://127\.0\.0\.1:\d+ does not answer"):
         await source.read()
-    await source.close()
     missing = KubernetesInventory(kubeconfig=str(tmp_path / "nowhere"))
     with pytest.raises(EngineUnavailable, match="no Kubernetes API server configured"):
         await missing.read()
@@ -322,7 +321,6 @@ async def test_the_source_reads_the_api_servers_lists(kubeconfig: Any, status: i
             return
         view = await source.read()
     finally:
-        await source.close()
         server.stop()
     assert classes(view, "dgx-mixed") == {"gpu": 2, "1g.5gb": 7, "3g.20gb": 2}
     assert view.outside == {("dgx-mixed", "gpu"): 1}
