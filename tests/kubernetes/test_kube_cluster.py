@@ -48,6 +48,7 @@ from jupyter_gpubroker.engines import ENGINE  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
+    KubernetesInventory,
     parse_device_uuid,
 )
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
@@ -146,6 +147,20 @@ def test_gpu_nodes_as_the_device_plugin_advertises_them_are_the_inventory(
         kubectl("cordon", "gpu-cordoned")
     poll(broker)
     assert "gpu-cordoned" in drains(broker)
+
+
+async def test_the_node_selector_narrows_the_inventory_and_pending_pods_are_listed() -> None:
+    """``node_selector`` picks the nodes; a broker pod still waiting at the scheduler is
+    listed with its lease (it carries the lease out once bound)."""
+    pending = pod_manifest("waits", "gpu-cordoned", {"nvidia.com/gpu": "1"})
+    pending["metadata"]["labels"] = {BROKER_LABEL: "gpubroker", LEASE_LABEL: "l-waits"}
+    await asyncio.to_thread(kubectl, "create", "-f", "-", input=pending)
+    source = KubernetesInventory(
+        kubeconfig=str(KUBECONFIG), node_selector="nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB"
+    )
+    view = await source.read()
+    assert {d.node for d in view.inventory.devices} == {"gpu-a100-mig"}
+    assert view.holders == {"l-waits": f"{NAMESPACE}/waits"}
 
 
 def test_other_pods_gpu_requests_are_in_use_until_they_are_deleted(broker: GPUBroker) -> None:
