@@ -235,19 +235,20 @@ async def test_the_spawners_pod_is_bound_by_the_scheduler_to_the_node_the_broker
             "-n",
             NAMESPACE,
             "--field-selector",
-            f"involvedObject.name={pod['metadata']['name']}",
+            f"involvedObject.uid={pod['metadata']['uid']}",
         )
         scheduled = [e["message"] for e in events["items"] if e["reason"] == "Scheduled"]
         assert scheduled == [f"Successfully assigned {NAMESPACE}/{server.pod_name} to {node}"]
         # the broker knows it as its own grant, not as work outside it
         await broker.poll_engine()
         assert set(drains(broker)) == {"gpu-cordoned", "gpu-notready", "gpu-ts"}
-        # the scheduler itself holds the line: a second 3g.40gb pod fits, a third does not
+        # the scheduler itself holds the line: with one 3g.40gb left, two do not fit
         more = pod_manifest("greedy", node, {"nvidia.com/mig-3g.40gb": "2"})
-        await asyncio.to_thread(kubectl, "create", "-f", "-", input=more)
+        made = await asyncio.to_thread(kubectl, "create", "-o", "json", "-f", "-", input=more)
+        uid = json.loads(made)["metadata"]["uid"]
 
         def refused() -> str:
-            found = get("events", "-n", NAMESPACE, "--field-selector", "involvedObject.name=greedy")
+            found = get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.uid={uid}")
             return " ".join(
                 e["message"] for e in found["items"] if e["reason"] == "FailedScheduling"
             )
