@@ -311,12 +311,13 @@ class KubernetesInventory(LoggingConfigurable):
         config=True
     )
 
-    _api_client: Any = None
+    _configuration: Any = None
 
-    async def _client(self) -> Any:
+    async def _configured(self) -> Any:
+        """The client's configuration (server, credentials), loaded once."""
         from kubernetes_asyncio import client, config
 
-        if self._api_client is None:
+        if self._configuration is None:
             configuration = client.Configuration()
             try:
                 if self.kubeconfig:
@@ -333,14 +334,21 @@ class KubernetesInventory(LoggingConfigurable):
                         "cluster with a service account, or set KUBECONFIG or "
                         "c.KubernetesInventory.kubeconfig"
                     ) from None
-            self._api_client = client.ApiClient(configuration)
-        return self._api_client
+            self._configuration = configuration
+        return self._configuration
 
     async def read(self) -> ClusterView:
+        """One reading, on a client of its own: its connections belong to the event loop
+        it runs on (the broker's first reading runs on one of its own)."""
+        from kubernetes_asyncio.client import ApiClient
+
+        async with ApiClient(await self._configured()) as api_client:
+            return await self._read(api_client)
+
+    async def _read(self, api_client: Any) -> ClusterView:
         from aiohttp import ClientError
         from kubernetes_asyncio.client import ApiException, CoreV1Api
 
-        api_client = await self._client()
         api = CoreV1Api(api_client)
         # resource_version "0": served from the API server's watch cache, not from etcd
         timeout = self.request_timeout
@@ -359,7 +367,7 @@ class KubernetesInventory(LoggingConfigurable):
             )
         except ApiException as e:
             hint = (
-                "grant the broker's service account get and list on nodes and pods "
+                "grant the broker's service account list on nodes and pods "
                 "(a ClusterRole and its binding)"
                 if e.status in (401, 403)
                 else "the broker keeps its queue and its last view until it answers"
@@ -374,9 +382,3 @@ class KubernetesInventory(LoggingConfigurable):
                 f"({e or type(e).__name__}): the broker keeps its queue and its last view"
             ) from None
         return cluster_view(nodes.items, pods.items, self.broker_name)
-
-    async def close(self) -> None:
-        """Close the API client's connections (the broker's shutdown)."""
-        if self._api_client is not None:
-            await self._api_client.close()
-            self._api_client = None

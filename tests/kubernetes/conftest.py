@@ -1,11 +1,16 @@
 """Fixtures of the Kubernetes tests: a kubeconfig for a given API server address (KubeSpawner
-loads one when it is made, and nothing here runs a cluster)."""
+loads one when it is made), and ``kube``: the real control plane ``.ci/kube-up`` starts
+(``kube_cluster.py``) with the test GPU nodes in it. Without that cluster the cluster tests
+are skipped, except in CI (``CI=true``), where that is a failure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import kube_cluster
 import pytest
 from kube_helpers import free_port
 
@@ -33,3 +38,31 @@ def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubeconfigFac
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def kube_nodes() -> None:
+    """The test cluster answers; its GPU nodes made afresh once a session."""
+    why = ""
+    if not kube_cluster.KUBECONFIG.is_file() or not kube_cluster.KUBECTL.is_file():
+        why = (
+            f"no Kubernetes test cluster ({kube_cluster.KUBECONFIG} is missing): {kube_cluster.UP}"
+        )
+    else:
+        try:
+            kube_cluster.kubectl("get", "--raw", "/readyz")
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            why = f"the Kubernetes test cluster does not answer ({e}): {kube_cluster.UP}"
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    kube_cluster.make_nodes()
+
+
+@pytest.fixture
+def kube(kube_nodes: None) -> Iterator[None]:
+    """The cluster with its GPU nodes schedulable and no test pods, before and after."""
+    kube_cluster.cleanup()
+    yield
+    kube_cluster.cleanup()

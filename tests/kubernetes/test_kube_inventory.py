@@ -25,12 +25,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import pytest
-from kube_helpers import free_port
-from tornado import web
-from tornado.httpserver import HTTPServer
 
 k8s = pytest.importorskip("kubernetes_asyncio.client", reason="the kubernetes extra")
 
@@ -252,7 +248,6 @@ async def test_an_api_server_that_does_not_answer_makes_the_engine_unavailable(
     source = KubernetesInventory(kubeconfig=str(kubeconfig()), request_timeout=5)
     with pytest.raises(EngineUnavailable, match=r"at http://127\.0\.0\.1:\d+ does not answer"):
         await source.read()
-    await source.close()
     missing = KubernetesInventory(kubeconfig=str(tmp_path / "nowhere"))
     with pytest.raises(EngineUnavailable, match="no Kubernetes API server configured"):
         await missing.read()
@@ -270,66 +265,6 @@ def test_the_source_is_registered_as_the_kubernetes_engine() -> None:
     module, attr = points["jupyter_gpubroker.engines"]["kubernetes"].split(":")
     assert getattr(importlib.import_module(module), attr) is KubernetesInventory
     assert KubernetesInventory.name == "kubernetes"
-
-
-class ApiServer(web.RequestHandler):
-    """The two lists the inventory asks an API server for, answered with ``objects`` (JSON
-    objects), or refused with ``status``; it records the queries."""
-
-    def initialize(
-        self, objects: dict[str, list[dict[str, Any]]], status: int, asked: list[str]
-    ) -> None:
-        self.objects, self.status, self.asked = objects, status, asked
-
-    def get(self, kind: str) -> None:
-        self.asked.append(f"{kind}?{self.request.query}")
-        if self.status != 200:
-            self.set_status(self.status)
-            self.write({"kind": "Status", "status": "Failure", "code": self.status})
-            return
-        items = self.objects[kind]
-        self.write({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
-
-
-@pytest.mark.parametrize("status", [200, 403])
-async def test_the_source_reads_the_api_servers_lists(kubeconfig: Any, status: int) -> None:
-    port = free_port()
-    asked: list[str] = []
-    models = {
-        "nodes": [MIXED, CPU_ONLY],
-        "pods": [pod("train-a", "dgx-mixed", {"nvidia.com/gpu": "1"})],
-    }
-    async with k8s.ApiClient() as client:  # the models as the API server writes them
-        objects = {k: [client.sanitize_for_serialization(o) for o in v] for k, v in models.items()}
-    app = web.Application(
-        [
-            (
-                r"/api/v1/(nodes|pods)",
-                ApiServer,
-                {"objects": objects, "status": status, "asked": asked},
-            )
-        ]
-    )
-    server = HTTPServer(app)
-    server.listen(port, "127.0.0.1")
-    source = KubernetesInventory(
-        kubeconfig=str(kubeconfig(f"http://127.0.0.1:{port}")), node_selector="pool=gpu"
-    )
-    try:
-        if status == 403:
-            with pytest.raises(EngineUnavailable, match="get and list on nodes and pods"):
-                await source.read()
-            return
-        view = await source.read()
-    finally:
-        await source.close()
-        server.stop()
-    assert classes(view, "dgx-mixed") == {"gpu": 2, "1g.5gb": 7, "3g.20gb": 2}
-    assert view.outside == {("dgx-mixed", "gpu"): 1}
-    queries = {q.split("?")[0]: parse_qs(q.split("?")[1]) for q in asked}
-    assert queries["nodes"] == {"labelSelector": ["pool=gpu"], "resourceVersion": ["0"]}
-    # pending pods too: a broker pod waiting at the scheduler still carries out its lease
-    assert queries["pods"]["fieldSelector"] == ["status.phase!=Succeeded,status.phase!=Failed"]
 
 
 # Four H100s time-sliced 4 ways under the plugin's default naming: 16 x nvidia.com/gpu.
