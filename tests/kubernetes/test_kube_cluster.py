@@ -42,8 +42,6 @@ from kubespawner import KubeSpawner  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 from hub_spawner.kubernetes import GPUBrokerKubeSpawner  # noqa: E402
-from jupyter_gpubroker.broker.errors import InvalidRequest  # noqa: E402
-from jupyter_gpubroker.broker.models import Size  # noqa: E402
 from jupyter_gpubroker.engines import ENGINE  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
@@ -52,6 +50,8 @@ from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     parse_device_uuid,
 )
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
+from jupyter_gpubroker.wire.errors import InvalidRequest  # noqa: E402
+from jupyter_gpubroker.wire.sizes import Size  # noqa: E402
 
 pytestmark = [
     pytest.mark.cluster,
