@@ -25,6 +25,7 @@ from traitlets import TraitError
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
+from jupyter_gpubroker.events import Published
 from jupyter_gpubroker.monitor.outside import ProcessTable
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.wire.sizes import Size
@@ -181,7 +182,7 @@ def test_the_stop_policy_warns_then_signals_the_outside_process_only(
     rt, api = broker, BrokerAPI(broker)
     sim = rt.backend.simulator  # type: ignore[union-attr]
     published = []
-    rt.subscribe(published.append)
+    rt.events.subscribe(published.append)
     lease = rt.core.lease(rt.core.submit("alice", Size(gpus=1)).lease_id)
     gpu1 = lease.devices[0]
     kernel_pid, child = kernel(procs)
@@ -190,7 +191,7 @@ def test_the_stop_policy_warns_then_signals_the_outside_process_only(
     stubborn = terminal(procs, STUBBORN)
     sim.add_process(gpu1, stubborn.pid, follow=True)
     rt.sampler.sample()
-    notices = [p for p in published if p.event.kind == "outside_use"]
+    notices = [p for p in published if isinstance(p, Published) and p.event.kind == "outside_use"]
     assert len(notices) == 1
     seen = api.event(api.identify("nobody"), notices[0])
     assert seen is not None and seen["data"]["pid"] == stubborn.pid
