@@ -61,6 +61,9 @@ from . import registry
 from .reclaimer import ServerKernels
 
 LIVE = ("queued", "granted")
+FIRST_RENEWAL_S = 10.0
+"""How long a kernel start waits for the renewal that names its process; past it the
+heartbeat names it, as soon as the broker answers."""
 
 
 class GPUProvisioner(LocalProvisioner):
@@ -138,7 +141,17 @@ class GPUProvisioner(LocalProvisioner):
         await super().post_launch(**kwargs)
         self._stop_heartbeat()
         if self.lease is not None:
-            self._heartbeat = asyncio.ensure_future(self._renew_while_alive(self._client()))
+            client = self._client()
+            # the first renewal before the kernel is handed over: it names the kernel's
+            # process, so the broker knows it (and, in a server confined to its devices,
+            # lets it open its GPU) before the kernel's first cell runs
+            try:
+                await asyncio.wait_for(self._renew(client, self.lease["id"]), FIRST_RENEWAL_S)
+                first = True
+            except Exception as e:  # keep_alive's loop retries, and says what it found
+                self.log.debug("Kernel %s: first renewal failed (%s)", self.kernel_id, e)
+                first = False
+            self._heartbeat = asyncio.ensure_future(self._renew_while_alive(client, not first))
 
     async def cleanup(self, restart: bool = False) -> None:
         await super().cleanup(restart=restart)
@@ -323,25 +336,29 @@ class GPUProvisioner(LocalProvisioner):
             )
         return env
 
-    async def _renew_while_alive(self, client: BrokerClient) -> None:
-        """Renew the lease (``keep_alive``) for as long as the kernel process runs, with
-        the kernel's state when the broker cannot see it; a process that is gone stops
-        renewing, and the lease expires."""
+    async def _renew(self, client: BrokerClient, lease_id: str) -> dict[str, Any]:
+        """One renewal, naming the kernel's process and, where the broker cannot see the
+        kernel, its state."""
+        kernels = self._server_kernels()
+        state = kernels.state(self.kernel_id) if kernels is not None else None
+        report = (
+            None if state is None else kernel_report(state.execution_state, state.last_activity)
+        )
+        return await client.renew(lease_id, report, holder_pid=self.pid)
+
+    async def _renew_while_alive(self, client: BrokerClient, now: bool) -> None:
+        """Renew the lease (``keep_alive``; the first time at once when ``now``) for as
+        long as the kernel process runs; a process that is gone stops renewing, and the
+        lease expires."""
         assert self.lease is not None
-        lease_id, kernels = self.lease["id"], self._server_kernels()
+        lease_id = self.lease["id"]
 
         async def alive() -> bool:
             return await self.poll() is None
 
-        async def renew(lease_id: str) -> dict[str, Any]:
-            state = kernels.state(self.kernel_id) if kernels is not None else None
-            report = (
-                None if state is None else kernel_report(state.execution_state, state.last_activity)
-            )
-            return await client.renew(lease_id, report, holder_pid=self.pid)
-
-        # the first renewal at once: it names the kernel's process (outside use)
-        lost = await keep_alive(renew, self.lease, alive=alive, now=True)
+        lost = await keep_alive(
+            lambda lease: self._renew(client, lease), self.lease, alive=alive, now=now
+        )
         if lost is not None:
             await self._log_lease_end(client, lease_id, lost)
 

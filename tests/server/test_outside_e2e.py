@@ -113,3 +113,29 @@ async def test_a_kernels_own_program_is_its_lease_and_a_terminals_is_stopped(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
         await km.shutdown_kernel(kernel_id)
+
+
+async def test_the_kernel_is_named_before_its_start_returns(
+    jp_serverapp: Any, gpu_kernelspec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewal that names the kernel's process is part of its start, not of a
+    heartbeat that follows: a kernel in a confined server can open its GPU, and its
+    programs are its lease's, before its first cell runs."""
+    from jupyter_gpubroker.server.provisioner import GPUProvisioner
+
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    named_at_start: list[int | None] = []
+    post_launch = GPUProvisioner.post_launch
+
+    async def watched(self: GPUProvisioner, **kwargs: Any) -> None:
+        await post_launch(self, **kwargs)
+        assert self.lease is not None
+        named_at_start.append(runtime.sampler.outside.holder_pids.get(self.lease["id"]))
+
+    monkeypatch.setattr(GPUProvisioner, "post_launch", watched)
+    km = jp_serverapp.kernel_manager
+    kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec())
+    try:
+        assert named_at_start == [km.get_kernel(kernel_id).provisioner.pid]
+    finally:
+        await km.shutdown_kernel(kernel_id)
