@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 USE_SCOPE = "custom:gpubroker:use"  # as hub_spawner.hubauth, without importing JupyterHub
 ADMIN_SCOPE = "custom:gpubroker:admin"
+
+HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
+"""Our extension of the hub's page.html (the Services menu's titles)."""
 
 SERVER_ROLE_DEFAULTS = ["users:activity!user", "access:servers!server"]
 """The scopes of JupyterHub's default 'server' role, which ``server_token_scopes`` replaces."""
@@ -39,6 +43,7 @@ def configure(
     service_args: Iterable[str] = (),
     announcement: bool = True,
     display: bool = True,
+    title: str | None = "GPUs",
 ) -> dict[str, Any]:
     """Fill the hub config ``c`` for one GPU broker service shared by every user.
 
@@ -49,8 +54,9 @@ def configure(
     ``name`` and ``url``: the service's name and where it listens. ``spawner``: the hub's
     ``spawner_class`` (``None`` leaves it); ``service_args``: more command-line options of
     the service (``--GPUBroker.simulate=dgx-h100-mig``). ``announcement``: the hub's
-    pages warn of an idle GPU server and say why one was stopped. Returns the service's
-    entry (also in ``c.JupyterHub.services``), to change further.
+    pages warn of an idle GPU server and say why one was stopped. ``title``: what the
+    hub's Services menu calls the service (JupyterHub itself shows its URL name). Returns
+    the service's entry (also in ``c.JupyterHub.services``), to change further.
     """
     access = f"access:services!service={name}"
     command = [sys.executable, "-m", "hub_spawner.service"]
@@ -99,10 +105,18 @@ def configure(
     if spawner:
         hub.spawner_class = spawner
         c.GPUBrokerSpawnerMixin.gpubroker_service = name  # where the spawner asks for GPUs
+    template_vars = _dict(hub, "template_vars")
     if announcement:
         from hub_spawner.culling import gpu_announcement
 
-        hub.template_vars = {**_dict(hub, "template_vars"), "announcement": gpu_announcement}
+        template_vars["announcement"] = gpu_announcement
+    if display and title:
+        # the hub's page.html, extended to show service_titles in its Services menu; after
+        # the admin's own template paths, so a page.html of theirs still wins
+        template_vars["service_titles"] = {**template_vars.get("service_titles", {}), name: title}
+        hub.template_paths = [*_list(hub, "template_paths"), HUB_TEMPLATES]
+    if template_vars:
+        hub.template_vars = template_vars
     return service
 
 

@@ -38,6 +38,7 @@ def test_configure_fills_in_what_the_long_form_writes_by_hand() -> None:
         admin_users=["alice"],
         spawner=None,
         announcement=False,
+        title=None,
     )
     hand = long_form()
     assert c.JupyterHub.services == [service]
@@ -56,6 +57,9 @@ def test_the_hub_accepts_what_configure_writes(monkeypatch: pytest.MonkeyPatch) 
     configure(c, state_file="/var/lib/gpubroker.sqlite", admin_users={"admin"})
     hub = JupyterHub(config=c)  # the traits validate
     assert hub.spawner_class is not None and hub.template_vars["announcement"]
+    # the Services menu reads the service's title, from our extension of the hub's page
+    assert hub.template_vars["service_titles"] == {"gpubroker": "GPUs"}
+    assert (Path(hub.template_paths[-1]) / "page.html").is_file()
     monkeypatch.setattr(scopes, "scope_definitions", dict(scopes.scope_definitions))
     scopes.define_custom_scopes(hub.custom_scopes)  # as the hub does at its start
     for role in hub.load_roles:

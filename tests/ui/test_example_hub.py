@@ -142,6 +142,10 @@ def test_two_users_and_the_admin_on_the_example_hub_read_plain_queue_words(
     renewer.start()
     try:
         ann = log_in(browser, "ann")
+        ann.goto(f"{URL}/hub/home")
+        ann.get_by_role("button", name="Services").or_(ann.get_by_text("Services")).first.click()
+        menu = ann.locator(".dropdown-menu a.dropdown-item")
+        assert menu.all_inner_texts() == ["GPUs"]  # the service's title, not its URL name
         start_a_slice(ann)
         ann.wait_for_url("**/user/ann/**", timeout=WAIT_MS)  # granted, and her Lab opened
 
