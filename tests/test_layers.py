@@ -196,3 +196,25 @@ def test_the_api_rules_load_without_a_running_broker() -> None:
     assert "jupyter_gpubroker.events" in loaded
     refused = ("jupyter_gpubroker.runtime", "jupyter_gpubroker.nvml", "tornado")
     assert [m for m in loaded if under(m, *refused)] == []
+
+
+MAX_LINES = 600
+LONGER_ALLOWED = {
+    "jupyter_gpubroker/nvml/simulated.py",  # mirrors the whole NVML surface it stands in for
+    "jupyter_gpubroker/runtime.py",  # being split (issue 29)
+    "jupyter_gpubroker/api/rules.py",  # being split (issue 29)
+    "hub_spawner/spawner.py",  # being split (issue 29)
+}
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    """A module past 600 lines holds more than one job (issue 29): split it."""
+    lines = {
+        p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if "labextension" not in p.parts
+    }
+    assert lines["jupyter_gpubroker/broker/core.py"] > 0  # the walk reads the package
+    longer = {path: n for path, n in lines.items() if n > MAX_LINES}
+    assert {path: n for path, n in longer.items() if path not in LONGER_ALLOWED} == {}

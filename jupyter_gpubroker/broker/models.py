@@ -1,4 +1,4 @@
-"""The broker's data: inventory types, device readings, requests and leases.
+"""The broker's data: inventory types, device readings, requests, leases and events.
 
 Plain dataclasses with no behaviour beyond derived properties. The NVML
 backends build the inventory types; the store persists requests and leases;
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import COMPUTE_SLICES
-from ..wire.sizes import Size
+from ..wire.sizes import DURATIONS, Size, expected_duration
 
 # ---------------------------------------------------------------- inventory
 
@@ -192,6 +192,52 @@ def check_name(value: object, what: str) -> str:
     return value
 
 
+MAX_GROUPS = 32
+MAX_OWNER = 256
+REQUEST_ID = re.compile(r"r-[0-9a-f]{12,32}")
+"""A request's id: the broker's own (``r-`` and 12 hex digits), or one its client chose
+at random, so that a submit retried after a lost answer is not queued twice."""
+
+
+def parse_job_class(value: JobClass | str) -> JobClass:
+    try:
+        return JobClass(value)
+    except ValueError:
+        raise InvalidRequest(f"job class must be 'interactive' or 'batch', not {value!r}") from None
+
+
+def check_submission(
+    user: str,
+    groups: tuple[str, ...],
+    job_class: JobClass | str,
+    owner: str,
+    expected_duration_s: float | None,
+) -> JobClass:
+    """A submission's job class; ``InvalidRequest``, naming what is wrong, for a malformed
+    one."""
+    check_name(user, "user")
+    if len(groups) > MAX_GROUPS:
+        raise InvalidRequest(f"at most {MAX_GROUPS} groups per request")
+    for g in groups:
+        check_name(g, "group")
+    cls = parse_job_class(job_class)
+    if not isinstance(owner, str) or len(owner) > MAX_OWNER:
+        raise InvalidRequest(f"owner must be text of at most {MAX_OWNER} characters")
+    if expected_duration_s is not None and not expected_duration(expected_duration_s):
+        raise InvalidRequest(
+            f"expected_duration_s must be {DURATIONS}, not {expected_duration_s!r}"
+        )
+    return cls
+
+
+def check_request_id(request_id: object) -> None:
+    """Refuse a client's request id that is not ``REQUEST_ID``."""
+    if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+        raise InvalidRequest(
+            "'id' must be 'r-' and 12 to 32 lowercase hex digits, chosen at random"
+        )
+
+
 @dataclass
 class Request:
     """One GPU request, from submission to its end."""
@@ -276,3 +322,37 @@ class Lease:
 
 
 _LEASE_FIELDS = tuple(f.name for f in fields(Lease))
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something a holder or watcher may want to see: queued, granted, released, ..."""
+
+    kind: str
+    at: float
+    user: str
+    request_id: str | None = None
+    lease_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_lease(cls, kind: str, at: float, lease: Lease, detail: dict[str, Any]) -> Event:
+        """An event for a lease's holder (a warning, its device drained, ...)."""
+        return cls(kind, at, lease.user, lease.request_id, lease.id, detail)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event's type, time and data: who and what it is about, with the detail
+        nested under ``data`` (never over the envelope: a quota's ``kind`` is its own)."""
+        return {
+            "type": self.kind,
+            "at": self.at,
+            "data": {
+                "user": self.user,
+                "request_id": self.request_id,
+                "lease_id": self.lease_id,
+                **self.detail,
+            },
+        }

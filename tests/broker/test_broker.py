@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from broker_helpers import WEDNESDAY_10AM, make_inventory, mig_inventory, whole_inventory
 
-from jupyter_gpubroker.broker import core
+from jupyter_gpubroker.broker import estimates
 from jupyter_gpubroker.broker.core import BrokerConfig
 from jupyter_gpubroker.broker.eta import Eta
 from jupyter_gpubroker.broker.models import LeaseState, RequestState
@@ -69,9 +69,9 @@ def test_an_empty_queue_costs_no_start_estimates_however_many_leases(make_broker
     for i in range(4):
         broker.submit(f"user{i}", Size(gpus=1))
     estimated: list[int] = []
-    real = core.predicted_starts
+    real = estimates.predicted_starts
     monkeypatch.setattr(
-        core, "predicted_starts", lambda *a: estimated.append(len(a[1])) or real(*a)
+        estimates, "predicted_starts", lambda *a: estimated.append(len(a[1])) or real(*a)
     )
     assert broker.queue() == []
     waiting = broker.submit("ann", Size(gpus=1))

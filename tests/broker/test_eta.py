@@ -164,7 +164,6 @@ def test_calibration_never_turns_unknown_into_an_estimate_and_forgets_cancelled(
 
 def test_the_queue_shows_the_range_widened_by_past_starts(make_broker, clock):
     broker = make_broker(whole_inventory(1))
-    broker.predictor = Predictor(half_life=1e9)
     for _ in range(5):  # everyone's holds were 100 s, so the range is a point
         broker.predictor.learn("ann", "", "interactive", "gpu:1", 100.0)
     broker.predictor.learn = lambda *hold: None  # and the predictor learns nothing new

@@ -10,8 +10,9 @@ import pytest
 from broker_helpers import whole_inventory
 
 from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.migrations import MIGRATIONS, SCHEMA_VERSION
 from jupyter_gpubroker.broker.models import JobClass, Lease, LeaseState, Request, RequestState
-from jupyter_gpubroker.broker.store import MIGRATIONS, SCHEMA_VERSION, Store
+from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.wire.errors import InvalidRequest, StateFileError, StorageFull
 from jupyter_gpubroker.wire.sizes import Size
 

@@ -1,0 +1,189 @@
+"""The state file's schema: the migrations that build it, one version each.
+
+A file records the version it is at (``PRAGMA user_version``); ``store.Store`` runs the
+migrations above it, each in one transaction, when the broker opens the file. A reader
+(``Store(read_only=True)``) never migrates.
+"""
+
+from __future__ import annotations
+
+# Each entry upgrades the schema by one version; never edit a released one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE requests (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        user TEXT NOT NULL,
+        groups TEXT NOT NULL,
+        size TEXT NOT NULL,
+        job_class TEXT NOT NULL,
+        owner TEXT NOT NULL DEFAULT '',
+        submitted_at REAL NOT NULL,
+        expected_duration_s REAL,
+        state TEXT NOT NULL,
+        lease_id TEXT,
+        ended_at REAL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX requests_live ON requests(state) WHERE state IN ('queued', 'granted');
+    CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        request_id TEXT NOT NULL UNIQUE REFERENCES requests(id),
+        user TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        devices TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        profile TEXT NOT NULL,
+        granted_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        ttl_s REAL NOT NULL,
+        expected_end REAL NOT NULL,
+        state TEXT NOT NULL,
+        ended_at REAL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX leases_active ON leases(state) WHERE state = 'active';
+    CREATE TABLE allocations (
+        device TEXT PRIMARY KEY,
+        lease_id TEXT NOT NULL REFERENCES leases(id)
+    );
+    CREATE TABLE ledger (
+        lease_id TEXT PRIMARY KEY REFERENCES leases(id),
+        user TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        job_class TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        start REAL NOT NULL,
+        end REAL NOT NULL,
+        gpu_hours REAL NOT NULL
+    );
+    CREATE INDEX ledger_end ON ledger(end);
+    CREATE TABLE quotas (
+        kind TEXT NOT NULL CHECK (kind IN ('user', 'group')),
+        name TEXT NOT NULL,
+        share REAL,
+        max_gpus REAL,
+        gpu_hours REAL,
+        period_s REAL,
+        PRIMARY KEY (kind, name)
+    );
+    """,
+    # 2: drained devices, reclaim evidence, device samples (downsampled tiers) and events
+    """
+    CREATE TABLE drains (
+        uuid TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        since REAL NOT NULL
+    );
+    CREATE TABLE reclaims (
+        lease_id TEXT PRIMARY KEY REFERENCES leases(id),
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL
+    );
+    CREATE INDEX reclaims_at ON reclaims(at);
+    CREATE TABLE samples (
+        uuid TEXT NOT NULL,
+        res INTEGER NOT NULL,
+        t REAL NOT NULL,
+        n INTEGER NOT NULL,
+        utilization_gpu REAL,
+        utilization_memory REAL,
+        memory_used_mib REAL,
+        temperature_c REAL,
+        power_w REAL,
+        clock_event_reasons INTEGER,
+        unhealthy INTEGER NOT NULL,
+        PRIMARY KEY (uuid, res, t)
+    ) WITHOUT ROWID;
+    CREATE TABLE device_events (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        code INTEGER
+    );
+    CREATE INDEX device_events_at ON device_events(uuid, at);
+    """,
+    # 3: a queued request lives while its holder renews it
+    """
+    ALTER TABLE requests ADD COLUMN expires_at REAL;
+    """,
+    # 4: who drained a device (until now only health checks did)
+    """
+    ALTER TABLE drains ADD COLUMN cause TEXT NOT NULL DEFAULT 'health';
+    """,
+    # 5: kernel tokens outlive a broker restart (their sha256, never the token)
+    """
+    CREATE TABLE kernel_tokens (
+        hash TEXT PRIMARY KEY,
+        user TEXT NOT NULL,
+        kernel_id TEXT NOT NULL,
+        issued_at REAL NOT NULL
+    );
+    CREATE INDEX kernel_tokens_kernel ON kernel_tokens(kernel_id, user);
+    """,
+    # 6: what admins did (who, what, target, detail, when)
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX audit_at ON audit(at);
+    """,
+    # 7: health alerts (active: ended is null), a bounded history
+    """
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        label TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        message TEXT NOT NULL,
+        since REAL NOT NULL,
+        ended REAL
+    );
+    CREATE INDEX alerts_ended ON alerts(ended);
+    """,
+    # 8: a release deletes its lease's allocations by lease, not by a scan of them all
+    """
+    CREATE INDEX allocations_lease ON allocations(lease_id);
+    """,
+    # 9: fewer B-tree pages written per grant: allocations keyed by device alone (a
+    # release deletes its devices by key, so allocations_lease goes), and the live
+    # requests indexed by what a grant leaves alone: seq, on the rows not ended (keyed
+    # and filtered by state, each grant moved its request in that index)
+    """
+    DROP INDEX allocations_lease;
+    CREATE TABLE allocations_new (
+        device TEXT PRIMARY KEY,
+        lease_id TEXT NOT NULL REFERENCES leases(id)
+    ) WITHOUT ROWID;
+    INSERT INTO allocations_new SELECT device, lease_id FROM allocations;
+    DROP TABLE allocations;
+    ALTER TABLE allocations_new RENAME TO allocations;
+    DROP INDEX requests_live;
+    CREATE INDEX requests_live ON requests(seq) WHERE ended_at IS NULL;
+    """,
+    # 10: GPU use outside the broker (a process on a device its user was not granted),
+    # charged to that user as unbrokered use; open while ``end`` is null
+    """
+    CREATE TABLE unbrokered (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL,
+        user TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        gpu_equivalents REAL NOT NULL,
+        start REAL NOT NULL,
+        end REAL
+    );
+    CREATE INDEX unbrokered_end ON unbrokered(end);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
