@@ -29,6 +29,7 @@ from ..wire.text import duration
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
+from .resume import Resume
 from .session import Activity, Session, Tracker
 from .widgets import (
     GpuWidget,
@@ -370,3 +371,4 @@ def load(shell: Any) -> None:
     magics = GPUMagics(shell)
     shell.register_magics(magics)
     shell.configurables.append(magics)
+    Resume(magics).register(shell)
