@@ -21,7 +21,7 @@ def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
         "simulate": "dgx-h100:1",
         "reclaim_action": "suspend",
         "sample_interval": 0.25,
-        "idle_timeout": 2.0,
+        "idle_timeout": 4.0,  # longer than a kernel's start and first cell on a busy machine
         "grace": 1.0,
         "stalled_timeout": 0.0,
         "lease_ttl": 60.0,  # the other leases are not renewed: they must not expire meanwhile

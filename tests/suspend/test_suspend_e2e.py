@@ -92,3 +92,136 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
         assert resumed["suspended"] is None
     finally:
         await km.shutdown_kernel(kernel_id)
+
+
+def driver_of(jp_serverapp: Any) -> Any:
+    """The simulated checkpoint driver of the server's broker (faults are injected there)."""
+    return jp_serverapp.web_app.settings["gpubroker"].suspender.suspender.driver
+
+
+@pytest.mark.parametrize(
+    "fault, said",
+    [
+        (
+            lambda driver, pid: setattr(driver, "why_unavailable", "no checkpoint API here"),
+            "not suspended: this machine cannot suspend a kernel: no checkpoint API here",
+        ),
+        (
+            lambda driver, pid: driver.busy.add(pid),
+            "not suspended: the kernel's GPU work did not pause within 10 s",
+        ),
+        (
+            lambda driver, pid: driver.refuse.__setitem__(pid, "operation not supported"),
+            "not suspended: the driver cannot suspend this kernel: operation not supported",
+        ),
+        (
+            lambda driver, pid: driver.breaks.__setitem__(pid, "unknown error"),
+            "not suspended: suspending failed and the kernel's GPU memory is lost: unknown error",
+        ),
+    ],
+    ids=["no-api", "lock-timeout", "unsupported", "checkpoint-fails"],
+)
+async def test_a_kernel_that_cannot_be_suspended_gets_the_fallback_with_the_reason(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any, fault: Any, said: str
+) -> None:
+    km = jp_serverapp.kernel_manager
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        fault(driver_of(jp_serverapp), pid)
+        lease = await ended(api, lease_id)
+        assert lease["state"] == "reclaimed" and lease["suspended"] is None
+        assert lease["reason"].startswith("idle for") and lease["reason"].endswith(said)
+        (record,) = jp_serverapp.web_app.settings["gpubroker"].core.store.reclaims()
+        assert record["kind"] == "idle"  # the verdict's cause: it was not suspended
+
+        async def shut_down() -> bool:
+            return kernel_id not in km
+
+        await until("the fallback (shutdown) to stop the kernel", shut_down)
+    finally:
+        if kernel_id in km:
+            await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_host_without_the_memory_keeps_the_kernel_as_configured(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    runtime.suspender.fallback = "keep"
+    runtime.suspender.suspender.host_mib = lambda: 1024.0  # 1 GiB free for 4 GiB
+    km = jp_serverapp.kernel_manager
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        driver = driver_of(jp_serverapp)
+
+        async def tried() -> bool:
+            return not runtime.suspender.suspended and ("state", pid) in driver.calls
+
+        await until("a suspend to be tried", tried)
+        await until("the next idle warning", lambda: _warned(api, lease_id))
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["state"] == "active"  # kept: the kernel holds its GPU
+        assert ("lock", pid) not in driver.calls  # nothing was touched
+        assert jp_serverapp.web_app.settings["gpubroker"].backend.simulator.process_memory(pid) == {
+            gpu: KERNEL_MIB
+        }
+    finally:
+        await km.shutdown_kernel(kernel_id)
+
+
+async def _warned(api: Any, lease_id: str) -> bool:
+    _, lease = await api("GET", f"leases/{lease_id}")
+    return lease["reclaim_at"] is not None
+
+
+async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        _, other = await api("POST", "requests", {"gpus": 1, "owner": "other-kernel"})
+        await ended(api, lease_id)
+        cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers))")
+
+        async def shown() -> bool:
+            return "position 1" in cell.text
+
+        await until("the cell to wait in the queue", shown)
+        await km.interrupt_kernel(kernel_id)
+        out = await cell.result()
+        assert f"interrupted: the kernel stays {SUSPENDED_TEXT}" in out
+        assert "6" not in out.splitlines()  # the cell did not run
+        _, listed = await api("GET", "requests")
+        assert not [r for r in listed["requests"] if r["owner"] == kernel_id]  # withdrawn
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is not None and simulator.process_memory(pid) == {}
+
+        _, other = await api("GET", f"requests/{other['id']}")
+        await api("DELETE", f"leases/{other['lease']['id']}")
+        out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
+        assert out.endswith(f"Resumed on {gpu}.\n6")  # the next cell resumes it
+    finally:
+        await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        await ended(api, lease_id)
+        driver_of(jp_serverapp).breaks[pid] = "unknown error"
+        out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
+        assert out.endswith(
+            "the kernel could not be resumed: the kernel could not be resumed (unknown error); "
+            "its GPU memory is lost"
+        ), out
+        _, leases = await api("GET", "leases")
+        assert leases["leases"] == []  # the GPU it was granted is released
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is None  # lost: nothing left to resume
+    finally:
+        await km.shutdown_kernel(kernel_id)
