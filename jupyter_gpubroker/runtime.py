@@ -70,7 +70,7 @@ from .paths import (
 )
 from .statelock import GpuLocks, StateLock, secure_state_file
 from .suspend.host import FALLBACKS as SUSPEND_FALLBACKS
-from .suspend.host import KernelSuspender, checkpoint_driver
+from .suspend.host import KernelSuspender, checkpoint_driver, simulate_kernel_use
 from .suspend.suspender import Suspender
 from .wire.errors import InvalidRequest
 from .wire.text import SERVER_OWNER
@@ -302,6 +302,12 @@ class GPUBroker(LoggingConfigurable):
         "suspended (a MIG slice, a driver without the checkpoint API, too little host memory, "
         "GPU work that does not pause): 'shutdown', 'revoke', or 'keep' (the kernel keeps its "
         "GPU until its next idle timeout). The reason is said once.",
+    ).tag(config=True)
+    simulate_kernel_memory = Int(
+        0,
+        help="On a simulated machine (simulate), list each kernel that names its process on "
+        "its lease's devices with this many MiB, as NVML lists a kernel that used CUDA "
+        "(the demo's --suspend sets it, so that there is GPU memory to suspend). 0: off.",
     ).tag(config=True)
     suspend_lock_timeout = Float(
         10.0,
@@ -843,6 +849,10 @@ class GPUBroker(LoggingConfigurable):
         server confined to its devices may open its lease's too (``confine``)."""
         if self.sampler is not None and self.sampler.outside is not None:
             self.sampler.outside.holder_pids[lease_id] = pid
+        if self.simulate_kernel_memory and self.backend and self.backend.simulator:
+            simulate_kernel_use(
+                self.backend.simulator, self.core.lease(lease_id), pid, self.simulate_kernel_memory
+            )
         if self._confinement is not None and self._confined.get(lease_id) != pid:
             self._confine_kernel(lease_id, pid)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..broker.models import DeviceReading, Lease
+from ..broker.models import DeviceReading, Lease, LeaseState
 from ..monitor.outside import ProcessTable
 from ..nvml.simulated import SimulatedNvml
 from ..wire.text import SUSPENDED_TEXT
@@ -167,3 +167,13 @@ def checkpoint_driver(simulator: SimulatedNvml | None) -> CheckpointDriver:
     if simulator is not None:
         return SimulatedCheckpointDriver(simulator)
     return CudaCheckpointDriver()
+
+
+def simulate_kernel_use(simulator: SimulatedNvml, lease: Lease, pid: int, mib: int) -> None:
+    """List a kernel on its lease's simulated devices with ``mib`` each, as NVML lists a
+    kernel that used CUDA (for the demo); a kernel listed anywhere already (a restored one)
+    is left as it is."""
+    if lease.state is not LeaseState.ACTIVE or simulator.process_memory(pid):
+        return
+    for uuid in lease.devices:
+        simulator.add_process(uuid, pid, mib, follow=True)
