@@ -7,13 +7,14 @@ outcomes. ``docs/suspend.md`` has NVIDIA's documentation and what is not done ye
 """
 
 from .driver import CheckpointDriver, CheckpointError, ProcessState
-from .suspender import Outcome, Suspender, Suspension
+from .suspender import SUSPENDED, Outcome, Suspender, Suspension
 
 __all__ = [
     "CheckpointDriver",
     "CheckpointError",
     "Outcome",
     "ProcessState",
+    "SUSPENDED",
     "Suspender",
     "Suspension",
 ]

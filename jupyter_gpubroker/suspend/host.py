@@ -27,14 +27,12 @@ from ..wire.text import SUSPENDED_TEXT
 from .cuda import CudaCheckpointDriver
 from .driver import CheckpointDriver
 from .simulated import SimulatedCheckpointDriver
-from .suspender import Suspender, Suspension
+from .suspender import SUSPENDED, Outcome, Suspender, Suspension
 
 if TYPE_CHECKING:
     from ..broker.core import Broker, Event
     from ..broker.reclaim import Decision
 
-SUSPENDED = "suspended"
-"""The cause of a lease that ended because its kernel was suspended."""
 FALLBACKS = ("shutdown", "revoke", "keep")
 
 
@@ -99,9 +97,12 @@ class KernelSuspender:
         """Suspend the kernel of ``decision``'s lease; returns the action the host still
         carries out on the kernel (the fallback), None when there is none."""
         lease = self.core.lease(decision.lease_id)
-        outcome, suspension = await asyncio.to_thread(
-            self.suspender.suspend, lease.devices, self.processes(lease)
-        )
+        if self.holder_pid(lease.id) is None:
+            outcome, suspension = Outcome(False, "the kernel never named its process"), None
+        else:
+            outcome, suspension = await asyncio.to_thread(
+                self.suspender.suspend, lease.devices, self.processes(lease)
+            )
         evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
         if outcome.done and suspension is not None:
             self.suspended[decision.owner] = Suspended(suspension, lease)

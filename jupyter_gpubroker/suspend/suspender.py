@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from ..wire.text import duration, memory
 from .driver import CheckpointDriver, CheckpointError, ProcessState
 
+SUSPENDED = "suspended"
+"""The cause of a lease that ended because its kernel was suspended."""
 HOST_HEADROOM = 1.25
 """The host must have this many times the GPU memory free before a suspend: the copy
 must not push the server or the kernel itself out of memory."""
@@ -74,8 +76,6 @@ class Suspender:
         why = self.driver.unavailable()
         if why is not None:
             return f"this machine cannot suspend a kernel: {why}"
-        if not processes:
-            return "the kernel has nothing on its GPU to keep"
         for pid in processes:
             try:
                 state = self.driver.state(pid)
@@ -98,6 +98,9 @@ class Suspender:
         why = self.check(devices, processes)
         if why is not None:
             return Outcome(False, why), None
+        if not processes:  # it has not used its GPU yet: nothing to copy
+            outcome = Outcome(True, "suspended, nothing of it on the GPU")
+            return outcome, Suspension((), tuple(devices), 0.0)
         pids = tuple(sorted(processes))
         locked: list[int] = []
         try:

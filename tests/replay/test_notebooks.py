@@ -152,7 +152,7 @@ def test_the_benchmark_table_says_which_results_are_modelled():
     results = {144: [(p, nb.summarize(nb.replay(sessions, p, gpus=144))) for p in bench.policies()]}
     text = bench.table(results)
     shipped = ReclaimConfig().idle_timeout_s / 60
-    assert f"| 144 | suspend {shipped:g} min (modelled) |" in text
+    assert f"| 144 | suspend {shipped:g} min (simulated driver) |" in text
     assert f"| 144 | broker {shipped:g} min (shipped) |" in text
     assert not bench.check(EXCERPT, results)
     assert bench.mig_fit(sessions)["sessions"] == 10

@@ -7,7 +7,7 @@ import pytest
 
 from jupyter_gpubroker.nvml import SimulatedNvml, Topology
 from jupyter_gpubroker.nvml.presets import gpu_spec
-from jupyter_gpubroker.suspend import CheckpointError, ProcessState, Suspender
+from jupyter_gpubroker.suspend import CheckpointError, Outcome, ProcessState, Suspender
 from jupyter_gpubroker.suspend.cuda import CudaCheckpointDriver
 from jupyter_gpubroker.suspend.simulated import SimulatedCheckpointDriver
 
@@ -207,9 +207,14 @@ def test_a_process_already_locked_is_not_touched(sim, driver):
     assert driver.state(KERNEL) is ProcessState.LOCKED
 
 
-def test_a_kernel_with_nothing_on_its_gpu_is_not_suspended(sim, driver):
-    outcome, _ = suspender(driver).suspend([uuids(sim)[0]], {})
-    assert outcome.reason == "the kernel has nothing on its GPU to keep"
+def test_a_kernel_with_nothing_on_its_gpu_is_suspended_without_a_driver_call(sim, driver):
+    """It has not used its GPU yet: its lease can go, and a resume has nothing to copy."""
+    gpu0, gpu1, *_ = uuids(sim)
+    s = suspender(driver)
+    outcome, suspension = s.suspend([gpu0], {})
+    assert outcome == Outcome(True, "suspended, nothing of it on the GPU")
+    assert suspension is not None and s.resume(suspension, [gpu1]).done
+    assert driver.calls == []
 
 
 def test_a_restore_that_fails_says_whether_the_memory_is_kept(sim, driver):
