@@ -52,13 +52,23 @@ class Resume(ast.NodeTransformer):
         self.skip = False
         return ast.Module(body=[], type_ignores=[])
 
-    def before_cell(self, *_: Any) -> None:
+    def suspended(self) -> dict[str, Any] | None:
+        """This kernel's last lease while the kernel is suspended (None: it is not, or the
+        broker cannot say)."""
+        if not self.lease_id:
+            return None
         session = self.magics.session
         try:
             lease = session.call(session.client.lease(self.lease_id))
         except (BrokerAPIError, OSError):
-            return  # the broker is away: the cell runs as it would have
-        if not lease.get("suspended"):
+            return None  # the broker is away: the cell runs as it would have
+        return lease if lease.get("suspended") else None
+
+    def before_cell(self, info: Any = None) -> None:
+        if getattr(info, "raw_cell", "").lstrip().startswith("%gpu"):
+            return  # %gpu status says so; it does not resume the kernel
+        lease = self.suspended()
+        if lease is None:
             return
         self.skip = True
         try:

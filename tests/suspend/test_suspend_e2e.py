@@ -58,6 +58,8 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
         assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
         assert simulator.process_memory(pid) == {}  # NVML lists nothing on the GPU
         assert kernel_id in km  # the kernel runs on, on the CPU
+        status = await Cell(km.get_kernel(kernel_id), "%gpu status").result()
+        assert status == f"This kernel is {SUSPENDED_TEXT}: its next cell asks for one GPU again."
 
         async def granted(request_id: str) -> dict[str, Any] | None:
             _, r = await api("GET", f"requests/{request_id}")
