@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Cell, until
+from suspend_cells import Cell, until
 
 from jupyter_gpubroker.wire.text import SUSPENDED_TEXT
 

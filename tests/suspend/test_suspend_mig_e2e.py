@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import until
+from suspend_cells import until
 
 pytestmark = pytest.mark.slow
 
