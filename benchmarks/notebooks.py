@@ -68,7 +68,7 @@ def policies(shipped: ReclaimConfig | None = None) -> list[nb.Policy]:
         *sweep,
         nb.Policy("on demand", "cell"),
         nb.Policy(
-            f"suspend {shipped.idle_timeout_s / 60:g} min (modelled)",
+            f"suspend {shipped.idle_timeout_s / 60:g} min (simulated driver)",
             "reclaim",
             shipped,
             suspend_gbps=SUSPEND_GBPS,
@@ -271,7 +271,7 @@ def plot(results: dict[int, list[tuple[nb.Policy, dict[str, float]]]], out: Path
             ax.scatter(xs, ys, marker=marker, label=f"{gpus} GPUs")
             for (p, _), x, y in zip(rows, xs, ys, strict=True):
                 ax.annotate(p.name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    axes[0].set_xlabel("kernels shut down (suspend: modelled, none)")
+    axes[0].set_xlabel("kernels shut down (suspend: simulated driver)")
     axes[1].set_xlabel("p95 wait at a GPU cell's start (seconds)")
     axes[0].set_ylabel("GPU-hours held ÷ GPU-hours of cells")
     for ax in axes:
@@ -299,7 +299,8 @@ def main() -> None:
         mig: dict[str, Any] = mig_fit(nb.load(args.trace))
         print(
             f"\nPeak GPU memory of the {mig['sessions']} GPU sessions: {mig['1g.10gb']} fit a "
-            f"1g.10gb slice, {mig['3g.40gb']} a 3g.40gb one.\nSuspend is modelled: "
+            f"1g.10gb slice, {mig['3g.40gb']} a 3g.40gb one.\nSuspend runs the product's path on "
+            "the simulated checkpoint driver; its copies are modelled: "
             f"{SUSPEND_GBPS:g} GB/s each way (PCIe 5.0 x16), a bound on cuda-checkpoint."
         )
         plot(results, args.plot)

@@ -39,16 +39,35 @@ def demo_sizes(simulate: str) -> list[Size]:
     return sizes
 
 
+SUSPEND_OPTIONS = (
+    "--GPUBroker.reclaim_action=suspend",
+    "--GPUBroker.idle_timeout=60",
+    "--GPUBroker.grace=30",
+    "--GPUBroker.simulate_kernel_memory=2048",
+)
+"""The demo's ``--suspend``: idle kernels suspended after a minute and a half, each GPU
+kernel listed on its simulated GPU with 2 GiB (docs/suspend.md)."""
+
+
 def run_demo(
-    simulate: str, *, port: int | None = None, browser: bool = True, lab: bool = True
+    simulate: str,
+    *,
+    port: int | None = None,
+    browser: bool = True,
+    lab: bool = True,
+    suspend: bool = False,
 ) -> int:
     """Serve JupyterLab on ``simulate`` from a temporary directory; ``port`` None is
-    Jupyter's own choice (``$JUPYTER_PORT``, else 8888 or the next free one)."""
+    Jupyter's own choice (``$JUPYTER_PORT``, else 8888 or the next free one);
+    ``suspend``: idle kernels are suspended (``SUSPEND_OPTIONS``)."""
     sizes: list[Size | None] = [None, *demo_sizes(simulate)]  # None: the tour's on-demand kernel
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with tempfile.TemporaryDirectory(prefix="gpubroker-demo-") as tmp:
-            return _serve(Path(tmp), simulate, sizes, port=port, browser=browser, lab=lab)
+            options = SUSPEND_OPTIONS if suspend else ()
+            return _serve(
+                Path(tmp), simulate, sizes, port=port, browser=browser, lab=lab, options=options
+            )
     except KeyboardInterrupt:  # before the server started
         return 0
     finally:
@@ -68,8 +87,10 @@ def _serve(
     port: int | None,
     browser: bool,
     lab: bool,
+    options: tuple[str, ...] = (),
 ) -> int:
-    """Run the server in ``tmp`` until it exits or the demo is interrupted."""
+    """Run the server in ``tmp`` until it exits or the demo is interrupted; ``options``:
+    more of its command line."""
     names = [kernelspec.spec_for(s)[1]["display_name"] for s in sizes]
     for size in sizes:
         kernelspec.install(size, prefix=str(tmp))
@@ -90,6 +111,7 @@ def _serve(
         "-m",
         "jupyterlab" if lab else "jupyter_server",
         f"--ServerApp.root_dir={notebooks}",
+        *options,
     ]
     if port is not None:
         cmd.append(f"--port={port}")

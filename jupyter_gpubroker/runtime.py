@@ -69,6 +69,9 @@ from .paths import (
     default_user_lock_dir,
 )
 from .statelock import GpuLocks, StateLock, secure_state_file
+from .suspend.host import FALLBACKS as SUSPEND_FALLBACKS
+from .suspend.host import KernelSuspender, checkpoint_driver, simulate_kernel_use
+from .suspend.suspender import Suspender
 from .wire.errors import InvalidRequest
 from .wire.text import SERVER_OWNER
 
@@ -283,11 +286,33 @@ class GPUBroker(LoggingConfigurable):
         5.0, help="GPU utilization (percent) under which a GPU counts as unused."
     ).tag(config=True)
     reclaim_action = Enum(
-        ["shutdown", "revoke"],
+        ["shutdown", "revoke", "suspend"],
         default_value="shutdown",
         help="What a reclaim does to the kernel: 'shutdown' shuts it down; 'revoke' interrupts "
         "it and ends its lease, leaving it running without a grant (its process may keep the "
-        "device open until it exits).",
+        "device open until it exits); 'suspend' moves its GPU memory to the host with CUDA's "
+        "checkpoint API (NVIDIA driver r570 or later, whole GPUs) and resumes it on its next "
+        "cell, falling back to suspend_fallback where it cannot (see docs/suspend.md: not yet "
+        "run on a GPU). Suspending needs the broker beside its kernels (the server extension).",
+    ).tag(config=True)
+    suspend_fallback = Enum(
+        list(SUSPEND_FALLBACKS),
+        default_value="shutdown",
+        help="What a reclaim does where reclaim_action is 'suspend' and the kernel cannot be "
+        "suspended (a MIG slice, a driver without the checkpoint API, too little host memory, "
+        "GPU work that does not pause): 'shutdown', 'revoke', or 'keep' (the kernel keeps its "
+        "GPU until its next idle timeout). The reason is said once.",
+    ).tag(config=True)
+    simulate_kernel_memory = Int(
+        0,
+        help="On a simulated machine (simulate), list each kernel that names its process on "
+        "its lease's devices with this many MiB, as NVML lists a kernel that used CUDA "
+        "(the demo's --suspend sets it, so that there is GPU memory to suspend). 0: off.",
+    ).tag(config=True)
+    suspend_lock_timeout = Float(
+        10.0,
+        help="Seconds a kernel's submitted GPU work may take to finish before a suspend gives "
+        "up and falls back (the kernel is left running).",
     ).tag(config=True)
     reclaim_exempt_users = SetTrait(
         Unicode(), help="Users whose leases are never reclaimed for idleness or preempted."
@@ -453,6 +478,8 @@ class GPUBroker(LoggingConfigurable):
         self.sampler: Sampler | None = None
         self.metrics: BrokerCollector | None = None
         self.kernels: KernelActions | None = None
+        self.suspender: KernelSuspender | None = None
+        """Carries out the reclaim action ``suspend`` (where NVML is read here)."""
         """The host's kernels, when it runs them (the server extension's ``ServerKernels``)."""
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
@@ -595,6 +622,20 @@ class GPUBroker(LoggingConfigurable):
             sampler.outside = OutsideWatch(
                 core, self.events.publish, self.outside_use, self.outside_use_grace, self.log
             )
+            self.suspender = KernelSuspender(
+                core,
+                Suspender(
+                    checkpoint_driver(backend.simulator), lock_timeout_s=self.suspend_lock_timeout
+                ),
+                lambda: sampler.latest,
+                self.holder_pid,
+                self.keep,
+                self.suspend_fallback,
+                self.log,
+            )
+            sampler.reclaimer.suspends = lambda _: (
+                self.reclaim_action == "suspend" and self.kernels is not None
+            )
             if self.outside_use == "stop" and not sampler.outside.may_signal:
                 self.log.warning(
                     "GPU broker: c.GPUBroker.outside_use is 'stop' but the broker does not run "
@@ -700,6 +741,10 @@ class GPUBroker(LoggingConfigurable):
                 f" (reclaim at {time.ctime(d.deadline)})" if d.deadline else "",
                 d.reason,
             )
+            if d.action == "suspend" and self.suspender is not None:
+                fallback = await self.suspender.suspend(d)
+                if fallback is not None and self.kernels is not None:
+                    await self.kernels.act(d.owner, fallback)
             if d.action == "reclaim" and self.kernels is not None:
                 try:
                     await self.kernels.act(d.owner, self.reclaim_action)
@@ -718,6 +763,8 @@ class GPUBroker(LoggingConfigurable):
             self.log.exception("GPU broker tick failed")
 
     def stop(self) -> None:
+        if self.suspender is not None:
+            self.suspender.close()
         if self._events is not None:
             self._events.close()
         for callback in (self._ticker, self._sampling, self._engine_poll):
@@ -792,12 +839,20 @@ class GPUBroker(LoggingConfigurable):
         watch = self.sampler.outside if self.sampler is not None else None
         return None if watch is None else watch.holder_pids.get(lease_id)
 
+    def suspended(self, lease_id: str) -> dict[str, Any] | None:
+        """A lease whose kernel was suspended, while it stays so (None: any other)."""
+        return None if self.suspender is None else self.suspender.shown(lease_id)
+
     def report_pid(self, lease_id: str, pid: int) -> None:
         """The holder process a renewal named (a kernel's or a server's): what it starts
         on the lease's devices is the lease's (``monitor.outside``); and a kernel in a
         server confined to its devices may open its lease's too (``confine``)."""
         if self.sampler is not None and self.sampler.outside is not None:
             self.sampler.outside.holder_pids[lease_id] = pid
+        if self.simulate_kernel_memory and self.backend and self.backend.simulator:
+            simulate_kernel_use(
+                self.backend.simulator, self.core.lease(lease_id), pid, self.simulate_kernel_memory
+            )
         if self._confinement is not None and self._confined.get(lease_id) != pid:
             self._confine_kernel(lease_id, pid)
 

@@ -356,6 +356,7 @@ class BrokerAPI:
             "on_reclaim": self.runtime.reclaim_action,
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
+            "suspended": self.runtime.suspended(lease.id),
         }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ does not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -143,7 +143,9 @@ class ReclaimConfig:
 class Decision:
     """What ``step`` did to one lease, and why."""
 
-    action: Literal["warn", "clear", "reclaim"]
+    action: Literal["warn", "clear", "reclaim", "suspend"]
+    """``suspend``: the deadline passed and the host suspends the kernel instead; it ends
+    the lease itself (cause ``suspended``, or the verdict's cause where it falls back)."""
     lease_id: str
     owner: str
     """The request's owner (a kernel id) whose kernel the host acts on."""
@@ -180,6 +182,9 @@ class Reclaimer:
     def __init__(self, broker: Broker, config: ReclaimConfig | None = None) -> None:
         self.broker = broker
         self.config = config or ReclaimConfig()
+        self.suspends: Callable[[Lease], bool] | None = None
+        """Whether the host suspends a lease's kernel at the deadline rather than the
+        reclaimer reclaiming it (the reclaim action ``suspend``)."""
         self._tracks: dict[str, _Track] = {}
 
     def step(self, observations: Mapping[str, Observation]) -> list[Decision]:
@@ -373,6 +378,9 @@ class Reclaimer:
         if now < deadline:
             return None
         evidence = {**verdict.evidence, "warned_at": warned_at, "deadline": deadline}
+        if self.suspends is not None and self.suspends(lease):
+            track.warning = (verdict.cause, warned_at, math.inf)  # the host's from now on
+            return Decision("suspend", lease.id, owner, verdict.cause, verdict.reason, evidence)
         self.broker.reclaim(lease.id, verdict.reason, cause=verdict.cause, evidence=evidence)
         return Decision("reclaim", lease.id, owner, verdict.cause, verdict.reason, evidence)
 

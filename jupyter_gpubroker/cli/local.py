@@ -52,6 +52,12 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-browser", action="store_true")
     p.add_argument(
+        "--suspend",
+        action="store_true",
+        help="suspend idle GPU kernels (one-minute idle timeout, 30 s of grace) and resume "
+        "them on their next cell; whole GPUs only (e.g. --simulate dgx-h100)",
+    )
+    p.add_argument(
         "--server", action="store_true", help="start a plain jupyter server instead of JupyterLab"
     )
     p.set_defaults(func=cmd_demo)
@@ -85,4 +91,10 @@ def cmd_kernelspec_install(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
-    return run_demo(args.simulate, port=args.port, browser=not args.no_browser, lab=not args.server)
+    return run_demo(
+        args.simulate,
+        port=args.port,
+        browser=not args.no_browser,
+        lab=not args.server,
+        suspend=args.suspend,
+    )

@@ -25,10 +25,11 @@ from traitlets.log import get_logger
 from ..client import BrokerAPIError, size_text
 from ..wire.errors import BrokerError
 from ..wire.sizes import Size
-from ..wire.text import duration
+from ..wire.text import SUSPENDED_TEXT, count, duration
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
+from .resume import Resume
 from .session import Activity, Session, Tracker
 from .widgets import (
     GpuWidget,
@@ -205,6 +206,7 @@ class GPUMagics(Magics):
         super().__init__(shell)
         self.activity = Activity()
         self.activity.register(shell)
+        self.resume = Resume(self)
 
     @property
     def session(self) -> Session:
@@ -251,6 +253,13 @@ class GPUMagics(Magics):
 
     def _status(self, _: argparse.Namespace) -> GpuResult:
         tracker = self.session.live()
+        suspended = self.resume.suspended() if tracker is None else None
+        if suspended is not None:
+            n = count(len(suspended["devices"]), "GPU")
+            return GpuResult(
+                {},
+                lambda: f"This kernel is {SUSPENDED_TEXT}: its next cell asks for {n} again.",
+            )
         if tracker is None:
             return GpuResult(
                 {},
@@ -370,3 +379,4 @@ def load(shell: Any) -> None:
     magics = GPUMagics(shell)
     shell.register_magics(magics)
     shell.configurables.append(magics)
+    magics.resume.register(shell)

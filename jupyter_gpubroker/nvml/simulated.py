@@ -624,6 +624,22 @@ class SimulatedNvml:
             if unit.processes.pop(pid, None) is None:
                 raise ValueError(f"no simulated process {pid} on {uuid}")
 
+    def process_memory(self, pid: int) -> dict[str, int]:
+        """Where a process runs: UUID -> the MiB it uses there (what NVML's process lists
+        say of it, one device at a time)."""
+        with self._lock:
+            return {
+                uuid: unit.processes[pid]
+                for uuid, unit in self._units.items()
+                if pid in unit.processes
+            }
+
+    def room(self, uuid: str) -> tuple[str, int]:
+        """A whole GPU's or MIG device's chip (its model's key) and free MiB."""
+        with self._lock:
+            unit = self._unit(uuid)
+            return unit.gpu.model.key, unit.total_mib - unit.used_mib()
+
     def inject_gpu_lost(self, uuid: str) -> None:
         """Make the GPU (or the GPU of this MIG device) fall off the bus."""
         with self._lock:

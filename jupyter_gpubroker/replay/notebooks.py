@@ -25,9 +25,13 @@ Policies (``Policy.hold``): ``session`` holds the GPUs from the kernel's start t
 session's end (a plain JupyterHub); ``cell`` asks at each GPU cell and gives back at its
 end (on demand); ``reclaim`` holds from the start and lets the reclaimer take idle leases
 back (``ReclaimConfig``). ``gpu_blind`` judges kernel activity only (an HTTP idle
-culler, which never reads the GPU); ``suspend_gbps`` models suspending instead of
-shutting down: the lease still goes back, but the kernel survives, its GPU memory copied
-to the host and back at that throughput (the product does not do it yet).
+culler, which never reads the GPU); ``suspend_gbps`` suspends instead of shutting down,
+through the product's own path: the reclaimer hands the lease over at its deadline, the
+``Suspender`` checks and checkpoints the kernel's process on the simulated checkpoint
+driver (its memory leaves the simulated GPU), the lease ends with cause ``suspended``, and
+the next grant restores the process onto the granted GPUs. A kernel with nothing on its GPU
+yet is not suspended but shut down, as the product does. Only the copies' durations are a
+model: that throughput each way, while the GPUs are held (no GPU has measured it yet).
 
 Sampling is event-driven: a pass at every instant where something happens, at each
 warning's deadline and each lease's next idle deadline (the reclaimer's own ``idle_s``
@@ -53,16 +57,20 @@ from ..broker.core import Broker
 from ..broker.health import HealthConfig, HealthJudge
 from ..broker.models import DeviceReading, Inventory, Lease
 from ..broker.policy import make_policy
-from ..broker.reclaim import KernelState, ReclaimConfig, Reclaimer
+from ..broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
 from ..broker.store import Store
 from ..monitor.sampler import Sampler
 from ..monitor.samples import SampleStore
 from ..nvml import NvmlBackend, open_backend
+from ..suspend import SUSPENDED, Suspender, Suspension
+from ..suspend.simulated import SimulatedCheckpointDriver
 from ..wire.sizes import Size
 
 TICK_S = 60.0
 """The trace's tick: one minute."""
 NODE_GPUS = 8
+PID_BASE = 5_000_000
+"""The kernels' simulated process ids: above any Linux pid (at most 4,194,304)."""
 HEARTBEAT_S = 1800.0
 NO_WAIT_S = 1.0
 """A GPU cell that waited less than this started without waiting (a modelled restore
@@ -205,8 +213,10 @@ class _Kernel:
     """The session's stop has passed."""
     memory_gb: float = 0.0
     """The most GPU memory its cells have used since its kernel started."""
-    suspended_gb: float = 0.0
-    """GPU memory copied to the host at a modelled suspend, restored at the next grant."""
+    pid: int = 0
+    """Its process as the simulated NVML lists it (where the policy suspends)."""
+    suspension: Suspension | None = None
+    """Its processes' GPU memory on the host, restored at the next grant."""
     shut: bool = False
     """Shut down, and its user not back yet."""
 
@@ -228,8 +238,13 @@ class _Run:
                 self.broker, backend, store, HealthJudge(HealthConfig()), self.reclaimer
             )
             self.sampler.kernels = self
+        self.suspender: Suspender | None = None
+        if self.reclaimer is not None and policy.suspend_gbps is not None:
+            driver = SimulatedCheckpointDriver(self.sim)
+            self.suspender = Suspender(driver, host_mib=lambda: math.inf)  # host not modelled
+            self.reclaimer.suspends = lambda _: True
         self.kernels = {
-            f"kernel-{i}": _Kernel(s, SessionResult(s.id, s.gpus), f"kernel-{i}")
+            f"kernel-{i}": _Kernel(s, SessionResult(s.id, s.gpus), f"kernel-{i}", pid=PID_BASE + i)
             for i, s in enumerate(sessions)
         }
         self.results = [k.result for k in self.kernels.values()]
@@ -280,11 +295,13 @@ class _Run:
             for d in decisions:
                 if d.action == "reclaim":
                     self._reclaimed(self.kernels[d.owner], now)
+                elif d.action == "suspend":
+                    self._suspend(self.kernels[d.owner], d, now)
             granted = self._collect_grants(now)
             due = any(
                 x.reclaim_at is not None and x.reclaim_at <= now for x in self.broker.leases()
             )
-            if not granted and not due and all(d.action != "reclaim" for d in decisions):
+            if not granted and not due and all(d.action in ("warn", "clear") for d in decisions):
                 break
         for lease in self.broker.leases():
             self._wake(lease, now)
@@ -371,6 +388,11 @@ class _Run:
         per_gpu = round(k.memory_gb * MIB_PER_GB / len(k.lease.devices))
         for u in k.lease.devices:
             self._load(u, utilization=round(cell.utilization), memory_used_mib=per_gpu)
+            listed = self.sim.process_memory(k.pid)
+            if self.suspender is not None and listed.get(u) != per_gpu:
+                if u in listed:
+                    self.sim.remove_process(u, k.pid)
+                self.sim.add_process(u, k.pid, per_gpu)  # what CUDA in the kernel holds
         self._run(k, cell, now)
 
     def _run(self, k: _Kernel, cell: Cell, now: float) -> None:
@@ -433,11 +455,8 @@ class _Run:
             k.request_id, k.lease = None, self.broker.lease(r.lease_id)
             k.result.granted = True
             self._hold(len(k.lease.devices))
-            if k.suspended_gb:  # modelled: the kernel's memory comes back before its cell
-                assert self.policy.suspend_gbps is not None
-                copy_s = k.suspended_gb / self.policy.suspend_gbps
-                k.suspended_gb, k.busy = 0.0, True
-                self.at(now + copy_s, "restored", k.owner)
+            if k.suspension is not None:  # its memory comes back before its cell
+                self._resume(k, now)
             elif k.waiting_since is not None:
                 self._begin(k, now)
         return granted
@@ -458,19 +477,53 @@ class _Run:
         self.held -= len(lease.devices)
         for u in lease.devices:
             self._load(u, utilization=0, memory_used_mib=0)
+        for u in self.sim.process_memory(k.pid):  # its process goes with the lease
+            self.sim.remove_process(u, k.pid)
 
     def _reclaimed(self, k: _Kernel, now: float) -> None:
-        """The reclaimer took the lease back: the kernel is shut down, or (modelled)
-        suspended, its GPU memory copied out while its GPUs are still held."""
-        n = len(k.lease.devices) if k.lease is not None else 0
+        """The reclaimer took the lease back: the kernel is shut down."""
         self._ended(k, now)
-        if self.policy.suspend_gbps is None:
-            k.result.shutdowns += 1
+        k.result.shutdowns += 1
+        k.memory_gb, k.shut = 0.0, True
+
+    def _suspend(self, k: _Kernel, d: Decision, now: float) -> None:
+        """The product's suspend (``suspend/host.py`` does the same beside real kernels):
+        its processes checkpointed and the lease ended with cause ``suspended``, its GPUs
+        held while the memory is copied out; else the fallback, a shutdown."""
+        assert self.suspender is not None and self.policy.suspend_gbps is not None
+        assert k.lease is not None
+        lease = k.lease
+        listed = self.sim.process_memory(k.pid)
+        processes = {k.pid: float(sum(listed.values()))} if listed else {}
+        outcome, suspension = self.suspender.suspend(lease.devices, processes)
+        if suspension is None:
+            reason = f"{d.reason}; not suspended: {outcome.reason}"
+            self.broker.reclaim(lease.id, reason, cause=d.cause, evidence=d.evidence)
+            self._reclaimed(k, now)
+            return
+        reason = f"{d.reason}; {outcome.reason}"
+        self.broker.reclaim(lease.id, reason, cause=SUSPENDED, evidence=d.evidence)
+        copy_s = suspension.host_mib / MIB_PER_GB / self.policy.suspend_gbps
+        k.result.suspends += 1
+        k.result.held_s += copy_s * len(lease.devices)
+        k.suspension = suspension
+        self._ended(k, now)
+
+    def _resume(self, k: _Kernel, now: float) -> None:
+        """A suspended kernel's grant: its processes restored onto the granted GPUs; its
+        cell starts once the memory is back."""
+        assert self.suspender is not None and self.policy.suspend_gbps is not None
+        assert k.suspension is not None and k.lease is not None
+        suspension, k.suspension = k.suspension, None
+        for u in k.lease.devices:
+            self._readings.pop(u, None)
+        outcome = self.suspender.resume(suspension, k.lease.devices)
+        if not outcome.done:  # lost: as a kernel shut down
             k.memory_gb, k.shut = 0.0, True
-        else:
-            k.result.suspends += 1
-            k.result.held_s += k.memory_gb / self.policy.suspend_gbps * n
-            k.suspended_gb = k.memory_gb
+            return
+        k.busy = True
+        copy_s = suspension.host_mib / MIB_PER_GB / self.policy.suspend_gbps
+        self.at(now + copy_s, "restored", k.owner)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -12,6 +12,8 @@ SERVER_OWNER = "server:"
 """A hub server's requests and leases are owned by ``server:<user>[:<server name>]``."""
 CLI_RUN_OWNER = "cli-run"
 """``jupyter gpubroker run``'s requests and leases."""
+SUSPENDED_TEXT = "suspended, its memory on the host"
+"""A kernel whose GPU memory a suspend moved to host memory, until its next cell."""
 NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

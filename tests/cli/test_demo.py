@@ -201,3 +201,30 @@ def test_a_demo_whose_broker_cannot_run_says_why_and_prints_no_url(tmp_path: Pat
     )
     assert done.stderr.startswith(why), done.stderr
     assert "http" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_the_suspend_demo_as_docs_suspend_shows_it(tmp_path: Path) -> None:
+    """docs/suspend.md's command: idle kernels are suspended, and a GPU kernel is listed on
+    its simulated GPU with 2 GiB, so that there is memory to suspend (tests/suspend runs
+    the suspend and the resume themselves)."""
+    command = "jupyter gpubroker demo --simulate dgx-h100 --suspend"
+    assert f"`{command}`" in (ROOT / "docs" / "suspend.md").read_text()
+    with demo(tmp_path, tmp_path, command=shlex.split(command)) as running:
+        running.call("api/kernels", "POST", {"name": "python3-gpu-1gpu"})
+        deadline = time.monotonic() + 60
+        while not (leases := running.call("gpubroker/api/v1/leases")["leases"]):
+            assert time.monotonic() < deadline, "the GPU kernel got no lease"
+            time.sleep(0.5)
+        (lease,) = leases
+        assert lease["on_reclaim"] == "suspend"
+        (gpu,) = lease["devices"]
+        while True:
+            gpus = running.call("gpubroker/api/v1/devices")["gpus"]
+            used = {d["uuid"]: d.get("memory_used_mib") for g in gpus for d in g["devices"]}
+            if used[gpu] == 2048:
+                break
+            assert time.monotonic() < deadline, f"the kernel is not listed on its GPU: {used}"
+            time.sleep(0.5)
+        running.stop(signal.SIGINT)
+    assert running.proc.returncode == 0

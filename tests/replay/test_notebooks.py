@@ -116,8 +116,9 @@ def test_a_culler_judges_kernel_activity_alone(two_sessions):
     assert a.held_s == 8 * (90 + 25) * MIN and b.held_s == 8 * (205 - 90) * MIN
 
 
-def test_a_modelled_suspend_keeps_the_kernel_and_pays_for_the_copies(two_sessions):
-    """As the 30-minute reclaim, but suspended: A's 16 GB go out (0.25 s at 64 GB/s, its
+def test_suspend_keeps_the_kernel_and_pays_for_the_copies(two_sessions):
+    """As the 30-minute reclaim, but suspended (the product's path, the simulated driver;
+    the copies modelled): A's 16 GB go out (0.25 s at 64 GB/s, its
     8 GPUs still held) and come back before its cell, which starts 0.25 s later."""
     policy = nb.Policy("suspend", "reclaim", RECLAIM_30, suspend_gbps=64.0)
     result = nb.replay(two_sessions, policy, gpus=8)
@@ -152,7 +153,7 @@ def test_the_benchmark_table_says_which_results_are_modelled():
     results = {144: [(p, nb.summarize(nb.replay(sessions, p, gpus=144))) for p in bench.policies()]}
     text = bench.table(results)
     shipped = ReclaimConfig().idle_timeout_s / 60
-    assert f"| 144 | suspend {shipped:g} min (modelled) |" in text
+    assert f"| 144 | suspend {shipped:g} min (simulated driver) |" in text
     assert f"| 144 | broker {shipped:g} min (shipped) |" in text
     assert not bench.check(EXCERPT, results)
     assert bench.mig_fit(sessions)["sessions"] == 10

@@ -1,0 +1,120 @@
+"""Resuming a suspended kernel before its next cell runs.
+
+The broker beside the kernels suspended it (``suspend/host.py``): its GPU memory is on the
+host and its lease ended, shown with ``suspended`` set. Before a cell runs, this asks for
+the same number of GPUs again and waits in the queue like any request, the ``%gpu`` panel
+showing its position and ETA; on the grant the broker restores the kernel onto the granted
+GPUs, and the cell runs with everything as it was. Interrupting the wait withdraws the
+request and leaves the kernel suspended; a restore that fails releases the GPUs and says
+so. Either way the cell does not run (an AST transformer empties it), so no CUDA call of
+the cell waits on a suspended process.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from IPython.display import display
+
+from ..client import BrokerAPIError
+from ..wire.text import SUSPENDED_TEXT, count
+from .session import LEASE_ENV, Tracker
+
+if TYPE_CHECKING:
+    from .magic import GPUMagics
+
+RESTORE_WAIT_S = 600.0
+"""The longest a granted resume waits for the broker to restore the kernel."""
+
+
+class Resume(ast.NodeTransformer):
+    """A pre-run-cell hook that resumes a suspended kernel, and the AST transformer that
+    skips the cell when it could not."""
+
+    def __init__(self, magics: GPUMagics) -> None:
+        self.magics = magics
+        self.lease_id = os.environ.get(LEASE_ENV, "")
+        """The lease this kernel holds or last held (the provisioner's, then a resume's)."""
+        self.skip = False
+
+    def register(self, shell: Any) -> None:
+        if not self.lease_id:
+            return  # not a GPU kernel: nothing to suspend, no call per cell
+        shell.events.register("pre_run_cell", self.before_cell)
+        shell.ast_transformers.append(self)
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        if not self.skip:
+            return node
+        self.skip = False
+        return ast.Module(body=[], type_ignores=[])
+
+    def suspended(self) -> dict[str, Any] | None:
+        """This kernel's last lease while the kernel is suspended (None: it is not, or the
+        broker cannot say)."""
+        if not self.lease_id:
+            return None
+        session = self.magics.session
+        try:
+            lease = session.call(session.client.lease(self.lease_id))
+        except (BrokerAPIError, OSError):
+            return None  # the broker is away: the cell runs as it would have
+        return lease if lease.get("suspended") else None
+
+    def before_cell(self, info: Any = None) -> None:
+        if getattr(info, "raw_cell", "").lstrip().startswith("%gpu"):
+            return  # %gpu status says so; it does not resume the kernel
+        lease = self.suspended()
+        if lease is None:
+            return
+        self.skip = True
+        try:
+            self._resume(lease)
+        except KeyboardInterrupt:
+            _say(f"interrupted: the kernel stays {SUSPENDED_TEXT}; run a cell to resume it")
+        except (BrokerAPIError, OSError) as e:
+            _say(f"the kernel stays {SUSPENDED_TEXT}: {getattr(e, 'message', e)}")
+
+    def _resume(self, old: dict[str, Any]) -> None:
+        session, n = self.magics.session, len(old["devices"])
+        _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {count(n, 'GPU')} to resume it.")
+        request = session.call(
+            session.client.submit(gpus=n, job_class="interactive", owner=session.kernel_id)
+        )
+        tracker = Tracker(session, request)
+        session.tracker = tracker
+        session.changed(tracker)
+        try:
+            if tracker.state == "queued":
+                self.magics._panel(tracker, request, cancellable=False).show()
+            tracker.settled.result()
+        except KeyboardInterrupt:
+            session.withdraw(tracker)
+            raise
+        new = tracker.lease
+        if tracker.state != "granted" or new is None:
+            reason = tracker.request.get("reason") or "no reason given"
+            _say(f"the kernel stays {SUSPENDED_TEXT}: its request ended ({reason})")
+            return
+        self.lease_id = new["id"]
+        deadline = time.monotonic() + RESTORE_WAIT_S
+        while time.monotonic() < deadline:
+            now = session.call(session.client.lease(new["id"]))
+            if now["state"] != "active":
+                _say(f"the kernel could not be resumed: {now['reason']}")
+                if session.call(session.client.lease(old["id"])).get("suspended"):
+                    self.lease_id = old["id"]  # still on the host: the next cell tries again
+                return
+            if not session.call(session.client.lease(old["id"])).get("suspended"):
+                self.skip = False
+                _say(f"Resumed on {', '.join(new['devices'])}.")
+                return
+            time.sleep(0.2)
+        _say("the kernel was not resumed in time; run the cell again")
+
+
+def _say(text: str) -> None:
+    display({"text/plain": text}, raw=True)

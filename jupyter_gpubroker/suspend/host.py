@@ -1,0 +1,180 @@
+"""The reclaim action ``suspend`` where the broker runs beside its kernels (the server
+extension's embedded broker): the server process, another process of the kernel's user,
+makes the checkpoint calls on the kernel's processes.
+
+At the deadline of an idle (or stalled, or preempted) lease the reclaimer hands the lease
+here (``Decision.action == "suspend"``). The processes on the lease's devices that descend
+from the kernel (its renewals name its pid) are suspended; the lease ends with cause
+``suspended``; its devices go to the next holder once NVML lists nothing on them, as for
+any lease. When the kernel's own request for the same number of GPUs is granted later (its
+next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs.
+Where suspending cannot work, the configured fallback is carried out instead, and the lease's
+end (or the log, where the kernel keeps its GPU) says why, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..broker.models import DeviceReading, Lease, LeaseState
+from ..monitor.outside import ProcessTable
+from ..nvml.simulated import SimulatedNvml
+from ..wire.text import SUSPENDED_TEXT
+from .cuda import CudaCheckpointDriver
+from .driver import CheckpointDriver
+from .simulated import SimulatedCheckpointDriver
+from .suspender import SUSPENDED, Outcome, Suspender, Suspension
+
+if TYPE_CHECKING:
+    from ..broker.core import Broker, Event
+    from ..broker.reclaim import Decision
+
+FALLBACKS = ("shutdown", "revoke", "keep")
+
+
+@dataclass(frozen=True)
+class Suspended:
+    """A kernel suspended by this broker, waiting for its next grant."""
+
+    suspension: Suspension
+    lease: Lease
+    """The lease it had (its size and chip)."""
+
+
+class KernelSuspender:
+    """Suspends the kernels of leases the reclaimer hands over, and resumes them on their
+    next grant."""
+
+    def __init__(
+        self,
+        core: Broker,
+        suspender: Suspender,
+        readings: Callable[[], Mapping[str, DeviceReading]],
+        holder_pid: Callable[[str], int | None],
+        keep: Callable[[str], None],
+        fallback: str,
+        log: logging.Logger,
+    ) -> None:
+        if fallback not in FALLBACKS:
+            raise ValueError(f"suspend_fallback must be one of {', '.join(FALLBACKS)}")
+        self.core, self.suspender, self.log = core, suspender, log
+        self.readings, self.holder_pid, self.keep = readings, holder_pid, keep
+        self.fallback = fallback
+        self.suspended: dict[str, Suspended] = {}
+        """Kernel id (its requests' owner) -> its suspension."""
+        self._procs = ProcessTable()
+        self._told: set[str] = set()
+        self._resumes: set[asyncio.Task[None]] = set()
+        self.unsubscribe = core.subscribe(self._on_event)
+
+    def processes(self, lease: Lease) -> dict[int, float]:
+        """The kernel's processes on the lease's devices (pid -> MiB over them all): the
+        holder the renewals named and what it started."""
+        holder = self.holder_pid(lease.id)
+        readings = self.readings()
+        listed: dict[int, float] = {}
+        for uuid in lease.devices:
+            reading = readings.get(uuid)
+            for p in reading.processes if reading is not None else ():
+                listed[p.pid] = listed.get(p.pid, 0.0) + (p.used_memory_mib or 0)
+        if holder is None:
+            return {}
+        procs = self._procs.read(listed)
+        return {p: mib for p, mib in listed.items() if p in procs and holder in procs[p].chain}
+
+    def shown(self, lease_id: str) -> dict[str, Any] | None:
+        """A suspended kernel's ended lease, as the API shows it (None: any other lease)."""
+        for s in self.suspended.values():
+            if s.lease.id == lease_id:
+                return {"host_mib": round(s.suspension.host_mib, 1), "text": SUSPENDED_TEXT}
+        return None
+
+    async def suspend(self, decision: Decision) -> str | None:
+        """Suspend the kernel of ``decision``'s lease; returns the action the host still
+        carries out on the kernel (the fallback), None when there is none."""
+        lease = self.core.lease(decision.lease_id)
+        if self.holder_pid(lease.id) is None:
+            outcome, suspension = Outcome(False, "the kernel never named its process"), None
+        else:
+            outcome, suspension = await asyncio.to_thread(
+                self.suspender.suspend, lease.devices, self.processes(lease)
+            )
+        evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
+        if outcome.done and suspension is not None:
+            self.suspended[decision.owner] = Suspended(suspension, lease)
+            evidence["host_mib"] = round(suspension.host_mib, 1)
+            reason = f"{decision.reason}; {outcome.reason}"
+            self.core.reclaim(lease.id, reason, cause=SUSPENDED, evidence=evidence)
+            self.log.info("GPU broker: kernel %s %s", decision.owner, outcome.reason)
+            return None
+        if self.fallback == "keep" and not outcome.lost:
+            self.keep(lease.id)  # warned again after the next idle timeout
+            if lease.id not in self._told:
+                self._told.add(lease.id)
+                self.log.warning(
+                    "GPU broker: kernel %s keeps its GPU: not suspended: %s",
+                    decision.owner,
+                    outcome.reason,
+                )
+            return None
+        reason = f"{decision.reason}; not suspended: {outcome.reason}"
+        self.core.reclaim(lease.id, reason, cause=decision.cause, evidence=evidence)
+        return "revoke" if self.fallback == "keep" else self.fallback
+
+    def _on_event(self, event: Event) -> None:
+        """A grant to a suspended kernel's request restores it there."""
+        if event.kind != "granted" or event.request_id is None or event.lease_id is None:
+            return
+        owner = self.core.request(event.request_id).owner
+        suspended = self.suspended.get(owner)
+        if suspended is None:
+            return
+        task = asyncio.ensure_future(self._resume(owner, suspended, event.lease_id))
+        self._resumes.add(task)
+        task.add_done_callback(self._resumes.discard)
+
+    async def _resume(self, owner: str, suspended: Suspended, lease_id: str) -> None:
+        lease = self.core.lease(lease_id)
+        if len(lease.devices) != len(suspended.suspension.devices):
+            outcome_reason = "the grant has not the number of GPUs the kernel had"
+            lost = False
+        else:
+            outcome = await asyncio.to_thread(
+                self.suspender.resume, suspended.suspension, lease.devices
+            )
+            if outcome.done:
+                del self.suspended[owner]
+                self.log.info("GPU broker: kernel %s %s", owner, outcome.reason)
+                return
+            outcome_reason, lost = outcome.reason, outcome.lost
+        if lost:
+            del self.suspended[owner]
+        self.log.warning("GPU broker: kernel %s: %s", owner, outcome_reason)
+        self.core.release(lease_id, reason=outcome_reason)
+
+    def close(self) -> None:
+        self.unsubscribe()
+        for task in self._resumes:
+            task.cancel()
+
+
+def checkpoint_driver(simulator: SimulatedNvml | None) -> CheckpointDriver:
+    """The simulated NVML's checkpoint driver where the GPUs are simulated, else the
+    machine's CUDA driver (which says itself when it cannot checkpoint)."""
+    if simulator is not None:
+        return SimulatedCheckpointDriver(simulator)
+    return CudaCheckpointDriver()
+
+
+def simulate_kernel_use(simulator: SimulatedNvml, lease: Lease, pid: int, mib: int) -> None:
+    """List a kernel on its lease's simulated devices with ``mib`` each, as NVML lists a
+    kernel that used CUDA (for the demo); a kernel listed anywhere already (a restored one)
+    is left as it is."""
+    if lease.state is not LeaseState.ACTIVE or simulator.process_memory(pid):
+        return
+    for uuid in lease.devices:
+        simulator.add_process(uuid, pid, mib, follow=True)

@@ -1,0 +1,229 @@
+"""Suspend end to end on the simulated checkpoint driver: a real jupyter-server, a real GPU
+kernel started through the provisioner. The idle kernel is suspended (its memory leaves
+the GPU in NVML's eyes), the waiting request gets the GPU, the kernel's next cell waits in
+the queue with its position shown, then runs in the same process with its variables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from suspend_cells import Cell, until
+
+from jupyter_gpubroker.wire.text import SUSPENDED_TEXT
+
+pytestmark = pytest.mark.slow  # real kernels, seconds-long timeouts
+KERNEL_MIB = 4096
+
+
+async def start_suspendable(jp_serverapp: Any, gpu_kernelspec: Any, api: Any) -> Any:
+    """A GPU kernel holding ``KERNEL_MIB`` on its GPU (as CUDA in it would), with a
+    variable set: (kernel id, its pid, its lease, its GPU)."""
+    km = jp_serverapp.kernel_manager
+    kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec("gpu-1", gpus=1))
+    printed = await Cell(
+        km.get_kernel(kernel_id),
+        "import os\nnumbers = [1, 2, 3]\nprint(os.getpid(), os.environ['GPUBROKER_LEASE_ID'])",
+    ).result()
+    pid_text, lease_id = printed.split()
+    _, lease = await api("GET", f"leases/{lease_id}")
+    (gpu,) = lease["devices"]
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    simulator.add_process(gpu, int(pid_text), KERNEL_MIB, follow=True)
+    return kernel_id, int(pid_text), lease_id, gpu
+
+
+async def ended(api: Any, lease_id: str) -> dict[str, Any]:
+    async def gone() -> dict[str, Any] | None:
+        _, now = await api("GET", f"leases/{lease_id}")
+        return now if now["state"] != "active" else None
+
+    return await until(f"lease {lease_id} to end", gone)  # type: ignore[no-any-return]
+
+
+async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        _, other = await api("POST", "requests", {"gpus": 1, "owner": "other-kernel"})
+        assert other["state"] == "queued"
+
+        lease = await ended(api, lease_id)
+        assert lease["state"] == "reclaimed"
+        assert lease["suspended"] == {"host_mib": KERNEL_MIB, "text": SUSPENDED_TEXT}
+        assert lease["reason"].startswith("idle for")
+        assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
+        assert simulator.process_memory(pid) == {}  # NVML lists nothing on the GPU
+        assert kernel_id in km  # the kernel runs on, on the CPU
+        status = await Cell(km.get_kernel(kernel_id), "%gpu status").result()
+        assert status == f"This kernel is {SUSPENDED_TEXT}: its next cell asks for one GPU again."
+
+        async def granted(request_id: str) -> dict[str, Any] | None:
+            _, r = await api("GET", f"requests/{request_id}")
+            return r if r["state"] == "granted" else None
+
+        other = await until("the other request to get the GPU", lambda: granted(other["id"]))
+        assert other["lease"]["devices"] == [gpu]
+
+        # The next cell waits in the queue, its position shown in the cell.
+        cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers), os.getpid())")
+
+        async def resume_request() -> dict[str, Any] | None:
+            _, listed = await api("GET", "requests")
+            mine = [r for r in listed["requests"] if r["owner"] == kernel_id]
+            return mine[0] if mine and mine[0]["state"] == "queued" else None
+
+        waiting = await until("the kernel to ask for its GPU again", resume_request)
+        assert waiting["position"] == 1 and waiting["gpus"] == 1
+
+        async def shown() -> bool:
+            return "position 1" in cell.text
+
+        await until("the cell to show its place in the queue", shown)
+        assert f"This kernel is {SUSPENDED_TEXT}: waiting for one GPU" in cell.text
+        assert not cell.task.done()
+
+        await api("DELETE", f"leases/{other['lease']['id']}")  # the other kernel is done
+        out = await cell.result()
+        assert out.endswith(f"Resumed on {gpu}.\n6 {pid}"), out  # same process, same variables
+        assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
+        _, resumed = await api("GET", f"leases/{lease_id}")
+        assert resumed["suspended"] is None
+    finally:
+        await km.shutdown_kernel(kernel_id)
+
+
+def driver_of(jp_serverapp: Any) -> Any:
+    """The simulated checkpoint driver of the server's broker (faults are injected there)."""
+    return jp_serverapp.web_app.settings["gpubroker"].suspender.suspender.driver
+
+
+@pytest.mark.parametrize(
+    "fault, said",
+    [
+        (
+            lambda driver, pid: setattr(driver, "why_unavailable", "no checkpoint API here"),
+            "not suspended: this machine cannot suspend a kernel: no checkpoint API here",
+        ),
+        (
+            lambda driver, pid: driver.busy.add(pid),
+            "not suspended: the kernel's GPU work did not pause within 10 s",
+        ),
+        (
+            lambda driver, pid: driver.refuse.__setitem__(pid, "operation not supported"),
+            "not suspended: the driver cannot suspend this kernel: operation not supported",
+        ),
+        (
+            lambda driver, pid: driver.breaks.__setitem__(pid, "unknown error"),
+            "not suspended: suspending failed and the kernel's GPU memory is lost: unknown error",
+        ),
+    ],
+    ids=["no-api", "lock-timeout", "unsupported", "checkpoint-fails"],
+)
+async def test_a_kernel_that_cannot_be_suspended_gets_the_fallback_with_the_reason(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any, fault: Any, said: str
+) -> None:
+    km = jp_serverapp.kernel_manager
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        fault(driver_of(jp_serverapp), pid)
+        lease = await ended(api, lease_id)
+        assert lease["state"] == "reclaimed" and lease["suspended"] is None
+        assert lease["reason"].startswith("idle for") and lease["reason"].endswith(said)
+        (record,) = jp_serverapp.web_app.settings["gpubroker"].core.store.reclaims()
+        assert record["kind"] == "idle"  # the verdict's cause: it was not suspended
+
+        async def shut_down() -> bool:
+            return kernel_id not in km
+
+        await until("the fallback (shutdown) to stop the kernel", shut_down)
+    finally:
+        if kernel_id in km:
+            await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_host_without_the_memory_keeps_the_kernel_as_configured(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    runtime.suspender.fallback = "keep"
+    runtime.suspender.suspender.host_mib = lambda: 1024.0  # 1 GiB free for 4 GiB
+    km = jp_serverapp.kernel_manager
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        driver = driver_of(jp_serverapp)
+
+        async def tried() -> bool:
+            return not runtime.suspender.suspended and ("state", pid) in driver.calls
+
+        await until("a suspend to be tried", tried)
+        await until("the next idle warning", lambda: _warned(api, lease_id))
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["state"] == "active"  # kept: the kernel holds its GPU
+        assert ("lock", pid) not in driver.calls  # nothing was touched
+        assert jp_serverapp.web_app.settings["gpubroker"].backend.simulator.process_memory(pid) == {
+            gpu: KERNEL_MIB
+        }
+    finally:
+        await km.shutdown_kernel(kernel_id)
+
+
+async def _warned(api: Any, lease_id: str) -> bool:
+    _, lease = await api("GET", f"leases/{lease_id}")
+    return lease["reclaim_at"] is not None
+
+
+async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        _, other = await api("POST", "requests", {"gpus": 1, "owner": "other-kernel"})
+        await ended(api, lease_id)
+        cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers))")
+
+        async def shown() -> bool:
+            return "position 1" in cell.text
+
+        await until("the cell to wait in the queue", shown)
+        await km.interrupt_kernel(kernel_id)
+        out = await cell.result()
+        assert f"interrupted: the kernel stays {SUSPENDED_TEXT}" in out
+        assert "6" not in out.splitlines()  # the cell did not run
+        _, listed = await api("GET", "requests")
+        assert not [r for r in listed["requests"] if r["owner"] == kernel_id]  # withdrawn
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is not None and simulator.process_memory(pid) == {}
+
+        _, other = await api("GET", f"requests/{other['id']}")
+        await api("DELETE", f"leases/{other['lease']['id']}")
+        out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
+        assert out.endswith(f"Resumed on {gpu}.\n6")  # the next cell resumes it
+    finally:
+        await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        await ended(api, lease_id)
+        driver_of(jp_serverapp).breaks[pid] = "unknown error"
+        out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
+        assert out.endswith(
+            "the kernel could not be resumed: the kernel could not be resumed (unknown error); "
+            "its GPU memory is lost"
+        ), out
+        _, leases = await api("GET", "leases")
+        assert leases["leases"] == []  # the GPU it was granted is released
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is None  # lost: nothing left to resume
+    finally:
+        await km.shutdown_kernel(kernel_id)
