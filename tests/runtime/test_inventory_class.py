@@ -31,7 +31,10 @@ def test_the_default_is_this_machines_nvml(tmp_path: Path) -> None:
         ({"inventory_source": "slurm"}, SlurmInventory),
         ({"inventory_source": "kubernetes"}, KubernetesInventory),
         # the class wins over the name
-        ({"inventory_source": "slurm", "inventory_class": KubernetesInventory}, KubernetesInventory),
+        (
+            {"inventory_source": "slurm", "inventory_class": KubernetesInventory},
+            KubernetesInventory,
+        ),
         ({"inventory_class": "jupyter_gpubroker.runtime.NvmlInventory"}, NvmlInventory),
     ],
 )
