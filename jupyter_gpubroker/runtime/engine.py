@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,10 +28,15 @@ def read_now(source: InventorySource) -> ClusterView:
 
 class EngineWatch:
     """Reads ``source`` and makes ``core`` respect it; ``down`` is (since, why) while the
-    engine does not answer, its last view standing meanwhile."""
+    engine does not answer, its last view standing meanwhile. ``grace_s`` says the
+    current ``engine_grace`` (a setting that may change while the broker runs)."""
 
     def __init__(
-        self, source: InventorySource, core: Broker, grace_s: float, log: logging.Logger
+        self,
+        source: InventorySource,
+        core: Broker,
+        grace_s: Callable[[], float],
+        log: logging.Logger,
     ) -> None:
         self.source, self.core, self.grace_s, self.log = source, core, grace_s, log
         self.down: tuple[float, str] | None = None
@@ -73,7 +79,7 @@ class EngineWatch:
             count = sum(d.node == node for d in added)
             self.log.info("GPU broker: %d devices on %s joined the inventory", count, node)
         work = f"{self.source.name.capitalize()} {self.source.work}"
-        for lease_id in release_ended(self.core, view, self.grace_s, work):
+        for lease_id in release_ended(self.core, view, self.grace_s(), work):
             self.log.info("GPU broker: lease %s released: its %s ended", lease_id, work)
 
     def state(self) -> dict[str, Any]:

@@ -123,7 +123,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
         self._kernel_devices = KernelDevices.where_possible(core, self.backend, self)
         if view is not None:  # leases whose jobs ended while the broker was down end now
             assert isinstance(source, InventorySource)
-            self._engine = EngineWatch(source, core, self.engine_grace, self.log)
+            self._engine = EngineWatch(source, core, lambda: self.engine_grace, self.log)
             self._engine.apply(view)
         self.sampler = self.make_sampler(
             core, self.backend or NoReadings(), self._events.publish, self.log
