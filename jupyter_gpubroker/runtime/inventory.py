@@ -74,7 +74,7 @@ class InventoryClass(Type):  # type: ignore[type-arg]
     refuses anything else with one sentence."""
 
     def __init__(self, help: str) -> None:
-        super().__init__(klass=LoggingConfigurable, help=help)
+        super().__init__("jupyter_gpubroker.runtime.NvmlInventory", LoggingConfigurable, help=help)
 
     def validate(self, obj: object, value: object) -> type:
         try:

@@ -154,8 +154,8 @@ class BrokerSettings(HasTraits):
         "the default), or an engine's reader, re-read every tick: "
         "jupyter_gpubroker.engines.slurm.SlurmInventory (c.SlurmInventory.*), "
         "jupyter_gpubroker.engines.kubernetes.KubernetesInventory (c.KubernetesInventory.*), "
-        "or any subclass of jupyter_gpubroker.engines.InventorySource. Default: the class "
-        "inventory_source names.",
+        "or any subclass of jupyter_gpubroker.engines.InventorySource. When unset, "
+        "inventory_source names it.",
     ).tag(config=True)
 
     @default("inventory_class")
