@@ -82,19 +82,19 @@ class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
             self._lock.acquire(self.api_url)
             secure_state_file(state, self.log)
         source = self.inventory_class(parent=self)
-        view: ClusterView | None = None
+        engine: tuple[InventorySource, ClusterView] | None = None
         if isinstance(source, NvmlInventory):
             self.backend, self._gpu_locks = source.open(self, self.api_url)
             inventory = self.backend.inventory()
         else:
-            assert isinstance(source, InventorySource)
+            assert isinstance(source, InventorySource)  # the only other kind the trait takes
             if self.dynamic_mig:
                 raise InvalidRequest(
                     "c.GPUBroker.dynamic_mig needs the GPUs' NVML: with an engine, MIG slices "
                     "are the engine's (Slurm's gres types); turn dynamic_mig off"
                 )
-            view = read_now(source)
-            inventory = view.inventory
+            engine = source, read_now(source)
+            inventory = engine[1].inventory
         store = Store(state)
         try:
             self._core = core = Broker(
@@ -121,15 +121,13 @@ class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
         self._events = EventBus(core, self.event_buffer)
         core.subscribe(self._events.publish)
         self._kernel_devices = KernelDevices.where_possible(core, self.backend, self)
-        if view is not None:  # leases whose jobs ended while the broker was down end now
-            assert isinstance(source, InventorySource)
-            self._engine = EngineWatch(source, core, lambda: self.engine_grace, self.log)
-            self._engine.apply(view)
-        self.sampler = self.make_sampler(
+        if engine is not None:  # leases whose jobs ended while the broker was down end now
+            self._engine = EngineWatch(engine[0], core, lambda: self.engine_grace, self.log)
+            self._engine.apply(engine[1])
+        self.sampler = sampler = self.make_sampler(
             core, self.backend or NoReadings(), self._events.publish, self.log
         )
-        self.sampler.on_alert = self._publish_alert
-        sampler = self.sampler
+        sampler.on_alert = self._publish_alert
         self.metrics = BrokerCollector(
             core,
             lambda: sampler.latest,
