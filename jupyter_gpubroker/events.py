@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,7 +103,7 @@ class EventBus:
         """Request id -> its holder (``owner``), for the requests of recent events: an
         ended request's holder is then not read back from the state file."""
         self._recent: deque[Published] = deque(maxlen=self.buffer)
-        self.last_event_id = int(time.time() * 1e6)
+        self.last_event_id = int(core.clock.now() * 1e6)
         """The id of the newest event. Ids count up from the start time in microseconds,
         so an id a client kept from an earlier run of the broker is older than any of
         this run's (it gets a snapshot)."""

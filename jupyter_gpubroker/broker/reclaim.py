@@ -23,7 +23,8 @@ reclaimed kernels down. Nothing here reads a clock or touches a kernel.
 
 A verdict is first a warning with a deadline ``grace`` away; the lease is reclaimed
 if the verdict still holds at the deadline, and the warning withdrawn as soon as it
-does not.
+does not. Before either, an ``arbiter`` the host may give (the admin's hook, as the
+idle culler's ``cull_arbiter_hook``) sees the :class:`Candidate` and may keep the lease.
 """
 
 from __future__ import annotations
@@ -156,6 +157,35 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A lease about to be warned or reclaimed, as an arbiter sees it."""
+
+    action: Literal["warn", "reclaim"]
+    cause: Cause
+    reason: str
+    lease_id: str
+    user: str
+    group: str
+    kernel: str
+    """The request's owner: a kernel id, ``server:<user>`` for a GPU server, ``cli``."""
+    job_class: str
+    profile: str
+    """Its MIG profile; "" for whole GPUs."""
+    devices: tuple[str, ...]
+    granted_at: float
+    idle_s: float | None
+    """How long the lease has been idle (None: its kernel is not seen)."""
+    evidence: dict[str, Any]
+    """The readings and kernel state the verdict rests on (``utilization``,
+    ``memory_used_mib``, ``processes``, ``kernel_state``, ``gpu_quiet_s``, ...)."""
+    now: float
+
+
+Arbiter = Callable[[Candidate], str | None]
+"""Why to keep a lease the reclaimer would warn or reclaim; None: go ahead."""
+
+
+@dataclass(frozen=True)
 class _Verdict:
     cause: Cause
     reason: str
@@ -179,9 +209,12 @@ class _Track:
 class Reclaimer:
     """Judges every active lease of ``broker`` at each :meth:`step`."""
 
-    def __init__(self, broker: Broker, config: ReclaimConfig | None = None) -> None:
+    def __init__(
+        self, broker: Broker, config: ReclaimConfig | None = None, arbiter: Arbiter | None = None
+    ) -> None:
         self.broker = broker
         self.config = config or ReclaimConfig()
+        self.arbiter = arbiter
         self.suspends: Callable[[Lease], bool] | None = None
         """Whether the host suspends a lease's kernel at the deadline rather than the
         reclaimer reclaiming it (the reclaim action ``suspend``)."""
@@ -358,13 +391,21 @@ class Reclaimer:
     def _act(
         self, lease: Lease, track: _Track, verdict: _Verdict | None, now: float
     ) -> Decision | None:
-        owner = self.broker.request(lease.request_id).owner
-        if verdict is None:
+        request = self.broker.request(lease.request_id)
+        owner = request.owner
+        kept = None
+        if verdict is not None:
+            warning = track.warning
+            if warning is None or warning[0] != verdict.cause:
+                kept = self._arbitrate("warn", lease, request, track, verdict, now)
+            elif now >= warning[2]:
+                kept = self._arbitrate("reclaim", lease, request, track, verdict, now)
+        if verdict is None or kept is not None:
             if track.warning is None:
                 return None
             cause = track.warning[0]
             track.warning = None
-            reason = "in use again" if cause != "preempted" else "no longer needed"
+            reason = kept or ("in use again" if cause != "preempted" else "no longer needed")
             self.broker.unwarn(lease.id, reason)
             return Decision("clear", lease.id, owner, cause, reason, {})
         if track.warning is None or track.warning[0] != verdict.cause:
@@ -383,6 +424,37 @@ class Reclaimer:
             return Decision("suspend", lease.id, owner, verdict.cause, verdict.reason, evidence)
         self.broker.reclaim(lease.id, verdict.reason, cause=verdict.cause, evidence=evidence)
         return Decision("reclaim", lease.id, owner, verdict.cause, verdict.reason, evidence)
+
+    def _arbitrate(
+        self,
+        action: Literal["warn", "reclaim"],
+        lease: Lease,
+        request: Request,
+        track: _Track,
+        verdict: _Verdict,
+        now: float,
+    ) -> str | None:
+        """The arbiter's reason to keep the lease (None: none, or no arbiter)."""
+        if self.arbiter is None:
+            return None
+        return self.arbiter(
+            Candidate(
+                action=action,
+                cause=verdict.cause,
+                reason=verdict.reason,
+                lease_id=lease.id,
+                user=lease.user,
+                group=lease.group,
+                kernel=request.owner,
+                job_class=request.job_class.value,
+                profile=lease.profile,
+                devices=tuple(lease.devices),
+                granted_at=lease.granted_at,
+                idle_s=track.idle_s,
+                evidence=dict(verdict.evidence),
+                now=now,
+            )
+        )
 
 
 def _is_size_key(key: str) -> bool:

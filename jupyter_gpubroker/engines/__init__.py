@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, ClassVar
+
+from traitlets.config import LoggingConfigurable
 
 from ..broker.models import Device, DeviceEvent, DeviceReading, Inventory
 from ..broker.placement import device_class
-from ..wire.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -62,17 +63,20 @@ class ClusterView:
     time-slicing or MPS)."""
 
 
-class InventorySource(Protocol):
-    """An engine's reader, awaited on the server's event loop every tick (so a slow
-    ``scontrol`` or API server never blocks the API). ``read`` raises
-    :class:`EngineUnavailable` when the engine cannot be reached; the broker then
-    keeps its queue and its last view and says so."""
+class InventorySource(LoggingConfigurable):
+    """An engine's reader (the base of an engine's ``c.GPUBroker.inventory_class``),
+    awaited on the server's event loop every tick (so a slow ``scontrol`` or API server
+    never blocks the API). ``read`` raises :class:`EngineUnavailable` when the engine
+    cannot be reached; the broker then keeps its queue and its last view and says so.
+    Configured as ``c.<its class>.*``, with the broker as its parent."""
 
-    name: str
-    work: str
+    name: ClassVar[str]
+    """The engine's name, as ``c.GPUBroker.inventory_source`` and logs name it."""
+    work: ClassVar[str]
     """What carries out a grant there, as a user reads it: ``job``, ``pod``."""
 
-    async def read(self) -> ClusterView: ...
+    async def read(self) -> ClusterView:
+        raise NotImplementedError
 
 
 class EngineUnavailable(RuntimeError):
@@ -88,19 +92,17 @@ BUILT_IN = {
 """The sources this package has (also found when it runs from a checkout)."""
 
 
-def load_source(name: str, parent: Any) -> InventorySource:
-    """The inventory source registered as ``name``, configured from ``parent``'s config
-    (``c.SlurmInventory.*``)."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
-    found = {**BUILT_IN, **found}
-    if name not in found:
-        raise InvalidRequest(
-            f"no inventory source {name!r}: c.GPUBroker.inventory_source is 'nvml' or one of "
-            f"{', '.join(sorted(found))}"
-        )
-    module, _, attr = found[name].partition(":")
-    source: InventorySource = getattr(import_module(module), attr)(parent=parent)
-    return source
+def engine_classes() -> dict[str, str]:
+    """Engine name -> its reader class's ``module:attr``: the entry point group's, this
+    package's own among them (also when it runs from a checkout, unregistered)."""
+    return {**BUILT_IN, **{ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}}
+
+
+def engine_class(name: str) -> type[InventorySource]:
+    """The reader class registered as ``name`` (one of :func:`engine_classes`)."""
+    module, _, attr = engine_classes()[name].partition(":")
+    found: type[InventorySource] = getattr(import_module(module), attr)
+    return found
 
 
 class NoReadings:

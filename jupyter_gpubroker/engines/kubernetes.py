@@ -35,12 +35,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from traitlets import Float, Unicode
-from traitlets.config import LoggingConfigurable
 
 from ..broker.models import Device, Gpu, Inventory
 from ..broker.placement import WHOLE_GPU
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
-from . import ClusterView, EngineUnavailable
+from . import ClusterView, EngineUnavailable, InventorySource
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -283,7 +282,7 @@ def _shared_reason(cls: str, replicas: int, labels: Mapping[str, str]) -> str:
     )
 
 
-class KubernetesInventory(LoggingConfigurable):
+class KubernetesInventory(InventorySource):
     """The broker's inventory from a Kubernetes cluster (``c.GPUBroker`` engine
     ``"kubernetes"``): nodes and pods listed from the API server on every tick, in the
     cluster with the service account's token, else with ``$KUBECONFIG``."""

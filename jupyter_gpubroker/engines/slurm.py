@@ -31,11 +31,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from traitlets import Dict, Float, Unicode
-from traitlets.config import LoggingConfigurable
 
 from ..broker.models import Device, Gpu, Inventory
 from ..wire.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES, GpuModel
-from . import ClusterView, EngineUnavailable
+from . import ClusterView, EngineUnavailable, InventorySource
 
 COMMENT_PREFIX = "gpubroker-lease="
 """The comment of a job the broker granted: ``gpubroker-lease=<lease id>``."""
@@ -305,7 +304,7 @@ def cluster_view(
     return ClusterView(inventory, dict(outside), down, holders=holders, grants=grants)
 
 
-class SlurmInventory(LoggingConfigurable):
+class SlurmInventory(InventorySource):
     """The broker's inventory from a Slurm cluster (``c.GPUBroker.inventory_source =
     "slurm"``): see the module's docstring."""
 

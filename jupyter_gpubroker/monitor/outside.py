@@ -22,6 +22,7 @@ started are outside use.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -29,6 +30,7 @@ import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from ..broker.core import Broker, Event
 from ..broker.models import Device, DeviceReading, Lease
@@ -224,11 +226,40 @@ class OutsideWatch:
     _usage: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     """(device UUID, user) -> the open unbrokered-use record charging it: (id, start)."""
 
+    _charged: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(device UUID, user) -> until when its open use is charged in the fair-share ledger."""
+    _audited: set[tuple[str, int]] = field(default_factory=set)
+    """(device UUID, pid) of outside use an earlier run of the broker audited and that
+    was still going on when it stopped: seen again, it is not audited twice."""
+
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"outside use policy is one of {', '.join(POLICIES)}")
-        for row in self.broker.store.unbrokered(open_only=True):  # a restart: the use goes on
-            self._usage[row["uuid"], row["user"]] = (row["id"], row["start"])
+        now, ledger = self.broker.clock.now(), self.broker.ledger
+        horizon = now - 10 * ledger.half_life_s  # as far back as the core restores its own
+        for row in self.broker.store.unbrokered():
+            if row["end"] is None:  # a restart: the use goes on
+                self._usage[row["uuid"], row["user"]] = (row["id"], row["start"])
+                self._audited |= {(row["uuid"], pid) for pid in self._pids_audited(row)}
+                self._charged[row["uuid"], row["user"]] = now
+            if (row["end"] or now) > horizon:
+                end = min(row["end"] or now, now)
+                ledger.charge_past(row["user"], "", row["gpu_equivalents"], row["start"], end, now)
+
+    def _pids_audited(self, row: dict[str, Any]) -> set[int]:
+        """The pids whose outside use of ``row``'s device the audit log records since
+        ``row`` (an open unbrokered-use record) started."""
+        store, pids, after = self.broker.store, set(), 0
+        while True:
+            page = store.audit(since=row["start"], actor=row["user"], after=after, limit=500)
+            pids |= {
+                int(r["detail"]["pid"])
+                for r in page
+                if r["action"] == "outside_use" and r["target"] == row["uuid"]
+            }
+            if len(page) < 500:
+                return pids
+            after = page[-1]["id"]
 
     def now_seen(self) -> dict[str, list[tuple[Sighting, float]]]:
         """Device UUID -> its outside use now: (sighting, since), oldest first."""
@@ -283,9 +314,13 @@ class OutsideWatch:
         store = self.broker.store
         key = s.uuid, s.user
         device = self.broker.placer.devices[s.uuid]
-        with store.audited(
-            AuditRecord(now, s.user, "outside_use", s.uuid, {"pid": s.pid, "device": s.label})
-        ):
+        audit = None
+        if (s.uuid, s.pid) not in self._audited:
+            audit = AuditRecord(
+                now, s.user, "outside_use", s.uuid, {"pid": s.pid, "device": s.label}
+            )
+        self._audited.discard((s.uuid, s.pid))  # a later process with its pid is new use
+        with store.audited(audit) if audit else contextlib.nullcontext():
             if key not in self._usage:
                 with store.transaction():
                     record = store.open_unbrokered(
@@ -309,10 +344,18 @@ class OutsideWatch:
         self.publish(Event("outside_use", now, s.user, detail=detail))
 
     def _charge(self, now: float) -> None:
-        """Close the unbrokered-use records of users no longer seen on their device."""
+        """Charge unbrokered use up to now in the fair-share ledger, as a lease's use is
+        (to the user; no group was named), and close the records of users no longer
+        seen on their device."""
         using = {(x.sighting.uuid, x.sighting.user) for x in self._seen.values()}
-        store = self.broker.store
+        store, ledger, devices = self.broker.store, self.broker.ledger, self.broker.placer.devices
+        for key, (_, start) in self._usage.items():
+            since, device = self._charged.get(key, start), devices.get(key[0])
+            if now > since and device is not None:
+                ledger.charge_past(key[1], "", device.gpu_equivalents, since, now, now)
+            self._charged[key] = now
         for key in self._usage.keys() - using:
+            self._charged.pop(key, None)
             with store.transaction():
                 store.close_unbrokered(self._usage.pop(key)[0], now)
 

@@ -152,7 +152,7 @@ class GPUBrokerExtension(ExtensionApp):
             return
         gpubroker.api_url = url_path_join(serverapp.connection_url, API_PREFIX)
         driver = nvidia_driver(Path(self.host_root))
-        if not driver and not gpubroker.simulate and gpubroker.inventory_source == "nvml":
+        if not driver and not gpubroker.simulate and gpubroker.on_this_machine:
             # A laptop, or a hub image shared by CPU and GPU servers: nothing is wrong.
             self.log.info(
                 "GPU broker: %s; to try it on simulated GPUs, set "

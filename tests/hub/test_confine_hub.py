@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cgroup_versions import require
 from live_hub import Hub, ServerKernel, wait_for
 
 from hub_spawner.spawner import LEASE_ENV
@@ -60,9 +61,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=["v1", "v2"])
 def version(request: pytest.FixtureRequest) -> str:
     """The cgroup version that confines (``c.DeviceConfinement.cgroup``)."""
-    why = DeviceConfinement(cgroup=request.param).cgroups.why_not()
-    if why:
-        pytest.skip(why)
+    require(request.param)
     return str(request.param)
 
 

@@ -297,6 +297,43 @@ def test_outside_use_outlives_a_broker_restart_and_is_charged_once(
                 rt.core.clock.advance(60)
                 rt.sampler.sample()  # type: ignore[union-attr]
                 assert rt.core.usage(by="job_class") == {"unbrokered": pytest.approx(8 / 60)}
+                # the restart found the use going on: one record of it, not one per start
+                audited = [r for r in rt.core.store.audit() if r["action"] == "outside_use"]
+                assert [(r["actor"], r["detail"]["pid"]) for r in audited] == [
+                    ("nobody", stray.pid)
+                ]
+            rt.stop()
+
+
+def test_unbrokered_use_counts_in_fair_share_as_a_lease_does(tmp_path: Path, procs: list) -> None:
+    """An hour of nobody's GPU outside the broker weighs in nobody's fair share as an hour
+    of alice's lease of a GPU weighs in hers (less the entry penalty of a grant, which
+    unbrokered use has none of: it is off here), before a restart and after it."""
+    stray = terminal(procs)
+    start = time.time()
+    for restart in (False, True):
+        rt = make(tmp_path, simulate="dgx-h100:2", policy_params={"entry_penalty_s": 0})
+        rt.start()
+        try:
+            clock = rt.core.clock = VirtualClock(start + (3600 if restart else 0))
+            if not restart:
+                lease = rt.core.lease(rt.core.submit("alice", Size(gpus=1)).lease_id)
+                (free,) = {g.uuid for g in rt.core.inventory.gpus} - set(lease.devices)
+                rt.backend.simulator.add_process(free, stray.pid, follow=True)  # type: ignore[union-attr]
+                for _ in range(60):
+                    rt.sampler.sample()  # type: ignore[union-attr]
+                    clock.advance(60)
+                    rt.core.renew(lease.id)
+            rt.sampler.sample()  # type: ignore[union-attr]
+            ledger = rt.core.ledger
+            ledger.recalc(clock.now())
+            alice, nobody = ("user", "alice"), ("user", "nobody")
+            assert ledger.usage_share(alice) == pytest.approx(0.5, abs=0.01)
+            assert ledger.usage_share(nobody) == pytest.approx(ledger.usage_share(alice), abs=0.01)
+            assert ledger.fairshare("nobody", "") == pytest.approx(
+                ledger.fairshare("alice", ""), abs=0.01
+            )
+        finally:
             rt.stop()
 
 

@@ -1,0 +1,277 @@
+"""The broker's own settings (``c.GPUBroker.*``): its state file, hardware, queue and users.
+
+A mixin of :class:`~.gpubroker.GPUBroker` (a ``HasTraits``, not a ``Configurable``, so
+the only config section is ``GPUBroker``); the settings of monitoring and reclaim are in
+:mod:`.monitoring` and :mod:`.reclaim`. Each value is checked when it is set, with one
+sentence that names it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from typing import Any
+
+from traitlets import (
+    Bool,
+    Dict,
+    Enum,
+    Float,
+    HasTraits,
+    Int,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
+from traitlets import Set as SetTrait
+
+from ..broker.models import check_name
+from ..broker.policy import POLICIES, Policy, Window, make_policy
+from ..nvml import SIMULATE_ENV, seed_for
+from ..paths import (
+    LOCK_DIR_ENV,
+    STATE_FILE_ENV,
+    USER_LOCK_DIR_ENV,
+    default_lock_dir,
+    default_state_path,
+    default_user_lock_dir,
+)
+from ..wire.errors import InvalidRequest
+from .inventory import InventoryClass, NvmlInventory, source_class, source_names
+
+
+def positive(proposal: dict[str, Any]) -> float | None:
+    """A trait's value that must be above zero (None passes: "as another setting")."""
+    if proposal["value"] is None:
+        return None
+    value = float(proposal["value"])
+    if not value > 0:
+        raise TraitError(f"{proposal['trait'].name} must be positive, not {value}")
+    return value
+
+
+def not_negative(proposal: dict[str, Any]) -> float:
+    value = float(proposal["value"])
+    if not value >= 0:
+        raise TraitError(f"{proposal['trait'].name} must be zero or more, not {value}")
+    return value
+
+
+class BrokerSettings(HasTraits):
+    """What the broker runs on and for whom."""
+
+    state_file = Unicode(
+        help=f"SQLite file holding requests, leases, usage and quotas "
+        f"(default ${STATE_FILE_ENV}, else <jupyter data dir>/gpubroker/state.sqlite).",
+    ).tag(config=True)
+
+    @default("state_file")
+    def _default_state_file(self) -> str:
+        return os.environ.get(STATE_FILE_ENV) or str(default_state_path())
+
+    simulate = Unicode(
+        help=f"Run on a simulated GPU machine: a preset (dgx-h100, dgx-h100-mig, "
+        f"h200-mig-balanced, workstation-a100, optionally ':N' GPUs) or a topology file. "
+        f"Empty: the real NVIDIA driver. Default ${SIMULATE_ENV}.",
+    ).tag(config=True)
+
+    @default("simulate")
+    def _default_simulate(self) -> str:
+        return os.environ.get(SIMULATE_ENV, "")
+
+    simulate_seed = Unicode(
+        help="Seeds the UUIDs of the simulated GPUs: brokers with different seeds simulate "
+        "different machines, whose GPUs never meet in the machine-wide GPU locks. Default: "
+        "the state file's path, so a broker keeps its simulated GPUs across restarts and "
+        "never blocks another one's.",
+    ).tag(config=True)
+
+    @default("simulate_seed")
+    def _default_simulate_seed(self) -> str:
+        return seed_for(self.state_file)
+
+    gpu_lock_dir = Unicode(
+        help=f"Where a broker running as root keeps one lock file per GPU UUID, so that no "
+        f"other broker on the machine (whatever its user or state file) manages its GPUs. "
+        f"Only root may write it: created 0755, refused if another user owns it or may write "
+        f"in it (default ${LOCK_DIR_ENV}, else {default_lock_dir()}).",
+    ).tag(config=True)
+
+    @default("gpu_lock_dir")
+    def _default_gpu_lock_dir(self) -> str:
+        return os.environ.get(LOCK_DIR_ENV) or str(default_lock_dir())
+
+    user_gpu_lock_dir = Unicode(
+        help=f"Where brokers of ordinary users (not root) keep their per-GPU lock files, "
+        f"shared by every user: world-writable and sticky, created so when missing. Such a "
+        f"broker also refuses GPUs root's broker holds in gpu_lock_dir (default "
+        f"${USER_LOCK_DIR_ENV}, else {default_user_lock_dir()}).",
+    ).tag(config=True)
+
+    @default("user_gpu_lock_dir")
+    def _default_user_gpu_lock_dir(self) -> str:
+        return os.environ.get(USER_LOCK_DIR_ENV) or str(default_user_lock_dir())
+
+    policy = Enum(
+        sorted(POLICIES), default_value="broker", help="Ordering policy: broker, slurm or fcfs."
+    ).tag(config=True)
+    policy_params = Dict(
+        help="Parameters of the policy, e.g. {'half_life_s': 86400, 'max_wait_s': 7200}; "
+        "see jupyter_gpubroker.broker.policy for each policy's fields.",
+    ).tag(config=True)
+    windows = List(
+        Dict(),
+        help="Time-of-day windows of the broker policy, checked in order: "
+        "[{'name': 'day', 'start': '08:00', 'end': '19:00', 'days': 'mon-fri', "
+        "'weights': {'interactive': 2000, 'batch': 0}}, ...]. Empty: the built-in ones.",
+    ).tag(config=True)
+    timezone = Unicode("UTC", help="Time zone the windows are read in (IANA name).").tag(
+        config=True
+    )
+    lease_ttl = Float(
+        120.0, help="Seconds a lease lives without a heartbeat from its holder before it expires."
+    ).tag(config=True)
+    request_ttl = Float(
+        None,
+        allow_none=True,
+        help="Seconds a request waiting in the queue lives without a heartbeat from its holder "
+        "(the client waiting for it) before it expires; None: lease_ttl.",
+    ).tag(config=True)
+    vacate_timeout = Float(
+        60.0,
+        help="Seconds the devices of an ended lease wait for its processes to exit (as NVML "
+        "lists them) before they are drained with the lingering pid as the reason; until "
+        "then nobody is granted them.",
+    ).tag(config=True)
+    tick_interval = Float(
+        2.0, help="Seconds between the broker's housekeeping passes (expiry, scheduling)."
+    ).tag(config=True)
+    inventory_class = InventoryClass(
+        help="Where the inventory comes from, as a class (a dotted name in config files): "
+        "jupyter_gpubroker.runtime.NvmlInventory (this machine's GPUs, real or simulated; "
+        "the default), or an engine's reader, re-read every tick: "
+        "jupyter_gpubroker.engines.slurm.SlurmInventory (c.SlurmInventory.*), "
+        "jupyter_gpubroker.engines.kubernetes.KubernetesInventory (c.KubernetesInventory.*), "
+        "or any subclass of jupyter_gpubroker.engines.InventorySource. When unset, "
+        "inventory_source names it.",
+    ).tag(config=True)
+
+    @default("inventory_class")
+    def _default_inventory_class(self) -> type:
+        return source_class(self.inventory_source)
+
+    inventory_source = Unicode(
+        "nvml",
+        help="inventory_class by name, a shorthand: 'nvml' (this machine's GPUs), or an "
+        "engine of the jupyter_gpubroker.engines entry point group: 'slurm', 'kubernetes' or "
+        "a plugin's. inventory_class wins when both are set.",
+    ).tag(config=True)
+
+    @validate("inventory_source")
+    def _check_inventory_source(self, proposal: dict[str, Any]) -> str:
+        name = proposal["value"]
+        if name not in source_names():
+            raise TraitError(
+                f"c.GPUBroker.inventory_source is one of {', '.join(source_names())}, not {name!r}"
+            )
+        return str(name)
+
+    engine_grace = Float(
+        60.0,
+        help="With an engine: seconds after a grant in which its job (Slurm) may still be "
+        "missing from the engine's queue; a lease whose job is missing after that (ended, "
+        "cancelled outside the hub, or gone while the broker was down) is released.",
+    ).tag(config=True)
+    dynamic_mig = Bool(
+        False, help="Re-cut idle MIG GPUs to fit waiting profiles (needs root on real GPUs)."
+    ).tag(config=True)
+    quotas_file = Unicode(
+        "",
+        help="YAML or JSON file of shares and quotas applied at start: "
+        "{users: {alice: {share: 2, max_gpus: 1}}, groups: {lab: {gpu_hours: 100, "
+        "period_s: 604800}}}. Entities it names are reset to it on every start.",
+    ).tag(config=True)
+    identity = Enum(
+        ["owner", "username"],
+        default_value="owner",
+        help="Whose requests an API call makes. 'owner': every authenticated caller is the "
+        "server's owner (a single-user Jupyter server, where the token already grants "
+        "everything), and the owner is the admin of this embedded broker. 'username': the "
+        "identity provider's username (multi-user setups); only admin_users are admins.",
+    ).tag(config=True)
+    owner = Unicode(
+        help="The server owner's user name (default $JUPYTERHUB_USER, else the OS user): "
+        "with identity='owner' every caller and this broker's admin; the user a kernel is "
+        "charged to when no request started it."
+    ).tag(config=True)
+
+    @default("owner")
+    def _default_owner(self) -> str:
+        return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+    admin_users = SetTrait(
+        Unicode(),
+        help="Users allowed to see every lease and change quotas. With identity='owner' the "
+        "server's owner is one too (the single user of that server); with "
+        "identity='username' only the users named here are.",
+    ).tag(config=True)
+    user_groups = Dict(
+        key_trait=Unicode(),
+        value_trait=List(Unicode()),
+        help="Groups each user belongs to, e.g. {'alice': ['lab-a']}: a request is charged to "
+        "the first group it names, which must be one of its user's (default: the first listed).",
+    ).tag(config=True)
+
+    event_buffer = Int(
+        1000,
+        help="Recent events kept for event streams that reconnect (SSE Last-Event-ID); a "
+        "client further behind gets a snapshot of the whole picture instead.",
+    ).tag(config=True)
+
+    @validate("lease_ttl", "request_ttl", "tick_interval")
+    def _broker_positive(self, proposal: dict[str, Any]) -> float | None:
+        return positive(proposal)
+
+    @validate("vacate_timeout")
+    def _broker_not_negative(self, proposal: dict[str, Any]) -> float:
+        return not_negative(proposal)
+
+    @validate("admin_users", "user_groups")
+    def _check_names(self, proposal: dict[str, Any]) -> Any:
+        """Configured names follow the API's one rule (``check_name``) from the start, not
+        a refusal of every call of the user they name later."""
+        name, value = proposal["trait"].name, proposal["value"]
+        groups = value.values() if isinstance(value, dict) else []
+        try:
+            for user in value:
+                check_name(user, "user")
+            for group in (g for named in groups for g in named):
+                check_name(group, "group")
+        except InvalidRequest as e:
+            raise TraitError(f"GPUBroker.{name}: {e.message}") from None
+        return value
+
+    @validate("windows")
+    def _check_windows(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
+        for w in proposal["value"]:
+            try:
+                Window.from_dict(w)
+            except InvalidRequest as e:
+                raise TraitError(f"GPUBroker.windows: {e.message}") from None
+        return list(proposal["value"])
+
+    @property
+    def on_this_machine(self) -> bool:
+        """The inventory is this machine's NVML (no engine)."""
+        return issubclass(self.inventory_class, NvmlInventory)
+
+    def make_policy(self) -> Policy:
+        """The ordering policy with its parameters, time zone and windows."""
+        params = dict(self.policy_params)
+        if self.policy == "broker":
+            params.setdefault("timezone", self.timezone)
+            if self.windows:
+                params["windows"] = tuple(Window.from_dict(w) for w in self.windows)
+        return make_policy(self.policy, **params)
