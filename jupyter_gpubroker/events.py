@@ -32,7 +32,7 @@ from .broker.eta import Eta
 from .broker.models import Lease, Request
 from .wire.errors import NotFound
 
-WINDOW_S = 0.15
+WINDOW_S = 0.25
 """How long a group of streams gathers messages before it writes them (the latest about
 each thing wins): a front shows no state older than this plus the network's delay."""
 READINGS_S = 5.0
@@ -84,7 +84,7 @@ class Positions:
     """The whole queue, best first."""
 
     @classmethod
-    def of(cls, entries: list[QueueEntry], event_id: int, at: float) -> Positions:
+    def of(cls, entries: list[QueueEntry], event_id: int = 0, at: float = 0.0) -> Positions:
         by_user: dict[str, list[QueueEntry]] = {}
         by_holder: dict[tuple[str, str], list[QueueEntry]] = {}
         ahead: dict[str, dict[str, int]] = {}
@@ -286,8 +286,8 @@ class View(Protocol):
     def window(self, batch: list[Message]) -> list[tuple[Key, Message]]: ...
 
 
-def _frames(messages: list[Message]) -> str:
-    return "".join(map(frame, messages))
+def _frames(messages: list[Message]) -> bytes:
+    return "".join(map(frame, messages)).encode()
 
 
 def frame(message: Message) -> str:
@@ -302,11 +302,11 @@ class Stream:
     covered, so the window it joined in sends it nothing older."""
 
     after: int
-    write: Callable[[str], None] | None = None
+    write: Callable[[bytes], None] | None = None
     send: Callable[[Message], None] | None = None
     joined: bool = True
 
-    def deliver(self, batch: list[Message], chunk: Callable[[], str]) -> None:
+    def deliver(self, batch: list[Message], chunk: Callable[[], bytes]) -> None:
         if self.write is not None:
             self.write(chunk())
         elif self.send is not None:
@@ -351,11 +351,11 @@ class Group:
             batch.append(message)
         if not batch:
             return
-        encoded: list[str] = []
+        encoded: list[bytes] = []
 
-        def chunk() -> str:
+        def chunk() -> bytes:
             if not encoded:
-                encoded.append("".join(map(frame, batch)))
+                encoded.append(_frames(batch))
             return encoded[0]
 
         for stream in list(self.streams):
@@ -434,7 +434,7 @@ class Fanout:
             for group in self.groups.values():
                 for stream in group.streams:
                     if stream.write is not None:
-                        stream.write(": keepalive\n\n")
+                        stream.write(b": keepalive\n\n")
         self._start()
 
     def send_readings(self) -> None:

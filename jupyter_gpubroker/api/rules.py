@@ -29,6 +29,7 @@ from typing import Any
 from ..broker.budgets import Quota
 from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
 from ..broker.reclaim import KernelState
+from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
 from ..wire.sizes import QUOTA_BOUNDS, Size
 from ..wire.text import SERVER_OWNER
@@ -173,14 +174,13 @@ class BrokerAPI(AdminRules, StreamRules):
         ``changed``: right after a change the broker announced (submit, cancel), whose
         positions the event streams need too, so they are computed once for both. Only a
         waiting request has an entry: the queue is not looked at for any other."""
-        entry = None
+        entry, length, ahead = None, 0, None
         if r.state is RequestState.QUEUED:
-            if changed:
-                mine = self.runtime.events.positions().by_holder.get((r.user, r.owner), [])
-            else:
-                mine = self.core.queue()
+            p = self.runtime.events.positions() if changed else Positions.of(self.core.queue())
+            mine = p.by_holder.get((r.user, r.owner), [])
             entry = next((e for e in mine if e.request.id == r.id), None)
-        d = request_json(r, entry)
+            length, ahead = p.length, p.ahead.get(r.id)
+        d = request_json(r, entry, length, ahead)
         if r.lease_id and lease is None:
             lease = self.core.lease(r.lease_id)
         d["lease"] = self._lease_json(lease) if lease is not None else None
@@ -188,10 +188,11 @@ class BrokerAPI(AdminRules, StreamRules):
 
     def requests(self, who: Identity) -> dict[str, Any]:
         """Live requests: mine (a kernel token: its kernel's); an admin's: all."""
-        entries = {e.request.id: e for e in self.core.queue()}
+        p = Positions.of(self.core.queue())
+        entries = {e.request.id: e for e in p.entries}
         return {
             "requests": [
-                request_json(r, entries.get(r.id))
+                request_json(r, entries.get(r.id), p.length, p.ahead.get(r.id))
                 for r in self.core.live_requests(self._viewer(who))
                 if self._kernel_may(who, r.owner)
             ]

@@ -3,15 +3,15 @@ front needs to render from them alone.
 
 A viewer's own events carry its request and lease in full (``request``), so a front
 updates its picture from the event itself; other users' events show only whose they
-are. A user's streams get the queue as they may see it (``positions``) whenever it
-changes and, after a window with events that move devices, the devices with their
-holders (``devices``); every stream gets the devices' readings when they change
-(``readings``, every ``events.READINGS_S``): readings are what ``GET devices`` shows
-every caller. A kernel token's stream gets only its own kernel's requests and
-positions, and the notices about its user that are not about any request (use of a GPU
-outside the broker). Streams that see alike share one ``events.Group``: each message is
-decided and encoded once for all of them, the latest about each thing winning within
-the group's window.
+are, and for a grant or a lease's end its devices. A user's streams get the queue as
+they may see it (``positions``) whenever it changes and, after a window with a drain,
+vacating or outside use, the devices with their holders (``devices``). Every stream
+gets the devices' readings when they change (``readings``, every
+``events.READINGS_S``): readings are what ``GET devices`` shows every caller. A kernel
+token's stream gets only its own kernel's requests and positions, and the notices
+about its user that are not about any request (use of a GPU outside the broker).
+Streams that see alike share one ``events.Group``: each message is decided and encoded
+once for all of them, the latest about each thing winning within the group's window.
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ from .base import Rules
 from .identity import Identity
 from .shapes import envelope, event_json, queue_json, reading_json, request_json
 
-QUIET = ("queued", "reclassed", "quota", "warning", "warning_cleared", "alert")
-"""Events that change no device's picture: the window after them sends no ``devices``."""
+DEVICE_CHANGES = ("drained", "undrained", "vacating", "vacated", "repartitioned", "outside_use")
+"""Events after which a user's streams get the ``devices`` (grants and lease ends carry
+the devices they took or gave back themselves)."""
+
+
+LEASE_CHANGES = ("granted", "released", "expired", "reclaimed")
+"""Events whose devices change holder: others' show which (``devices``)."""
 
 
 class AudienceView:
@@ -43,7 +48,7 @@ class AudienceView:
         seen = self.api.event(who, item)
         if seen is None:
             return []
-        if who.kernel_id is None and item.event.kind not in QUIET:
+        if who.kernel_id is None and item.event.kind in DEVICE_CHANGES:
             self.devices_due = True
         e = item.event
         # the latest about a request wins; events about no request are each their own
@@ -76,15 +81,18 @@ class StreamRules(Rules):
         who: Identity,
         send: Callable[[dict[str, Any]], None] | None = None,
         last_event_id: int | None = None,
-        write: Callable[[str], None] | None = None,
+        write: Callable[[bytes], None] | None = None,
+        snapshot: bool = False,
     ) -> tuple[list[dict[str, Any]], Callable[[], None]]:
         """A stream of ``who``'s: what it starts with (``resume``) and its leave; from
         then on, once per window, ``write`` gets the window's messages ``who`` may see
         encoded (an HTTP stream), or ``send`` each of them (a listener in process). A
         kernel token's stream is not even told of another kernel's events. The start is
         read before joining, and nothing is awaited in between, so no event falls between
-        the two; a window that began before it joined sends it only newer messages."""
-        start = self.resume(who, last_event_id)
+        the two; a window that began before it joined sends it only newer messages.
+        ``snapshot``: a new stream starts with the whole picture (a front's one overview,
+        in order with the events that follow it)."""
+        start = self.resume(who, last_event_id, snapshot)
         bus = self.runtime.events
         fanout = bus.fanout
         if fanout.readings is None:
@@ -117,6 +125,9 @@ class StreamRules(Rules):
             view = event_json(published.id, e, who.user, who.admin)
             if full and e.request_id is not None:
                 view["data"]["request"] = self._request_state(e.request_id)
+            elif not full and e.lease_id is not None and e.kind in LEASE_CHANGES:
+                lease = self.runtime.events.lease_of(e.lease_id)
+                view["data"]["devices"] = list(lease.devices)
             published.views[full] = view
         return published.views[full]
 
@@ -150,22 +161,26 @@ class StreamRules(Rules):
             entries = p.by_holder.get((who.user, who.kernel_id), [])
         data: dict[str, Any] = {
             "queue_length": p.length,
-            "requests": [request_json(e.request, e) for e in entries],
+            "requests": [
+                request_json(e.request, e, p.length, p.ahead[e.request.id]) for e in entries
+            ],
             "ahead": {e.request.id: p.ahead[e.request.id] for e in entries},
         }
         if who.kernel_id is None:  # a kernel's stream follows only its own requests
             data["queue"] = queue_json(p.entries, who.user, who.admin)
         return envelope(p.id, kind, p.at, data)
 
-    def resume(self, who: Identity, last_event_id: int | None) -> list[dict[str, Any]]:
-        """What a stream starts with: a ``hello`` with ``who``'s positions; after a
-        reconnect (``last_event_id``) the events it missed (the latest about each request
-        only, as a window sends them), then its positions; a ``snapshot`` (the overview)
-        when those events are no longer kept."""
+    def resume(
+        self, who: Identity, last_event_id: int | None, snapshot: bool = False
+    ) -> list[dict[str, Any]]:
+        """What a stream starts with: a ``hello`` with ``who``'s positions (a
+        ``snapshot``, the overview, when asked); after a reconnect (``last_event_id``) the
+        events it missed (the latest about each request only, as a window sends them),
+        then its positions; a ``snapshot`` when those events are no longer kept."""
         bus = self.runtime.events
-        if last_event_id is None:
+        if last_event_id is None and not snapshot:
             return [self.positions(who, "hello")]
-        missed = bus.since(last_event_id)
+        missed = None if last_event_id is None else bus.since(last_event_id)
         if missed is None:
             at = self.core.clock.now()
             return [envelope(bus.last_event_id, "snapshot", at, self.overview(who))]

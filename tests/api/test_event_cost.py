@@ -58,9 +58,9 @@ def test_an_event_asks_only_the_streams_that_may_see_it(team: BrokerAPI, monkeyp
     assert got["k7"] == ["queued", "positions"]
     assert got["k0"] == ["queued", "granted"]
     assert "k8" not in got
-    # alice's fronts: 15 events, the positions, and the devices after each of the 7 grants
-    # (with no event loop each message is its own window)
-    assert Counter(got["alice"]) == Counter(queued=8, granted=7, positions=1, devices=7)
+    # alice's fronts: 15 events and the positions (with no event loop each message is
+    # its own window)
+    assert Counter(got["alice"]) == Counter(queued=8, granted=7, positions=1)
 
 
 def test_an_ended_requests_event_reads_nothing_back_from_the_state_file(
