@@ -33,6 +33,21 @@ LEASE_CHANGES = ("granted", "released", "expired", "reclaimed")
 """Events whose devices change holder: others' show which (``devices``)."""
 
 
+TRANSITIONS = ("queued", "granted", "released", "expired", "cancelled", "refused", "reclaimed")
+"""A request's moves from state to state: within a window only the latest is sent (it
+carries the request as it is then). Other events about a request (reclassed, warnings,
+drains) are notices, each sent."""
+
+
+def key_of(published: Published) -> Key:
+    """What an event is about, for coalescing: a request's state (its transitions), or
+    the event itself."""
+    e = published.event
+    if e.request_id is not None and e.kind in TRANSITIONS:
+        return ("request", e.request_id)
+    return ("event", published.id)
+
+
 class AudienceView:
     """What one audience (a viewer, as an ``Identity`` sees) gets of each item."""
 
@@ -50,10 +65,7 @@ class AudienceView:
             return []
         if who.kernel_id is None and item.event.kind in DEVICE_CHANGES:
             self.devices_due = True
-        e = item.event
-        # the latest about a request wins; events about no request are each their own
-        key = ("request", e.request_id) if e.request_id is not None else ("event", item.id)
-        return [(key, seen)]
+        return [(key_of(item), seen)]
 
     def window(self, batch: list[Message]) -> list[tuple[Key, Message]]:
         """After a window with events that move devices: the devices as ``who`` sees them."""
@@ -188,8 +200,7 @@ class StreamRules(Rules):
         for p in missed:
             seen = self.event(who, p)
             if seen is not None:
-                rid = p.event.request_id
-                key = ("request", rid) if rid is not None else ("event", p.id)
+                key = key_of(p)
                 latest.pop(key, None)
                 latest[key] = seen
         return [*latest.values(), self.positions(who)]
