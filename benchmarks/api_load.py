@@ -47,8 +47,8 @@ from live_server import TOKEN, LiveServer, free_port  # noqa: E402
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER  # noqa: E402
 from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
+from jupyter_gpubroker.events import frame  # noqa: E402
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
-from jupyter_gpubroker.server.handlers import frame  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
 
@@ -223,6 +223,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 )
             for s in streams:
                 s.cancel()
+            base = results[0]["server_cpu_ms_per_submission"] if args.streams[0] == 0 else None
+            for r in results:  # the fan-out's cost: CPU per submission against no streams
+                r["cpu_ratio_to_no_streams"] = (
+                    round(r["server_cpu_ms_per_submission"] / base, 2) if base else None
+                )
             return results
         finally:
             server.stop()

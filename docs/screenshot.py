@@ -259,7 +259,7 @@ def capture_panel(page: Page, lab: Any, out_dir: Path) -> None:
         time.sleep(4)
     panel.locator(".jp-GpuBroker-lease", has_text="train.ipynb").wait_for(timeout=60_000)
     panel.locator("tr.jp-GpuBroker-mine").wait_for(timeout=60_000)
-    time.sleep(25)  # a sparkline's worth of readings (refreshSeconds: 1)
+    time.sleep(25)  # a sparkline's worth of readings (a readings event every 5 s)
     for theme, name in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
         page.evaluate(f"jupyterapp.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")
         time.sleep(3)
@@ -300,7 +300,6 @@ def panel(chromium: str, out_dir: Path) -> None:
             ready=lambda overview: len(overview["leases"]) >= 7,
             simulate="h200-mig-balanced:3",
             profile=PANEL_PROFILE,
-            lab_settings={"jupyter-gpubroker/plugin": '{"refreshSeconds": 1}'},
         )
         lab.start()
         try:

@@ -23,62 +23,37 @@ are for admins only.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 from ..broker.budgets import Quota
-from ..broker.core import Broker
 from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
 from ..broker.reclaim import KernelState
-from ..broker.store import AuditRecord
-from ..events import Positions, Published
+from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
 from ..wire.sizes import QUOTA_BOUNDS, Size
 from ..wire.text import SERVER_OWNER
+from .admin import AdminRules
 from .identity import Identity
-from .shapes import (
-    alert_json,
-    audit_json,
-    devices_json,
-    drain_json,
-    envelope,
-    event_json,
-    iso,
-    lease_json,
-    parse_iso,
-    queue_json,
-    reclaim_json,
-    request_json,
-    samples_json,
-)
+from .parse import only, parse_int, parse_time, reason_text
+from .shapes import devices_json, iso, lease_json, queue_json, request_json, samples_json
+from .streams import StreamRules
 
-if TYPE_CHECKING:
-    from ..runtime import GPUBroker
+__all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups", "id"}
 KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
-MAX_REASON = 500
-AUDIT_PAGE = 100
-"""Audit records or ended alerts per page unless ``limit`` says otherwise (at most
-``MAX_AUDIT_PAGE``)."""
-MAX_AUDIT_PAGE = 1000
 MAX_PID = 4194304
 """Linux's largest pid (``/proc/sys/kernel/pid_max`` at most)."""
 KERNEL_STATES = ("idle", "busy")
 """A kernel's execution state as a renewal reports it (``server.reclaimer`` watches them)."""
 
 
-class BrokerAPI:
-    """Every operation of the API for a running broker (``runtime``)."""
-
-    def __init__(self, runtime: GPUBroker) -> None:
-        self.runtime = runtime
-
-    @property
-    def core(self) -> Broker:
-        return self.runtime.core
+class BrokerAPI(AdminRules, StreamRules):
+    """Every operation of the API for a running broker (``runtime``): the requests and
+    leases here, an admin's drains and logs (``api.admin``), the event streams
+    (``api.streams``)."""
 
     # ------------------------------------------------------------ identity
 
@@ -135,16 +110,6 @@ class BrokerAPI:
         return {"user": who.user, "admin": who.admin, "kernel_id": who.kernel_id}
 
     # ---------------------------------------------------------- visibility
-
-    @staticmethod
-    def _viewer(who: Identity) -> str | None:
-        """The user whose objects ``who`` may see: ``None`` (everyone's) for an admin."""
-        return None if who.admin else who.user
-
-    @staticmethod
-    def _kernel_may(who: Identity, holder: str) -> bool:
-        """Whether ``who`` may act on a request held by ``holder`` (its ``owner``)."""
-        return who.kernel_id in (None, holder)
 
     def _own_request(self, who: Identity, request_id: str) -> Request:
         r = self.core.request(request_id, self._viewer(who))
@@ -209,14 +174,13 @@ class BrokerAPI:
         ``changed``: right after a change the broker announced (submit, cancel), whose
         positions the event streams need too, so they are computed once for both. Only a
         waiting request has an entry: the queue is not looked at for any other."""
-        entry = None
+        entry, length, ahead = None, 0, None
         if r.state is RequestState.QUEUED:
-            if changed:
-                mine = self.runtime.events.positions().by_holder.get((r.user, r.owner), [])
-            else:
-                mine = self.core.queue()
+            p = self.runtime.events.positions() if changed else Positions.of(self.core.queue())
+            mine = p.by_holder.get((r.user, r.owner), [])
             entry = next((e for e in mine if e.request.id == r.id), None)
-        d = request_json(r, entry)
+            length, ahead = p.length, p.ahead.get(r.id)
+        d = request_json(r, entry, length, ahead)
         if r.lease_id and lease is None:
             lease = self.core.lease(r.lease_id)
         d["lease"] = self._lease_json(lease) if lease is not None else None
@@ -224,10 +188,11 @@ class BrokerAPI:
 
     def requests(self, who: Identity) -> dict[str, Any]:
         """Live requests: mine (a kernel token: its kernel's); an admin's: all."""
-        entries = {e.request.id: e for e in self.core.queue()}
+        p = Positions.of(self.core.queue())
+        entries = {e.request.id: e for e in p.entries}
         return {
             "requests": [
-                request_json(r, entries.get(r.id))
+                request_json(r, entries.get(r.id), p.length, p.ahead.get(r.id))
                 for r in self.core.live_requests(self._viewer(who))
                 if self._kernel_may(who, r.owner)
             ]
@@ -300,7 +265,7 @@ class BrokerAPI:
     def cancel(self, who: Identity, request_id: str, reason: str | None = None) -> dict[str, Any]:
         """Withdraw (or release) one's own request; an admin's cancel of another user's
         is audited, and its holder's event says who cancelled it and why (``reason``)."""
-        why = _reason(reason)
+        why = reason_text(reason)
         r = self._own_request(who, request_id)
         lease = self.core.lease(r.lease_id) if r.lease_id else None  # ended in place
         if r.user == who.user:
@@ -323,7 +288,7 @@ class BrokerAPI:
             )
         r = self.core.request(request_id)
         detail = {"user": r.user, "job_class": body["job_class"], "was": r.job_class.value}
-        detail["reason"] = _reason(body.get("reason"))
+        detail["reason"] = reason_text(body.get("reason"))
         with self._audited(who, "set_class", r.id, detail):
             changed = self.core.set_job_class(r.id, body["job_class"], by=who.user)
         return self._with_lease(changed, changed=True)
@@ -424,21 +389,6 @@ class BrokerAPI:
             ]
         }
 
-    @staticmethod
-    def _require_admin(who: Identity, what: str = "change quotas") -> None:
-        if not who.admin:
-            kernel = "; a kernel token never acts as one" if who.kernel_id else ""
-            raise Forbidden(f"only admins {what} ({who.user} is not one{kernel})")
-
-    @contextmanager
-    def _audited(
-        self, who: Identity, action: str, target: str, detail: dict[str, Any]
-    ) -> Iterator[None]:
-        """Run an admin's change with its audit record, committed together."""
-        record = AuditRecord(self.core.clock.now(), who.user, action, target, detail)
-        with self.core.store.audited(record):
-            yield
-
     def set_quota(
         self, who: Identity, kind: str, name: str, body: dict[str, Any]
     ) -> dict[str, Any]:
@@ -458,154 +408,6 @@ class BrokerAPI:
         self._require_admin(who)
         with self._audited(who, "delete_quota", f"{kind}:{name}", {}):
             self.core.delete_quota(kind, name)
-
-    # ------------------------------------------------------- drains (admins)
-
-    def drain(self, who: Identity, uuid: str, body: dict[str, Any]) -> dict[str, Any]:
-        """An admin drains a GPU or device: nothing new is granted on it until an admin
-        undrains it, whatever its health; holders keep their leases and get an event."""
-        self._require_admin(who, "drain and undrain devices")
-        unknown = set(body) - {"reason"}
-        if unknown or not isinstance(body.get("reason"), str) or not body["reason"].strip():
-            raise InvalidRequest("send {'reason': '<why it is drained>'}, nothing else")
-        reason = _reason(body["reason"])
-        core = self.core
-        self._device(uuid)
-        before, cause = core.drained().get(uuid), core.drain_cause(uuid)
-        detail = {"reason": reason, "was": None if before is None else before[0], "cause": cause}
-        with self._audited(who, "drain", uuid, detail):
-            core.drain(uuid, f"drained by {who.user}: {reason}", cause="admin", take_over=True)
-        message = f"{uuid} takes no new grants until an admin undrains it"
-        if before is not None and cause == "health":
-            message += f", even once healthy (its health check drained it: {before[0]})"
-        return self._drain_state(uuid, message + "; its holders keep their leases")
-
-    def undrain(self, who: Identity, uuid: str, reason: str | None = None) -> dict[str, Any]:
-        """An admin lifts a drain, never a health check's: a GPU drained by its health
-        check is lifted by it once it recovers; an admin's drain of a GPU still faulty is
-        handed to its health check, which lifts it then."""
-        self._require_admin(who, "drain and undrain devices")
-        why = _reason(reason)
-        core = self.core
-        gpu = self._device(uuid)
-        cause, drain = core.drain_cause(uuid), core.drained().get(uuid)
-        healthy_for = self._healthy_for()
-        if drain is None:
-            over = core.drained().get(gpu)
-            if over is not None:
-                raise Conflict(f"{uuid} is not drained itself; its GPU {gpu} is: undrain that")
-            raise Conflict(f"{uuid} is not drained")
-        if cause == "health":
-            raise Conflict(
-                f"{uuid} was drained by its health check ({drain[0]}); it takes grants again "
-                f"on its own once it shows no fault for {healthy_for:g} s, and an admin cannot "
-                "lift it before"
-            )
-        faults = self._faults(uuid)
-        detail = {"reason": why, "was": drain[0], "cause": cause, "faults": list(faults)}
-        with self._audited(who, "undrain", uuid, detail):
-            if faults:
-                still = (
-                    f"still unhealthy ({', '.join(faults)}): drained until it shows no fault "
-                    f"for {healthy_for:g} s"
-                )
-                core.drain(uuid, still, cause="health", take_over=True)
-            else:
-                core.undrain(uuid, f"undrained by {who.user}" + (f": {why}" if why else ""))
-        if faults:
-            message = (
-                f"{uuid} stays drained: its health check still finds it faulty "
-                f"({', '.join(faults)}) and lifts the drain once it shows no fault for "
-                f"{healthy_for:g} s"
-            )
-        elif gpu != uuid and core.drained().get(gpu):
-            message = f"{uuid} is undrained, but its GPU {gpu} is still drained"
-        else:
-            message = f"{uuid} takes grants again"
-        return self._drain_state(uuid, message)
-
-    def _device(self, uuid: str) -> str:
-        """The GPU of a GPU or device UUID (404 when neither)."""
-        placer = self.core.placer
-        if uuid in placer.gpus:
-            return uuid
-        if uuid in placer.devices:
-            return placer.devices[uuid].gpu_uuid
-        raise NotFound(f"no GPU or device {uuid!r}")
-
-    def _faults(self, uuid: str) -> tuple[str, ...]:
-        """What a GPU's health check still holds against it (devices: nothing of their own)."""
-        sampler = self.runtime.sampler
-        if sampler is None or uuid not in self.core.placer.gpus:
-            return ()
-        return sampler.health.unhealthy(uuid)
-
-    def _healthy_for(self) -> float:
-        sampler = self.runtime.sampler
-        return sampler.health.config.healthy_for_s if sampler is not None else 0.0
-
-    def _drain_state(self, uuid: str, message: str) -> dict[str, Any]:
-        core = self.core
-        return drain_json(uuid, core.drained().get(uuid), core.drain_cause(uuid), message)
-
-    # --------------------------------------------- reclaims and audit (admins)
-
-    def reclaims(
-        self,
-        who: Identity,
-        user: str | None = None,
-        since: str | None = None,
-        until: str | None = None,
-    ) -> dict[str, Any]:
-        """Reclaimed leases with their cause and the evidence the decision saw."""
-        self._require_admin(who, "see reclaim records")
-        if user is not None:
-            check_name(user, "user")
-        rows = self.core.store.reclaims(
-            parse_time("since", since), parse_time("until", until), user
-        )
-        return {"reclaims": [reclaim_json(r) for r in rows]}
-
-    def audit(
-        self,
-        who: Identity,
-        since: str | None = None,
-        actor: str | None = None,
-        after: str | None = None,
-        limit: str | None = None,
-    ) -> dict[str, Any]:
-        """What admins did, oldest first, a page at a time: ``next_after`` is the ``after``
-        of the next page (null on the last)."""
-        self._require_admin(who, "read the audit log")
-        if actor is not None:
-            check_name(actor, "actor")
-        page = parse_int("limit", limit, 1, MAX_AUDIT_PAGE, AUDIT_PAGE)
-        start = parse_int("after", after, 0, 2**62, 0)
-        rows = self.core.store.audit(parse_time("since", since), actor, start, page + 1)
-        more = len(rows) > page
-        rows = rows[:page]
-        return {
-            "audit": [audit_json(r) for r in rows],
-            "next_after": rows[-1]["id"] if more else None,
-        }
-
-    def alerts(
-        self, who: Identity, limit: str | None = None, before: str | None = None
-    ) -> dict[str, Any]:
-        """The active health alerts, oldest first, and a page of the ended ones, newest
-        first: ``next_before`` is the ``before`` of the next page (null on the last)."""
-        self._require_admin(who, "see health alerts")
-        page = parse_int("limit", limit, 1, MAX_AUDIT_PAGE, AUDIT_PAGE)
-        start = parse_int("before", before, 1, 2**62, 2**62)
-        store = self.core.store
-        history = store.alert_history(start, page + 1)
-        more = len(history) > page
-        history = history[:page]
-        return {
-            "active": [alert_json(a) for a in store.active_alerts()],
-            "history": [alert_json(a) for a in history],
-            "next_before": history[-1]["id"] if more else None,
-        }
 
     # --------------------------------------------------------------- tokens
 
@@ -643,118 +445,6 @@ class BrokerAPI:
             **self.leases(who),
         }
 
-    # --------------------------------------------------------------- events
-
-    def follow(
-        self,
-        who: Identity,
-        send: Callable[[dict[str, Any]], None],
-        last_event_id: int | None = None,
-    ) -> tuple[list[dict[str, Any]], Callable[[], None]]:
-        """A stream of ``who``'s: what it starts with (``resume``) and the unsubscribe;
-        from then on ``send`` gets each event and positions message ``who`` may see, as
-        it happens (decided during the fan-out, so a stream wakes only for what it sends,
-        and a message every stream sends alike is made once). A kernel token's stream is
-        not even called for another kernel's events. The start is read before
-        subscribing, so positions it computes are not pushed to this stream as well, and
-        nothing is awaited in between, so no event falls between the two."""
-
-        def deliver(item: Published | Positions) -> None:
-            seen = self.moved(who, item) if isinstance(item, Positions) else self.event(who, item)
-            if seen is not None:
-                send(seen)
-
-        start = self.resume(who, last_event_id)
-        audience = None if who.kernel_id is None else (who.user, who.kernel_id)
-        return start, self.runtime.events.subscribe(deliver, audience)
-
-    def event(self, who: Identity, published: Published) -> dict[str, Any] | None:
-        """An event as ``who`` may see it (``None``: not at all). A user sees everyone's
-        (others' reduced to whose it is) but alerts, which only admins see; a kernel token
-        only its own kernel's."""
-        e = published.event
-        if e.kind == "alert" and not who.admin:
-            return None
-        if who.kernel_id is not None and (e.user != who.user or published.owner != who.kernel_id):
-            return None
-        full = who.admin or e.user == who.user  # the same for every viewer who sees it so
-        if full not in published.views:
-            published.views[full] = event_json(published.id, e, who.user, who.admin)
-        return published.views[full]
-
-    def positions(self, who: Identity, kind: str = "positions") -> dict[str, Any]:
-        """``who``'s waiting requests with positions and ETAs, and the queue's length."""
-        return self._positions_json(who, self.runtime.events.positions(), kind)
-
-    def moved(self, who: Identity, positions: Positions) -> dict[str, Any] | None:
-        """A ``positions`` event for ``who`` if one of its waiting requests moved."""
-        mine = (
-            who.user in positions.moved_users
-            if who.kernel_id is None
-            else (who.user, who.kernel_id) in positions.moved_holders
-        )
-        return self._positions_json(who, positions, "positions") if mine else None
-
-    def _positions_json(self, who: Identity, p: Positions, kind: str) -> dict[str, Any]:
-        if who.kernel_id is None:
-            entries = p.by_user.get(who.user, [])
-        else:
-            entries = p.by_holder.get((who.user, who.kernel_id), [])
-        data = {
-            "queue_length": p.length,
-            "requests": [request_json(e.request, e) for e in entries],
-            "ahead": {e.request.id: p.ahead[e.request.id] for e in entries},
-        }
-        return envelope(p.id, kind, p.at, data)
-
-    def resume(self, who: Identity, last_event_id: int | None) -> list[dict[str, Any]]:
-        """What a stream starts with: a ``hello`` with ``who``'s positions; after a
-        reconnect (``last_event_id``) the events it missed, then its positions; a
-        ``snapshot`` (the overview) when those events are no longer kept."""
-        bus = self.runtime.events
-        if last_event_id is None:
-            return [self.positions(who, "hello")]
-        missed = bus.since(last_event_id)
-        if missed is None:
-            at = self.core.clock.now()
-            return [envelope(bus.last_event_id, "snapshot", at, self.overview(who))]
-        seen = (self.event(who, p) for p in missed)
-        return [*(e for e in seen if e is not None), self.positions(who)]
-
-
-def only(body: dict[str, Any], fields: Iterable[str]) -> None:
-    """Refuse a body with a field its operation does not take (each body has a fixed
-    shape, ``additionalProperties: false`` in the API document): a misspelt field is a
-    400, never silently ignored."""
-    unknown = set(body) - set(fields)
-    if unknown:
-        raise InvalidRequest(
-            f"unknown field(s): {', '.join(sorted(unknown))}; this call takes "
-            f"{', '.join(sorted(fields))}"
-        )
-
-
-def _reason(value: Any) -> str:
-    """An admin's optional reason: text of at most ``MAX_REASON`` characters."""
-    if value is None:
-        return ""
-    if not isinstance(value, str) or len(value) > MAX_REASON:
-        raise InvalidRequest(f"'reason' must be text of at most {MAX_REASON} characters")
-    return value.strip()
-
-
-def parse_int(name: str, value: str | None, lo: int, hi: int, default: int) -> int:
-    """An integer query argument in [lo, hi] (``default`` when absent)."""
-    if value is None:
-        return default
-    try:
-        n = int(value)
-    except ValueError:
-        n = lo - 1
-    if not lo <= n <= hi:
-        raise InvalidRequest(f"'{name}' must be an integer from {lo} to {hi}, not {value!r}")
-    return n
-
 
 def _kernel_report(body: dict[str, Any]) -> KernelState | None:
     """A renewal's ``kernel`` (``{execution_state, last_activity}``), checked."""
@@ -786,13 +476,3 @@ def _holder_pid(body: dict[str, Any]) -> int | None:
     if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid <= MAX_PID:
         raise InvalidRequest(f"'holder_pid' must be a process id from 2 to {MAX_PID}, not {pid!r}")
     return pid
-
-
-def parse_time(name: str, value: str | None) -> float | None:
-    """An ISO 8601 query argument as UTC seconds (None when absent)."""
-    if value is None:
-        return None
-    try:
-        return parse_iso(value)
-    except ValueError:
-        raise InvalidRequest(f"'{name}' must be an ISO 8601 time, not {value!r}") from None

@@ -16,6 +16,7 @@ from typing import Any
 from ..broker.core import Event, QueueEntry, Vacating
 from ..broker.eta import Eta
 from ..broker.models import DeviceReading, Inventory, Lease, Request
+from ..wire.text import queue_place
 
 
 def iso(t: float | None) -> str | None:
@@ -33,12 +34,21 @@ def parse_iso(text: str) -> float:
     return dt.timestamp()
 
 
-def request_json(r: Request, entry: QueueEntry | None = None) -> dict[str, Any]:
+def request_json(
+    r: Request,
+    entry: QueueEntry | None = None,
+    length: int = 0,
+    ahead: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """A request; while it waits (``entry``), its position, ETA and ``place``: where it
+    stands in the words every front shows (``wire.text.queue_place``, with the queue's
+    ``length`` and the requests ``ahead`` by class)."""
     d = r.to_json()
     d["submitted_at"] = iso(r.submitted_at)
     d["ended_at"] = iso(r.ended_at)
     d["expires_at"] = iso(d["expires_at"])
     d["position"] = entry.position if entry else None
+    d["place"] = queue_place(entry.position, length, ahead) if entry else None
     d.update(eta_json(entry.eta if entry else None))
     return d
 

@@ -37,6 +37,8 @@ LIVE = ("queued", "granted")
 LEASE_ENV = "GPUBROKER_LEASE_ID"
 """The provisioner's own lease, which it renews itself."""
 KERNEL_ENV = "GPUBROKER_KERNEL_ID"
+PLACE = ("position", "place", "eta", "eta_range", "eta_known")
+"""A waiting request's place in the queue, which ``positions`` events bring."""
 
 NO_BROKER = (
     "no GPU broker for this kernel: start it with a GPU kernelspec (e.g. "
@@ -76,8 +78,9 @@ class Tracker:
     """One of this kernel's requests, followed from the queue to its end.
 
     Driven by the event feed on the runner's loop: while queued, its ``positions``
-    events bring its position, ETA and the requests ahead of it; an event about
-    the request (or a new stream's first) re-reads the request. It listens while
+    events bring its position, ETA and the requests ahead of it; an event about the
+    request brings the request with its lease; only a new stream's first message that
+    lacks it has it read again. It listens while
     queued (a grant must be noticed with no widget open) and, once granted, while a
     widget watches it.
     """
@@ -137,14 +140,25 @@ class Tracker:
             self.session.runner.submit(self.refresh())
 
     async def _on_event(self, event: dict[str, Any]) -> None:
+        """Take the request's state from the event itself: its positions from
+        ``hello``/``positions``, its request and lease from its own events; read it only
+        when a stream starts without it (a ``snapshot``, or a ``hello`` that no longer
+        lists it: it left the queue while nobody listened)."""
         kind, data = event["type"], event["data"]
-        if kind == "positions" and self.state == "queued":
+        if kind in ("hello", "positions"):
             mine = next((r for r in data["requests"] if r["id"] == self.id), None)
             if mine is not None:  # the event carries it all: no need to ask
                 self.queue_length, self.ahead = data["queue_length"], data["ahead"][self.id]
                 self.update({**self.request, **mine})
-        elif data.get("request_id") == self.id or kind in ("hello", "snapshot"):
+            elif kind == "hello":
+                await self.refresh()
+        elif kind == "snapshot":
             await self.refresh()
+        elif data.get("request_id") == self.id and data.get("request") is not None:
+            request = data["request"]
+            if request["state"] == "queued":  # its place comes with ``positions``
+                request = {**request, **{k: self.request.get(k) for k in PLACE}}
+            self.update({**self.request, **request})
 
     async def refresh(self) -> None:
         """Read the request again (and the queue ahead of it while it waits)."""

@@ -28,6 +28,8 @@ from ..wire.text import duration, memory
 from .feed import TRANSIENT, why
 from .session import Activity, Session, Tracker
 
+USER_NOTICES = ("outside_use",)
+"""Events about this kernel's user, on no request, that the status widget shows."""
 HISTORY = 40
 """Readings kept for a status widget's sparkline."""
 WAITING_HINT = "The cell waits for the grant; interrupt the kernel (■) to withdraw the request."
@@ -221,7 +223,11 @@ class RequestPanel(GpuWidget):
         self.button = Button(description="Cancel request", icon="times", button_style="warning")
         self.button.on_click(self._cancel)
         super().__init__(children=[self._html, self.button])
-        self._stops += [tracker.watch(self._update), lambda: self._follow_readings(False)]
+        self._stops += [
+            tracker.watch(self._update),
+            lambda: self._follow_readings(False),
+            self.session.feed.subscribe(self._on_notice),
+        ]
         self._update()
 
     @property
@@ -264,6 +270,13 @@ class RequestPanel(GpuWidget):
         if loads:
             self._history.append(sum(loads) / len(loads))
         self._update()
+
+    async def _on_notice(self, event: dict[str, Any]) -> None:
+        """A notice about this kernel's user on no request (its process using a GPU
+        outside the broker, with ``c.GPUBroker.outside_use = "warn"``): shown in full."""
+        if event["type"] in USER_NOTICES and event["data"].get("message"):
+            self._note = event["data"]["message"]
+            self._update()
 
     def _cancel(self, _: Button) -> None:
         try:
@@ -321,7 +334,9 @@ def queue_html(queue: list[dict[str, Any]]) -> str:
 
 
 class QueueTable(GpuWidget):
-    """The whole queue, read again on every queue change."""
+    """The whole queue, as the events bring it: a user's stream sends the whole queue with
+    each ``positions``; a kernel token's sends its own requests' places only, which move
+    in place (the rest as the table was read)."""
 
     length = Int().tag(sync=True)
 
@@ -335,8 +350,22 @@ class QueueTable(GpuWidget):
     def text(self) -> str:
         return queue_text(self.queue)
 
-    async def _on_event(self, _: dict[str, Any]) -> None:
-        self._show(await self.session.client.queue())
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        if event["type"] not in ("hello", "positions"):
+            return
+        data = event["data"]
+        if "queue" in data:
+            self._show(data["queue"])
+            return
+        moved = {r["id"]: r for r in data["requests"]}
+        self._show(
+            [
+                {**e, **{k: moved[e["id"]][k] for k in ("position", "eta", "eta_known")}}
+                if e.get("id") in moved
+                else e
+                for e in self.queue
+            ]
+        )
 
     def _show(self, queue: list[dict[str, Any]]) -> None:
         self.queue = queue

@@ -30,6 +30,7 @@ from tornado.iostream import StreamClosedError
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI, only
+from ..events import frame
 from ..wire.errors import BrokerError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
@@ -329,11 +330,10 @@ class OverviewHandler(BrokerHandler):
 
 
 class EventsHandler(BrokerHandler):
-    """Server-sent events with ids: the caller's own events in full and, when one of its
-    waiting requests moves, its new positions; a reconnect with ``Last-Event-ID`` (or
-    ``?last_event_id=``) gets what it missed, or a snapshot when that is gone."""
-
-    keepalive_s = 15.0
+    """Server-sent events with ids (``api.streams``): the caller's own events in full,
+    positions, devices and readings, written once per window; a reconnect with
+    ``Last-Event-ID`` (or ``?last_event_id=``) gets what it missed, or a snapshot when
+    that is gone."""
 
     @web.authenticated
     @authorized
@@ -341,34 +341,40 @@ class EventsHandler(BrokerHandler):
         last = self._last_event_id()
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        items: asyncio.Queue[str | None] = asyncio.Queue()
-        self._items = items
-        api, who = self.api, self.who
-        start, unsubscribe = api.follow(who, lambda m: items.put_nowait(frame(m)), last)
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        snapshot = self._flag("snapshot")
+        start, leave = self.api.follow(
+            self.who, last_event_id=last, write=self._write, snapshot=snapshot
+        )
         try:
-            for message in start:
-                self.write(frame(message))
+            self.write("".join(map(frame, start)))
             await self.flush()
-            while True:
-                try:
-                    item = await asyncio.wait_for(items.get(), self.keepalive_s)
-                except asyncio.TimeoutError:
-                    self.write(": keepalive\n\n")
-                    await self.flush()
-                    continue
-                if item is None:  # the client went away
-                    return
-                self.write(item)
-                while not items.empty():  # a burst goes out in one write
-                    queued = items.get_nowait()
-                    if queued is None:
-                        return
-                    self.write(queued)
-                await self.flush()
+            await self._closed  # the windows' chunks and keepalives come in ``_write``
         except StreamClosedError:
             pass
         finally:
-            unsubscribe()
+            leave()
+
+    def _write(self, chunk: bytes) -> None:
+        """A window's messages (or a keepalive), encoded once for the stream's audience,
+        straight to the connection (its headers went with the start): a thousand streams
+        cost a thousand writes per window and nothing more. Where the host compresses its
+        responses, through the handler's own output (its transforms)."""
+        if self._closed.done():
+            return
+        settings = self.application.settings
+        connection = self.request.connection
+        if connection is None or settings.get("compress_response") or settings.get("gzip"):
+            self.write(chunk)
+            self.flush()
+        else:
+            connection.write(chunk)
+
+    def _flag(self, name: str) -> bool:
+        value = self.get_argument(name, "false")
+        if value not in ("true", "false", "1", "0"):
+            raise InvalidRequest(f"'{name}' must be true or false, not {value!r}")
+        return value in ("true", "1")
 
     def _last_event_id(self) -> int | None:
         text = self.request.headers.get("Last-Event-ID") or self.get_argument("last_event_id", None)
@@ -383,24 +389,10 @@ class EventsHandler(BrokerHandler):
             ) from None
 
     def on_connection_close(self) -> None:
-        """Stop streaming at once rather than at the next event or keepalive."""
-        items = getattr(self, "_items", None)
-        if items is not None:
-            items.put_nowait(None)
-
-
-_encoded: tuple[dict[str, Any], str] | None = None
-"""The last message encoded: during a fan-out, every stream that sees an event alike
-gets the same message object (``api.rules.event``), one after another."""
-
-
-def frame(message: dict[str, Any]) -> str:
-    """A message as one server-sent event: its ``id:`` line and its JSON (the remote
-    mode's proxy relays the central broker's so too)."""
-    global _encoded
-    if _encoded is None or _encoded[0] is not message:
-        _encoded = (message, f"id: {message['id']}\ndata: {json.dumps(message)}\n\n")
-    return _encoded[1]
+        """Stop streaming at once rather than at the next window or keepalive."""
+        closed = getattr(self, "_closed", None)
+        if closed is not None and not closed.done():
+            closed.set_result(None)
 
 
 class UnknownPathHandler(BrokerHandler):

@@ -28,7 +28,7 @@ from tornado.iostream import StreamClosedError
 
 from ..api import API_PREFIX
 from ..client import BrokerAPIError, BrokerClient
-from .handlers import frame
+from ..events import frame
 from .registry import unreachable_text
 
 

@@ -6,7 +6,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { SseParser } from './sse';
-import { IEnvelope, ILease, IOverview } from './types';
+import { IEnvelope, ILease } from './types';
 
 export const API_PATH = 'gpubroker/api/v1';
 
@@ -132,10 +132,6 @@ export class BrokerClient {
     }
   }
 
-  overview(): Promise<IOverview> {
-    return this.call<IOverview>('overview');
-  }
-
   cancel(requestId: string): Promise<unknown> {
     return this.call(`requests/${encodeURIComponent(requestId)}`, {
       method: 'DELETE'
@@ -154,9 +150,10 @@ export class BrokerClient {
     });
   }
 
-  /** Follow the event stream until `signal` aborts: each message to `onEvent`, and after a
-   * dropped connection or a server restart, a reconnect with the last id seen
-   * (`Last-Event-ID`), so the broker replays what was missed or sends a snapshot.
+  /** Follow the event stream until `signal` aborts: each message to `onEvent`, starting
+   * with a `snapshot` (the whole picture, in order with the events after it: no other
+   * call), and after a dropped connection or a server restart, a reconnect with the last
+   * id seen (`Last-Event-ID`), so the broker replays what was missed or sends a snapshot.
    * `onState` hears each connection and loss, with why the broker is away: it is tried
    * again after `retryMs`, or while it does not answer after 0.5 s doubling to 5 s (every
    * 3 s while it says why it cannot serve). */
@@ -177,7 +174,7 @@ export class BrokerClient {
           headers['Last-Event-ID'] = last;
         }
         const response = await request(
-          this.url('events'),
+          this.url(last === null ? 'events?snapshot=true' : 'events'),
           { headers, signal, cache: 'no-store' },
           this.settings
         );

@@ -16,7 +16,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import gpuSvg from '../style/icons/gpu.svg';
 import { BrokerClient } from './client';
 import { etaText, sizeText } from './format';
-import { GpuModel, IKernelInfo, INotice } from './model';
+import { follow, GpuModel, IKernelInfo, INotice } from './model';
 import { GpuPanel, GpuStatus } from './panel';
 import { IShow } from './render';
 
@@ -29,7 +29,6 @@ export const gpuIcon = new LabIcon({
 
 interface ISettings extends IShow {
   apiUrl: string;
-  refreshSeconds: number;
   notifications: boolean;
   historyLength: number;
 }
@@ -40,7 +39,6 @@ const DEFAULTS: ISettings = {
   queue: true,
   leases: true,
   sparklines: true,
-  refreshSeconds: 5,
   notifications: true,
   historyLength: 60
 };
@@ -74,14 +72,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const client = new BrokerClient(app.serviceManager.serverSettings);
     const settings: ISettings = { ...DEFAULTS };
-    const model = new GpuModel(() => client.overview(), settings.historyLength);
+    const model = new GpuModel(settings.historyLength);
     const fail = (what: string) => (e: Error) =>
       Notification.error(`${what}: ${e.message}`, { autoClose: 8000 });
+    // what an action changes comes back as events: no fetch after it
     const actions = {
       cancel: (id: string) =>
-        client.cancel(id).then(() => model.refresh(), fail('Cancel')),
+        client.cancel(id).then(() => undefined, fail('Cancel')),
       release: (id: string) =>
-        client.release(id).then(() => model.refresh(), fail('Release'))
+        client.release(id).then(() => undefined, fail('Release'))
     };
 
     const panel = new GpuPanel(model, actions, settings);
@@ -114,13 +113,26 @@ const plugin: JupyterFrontEndPlugin<void> = {
     sessions.runningChanged.connect(onSessions);
     onSessions();
 
-    // Notifications: grant, reclaim warning with "Keep it", reclaim.
+    // Notifications: grant, reclaim warning with "Keep it", reclaim; a grant's notice
+    // goes once its lease ends.
+    const grants = new Map<string, string>(); // lease id -> its notification
     model.notice.connect((_, n: INotice) => {
+      if (n.kind === 'ended') {
+        const id = grants.get(n.leaseId);
+        if (id !== undefined) {
+          Notification.dismiss(id);
+          grants.delete(n.leaseId);
+        }
+        return;
+      }
       if (!settings.notifications) {
         return;
       }
       if (n.kind === 'granted') {
-        Notification.success(n.message, { autoClose: 6000 });
+        grants.set(
+          n.leaseId,
+          Notification.success(n.message, { autoClose: 6000 })
+        );
       } else if (n.kind === 'reclaimed') {
         Notification.warning(`GPU reclaimed: ${n.message}`, {
           autoClose: false
@@ -142,7 +154,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
                 callback: () =>
                   void client
                     .keep(n.leaseId)
-                    .then(() => model.refresh(), fail('Keep it'))
+                    .then(() => undefined, fail('Keep it'))
               }
             ]
           }
@@ -175,8 +187,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const r = w.request;
         seen.add(r.id);
         const text =
-          `${w.path} waits for a GPU (${sizeText(r)}): position ${r.position} of ` +
-          `${model.overview?.length ?? '?'}, ${etaText(r, Date.now())}`;
+          `${w.path} waits for a GPU (${sizeText(r)}): ` +
+          `${r.place ?? 'in the queue'}; ${etaText(r, Date.now())}`;
         const known = waitingShown.get(r.id);
         if (known) {
           Notification.update({
@@ -208,16 +220,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
     model.changed.connect(onWaiting);
 
     // Settings.
-    let timer = 0;
-    const schedule = () => {
-      window.clearInterval(timer);
-      if (settings.refreshSeconds > 0) {
-        timer = window.setInterval(
-          () => void model.refresh().catch(() => undefined),
-          settings.refreshSeconds * 1000
-        );
-      }
-    };
     if (settingRegistry) {
       try {
         const loaded = await settingRegistry.load(PLUGIN_ID);
@@ -226,7 +228,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
           client.apiUrl = settings.apiUrl;
           panel.options = settings;
           panel.update();
-          schedule();
         };
         loaded.changed.connect(apply);
         apply();
@@ -234,26 +235,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         console.warn('jupyter-gpubroker: settings not loaded', e);
       }
     }
-    schedule();
     labShell?.currentChanged.connect(onWaiting);
 
-    // While the broker does not answer, calls and the event stream try again and the
-    // panel says why it waits.
+    // The picture comes from the event stream alone (a snapshot first, then events);
+    // while the broker does not answer, it tries again and the panel says why it waits.
     client.onUnavailable = why => (model.away = why);
-    void model
-      .refresh()
-      .catch(e => console.warn('jupyter-gpubroker: no GPU broker answers', e));
-    void client.follow(
-      e => model.apply(e),
-      new AbortController().signal,
-      (connected, why) => {
-        model.connected = connected;
-        model.away = connected ? null : (why ?? null);
-        if (connected) {
-          void model.refresh().catch(() => undefined);
-        }
-      }
-    );
+    void follow(model, client, new AbortController().signal);
   }
 };
 

@@ -1,15 +1,19 @@
-/** What the panel and the status bar show, kept from one overview call and the event
- * stream: positions move in place from `hello`/`positions` messages, a `snapshot`
- * replaces the picture, and any other event asks for one fresh overview (coalesced: at
- * most one call in flight, one more queued behind it). Also the notifications due to the
- * user (grant, reclaim warning, reclaim) and each device's recent utilization. */
+/** What the panel and the status bar show, kept from one overview call (on connect) and
+ * the event stream, with no HTTP call per event: my own events carry my request and its
+ * lease in full, `hello`/`positions` the queue and my positions, others' grants and
+ * lease ends the devices they take or give back, `devices` the whole device picture after
+ * a drain or outside use, `readings` the devices' latest readings, and a `snapshot`
+ * replaces the picture. Also the notifications due to the user (grant, reclaim warning,
+ * reclaim, the end of a lease) and each device's recent utilization. */
 
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { BrokerClient } from './client';
 import { sizeText } from './format';
 import {
   IEnvelope,
   IGpu,
+  IHolder,
   ILease,
   IOverview,
   IPositions,
@@ -18,12 +22,15 @@ import {
 } from './types';
 
 export interface INotice {
-  kind: 'granted' | 'warning' | 'reclaimed' | 'outside';
+  kind: 'granted' | 'warning' | 'reclaimed' | 'outside' | 'ended';
   leaseId: string;
   requestId: string | null;
   message: string;
   deadline: string | null;
 }
+
+/** My events that end a lease (a "GPU granted" notice about it is then stale). */
+const ENDS = ['released', 'expired', 'reclaimed'];
 
 export interface IKernelInfo {
   /** The notebook (or console) path of a running kernel, by its id. */
@@ -37,10 +44,7 @@ export interface IWaitingNotebook {
 }
 
 export class GpuModel {
-  constructor(
-    readonly fetchOverview: () => Promise<IOverview>,
-    readonly historyLength = 60
-  ) {}
+  constructor(readonly historyLength = 60) {}
 
   get overview(): IOverview | null {
     return this._overview;
@@ -157,25 +161,6 @@ export class GpuModel {
     return out;
   }
 
-  /** Fetch the whole picture now (or right after the call in flight). */
-  async refresh(): Promise<void> {
-    if (this._inFlight) {
-      this._again = true;
-      return this._inFlight;
-    }
-    this._inFlight = (async () => {
-      try {
-        do {
-          this._again = false;
-          this.setOverview(await this.fetchOverview());
-        } while (this._again);
-      } finally {
-        this._inFlight = null;
-      }
-    })();
-    return this._inFlight;
-  }
-
   setOverview(overview: IOverview): void {
     this._overview = overview;
     for (const gpu of overview.gpus) {
@@ -187,44 +172,118 @@ export class GpuModel {
     this._changed.emit();
   }
 
-  /** One message of the event stream. */
+  /** One message of the event stream: the picture changes in place, with no call. */
   apply(e: IEnvelope): void {
     const o = this._overview;
+    const d = e.data ?? {};
+    if (e.type === 'snapshot') {
+      this.setOverview(d as IOverview);
+      return;
+    }
+    if (!o) {
+      return; // the overview on connect brings the picture; its events come after it
+    }
     switch (e.type) {
-      case 'snapshot':
-        this.setOverview(e.data as IOverview);
-        return;
       case 'hello':
       case 'positions':
-        if (o) {
-          this._positions(o, e.data as IPositions);
-          this._changed.emit();
-        } else {
-          void this.refresh();
-        }
-        return;
+        this._positions(o, d as IPositions);
+        break;
+      case 'readings':
+        this._readings(o, d.devices ?? {});
+        break;
+      case 'devices':
+        o.gpus = (d as { gpus: IGpu[] }).gpus;
+        break;
+      default:
+        this._event(o, e.type, d);
     }
-    const me = o?.me.user;
-    const d = e.data ?? {};
-    if (me !== undefined && d.user === me && e.type === 'outside_use') {
+    this._changed.emit();
+  }
+
+  private _event(o: IOverview, type: string, d: any): void {
+    const me = o.me.user;
+    if (d.user === me && type === 'outside_use') {
       this._notify('outside', d, d.message, d.deadline ?? null);
     }
-    if (me !== undefined && d.user === me && d.lease_id) {
-      if (e.type === 'granted') {
-        const labels = (d.devices ?? []).map((u: string) => this.label(u));
-        this._notify('granted', d, `GPU granted: ${labels.join(', ')}`, null);
-      } else if (e.type === 'warning') {
-        this._notify('warning', d, d.reason ?? 'idle', d.deadline ?? null);
-      } else if (e.type === 'reclaimed') {
-        this._notify('reclaimed', d, d.reason ?? 'reclaimed', null);
+    const mine: (IRequest & { lease: ILease | null }) | undefined = d.request;
+    if (mine) {
+      this._request(o, mine);
+    } else if (d.devices && type !== 'outside_use') {
+      // another user's grant or lease end: who holds those devices now
+      const holder = type === 'granted' ? { user: d.user } : null;
+      this._hold(o, d.devices, holder);
+    }
+    if (d.user !== me || !d.lease_id) {
+      return;
+    }
+    if (type === 'granted') {
+      const labels = (d.devices ?? []).map((u: string) => this.label(u));
+      this._notify('granted', d, `GPU granted: ${labels.join(', ')}`, null);
+    } else if (type === 'warning') {
+      this._notify('warning', d, d.reason ?? 'idle', d.deadline ?? null);
+    } else if (type === 'reclaimed') {
+      this._notify('reclaimed', d, d.reason ?? 'reclaimed', null);
+    }
+    if (ENDS.includes(type)) {
+      this._notify('ended', d, d.reason ?? type, null);
+    }
+    const lease = o.leases.find(l => l.id === d.lease_id);
+    if (lease && (type === 'warning' || type === 'warning_cleared')) {
+      lease.reclaim_at = type === 'warning' ? d.deadline : null;
+    }
+  }
+
+  /** My request as its event left it: live ones are kept (with their lease), ended ones
+   * dropped; the devices its lease holds show me as their holder. */
+  private _request(o: IOverview, r: IRequest & { lease: ILease | null }): void {
+    const { lease, ...request } = r;
+    const known = o.requests.find(x => x.id === r.id);
+    const live = r.state === 'queued' || r.state === 'granted';
+    o.requests = o.requests.filter(x => x.id !== r.id);
+    if (live) {
+      // a queued request keeps its place until `positions` brings the new one
+      o.requests.push(
+        r.state === 'queued' && known
+          ? { ...request, position: known.position, eta: known.eta }
+          : request
+      );
+    }
+    if (lease) {
+      o.leases = o.leases.filter(x => x.id !== lease.id);
+      const active = lease.state === 'active';
+      if (active) {
+        o.leases.push(lease);
       }
-      const lease = o?.leases.find(l => l.id === d.lease_id);
-      if (lease && (e.type === 'warning' || e.type === 'warning_cleared')) {
-        lease.reclaim_at = e.type === 'warning' ? d.deadline : null;
-        this._changed.emit();
+      this._hold(
+        o,
+        lease.devices,
+        active
+          ? { user: lease.user, lease_id: lease.id, request_id: r.id }
+          : null
+      );
+    }
+  }
+
+  private _hold(o: IOverview, devices: string[], holder: IHolder | null): void {
+    for (const gpu of o.gpus) {
+      for (const dev of gpu.devices) {
+        if (devices.includes(dev.uuid)) {
+          dev.holder = holder;
+        }
       }
     }
-    void this.refresh();
+  }
+
+  private _readings(o: IOverview, readings: Record<string, any>): void {
+    for (const gpu of o.gpus) {
+      for (const dev of [gpu, ...gpu.devices]) {
+        const r = readings[dev.uuid];
+        if (r) {
+          Object.assign(dev, r);
+          this._sample(dev.uuid, dev.utilization_gpu);
+        }
+      }
+    }
   }
 
   private _positions(o: IOverview, p: IPositions): void {
@@ -235,17 +294,21 @@ export class GpuModel {
         o.requests.push(r);
       }
     }
-    o.queue = o.queue.map((q: IQueueEntry) => {
-      const r = q.id ? moved.get(q.id) : undefined;
-      return r
-        ? {
-            ...q,
-            position: r.position ?? q.position,
-            eta: r.eta,
-            eta_known: r.eta_known
-          }
-        : q;
-    });
+    if (p.queue) {
+      o.queue = p.queue;
+    } else {
+      o.queue = o.queue.map((q: IQueueEntry) => {
+        const r = q.id ? moved.get(q.id) : undefined;
+        return r
+          ? {
+              ...q,
+              position: r.position ?? q.position,
+              eta: r.eta,
+              eta_known: r.eta_known
+            }
+          : q;
+      });
+    }
     o.length = p.queue_length;
   }
 
@@ -278,8 +341,23 @@ export class GpuModel {
   private _away: string | null = null;
   private _kernels = new Map<string, IKernelInfo>();
   private _history = new Map<string, Array<number | null>>();
-  private _inFlight: Promise<void> | null = null;
-  private _again = false;
   private _changed = new Signal<this, void>(this);
   private _notice = new Signal<this, INotice>(this);
+}
+
+/** Keep `model` live from `client`'s event stream until `signal` aborts: the stream's
+ * snapshot, then its events, with no other call to the broker. */
+export function follow(
+  model: GpuModel,
+  client: BrokerClient,
+  signal: AbortSignal
+): Promise<void> {
+  return client.follow(
+    e => model.apply(e),
+    signal,
+    (connected, why) => {
+      model.connected = connected;
+      model.away = connected ? null : (why ?? null);
+    }
+  );
 }

@@ -79,6 +79,8 @@ export interface IRequest {
   submitted_at: string;
   lease_id: string | null;
   position: number | null;
+  /** Where it stands while queued, in the words every front shows (the broker's). */
+  place?: string | null;
   eta: string | null;
   eta_known: boolean;
 }
@@ -116,6 +118,8 @@ export interface IEnvelope {
 }
 
 export interface IPositions {
+  /** The whole queue as I may see it (a user's stream; not a kernel token's). */
+  queue?: IQueueEntry[];
   queue_length: number;
   requests: IRequest[];
   ahead: Record<string, Record<string, number>>;

@@ -607,9 +607,11 @@ async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> No
         check.record("/events", "get", 200)
 
         granted = await check("POST", "requests", {"profile": "1g.10gb"}, expect=201)
-        assert (await until("queued"))["data"]["request_id"] == granted["id"]
+        # queued, then granted within one window: the request's latest state wins
         event = await until("granted")
+        assert event["data"]["request_id"] == granted["id"]
         assert event["data"]["lease_id"] == granted["lease"]["id"]
+        assert event["data"]["request"]["lease"]["id"] == granted["lease"]["id"]
         assert event["data"]["devices"] == granted["lease"]["devices"]
 
         await fill()
@@ -643,8 +645,10 @@ async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> No
     finally:
         stream.close()
     assert [e["type"] for e in seen].count("hello") == 1
-    ids = [e["id"] for e in seen if e["type"] not in ("hello", "positions")]
+    ids = [e["id"] for e in seen if e["type"] not in ("hello", "positions", "readings")]
     assert ids == sorted(set(ids))  # each event once, in order
     assert [e["id"] for e in seen] == sorted(e["id"] for e in seen)
     bad = await check("GET", "events", expect=400, last_event_id="yesterday")
     assert "Last-Event-ID" in bad["message"]
+    bad = await check("GET", "events", expect=400, snapshot="maybe")
+    assert "'snapshot' must be true or false" in bad["message"]

@@ -119,11 +119,10 @@ async def test_the_servers_event_stream_relays_the_central_one(
         hello = await anext(events)
         assert hello["type"] == "hello"
         status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "panel"})
-        queued = await anext(events)
-        assert (queued["type"], queued["data"]["request_id"]) == ("queued", r["id"])
-        granted = await anext(events)
+        # queued then granted within one window: the latest state of the request wins
+        granted = await anext(e async for e in events if e["data"].get("request_id"))
         assert (granted["type"], granted["data"]["request_id"]) == ("granted", r["id"])
-        assert hello["id"] < queued["id"] < granted["id"]
+        assert hello["id"] < granted["id"]
     async with contextlib.aclosing(mine.events(last_event_id=granted["id"])) as events:
         await api("DELETE", f"requests/{r['id']}")
         resumed = await anext(events)  # what this reconnect missed, after the last id it saw

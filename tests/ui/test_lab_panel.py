@@ -53,9 +53,15 @@ def test_panel_queue_cancel_and_grant(lab: Lab, page: Any) -> None:
     mine.wait_for(timeout=WAIT_MS)
     assert mine.locator("td").first.inner_text() == "1"
     status.get_by_text("queue #1").wait_for(timeout=WAIT_MS)
-    page.locator(".Toastify__toast", has_text="second.ipynb waits for a GPU").wait_for(
-        timeout=WAIT_MS
-    )
+    # where it stands, in the words every front uses (the broker's, wire/text.py)
+    page.locator(
+        ".Toastify__toast",
+        has_text="second.ipynb waits for a GPU (1g.10gb): position 1 of 1, nothing ahead; ",
+    ).wait_for(timeout=WAIT_MS)
+    # at the sidebar's default width the Cancel button is whole, inside the panel
+    button, box = mine.get_by_role("button", name="Cancel").bounding_box(), panel.bounding_box()
+    assert button is not None and box is not None and button["width"] > 20
+    assert box["x"] <= button["x"] and button["x"] + button["width"] <= box["x"] + box["width"]
 
     mine.get_by_role("button", name="Cancel").click()
     panel.get_by_text("The GPU queue is empty.").wait_for(timeout=WAIT_MS)

@@ -28,6 +28,7 @@ describe('BrokerClient.follow', () => {
     const client = new BrokerClient(settings);
     const abort = new AbortController();
     const sent: Array<Record<string, string>> = [];
+    const urls: string[] = [];
     const replies = [
       stream([
         'id: 41\ndata: {"v":1,"id":41,"type":"hello","at":"","data":{}}\n\n'
@@ -39,7 +40,7 @@ describe('BrokerClient.follow', () => {
     jest
       .spyOn(ServerConnection, 'makeRequest')
       .mockImplementation(async (url, init) => {
-        expect(url).toBe('http://localhost:8888/gpubroker/api/v1/events');
+        urls.push(url);
         sent.push({ ...(init.headers as Record<string, string>) });
         const reply = replies.shift();
         if (!reply) {
@@ -57,6 +58,9 @@ describe('BrokerClient.follow', () => {
       0
     );
     expect(seen.map(e => e.type)).toEqual(['hello', 'granted']);
+    const events = 'http://localhost:8888/gpubroker/api/v1/events';
+    // a new stream starts with the whole picture; a resumed one with what it missed
+    expect(urls).toEqual([`${events}?snapshot=true`, events, events]);
     expect(sent).toEqual([
       {},
       { 'Last-Event-ID': '41' },
@@ -183,7 +187,7 @@ describe('BrokerClient while the broker does not answer', () => {
     expect(waits).toEqual([]);
     const gone = client(Array(20).fill(answer(502, PROXY_PAGE)));
     gone.client.retryForMs = 0;
-    await expect(gone.client.overview()).rejects.toThrow(
+    await expect(gone.client.call('overview')).rejects.toThrow(
       'The GPU broker is not answering; trying again…'
     );
   });

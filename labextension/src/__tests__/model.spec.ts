@@ -1,15 +1,33 @@
-import { GpuModel, INotice } from '../model';
-import { IOverview } from '../types';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { BrokerClient } from '../client';
+import { follow, GpuModel, INotice } from '../model';
+import { IEnvelope, IOverview } from '../types';
 import { entry, lease, overview, queued } from './fixtures';
 
 function modelWith(o: IOverview): { model: GpuModel; fetches: () => number } {
-  let n = 0;
-  const model = new GpuModel(async () => {
-    n += 1;
-    return o;
-  });
+  const model = new GpuModel();
   model.setOverview(JSON.parse(JSON.stringify(o)));
-  return { model, fetches: () => n };
+  return { model, fetches: () => 0 };
+}
+
+/** An event stream's response: its messages as the broker frames them, then its end. */
+function stream(messages: IEnvelope[]): Response {
+  const chunks = messages.map(m =>
+    new TextEncoder().encode(`id: ${m.id}\ndata: ${JSON.stringify(m)}\n\n`)
+  );
+  return {
+    ok: true,
+    status: 200,
+    body: {
+      getReader: () => ({
+        read: async () =>
+          chunks.length
+            ? { value: chunks.shift(), done: false }
+            : { value: undefined, done: true }
+      })
+    }
+  } as unknown as Response;
 }
 
 describe('GpuModel', () => {
@@ -38,8 +56,8 @@ describe('GpuModel', () => {
     expect(model.leases).toEqual([]);
   });
 
-  it('notifies my grant, warning and reclaim, and fetches once for a burst of events', async () => {
-    const { model, fetches } = modelWith(overview());
+  it('notifies my grant, warning and reclaim', () => {
+    const { model } = modelWith(overview());
     const notices: INotice[] = [];
     model.notice.connect((_, n) => notices.push(n));
     const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
@@ -72,8 +90,6 @@ describe('GpuModel', () => {
     expect(notices[0].message).toBe('GPU granted: GPU 0 / 1g.10gb@0');
     expect(notices[1].deadline).toBe('2026-12-01T10:08:00Z');
     expect(model.leases[0].reclaim_at).toBe('2026-12-01T10:08:00Z');
-    await model.refresh();
-    expect(fetches()).toBe(2); // the one in flight, and one after it for the rest
   });
 
   it('tells me, and only me, that my process uses a GPU outside the broker', () => {
@@ -161,5 +177,140 @@ describe('GpuModel', () => {
     model.setOverview(overview());
     expect(model.utilization(lease('l-00', 'MIG-0-0'))).toBe(73);
     expect(model.history('MIG-0-0')).toEqual([73, 73]);
+  });
+
+  it('renders 20 queue events from the stream alone: no HTTP call but the stream', async () => {
+    const settings = ServerConnection.makeSettings({
+      baseUrl: 'http://localhost:8888/'
+    });
+    const client = new BrokerClient(settings);
+    const model = new GpuModel();
+    const abort = new AbortController();
+    const mine = queued('r-new', 1, {
+      place: 'position 1 of 1, nothing ahead'
+    });
+    const held = lease('l-new', 'MIG-0-2', { request_id: 'r-new' });
+    const events: IEnvelope[] = [
+      { v: 1, id: 1, type: 'snapshot', at: '', data: overview() }
+    ];
+    const at = '2026-12-01T10:00:00Z';
+    for (let i = 0; i < 5; i++) {
+      // my request waits, moves, is granted and released; bob's comes and goes
+      const id = 2 + 4 * i;
+      const request = { ...mine, id: `r-${i}` };
+      events.push(
+        {
+          v: 1,
+          id,
+          type: 'queued',
+          at,
+          data: {
+            user: 'ann',
+            request_id: request.id,
+            lease_id: null,
+            size: 'profile=1g.10gb',
+            request: { ...request, lease: null }
+          }
+        },
+        {
+          v: 1,
+          id: id + 1,
+          type: 'positions',
+          at,
+          data: {
+            queue_length: 1,
+            requests: [request],
+            ahead: { [request.id]: {} },
+            queue: [entry(request)]
+          }
+        },
+        {
+          v: 1,
+          id: id + 2,
+          type: 'granted',
+          at,
+          data: {
+            user: 'ann',
+            request_id: request.id,
+            lease_id: held.id,
+            devices: held.devices,
+            waited_s: 1,
+            request: {
+              ...request,
+              state: 'granted',
+              position: null,
+              place: null,
+              lease_id: held.id,
+              lease: held
+            }
+          }
+        },
+        {
+          v: 1,
+          id: id + 3,
+          type: i % 2 ? 'released' : 'granted',
+          at,
+          data: { user: 'bob', devices: ['MIG-0-3'] }
+        }
+      );
+    }
+    const calls: string[] = [];
+    jest
+      .spyOn(ServerConnection, 'makeRequest')
+      .mockImplementation(async url => {
+        calls.push(url);
+        if (calls.length > 1) {
+          abort.abort();
+          throw new Error('stopped');
+        }
+        return stream(events);
+      });
+    await follow(model, client, abort.signal);
+    expect(events.length).toBe(21); // the snapshot and 20 queue events
+    expect(calls).toEqual([
+      'http://localhost:8888/gpubroker/api/v1/events?snapshot=true',
+      'http://localhost:8888/gpubroker/api/v1/events' // the reconnect, stopped
+    ]);
+    // the picture followed: my last request holds its slice, bob holds his
+    expect(model.leases.map(l => l.id)).toEqual(['l-00', 'l-new']);
+    expect(model.waiting).toEqual([]);
+    expect(model.overview?.queue.map(q => q.id)).toEqual(['r-4']);
+    const devices = model.overview!.gpus[0].devices;
+    expect(devices[2].holder?.lease_id).toBe('l-new');
+    expect(devices[3].holder?.user).toBe('bob');
+  });
+
+  it("drops a granted notice's lease when it ends, and takes readings in place", () => {
+    const { model } = modelWith(overview());
+    const notices: INotice[] = [];
+    model.notice.connect((_, n) => notices.push(n));
+    const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
+    model.apply({
+      v: 1,
+      id: 3,
+      type: 'released',
+      at: '',
+      data: {
+        ...about,
+        reason: 'released',
+        request: {
+          ...queued('r-of-l-00', 0),
+          state: 'released',
+          lease: lease('l-00', 'MIG-0-0', { state: 'released' })
+        }
+      }
+    });
+    expect(notices.map(n => [n.kind, n.leaseId])).toEqual([['ended', 'l-00']]);
+    expect(model.leases).toEqual([]);
+    expect(model.overview?.gpus[0].devices[0].holder).toBeNull();
+    model.apply({
+      v: 1,
+      id: 4,
+      type: 'readings',
+      at: '',
+      data: { devices: { 'MIG-0-1': { utilization_gpu: 12, health: 'ok' } } }
+    });
+    expect(model.device('MIG-0-1')?.utilization).toBe(12);
+    expect(model.history('MIG-0-1')).toEqual([73, 12]);
   });
 });

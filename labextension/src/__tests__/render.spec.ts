@@ -5,7 +5,7 @@ import { entry, h100, iso, NOW, overview, queued } from './fixtures';
 const SHOW = { devices: true, queue: true, leases: true, sparklines: true };
 
 function draw(o = overview()) {
-  const model = new GpuModel(async () => o);
+  const model = new GpuModel();
   model.setOverview(o);
   model.connected = true;
   const calls: string[] = [];
@@ -138,7 +138,7 @@ describe('renderPanel', () => {
   it('says why the broker is away, in its own words when it gave them, before and after a first picture', () => {
     const why =
       'The GPU broker could not start: its state file is held by pid 7.';
-    const fresh = new GpuModel(async () => overview());
+    const fresh = new GpuModel();
     fresh.away = why;
     const none = { cancel: () => undefined, release: () => undefined };
     expect(renderPanel(fresh, SHOW, NOW, none).textContent).toBe(why);
