@@ -54,11 +54,10 @@ from jupyter_gpubroker.client import (
     GrantTimeout,
     Lost,
     keep_alive,
-    size_text,
 )
 from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
 from jupyter_gpubroker.wire.sizes import DURATIONS, expected_duration
-from jupyter_gpubroker.wire.text import SERVER_OWNER, duration
+from jupyter_gpubroker.wire.text import SERVER_OWNER, duration, size_text
 
 from ._compat import SpawnException
 from .culling import stopped_text, warning_text

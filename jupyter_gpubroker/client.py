@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import ssl
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,16 +24,12 @@ from urllib.parse import urlencode, urlsplit
 
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
-from tornado.httputil import (
-    HTTPHeaders,
-    HTTPMessageDelegate,
-    RequestStartLine,
-    ResponseStartLine,
-)
+from tornado.httputil import HTTPHeaders, RequestStartLine
 from tornado.tcpclient import TCPClient
 
 from .api import TOKEN_HEADER
-from .wire.text import duration, start_estimate
+from .sse import StreamedResponse, parse_message
+from .wire.text import duration, size_text
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
@@ -78,26 +73,6 @@ class GrantTimeout(Exception):
         )
 
 
-def size_text(r: dict[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GiB"."""
-    if r.get("gpus"):
-        return f"{r['gpus']} GPU(s)"
-    if r.get("profile"):
-        return str(r["profile"])
-    return f">= {r.get('min_memory_gb')} GiB"
-
-
-def eta_text(r: dict[str, Any]) -> str:
-    """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
-    ``eta_known`` of the API): "10:40 (10:20-11:30)", "unknown"."""
-    span = r.get("eta_range")
-    estimate = None
-    if r.get("eta_known") and span and r.get("eta"):
-        high = _seconds(span["high"]) if span.get("high") else None
-        estimate = (_seconds(span["low"]), _seconds(r["eta"]), high)
-    return start_estimate(estimate, r.get("position"), time.time())
-
-
 def kernel_report(execution_state: str, last_activity: float) -> dict[str, Any]:
     """A kernel's state as a lease renewal reports it (``BrokerClient.renew``'s ``kernel``):
     ``idle`` or ``busy``, and when it last started or finished running code."""
@@ -105,10 +80,6 @@ def kernel_report(execution_state: str, last_activity: float) -> dict[str, Any]:
         "execution_state": execution_state,
         "last_activity": datetime.fromtimestamp(last_activity, timezone.utc).isoformat(),
     }
-
-
-def _seconds(iso: str) -> float:
-    return datetime.fromisoformat(iso).timestamp()
 
 
 @dataclass(frozen=True)
@@ -394,7 +365,7 @@ class BrokerClient:
             ssl_options=ssl.create_default_context() if tls else None,
             timeout=self.timeout,
         )
-        response, reading = _Streamed(), None
+        response, reading = StreamedResponse(), None
         try:
             connection = HTTP1Connection(
                 stream, True, HTTP1ConnectionParameters(no_keep_alive=True)
@@ -411,7 +382,7 @@ class BrokerClient:
                 buffer += chunk
                 while response.code < 400 and b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
-                    message = _message(frame.decode())
+                    message = parse_message(frame.decode())
                     if message is not None:
                         yield message
             if response.code >= 400:
@@ -516,39 +487,6 @@ class BrokerClient:
         """Cancel a request that is no longer waited for (or release it, granted meanwhile)."""
         with contextlib.suppress(BrokerAPIError, OSError):
             await self.cancel(request_id)
-
-
-class _Streamed(HTTPMessageDelegate):
-    """A response read as it arrives: its status, then its body chunk by chunk."""
-
-    def __init__(self) -> None:
-        self.code, self.reason = 0, ""
-        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
-        """The body so far; ``None`` once it ended (``error`` says if it broke)."""
-        self.error: Exception | None = None
-
-    async def read(self, connection: HTTP1Connection) -> None:
-        try:
-            await connection.read_response(self)
-        except Exception as e:  # the connection broke: the stream ends with this error
-            self.error = e
-        finally:
-            self.chunks.put_nowait(None)
-
-    def headers_received(
-        self, start_line: RequestStartLine | ResponseStartLine, headers: HTTPHeaders
-    ) -> None:
-        assert isinstance(start_line, ResponseStartLine)
-        self.code, self.reason = start_line.code, start_line.reason
-
-    def data_received(self, chunk: bytes) -> None:
-        self.chunks.put_nowait(chunk)
-
-
-def _message(frame: str) -> dict[str, Any] | None:
-    """One server-sent message's JSON (``None`` for a comment, such as a keepalive)."""
-    data = [line[5:].lstrip() for line in frame.splitlines() if line.startswith("data:")]
-    return json.loads("\n".join(data)) if data else None
 
 
 def _why(error: Exception) -> str:

@@ -22,10 +22,10 @@ from IPython.display import display
 from traitlets import Float, observe
 from traitlets.log import get_logger
 
-from ..client import BrokerAPIError, size_text
+from ..client import BrokerAPIError
 from ..wire.errors import BrokerError
 from ..wire.sizes import Size
-from ..wire.text import duration
+from ..wire.text import duration, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
