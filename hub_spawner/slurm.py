@@ -30,7 +30,8 @@ from traitlets import Unicode, default
 
 from jupyter_gpubroker.engines.slurm import COMMENT_PREFIX, gres_request
 
-from .spawner import LEASE_ENV, GPUBrokerSpawnerMixin, SpawnError
+from .environment import LEASE_ENV
+from .spawner import GPUBrokerSpawnerMixin, SpawnError
 
 
 class SlurmJobProgress(SlurmSpawner):
