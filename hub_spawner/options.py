@@ -179,7 +179,7 @@ class Choices:
         if "profile" in size:
             return self.free(self.profiles.get(size["profile"], [])) > 0
         if "gpus" in size:
-            return self.free(self.whole) >= size["gpus"]
+            return self.free(self.whole) >= int(size["gpus"])
         return True
 
     def form(self) -> str:

@@ -124,7 +124,7 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
         self.who = hub_identity(self.api, model)
 
     def url(self, *parts: str) -> str:
-        return url_path_join(self.hub_auth.base_url, *parts)
+        return str(url_path_join(self.hub_auth.base_url, *parts))
 
     def render_page(self, template: str, status: int = 200, **context: Any) -> None:
         hub = self.hub_auth.hub_prefix

@@ -39,7 +39,7 @@ import json
 from collections.abc import Iterator
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -81,10 +81,10 @@ class SpawnError(SpawnException):
 
     @property
     def jupyterhub_message(self) -> str:
-        return self.message
+        return str(self.message)
 
     def __str__(self) -> str:
-        return self.message
+        return str(self.message)
 
 
 @contextlib.contextmanager
@@ -101,7 +101,13 @@ def _bad_options(e: ValueError) -> SpawnException:
     return SpawnError(f"Cannot start the server: {e}.", reason="user_options", status_code=400)
 
 
-class GPUBrokerSpawnerMixin(Configurable):
+if TYPE_CHECKING:  # the spawner it goes in front of (JupyterHub ships no types: Any)
+    from jupyterhub.spawner import Spawner as _Spawner
+else:
+    _Spawner = Configurable
+
+
+class GPUBrokerSpawnerMixin(_Spawner):
     """Reserve a GPU or MIG slice for the whole server at the GPU broker service (see the
     module's docstring). Put it before the spawner class it extends."""
 
@@ -131,10 +137,13 @@ class GPUBrokerSpawnerMixin(Configurable):
 
     @validate("gpu_expected_duration")
     def _check_expected_duration(self, proposal: dict[str, Any]) -> float | None:
-        value = proposal["value"]
+        value: float | None = proposal["value"]
         if value is not None and not expected_duration(value):
             raise TraitError(f"gpu_expected_duration must be {DURATIONS}, not {value!r}")
         return value
+
+    start_timeout: int
+    """The hub's (``Spawner.start_timeout``), which a GPU server's start extends."""
 
     _gpu: dict[str, Any] | None = None
     """The server's reservation: ``request_id``, and once granted ``lease_id``, ``devices``
@@ -173,7 +182,7 @@ class GPUBrokerSpawnerMixin(Configurable):
                 reason="gpubroker_config",
                 status_code=503,
             )
-        return url_path_join(service.url, service.prefix, API_PATH)
+        return str(url_path_join(service.url, service.prefix, API_PATH))
 
     def _client(self, retry_for: float | None = None) -> BrokerClient:
         """The broker as the server's user; its calls wait out a service restarting for
@@ -362,7 +371,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         """LocalProcessSpawner's child joins the server's device cgroup first, as root
         before it becomes the user, so the server never runs able to open a GPU device
         node beyond its grant (``jupyter_gpubroker.confine``; c.DeviceConfinement)."""
-        start = super().make_preexec_fn(name)  # type: ignore[misc]
+        start = super().make_preexec_fn(name)
         self._unconfine()  # one a start the hub's restart interrupted left
         confinement = DeviceConfinement(parent=self)
         try:
@@ -408,7 +417,7 @@ class GPUBrokerSpawnerMixin(Configurable):
     async def poll(self) -> int | None:
         """The server's process, and its lease at the broker: a lease that ended (an idle
         server's, reclaimed) stops the server; a warning shows on the hub's pages."""
-        status = await super().poll()
+        status: int | None = await super().poll()
         if status is None and self._gpu and self._gpu.get("lease_id"):
             self._resuming = False
             self._keep_lease(now=self._renewing is None)  # a restarted hub renews at once
@@ -432,7 +441,7 @@ class GPUBrokerSpawnerMixin(Configurable):
     def get_state(self) -> dict[str, Any]:
         """The reservation, and the notice the user's next visit shows (the hub forgets
         a stopped server's spawner)."""
-        state = super().get_state()
+        state: dict[str, Any] = super().get_state()
         if self._gpu:
             state["gpubroker"] = dict(self._gpu)
         if self.gpu_notice:
