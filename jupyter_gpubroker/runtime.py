@@ -69,7 +69,7 @@ from .paths import (
     default_user_lock_dir,
 )
 from .statelock import GpuLocks, StateLock, secure_state_file
-from .wire.errors import InvalidRequest
+from .wire.errors import ConfigError, InvalidRequest
 from .wire.text import SERVER_OWNER
 
 LEASE_ENDS = frozenset(s.value for s in LeaseState if s is not LeaseState.ACTIVE)
@@ -469,9 +469,13 @@ class GPUBroker(LoggingConfigurable):
         """Open the hardware and the state file and build the core (no event loop needed).
 
         Raises ``StateFileError`` when the state file is unusable or another broker holds
-        it, and leaves nothing open when any step fails."""
+        it, ``ConfigError`` when its configuration cannot be used (what the core refuses
+        while it is built from it included), and leaves nothing open when any step fails."""
         try:
             return self._start()
+        except InvalidRequest as e:  # no caller's request: the configuration's
+            self.stop()
+            raise ConfigError(e.message) from None
         except BaseException:
             self.stop()
             raise

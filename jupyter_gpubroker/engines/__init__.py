@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.models import Device, DeviceEvent, DeviceReading, Inventory
 from ..broker.placement import device_class
-from ..wire.errors import InvalidRequest
+from ..wire.errors import ConfigError
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -94,7 +94,7 @@ def load_source(name: str, parent: Any) -> InventorySource:
     found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
     found = {**BUILT_IN, **found}
     if name not in found:
-        raise InvalidRequest(
+        raise ConfigError(
             f"no inventory source {name!r}: c.GPUBroker.inventory_source is 'nvml' or one of "
             f"{', '.join(sorted(found))}"
         )
