@@ -48,7 +48,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpubroker.client import BrokerAPIError, BrokerClient, Lost, keep_alive
+from jupyter_gpubroker.client import NO_REPLY, BrokerAPIError, BrokerClient, Lost, keep_alive
 from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
 from jupyter_gpubroker.wire.sizes import DURATIONS, expected_duration
 from jupyter_gpubroker.wire.text import size_text
@@ -355,7 +355,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
                     if response.code < 400:
                         return
                     why = f"{response.code} {response.body.decode(errors='replace')[:200]}"
-                    if response.code != 599:
+                    if response.code != NO_REPLY:  # the hub did not answer: try again
                         break
                 await asyncio.sleep(1)
             self.log.warning(

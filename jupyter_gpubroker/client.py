@@ -59,6 +59,18 @@ class BrokerAPIError(Exception):
         self.answered = answered
 
 
+NO_REPLY = 599
+"""tornado's status for a call that got no reply at all (a timeout, a dropped connection);
+``NoReply`` names it."""
+
+
+class NoReply(BrokerAPIError):
+    """The call got no reply at all: a timeout, or a connection that dropped."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(NO_REPLY, "no_reply", message, answered=False)
+
+
 class GrantTimeout(Exception):
     """No grant within the time allowed (the request was withdrawn); carries the last
     queue position."""
@@ -110,7 +122,7 @@ def transient(error: Exception) -> bool:
         return True
     if not isinstance(error, BrokerAPIError):
         return False
-    return error.status == 599 or (error.status in (502, 503, 504) and not error.answered)
+    return isinstance(error, NoReply) or (error.status in (502, 503, 504) and not error.answered)
 
 
 async def keep_alive(
@@ -216,7 +228,7 @@ class BrokerClient:
         while True:
             try:
                 response = await self.fetch(method, path + (f"?{urlencode(q)}" if q else ""), data)
-            except HTTPClientError as e:  # a timeout (599)
+            except HTTPClientError as e:  # no reply (a timeout)
                 error: Exception = _api_error(e)
             except OSError as e:
                 error = e
@@ -233,7 +245,7 @@ class BrokerClient:
 
     async def fetch(self, method: str, path: str, body: bytes | None = None) -> HTTPResponse:
         """One call's raw response, whatever its status (``path`` may carry a query); raises
-        ``OSError`` or ``HTTPClientError`` (599) when no answer came."""
+        ``OSError`` or ``HTTPClientError`` (``NO_REPLY``) when no answer came."""
         request = HTTPRequest(
             self.url + path,
             method=method,
@@ -380,12 +392,12 @@ class BrokerClient:
             buffer = b""
             while (chunk := await response.chunks.get()) is not None:
                 buffer += chunk
-                while response.code < 400 and b"\n\n" in buffer:
+                while response.code is not None and response.code < 400 and b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
                     message = parse_message(frame.decode())
                     if message is not None:
                         yield message
-            if response.code >= 400:
+            if response.code is not None and response.code >= 400:
                 raise _error_of(response.code, buffer, response.reason)
             if response.error is not None:
                 raise response.error
@@ -501,6 +513,8 @@ def _api_error(e: HTTPClientError) -> BrokerAPIError:
 
 
 def _error_of(code: int, body: bytes, fallback: str) -> BrokerAPIError:
+    if code == NO_REPLY:
+        return NoReply(fallback)
     try:
         data = json.loads(body)
         return BrokerAPIError(

@@ -21,7 +21,9 @@ class StreamedResponse(HTTPMessageDelegate):
     """A response read as it arrives: its status, then its body chunk by chunk."""
 
     def __init__(self) -> None:
-        self.code, self.reason = 0, ""
+        self.code: int | None = None
+        """The status, once the headers arrived (before any chunk)."""
+        self.reason = ""
         self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
         """The body so far; ``None`` once it ended (``error`` says if it broke)."""
         self.error: Exception | None = None
