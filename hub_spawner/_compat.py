@@ -22,12 +22,12 @@ except ImportError:  # JupyterHub < 6.0
         ) -> None:
             self.message = message
             self.reason = reason
-            self.log_message = log_message or message
             self.message_html = message_html
             if message_html:
                 self.jupyterhub_html_message = message_html
             self.status_code = status_code
-            super().__init__(status_code, message, reason=reason)
+            # tornado's log_message is a read-only property (6.5): it gives what is set here
+            super().__init__(status_code, log_message or message, reason=reason)
 
         @property
         def jupyterhub_message(self) -> str:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from jupyterhub.services.auth import HubOAuth, check_scopes
 from tornado import web
 
-from hub_spawner.hubconfig import ADMIN_SCOPE, USE_SCOPE
+from hub_spawner.hubconfig import ADMIN_SCOPE as ADMIN_SCOPE
+from hub_spawner.hubconfig import USE_SCOPE as USE_SCOPE
 from jupyter_gpubroker.api.identity import Identity
 
 if TYPE_CHECKING:  # the spawner imports this module, in a hub that runs no broker

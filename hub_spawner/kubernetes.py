@@ -125,6 +125,11 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
     """KubeSpawner with a GPU or MIG device granted by the broker (``"gpubroker-kubernetes"``;
     see the module's docstring)."""
 
+    # KubeSpawner's traits (untyped) that every pod's grant is added to
+    extra_resource_limits: dict[str, str]
+    node_affinity_required: list[dict[str, Any]]
+    extra_labels: dict[str, str]
+
     mig_strategy = Enum(
         ("mixed", "single"),
         "mixed",

@@ -9,10 +9,17 @@ import math
 from html import escape
 from typing import Any
 
-from jupyter_gpubroker.client import eta_text, size_text
 from jupyter_gpubroker.wire.errors import BrokerError
 from jupyter_gpubroker.wire.sizes import DURATIONS, Size, expected_duration
-from jupyter_gpubroker.wire.text import count, devices_held, memory, queue_place, quota_allows
+from jupyter_gpubroker.wire.text import (
+    count,
+    devices_held,
+    eta_text,
+    memory,
+    queue_place,
+    quota_allows,
+    size_text,
+)
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 GPU_KINDS = ("cpu", *SIZE_FIELDS)
@@ -172,7 +179,7 @@ class Choices:
         if "profile" in size:
             return self.free(self.profiles.get(size["profile"], [])) > 0
         if "gpus" in size:
-            return self.free(self.whole) >= size["gpus"]
+            return self.free(self.whole) >= int(size["gpus"])
         return True
 
     def form(self) -> str:

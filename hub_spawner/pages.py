@@ -33,11 +33,18 @@ from tornado import web
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.api.shapes import iso
-from jupyter_gpubroker.client import eta_text, size_text
 from jupyter_gpubroker.server.handlers import broker_error, broker_errors
 from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest
 from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS
-from jupyter_gpubroker.wire.text import audit_detail, devices_held, gpu_hours, holder, period
+from jupyter_gpubroker.wire.text import (
+    audit_detail,
+    devices_held,
+    eta_text,
+    gpu_hours,
+    holder,
+    period,
+    size_text,
+)
 
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .options import JOB_CLASSES, Choices
@@ -117,7 +124,7 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
         self.who = hub_identity(self.api, model)
 
     def url(self, *parts: str) -> str:
-        return url_path_join(self.hub_auth.base_url, *parts)
+        return str(url_path_join(self.hub_auth.base_url, *parts))
 
     def render_page(self, template: str, status: int = 200, **context: Any) -> None:
         hub = self.hub_auth.hub_prefix

@@ -44,7 +44,7 @@ import sys
 import time
 from copy import deepcopy
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
@@ -444,7 +444,7 @@ class GPUBrokerService(Application):
 
     def _log_request(self, handler: web.RequestHandler) -> None:
         status = handler.get_status()
-        if status < 400 and self.log_level > logging.DEBUG:
+        if status < 400 and cast(int, self.log_level) > logging.DEBUG:  # traitlets keeps a number
             return  # a success is debug output: below the level shown, make no record of it
         log = self.log.warning if status >= 400 else self.log.debug
         request = handler.request  # its path only: a query may carry a token

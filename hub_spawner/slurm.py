@@ -30,7 +30,8 @@ from traitlets import Unicode, default
 
 from jupyter_gpubroker.engines.slurm import COMMENT_PREFIX, gres_request
 
-from .spawner import LEASE_ENV, GPUBrokerSpawnerMixin, SpawnError
+from .environment import LEASE_ENV
+from .spawner import GPUBrokerSpawnerMixin, SpawnError
 
 
 class SlurmJobProgress(SlurmSpawner):
@@ -74,7 +75,7 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
     """SlurmSpawner with the server's GPU ordered by the broker (``"gpubroker-slurm"``):
     see the module's docstring."""
 
-    def _device_env(self, devices: list[str]) -> dict[str, str]:
+    def _device_env(self, devices: list[str] | None) -> dict[str, str]:
         return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the job's gres
 
     def get_req_subvars(self) -> dict[str, Any]:

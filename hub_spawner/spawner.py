@@ -36,9 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Iterator
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -47,29 +48,26 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpubroker.client import (
-    SERVER_LEASE_ENV,
-    BrokerAPIError,
-    BrokerClient,
-    GrantTimeout,
-    Lost,
-    keep_alive,
-    size_text,
-)
+from jupyter_gpubroker.client import NO_REPLY, BrokerAPIError, BrokerClient, Lost, keep_alive
 from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
 from jupyter_gpubroker.wire.sizes import DURATIONS, expected_duration
-from jupyter_gpubroker.wire.text import SERVER_OWNER, duration
+from jupyter_gpubroker.wire.text import size_text
 
+from . import reservation
 from ._compat import SpawnException
 from .culling import stopped_text, warning_text
+from .environment import (
+    broker_scopes,
+    device_env,
+    gpu_env,
+    server_owner,
+    start_path,
+    start_timeout,
+    wants_gpu,
+)
 from .hubauth import API_PATH, USE_SCOPE
-from .options import Choices, gpu_request, options_from_form, waiting_message
-
-LEASE_ENV = SERVER_LEASE_ENV
-GIVE_BACK_RETRY_S = 5.0
-"""How long a stopping server tries to give its GPU back: a hub that stops takes its
-broker service down first, and the restarted service releases the lease itself
-(``service.release_stopped_servers``)."""
+from .options import gpu_request, options_from_form, waiting_message
+from .reservation import GIVE_BACK_RETRY_S, NotReserved
 
 
 class SpawnError(SpawnException):
@@ -83,10 +81,19 @@ class SpawnError(SpawnException):
 
     @property
     def jupyterhub_message(self) -> str:
-        return self.message
+        return str(self.message)
 
     def __str__(self) -> str:
-        return self.message
+        return str(self.message)
+
+
+@contextlib.contextmanager
+def _as_spawn_error() -> Iterator[None]:
+    """A reservation that fails fails the start, with the same sentence."""
+    try:
+        yield
+    except NotReserved as e:
+        raise SpawnError(e.message, reason=e.reason, status_code=e.status) from None
 
 
 def _bad_options(e: ValueError) -> SpawnException:
@@ -94,7 +101,13 @@ def _bad_options(e: ValueError) -> SpawnException:
     return SpawnError(f"Cannot start the server: {e}.", reason="user_options", status_code=400)
 
 
-class GPUBrokerSpawnerMixin(Configurable):
+if TYPE_CHECKING:  # the spawner it goes in front of (JupyterHub ships no types: Any)
+    from jupyterhub.spawner import Spawner as _Spawner
+else:
+    _Spawner = Configurable
+
+
+class GPUBrokerSpawnerMixin(_Spawner):
     """Reserve a GPU or MIG slice for the whole server at the GPU broker service (see the
     module's docstring). Put it before the spawner class it extends."""
 
@@ -124,10 +137,13 @@ class GPUBrokerSpawnerMixin(Configurable):
 
     @validate("gpu_expected_duration")
     def _check_expected_duration(self, proposal: dict[str, Any]) -> float | None:
-        value = proposal["value"]
+        value: float | None = proposal["value"]
         if value is not None and not expected_duration(value):
             raise TraitError(f"gpu_expected_duration must be {DURATIONS}, not {value!r}")
         return value
+
+    start_timeout: int
+    """The hub's (``Spawner.start_timeout``), which a GPU server's start extends."""
 
     _gpu: dict[str, Any] | None = None
     """The server's reservation: ``request_id``, and once granted ``lease_id``, ``devices``
@@ -166,7 +182,7 @@ class GPUBrokerSpawnerMixin(Configurable):
                 reason="gpubroker_config",
                 status_code=503,
             )
-        return url_path_join(service.url, service.prefix, API_PATH)
+        return str(url_path_join(service.url, service.prefix, API_PATH))
 
     def _client(self, retry_for: float | None = None) -> BrokerClient:
         """The broker as the server's user; its calls wait out a service restarting for
@@ -183,7 +199,7 @@ class GPUBrokerSpawnerMixin(Configurable):
         """A hub API token of the server's user that reaches and uses the broker, and
         nothing else; one a hub that died left behind is revoked first."""
         self._revoke_token()
-        scopes = [f"access:services!service={self.gpubroker_service}", USE_SCOPE]
+        scopes = broker_scopes(self.gpubroker_service)
         try:
             return str(self.user.new_api_token(note=self._token_note, scopes=scopes))
         except (ValueError, KeyError):
@@ -207,19 +223,6 @@ class GPUBrokerSpawnerMixin(Configurable):
         if not note:
             self._token = ""
 
-    async def _choices(self, client: BrokerClient) -> Choices:
-        overview, quotas = await asyncio.gather(client.overview(), client.quotas())
-        return Choices(overview, quotas)
-
-    async def _refusal(self, client: BrokerClient, why: str) -> SpawnException:
-        """A refused request in one sentence: why, and what the user may ask for."""
-        try:
-            what = (await self._choices(client)).text()
-        except (BrokerAPIError, OSError):
-            what = ""
-        message = f"Cannot start a GPU server: {why.rstrip('.')}" + (f"; {what}." if what else ".")
-        return SpawnError(message, reason="gpu_request", status_code=400)
-
     # -- the spawner's lifecycle
 
     @default("options_form")
@@ -242,7 +245,7 @@ class GPUBrokerSpawnerMixin(Configurable):
     async def _render_options_form(self) -> str:
         """The form, live from the broker; CPU only, saying why, when it cannot be read."""
         try:
-            return (await self._choices(self._client())).form()
+            return (await reservation.choices(self._client())).form()
         except (BrokerAPIError, OSError, SpawnException) as e:
             why = escape(getattr(e, "message", None) or getattr(e, "log_message", None) or str(e))
             return (
@@ -273,15 +276,13 @@ class GPUBrokerSpawnerMixin(Configurable):
         """Give a GPU server's start the queue's wait too (the hub reads start_timeout once
         start is called), after the deployment's own hook."""
         ran = super().run_pre_spawn_hook()
-        try:
-            self._wants_gpu = gpu_request(self.user_options) is not None
-        except ValueError:
-            self._wants_gpu = False  # start refuses it at once
+        self._wants_gpu = wants_gpu(self.user_options)
         self._progress.clear()
         self._resuming = False
         self.gpu_notice = ""
-        extra = self.gpu_wait_timeout if self._wants_gpu else 0
-        self.start_timeout = int(self._server_start_timeout + extra)
+        self.start_timeout = start_timeout(
+            self._server_start_timeout, self.gpu_wait_timeout, self._wants_gpu
+        )
         return ran
 
     async def start(self) -> Any:
@@ -289,50 +290,28 @@ class GPUBrokerSpawnerMixin(Configurable):
         if body is None:
             self._gpu = None
             return await super().start()
-        client = self._client()
-        owner = f"{SERVER_OWNER}{self._log_name}"
-        try:
-            request = await self._live_request(client, owner)
-            if request is None:
-                request = await client.submit(**body, owner=owner)
-        except BrokerAPIError as e:
-            if e.status >= 500:
-                raise self._unreachable(e.message) from None
-            raise await self._refusal(client, e.message) from None
-        except OSError as e:
-            raise self._unreachable(e.strerror or str(e)) from None
-        self._gpu = {"request_id": request["id"]}
-        self._save_state()
-        if request["state"] == "queued":
-            try:
-                self._why_waiting = (await self._choices(client)).blocked(request)
-            except (BrokerAPIError, OSError):
-                self._why_waiting = ""
-            self._waiting(request, {}, request.get("position") or 0)
-            try:
-                request = await client.wait_for_grant(
-                    request["id"],
-                    self.gpu_wait_timeout,
-                    on_wait=self._waiting,
-                    keep_on_cancel=True,  # a hub going down; a stop withdraws it itself
-                )
-            except GrantTimeout as e:
-                self._gpu = None
-                raise SpawnError(
-                    f"No GPU for this server within {duration(e.waited)} "
-                    f"(position {e.request.get('position') or '?'} in the queue); the request "
-                    "was withdrawn: try again later or ask for something smaller.",
-                    reason="gpu_wait_timeout",
-                    status_code=503,
-                ) from None
-            except BrokerAPIError as e:
-                self._gpu = None
-                raise SpawnError(
-                    f"The server's GPU request ended: {e.message}.", reason="gpu_request"
-                ) from None
-        lease = request["lease"]
-        self._gpu.update(lease_id=lease["id"], devices=lease["devices"], ttl_s=lease["ttl_s"])
-        self._report(60, f"Granted {size_text(request)}: {', '.join(lease['devices'])}")
+        client, owner = self._client(), server_owner(self.user.name, self.name)
+        with _as_spawn_error():
+            request, again = await reservation.ask(client, body, owner)
+            if again:
+                self.log.info("%s takes up its GPU request %s again", self._log_name, request["id"])
+            self._gpu = reservation.held(request)
+            self._save_state()
+            if request["state"] == "queued":
+                try:
+                    self._why_waiting = (await reservation.choices(client)).blocked(request)
+                except (BrokerAPIError, OSError):
+                    self._why_waiting = ""
+                self._waiting(request, {}, request.get("position") or 0)
+                try:
+                    request = await reservation.granted(
+                        client, request, self.gpu_wait_timeout, self._waiting
+                    )
+                except NotReserved:
+                    self._gpu = None
+                    raise
+        self._gpu = reservation.held(request)
+        self._report(60, f"Granted {size_text(request)}: {', '.join(self._gpu['devices'])}")
         self._keep_lease()
         try:
             return await super().start()
@@ -340,27 +319,16 @@ class GPUBrokerSpawnerMixin(Configurable):
             await self._give_back()
             raise
 
-    async def _live_request(self, client: BrokerClient, owner: str) -> dict[str, Any] | None:
-        """This server's request still live at the broker (a start the hub's restart
-        interrupted, re-attached by its owner), so that no start asks twice."""
-        live = [r for r in await client.requests() if r["owner"] == owner]
-        if not live:
-            return None
-        request = await client.request(live[0]["id"])
-        self.log.info("%s takes up its GPU request %s again", self._log_name, request["id"])
-        return request
-
     def _resume(self) -> None:
         """Start the server again as its user asked, through the hub's REST API (the one
         way a start gets its pending page, progress and proxy route): the start the hub's
-        restart interrupted. It re-attaches to its request (``_live_request``)."""
+        restart interrupted. It re-attaches to its request (``reservation.ask``)."""
         if self._resumed is None or self._resumed.done():
             options = dict(self.user_options or {})
             self._resumed = asyncio.ensure_future(self._start_again(options))
 
     async def _start_again(self, options: dict[str, Any]) -> None:
-        server = f"s/{url_escape_path(self.name)}" if self.name else ""
-        path = f"users/{self.user.escaped_name}/server{server}"  # names hold ' ', '?', '#'...
+        path = start_path(self.user.escaped_name, url_escape_path(self.name) if self.name else "")
         note = f"gpubroker resumes {self._log_name}"
         token = self.user.new_api_token(
             note=note, scopes=[f"servers!server={self.user.name}/{self.name}"], expires_in=600
@@ -387,7 +355,7 @@ class GPUBrokerSpawnerMixin(Configurable):
                     if response.code < 400:
                         return
                     why = f"{response.code} {response.body.decode(errors='replace')[:200]}"
-                    if response.code != 599:
+                    if response.code != NO_REPLY:  # the hub did not answer: try again
                         break
                 await asyncio.sleep(1)
             self.log.warning(
@@ -399,19 +367,11 @@ class GPUBrokerSpawnerMixin(Configurable):
         finally:
             self._revoke_token(note)
 
-    def _unreachable(self, why: str) -> SpawnException:
-        return SpawnError(
-            f"The GPU broker at {self._broker_url} does not answer ({why}): check that its "
-            "service runs (the hub's log says why it stopped), or start a server without a GPU.",
-            reason="gpubroker_unreachable",
-            status_code=503,
-        )
-
     def make_preexec_fn(self, name: str) -> Any:
         """LocalProcessSpawner's child joins the server's device cgroup first, as root
         before it becomes the user, so the server never runs able to open a GPU device
         node beyond its grant (``jupyter_gpubroker.confine``; c.DeviceConfinement)."""
-        start = super().make_preexec_fn(name)  # type: ignore[misc]
+        start = super().make_preexec_fn(name)
         self._unconfine()  # one a start the hub's restart interrupted left
         confinement = DeviceConfinement(parent=self)
         try:
@@ -445,28 +405,19 @@ class GPUBrokerSpawnerMixin(Configurable):
                 self.log.warning("Could not remove %s's device cgroup: %s", self._log_name, e)
 
     def get_env(self) -> dict[str, str]:
-        env = super().get_env()
-        if self._gpu and self._gpu.get("devices"):
-            env.update(self._device_env(self._gpu["devices"]))
-            env[LEASE_ENV] = self._gpu["lease_id"]
-        else:
-            env.update(self._device_env(None))
-        return env
+        return {**super().get_env(), **gpu_env(self._gpu, self._device_env)}
 
     def _device_env(self, devices: list[str] | None) -> dict[str, str]:
         """The environment that confines the server to its granted ``devices`` (``None``: a
         CPU-only server, which sees no GPU a kernel could use without asking the broker).
         On one machine the spawner names them; an engine that enforces placement itself
         (Kubernetes' device plugin) sets them in the container instead."""
-        if devices is None:
-            return {"CUDA_VISIBLE_DEVICES": ""}
-        ids = ",".join(devices)
-        return {"CUDA_VISIBLE_DEVICES": ids, "NVIDIA_VISIBLE_DEVICES": ids}
+        return device_env(devices)
 
     async def poll(self) -> int | None:
         """The server's process, and its lease at the broker: a lease that ended (an idle
         server's, reclaimed) stops the server; a warning shows on the hub's pages."""
-        status = await super().poll()
+        status: int | None = await super().poll()
         if status is None and self._gpu and self._gpu.get("lease_id"):
             self._resuming = False
             self._keep_lease(now=self._renewing is None)  # a restarted hub renews at once
@@ -490,7 +441,7 @@ class GPUBrokerSpawnerMixin(Configurable):
     def get_state(self) -> dict[str, Any]:
         """The reservation, and the notice the user's next visit shows (the hub forgets
         a stopped server's spawner)."""
-        state = super().get_state()
+        state: dict[str, Any] = super().get_state()
         if self._gpu:
             state["gpubroker"] = dict(self._gpu)
         if self.gpu_notice:
@@ -589,20 +540,11 @@ class GPUBrokerSpawnerMixin(Configurable):
         if not held:
             return
         try:
-            client = self._client(retry_for=GIVE_BACK_RETRY_S)
-            if held.get("lease_id"):
-                await client.release(held["lease_id"])
-            else:
-                await client.cancel(held["request_id"])
-        except BrokerAPIError as e:
-            if e.status not in (404, 409):  # not already gone
-                self.log.warning("Could not give %s's GPU back: %s", self._log_name, e.message)
-        except (OSError, SpawnException) as e:  # unrenewed, it expires
-            self.log.warning(
-                "Could not give %s's GPU back (%s): it returns to the queue once its lease expires",
-                self._log_name,
-                getattr(e, "message", None) or e,
-            )
+            why = await reservation.give_back(self._client(retry_for=GIVE_BACK_RETRY_S), held)
+        except SpawnException as e:  # no token or no broker service: unrenewed, it expires
+            why = f"{e.message}: it returns to the queue once its lease expires"
+        if why:
+            self.log.warning("Could not give %s's GPU back: %s", self._log_name, why)
 
     # -- progress
 

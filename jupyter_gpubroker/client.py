@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import ssl
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,16 +24,12 @@ from urllib.parse import urlencode, urlsplit
 
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
-from tornado.httputil import (
-    HTTPHeaders,
-    HTTPMessageDelegate,
-    RequestStartLine,
-    ResponseStartLine,
-)
+from tornado.httputil import HTTPHeaders, RequestStartLine
 from tornado.tcpclient import TCPClient
 
 from .api import TOKEN_HEADER
-from .wire.text import duration, start_estimate
+from .sse import StreamedResponse, parse_message
+from .wire.text import duration, size_text
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
@@ -64,6 +59,18 @@ class BrokerAPIError(Exception):
         self.answered = answered
 
 
+NO_REPLY = 599
+"""tornado's status for a call that got no reply at all (a timeout, a dropped connection);
+``NoReply`` names it."""
+
+
+class NoReply(BrokerAPIError):
+    """The call got no reply at all: a timeout, or a connection that dropped."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(NO_REPLY, "no_reply", message, answered=False)
+
+
 class GrantTimeout(Exception):
     """No grant within the time allowed (the request was withdrawn); carries the last
     queue position."""
@@ -78,26 +85,6 @@ class GrantTimeout(Exception):
         )
 
 
-def size_text(r: dict[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GiB"."""
-    if r.get("gpus"):
-        return f"{r['gpus']} GPU(s)"
-    if r.get("profile"):
-        return str(r["profile"])
-    return f">= {r.get('min_memory_gb')} GiB"
-
-
-def eta_text(r: dict[str, Any]) -> str:
-    """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
-    ``eta_known`` of the API): "10:40 (10:20-11:30)", "unknown"."""
-    span = r.get("eta_range")
-    estimate = None
-    if r.get("eta_known") and span and r.get("eta"):
-        high = _seconds(span["high"]) if span.get("high") else None
-        estimate = (_seconds(span["low"]), _seconds(r["eta"]), high)
-    return start_estimate(estimate, r.get("position"), time.time())
-
-
 def kernel_report(execution_state: str, last_activity: float) -> dict[str, Any]:
     """A kernel's state as a lease renewal reports it (``BrokerClient.renew``'s ``kernel``):
     ``idle`` or ``busy``, and when it last started or finished running code."""
@@ -105,10 +92,6 @@ def kernel_report(execution_state: str, last_activity: float) -> dict[str, Any]:
         "execution_state": execution_state,
         "last_activity": datetime.fromtimestamp(last_activity, timezone.utc).isoformat(),
     }
-
-
-def _seconds(iso: str) -> float:
-    return datetime.fromisoformat(iso).timestamp()
 
 
 @dataclass(frozen=True)
@@ -139,7 +122,7 @@ def transient(error: Exception) -> bool:
         return True
     if not isinstance(error, BrokerAPIError):
         return False
-    return error.status == 599 or (error.status in (502, 503, 504) and not error.answered)
+    return isinstance(error, NoReply) or (error.status in (502, 503, 504) and not error.answered)
 
 
 async def keep_alive(
@@ -245,7 +228,7 @@ class BrokerClient:
         while True:
             try:
                 response = await self.fetch(method, path + (f"?{urlencode(q)}" if q else ""), data)
-            except HTTPClientError as e:  # a timeout (599)
+            except HTTPClientError as e:  # no reply (a timeout)
                 error: Exception = _api_error(e)
             except OSError as e:
                 error = e
@@ -262,7 +245,7 @@ class BrokerClient:
 
     async def fetch(self, method: str, path: str, body: bytes | None = None) -> HTTPResponse:
         """One call's raw response, whatever its status (``path`` may carry a query); raises
-        ``OSError`` or ``HTTPClientError`` (599) when no answer came."""
+        ``OSError`` or ``HTTPClientError`` (``NO_REPLY``) when no answer came."""
         request = HTTPRequest(
             self.url + path,
             method=method,
@@ -394,7 +377,7 @@ class BrokerClient:
             ssl_options=ssl.create_default_context() if tls else None,
             timeout=self.timeout,
         )
-        response, reading = _Streamed(), None
+        response, reading = StreamedResponse(), None
         try:
             connection = HTTP1Connection(
                 stream, True, HTTP1ConnectionParameters(no_keep_alive=True)
@@ -409,12 +392,12 @@ class BrokerClient:
             buffer = b""
             while (chunk := await response.chunks.get()) is not None:
                 buffer += chunk
-                while response.code < 400 and b"\n\n" in buffer:
+                while response.code is not None and response.code < 400 and b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
-                    message = _message(frame.decode())
+                    message = parse_message(frame.decode())
                     if message is not None:
                         yield message
-            if response.code >= 400:
+            if response.code is not None and response.code >= 400:
                 raise _error_of(response.code, buffer, response.reason)
             if response.error is not None:
                 raise response.error
@@ -518,39 +501,6 @@ class BrokerClient:
             await self.cancel(request_id)
 
 
-class _Streamed(HTTPMessageDelegate):
-    """A response read as it arrives: its status, then its body chunk by chunk."""
-
-    def __init__(self) -> None:
-        self.code, self.reason = 0, ""
-        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
-        """The body so far; ``None`` once it ended (``error`` says if it broke)."""
-        self.error: Exception | None = None
-
-    async def read(self, connection: HTTP1Connection) -> None:
-        try:
-            await connection.read_response(self)
-        except Exception as e:  # the connection broke: the stream ends with this error
-            self.error = e
-        finally:
-            self.chunks.put_nowait(None)
-
-    def headers_received(
-        self, start_line: RequestStartLine | ResponseStartLine, headers: HTTPHeaders
-    ) -> None:
-        assert isinstance(start_line, ResponseStartLine)
-        self.code, self.reason = start_line.code, start_line.reason
-
-    def data_received(self, chunk: bytes) -> None:
-        self.chunks.put_nowait(chunk)
-
-
-def _message(frame: str) -> dict[str, Any] | None:
-    """One server-sent message's JSON (``None`` for a comment, such as a keepalive)."""
-    data = [line[5:].lstrip() for line in frame.splitlines() if line.startswith("data:")]
-    return json.loads("\n".join(data)) if data else None
-
-
 def _why(error: Exception) -> str:
     """A failed call's cause in words: the broker's message, or the system's."""
     if isinstance(error, OSError):
@@ -563,6 +513,8 @@ def _api_error(e: HTTPClientError) -> BrokerAPIError:
 
 
 def _error_of(code: int, body: bytes, fallback: str) -> BrokerAPIError:
+    if code == NO_REPLY:
+        return NoReply(fallback)
     try:
         data = json.loads(body)
         return BrokerAPIError(

@@ -11,7 +11,8 @@ import sys
 from asyncio.subprocess import Process
 from typing import Any
 
-from ..client import BrokerAPIError, BrokerClient, eta_text, keep_alive
+from ..client import BrokerAPIError, BrokerClient, keep_alive
+from ..wire.text import eta_text
 from .common import client, connection_args, interruptible, print_result, seconds, table
 
 STOP_GRACE_S = 5.0

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..api import API_PREFIX
-from ..client import HUB_TOKEN_ENV, JUPYTER_TOKEN_ENV, URL_ENV, BrokerAPIError, GrantTimeout
+from ..client import (
+    HUB_TOKEN_ENV,
+    JUPYTER_TOKEN_ENV,
+    URL_ENV,
+    BrokerAPIError,
+    GrantTimeout,
+    NoReply,
+)
 
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("status", ".status", "show the GPUs and MIG slices, their load, and who holds them"),
@@ -133,7 +140,7 @@ def _api_error_text(args: argparse.Namespace, e: BrokerAPIError) -> str:
     or a body not from the broker) say what to check."""
     url = getattr(args, "broker_url", "") or "the broker"
     from_server = e.code in ("error", f"http_{e.status}")
-    if e.status == 599:
+    if isinstance(e, NoReply):
         return _unreachable(url, e.message)
     if from_server and e.status in (401, 403):
         if "/services/" in url:  # the hub's service: a hub token, never a kernel's

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import logging
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -108,8 +109,23 @@ class Broadcast:
         raise NotImplementedError
 
 
+REVOKED = (
+    "This kernel's GPU broker token is no longer valid, so its GPU widgets stop updating: "
+    "restart the kernel to get a new one."
+)
+"""What a kernel's user reads once the broker refuses its token (403: revoked, or from a
+broker that restarted without it)."""
+
+
 class EventFeed(Broadcast):
-    """The broker's server-sent events (this kernel's requests, and its positions)."""
+    """The broker's server-sent events (this kernel's requests, and its positions).
+
+    A refused token ends the feed for good (no retry would change it): its listeners get
+    one last event, ``{"type": "ended", "data": {"message": REVOKED}}``, and the sentence
+    is shown once in the notebook (the output of the cell that runs now)."""
+
+    ended: str | None = None
+    """Why the feed ended; None while it runs or may run again."""
 
     async def _run(self) -> None:
         while True:  # a reconnect resumes where the stream broke (``BrokerClient.follow``)
@@ -117,9 +133,20 @@ class EventFeed(Broadcast):
                 async with contextlib.aclosing(self.client.follow(pause=1.0)) as events:
                     async for event in events:
                         await self.publish(event)
-            except TRANSIENT as e:  # refused (the token revoked, say): try again later
+            except BrokerAPIError as e:
+                if e.status == 403:
+                    await self._end(REVOKED)
+                    return
                 self.log.info("GPU broker event stream refused (%s); retrying", e)
+            except TRANSIENT as e:
+                self.log.info("GPU broker event stream lost (%s); retrying", why(e))
             await asyncio.sleep(30.0)
+
+    async def _end(self, message: str) -> None:
+        self.ended = message
+        self.log.warning("GPU broker: %s", message)
+        print(message, file=sys.stderr)
+        await self.publish({"type": "ended", "data": {"message": message}})
 
 
 class DevicePoll(Broadcast):

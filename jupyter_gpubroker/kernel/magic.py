@@ -22,10 +22,10 @@ from IPython.display import display
 from traitlets import Float, observe
 from traitlets.log import get_logger
 
-from ..client import BrokerAPIError, size_text
+from ..client import BrokerAPIError, NoReply
 from ..wire.errors import BrokerError
 from ..wire.sizes import Size
-from ..wire.text import SUSPENDED_TEXT, count, duration
+from ..wire.text import SUSPENDED_TEXT, count, duration, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
@@ -238,7 +238,7 @@ class GPUMagics(Magics):
             message = str(e)
         except BrokerAPIError as e:
             label = LABELS.get(e.code)
-            message = self._unreachable(e) if e.status == 599 else e.message
+            message = self._unreachable(e) if isinstance(e, NoReply) else e.message
             message = f"{label}: {message}" if label else message
         except (OSError, asyncio.TimeoutError) as e:
             message = self._unreachable(e)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.getipython import get_ipython
 
-from ..client import SERVER_LEASE_ENV, BrokerClient, keep_alive, kernel_report, size_text
-from ..wire.text import duration
+from ..client import SERVER_LEASE_ENV, BrokerClient, keep_alive, kernel_report
+from ..wire.text import duration, size_text
 from . import NO_GPUS_ENV, GpuError
 from .cuda import cuda_initialised
 from .feed import DevicePoll, EventFeed, Runner

@@ -22,9 +22,8 @@ from typing import Any
 from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
-from ..client import eta_text, size_text
 from ..wire.text import clock as wall_clock
-from ..wire.text import duration, memory
+from ..wire.text import duration, eta_text, memory, size_text
 from .feed import TRANSIENT, why
 from .session import Activity, Session, Tracker
 

@@ -30,7 +30,7 @@ from ..nvml import MigPartitioner, NvmlBackend
 from ..statelock import GpuLocks, StateLock, secure_state_file
 from ..suspend.host import KernelSuspender, checkpoint_driver, simulate_kernel_use
 from ..suspend.suspender import Suspender
-from ..wire.errors import InvalidRequest
+from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import clock, duration
 from .engine import EngineWatch, read_now
 from .inventory import NvmlInventory
@@ -71,9 +71,13 @@ class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
         """Open the hardware and the state file and build the core (no event loop needed).
 
         Raises ``StateFileError`` when the state file is unusable or another broker holds
-        it, and leaves nothing open when any step fails."""
+        it, ``ConfigError`` when its configuration cannot be used (what the core refuses
+        while it is built from it included), and leaves nothing open when any step fails."""
         try:
             return self._start()
+        except InvalidRequest as e:  # a setting the broker cannot be built from
+            self.stop()
+            raise ConfigError(e.message) from None
         except BaseException:
             self.stop()
             raise

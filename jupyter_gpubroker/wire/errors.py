@@ -33,6 +33,15 @@ class InvalidRequest(BrokerError):
         self.fields = fields or {}
 
 
+class ConfigError(BrokerError):
+    """The broker's configuration cannot be used as it is (a ``c.GPUBroker`` value, the
+    quotas file, the inventory source): the broker does not start, and says why in one
+    sentence. Not a caller's bad input (``InvalidRequest``, a 400): no request caused it."""
+
+    code = "broker_unavailable"
+    status = 503
+
+
 class UnknownProfile(InvalidRequest):
     """A MIG profile name that no GPU model in the catalog has."""
 

@@ -5,8 +5,10 @@ spawner and the CLI (the Lab panel's ``labextension/src/format.ts`` mirrors it).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from typing import Any
 
 SERVER_OWNER = "server:"
 """A hub server's requests and leases are owned by ``server:<user>[:<server name>]``."""
@@ -48,6 +50,31 @@ def start_estimate(
     if start == clock(median) and high is not None and clock(high) == start:
         return start
     return f"{clock(median)} ({start}{until})"
+
+
+def size_text(r: Mapping[str, Any]) -> str:
+    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GiB"."""
+    if r.get("gpus"):
+        return f"{r['gpus']} GPU(s)"
+    if r.get("profile"):
+        return str(r["profile"])
+    return f">= {r.get('min_memory_gb')} GiB"
+
+
+def eta_text(r: Mapping[str, Any], now: float | None = None) -> str:
+    """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
+    ``eta_known`` of the API): "10:40 (10:20-11:30)", "unknown"; ``now`` defaults to the
+    wall clock, as the fronts that show it read one."""
+    span = r.get("eta_range")
+    estimate = None
+    if r.get("eta_known") and span and r.get("eta"):
+        high = _instant(span["high"]) if span.get("high") else None
+        estimate = (_instant(span["low"]), _instant(r["eta"]), high)
+    return start_estimate(estimate, r.get("position"), time.time() if now is None else now)
+
+
+def _instant(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
 
 
 def count(n: int, thing: str, plural: str | None = None) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from tornado.httpclient import HTTPRequest, HTTPResponse
+from tornado.simple_httpclient import HTTPTimeoutError
 
-from jupyter_gpubroker.client import BrokerAPIError, BrokerClient
+from jupyter_gpubroker.client import BrokerAPIError, BrokerClient, NoReply
 
 PROXY_PAGE = (503, b"<html><body>503: Service Unavailable</body></html>")
 REFUSED = ConnectionRefusedError(111, "Connection refused")
@@ -63,6 +64,15 @@ def test_a_broker_down_for_good_is_given_up_after_retry_for() -> None:
     with pytest.raises(ConnectionRefusedError):
         asyncio.run(client.me())
     assert 3 <= len(client.sent) < 10
+
+
+def test_a_call_that_gets_no_reply_is_tried_again_and_then_named_so() -> None:
+    client = Flaky(HTTPTimeoutError("Timeout"), (200, b'{"user": "ada"}'))
+    assert asyncio.run(client.me()) == {"user": "ada"} and len(client.sent) == 2
+    silent = Flaky(HTTPTimeoutError("Timeout while connecting"), retry_for=0.05)
+    with pytest.raises(NoReply) as e:
+        asyncio.run(silent.me())
+    assert e.value.code == "no_reply" and "Timeout while connecting" in e.value.message
 
 
 def test_a_submit_tried_again_names_the_same_request() -> None:

@@ -17,7 +17,7 @@ import pytest
 from cgroup_versions import require
 from live_hub import Hub, ServerKernel, wait_for
 
-from hub_spawner.spawner import LEASE_ENV
+from hub_spawner.environment import LEASE_ENV
 from jupyter_gpubroker.confine import DeviceConfinement
 from jupyter_gpubroker.confine.nodes import DriverNodes, nvml_address
 from jupyter_gpubroker.nvml import SIMULATE_ENV, SimulatedNvml, load_topology, open_backend

@@ -17,7 +17,7 @@ import requests
 from live_hub import Hub, ServerKernel, wait_for
 from test_spawner import GPU_HUB, SLICE, login, ok, spawn
 
-from hub_spawner.spawner import LEASE_ENV
+from hub_spawner.environment import LEASE_ENV
 
 pytestmark = pytest.mark.hub
 TIMEOUT_S, GRACE_S = 4.0, 20.0

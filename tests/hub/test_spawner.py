@@ -17,8 +17,8 @@ import pytest
 import requests
 from live_hub import Hub, wait_for
 
+from hub_spawner.environment import LEASE_ENV
 from hub_spawner.hubauth import USE_SCOPE as USE
-from hub_spawner.spawner import LEASE_ENV
 from jupyter_gpubroker.api.shapes import parse_iso
 
 pytestmark = pytest.mark.hub

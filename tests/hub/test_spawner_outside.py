@@ -11,7 +11,7 @@ import pytest
 import requests
 from live_hub import Hub, wait_for
 
-from hub_spawner.spawner import LEASE_ENV
+from hub_spawner.environment import LEASE_ENV
 
 pytestmark = pytest.mark.hub
 

@@ -50,7 +50,7 @@ from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     parse_device_uuid,
 )
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
-from jupyter_gpubroker.wire.errors import InvalidRequest  # noqa: E402
+from jupyter_gpubroker.wire.errors import ConfigError  # noqa: E402
 from jupyter_gpubroker.wire.sizes import Size  # noqa: E402
 
 pytestmark = [
@@ -412,7 +412,7 @@ def test_a_broker_cannot_start_without_an_api_server_and_says_why(tmp_path: Path
     elsewhere = tmp_path / "kubeconfig"
     elsewhere.write_text(KUBECONFIG.read_text().replace("127.0.0.1:16443", "127.0.0.1:9"))
     broker = make_broker(tmp_path / "state.sqlite", elsewhere)
-    with pytest.raises(InvalidRequest) as refused:
+    with pytest.raises(ConfigError) as refused:
         broker.start()
     assert refused.value.message.startswith(
         "the Kubernetes API server at https://127.0.0.1:9 does not answer ("
@@ -510,7 +510,7 @@ def test_the_documented_rbac_is_all_the_broker_needs_and_each_verb_is_needed(
             tmp_path, name, [r for r in fewer + less if r["resources"] and r["verbs"]]
         )
         broker = make_broker(tmp_path / f"{name}.sqlite", kubeconfig)
-        with pytest.raises(InvalidRequest) as refused:
+        with pytest.raises(ConfigError) as refused:
             broker.start()
         assert refused.value.message.startswith(
             "the Kubernetes API server refused to list nodes and pods (403 Forbidden): grant the "

@@ -19,13 +19,13 @@ from tornado import web  # noqa: E402
 from tornado.httpserver import HTTPServer  # noqa: E402
 
 from hub_spawner._compat import SpawnException  # noqa: E402
+from hub_spawner.environment import LEASE_ENV  # noqa: E402
 from hub_spawner.kubernetes import (  # noqa: E402
     GPUBrokerKubeSpawner,
     KueuePosition,
     kueue_position,
     merged,
 )
-from hub_spawner.spawner import LEASE_ENV  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import BROKER_LABEL, LEASE_LABEL  # noqa: E402
 
 

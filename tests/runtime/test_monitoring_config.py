@@ -8,7 +8,7 @@ from traitlets import TraitError
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.health import SW_POWER_CAP
-from jupyter_gpubroker.wire.errors import InvalidRequest
+from jupyter_gpubroker.wire.errors import ConfigError
 
 
 def test_traits_reach_the_reclaimer_and_the_health_judge(tmp_path) -> None:
@@ -119,7 +119,7 @@ def test_alert_traits_reach_the_alert_judge_and_its_history_outlives_a_restart(t
 
 def test_a_warning_temperature_at_or_above_the_critical_one_is_refused(tmp_path) -> None:
     rt = make(tmp_path, alert_temperature=90.0, alert_temperature_critical=90.0)
-    with pytest.raises(InvalidRequest, match="below the critical one"):
+    with pytest.raises(ConfigError, match="below the critical one"):
         rt.start()
 
 

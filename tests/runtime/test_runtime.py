@@ -11,7 +11,7 @@ from runtime_helpers import make
 from traitlets import TraitError
 
 from jupyter_gpubroker.broker.budgets import Quota
-from jupyter_gpubroker.wire.errors import InvalidRequest, StateFileError
+from jupyter_gpubroker.wire.errors import ConfigError, InvalidRequest, StateFileError
 
 
 def test_builds_the_configured_broker(tmp_path) -> None:
@@ -57,11 +57,13 @@ def test_bad_quotas_file_is_refused_with_its_reason(tmp_path, text, message) -> 
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(text)
     rt = make(tmp_path, quotas_file=str(quotas))
-    with pytest.raises(InvalidRequest, match=message):
+    with pytest.raises(ConfigError, match=message) as refused:
         try:
             rt.start()
         finally:
             rt.stop()
+    assert not isinstance(refused.value, InvalidRequest)  # no caller's bad request (a 400)
+    assert refused.value.message.count(". ") == 0  # one sentence
 
 
 def test_bad_traits_are_refused(tmp_path) -> None:
@@ -77,7 +79,7 @@ def test_bad_traits_are_refused(tmp_path) -> None:
     with pytest.raises(TraitError, match="bad day range"):
         make(tmp_path, windows=[{"name": "x", "start": "8", "end": "9", "days": "funday"}])
     rt = make(tmp_path, policy_params={"half_lif_s": 1})
-    with pytest.raises(InvalidRequest, match="bad parameter for policy 'broker'"):
+    with pytest.raises(ConfigError, match="bad parameter for policy 'broker'"):
         rt.start()
 
 
@@ -143,7 +145,7 @@ def test_a_second_broker_on_the_same_state_file_is_refused_naming_the_first(tmp_
 def test_a_broker_that_fails_to_start_gives_the_state_file_back(tmp_path) -> None:
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text("people: {}\n")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(ConfigError):
         make(tmp_path, quotas_file=str(quotas)).start()
     rt = make(tmp_path)
     rt.start()

@@ -19,7 +19,7 @@ from jupyter_gpubroker.cli.status import render_status
 from jupyter_gpubroker.engines import ENGINE
 from jupyter_gpubroker.engines.slurm import gres_request
 from jupyter_gpubroker.runtime import GPUBroker
-from jupyter_gpubroker.wire.errors import InvalidRequest, Unsatisfiable
+from jupyter_gpubroker.wire.errors import ConfigError, Unsatisfiable
 from jupyter_gpubroker.wire.sizes import Size
 
 pytestmark = pytest.mark.usefixtures("slurm")
@@ -184,7 +184,7 @@ def test_a_broker_cannot_start_without_slurmctld_and_says_why(
 ) -> None:
     unreachable(tmp_path, monkeypatch)
     broker = GPUBroker(inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"))
-    with pytest.raises(InvalidRequest) as refused:
+    with pytest.raises(ConfigError) as refused:
         broker.start()
     assert refused.value.message.startswith("slurmctld unreachable: scontrol show node failed (")
     assert refused.value.message.endswith(": the broker starts once it answers")

@@ -1,14 +1,19 @@
 """The words every front shares (``wire/text.py``): holders, amounts, memory, places."""
 
+from datetime import datetime, timezone
+
 from jupyter_gpubroker.wire.text import (
     audit_detail,
+    clock,
     devices_held,
+    eta_text,
     gpu_hours,
     holder,
     memory,
     period,
     queue_place,
     quota_allows,
+    size_text,
     start_estimate,
 )
 
@@ -82,3 +87,20 @@ def test_budget_periods_are_said_as_periods() -> None:
         "30 days",
         "1 h 30 min",
     ]
+
+
+def test_a_request_says_what_it_asks_for_and_when_it_may_start() -> None:
+    assert size_text({"profile": "1g.10gb"}) == "1g.10gb"
+    assert size_text({"gpus": 2}) == "2 GPU(s)"
+    assert size_text({"min_memory_gb": 20}) == ">= 20 GiB"
+    now = 1_700_000_000.0
+    iso = lambda t: datetime.fromtimestamp(now + t, timezone.utc).isoformat()  # noqa: E731
+    waiting = {
+        "position": 2,
+        "eta_known": True,
+        "eta": iso(1200),
+        "eta_range": {"low": iso(600), "high": iso(3600)},
+    }
+    assert eta_text(waiting, now) == f"{clock(now + 1200)} ({clock(now + 600)}-{clock(now + 3600)})"
+    assert eta_text({**waiting, "eta_range": {"low": iso(-5)}}, now).endswith("(now or later)")
+    assert eta_text({**waiting, "eta_known": False}, now) == "unknown"
