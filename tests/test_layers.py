@@ -201,7 +201,6 @@ def test_the_api_rules_load_without_a_running_broker() -> None:
 MAX_LINES = 600
 LONGER_ALLOWED = {
     "jupyter_gpubroker/nvml/simulated.py",  # mirrors the whole NVML surface it stands in for
-    "hub_spawner/spawner.py",  # being split (issue 29)
 }
 
 
