@@ -48,8 +48,8 @@ implementations):
     ``head_fraction * max_wait_s``, always ranks first, so it gets the backfill
     reservation (as Slurm's backfill reserves for its top job) and starts as soon
     as the leases ahead of it free what it needs. So no wait is unbounded: a
-    request waits at most until every older one has started, plus one
-    reservation. (With the whole tier off, philly-640's longest wait was 241 h,
+    request waits at most until it is that old and every older one has started,
+    plus one reservation. (With the whole tier off, philly-640's longest wait was 241 h,
     5.5 times FCFS's; issue 27.)
     Age from submission (``W_age``, only without ``max_wait_s``)
     turns the order into FCFS within hours, and FCFS order is what fair share
@@ -265,8 +265,8 @@ class BrokerPolicy(Policy):
     head_fraction: float = 1.5
     """The oldest waiting request ranks first once it has waited this many times
     ``max_wait_s``, even while the tier is off. Chosen on philly-640, the one scenario
-    where the bound breaks (18, 24, 30, 36 and 48 h tried): earlier costs the mean,
-    later the longest wait (``benchmarks/notes-policy.md``, issue 27)."""
+    where the bound breaks (18, 24, 30, 36 and 48 h tried): earlier gives back the mean
+    wait, 48 h lengthens the longest (``benchmarks/notes-policy.md``, issue 27)."""
     windows: tuple[Window, ...] = field(default_factory=_default_windows)
     """Checked in order; the first that contains the local time sets the class weights."""
     timezone: str = "UTC"
