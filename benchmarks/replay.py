@@ -30,7 +30,13 @@ reports. The train/test section also fits on each trace's first half in time
 The broker column measures the start estimates too (``ETA_EVERY_S``).
 
     python benchmarks/replay.py [--quick] [--traces DIR] [--out DIR] [--readme]
+        [--limits exact|tsafrir|loose]
     python benchmarks/replay.py --check [--traces DIR]
+
+``--limits`` gives every job of every scenario a declared run-time limit
+(``jupyter_gpubroker/replay/limits.py``): every column's backfill and ``squeue --start``
+plan with it, and a job past its limit ends at it. Without it each job states its true
+duration (exact limits, as before).
 
 ``--readme`` writes the generated sections of ``benchmarks/README.md`` (between
 its ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` lines) from the run.
@@ -67,6 +73,7 @@ from jupyter_gpubroker.replay import (
     summarize,
 )
 from jupyter_gpubroker.replay.driver import Replay, Timeline
+from jupyter_gpubroker.replay.limits import LIMIT_MODELS, declare
 from jupyter_gpubroker.replay.metrics import wait_stats
 from jupyter_gpubroker.replay.report import header, json_ready, table
 
@@ -257,21 +264,22 @@ class Task:
 
 
 _loaded: dict[tuple[str, str], Trace] = {}
-_source: tuple[Path, bool] = (TRACES, False)
+_source: tuple[Path, bool, str | None] = (TRACES, False, None)
 
 
-def _start_worker(traces: Path, quick: bool) -> None:
+def _start_worker(traces: Path, quick: bool, limits: str | None = None) -> None:
     global _source
-    _source = (traces, quick)
+    _source = (traces, quick, limits)
 
 
 def scenario_trace(scenario: Scenario) -> Trace:
     """The scenario's trace, loaded once per process."""
     key = (scenario.trace, scenario.fmt)
     if key not in _loaded:
-        traces, quick = _source
+        traces, quick, limits = _source
         trace = load(traces / scenario.trace, scenario.fmt)
-        _loaded[key] = trace.head(QUICK_JOBS) if quick else trace
+        trace = trace.head(QUICK_JOBS) if quick else trace
+        _loaded[key] = declare(trace, limits) if limits else trace
     return _loaded[key]
 
 
@@ -522,6 +530,8 @@ def eta_md(results: dict[str, dict[str, Any]]) -> str:
     }
     rows = ["| | " + " | ".join(etas) + " |", "|---|" + "---:|" * len(etas)]
     for label, part, key, kind in ETA_ROWS:
+        if _source[2]:
+            label = label.replace("(exact limits)", f"({_source[2]} limits)")
         cells = (_cell(e[part][key], kind) for e in etas.values())
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -692,6 +702,11 @@ def main() -> None:
         help="check the full traces against their documented counts; write nothing",
     )
     ap.add_argument(
+        "--limits",
+        choices=LIMIT_MODELS,
+        help="declared run-time limits for every job (default: each states its run time)",
+    )
+    ap.add_argument(
         "--jobs", type=int, default=1, metavar="N", help="run N replays at a time (processes)"
     )
     ap.add_argument(
@@ -714,7 +729,7 @@ def main() -> None:
             f"{readme} lacks the generated sections {', '.join(missing_sections(readme))}: "
             "add their <!-- generated: NAME --> and <!-- end: NAME --> lines"
         )
-    _start_worker(args.traces, args.quick)
+    _start_worker(args.traces, args.quick, args.limits)
     try:
         for s in SCENARIOS:
             scenario_trace(s)

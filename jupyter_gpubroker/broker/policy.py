@@ -41,9 +41,16 @@ implementations):
     oldest-first (there it still waits for older requests and for devices to
     free, so a tier that started at ``max_wait_s`` itself would let requests
     cross it). While any waiting request has already waited ``max_wait_s``, the
-    tier is off: the overload is one no order can bound, and oldest-first would
-    then be FCFS for the whole backlog, making every request late in turn
-    (philly-640: twice the mean wait and 3.5 times the requests past the bound).
+    tier is off for the backlog: the overload is one no order can bound, and
+    oldest-first would then be FCFS for the whole backlog, making every request
+    late in turn (philly-640: twice the mean wait and 3.5 times the requests past
+    the bound). Its head stays: the oldest waiting request, once it has waited
+    ``head_fraction * max_wait_s``, always ranks first, so it gets the backfill
+    reservation (as Slurm's backfill reserves for its top job) and starts as soon
+    as the leases ahead of it free what it needs. So no wait is unbounded: a
+    request waits at most until it is that old and every older one has started,
+    plus one reservation. (With the whole tier off, philly-640's longest wait was 241 h,
+    5.5 times FCFS's; issue 27.)
     Age from submission (``W_age``, only without ``max_wait_s``)
     turns the order into FCFS within hours, and FCFS order is what fair share
     and expected service are there to beat (``benchmarks/notes-policy.md``).
@@ -255,6 +262,11 @@ class BrokerPolicy(Policy):
     """The oldest-first tier starts at this fraction of ``max_wait_s``. Chosen on openb
     (the largest of 1, 0.75, 0.5 with no more requests past 24 h than FCFS at x4:
     1 starves 128 where FCFS starves none) and checked on Philly."""
+    head_fraction: float = 1.5
+    """The oldest waiting request ranks first once it has waited this many times
+    ``max_wait_s``, even while the tier is off. Chosen on philly-640, the one scenario
+    where the bound breaks (18, 24, 30, 36 and 48 h tried): earlier gives back the mean
+    wait, 48 h lengthens the longest (``benchmarks/notes-policy.md``, issue 27)."""
     windows: tuple[Window, ...] = field(default_factory=_default_windows)
     """Checked in order; the first that contains the local time sets the class weights."""
     timezone: str = "UTC"
@@ -263,6 +275,8 @@ class BrokerPolicy(Policy):
         super().__post_init__()
         if not 0 < self.tier_fraction <= 1:
             raise InvalidRequest(f"tier_fraction must be in (0, 1], not {self.tier_fraction!r}")
+        if not self.head_fraction > 0:
+            raise InvalidRequest(f"head_fraction must be positive, not {self.head_fraction!r}")
         try:
             self._tz: tzinfo = timezone.utc if self.timezone == "UTC" else ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
@@ -291,11 +305,14 @@ class BrokerPolicy(Policy):
         fairshare, expected = ctx.fairshare, ctx.expected_gpu_hours
         w_age = self.weight_age_per_hour
         tier: float | None = None
+        head: float | None = None
         if self.max_wait_s is not None:
             oldest = ctx.oldest_submitted_at()
             # While the bound is broken, oldest-first would make every request late.
             broken = oldest is not None and now - oldest >= self.max_wait_s
             tier = None if broken else self.tier_fraction * self.max_wait_s
+            if oldest is not None and now - oldest >= self.head_fraction * self.max_wait_s:
+                head = oldest
 
         def rank(r: Request) -> float:
             age = max(now - r.submitted_at, 0.0)
@@ -306,6 +323,8 @@ class BrokerPolicy(Policy):
             )
             if self.max_wait_s is None:
                 return p + w_age * age / 3600.0
+            if r.submitted_at == head:  # the oldest, past its start: first even when off
+                return p + tier_bonus(age, 0.0)
             return p if tier is None else p + tier_bonus(age, tier)
 
         return rank

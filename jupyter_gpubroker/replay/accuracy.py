@@ -11,9 +11,11 @@ first instant at least ``every_s`` after the previous sample, while it waits:
   the replay has seen end or start so far: never a job's own duration. ``raw``
   is the predictor's range before that scaling, for comparison.
 - ``squeue``: :func:`~jupyter_gpubroker.broker.eta.limit_starts`, Slurm's
-  ``squeue --start``, every job running to its limit. The replay's jobs declare
-  their true duration (``expected_duration_s``), so its limits are exact: the
-  best case of that estimator, which real limits (padded by their users) are not.
+  ``squeue --start``, every job running to its limit (``expected_duration_s``).
+  Without a limit model the replay's jobs declare their true duration, so its
+  limits are exact: the best case of that estimator, which real limits (padded by
+  their users) are not; with one (:mod:`.limits`) it plans with the declared limits,
+  as a real Slurm would.
 
 Each estimate is scored against the job's real start: the absolute error over
 the wait that really remained from the instant of the estimate (at least

@@ -10,6 +10,7 @@ from typing import Any
 from ..broker.policy import POLICIES
 from . import DEFAULT_COMPRESS, DEFAULT_INVENTORY, DEFAULT_USERS, FORMATS, STARVE_AFTER_S
 from .driver import replay
+from .limits import LIMIT_MODELS, declare
 from .metrics import summarize
 from .report import json_ready, table
 from .traces import TraceError, load
@@ -67,6 +68,21 @@ def add_replay(p: argparse.ArgumentParser) -> None:
         help="measure the start estimates: ask them at each job's submission and every "
         "MINUTES while it waits, and report their error against the real starts",
     )
+    p.add_argument(
+        "--limits",
+        choices=LIMIT_MODELS,
+        help="give every job a declared run-time limit, as Slurm's --time: exact (its run "
+        "time), tsafrir (round values users pick, after Tsafrir, Etsion and Feitelson 2005) "
+        "or loose (that model twice as loose); backfill and squeue --start plan with it and "
+        "a job past its limit ends at it (default: none, each job states its run time)",
+    )
+    p.add_argument(
+        "--limits-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the seed of the limit model's draws (default %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_replay)
 
@@ -83,6 +99,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     if args.limit is not None:
         trace = trace.head(args.limit)
+    if args.limits is not None:
+        trace = declare(trace, args.limits, args.limits_seed)
     compress = args.compress if args.compress is not None else DEFAULT_COMPRESS[args.format]
     if not compress > 0 or any(v is not None and not v > 0 for v in (args.limit, args.eta_every)):
         print("error: --compress, --limit and --eta-every must be positive", file=sys.stderr)

@@ -7,9 +7,12 @@ trace's instants in order: at each one it releases the leases whose job has
 run its duration, submits the jobs that arrive, and runs one scheduling pass.
 Nothing sleeps; the clock jumps from one instant to the next.
 
-Each job tells the broker its true duration (``expected_duration_s``): the
-policies use it only to place backfill reservations. The ``broker`` policy
-ranks by each user's *history* of hold times, never by this claim.
+Each job tells the broker its declared limit (``Job.limit_s``, from a model in
+:mod:`.limits`), or its true duration when the trace has none, as
+``expected_duration_s``: the policies use it only to place backfill reservations
+(``squeue --start`` plans with it too). A job whose run time exceeds its limit ends
+at its limit, under every policy, and is counted (``Replay.cut_at_limit``). The
+``broker`` policy ranks by each user's *history* of hold times, never by this claim.
 
 With ``eta_every_s``, an :class:`~.accuracy.EtaProbe` also asks the start
 estimators about every waiting job, at submission and every ``eta_every_s``
@@ -93,6 +96,8 @@ class Replay:
     etas: list[Estimate] | None = None
     """The start estimates made while jobs waited, if the replay asked for them."""
     eta_probe_s: float = 0.0
+    cut_at_limit: int = 0
+    """Jobs that ran past their declared limit and so ended at it."""
 
 
 def replay(
@@ -153,6 +158,7 @@ def replay(
         wall_s=time.perf_counter() - wall0 - run.probe_s,
         etas=probe.estimates if probe is not None else None,
         eta_probe_s=run.probe_s,
+        cut_at_limit=run.cut_at_limit,
     )
 
 
@@ -175,6 +181,7 @@ class _Run:
         self.decisions = 0
         self.cpu_s = 0.0
         self.probe_s = 0.0
+        self.cut_at_limit = 0
         self._ends: list[tuple[float, int, str]] = []
         """(end, grant order, lease id): equal ends release in grant order, so runs repeat."""
         self._grants = itertools.count()
@@ -223,7 +230,7 @@ class _Run:
                 size,
                 groups=[job.group] if job.group else [],
                 job_class=job.job_class,
-                expected_duration_s=job.duration_s,
+                expected_duration_s=job.limit_s or job.duration_s,
                 schedule=False,
             )
         except Unsatisfiable as e:
@@ -239,7 +246,11 @@ class _Run:
         if not self._waiting[size]:
             del self._waiting[size]
         self._allocated += lease.gpu_equivalents
-        heapq.heappush(self._ends, (now + job.duration_s, next(self._grants), lease.id))
+        runs = job.duration_s
+        if job.limit_s is not None and runs > job.limit_s:
+            runs = job.limit_s
+            self.cut_at_limit += 1
+        heapq.heappush(self._ends, (now + runs, next(self._grants), lease.id))
         if self.probe is not None:
             self.probe.granted(lease.request_id, now)
 

@@ -18,6 +18,8 @@
   (1 = never waited). Jain = ``(sum x)^2 / (n * sum x^2)``, 1 when all equal.
 - **Starved**: jobs that waited longer than ``starve_after_s`` (default one
   day, the broker policy's own bound).
+- **Cut at the limit**: with declared limits (:mod:`.limits`), the jobs that ran
+  past theirs and so ended at it (None without limits).
 - **Scheduler CPU time per decision**: process CPU time of one scheduling pass
   (``Broker.schedule``), averaged over the passes.
 - **ETA accuracy** (when the replay asked for it, see :mod:`.accuracy`): the
@@ -154,6 +156,9 @@ def summarize(run: Replay, starve_after_s: float = STARVE_AFTER_S) -> dict[str, 
         "tenants": len(service),
         "starved": sum(1 for o in outcomes if o.wait_s > starve_after_s),
         "starve_after_s": starve_after_s,
+        "cut_at_limit": (
+            run.cut_at_limit if any(j.limit_s is not None for j in run.trace.jobs) else None
+        ),
         "by_class": {
             c: wait_stats([o for o in outcomes if o.job_class.value == c]) for c in classes
         },

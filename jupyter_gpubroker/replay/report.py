@@ -29,6 +29,7 @@ ROWS: tuple[Row, ...] = (
     ("fragmentation, queue non-empty", lambda s: s["fragmentation"], "%"),
     ("Jain's index (tenants)", lambda s: s["jain"], "f"),
     ("starved (wait > threshold)", lambda s: s["starved"], "n"),
+    ("ended at their declared limit", lambda s: s.get("cut_at_limit"), "n"),
     ("ETA median relative error", lambda s: _eta(s, "median_rel_error"), "f"),
     ("ETA 80% range coverage", lambda s: _eta(s, "coverage"), "%"),
     ("ETA unknown", lambda s: _eta(s, "unknown"), "n"),

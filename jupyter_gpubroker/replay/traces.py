@@ -88,6 +88,9 @@ class Job:
     user: str
     group: str = ""
     job_class: JobClass = JobClass.BATCH
+    limit_s: float | None = None
+    """The run-time limit its user declared (:mod:`.limits`); None: the trace has none,
+    and the job states its true duration instead."""
 
 
 @dataclass(frozen=True)

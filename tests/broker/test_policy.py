@@ -39,6 +39,7 @@ class FlatContext:
     share: float = 1.0
     hours: float = 1.0
     fraction: float = 0.25
+    oldest: float | None = None
 
     def fairshare(self, user: str, group: str) -> float:
         return self.share
@@ -50,7 +51,7 @@ class FlatContext:
         return self.fraction
 
     def oldest_submitted_at(self) -> float | None:
-        return None
+        return self.oldest
 
 
 def req(submitted_at: float, job_class: JobClass = JobClass.INTERACTIVE, user="u") -> Request:
@@ -277,6 +278,22 @@ def test_broker_policy_max_wait_tier_outranks_everything():
     assert older > old_batch  # oldest first within the tier
 
 
+def test_past_the_bound_the_oldest_request_still_outranks_fresh_ones():
+    # The oldest request waited 40 h, past the 24 h bound: the tier is off for the
+    # backlog, but the oldest itself, past 1.5 times the bound, still ranks first (it
+    # gets the backfill reservation), however spent its user's share; the next oldest
+    # does not.
+    p = BrokerPolicy()
+    now = WEDNESDAY_10AM
+    ctx = FlatContext(share=0.0, oldest=now - 40 * HOUR)
+    fresh = p.priority(req(now), FlatContext(share=1.0, oldest=now - 40 * HOUR), now)
+    assert p.priority(req(now - 40 * HOUR, JobClass.BATCH), ctx, now) > fresh + 1e8
+    assert p.priority(req(now - 39 * HOUR, JobClass.BATCH), ctx, now) < fresh
+    # before 36 h the oldest is not promoted while the bound is broken
+    early = FlatContext(share=0.0, oldest=now - 35 * HOUR)
+    assert p.priority(req(now - 35 * HOUR, JobClass.BATCH), early, now) < fresh
+
+
 # ---------------------------------------------------------------- make_policy
 
 
@@ -304,6 +321,7 @@ def test_make_policy_names_the_choices_for_an_unknown_policy():
         ("broker", {"entry_penalty_s": -1}, "entry_penalty_s"),
         ("broker", {"max_wait_s": 0}, "max_wait_s"),
         ("broker", {"tier_fraction": 0}, "tier_fraction"),
+        ("broker", {"head_fraction": 0}, "head_fraction"),
         ("fcfs", {"backfill_depth": -1}, "backfill_depth"),
         ("broker", {"timezone": "Nowhere/Land"}, "time zone"),
     ],

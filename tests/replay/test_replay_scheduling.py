@@ -87,3 +87,19 @@ def test_once_a_request_is_past_max_wait_the_backlog_is_not_served_oldest_first(
     trace = trace_of(*jobs, Job(20 * HOUR, HOUR, 1, "ann"))
     assert waits_by_user(trace, "fcfs")["ann"] == 20 * HOUR
     assert waits_by_user(trace, "broker")["ann"] == 10 * HOUR
+
+
+def test_past_the_bound_the_oldest_request_still_goes_first():
+    # One GPU held 30 h by hog, whose second job queues behind it; a fresh user's 1 h
+    # job arrives every hour for 100 h. At 30 h hog's job has waited past the 24 h
+    # bound, so the oldest-first tier is off; fair share alone would put every fresh
+    # user first for as long as they keep coming (hog waited 130 h). The oldest
+    # request still goes first once it has waited 36 h: within 1.5x FCFS's longest.
+    jobs = [Job(0, 30 * HOUR, 1, "hog"), Job(1, HOUR, 1, "hog")]
+    jobs += [Job(i * HOUR, HOUR, 1, f"fresh{i}") for i in range(1, 101)]
+    trace = trace_of(*jobs)
+    fcfs = summarize(replay(trace, "fcfs", inventory="dgx-h100:1"))
+    broker = replay(trace, "broker", inventory="dgx-h100:1").outcomes
+    assert fcfs["max_wait_s"] <= 30 * HOUR
+    assert max(o.wait_s for o in broker if o.user == "hog") <= 1.5 * fcfs["max_wait_s"]
+    assert max(o.wait_s for o in broker) <= 1.5 * fcfs["max_wait_s"]
