@@ -236,7 +236,7 @@ class Broker:
         holder gets names ``by`` and the reason."""
         r = self._own_request(request_id, user)
         granted = r.state is RequestState.GRANTED
-        why = f"{'reclaimed' if granted else 'cancelled'} by {by}" + (f": {reason}" * bool(reason))
+        why = f"{'reclaimed' if granted else 'cancelled'} by {by}{': ' + reason if reason else ''}"
         if granted:
             assert r.lease_id is not None
             if by:
