@@ -125,6 +125,7 @@ class Book:
             expires_at=now + self.config.lease_ttl_s,
             ttl_s=self.config.lease_ttl_s,
             profile=profile,
+            limit_s=r.limit_s,
         )
         with self.store.transaction():
             self.store.insert_lease(lease, expected_end)
@@ -151,6 +152,20 @@ class Book:
         with self.store.transaction():
             self.store.renew_lease(replace(lease, expires_at=expires_at))
         lease.expires_at = expires_at
+
+    def extend(self, lease: Lease, end: float) -> None:
+        """Move a lease's time limit to end at ``end`` (its expected end with it)."""
+        extended = replace(
+            lease,
+            extended_s=end - lease.granted_at - (lease.limit_s or 0.0),
+            extensions=lease.extensions + 1,
+        )
+        with self.store.transaction():
+            self.store.extend_lease(extended, end)
+        lease.extended_s, lease.extensions = extended.extended_s, extended.extensions
+        self.placer.expect(lease.devices, end)
+        detail = {"ends_at": end, "extensions": lease.extensions}
+        self._emit(Event.of_lease("extended", self.clock.now(), lease, detail))
 
     def _hold(self, lease: Lease, expected_end: float) -> None:
         self.leases[lease.id] = lease

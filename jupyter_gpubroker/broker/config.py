@@ -28,6 +28,18 @@ class BrokerConfig:
         default_factory=lambda: {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
     )
     """Expected hold time before any history exists, per job class."""
+    default_limit_s: dict[str, float] = field(default_factory=dict)
+    """Time limit of a request that states none, per job class (absent: no limit)."""
+    max_limit_s: dict[str, float] = field(default_factory=dict)
+    """The longest time limit a request may state, per job class (absent: a year)."""
+    limit_required: bool = False
+    """Refuse a request with no time limit (stated or a class default)."""
+    limit_warning_s: float = 600.0
+    """How long before its time limit ends the holder is warned."""
+    limit_grace_s: float = 60.0
+    """How long after its time limit ends a lease is reclaimed."""
+    max_extensions: dict[str, int] = field(default_factory=dict)
+    """How often a lease's time limit may be extended, per job class (absent: 3)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.lease_ttl_s <= MAX_DURATION_S:
@@ -41,3 +53,26 @@ class BrokerConfig:
         for k, v in self.default_duration_s.items():
             if k not in {c.value for c in JobClass} or not 0 < v <= MAX_DURATION_S:
                 raise InvalidRequest(f"bad default duration {k!r}: {v!r}")
+        for what, limits in (("default", self.default_limit_s), ("maximum", self.max_limit_s)):
+            for k, v in limits.items():
+                _check_class(k, f"the {what} time limit")
+                _check_seconds(v, f"the {what} time limit of class {k!r}", low=1.0)
+        for k, v in self.default_limit_s.items():
+            if v > self.max_limit_s.get(k, MAX_DURATION_S):
+                raise InvalidRequest(f"the default time limit of class {k!r} is above its maximum")
+        _check_seconds(self.limit_warning_s, "limit_warning_s")
+        _check_seconds(self.limit_grace_s, "limit_grace_s")
+        for k, n in self.max_extensions.items():
+            _check_class(k, "max_extensions")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise InvalidRequest(f"max_extensions of class {k!r} must be a whole number >= 0")
+
+
+def _check_class(name: str, what: str) -> None:
+    if name not in {c.value for c in JobClass}:
+        raise InvalidRequest(f"{what} names {name!r}: job classes are 'interactive' and 'batch'")
+
+
+def _check_seconds(v: object, what: str, low: float = 0.0) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= MAX_DURATION_S:
+        raise InvalidRequest(f"{what} must be between {low:g} s and a year, not {v!r}")

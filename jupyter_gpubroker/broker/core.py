@@ -41,6 +41,7 @@ from .estimates import QueueEntry as QueueEntry
 from .estimates import StartEstimates
 from .eta import Calibration
 from .fairshare import Entity, FairShareLedger
+from .limits import Promises, check_limit
 from .models import (
     Device,
     Gpu,
@@ -111,7 +112,9 @@ class Broker:
         """Scales the start estimates' ranges by how well the past ones covered."""
         self._changes = 0
         """Counts events: every change of leases, queue or devices emits one."""
-        self.estimates = StartEstimates(self, self.predictor, self.calibration)
+        self.promises = Promises(self)
+        """The starts promised from time limits, and the checks that keep them."""
+        self.estimates = StartEstimates(self, self.predictor, self.calibration, self.promises.bound)
         self.devices = Devices(
             store,
             inventory,
@@ -147,6 +150,7 @@ class Broker:
             self.predictor,
             self.config,
             self._grant,
+            self.promises,
         )
         """The scheduling pass, and the sizes and durations it rests on."""
         self._restore()
@@ -175,12 +179,13 @@ class Broker:
         expected_duration_s: float | None = None,
         schedule: bool = True,
         request_id: str | None = None,
+        limit_s: float | None = None,
     ) -> Request:
         """Queue a request (committed before returning), then run a scheduling pass.
 
         ``request_id``: the client's own id for it; a submit that names one of the same
         user's requests (one that reached the broker, its answer lost) returns that
-        request, changing nothing.
+        request, changing nothing. ``limit_s``: its time limit (``limits.check_limit``).
 
         Raises a ``BrokerError`` subclass, having written nothing, when the input is
         malformed, no device of this inventory could ever satisfy it, or a quota
@@ -189,6 +194,7 @@ class Broker:
         now = self.clock.now()
         groups = tuple(groups)
         job_class = check_submission(user, groups, job_class, owner, expected_duration_s)
+        limit_s = check_limit(self.config, job_class, limit_s)
         self.scheduler.check_satisfiable(size)
         if request_id is not None:
             check_request_id(request_id)
@@ -208,9 +214,11 @@ class Broker:
             expected_duration_s=expected_duration_s,
             expires_at=now + self.request_ttl_s,
             ttl_s=self.request_ttl_s,
+            limit_s=limit_s,
         )
         self.budgets.admit(r, self.scheduler.gpu_eq(r.size), now)
         self.book.queue(r)
+        self.promises.wants(r)
         if self.ledger.register(r.user, r.group, now):
             self._recalc_due = True
         self._emit(Event("queued", now, user, r.id, detail={"size": size.key}))
@@ -228,9 +236,7 @@ class Broker:
         holder gets names ``by`` and the reason."""
         r = self._own_request(request_id, user)
         granted = r.state is RequestState.GRANTED
-        why = f"{'reclaimed' if granted else 'cancelled'} by {by}" + (
-            f": {reason}" if reason else ""
-        )
+        why = f"{'reclaimed' if granted else 'cancelled'} by {by}{': ' + reason if reason else ''}"
         if granted:
             assert r.lease_id is not None
             if by:
@@ -345,6 +351,14 @@ class Broker:
         self.schedule()
         return lease
 
+    def extend(self, lease_id: str, seconds: float, user: str | None = None) -> Lease:
+        """Give a lease's time limit ``seconds`` more unless that breaks a start promised
+        to a waiting request or the class's limits (``Conflict`` says why)."""
+        lease = self._active_lease(lease_id, user)
+        job_class = self.book.live[lease.request_id].job_class
+        self.book.extend(lease, self.promises.check_extension(lease, seconds, job_class))
+        return lease
+
     def warn(self, lease_id: str, reason: str, deadline: float) -> Lease:
         """Tell a lease's holder it will be reclaimed at ``deadline``: a ``warning`` event,
         and the lease's ``reclaim_at``. Deciding when is ``broker.reclaim``'s job."""
@@ -377,9 +391,8 @@ class Broker:
         self.devices.drain(uuid, reason, cause, take_over=take_over)
 
     def add_devices(self, gpus: Iterable[Gpu], devices: Iterable[Device]) -> list[Device]:
-        """Place on devices that joined the inventory (a node added to the engine's
-        cluster, more gres on a node) from this pass on; known UUIDs are left as they
-        are. The devices added."""
+        """Place on devices that joined the inventory (a node added to the engine's cluster,
+        more gres on a node); known UUIDs are left as they are. The devices added."""
         added = self.devices.add(gpus, devices)
         if added:
             self.scheduler.forget_sizes()  # the smallest device that fits a memory size
@@ -396,8 +409,7 @@ class Broker:
         return self.devices.drained()
 
     def drain_cause(self, uuid: str) -> str | None:
-        """Who drained a GPU or device itself (``health``, ``vacate``, ``admin``); None
-        when it is not drained itself."""
+        """Who drained a GPU or device itself (``health``, ``vacate``, ``admin``), if so."""
         return self.devices.drain_cause(uuid)
 
     def drain_causes(self) -> dict[str, str]:
@@ -423,23 +435,27 @@ class Broker:
         return granted
 
     def schedule(self) -> list[Lease]:
-        """One scheduling pass: grant what fits, in priority order, with EASY backfill.
-
-        Sizes with no free device are skipped (their reservation could only name
-        busy devices, so it would not constrain anyone), unless the policy is strict.
-        """
+        """One scheduling pass: grant what fits, in priority order, with EASY backfill
+        (``scheduling``), keeping the starts promised from time limits (``limits``)."""
         now = self.clock.now()
         if self._recalc_due or now - self._ranked_at >= self.policy.recalc_interval_s:
             self._recalc(now)
-        return self.scheduler.run(now)
+        granted = self.scheduler.run(now)
+        if self.promises.offer(lambda: [r for _, r in self._ranked()], now):
+            granted += self.scheduler.run(now)  # a start promised for now
+        return granted
+
+    def _ranked(self) -> list[tuple[float, Request]]:
+        """The waiting requests in priority order, with their priorities."""
+        return sorted(
+            ((self._rank(r), r) for r in self._waiting),
+            key=lambda pr: (-pr[0], pr[1].submitted_at, self._waiting.order(pr[1])),
+        )
 
     def queue(self) -> list[QueueEntry]:
         """Every waiting request in priority order, with its position (1..n) and ETA."""
         now = self.clock.now()
-        ranked = sorted(
-            ((self._rank(r), r) for r in self._waiting),
-            key=lambda pr: (-pr[0], pr[1].submitted_at, self._waiting.order(pr[1])),
-        )
+        ranked = self._ranked()
         etas = self.estimates.of([r for _, r in ranked], now, (self._changes, self._ranked_at))
         return [QueueEntry(i + 1, r, p, etas.get(r.id)) for i, (p, r) in enumerate(ranked)]
 

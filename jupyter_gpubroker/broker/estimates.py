@@ -8,7 +8,8 @@ estimates stable between changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from .eta import Calibration, Eta, View, predicted_starts
 from .models import Request
@@ -26,14 +27,23 @@ class QueueEntry:
     priority: float
     eta: Eta | None
     """Expected start (epoch seconds) as a (low, median, high) range from the run-time
-    predictor (``eta.predicted_starts``); None when the broker cannot know it."""
+    predictor (``eta.predicted_starts``), with the start promised from time limits
+    (``bound``, which the range never passes); None when the broker cannot know it."""
 
 
 class StartEstimates:
     """The queue's calibrated start estimates, kept until the next change."""
 
-    def __init__(self, view: View, predictor: Predictor, calibration: Calibration) -> None:
+    def __init__(
+        self,
+        view: View,
+        predictor: Predictor,
+        calibration: Calibration,
+        bound: Callable[[str], float | None] = lambda request_id: None,
+    ) -> None:
+        """``bound``: a waiting request's promised start (``limits.Promises.bound``)."""
         self.view, self.predictor, self.calibration = view, predictor, calibration
+        self.bound = bound
         self._last: tuple[object, float, dict[str, Eta | None]] | None = None
         """(the change it was made after, when, estimates) of the last ones."""
 
@@ -45,4 +55,14 @@ class StartEstimates:
         if last is None or last[0] != change or now - last[1] > ETA_MAX_AGE_S:
             raw = predicted_starts(self.view, ranked, self.predictor, now) if ranked else {}
             last = self._last = (change, now, self.calibration.apply(raw, now))
-        return last[2]
+        return {rid: self._bounded(rid, eta, now) for rid, eta in last[2].items()}
+
+    def _bounded(self, request_id: str, eta: Eta | None, now: float) -> Eta | None:
+        """``eta`` with the request's promised start, if any (and cut to it)."""
+        bound = self.bound(request_id)
+        if bound is None:
+            return eta
+        if eta is None:
+            return Eta(min(now, bound), bound, bound, bound)
+        low, median = min(eta.low, bound), min(eta.median, bound)
+        return replace(eta, low=low, median=median, high=min(eta.high, bound), bound=bound)

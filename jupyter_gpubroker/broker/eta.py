@@ -55,6 +55,8 @@ class Eta:
     low: float
     median: float
     high: float
+    bound: float | None = None
+    """The start the broker promised, from time limits (``limits.Promises``); None: none."""
 
 
 Ends = Callable[[Lease], Sequence[float] | None]
@@ -228,10 +230,13 @@ def list_schedule(
     passes: int,
     now: float,
     release: Callable[[Request], float] | None = None,
+    held: dict[str, Lease] | None = None,
 ) -> dict[str, list[float]]:
     """Each request's start in each pass (infinite where unknown or never); with
-    ``release``, none starts before its release (a request not yet submitted)."""
-    placer, held, dynamic = view.placer, view.holders(), view.config.dynamic_mig
+    ``release``, none starts before its release (a request not yet submitted); ``held``:
+    device -> lease, in place of the view's holders (a grant being weighed)."""
+    placer, dynamic = view.placer, view.config.dynamic_mig
+    held = view.holders() if held is None else held
     never, idle = [math.inf] * passes, [now] * passes
     lease_ends: dict[str, Sequence[float]] = {}
     for lease in held.values():

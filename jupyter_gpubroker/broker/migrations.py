@@ -185,5 +185,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX unbrokered_end ON unbrokered(end);
     """,
+    # 11: time limits: a request's, copied to its lease, and what extensions added
+    """
+    ALTER TABLE requests ADD COLUMN limit_s REAL;
+    ALTER TABLE leases ADD COLUMN limit_s REAL;
+    ALTER TABLE leases ADD COLUMN extended_s REAL NOT NULL DEFAULT 0;
+    ALTER TABLE leases ADD COLUMN extensions INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

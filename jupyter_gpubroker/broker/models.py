@@ -260,6 +260,9 @@ class Request:
     """While queued: when it expires unless its holder renews it (``Broker.renew_request``)."""
     ttl_s: float | None = None
     """How long a renewal keeps it queued. Not stored: the broker's configuration sets it."""
+    limit_s: float | None = None
+    """Its time limit (``broker.limits``): its lease is reclaimed once it has held it this
+    long (plus its extensions and a grace). None: no limit."""
 
     @property
     def group(self) -> str:
@@ -282,6 +285,7 @@ class Request:
             "reason": self.reason,
             "expires_at": self.expires_at if self.state is RequestState.QUEUED else None,
             "ttl_s": self.ttl_s if self.state is RequestState.QUEUED else None,
+            "limit_s": self.limit_s,
         }
 
 
@@ -313,11 +317,24 @@ class Lease:
     reclaim_at: float | None = None
     """When a pending warning says the lease will be reclaimed. Not stored: after a
     restart the reclaimer judges the lease afresh and warns again before reclaiming."""
+    limit_s: float | None = None
+    """Its request's time limit (None: none)."""
+    extended_s: float = 0.0
+    """Time its extensions added to the limit (``Broker.extend``)."""
+    extensions: int = 0
+
+    @property
+    def ends_at(self) -> float | None:
+        """When its time limit, with its extensions, ends (None: no limit)."""
+        if self.limit_s is None:
+            return None
+        return self.granted_at + self.limit_s + self.extended_s
 
     def to_json(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in _LEASE_FIELDS}  # not ``asdict``: see Size.to_json
         d["devices"] = list(self.devices)
         d["state"] = self.state.value
+        d["ends_at"] = self.ends_at
         return d
 
 

@@ -186,6 +186,13 @@ class Placer:
                 self.until[u] = until
             self._refresh_gpu(d)
 
+    def expect(self, uuids: Iterable[str], until: float) -> None:
+        """Held devices' lease now ends at ``until`` (its time limit was extended)."""
+        for u in uuids:
+            if u in self.until:
+                self.until[u] = until
+                self._refresh(self.devices[u])
+
     def ended(self, uuids: Iterable[str]) -> None:
         """Their lease ended: idle for reservations from now, freed or still vacating."""
         for u in uuids:

@@ -30,6 +30,12 @@ Entry = tuple[float, float, int, int, int, BucketKey]
 """(-priority, head's submit time, head's arrival rank, version, user epoch, bucket)."""
 
 
+def stated(r: Request) -> float | None:
+    """How long ``r`` says it holds: its time limit (an upper bound, as Slurm's backfill
+    takes it), else its expected duration."""
+    return r.limit_s or r.expected_duration_s
+
+
 def bucket_key(r: Request) -> BucketKey:
     return (r.size.key, r.user, r.group, r.job_class.value)
 
@@ -77,8 +83,8 @@ class WaitQueue:
         bucket.append(r)
         if len(bucket) == 1:
             self._push(key)
-        if r.expected_duration_s:
-            heapq.heappush(self._stated[key[0]], (r.expected_duration_s, self._order[r.id], r.id))
+        if held := stated(r):
+            heapq.heappush(self._stated[key[0]], (held, self._order[r.id], r.id))
         else:
             self._unstated[key[0]] += 1
 
@@ -87,7 +93,7 @@ class WaitQueue:
         bucket = self._buckets[key]
         was_head = bucket[0] is r
         del self._order[r.id]
-        if not r.expected_duration_s:
+        if not stated(r):
             self._unstated[key[0]] -= 1
         if was_head:
             bucket.popleft()

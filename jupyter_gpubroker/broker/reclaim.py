@@ -17,6 +17,10 @@ reclaimed kernels down. Nothing here reads a clock or touches a kernel.
 - **Computing**: a busy kernel whose GPU is above the threshold or reports nothing.
   It is never reclaimed; neither is a lease whose kernel the host cannot see (a CLI
   lease, a kernel of another server): there is no evidence either way.
+- **Time limit**: a lease whose request declared a time limit (``broker.limits``) is
+  warned ``limit_warning_s`` before the limit (with its extensions) ends and reclaimed
+  ``limit_grace_s`` after it, whatever it is doing and whoever holds it (a limit is
+  the holder's own declaration; the start promised to others rests on it).
 - **Preempted** (off by default): a user over their fair share holds a slice that a
   waiting user under theirs could use. Fair share is the broker's fair-share ledger
   (``broker.fairshare``), the one the queue is ordered by.
@@ -37,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
 from ..wire.text import SERVER_OWNER as SERVER_OWNER  # ``server:<user>[:<name>]``
-from ..wire.text import duration
+from ..wire.text import clock, duration
 from .models import JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 MEMORY_ACTIVITY_MIB = 16.0
 """A change of the holder's GPU memory by more than this counts as GPU activity."""
 
-Cause = Literal["idle", "stalled", "preempted"]
+Cause = Literal["idle", "stalled", "preempted", "time_limit"]
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ class _Verdict:
     cause: Cause
     reason: str
     evidence: dict[str, Any]
+    deadline: float | None = None
+    """When to reclaim, if fixed by the verdict (a time limit); else ``grace_s`` away."""
 
 
 @dataclass
@@ -232,7 +238,8 @@ class Reclaimer:
             track = self._tracks.setdefault(lease.id, _Track(lease.granted_at))
             request = self.broker.request(lease.request_id)
             obs = observations.get(lease.id, Observation())
-            verdicts[lease.id] = self._judge(lease, request, track, obs, now)
+            judged = self._judge(lease, request, track, obs, now)
+            verdicts[lease.id] = self._time_limit(lease, now) or judged
         if self.config.preemption:
             for lease_id, preempted in self._preemptions(leases).items():
                 verdicts[lease_id] = verdicts[lease_id] or preempted
@@ -256,7 +263,7 @@ class Reclaimer:
         track = self._tracks.setdefault(lease.id, _Track(lease.granted_at))
         track.kept_at = self.broker.clock.now()
         track.idle_s = 0.0 if track.idle_s is not None else None
-        if track.warning is not None and track.warning[0] != "preempted":
+        if track.warning is not None and track.warning[0] not in ("preempted", "time_limit"):
             track.warning = None
             self.broker.unwarn(lease.id, "kept by its holder")
 
@@ -322,6 +329,24 @@ class Reclaimer:
         gpu = below if obs.utilization is not None else "no change on the GPU"
         reason = f"idle for {duration(idle_s)}: the kernel ran nothing, {gpu}"
         return _Verdict("idle", reason, evidence)
+
+    def _time_limit(self, lease: Lease, now: float) -> _Verdict | None:
+        """Warn once the lease's time limit is ``limit_warning_s`` away; reclaim once it is
+        ``limit_grace_s`` past."""
+        end, cfg = lease.ends_at, self.broker.config
+        if end is None or now < end - cfg.limit_warning_s:
+            return None
+        total = duration(end - lease.granted_at)
+        when = "is up" if now >= end else f"ends at {clock(end)}"
+        evidence = {
+            "limit_s": lease.limit_s,
+            "extended_s": lease.extended_s,
+            "extensions": lease.extensions,
+            "ends_at": end,
+            "grace_s": cfg.limit_grace_s,
+        }
+        reason = f"its time limit of {total} {when}"
+        return _Verdict("time_limit", reason, evidence, end + cfg.limit_grace_s)
 
     def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:
         """Leases to take back, judged by the fair-share ledger the queue is ordered by.
@@ -396,25 +421,28 @@ class Reclaimer:
         kept = None
         if verdict is not None:
             warning = track.warning
-            if warning is None or warning[0] != verdict.cause:
+            if _fresh(warning, verdict):
                 kept = self._arbitrate("warn", lease, request, track, verdict, now)
-            elif now >= warning[2]:
+            elif warning is not None and now >= warning[2]:
                 kept = self._arbitrate("reclaim", lease, request, track, verdict, now)
         if verdict is None or kept is not None:
             if track.warning is None:
                 return None
             cause = track.warning[0]
             track.warning = None
-            reason = kept or ("in use again" if cause != "preempted" else "no longer needed")
+            reason = kept or _CLEARED.get(cause, "in use again")
             self.broker.unwarn(lease.id, reason)
             return Decision("clear", lease.id, owner, cause, reason, {})
-        if track.warning is None or track.warning[0] != verdict.cause:
-            deadline = now + self.config.grace_s
+        if _fresh(track.warning, verdict):
+            deadline = verdict.deadline
+            if deadline is None:
+                deadline = now + self.config.grace_s
             track.warning = (verdict.cause, now, deadline)
             self.broker.warn(lease.id, verdict.reason, deadline)
             return Decision(
                 "warn", lease.id, owner, verdict.cause, verdict.reason, verdict.evidence, deadline
             )
+        assert track.warning is not None  # not fresh: one is pending
         _, warned_at, deadline = track.warning
         if now < deadline:
             return None
@@ -455,6 +483,19 @@ class Reclaimer:
                 now=now,
             )
         )
+
+
+_CLEARED = {"preempted": "no longer needed", "time_limit": "its time limit was extended"}
+"""Why a warning of a cause was withdrawn (else: the lease is in use again)."""
+
+
+def _fresh(warning: tuple[Cause, float, float] | None, verdict: _Verdict) -> bool:
+    """Does ``verdict`` need a warning of its own: none is pending, the pending one is of
+    another cause, or its deadline moved (a time limit extended meanwhile)?"""
+    if warning is None or warning[0] != verdict.cause:
+        return True
+    moved = verdict.deadline is not None and verdict.deadline != warning[2]
+    return moved and math.isfinite(warning[2])  # inf: the host suspends it
 
 
 def _is_size_key(key: str) -> bool:

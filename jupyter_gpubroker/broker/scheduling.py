@@ -9,6 +9,10 @@ leases' expected ends, and from then on a later request goes only where it leave
 reservation alone or ends before it starts (backfill), for at most ``backfill_depth``
 more requests. A strict policy stops at the first request that does not fit.
 
+Where starts were promised from time limits (``limits.Promises``), a pass first grants
+the promised requests whose worst-case start has come, and grants nothing that would
+push a promised start past its promise.
+
 ``Scheduler`` also knows what the pass rests on: a size's GPU-equivalents, a request's
 expected hold time, and whether any device here could ever take a size.
 """
@@ -27,11 +31,12 @@ from ..wire.sizes import Size
 from ..wire.text import memory
 from .budgets import Budgets
 from .config import BrokerConfig
+from .limits import Promises
 from .models import Device, Lease, Request
 from .placement import MigPlan, Placer
 from .policy import Policy
 from .predictor import Predictor, request_shape
-from .queue import WaitQueue
+from .queue import WaitQueue, stated
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +65,16 @@ class Scheduler:
         predictor: Predictor,
         config: BrokerConfig,
         grant: Grant,
+        promises: Promises,
     ) -> None:
         self.waiting, self.placer, self.policy = waiting, placer, policy
         self.budgets, self.predictor, self.config = budgets, predictor, config
-        self.grant = grant
+        self.grant, self.promises = grant, promises
         self._gpu_eq_of_size: dict[str, float] = {}
 
     def run(self, now: float) -> list[Lease]:
         """One pass at ``now``: the leases granted, in grant order."""
+        due = self._grant_due(now)
         strict = self.policy.strict
         walks = {
             k: self.waiting.walk(k)
@@ -75,10 +82,21 @@ class Scheduler:
             if strict or self.could_place(size)
         }
         try:
-            return _Pass(self, _Heads(self.waiting, walks), now).run()
+            return due + _Pass(self, _Heads(self.waiting, walks), now).run()
         finally:
             for w in walks.values():
                 w.close()
+
+    def _grant_due(self, now: float) -> list[Lease]:
+        """Grant the promised requests whose worst-case start has come, first."""
+        grants = _Pass(self, _Heads(self.waiting, {}), now)
+        for r in self.promises.due(now):
+            devices = self.placer.find(r.size, self.policy.placement)
+            if devices is None or self.budgets.blocks(r, self.gpu_eq(r.size), now):
+                continue
+            if grants.grant(r, devices) is _Step.STOP:
+                break
+        return grants.granted
 
     # -- what a pass asks
 
@@ -127,8 +145,9 @@ class Scheduler:
         return est.median if est is not None else self.config.default_duration_s[cls]
 
     def duration(self, r: Request) -> float:
-        """Expected hold time: the request's own estimate, else its kind's history."""
-        return r.expected_duration_s or self.history_duration(r)
+        """Expected hold time: the request's time limit or own estimate (``stated``),
+        else its kind's history."""
+        return stated(r) or self.history_duration(r)
 
     # -- sizes on this inventory
 
@@ -278,6 +297,11 @@ class _Pass:
             r, sum(d.gpu_equivalents for d in fit), self.now
         ):
             return _Step.NEXT  # only a device larger than its quota allows is free
+        if isinstance(fit, list) and not self.s.promises.keeps(r, fit, self.now):
+            return _Step.NEXT  # it would delay a start promised to another request
+        return self.grant(r, fit)
+
+    def grant(self, r: Request, fit: Fit) -> _Step:
         try:
             self.granted.append(self.s.grant(r, fit, self.now))
         except PartitionFailed as e:

@@ -207,7 +207,7 @@ class Store:
     def insert_request(self, r: Request, seq: int) -> None:
         self.conn.execute(
             "INSERT INTO requests (id, seq, user, groups, size, job_class, owner, submitted_at,"
-            " expected_duration_s, state, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            " expected_duration_s, state, expires_at, limit_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 r.id,
                 seq,
@@ -220,6 +220,7 @@ class Store:
                 r.expected_duration_s,
                 r.state.value,
                 r.expires_at,
+                r.limit_s,
             ),
         )
 
@@ -235,7 +236,8 @@ class Store:
     def insert_lease(self, lease: Lease, expected_end: float) -> None:
         self.conn.execute(
             "INSERT INTO leases (id, request_id, user, grp, devices, gpu_equivalents, profile,"
-            " granted_at, expires_at, ttl_s, expected_end, state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " granted_at, expires_at, ttl_s, expected_end, state, limit_s)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 lease.id,
                 lease.request_id,
@@ -249,6 +251,7 @@ class Store:
                 lease.ttl_s,
                 expected_end,
                 lease.state.value,
+                lease.limit_s,
             ),
         )
         self.conn.executemany(
@@ -262,6 +265,12 @@ class Store:
 
     def renew_lease(self, lease: Lease) -> None:
         self.conn.execute("UPDATE leases SET expires_at=? WHERE id=?", (lease.expires_at, lease.id))
+
+    def extend_lease(self, lease: Lease, expected_end: float) -> None:
+        self.conn.execute(
+            "UPDATE leases SET extended_s=?, extensions=?, expected_end=? WHERE id=?",
+            (lease.extended_s, lease.extensions, expected_end, lease.id),
+        )
 
     def end_lease(self, lease: Lease, job_class: str) -> None:
         """Close a lease, free its devices and write its ledger row."""
@@ -536,6 +545,7 @@ def request_from_row(row: dict[str, Any]) -> Request:
         ended_at=row["ended_at"],
         reason=row["reason"],
         expires_at=row["expires_at"],
+        limit_s=row["limit_s"],
     )
 
 
@@ -554,4 +564,7 @@ def lease_from_row(row: dict[str, Any]) -> Lease:
         ended_at=row["ended_at"],
         reason=row["reason"],
         profile=row["profile"],
+        limit_s=row["limit_s"],
+        extended_s=row["extended_s"],
+        extensions=row["extensions"],
     )

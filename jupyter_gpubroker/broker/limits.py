@@ -1,0 +1,218 @@
+"""Time limits: what a request may declare, and the start bounds the broker keeps.
+
+A request may carry a time limit (Slurm's ``--time``): its lease is warned
+``limit_warning_s`` before the limit ends and reclaimed ``limit_grace_s`` after it
+(``reclaim.Reclaimer``, cause ``time_limit``), unless ``Broker.extend`` gave it more.
+A declared limit is an upper bound, so the scheduler plans with it (a lease's expected
+end, EASY backfill's durations) and the broker can *promise* a start:
+
+:class:`Promises` list-schedules (``eta.list_schedule``) the requests already promised,
+in the order they were promised, then the other waiting requests in priority order,
+over the devices' worst-case free times: every lease ending at its limit end plus the
+grace, every request holding its limit plus the grace, and anything without a limit
+holding forever. A waiting request whose start is finite there is promised it, once.
+From then on the broker keeps every promise: a grant (``keeps``) or an extension
+(``broken``) that would push a promised start past its promise is refused, and a
+promised request whose worst-case start has come is granted first (``due``). Starts
+only move earlier when leases end sooner than their limits, so a promise holds unless
+an admin intervenes (a drain, a reclaim, a quota, a changed limit, an arbiter keeping
+a lease) or a GPU fails.
+
+Promised only where the list-schedule is how placement really goes: whole GPUs or MIG
+profiles (not memory sizes), several GPUs only on a one-node inventory, no dynamic MIG.
+Promises live in memory: after a restart they are made afresh. Per-profile and
+per-group defaults and maxima are not there yet (per job class only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..wire.errors import Conflict, InvalidRequest
+from ..wire.sizes import MAX_DURATION_S
+from ..wire.text import clock, duration
+from .config import BrokerConfig
+from .eta import list_schedule
+from .models import Device, JobClass, Lease, Request, RequestState
+
+if TYPE_CHECKING:
+    from .core import Broker
+
+DEFAULT_MAX_EXTENSIONS = 3
+SLACK_S = 1e-6
+"""Float noise allowed in comparing a start with its promise."""
+
+
+def check_limit(config: BrokerConfig, job_class: JobClass, limit_s: float | None) -> float | None:
+    """The time limit a request gets: its own (checked), else its class's default; a
+    clear ``InvalidRequest`` for a bad one, or none where one is required."""
+    cls = job_class.value
+    if limit_s is None:
+        limit_s = config.default_limit_s.get(cls)
+        if limit_s is None and config.limit_required:
+            raise InvalidRequest("a time limit is required here: say how long you need the GPU")
+        return limit_s
+    if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)):
+        raise InvalidRequest(f"the time limit must be a number of seconds, not {limit_s!r}")
+    if not math.isfinite(limit_s) or limit_s <= 0:
+        raise InvalidRequest(f"the time limit must be a positive number of seconds, not {limit_s}")
+    most = config.max_limit_s.get(cls, MAX_DURATION_S)
+    if limit_s > most:
+        raise InvalidRequest(
+            f"the time limit of {duration(limit_s)} is longer than the {duration(most)} "
+            f"allowed for {cls} requests"
+        )
+    return float(limit_s)
+
+
+def max_extensions(config: BrokerConfig, job_class: JobClass) -> int:
+    return config.max_extensions.get(job_class.value, DEFAULT_MAX_EXTENSIONS)
+
+
+class Promises:
+    """The start bounds promised to waiting requests, and the checks that keep them."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._bound: dict[str, float] = {}
+        """Request id -> its promised start, in the order promised."""
+        self._pending: set[str] | None = None
+        """Waiting requests with a limit and no promise yet (None: not read yet, after a
+        start: the waiting requests restored then)."""
+
+    def wants(self, r: Request) -> None:
+        """``r`` waits: promise it a start once it has a finite worst case."""
+        if r.limit_s is not None and self._modelled(r) and self._pending is not None:
+            self._pending.add(r.id)
+
+    def bound(self, request_id: str) -> float | None:
+        """The start promised to a waiting request (None: none)."""
+        return self._bound.get(request_id)
+
+    # -- worst cases
+
+    def _ends(self, lease: Lease) -> Sequence[float] | None:
+        end = lease.ends_at
+        return None if end is None else (end + self.broker.config.limit_grace_s,)
+
+    def _holds(self, r: Request) -> Sequence[float] | None:
+        return None if r.limit_s is None else (r.limit_s + self.broker.config.limit_grace_s,)
+
+    def _promised(self) -> list[Request]:
+        """The waiting promised requests in promise order (forgetting those gone)."""
+        live = self.broker.book.live
+        for rid in [rid for rid in self._bound if rid not in live]:
+            del self._bound[rid]
+        return [live[rid] for rid in self._bound if live[rid].state is RequestState.QUEUED]
+
+    def _starts(
+        self,
+        queue: Sequence[Request],
+        now: float,
+        held: dict[str, Lease] | None = None,
+        ends: Callable[[Lease], Sequence[float] | None] | None = None,
+    ) -> dict[str, float]:
+        got = list_schedule(self.broker, queue, ends or self._ends, self._holds, 1, now, held=held)
+        return {rid: s[0] for rid, s in got.items()}
+
+    def _first_broken(self, starts: dict[str, float]) -> tuple[str, float] | None:
+        for rid, t in starts.items():
+            if t > self._bound[rid] + SLACK_S:
+                return rid, self._bound[rid]
+        return None
+
+    # -- making and keeping promises
+
+    def offer(self, ranked: Callable[[], Iterable[Request]], now: float) -> bool:
+        """Promise a start to each waiting request (``ranked``: the queue in priority
+        order) that wants one and has a finite worst-case start; whether one of them
+        was promised a start now (a pass should grant it)."""
+        live = self.broker.book.live
+        if self._pending is None:
+            self._pending = set()
+            for r in self.broker.book.waiting:
+                self.wants(r)
+        self._pending = {
+            rid for rid in self._pending if rid in live and live[rid].state is RequestState.QUEUED
+        }
+        if not self._pending:
+            return False
+        fresh = [r for r in ranked() if r.id not in self._bound]
+        starts = self._starts(self._promised() + fresh, now)
+        now_due = False
+        for r in fresh:
+            if r.id in self._pending and math.isfinite(starts[r.id]):
+                self._bound[r.id] = max(starts[r.id], now)
+                self._pending.discard(r.id)
+                now_due = now_due or starts[r.id] <= now + SLACK_S
+        return now_due
+
+    def _modelled(self, r: Request) -> bool:
+        """Is the list-schedule how ``r`` is placed (see the module's docstring)?"""
+        b = self.broker
+        if b.config.dynamic_mig or r.size.min_memory_gb is not None:
+            return False
+        return (r.size.gpus or 1) == 1 or len(b.placer.nodes()) <= 1
+
+    def keeps(self, r: Request, devices: list[Device], now: float) -> bool:
+        """Would granting ``devices`` to ``r`` now keep every other promise?"""
+        promised = [x for x in self._promised() if x.id != r.id]
+        if not promised:
+            return True
+        held = dict(self.broker.holders())
+        uuids = tuple(d.uuid for d in devices)
+        probe = Lease("", r.id, r.user, r.group, uuids, 0.0, now, math.inf, 0.0, limit_s=r.limit_s)
+        held.update((d.uuid, probe) for d in devices)
+        return self._first_broken(self._starts(promised, now, held)) is None
+
+    def due(self, now: float) -> list[Request]:
+        """The promised requests whose worst-case start has come, in promise order."""
+        promised = self._promised()
+        if not promised:
+            return []
+        starts = self._starts(promised, now)
+        return [r for r in promised if starts[r.id] <= now + SLACK_S]
+
+    def broken(self, lease: Lease, end: float, now: float) -> tuple[str, float] | None:
+        """The first promise (request id, promised start) that ``lease`` ending at
+        ``end`` would break; None if none."""
+        promised = self._promised()
+        if not promised:
+            return None
+        longer = replace(lease, extended_s=end - lease.granted_at - (lease.limit_s or 0.0))
+
+        def ends(x: Lease) -> Sequence[float] | None:
+            return self._ends(longer if x.id == lease.id else x)
+
+        return self._first_broken(self._starts(promised, now, ends=ends))
+
+    def check_extension(self, lease: Lease, seconds: float, job_class: JobClass) -> float:
+        """The lease's new end if it may have ``seconds`` more; ``Conflict`` saying why not."""
+        b, now = self.broker, self.broker.clock.now()
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise InvalidRequest(f"an extension is a number of seconds, not {seconds!r}")
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise InvalidRequest(f"an extension must be more than 0 seconds, not {seconds}")
+        end = lease.ends_at
+        if end is None:
+            raise Conflict("this lease has no time limit to extend")
+        most = max_extensions(b.config, job_class)
+        if lease.extensions >= most:
+            raise Conflict(f"this lease was already extended {most} times, the most allowed")
+        total = end + seconds - lease.granted_at
+        cap = b.config.max_limit_s.get(job_class.value, MAX_DURATION_S)
+        if total > cap:
+            raise Conflict(
+                f"{duration(total)} in all would be longer than the {duration(cap)} "
+                f"allowed for {job_class.value} requests"
+            )
+        broken = self.broken(lease, end + seconds, now)
+        if broken is not None:
+            raise Conflict(
+                f"not extended: a waiting request was promised a start by {clock(broken[1])} "
+                f"and needs this GPU when its time limit ends, at {clock(end)}"
+            )
+        return end + seconds
