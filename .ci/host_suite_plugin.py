@@ -1,0 +1,57 @@
+"""A pytest plugin loaded into a host's own test suite by ``.ci/host-suite``.
+
+It records each test's outcome by node id (``$HOST_SUITE_OUTCOMES``, JSON lines), which is
+what the two runs are compared on. With ``$HOST_SUITE_GPUBROKER=1`` it also makes every
+server the tests start in process load jupyter_gpubroker as installing the package does:
+pytest-jupyter gives each test its own empty config paths, so the package's installed
+``jupyter_server_config.d`` file is put into the test's system config path, the one a
+system-wide install writes to (the env path is left alone: the host's tests look into it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONFIG_D = "jupyter_server_config.d"
+SHIPPED = Path(sys.prefix, "etc", "jupyter", CONFIG_D, "jupyter_gpubroker.json")
+
+
+@pytest.fixture(autouse=True)
+def _gpubroker_installed(request: pytest.FixtureRequest) -> None:
+    if os.environ.get("HOST_SUITE_GPUBROKER") != "1":
+        return
+    if "jp_system_config_path" not in request.fixturenames:  # no server of pytest-jupyter's
+        return
+    config_d = Path(request.getfixturevalue("jp_system_config_path"), CONFIG_D)
+    config_d.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SHIPPED, config_d)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("HOST_SUITE_GPUBROKER") == "1" and not SHIPPED.exists():
+        raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed here")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """One line per test: its worst phase (an error in setup or teardown counts)."""
+    path = os.environ.get("HOST_SUITE_OUTCOMES")
+    if not path:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        outcome = report.outcome
+        if report.when != "call" and report.outcome == "failed":
+            outcome = "error"
+        if hasattr(report, "wasxfail"):
+            outcome = "xfailed" if report.outcome == "skipped" else "xpassed"
+        line: dict[str, Any] = {"id": report.nodeid, "when": report.when, "outcome": outcome}
+        if report.outcome == "failed":
+            line["why"] = report.longreprtext.strip().splitlines()[-1:] or [""]
+        with open(path, "a") as out:
+            out.write(json.dumps(line) + "\n")
