@@ -39,6 +39,21 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed here")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``$HOST_SUITE_FIRST_OF``: a test repeated over that parameter's values keeps its first."""
+    name = os.environ.get("HOST_SUITE_FIRST_OF")
+    if not name:
+        return
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        later = callspec is not None and callspec.indices.get(name, 0) > 0
+        (dropped if later else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """One line per test: its worst phase (an error in setup or teardown counts)."""
     path = os.environ.get("HOST_SUITE_OUTCOMES")
