@@ -1,7 +1,9 @@
 """A pytest plugin loaded into a host's own test suite by ``.ci/host-suite``.
 
 It records each test's outcome by node id (``$HOST_SUITE_OUTCOMES``, JSON lines), which is
-what the two runs are compared on. With ``$HOST_SUITE_GPUBROKER=1`` it also makes every
+what the two runs are compared on. With ``$HOST_SUITE_GPUBROKER=1`` a test during which a
+traceback through jupyter_gpubroker's code is logged counts as an error, though the host's
+test passed (a traceback that buries the real error is what a user sees). It also makes every
 server the tests start in process load jupyter_gpubroker as installing the package does:
 pytest-jupyter gives each test its own empty config paths, so the package's installed
 ``jupyter_server_config.d`` file is put into the test's system config path, the one a
@@ -11,9 +13,11 @@ system-wide install writes to (the env path is left alone: the host's tests look
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,27 @@ import pytest
 
 CONFIG_D = "jupyter_server_config.d"
 SHIPPED = Path(sys.prefix, "etc", "jupyter", CONFIG_D, "jupyter_gpubroker.json")
+OURS = f"{os.sep}jupyter_gpubroker{os.sep}"
+
+
+class OurTracebacks:
+    """Every logged traceback that passes through jupyter_gpubroker's code, seen as its
+    record is made: a logger's handlers are the host's (traitlets' dictConfig resets them)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.make = logging.getLogRecordFactory()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.make(*args, **kwargs)
+        tb = record.exc_info[2] if record.exc_info else None
+        if tb is not None and any(OURS in f.filename for f in traceback.extract_tb(tb)):
+            error = record.exc_info[1] if record.exc_info else None
+            self.seen.append(f"{record.getMessage()}: {error!r} (a traceback through our code)")
+        return record
+
+
+TRACEBACKS = OurTracebacks()
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +60,10 @@ def _gpubroker_installed(request: pytest.FixtureRequest) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get("HOST_SUITE_GPUBROKER") == "1" and not SHIPPED.exists():
-        raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed here")
+    if os.environ.get("HOST_SUITE_GPUBROKER") == "1":
+        if not SHIPPED.exists():
+            raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed")
+        logging.setLogRecordFactory(TRACEBACKS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,5 +95,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         line: dict[str, Any] = {"id": report.nodeid, "when": report.when, "outcome": outcome}
         if report.outcome == "failed":
             line["why"] = report.longreprtext.strip().splitlines()[-1:] or [""]
-        with open(path, "a") as out:
-            out.write(json.dumps(line) + "\n")
+        record(path, line)
+    if report.when == "teardown" and TRACEBACKS.seen:
+        record(path, {"id": report.nodeid, "outcome": "error", "why": TRACEBACKS.seen[:1]})
+        TRACEBACKS.seen.clear()
+
+
+def record(path: str, line: dict[str, Any]) -> None:
+    with open(path, "a") as out:
+        out.write(json.dumps(line) + "\n")

@@ -273,7 +273,6 @@ async def ipython(code: str, env: dict[str, str]) -> str:
         "--no-banner",
         "--colors=NoColor",
         "--InteractiveShell.ast_node_interactivity=all",
-        "--HistoryManager.enabled=False",  # not the history every IPython of this user shares
         "-c",
         "%load_ext jupyter_gpubroker\n" + code,
         env={**os.environ, **env},
