@@ -9,8 +9,8 @@ import os
 import pwd
 import socket
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
