@@ -136,9 +136,11 @@ class LiveServer:
             self.proc.wait()
 
     def stop(self) -> None:
-        """A clean shutdown (Ctrl-C)."""
+        """A clean shutdown: SIGTERM, as a service manager stops a server. (Ctrl-C without a
+        terminal raises KeyboardInterrupt wherever the server is: jupyter-server 2.10 then
+        logs the traceback of the request it happened to interrupt.)"""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -182,7 +182,13 @@ class GPUBrokerExtension(ExtensionApp):
         self.kernels = ServerKernels(serverapp.kernel_manager, core.clock, self.log)
         gpubroker.attach_kernels(self.kernels)
         if gpubroker.metrics is not None:  # served by the server's own /metrics
-            gpubroker.metrics.register(prometheus_client.REGISTRY)
+            try:
+                gpubroker.metrics.register(prometheus_client.REGISTRY)
+            except ValueError:  # a second server in this process: the registry is global
+                self.log.warning(
+                    "GPU broker: another GPU broker in this process serves its metrics at "
+                    "/metrics; this one's are not counted there"
+                )
         gpubroker.start_ticking()
 
     def _not_started(self, why: str, error: bool = True) -> None:

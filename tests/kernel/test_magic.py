@@ -308,8 +308,9 @@ async def test_terminal_ipython_gets_the_text_forms(broker_env, api, fill):
 async def test_unreachable_broker_is_one_line():
     down = {"GPUBROKER_URL": "http://127.0.0.1:9/gpubroker/api/v1", "GPUBROKER_RETRY_S": "0"}
     out = await ipython("%gpu queue", down)
-    (line,) = [x for x in out.splitlines() if x.strip()]
-    assert line.startswith(
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].startswith(
         "%gpu queue: cannot reach the GPU broker at http://127.0.0.1:9/gpubroker/api/v1/ ("
     )
 

@@ -286,10 +286,13 @@ async def run_cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-WATCHED = """import json, sys
+WATCHED = """import json, os, sys
 from jupyter_gpubroker.cli import main
 opened = []
-sys.addaudithook(lambda event, args: event == "sqlite3.connect" and opened.append(str(args[0])))
+def watch(event, args):  # the file's name: bytes on Python 3.10, str from 3.11
+    if event == "sqlite3.connect":
+        opened.append(os.fsdecode(args[0]))
+sys.addaudithook(watch)
 status = main(sys.argv[1:])
 print(json.dumps({"status": status, "modules": sorted(sys.modules), "sqlite": opened}))
 """

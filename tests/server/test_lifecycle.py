@@ -9,9 +9,11 @@ import os
 import pwd
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 
 from jupyter_gpubroker.paths import LOCK_DIR_ENV
@@ -59,6 +61,35 @@ async def test_loading_twice_changes_nothing(
         "GPU broker: this server has loaded the extension already; loading it again changes "
         "nothing",
     )
+
+
+@pytest.fixture
+def metrics_taken() -> Iterator[None]:
+    """Another broker of this process (a second server in it) serves the metrics already:
+    Prometheus' registry is one per process."""
+    taken = prometheus_client.Gauge("gpubroker_devices", "another broker's", registry=None)
+    prometheus_client.REGISTRY.register(taken)
+    yield
+    prometheus_client.REGISTRY.unregister(taken)
+
+
+class TestASecondBrokerInOneProcess:
+    @pytest.fixture
+    def jp_server_config(self, jp_server_config: Any, metrics_taken: None) -> Any:
+        return jp_server_config  # the metrics are taken before the server starts
+
+    async def test_it_starts_without_its_metrics(
+        self, api: Any, extension_log: list[logging.LogRecord]
+    ) -> None:
+        assert (await api("GET", "devices"))[0] == 200
+        assert [(r.levelname, r.getMessage()) for r in extension_log if r.levelname != "INFO"] == [
+            (
+                "WARNING",
+                "GPU broker: another GPU broker in this process serves its metrics at /metrics; "
+                "this one's are not counted there",
+            )
+        ]
+        assert not any(r.exc_info for r in extension_log)
 
 
 @pytest.mark.parametrize("broker_config", [{"lease_ttl": -1}], indirect=True)

@@ -1,0 +1,106 @@
+"""A pytest plugin loaded into a host's own test suite by ``.ci/host-suite``.
+
+It records each test's outcome by node id (``$HOST_SUITE_OUTCOMES``, JSON lines), which is
+what the two runs are compared on. With ``$HOST_SUITE_GPUBROKER=1`` a test during which a
+traceback through jupyter_gpubroker's code is logged counts as an error, though the host's
+test passed (a traceback that buries the real error is what a user sees). It also makes every
+server the tests start in process load jupyter_gpubroker as installing the package does:
+pytest-jupyter gives each test its own empty config paths, so the package's installed
+``jupyter_server_config.d`` file is put into the test's system config path, the one a
+system-wide install writes to (the env path is left alone: the host's tests look into it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONFIG_D = "jupyter_server_config.d"
+SHIPPED = Path(sys.prefix, "etc", "jupyter", CONFIG_D, "jupyter_gpubroker.json")
+OURS = f"{os.sep}jupyter_gpubroker{os.sep}"
+
+
+class OurTracebacks:
+    """Every logged traceback that passes through jupyter_gpubroker's code, seen as its
+    record is made: a logger's handlers are the host's (traitlets' dictConfig resets them)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.make = logging.getLogRecordFactory()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.make(*args, **kwargs)
+        tb = record.exc_info[2] if record.exc_info else None
+        if tb is not None and any(OURS in f.filename for f in traceback.extract_tb(tb)):
+            error = record.exc_info[1] if record.exc_info else None
+            self.seen.append(f"{record.getMessage()}: {error!r} (a traceback through our code)")
+        return record
+
+
+TRACEBACKS = OurTracebacks()
+
+
+@pytest.fixture(autouse=True)
+def _gpubroker_installed(request: pytest.FixtureRequest) -> None:
+    if os.environ.get("HOST_SUITE_GPUBROKER") != "1":
+        return
+    if "jp_system_config_path" not in request.fixturenames:  # no server of pytest-jupyter's
+        return
+    config_d = Path(request.getfixturevalue("jp_system_config_path"), CONFIG_D)
+    config_d.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SHIPPED, config_d)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("HOST_SUITE_GPUBROKER") == "1":
+        if not SHIPPED.exists():
+            raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed")
+        logging.setLogRecordFactory(TRACEBACKS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``$HOST_SUITE_FIRST_OF``: a test repeated over that parameter's values keeps its first."""
+    name = os.environ.get("HOST_SUITE_FIRST_OF")
+    if not name:
+        return
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        later = callspec is not None and callspec.indices.get(name, 0) > 0
+        (dropped if later else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """One line per test: its worst phase (an error in setup or teardown counts)."""
+    path = os.environ.get("HOST_SUITE_OUTCOMES")
+    if not path:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        outcome = report.outcome
+        if report.when != "call" and report.outcome == "failed":
+            outcome = "error"
+        if hasattr(report, "wasxfail"):
+            outcome = "xfailed" if report.outcome == "skipped" else "xpassed"
+        line: dict[str, Any] = {"id": report.nodeid, "when": report.when, "outcome": outcome}
+        if report.outcome == "failed":
+            line["why"] = report.longreprtext.strip().splitlines()[-1:] or [""]
+        record(path, line)
+    if report.when == "teardown" and TRACEBACKS.seen:
+        record(path, {"id": report.nodeid, "outcome": "error", "why": TRACEBACKS.seen[:1]})
+        TRACEBACKS.seen.clear()
+
+
+def record(path: str, line: dict[str, Any]) -> None:
+    with open(path, "a") as out:
+        out.write(json.dumps(line) + "\n")
