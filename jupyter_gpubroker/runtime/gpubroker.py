@@ -236,6 +236,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
     def stop(self) -> None:
         if self.suspender is not None:
             self.suspender.close()
+            self.suspender = None  # stopping twice is harmless
         if self._events is not None:
             self._events.close()
         for callback in (self._ticker, self._sampling, self._engine):

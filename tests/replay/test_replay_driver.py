@@ -7,7 +7,7 @@ import time
 import pytest
 from replay_helpers import trace_of
 
-from jupyter_gpubroker import runtime
+from jupyter_gpubroker.runtime import gpubroker
 from jupyter_gpubroker.broker import core
 from jupyter_gpubroker.broker.policy import BrokerPolicy
 from jupyter_gpubroker.replay import driver, replay
@@ -17,7 +17,7 @@ WEEK = 7 * 86400.0
 
 
 def test_the_replay_uses_the_broker_class_the_server_runs(monkeypatch):
-    assert driver.Broker is core.Broker is runtime.Broker
+    assert driver.Broker is core.Broker is gpubroker.Broker
     calls = {"schedule": 0, "release": 0}
     for name in calls:
         real = getattr(core.Broker, name)
