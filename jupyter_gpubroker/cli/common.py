@@ -36,17 +36,6 @@ def seconds(text: str) -> float:
     return value
 
 
-def time_limit(text: str) -> float:
-    """A ``--time``: seconds, or words like "2h" or "1h30m"."""
-    from ..wire.errors import InvalidRequest
-    from ..wire.sizes import parse_duration
-
-    try:
-        return parse_duration(text, "the time")
-    except InvalidRequest as e:
-        raise argparse.ArgumentTypeError(e.message) from None
-
-
 def connection_args(p: argparse.ArgumentParser, *, json_output: bool = True) -> None:
     p.add_argument(
         "--url",

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..client import BrokerAPIError, BrokerClient, keep_alive
+from ..wire.sizes import time_limit
 from ..wire.text import clock, eta_text
 from .common import (
     client,
@@ -21,7 +22,6 @@ from .common import (
     print_result,
     seconds,
     table,
-    time_limit,
 )
 
 STOP_GRACE_S = 5.0

@@ -6,6 +6,7 @@ the CLI) with the same ones, so a front refuses what the broker would, in its wo
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from dataclasses import dataclass
@@ -87,6 +88,15 @@ def parse_duration(value: object, what: str = "the time limit") -> float:
     if not quantity(value, RESOLUTION, MAX_DURATION_S) or value == 0:
         raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def time_limit(text: str) -> float:
+    """A time limit as a command-line option takes it (``--time``, ``%gpu ... --for``):
+    ``parse_duration``'s, its refusal in argparse's terms."""
+    try:
+        return parse_duration(text, "the time")
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 @dataclass(frozen=True)
