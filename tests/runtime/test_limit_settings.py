@@ -7,7 +7,7 @@ import pytest
 from runtime_helpers import make
 from traitlets import TraitError
 
-from jupyter_gpubroker.wire.errors import InvalidRequest
+from jupyter_gpubroker.wire.errors import ConfigError, InvalidRequest
 from jupyter_gpubroker.wire.sizes import Size
 
 
@@ -57,3 +57,9 @@ def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
 def test_bad_limit_settings_are_refused_in_a_sentence(tmp_path, trait, value, words) -> None:
     with pytest.raises(TraitError, match=f"GPUBroker.{trait}: .*{words}"):
         make(tmp_path, **{trait: value})
+
+
+def test_a_default_above_its_maximum_stops_the_start_in_a_sentence(tmp_path) -> None:
+    rt = make(tmp_path, default_time_limit={"batch": "1d"}, max_time_limit={"batch": "2h"})
+    with pytest.raises(ConfigError, match="the default time limit of class 'batch' is above"):
+        rt.start()
