@@ -42,7 +42,15 @@ from .streams import StreamRules
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
-REQUEST_FIELDS = {*SIZE_FIELDS, "job_class", "owner", "expected_duration_s", "groups", "id"}
+REQUEST_FIELDS = {
+    *SIZE_FIELDS,
+    "job_class",
+    "owner",
+    "expected_duration_s",
+    "limit_s",
+    "groups",
+    "id",
+}
 KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 MAX_PID = 4194304
 """Linux's largest pid (``/proc/sys/kernel/pid_max`` at most)."""
@@ -223,6 +231,7 @@ class BrokerAPI(AdminRules, StreamRules):
             owner=holder,
             expected_duration_s=body.get("expected_duration_s"),
             request_id=body.get("id"),
+            limit_s=body.get("limit_s"),
         )
         return self._with_lease(r, changed=True)
 
@@ -349,6 +358,15 @@ class BrokerAPI(AdminRules, StreamRules):
         if pid is not None:
             self.runtime.report_pid(lease.id, pid)
         return renewed
+
+    def extend(self, who: Identity, lease_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """More time on one's own lease's time limit, where that delays no one the broker
+        promised a start to (the core's ``Conflict`` says why not)."""
+        lease = self._own_lease(who, lease_id)
+        only(body, {"seconds"})
+        if "seconds" not in body:
+            raise InvalidRequest('say how many seconds more the lease needs: {"seconds": N}')
+        return self._lease_json(self.core.extend(lease.id, body["seconds"]))
 
     def keep(self, who: Identity, lease_id: str) -> dict[str, Any]:
         """The holder's "keep it" on a reclaim warning: counts as activity on the lease."""

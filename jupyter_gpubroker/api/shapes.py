@@ -68,7 +68,7 @@ def eta_json(eta: Eta | None) -> dict[str, Any]:
 
 def lease_json(lease: Lease) -> dict[str, Any]:
     d = lease.to_json()
-    for k in ("granted_at", "expires_at", "ended_at", "reclaim_at"):
+    for k in ("granted_at", "expires_at", "ended_at", "reclaim_at", "ends_at"):
         d[k] = iso(d[k])
     return d
 
@@ -206,8 +206,9 @@ def event_json(event_id: int, e: Event, viewer: str, admin: bool) -> dict[str, A
     under ``data``), others' with only the user it is about."""
     if admin or e.user == viewer:
         data = e.to_json()["data"]
-        if "deadline" in data:  # a warning's
-            data["deadline"] = iso(data["deadline"])
+        for k in ("deadline", "ends_at"):  # a warning's, an extension's
+            if k in data:
+                data[k] = iso(data[k])
         if "alert" in data:  # an alert's
             data["alert"] = alert_json(data["alert"])
     else:

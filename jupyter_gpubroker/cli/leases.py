@@ -9,11 +9,20 @@ import contextlib
 import os
 import sys
 from asyncio.subprocess import Process
+from datetime import datetime
 from typing import Any
 
 from ..client import BrokerAPIError, BrokerClient, keep_alive
-from ..wire.text import eta_text
-from .common import client, connection_args, interruptible, print_result, seconds, table
+from ..wire.sizes import time_limit
+from ..wire.text import clock, eta_text
+from .common import (
+    client,
+    connection_args,
+    interruptible,
+    print_result,
+    seconds,
+    table,
+)
 
 STOP_GRACE_S = 5.0
 """Seconds ``run`` gives its command after SIGTERM before it kills it."""
@@ -33,6 +42,13 @@ def _sized(p: argparse.ArgumentParser) -> None:
     p.add_argument("size", help="a MIG profile (1g.10gb), a GPU count (2) or memory (20GB)")
     p.add_argument(
         "--class", dest="job_class", default="interactive", choices=["interactive", "batch"]
+    )
+    p.add_argument(
+        "--time",
+        type=time_limit,
+        default=None,
+        help="the time limit, e.g. 2h or 1h30m (as Slurm's --time): warned before it ends, "
+        "the GPU is taken back after it (default: the broker's for the class, if any)",
     )
 
 
@@ -129,7 +145,7 @@ async def _granted(broker: BrokerClient, args: argparse.Namespace, owner: str) -
     wait ends (timeout, Ctrl-C, error) is withdrawn by ``wait_for_grant``: nothing is
     granted to a caller who left."""
     fields = _size_fields(args.size)
-    r = await broker.submit(**fields, job_class=args.job_class, owner=owner)
+    r = await broker.submit(**fields, job_class=args.job_class, owner=owner, limit_s=args.time)
     if r["state"] != "queued" or getattr(args, "no_wait", False):
         return r
     print(f"queued at position {r['position']} (request {r['id']})", file=sys.stderr)
@@ -157,9 +173,17 @@ def cmd_request(args: argparse.Namespace) -> int:
         r,
         f"CUDA_VISIBLE_DEVICES={','.join(lease['devices'])}\n"
         f"GPUBROKER_LEASE_ID={lease['id']}\n"
-        f"# renew within {lease['ttl_s']:g} s: jupyter gpubroker renew {lease['id']}",
+        f"# renew within {lease['ttl_s']:g} s: jupyter gpubroker renew {lease['id']}"
+        + _ends(lease),
     )
     return 0
+
+
+def _ends(lease: dict[str, Any]) -> str:
+    """The lease's time limit, where it has one, as a line of its own."""
+    if not lease.get("ends_at"):
+        return ""
+    return f"\n# time limit ends at {clock(datetime.fromisoformat(lease['ends_at']).timestamp())}"
 
 
 def cmd_renew(args: argparse.Namespace) -> int:
@@ -185,6 +209,13 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.command and args.command[0] != "--" and args.command[0].startswith("-"):
+        print(
+            f"error: {args.command[0]} comes after the size: give options first, e.g. "
+            f"jupyter gpubroker run --time 2h {args.size} -- COMMAND",
+            file=sys.stderr,
+        )
+        return 2
     if not command:
         print("error: give the command to run after --", file=sys.stderr)
         return 2

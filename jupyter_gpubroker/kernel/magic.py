@@ -24,7 +24,7 @@ from traitlets.log import get_logger
 
 from ..client import BrokerAPIError, NoReply
 from ..wire.errors import BrokerError
-from ..wire.sizes import Size
+from ..wire.sizes import Size, time_limit
 from ..wire.text import SUSPENDED_TEXT, count, duration, size_text
 from . import GpuError
 from .cuda import cuda_initialised
@@ -48,6 +48,7 @@ examples:
   %gpu                            this kernel's GPU: device, live utilization, time held
   %gpu request 1g.10gb            ask for a MIG slice and wait in the queue (also: 2,
                                   --gpus 2, --min-memory 20GB, --class batch)
+  %gpu request 1g.10gb --for 2h   ask for it for two hours (a time limit you can extend)
   %gpu request 1g.10gb --no-wait  return at once; the widget keeps updating and
                                   CUDA_VISIBLE_DEVICES is set when the grant comes
   %gpu release                    give the GPU back (or withdraw the waiting request)
@@ -103,6 +104,14 @@ def build_parser() -> _Parser:
         choices=("interactive", "batch"),
         default="interactive",
         help="job class (default interactive)",
+    )
+    request.add_argument(
+        "--for",
+        dest="limit_s",
+        type=time_limit,
+        metavar="TIME",
+        help="the time limit, e.g. 2h or 1h30m: warned before it ends, the GPU is taken "
+        "back after it (default: the broker's for the class, if any)",
     )
     request.add_argument(
         "--wait",
@@ -287,7 +296,7 @@ class GPUMagics(Magics):
             return self._panel(held, held.lease or r, cancellable=False)
         withdrawn = f"interrupted: the request for {size_text(size)} was withdrawn"
         try:
-            tracker = self.session.submit(size, args.job_class)
+            tracker = self.session.submit(size, args.job_class, args.limit_s)
         except KeyboardInterrupt:  # submit takes its request back itself
             raise GpuError(withdrawn) from None
         try:

@@ -250,7 +250,7 @@ class Session:
         lease = tracker.lease
         return lease if self.server_lease and lease and lease["id"] == self.server_lease else None
 
-    def submit(self, size: dict[str, Any], job_class: str) -> Tracker:
+    def submit(self, size: dict[str, Any], job_class: str, limit_s: float | None = None) -> Tracker:
         """Ask for ``size`` for this kernel; refused while it already has a live request or
         once CUDA is initialised (the device could not be pinned any more). Interrupted,
         it withdraws the request before it lets the interrupt through. In a server with a
@@ -266,7 +266,7 @@ class Session:
                 "request before using the GPU, or start it with a GPU kernelspec"
             )
         submitted = self.runner.submit(
-            self.client.submit(**size, job_class=job_class, owner=self.kernel_id)
+            self.client.submit(**size, job_class=job_class, owner=self.kernel_id, limit_s=limit_s)
         )
         try:
             request = submitted.result()

@@ -35,13 +35,14 @@ from ..wire.text import clock, duration
 from .engine import EngineWatch, read_now
 from .inventory import NvmlInventory
 from .kernel_devices import KernelDevices
+from .limits import LimitSettings
 from .monitoring import MonitorSettings
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
 from .tokens import KernelTokens
 
 
-class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
+class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigurable):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -114,6 +115,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LoggingConfigurable):
                     request_ttl_s=self.request_ttl,
                     dynamic_mig=self.dynamic_mig,
                     vacate_timeout_s=self.vacate_timeout,
+                    **self.limit_fields(),
                 ),
                 partitioner=(
                     MigPartitioner(self.backend) if self.dynamic_mig and self.backend else None

@@ -242,6 +242,13 @@ class RenewHandler(BrokerHandler):
         self.reply(self.api.renew(self.who, lease_id, self.body() if self.request.body else None))
 
 
+class ExtendHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def post(self, lease_id: str) -> None:
+        self.reply(self.api.extend(self.who, lease_id, self.body()))
+
+
 class KeepHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -427,6 +434,7 @@ def handlers(host: type[web.RequestHandler], root: str = f"/{API_PREFIX}") -> li
         ("leases", LeasesHandler),
         (f"leases/{ident}", LeaseHandler),
         (f"leases/{ident}/renew", RenewHandler),
+        (f"leases/{ident}/extend", ExtendHandler),
         (f"leases/{ident}/keep", KeepHandler),
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),

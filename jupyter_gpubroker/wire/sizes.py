@@ -6,7 +6,9 @@ the CLI) with the same ones, so a front refuses what the broker would, in its wo
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -63,6 +65,38 @@ def amounts(lo: float, hi: float) -> str:
 def expected_duration(value: object) -> bool:
     """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
     return quantity(value, RESOLUTION, MAX_DURATION_S)
+
+
+DURATION_WORDS = "a number of seconds or a duration like '90s', '30min', '2h' or '1h30m'"
+"""What ``parse_duration`` takes, in words."""
+_UNIT_S = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(sec|min|s|m|h|d)", re.IGNORECASE)
+
+
+def parse_duration(value: object, what: str = "the time limit") -> float:
+    """Seconds from a number or words like "2h" or "1h30m" (Slurm's ``--time`` and the
+    hosted notebooks' session lengths are said so); a clear ``InvalidRequest`` otherwise."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            parts = _PART.findall(text)
+            if not parts or _PART.sub("", text).strip():
+                raise InvalidRequest(f"{what} must be {DURATION_WORDS}, not {text!r}") from None
+            value = sum(float(n) * _UNIT_S[unit.lower()] for n, unit in parts)
+    if not quantity(value, RESOLUTION, MAX_DURATION_S) or value == 0:
+        raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def time_limit(text: str) -> float:
+    """A time limit as a command-line option takes it (``--time``, ``%gpu ... --for``):
+    ``parse_duration``'s, its refusal in argparse's terms."""
+    try:
+        return parse_duration(text, "the time")
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,10 @@ def test_run_retries_an_unreachable_broker_until_the_ttl_then_stops_the_command(
     assert capsys.readouterr().err == (
         "error: lost lease l-1 (Connection refused): stopping the command\n"
     )
+
+
+@pytest.mark.parametrize("limit", ["0", "2 weeks", "-1h", "2y"])
+def test_a_bad_time_limit_is_one_line(capsys, limit: str) -> None:
+    code, err = run(capsys, "request", "--url", NOWHERE, "--time", limit, "1g.10gb")
+    assert code == 2
+    assert "argument --time: the time must be a number of seconds or a duration like" in err

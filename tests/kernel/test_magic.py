@@ -153,6 +153,14 @@ async def test_status_widget_updates_live_until_closed(kernel, notebook, api, jp
     assert nb.stdout(0) == "False False False"  # a closed widget hears nothing more
 
 
+async def test_a_request_for_a_time_limit_holds_its_lease_that_long(kernel, notebook, api):
+    kid = await kernel()
+    nb = await notebook(kid, 'r = %gpu request 1g.10gb --for 2h\nprint(r["limit_s"])')
+    assert nb.stdout(0) == "7200.0"
+    _, leases = await api("GET", "leases")
+    assert [x["limit_s"] for x in leases["leases"]] == [7200]
+
+
 async def test_request_is_refused_once_cuda_is_initialised(kernel, notebook, api):
     kid = await kernel()
     nb = await notebook(

@@ -55,3 +55,13 @@ def test_help_lists_the_commands_and_examples(capsys):
     for command in ("status", "request", "release", "queue", "usage"):
         assert f"\n    {command} " in usage
     assert "%gpu request 1g.10gb --no-wait" in usage
+
+
+def test_a_time_limit_in_words_is_seconds_and_a_bad_one_one_line():
+    assert PARSER.parse_args(shlex.split("request 1g.10gb --for 1h30m")).limit_s == 5400
+    assert PARSER.parse_args(shlex.split("request 1g.10gb")).limit_s is None
+    with pytest.raises(GpuError) as e:
+        PARSER.parse_args(shlex.split("request 1g.10gb --for 'a while'"))
+    assert str(e.value).startswith(
+        "%gpu request: argument --for: the time must be a number of seconds or a duration like"
+    )

@@ -85,6 +85,24 @@ async def test_request_then_release(cli, api):  # type: ignore[no-untyped-def]
     assert device not in [d for x in leases["leases"] for d in x["devices"]]
 
 
+async def test_a_time_limit_in_words_reaches_the_lease(cli, api):  # type: ignore[no-untyped-def]
+    code, r, _ = await cli("request", "1g.10gb", "--time", "1h30m")
+    assert code == 0 and r["limit_s"] == 5400 and r["lease"]["limit_s"] == 5400
+    code, text, _ = await cli("request", "1g.10gb", "--time", "2h", json_out=False)
+    assert code == 0 and re.search(r"^# time limit ends at \d\d:\d\d$", text, re.M)
+    code, _, err = await cli("request", "1g.10gb", "--time", "2 weeks")
+    assert code == 2 and "argument --time: the time must be a number of seconds" in err
+    script = "import sys; sys.exit(0)"
+    code, _, err = await cli("run", "1g.10gb", "--time", "10min", "--", "true", json_out=False)
+    assert code == 2 and "--time comes after the size: give options first" in err
+    code, _, _ = await cli(
+        "run", "--time", "10min", "1g.10gb", "--", sys.executable, "-c", script, json_out=False
+    )
+    assert code == 0
+    _, leases = await api("GET", "leases")
+    assert sorted(x["limit_s"] for x in leases["leases"]) == [5400, 7200]
+
+
 async def test_queued_request_shows_in_the_queue_and_is_granted_on_release(cli, api):  # type: ignore[no-untyped-def]
     async with held(api, 7) as full:
         code, r, _ = await cli("request", "1g.10gb", "--no-wait", "--class", "batch")

@@ -219,6 +219,7 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
             "owner": "nb-1",
             "job_class": "interactive",
             "expected_duration_s": 600,
+            "limit_s": 3600,
             "groups": ["lab"],
         },
         expect=201,
@@ -274,6 +275,13 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     )
     held = await check("POST", f"leases/{lease['id']}/keep", expect=200)
     assert held["state"] == "active" and held["reclaim_at"] is None
+    assert lease["limit_s"] == 3600 and lease["extensions"] == 0
+    extend = f"leases/{lease['id']}/extend"
+    longer = await check("POST", extend, {"seconds": 1800}, expect=200)
+    assert longer["extensions"] == 1 and longer["extended_s"] == 1800
+    assert parse(longer["ends_at"]) - parse(lease["ends_at"]) == timedelta(seconds=1800)
+    bad = await check("POST", extend, {"seconds": 0}, expect=400)
+    assert bad["message"] == "an extension must be more than 0 seconds, not 0"
     kept = await check("POST", f"requests/{waiting['id']}/renew", expect=200)
     assert kept["state"] == "queued" and kept["position"] == 1 and kept["ttl_s"] > 0
     assert parse(kept["expires_at"]) > parse(waiting["expires_at"])
@@ -296,6 +304,8 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
         ("POST", f"leases/{lease['id']}/keep"),
     ):
         assert (await check(method, path, expect=409))["error"] == "conflict"
+    ended_extend = await check("POST", extend, {"seconds": 60}, expect=409)
+    assert ended_extend["error"] == "conflict"
     ended = await check("GET", f"requests/{first['id']}", expect=200)
     assert ended["state"] == "released" and ended["lease"]["state"] == "released"
 
@@ -313,6 +323,8 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
         ("POST", "leases/l-000000000000/keep"),
     ):
         assert (await check(method, path, expect=404))["error"] == "not_found"
+    missing = await check("POST", "leases/l-000000000000/extend", {"seconds": 60}, expect=404)
+    assert missing["error"] == "not_found"
     return others[1]
 
 
@@ -434,6 +446,7 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
         ("DELETE", f"leases/{lease_id}", None),
         ("POST", f"leases/{lease_id}/renew", None),
         ("POST", f"leases/{lease_id}/keep", None),
+        ("POST", f"leases/{lease_id}/extend", {"seconds": 60}),
         ("PUT", "quotas/user/x", {"share": 2}),
         ("DELETE", "quotas/group/lab", None),
         ("POST", "tokens", {"kernel_id": "k2"}),

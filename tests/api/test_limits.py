@@ -1,0 +1,74 @@
+"""Time limits through the API: stated with a request, shown on its lease, extended by
+the holder (or an admin) where that breaks no promised start, refused in a sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.api.shapes import iso
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
+
+SLICE = {"profile": "1g.10gb"}
+
+
+def test_a_stated_limit_is_shown_and_the_holder_extends_it(team: BrokerAPI) -> None:
+    alice = team.user_identity("alice")
+    r = team.submit(alice, {**SLICE, "limit_s": 3600})
+    lease = r["lease"]
+    assert r["limit_s"] == 3600 and lease["limit_s"] == 3600
+    assert (lease["extended_s"], lease["extensions"]) == (0, 0)
+    granted = team.core.lease(lease["id"]).granted_at
+    assert lease["ends_at"] == iso(granted + 3600)
+
+    longer = team.extend(alice, lease["id"], {"seconds": 1800})
+    assert (longer["extended_s"], longer["extensions"]) == (1800, 1)
+    assert longer["ends_at"] == iso(granted + 5400)
+    carol = team.user_identity("carol")  # an admin
+    assert team.extend(carol, lease["id"], {"seconds": 60})["extensions"] == 2
+
+
+def test_another_users_lease_is_not_theirs_to_extend(team: BrokerAPI) -> None:
+    lease = team.submit(team.user_identity("alice"), {**SLICE, "limit_s": 3600})["lease"]
+    with pytest.raises(Forbidden, match="belongs to another user"):
+        team.extend(team.user_identity("bob"), lease["id"], {"seconds": 60})
+    assert team.core.lease(lease["id"]).extensions == 0
+
+
+def test_bad_limits_and_extensions_are_refused_in_a_sentence(start) -> None:
+    api = start(max_time_limit={"interactive": "2h"}, max_extensions={"interactive": 1})
+    me = api.user_identity("dana")
+    with pytest.raises(InvalidRequest, match="longer than the 2 h 00 min allowed for interactive"):
+        api.submit(me, {**SLICE, "limit_s": 3 * 3600})
+    with pytest.raises(InvalidRequest, match="the time limit must be a number of seconds"):
+        api.submit(me, {**SLICE, "limit_s": "2h"})
+    assert api.requests(me)["requests"] == []  # nothing queued by a refused submit
+
+    lease = api.submit(me, {**SLICE, "limit_s": 3600})["lease"]
+    with pytest.raises(InvalidRequest, match="say how many seconds more"):
+        api.extend(me, lease["id"], {})
+    with pytest.raises(InvalidRequest, match="must be more than 0 seconds"):
+        api.extend(me, lease["id"], {"seconds": -5})
+    with pytest.raises(InvalidRequest, match="unknown field.*minutes; this call takes seconds"):
+        api.extend(me, lease["id"], {"minutes": 5})
+    with pytest.raises(Conflict, match="longer than the 2 h 00 min allowed"):
+        api.extend(me, lease["id"], {"seconds": 2 * 3600})
+    api.extend(me, lease["id"], {"seconds": 600})
+    with pytest.raises(Conflict, match="already extended 1 times"):
+        api.extend(me, lease["id"], {"seconds": 600})
+    unlimited = api.submit(me, {**SLICE, "owner": "k2"})["lease"]
+    with pytest.raises(Conflict, match="no time limit to extend"):
+        api.extend(me, unlimited["id"], {"seconds": 600})
+
+
+def test_an_extension_that_would_delay_a_promised_start_is_refused(team: BrokerAPI) -> None:
+    alice, bob = team.user_identity("alice"), team.user_identity("bob")
+    short = team.submit(alice, {**SLICE, "limit_s": 1800})["lease"]
+    for _ in range(6):
+        team.submit(alice, {**SLICE, "limit_s": 7200})
+    waiting = team.submit(bob, {**SLICE, "limit_s": 600})
+    assert waiting["state"] == "queued"
+    team.core.schedule()  # the broker promises the waiting request a start
+    with pytest.raises(Conflict, match="a waiting request was promised a start by"):
+        team.extend(alice, short["id"], {"seconds": 3600})
+    assert team.core.lease(short["id"]).extensions == 0
