@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..wire.errors import Conflict, InvalidRequest
 from ..wire.sizes import MAX_DURATION_S
-from ..wire.text import clock, duration
+from ..wire.text import clock, count, duration
 from .config import BrokerConfig
 from .eta import list_schedule
 from .models import Device, JobClass, Lease, Request, RequestState
@@ -201,7 +201,9 @@ class Promises:
             raise Conflict("this lease has no time limit to extend")
         most = max_extensions(b.config, job_class)
         if lease.extensions >= most:
-            raise Conflict(f"this lease was already extended {most} times, the most allowed")
+            raise Conflict(
+                f"this lease was already extended {count(most, 'time')}, the most allowed"
+            )
         total = end + seconds - lease.granted_at
         cap = b.config.max_limit_s.get(job_class.value, MAX_DURATION_S)
         if total > cap:

@@ -128,7 +128,7 @@ def test_the_extensions_of_a_class_are_capped(make_broker: BrokerFactory) -> Non
     lease_id = broker.request(r.id).lease_id or ""
     broker.extend(lease_id, HOUR)
     broker.extend(lease_id, HOUR)
-    with pytest.raises(Conflict, match="already extended 2 times, the most allowed"):
+    with pytest.raises(Conflict, match="already extended two times, the most allowed"):
         broker.extend(lease_id, HOUR)
     other = broker.submit("bob", ONE, limit_s=HOUR)
     broker.release(lease_id)

@@ -7,11 +7,11 @@ import time
 import pytest
 from replay_helpers import trace_of
 
-from jupyter_gpubroker.runtime import gpubroker
 from jupyter_gpubroker.broker import core
 from jupyter_gpubroker.broker.policy import BrokerPolicy
 from jupyter_gpubroker.replay import driver, replay
 from jupyter_gpubroker.replay.traces import Job
+from jupyter_gpubroker.runtime import gpubroker
 
 WEEK = 7 * 86400.0
 
