@@ -140,7 +140,7 @@ class KernelSuspender:
     async def _resume(self, owner: str, suspended: Suspended, lease_id: str) -> None:
         lease = self.core.lease(lease_id)
         if len(lease.devices) != len(suspended.suspension.devices):
-            outcome_reason = "the grant has not the number of GPUs the kernel had"
+            outcome_reason = "the grant has a different number of GPUs than the kernel had"
             lost = False
         else:
             outcome = await asyncio.to_thread(

@@ -136,7 +136,7 @@ class Suspender:
             except CheckpointError as e:
                 lost = self._state(pid) is not ProcessState.CHECKPOINTED
                 kept = "is lost" if lost else "stays on the host"
-                why = f"the kernel could not be resumed ({e.reason}); its GPU memory {kept}"
+                why = f"its restore failed ({e.reason}); its GPU memory {kept}"
                 return Outcome(False, why, lost=lost)
         return Outcome(True, "resumed, its GPU memory back on the GPU")
 

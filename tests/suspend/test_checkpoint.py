@@ -230,7 +230,7 @@ def test_a_restore_that_fails_says_whether_the_memory_is_kept(sim, driver):
     driver.breaks[KERNEL] = "unknown error"
     lost = s.resume(suspension, [gpu0])
     assert not lost.done and lost.lost
-    assert lost.reason == "the kernel could not be resumed (unknown error); its GPU memory is lost"
+    assert lost.reason == "its restore failed (unknown error); its GPU memory is lost"
 
 
 def test_the_real_driver_says_why_it_is_not_available_here():

@@ -218,7 +218,7 @@ async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(
         driver_of(jp_serverapp).breaks[pid] = "unknown error"
         out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
         assert out.endswith(
-            "the kernel could not be resumed: the kernel could not be resumed (unknown error); "
+            "the kernel could not be resumed: its restore failed (unknown error); "
             "its GPU memory is lost"
         ), out
         _, leases = await api("GET", "leases")
