@@ -120,7 +120,7 @@ class Broker:
             inventory,
             self.placer,
             self.clock,
-            vacate_timeout_s=self.config.vacate_timeout_s,
+            config=self.config,
             partitioner=partitioner,
             processes=processes,
             emit=self._emit,

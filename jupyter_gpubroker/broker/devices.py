@@ -17,6 +17,7 @@ from typing import Protocol
 
 from ..wire.errors import NotFound
 from .clock import Clock
+from .config import BrokerConfig
 from .models import Device, Event, Gpu, Inventory, Lease
 from .placement import MigPlan, Placer
 from .store import Store
@@ -62,7 +63,7 @@ class Devices:
         placer: Placer,
         clock: Clock,
         *,
-        vacate_timeout_s: float,
+        config: BrokerConfig,
         partitioner: Partitioner | None,
         processes: ProcessProbe | None,
         emit: Callable[[Event], None],
@@ -73,7 +74,8 @@ class Devices:
         self.store, self.placer, self.clock = store, placer, clock
         self.inventory = inventory
         """The inventory as placement has it now (after re-cuts and devices that joined)."""
-        self.vacate_timeout_s = vacate_timeout_s
+        self.config = config
+        """Read at each look, so a changed ``vacate_timeout_s`` counts at once."""
         self.partitioner, self.processes = partitioner, processes
         self._emit, self._holding = emit, holding
         self._drains: dict[str, tuple[str, float]] = {}
@@ -166,7 +168,7 @@ class Devices:
         within ``vacate_timeout_s``."""
         for uuid, v in list(self._vacating.items()):
             pids = self._pids(uuid)
-            if pids and now - v.since < self.vacate_timeout_s:
+            if pids and now - v.since < self.config.vacate_timeout_s:
                 continue
             del self._vacating[uuid]
             if pids:

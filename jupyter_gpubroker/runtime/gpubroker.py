@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tornado.ioloop import PeriodicCallback
+from traitlets import Int
 from traitlets.config import LoggingConfigurable
 
 from ..broker.alerts import AlertChange
@@ -44,6 +45,15 @@ from .tokens import KernelTokens
 
 class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigurable):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
+
+    # A trait of its own, not only its settings mixins': traitlets' Application leaves a
+    # class that owns no config trait out of its command line's classes, and then parses
+    # `--GPUBroker.reclaim_exempt_users={'vip'}` as one string instead of a set.
+    event_buffer = Int(
+        1000,
+        help="Recent events kept for event streams that reconnect (SSE Last-Event-ID); a "
+        "client further behind gets a snapshot of the whole picture instead.",
+    ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -18,7 +18,6 @@ from traitlets import (
     Enum,
     Float,
     HasTraits,
-    Int,
     List,
     TraitError,
     Unicode,
@@ -222,12 +221,6 @@ class BrokerSettings(HasTraits):
         value_trait=List(Unicode()),
         help="Groups each user belongs to, e.g. {'alice': ['lab-a']}: a request is charged to "
         "the first group it names, which must be one of its user's (default: the first listed).",
-    ).tag(config=True)
-
-    event_buffer = Int(
-        1000,
-        help="Recent events kept for event streams that reconnect (SSE Last-Event-ID); a "
-        "client further behind gets a snapshot of the whole picture instead.",
     ).tag(config=True)
 
     @validate("lease_ttl", "request_ttl", "tick_interval")
