@@ -14,6 +14,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from kernel_cells import execute
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpubroker.api import API_PREFIX
@@ -157,7 +158,7 @@ async def _run_in_kernel(km: Any, code: str) -> str:
             elif msg["msg_type"] == "error":
                 out.append("\n".join(msg["content"]["traceback"]))
 
-        await client.execute_interactive(code, output_hook=hook, timeout=60)
+        await execute(client, code, hook)
         return "".join(out).strip()
     finally:
         client.stop_channels()

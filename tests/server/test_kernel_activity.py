@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kernel_cells import execute
+
 from jupyter_gpubroker.broker.clock import SystemClock
 from jupyter_gpubroker.server.reclaimer import ServerKernels
 
@@ -30,7 +32,9 @@ async def test_a_kernel_watched_from_inside_a_cell_is_idle_once_the_cell_ends(jp
     kernels = ServerKernels(mkm, SystemClock(), logging.getLogger("test"))
     try:
         await client.wait_for_ready(timeout=60)
-        running = asyncio.ensure_future(client.execute_interactive("import time; time.sleep(1)"))
+        running = asyncio.ensure_future(
+            execute(client, "import time; time.sleep(1)", lambda msg: None)
+        )
         await reaches(km, "busy")
         assert kernels.state(kid).execution_state == "busy"
         # the watch's subscription misses the end of the cell, as a slow joiner does

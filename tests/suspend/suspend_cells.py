@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kernel_cells import execute
+
 
 class Cell:
     """A cell running in a kernel, with everything it shows (printed text, displayed text,
@@ -28,7 +30,7 @@ class Cell:
             elif msg["msg_type"] == "error":
                 self.out.append("\n".join(content["traceback"]))
 
-        await self.client.execute_interactive(code, output_hook=hook, timeout=120)
+        await execute(self.client, code, hook, timeout=120)
 
     @property
     def text(self) -> str:
