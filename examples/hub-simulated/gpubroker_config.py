@@ -9,3 +9,6 @@ c.GPUBroker.lease_ttl = 120
 c.GPUBroker.server_idle_timeout = 3600
 c.GPUBroker.grace = 600
 c.GPUBroker.reclaim_exempt_users = {"admin"}
+# how long a GPU session here usually lasts: the spawn page's ETAs rest on it until the
+# broker has seen sessions end (without it, a new hub's ETAs say "unknown" at first)
+c.GPUBroker.typical_hold = {"interactive": "2h"}

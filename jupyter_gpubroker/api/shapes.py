@@ -55,14 +55,23 @@ def request_json(
 
 def eta_json(eta: Eta | None) -> dict[str, Any]:
     """A start estimate: ``eta`` the median, ``eta_range`` its low and high end (``high``
-    null when unbounded), ``eta_known`` false when the broker cannot know it."""
+    null when unbounded), ``eta_known`` false when the broker cannot know it,
+    ``eta_basis`` what it rests on, ``eta_bound`` the latest start promised."""
     if eta is None:
-        return {"eta": None, "eta_range": None, "eta_known": False}
+        return {
+            "eta": None,
+            "eta_range": None,
+            "eta_known": False,
+            "eta_basis": None,
+            "eta_bound": None,
+        }
     high = iso(eta.high) if math.isfinite(eta.high) else None
     return {
         "eta": iso(eta.median),
         "eta_range": {"low": iso(eta.low), "high": high},
         "eta_known": True,
+        "eta_basis": eta.basis,
+        "eta_bound": None if eta.bound is None else iso(eta.bound),
     }
 
 

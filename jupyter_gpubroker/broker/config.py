@@ -8,6 +8,10 @@ from ..wire.errors import InvalidRequest
 from ..wire.sizes import MAX_DURATION_S
 from .models import JobClass
 
+ASSUMED_HOLD_S = {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
+"""The hold the scheduler assumes per job class before any history, where the admin
+stated no typical hold."""
+
 
 @dataclass
 class BrokerConfig:
@@ -24,10 +28,11 @@ class BrokerConfig:
     dynamic_mig: bool = False
     """Re-cut idle MIG GPUs to fit waiting profiles (needs a partitioner)."""
     default_share: float = 1.0
-    default_duration_s: dict[str, float] = field(
-        default_factory=lambda: {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
-    )
-    """Expected hold time before any history exists, per job class."""
+    typical_hold_s: dict[str, float] = field(default_factory=dict)
+    """How long a hold of each job class typically lasts, as the deployment's admin states
+    it: the expected hold before any history exists, and a basis for start estimates on
+    day one. A class not named: the scheduler assumes ``ASSUMED_HOLD_S``, and start
+    estimates do not use it (nobody stated it)."""
     default_limit_s: dict[str, float] = field(default_factory=dict)
     """Time limit of a request that states none, per job class (absent: no limit)."""
     max_limit_s: dict[str, float] = field(default_factory=dict)
@@ -41,6 +46,11 @@ class BrokerConfig:
     max_extensions: dict[str, int] = field(default_factory=dict)
     """How often a lease's time limit may be extended, per job class (absent: 3)."""
 
+    def expected_hold_s(self, job_class: str) -> float:
+        """A hold of ``job_class`` before any history: the stated typical hold, else the
+        assumed one."""
+        return self.typical_hold_s.get(job_class, ASSUMED_HOLD_S[job_class])
+
     def __post_init__(self) -> None:
         if not 1 <= self.lease_ttl_s <= MAX_DURATION_S:
             raise InvalidRequest("lease_ttl_s must be between 1 s and a year")
@@ -50,9 +60,9 @@ class BrokerConfig:
             raise InvalidRequest("vacate_timeout_s must be between 0 and a year")
         if not self.default_share > 0:
             raise InvalidRequest("default_share must be positive")
-        for k, v in self.default_duration_s.items():
-            if k not in {c.value for c in JobClass} or not 0 < v <= MAX_DURATION_S:
-                raise InvalidRequest(f"bad default duration {k!r}: {v!r}")
+        for k, v in self.typical_hold_s.items():
+            _check_class(k, "the typical hold")
+            _check_seconds(v, f"the typical hold of class {k!r}", low=1.0)
         for what, limits in (("default", self.default_limit_s), ("maximum", self.max_limit_s)):
             for k, v in limits.items():
                 _check_class(k, f"the {what} time limit")

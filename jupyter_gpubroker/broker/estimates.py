@@ -63,6 +63,6 @@ class StartEstimates:
         if bound is None:
             return eta
         if eta is None:
-            return Eta(min(now, bound), bound, bound, bound)
+            return Eta(min(now, bound), bound, bound, bound, "time limits")
         low, median = min(eta.low, bound), min(eta.median, bound)
         return replace(eta, low=low, median=median, high=min(eta.high, bound), bound=bound)

@@ -37,7 +37,7 @@ import heapq
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..wire.profiles import CATALOG, COMPUTE_SLICES
@@ -57,6 +57,16 @@ class Eta:
     high: float
     bound: float | None = None
     """The start the broker promised, from time limits (``limits.Promises``); None: none."""
+    basis: str = "history"
+    """What it rests on, its least firm part (``BASES``)."""
+
+
+BASES = ("idle reclaim", "time limits", "history", "typical hold")
+"""What an estimate may rest on, firmest first: a warned idle lease's reclaim time, time
+limits (both enforced by the broker), past holds, the admin's stated typical hold."""
+TYPICAL_SPREAD = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Holds around a stated typical hold, as one history of its class: a hold is as likely
+a quarter of it as four times it, and a lease held past four times it has no estimate."""
 
 
 Ends = Callable[[Lease], Sequence[float] | None]
@@ -68,6 +78,9 @@ Holds = Callable[[Request], Sequence[float] | None]
 class Config(Protocol):
     @property
     def dynamic_mig(self) -> bool: ...
+
+    @property
+    def typical_hold_s(self) -> dict[str, float]: ...
 
 
 class View(Context, Protocol):
@@ -90,9 +103,16 @@ class View(Context, Protocol):
     def request(self, request_id: str, user: str | None = None) -> Request: ...
 
 
-def predicted(view: View, predictor: Predictor, now: float) -> tuple[Ends, Holds]:
-    """A lease's end and a waiting request's hold from the predictor, (low, median,
-    high) each, each looked up once (the list-schedule asks again and again)."""
+def predicted(
+    view: View, predictor: Predictor, now: float, bases: set[str] | None = None
+) -> tuple[Ends, Holds]:
+    """A lease's end and a waiting request's hold, (low, median, high) each, each looked
+    up once (the list-schedule asks again and again); what each rests on is added to
+    ``bases``. Where the predictor has no history: a warned idle lease ends at its
+    reclaim time; a time limit bounds a lease's end and is a request's hold; else the
+    stated typical hold (``TYPICAL_SPREAD``); else unknown."""
+    used = set() if bases is None else bases
+    typical = view.config.typical_hold_s
     ended: dict[str, Sequence[float] | None] = {}
     known: dict[tuple[str, str, str, str], Sequence[float] | None] = {}
 
@@ -100,22 +120,55 @@ def predicted(view: View, predictor: Predictor, now: float) -> tuple[Ends, Holds
         if lease.id not in ended:
             r = view.request(lease.request_id)
             shape = held_shape(lease.profile, lease.gpu_equivalents)
-            est = predictor.remaining(
-                lease.user, lease.group, r.job_class.value, shape, now - lease.granted_at
-            )
-            ended[lease.id] = (
-                None if est is None else (now + est.low, now + est.median, now + est.high)
-            )
+            elapsed = now - lease.granted_at
+            est = predictor.remaining(lease.user, lease.group, r.job_class.value, shape, elapsed)
+            end: Sequence[float] | None = None
+            if est is not None:
+                used.add("history")
+                end = (now + est.low, now + est.median, now + est.high)
+            elif lease.reclaim_at is not None:
+                used.add("idle reclaim")
+                end = (lease.reclaim_at,) * 3
+            elif lease.ends_at is not None:
+                used.add("time limits")
+                end = (now, lease.ends_at, lease.ends_at)
+            elif (left := _typical(typical.get(r.job_class.value), elapsed)) is not None:
+                used.add("typical hold")
+                end = tuple(now + t for t in left)
+            ended[lease.id] = end
         return ended[lease.id]
 
     def holds(r: Request) -> Sequence[float] | None:
         key = (r.user, r.group, r.job_class.value, request_shape(r.size))
         if key not in known:
             est = predictor.hold(*key)
-            known[key] = None if est is None else (est.low, est.median, est.high)
+            hold: Sequence[float] | None = None
+            if est is not None:
+                used.add("history")
+                hold = (est.low, est.median, est.high)
+            elif r.limit_s is not None:
+                used.add("time limits")
+                hold = (r.limit_s,) * 3
+            elif (hold := _typical(typical.get(r.job_class.value), 0.0)) is not None:
+                used.add("typical hold")
+            known[key] = hold
         return known[key]
 
     return ends, holds
+
+
+def _typical(hold_s: float | None, elapsed: float) -> tuple[float, float, float] | None:
+    """What remains of a lease held ``elapsed`` seconds, from the holds around a stated
+    typical hold that lasted longer (None: none stated, or none lasted that long)."""
+    if hold_s is None:
+        return None
+    left = [hold_s * f - elapsed for f in TYPICAL_SPREAD if hold_s * f > elapsed]
+    return (left[0], left[len(left) // 2], left[-1]) if left else None
+
+
+def least_firm(bases: set[str]) -> str:
+    """The basis of an estimate resting on all of ``bases``."""
+    return max(bases, key=BASES.index, default="history")
 
 
 def predicted_starts(
@@ -123,7 +176,8 @@ def predicted_starts(
 ) -> dict[str, Eta | None]:
     """Every waiting request's start range from the predictor (``queue`` in priority
     order); its median with the queue's expected future (:func:`continued`)."""
-    ends, holds = predicted(view, predictor, now)
+    bases: set[str] = set()
+    ends, holds = predicted(view, predictor, now, bases)
     starts = list_schedule(view, queue, ends, holds, 3, now)
     medians = continued(
         view,
@@ -137,7 +191,10 @@ def predicted_starts(
     out: dict[str, Eta | None] = {}
     for r in queue:
         low, mid, high = starts[r.id][0], medians[r.id], starts[r.id][2]
-        out[r.id] = None if math.isinf(mid) else Eta(min(low, mid), mid, max(high, mid))
+        basis = least_firm(bases)
+        out[r.id] = (
+            None if math.isinf(mid) else Eta(min(low, mid), mid, max(high, mid), None, basis)
+        )
     return out
 
 
@@ -397,7 +454,7 @@ class Calibration:
             return now + max(base * math.exp(score) - f, 0.0)
 
         high = at(1.0 - alpha / 2) if math.isfinite(eta.high) else math.inf
-        return Eta(min(at(alpha / 2), eta.median), eta.median, max(high, eta.median))
+        return replace(eta, low=min(at(alpha / 2), eta.median), high=max(high, eta.median))
 
     def _score(self, at: float, raw: Eta, shown: Eta, start: float, counted: bool = False) -> None:
         f = self.floor_s

@@ -30,7 +30,7 @@ from ..wire.profiles import CATALOG
 from ..wire.sizes import Size
 from ..wire.text import memory
 from .budgets import Budgets
-from .config import BrokerConfig
+from .config import ASSUMED_HOLD_S, BrokerConfig
 from .limits import Promises
 from .models import Device, Lease, Request
 from .placement import MigPlan, Placer
@@ -126,7 +126,7 @@ class Scheduler:
         requests in turn (at cluster scale, hundreds in every pass)."""
         if self.placer.find(size, self.policy.placement) is None:
             return False
-        unstated = min(self.predictor.shortest, *self.config.default_duration_s.values())
+        unstated = min(self.predictor.shortest, *map(self.config.expected_hold_s, ASSUMED_HOLD_S))
         return now + self.waiting.shortest(size.key, unstated) <= reservation.start
 
     def reserve(self, r: Request, now: float) -> Reservation | None:
@@ -139,10 +139,11 @@ class Scheduler:
 
     def history_duration(self, r: Request) -> float:
         """The median hold time of the request's kind (the predictor's finest history
-        with enough samples: user and shape, user, group, class), else the class default."""
+        with enough samples: user and shape, user, group, class), else the class's
+        expected hold."""
         cls = r.job_class.value
         est = self.predictor.hold(r.user, r.group, cls, request_shape(r.size))
-        return est.median if est is not None else self.config.default_duration_s[cls]
+        return est.median if est is not None else self.config.expected_hold_s(cls)
 
     def duration(self, r: Request) -> float:
         """Expected hold time: the request's time limit or own estimate (``stated``),

@@ -37,7 +37,7 @@ LIVE = ("queued", "granted")
 LEASE_ENV = "GPUBROKER_LEASE_ID"
 """The provisioner's own lease, which it renews itself."""
 KERNEL_ENV = "GPUBROKER_KERNEL_ID"
-PLACE = ("position", "place", "eta", "eta_range", "eta_known")
+PLACE = ("position", "place", "eta", "eta_range", "eta_known", "eta_basis")
 """A waiting request's place in the queue, which ``positions`` events bring."""
 
 NO_BROKER = (

@@ -25,7 +25,7 @@ from traitlets import Dict, Float, Int, List, Unicode
 from ..wire.text import clock as wall_clock
 from ..wire.text import duration, eta_text, memory, size_text
 from .feed import TRANSIENT, why
-from .session import Activity, Session, Tracker
+from .session import PLACE, Activity, Session, Tracker
 
 USER_NOTICES = ("outside_use",)
 """Events about this kernel's user, on no request, that the status widget shows."""
@@ -359,7 +359,7 @@ class QueueTable(GpuWidget):
         moved = {r["id"]: r for r in data["requests"]}
         self._show(
             [
-                {**e, **{k: moved[e["id"]][k] for k in ("position", "eta", "eta_known")}}
+                {**e, **{k: moved[e["id"]].get(k) for k in PLACE if k != "place"}}
                 if e.get("id") in moved
                 else e
                 for e in self.queue

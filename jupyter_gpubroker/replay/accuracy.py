@@ -93,7 +93,7 @@ class EtaProbe:
 
 
 def _limit(broker: Broker, r: Request) -> float:
-    return r.expected_duration_s or broker.config.default_duration_s[r.job_class.value]
+    return r.expected_duration_s or broker.config.expected_hold_s(r.job_class.value)
 
 
 def relative_error(e: Estimate, said: float) -> float:

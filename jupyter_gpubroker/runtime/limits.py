@@ -1,6 +1,7 @@
-"""Time limits' settings (``c.GPUBroker.*``): each class's default and longest limit,
-whether a limit is required, the warning, the grace and how often a lease may be
-extended; the core (``broker.limits``) enforces them."""
+"""How long holds last (``c.GPUBroker.*``): the time limits (each class's default and
+longest limit, whether a limit is required, the warning, the grace and how often a lease
+may be extended), which the core (``broker.limits``) enforces, and the typical hold an
+admin states, which start estimates use before there is any history."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _FIELDS = {
     "time_limit_warning": "limit_warning_s",
     "time_limit_grace": "limit_grace_s",
     "max_extensions": "max_extensions",
+    "typical_hold": "typical_hold_s",
 }
 """Each trait and the ``BrokerConfig`` field it sets."""
 
@@ -59,11 +61,20 @@ class LimitSettings(HasTraits):
         "{'interactive': 2}; a class not named: 3.",
     ).tag(config=True)
 
+    typical_hold = Dict(
+        key_trait=Unicode(),
+        value_trait=Union([FloatTrait(), Unicode()]),
+        help="How long a GPU session of each job class typically lasts, e.g. "
+        "{'interactive': '2h'}: start estimates rest on it until the broker has seen "
+        "sessions end (a fresh deployment's ETAs are otherwise unknown), and the "
+        "scheduler expects it; a class not named: no estimate from it.",
+    ).tag(config=True)
+
     @validate(*_FIELDS)
     def _limit_setting(self, proposal: dict[str, Any]) -> Any:
         name, value = proposal["trait"].name, proposal["value"]
         try:
-            if name in ("default_time_limit", "max_time_limit"):
+            if name in ("default_time_limit", "max_time_limit", "typical_hold"):
                 value = {k: parse_duration(v, f"{name}[{k!r}]") for k, v in value.items()}
             elif name in ("time_limit_warning", "time_limit_grace"):
                 value = 0.0 if value in (0, "0") else parse_duration(value, name)
@@ -81,4 +92,5 @@ class LimitSettings(HasTraits):
             "limit_warning_s": float(self.time_limit_warning),
             "limit_grace_s": float(self.time_limit_grace),
             "max_extensions": dict(self.max_extensions),
+            "typical_hold_s": dict(self.typical_hold),
         }

@@ -61,16 +61,28 @@ def size_text(r: Mapping[str, Any]) -> str:
     return f">= {r.get('min_memory_gb')} GiB"
 
 
+ETA_BASIS = {
+    "idle reclaim": "when an idle GPU is reclaimed",
+    "time limits": "by time limits",
+    "typical hold": "from the usual session length",
+}
+"""What a start estimate rests on (the API's ``eta_basis``), in words, where it is not
+past holds, the usual basis (the Lab panel's ``format.ts`` says the same)."""
+
+
 def eta_text(r: Mapping[str, Any], now: float | None = None) -> str:
     """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
-    ``eta_known`` of the API): "10:40 (10:20-11:30)", "unknown"; ``now`` defaults to the
-    wall clock, as the fronts that show it read one."""
+    ``eta_known``, ``eta_basis`` of the API): "10:40 (10:20-11:30)", "11:00 (now-11:00),
+    by time limits", "unknown"; ``now`` defaults to the wall clock, as the fronts that
+    show it read one."""
     span = r.get("eta_range")
-    estimate = None
-    if r.get("eta_known") and span and r.get("eta"):
-        high = _instant(span["high"]) if span.get("high") else None
-        estimate = (_instant(span["low"]), _instant(r["eta"]), high)
-    return start_estimate(estimate, r.get("position"), time.time() if now is None else now)
+    if not (r.get("eta_known") and span and r.get("eta")):
+        return "unknown"
+    high = _instant(span["high"]) if span.get("high") else None
+    estimate = (_instant(span["low"]), _instant(r["eta"]), high)
+    said = start_estimate(estimate, r.get("position"), time.time() if now is None else now)
+    why = ETA_BASIS.get(r.get("eta_basis") or "")
+    return f"{said}, {why}" if why else said
 
 
 def _instant(iso: str) -> float:

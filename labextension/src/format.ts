@@ -45,16 +45,28 @@ export function since(iso: string, now: number): number {
   return (now - Date.parse(iso)) / 1000;
 }
 
-/** "~12 min" until an ETA, "ETA unknown" when the broker cannot know. */
+/** What a start estimate rests on, in words, where it is not past holds (the usual
+ * basis; as wire/text.py `ETA_BASIS`). */
+const ETA_BASIS: Record<string, string> = {
+  'idle reclaim': 'when an idle GPU is reclaimed',
+  'time limits': 'by time limits',
+  'typical hold': 'from the usual session length'
+};
+
+/** "~12 min" until an ETA, with what it rests on unless `basis` is false ("~40 min, by
+ * time limits"); "ETA unknown" when the broker cannot know. */
 export function etaText(
-  e: { eta: string | null; eta_known: boolean },
-  now: number
+  e: { eta: string | null; eta_known: boolean; eta_basis?: string | null },
+  now: number,
+  basis = true
 ): string {
   if (!e.eta_known || !e.eta) {
     return 'ETA unknown';
   }
   const left = -since(e.eta, now);
-  return left <= 0 ? 'any moment' : `~${duration(left)}`;
+  const said = left <= 0 ? 'any moment' : `~${duration(left)}`;
+  const why = basis && e.eta_basis ? ETA_BASIS[e.eta_basis] : undefined;
+  return why ? `${said}, ${why}` : said;
 }
 
 /** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as
@@ -97,7 +109,7 @@ export function statusText(
   )[0];
   let queue: string | null = null;
   if (first && first.position) {
-    const eta = etaText(first, now);
+    const eta = etaText(first, now, false);
     queue = `queue #${first.position} ${eta === 'ETA unknown' ? '(ETA unknown)' : eta}`;
   }
   let held: string | null = null;

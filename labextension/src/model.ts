@@ -304,7 +304,8 @@ export class GpuModel {
               ...q,
               position: r.position ?? q.position,
               eta: r.eta,
-              eta_known: r.eta_known
+              eta_known: r.eta_known,
+              eta_basis: r.eta_basis
             }
           : q;
       });

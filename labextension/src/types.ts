@@ -56,6 +56,8 @@ export interface IQueueEntry {
   eta: string | null;
   eta_range: [string, string] | null;
   eta_known: boolean;
+  /** What the estimate rests on: "history", "time limits", "typical hold", "idle reclaim". */
+  eta_basis?: string | null;
   user: string;
   job_class: string;
   profile?: string;
@@ -83,6 +85,7 @@ export interface IRequest {
   place?: string | null;
   eta: string | null;
   eta_known: boolean;
+  eta_basis?: string | null;
 }
 
 export interface ILease {

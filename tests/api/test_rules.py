@@ -154,6 +154,31 @@ def test_a_waiting_request_shows_its_eta_range_or_that_it_is_unknown(team: Broke
     assert (entry["eta"], entry["eta_range"], entry["eta_known"]) == (known["eta"], span, True)
 
 
+def test_on_day_one_an_eta_rests_on_the_stated_typical_hold_and_says_so(start) -> None:
+    api = start(identity="username", typical_hold={"interactive": "1h"})
+    alice, bob = api.user_identity("alice"), api.user_identity("bob")
+    for i in range(7):
+        api.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+    waiting = api.submit(bob, SLICE)  # no hold has ever ended
+    assert waiting["eta_known"] is True and waiting["eta_basis"] == "typical hold"
+    assert waiting["eta_bound"] is None  # no time limits: no start is promised
+    (entry,) = api.queue(bob)["queue"]
+    assert (entry["eta"], entry["eta_basis"]) == (waiting["eta"], "typical hold")
+
+
+def test_time_limits_give_an_eta_and_the_latest_start_they_promise(start) -> None:
+    api = start(identity="username", default_time_limit={"interactive": "1h"})
+    alice, bob = api.user_identity("alice"), api.user_identity("bob")
+    for i in range(7):
+        api.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+    waiting = api.submit(bob, SLICE)
+    bound = datetime.fromisoformat(waiting["eta_bound"])
+    assert waiting["eta_basis"] == "time limits"
+    # the leases ahead end by their hour's limit and its minute's grace
+    assert timedelta(minutes=59) < bound - datetime.now(timezone.utc) <= timedelta(minutes=61)
+    assert datetime.fromisoformat(waiting["eta_range"]["high"]) <= bound
+
+
 def test_a_renewal_reports_its_kernels_state_for_idle_reclaim_to_judge(start) -> None:
     """The kernels of a server in remote mode run where the broker cannot watch them: their
     leases' renewals say whether they are busy, and since when."""

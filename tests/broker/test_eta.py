@@ -74,6 +74,42 @@ def test_without_any_history_there_is_no_estimate(make_broker, clock):
     assert predicted_starts(broker, queue_of(broker), Predictor(), clock.now()) == {bob.id: None}
 
 
+def test_on_day_one_a_stated_typical_hold_gives_an_estimate_that_says_so(make_broker, clock):
+    hour = 3600.0
+    broker = make_broker(
+        whole_inventory(1), config=BrokerConfig(typical_hold_s={"interactive": hour})
+    )
+    broker.submit("ann", Size(gpus=1))
+    bob = broker.submit("bob", Size(gpus=1))
+    now = clock.now()
+    # no hold has ended yet: ann's runs a quarter, one or four typical holds
+    (eta,) = predicted_starts(broker, queue_of(broker), Predictor(), now).values()
+    assert eta == Eta(now + hour / 4, now + hour, now + 4 * hour, None, "typical hold")
+    clock.advance(5 * hour)  # longer than sessions typically run, by far: nobody knows
+    assert predicted_starts(broker, queue_of(broker), Predictor(), clock.now()) == {bob.id: None}
+
+
+def test_a_lease_warned_as_idle_ends_at_its_reclaim_time(make_broker, clock):
+    broker = make_broker(whole_inventory(1))
+    broker.submit("ann", Size(gpus=1))
+    bob = broker.submit("bob", Size(gpus=1))
+    (lease,) = broker.leases()
+    now = clock.now()
+    assert predicted_starts(broker, queue_of(broker), Predictor(), now) == {bob.id: None}
+    broker.warn(lease.id, "idle", now + 300)
+    (eta,) = predicted_starts(broker, queue_of(broker), Predictor(), now).values()
+    assert eta == Eta(now + 300, now + 300, now + 300, None, "idle reclaim")
+
+
+def test_without_history_a_time_limit_ends_the_lease_ahead_at_the_latest(make_broker, clock):
+    broker = make_broker(whole_inventory(1))
+    broker.submit("ann", Size(gpus=1), limit_s=1800)
+    broker.submit("bob", Size(gpus=1))
+    now = clock.now()
+    (eta,) = predicted_starts(broker, queue_of(broker), Predictor(), now).values()
+    assert (eta.low, eta.median, eta.basis) == (now, now + 1800, "time limits")
+
+
 def test_squeue_start_runs_every_job_to_its_limit(make_broker, clock):
     broker = make_broker(whole_inventory(2))
     t0 = clock.now()

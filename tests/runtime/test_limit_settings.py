@@ -19,6 +19,7 @@ def test_limits_in_words_reach_the_core(tmp_path) -> None:
         time_limit_warning="5min",
         time_limit_grace=30,
         max_extensions={"interactive": 1},
+        typical_hold={"interactive": "90min"},
     )
     rt.start()
     try:
@@ -27,6 +28,7 @@ def test_limits_in_words_reach_the_core(tmp_path) -> None:
         assert config.max_limit_s == {"interactive": 14400.0, "batch": 86400.0}
         assert (config.limit_warning_s, config.limit_grace_s) == (300.0, 30.0)
         assert config.max_extensions == {"interactive": 1}
+        assert config.typical_hold_s == {"interactive": 5400.0}
         assert rt.core.submit("ann", Size(gpus=1)).limit_s == 7200.0
         with pytest.raises(InvalidRequest, match="longer than the 4 h 00 min allowed"):
             rt.core.submit("ann", Size(gpus=1), limit_s=5 * 3600.0)
@@ -52,6 +54,8 @@ def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
         ("time_limit_warning", "-5min", "a duration like"),
         ("time_limit_grace", 10 * 366 * 86400.0, "up to a year"),
         ("max_extensions", {"interactive": -1}, "whole number >= 0"),
+        ("typical_hold", {"interactive": "0s"}, "typical_hold\\['interactive'\\] must be"),
+        ("typical_hold", {"notebook": "2h"}, "job classes are 'interactive' and 'batch'"),
     ],
 )
 def test_bad_limit_settings_are_refused_in_a_sentence(tmp_path, trait, value, words) -> None:

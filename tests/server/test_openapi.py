@@ -236,9 +236,10 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
         "POST", "requests", {"profile": "1g.10gb", "job_class": "batch"}, expect=201
     )
     assert waiting["state"] == "queued" and waiting["position"] == 1 and waiting["lease"] is None
-    # The machine is full and no hold has ever ended: its start is unknown, and says so
-    # (a stated expected_duration_s is not history).
-    assert (waiting["eta"], waiting["eta_range"], waiting["eta_known"]) == (None, None, False)
+    # The machine is full and no hold has ever ended (a stated expected_duration_s is not
+    # history): only the first lease's time limit says when a slice is free at the latest.
+    assert waiting["eta_known"] and waiting["eta_basis"] == "time limits"
+    assert waiting["eta"] == waiting["eta_range"]["high"] == lease["ends_at"]
 
     queue = await check("GET", "queue", expect=200)
     assert queue["length"] == 1

@@ -157,8 +157,9 @@ def test_two_users_and_the_admin_on_the_example_hub_read_plain_queue_words(
         assert said.startswith("Waiting for 1g.10gb (interactive)"), said
         assert said.count("position") == 1, said
         assert not EXCEPTION_NAME.search(said), said
-        eta = re.search(r"ETA (\S+)", said)
-        assert eta and re.fullmatch(r"unknown;?|\d{1,2}:\d\d", eta.group(1)), said
+        # a new hub has seen no session end: the ETA rests on the example's typical hold
+        # (gpubroker_config.py), and says so
+        assert re.search(r"ETA \d{1,2}:\d\d \(.*\), from the usual session length", said), said
 
         boss = log_in(browser, "admin")
         boss.goto(f"{URL}/services/{SERVICE}/admin")

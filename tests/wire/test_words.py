@@ -104,3 +104,9 @@ def test_a_request_says_what_it_asks_for_and_when_it_may_start() -> None:
     assert eta_text(waiting, now) == f"{clock(now + 1200)} ({clock(now + 600)}-{clock(now + 3600)})"
     assert eta_text({**waiting, "eta_range": {"low": iso(-5)}}, now).endswith("(now or later)")
     assert eta_text({**waiting, "eta_known": False}, now) == "unknown"
+    # on day one, what an estimate rests on is said; past holds, the usual basis, are not
+    assert eta_text({**waiting, "eta_basis": "history"}, now) == eta_text(waiting, now)
+    by_limits = eta_text({**waiting, "eta_basis": "time limits"}, now)
+    assert by_limits == f"{eta_text(waiting, now)}, by time limits"
+    usual = eta_text({**waiting, "eta_basis": "typical hold"}, now)
+    assert usual.endswith(", from the usual session length")

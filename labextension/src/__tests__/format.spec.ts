@@ -1,6 +1,26 @@
-import { mib, ownerText, statusText } from '../format';
+import { etaText, mib, ownerText, statusText } from '../format';
 import { SseParser } from '../sse';
 import { iso, lease, NOW, queued } from './fixtures';
+
+describe('etaText', () => {
+  it('says what an estimate rests on unless it is past holds', () => {
+    const e = queued('r1', 1, { eta: iso(40 * 60), eta_known: true });
+    expect(etaText({ ...e, eta_basis: 'history' }, NOW)).toBe('~40 min');
+    expect(etaText({ ...e, eta_basis: 'time limits' }, NOW)).toBe(
+      '~40 min, by time limits'
+    );
+    expect(etaText({ ...e, eta_basis: 'typical hold' }, NOW)).toBe(
+      '~40 min, from the usual session length'
+    );
+  });
+
+  it('keeps the status bar short: no basis there', () => {
+    const waiting = [queued('r1', 1, { eta_basis: 'typical hold' })];
+    expect(statusText([], waiting, () => null, NOW)).toBe(
+      'GPU queue #1 ~12 min'
+    );
+  });
+});
 
 describe('statusText', () => {
   it('shows my slice and its utilization', () => {
