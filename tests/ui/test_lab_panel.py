@@ -2,7 +2,8 @@
 56 slices other users hold all but one of: the panel shows the machine; a GPU notebook's
 kernel takes the free slice and shows as my lease with its notebook's name; the next one
 waits with its position in the status bar and the panel, is cancelled from the panel, and
-a third starts once a slice is released; an idle kernel's reclaim warning notifies."""
+a third starts once a slice is released; an idle kernel's reclaim warning notifies; a
+grant's notice goes when its lease ends."""
 
 from __future__ import annotations
 
@@ -92,6 +93,20 @@ def test_panel_queue_cancel_and_grant(lab: Lab, page: Any) -> None:
             break
         page.wait_for_timeout(200)
     assert len(warned_leases(lab)) < len(warned)
+
+    # A grant's notice goes with its lease, not left saying "GPU granted" of a GPU gone:
+    # Lab's notification list keeps the first notebook's and drops the third's.
+    page.locator(".jp-Notification-Status").click()
+    granted = page.locator(".jp-Notification-List-Item", has_text="GPU granted")
+    granted.nth(1).wait_for(timeout=WAIT_MS)
+    assert granted.count() == 2
+    mine = [x for x in lab.api("GET", "leases")["leases"] if x["user"] not in HOLDERS]
+    lab.api("DELETE", f"leases/{max(mine, key=lambda x: x['granted_at'])['id']}")
+    for _ in range(100):
+        if granted.count() == 1:
+            break
+        page.wait_for_timeout(200)
+    assert granted.count() == 1
 
 
 def warned_leases(lab: Lab) -> list[str]:
