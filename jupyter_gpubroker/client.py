@@ -406,18 +406,25 @@ class BrokerClient:
             if reading is not None:
                 reading.cancel()
 
-    async def follow(self, pause: float = RETRY_S) -> AsyncGenerator[dict[str, Any], None]:
+    async def follow(
+        self, pause: float = RETRY_S, opened: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """``events`` for as long as it is read: a lost stream (network errors, 5xx, the
         server closing it) is reopened with the last id seen, after a pause that doubles
         up to 30 s, so nothing is missed (the broker sends a ``snapshot`` instead when it
-        no longer has what was). A refusal (4xx) is raised."""
+        no longer has what was). A refusal (4xx) is raised. ``opened`` is awaited when
+        each connection's first message arrives, before it: what no replay carries (the
+        devices' readings, sent as they change) is read again then."""
         last: int | None = None
         wait = pause
         while True:
             try:
                 async with contextlib.aclosing(self.events(last)) as events:
+                    first = True
                     async for message in events:
-                        last, wait = message.get("id", last), pause
+                        if first and opened is not None:
+                            await opened()
+                        first, last, wait = False, message.get("id", last), pause
                         yield message
             except BrokerAPIError as e:
                 if e.status < 500:

@@ -2,10 +2,11 @@
 
 While a cell runs the kernel's own event loop is blocked (``%gpu request`` may wait for
 minutes), so every broker call runs on a background thread with its own asyncio loop
-(``Runner``). Widgets do not each poll the broker: they subscribe to one event stream
-(``EventFeed``) and, while a status widget is open, to one device reading loop
-(``DevicePoll``). Each runs only while someone listens, and stops when the last
-listener leaves.
+(``Runner``). Widgets do not poll the broker: they subscribe to one event stream
+(``EventFeed``), which brings this kernel's requests and positions and, every few
+seconds, the devices' readings that changed; while a status widget is open, one
+``Clock`` redraws it (time held, idle time, recent load) between messages. Each runs
+only while someone listens, and stops when the last listener leaves.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextvars
 import logging
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     """The app's traitlets logger (an adapter in some versions of traitlets)."""
 Listener = Callable[[Any], Awaitable[None]]
 TRANSIENT = (BrokerAPIError, OSError, asyncio.TimeoutError)
-"""What a lost or refused connection raises: retried by the feeds, reported by ``%gpu``."""
+"""What a lost or refused connection raises: retried by the feed, reported by ``%gpu``."""
 
 
 def why(e: BaseException) -> str:
@@ -68,8 +70,8 @@ class Broadcast:
     Listeners are coroutine functions called on the runner's loop, one after another.
     """
 
-    def __init__(self, runner: Runner, client: BrokerClient, log: Log) -> None:
-        self.runner, self.client, self.log = runner, client, log
+    def __init__(self, runner: Runner, log: Log) -> None:
+        self.runner, self.log = runner, log
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._task: concurrent.futures.Future[None] | None = None
@@ -118,19 +120,28 @@ broker that restarted without it)."""
 
 
 class EventFeed(Broadcast):
-    """The broker's server-sent events (this kernel's requests, and its positions).
+    """The broker's server-sent events: this kernel's requests and positions, and the
+    devices' readings.
 
-    A refused token ends the feed for good (no retry would change it): its listeners get
-    one last event, ``{"type": "ended", "data": {"message": REVOKED}}``, and the sentence
-    is shown once in the notebook (the output of the cell that runs now)."""
+    Listeners also get two messages of the feed's own: ``{"type": "connected", "data":
+    {}}`` before each connection's first message (what no replay carries, the readings
+    sent while it was down, is read again then); and, once the broker refuses the token
+    (no retry would change it), ``{"type": "ended", "data": {"message": REVOKED}}``,
+    whose sentence is also shown once in the notebook (the output of the cell that runs
+    now): the feed then ends for good."""
 
     ended: str | None = None
     """Why the feed ended; None while it runs or may run again."""
 
+    def __init__(self, runner: Runner, client: BrokerClient, log: Log) -> None:
+        super().__init__(runner, log)
+        self.client = client
+
     async def _run(self) -> None:
         while True:  # a reconnect resumes where the stream broke (``BrokerClient.follow``)
             try:
-                async with contextlib.aclosing(self.client.follow(pause=1.0)) as events:
+                follow = self.client.follow(pause=1.0, opened=self._connected)
+                async with contextlib.aclosing(follow) as events:
                     async for event in events:
                         await self.publish(event)
             except BrokerAPIError as e:
@@ -142,6 +153,9 @@ class EventFeed(Broadcast):
                 self.log.info("GPU broker event stream lost (%s); retrying", why(e))
             await asyncio.sleep(30.0)
 
+    async def _connected(self) -> None:
+        await self.publish({"type": "connected", "data": {}})
+
     async def _end(self, message: str) -> None:
         self.ended = message
         self.log.warning("GPU broker: %s", message)
@@ -149,18 +163,14 @@ class EventFeed(Broadcast):
         await self.publish({"type": "ended", "data": {"message": message}})
 
 
-class DevicePoll(Broadcast):
-    """``GET devices`` every ``interval`` seconds: the live readings of every device.
-
-    The API keeps no history of readings yet, so the widgets keep their own short one.
-    """
+class Clock(Broadcast):
+    """The time (``time.time()``) at once and then every ``interval`` seconds: the
+    status widgets redraw on it between the feed's messages (time held, idle time, the
+    recent load). It calls nothing."""
 
     interval = 3.0
 
     async def _run(self) -> None:
         while True:
-            try:
-                await self.publish(await self.client.devices())
-            except TRANSIENT as e:
-                self.log.info("GPU broker: could not read the devices: %s", e)
+            await self.publish(time.time())
             await asyncio.sleep(self.interval)

@@ -205,8 +205,9 @@ class GPUMagics(Magics):
 
     refresh_interval = Float(
         3.0,
-        help="Seconds between readings of the held devices' utilization, memory and "
-        "temperature while a %gpu status widget is open.",
+        help="Seconds between redraws of an open %gpu status widget: its time held, idle "
+        "time and recent-load line. The readings themselves come with the broker's event "
+        "stream (every few seconds, as they change).",
     ).tag(config=True)
 
     _session: Session | None = None
@@ -228,7 +229,7 @@ class GPUMagics(Magics):
     @observe("refresh_interval")
     def _interval_changed(self, change: dict[str, Any]) -> None:
         if self._session is not None:
-            self._session.devices.interval = change["new"]
+            self._session.clock.interval = change["new"]
 
     @line_magic
     def gpu(self, line: str) -> GpuResult | None:

@@ -27,7 +27,7 @@ from ..client import SERVER_LEASE_ENV, BrokerClient, keep_alive, kernel_report
 from ..wire.text import duration, size_text
 from . import NO_GPUS_ENV, GpuError
 from .cuda import cuda_initialised
-from .feed import DevicePoll, EventFeed, Runner
+from .feed import Clock, EventFeed, Runner
 
 if TYPE_CHECKING:
     from .feed import Log
@@ -187,7 +187,7 @@ class Tracker:
 
 
 class Session:
-    """This kernel's broker client, background loop, feeds and live request."""
+    """This kernel's broker client, background loop, feed, clock and live request."""
 
     def __init__(
         self, client: BrokerClient, kernel_id: str, log: Log, refresh_interval: float
@@ -195,8 +195,8 @@ class Session:
         self.client, self.kernel_id, self.log = client, kernel_id, log
         self.runner = Runner()
         self.feed = EventFeed(self.runner, client, log)
-        self.devices = DevicePoll(self.runner, client, log)
-        self.devices.interval = refresh_interval
+        self.clock = Clock(self.runner, log)
+        self.clock.interval = refresh_interval
         self.tracker: Tracker | None = None
         self._pinned: str | None = None
         """The request whose devices CUDA_VISIBLE_DEVICES names."""

@@ -45,6 +45,9 @@ MUTED = "color:var(--jp-ui-font-color2,#666)"
 class GpuWidget(VBox):
     """A VBox whose live updates end with it, and whose text/plain form says what it shows."""
 
+    closed = False
+    """Set by ``close()``: a reply that arrives after it changes nothing."""
+
     def __init__(self, **kwargs: Any) -> None:
         self._stops: list[Callable[[], None]] = []
         super().__init__(**kwargs)
@@ -59,6 +62,7 @@ class GpuWidget(VBox):
         return bundle
 
     def close(self) -> None:
+        self.closed = True
         while self._stops:
             self._stops.pop()()
         super().close()
@@ -140,6 +144,19 @@ def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
     ]
 
 
+def with_readings(gpus: list[dict[str, Any]], readings: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``GET devices`` reply with a ``readings`` event's newer readings (by UUID) in
+    place: a new list, so a reader on another thread never sees one half-updated."""
+    return [
+        {
+            **g,
+            **readings.get(g["uuid"], {}),
+            "devices": [{**d, **readings.get(d["uuid"], {})} for d in g["devices"]],
+        }
+        for g in gpus
+    ]
+
+
 def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]:
     """A request's headline and detail lines (the devices' readings aside)."""
     r = tracker.request
@@ -196,9 +213,13 @@ def request_html(
 class RequestPanel(GpuWidget):
     """This kernel's request: its place in the queue, then the lease's live readings.
 
-    Follows the tracker (grant, end); reads the devices every few seconds while granted.
-    The Cancel button shows while queued if the kernel is free to handle its click
-    (``%gpu request --no-wait``; a waiting cell is withdrawn by interrupting the kernel).
+    Follows the tracker (grant, end) and the event feed: the held devices are read once
+    (``GET devices``, for their names and sizes) when it shows a grant and again after
+    the feed (re)connects; the ``readings`` the stream brings every few seconds update
+    them in place, and the session's clock redraws it while granted (time held, idle
+    time, and a sample of the load for the sparkline). The Cancel button shows while
+    queued if the kernel is free to handle its click (``%gpu request --no-wait``; a
+    waiting cell is withdrawn by interrupting the kernel).
     """
 
     state = Unicode().tag(sync=True)
@@ -211,21 +232,25 @@ class RequestPanel(GpuWidget):
     def __init__(
         self, tracker: Tracker, activity: Activity, *, cancellable: bool, gpus: list[Any]
     ) -> None:
-        """``gpus``: a ``GET devices`` reply, so the first view is complete."""
+        """``gpus``: a ``GET devices`` reply (empty unless granted), so the first view is
+        complete."""
         self.tracker, self.activity, self.cancellable = tracker, activity, cancellable
         self._gpus = gpus
+        lease = tracker.lease
+        self._read_for = lease["id"] if gpus and tracker.state == "granted" and lease else None
+        """The lease whose devices ``_gpus`` holds since the feed's last (re)connect."""
         self._history: deque[float] = deque(maxlen=HISTORY)
         self._note = ""
         self._lock = threading.RLock()
-        self._stop_readings: Callable[[], None] | None = None
+        self._stop_clock: Callable[[], None] | None = None
         self._html = HTML()
         self.button = Button(description="Cancel request", icon="times", button_style="warning")
         self.button.on_click(self._cancel)
         super().__init__(children=[self._html, self.button])
         self._stops += [
             tracker.watch(self._update),
-            lambda: self._follow_readings(False),
-            self.session.feed.subscribe(self._on_notice),
+            lambda: self._follow_clock(False),
+            self.session.feed.subscribe(self._on_event),
         ]
         self._update()
 
@@ -243,38 +268,66 @@ class RequestPanel(GpuWidget):
     def _render(self) -> None:
         t, held = self.tracker, held_devices(self.tracker, self._gpus)
         waiting = t.state == "queued"
-        self._follow_readings(t.state == "granted")
+        lease = t.lease if t.state == "granted" else None
+        if lease is not None and lease["id"] != self._read_for:  # a grant: name its devices
+            self._read_for = lease["id"]
+            self.session.runner.submit(self._read_devices())
+        self._follow_clock(lease is not None)
         with self.hold_sync():
             self.state = t.state
             self.position = t.request.get("position") if waiting else None
             self.eta = t.request.get("eta") if waiting else None
             self.ahead = dict(t.ahead) if waiting else {}
-            self.devices = list(t.lease["devices"]) if t.state == "granted" and t.lease else []
+            self.devices = list(lease["devices"]) if lease else []
             self.readings = [h.reading() for h in held]
             note = self._note or (WAITING_HINT if waiting and not self.cancellable else "")
             self._html.value = request_html(t, self.activity, held, self._history, note)
         self.button.layout.display = None if waiting and self.cancellable else "none"
 
-    def _follow_readings(self, on: bool) -> None:
+    def _follow_clock(self, on: bool) -> None:
         with self._lock:
-            if on and self._stop_readings is None:
-                self._stop_readings = self.session.devices.subscribe(self._on_devices)
-            elif not on and self._stop_readings is not None:
-                self._stop_readings()
-                self._stop_readings = None
+            if on and self._stop_clock is None:
+                self._stop_clock = self.session.clock.subscribe(self._on_tick)
+            elif not on and self._stop_clock is not None:
+                self._stop_clock()
+                self._stop_clock = None
 
-    async def _on_devices(self, gpus: list[dict[str, Any]]) -> None:
-        self._gpus = gpus
-        loads = [x for x in (h.load() for h in held_devices(self.tracker, gpus)) if x is not None]
-        if loads:
-            self._history.append(sum(loads) / len(loads))
-        self._update()
+    async def _on_tick(self, _: float) -> None:
+        with self._lock:
+            loads = [h.load() for h in held_devices(self.tracker, self._gpus)]
+            known = [x for x in loads if x is not None]
+            if known:
+                self._history.append(sum(known) / len(known))
+            self._update()
 
-    async def _on_notice(self, event: dict[str, Any]) -> None:
-        """A notice about this kernel's user on no request (its process using a GPU
-        outside the broker, with ``c.GPUBroker.outside_use = "warn"``): shown in full."""
-        if event["type"] in USER_NOTICES and event["data"].get("message"):
-            self._note = event["data"]["message"]
+    async def _read_devices(self) -> None:
+        try:
+            gpus = await self.session.client.devices()
+        except TRANSIENT as e:  # the held devices show by UUID until the next try
+            self.session.log.info("GPU broker: could not read the devices: %s", why(e))
+            return
+        with self._lock:
+            if not self.closed:
+                self._gpus = gpus
+                self._update()
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        """The devices' readings and, from a user's stream, the devices as a whole; after
+        a (re)connect, the devices read again; a notice about this kernel's user on no
+        request (its process using a GPU outside the broker, with
+        ``c.GPUBroker.outside_use = "warn"``), shown in full."""
+        kind, data = event["type"], event["data"]
+        with self._lock:
+            if kind == "readings":
+                self._gpus = with_readings(self._gpus, data["devices"])
+            elif kind == "devices":
+                self._gpus = data["gpus"]
+            elif kind == "connected":
+                self._read_for = None
+            elif kind in USER_NOTICES and data.get("message"):
+                self._note = data["message"]
+            else:
+                return
             self._update()
 
     def _cancel(self, _: Button) -> None:

@@ -124,14 +124,14 @@ async def test_status_widget_updates_live_until_closed(kernel, notebook, api, jp
     kid = await kernel()
     nb = await notebook(
         kid,
-        "%config GPUMagics.refresh_interval = 0.2",
+        "%config GPUMagics.refresh_interval = 1",
         "request = %gpu request 1g.10gb",  # granted at once; assigned, so not shown
         "r = %gpu status\nw, seen = r.widget, []\n"
         "w.observe(lambda c: seen.extend(r['memory_used_mib'] for r in c['new']), 'readings')\n"
         "session = get_ipython().magics_manager.registry['GPUMagics'].session\n"
-        "print(session.devices.active, session.feed.active)",
+        "print(session.clock.active, session.feed.active)",
     )
-    assert nb.stdout(2) == "True True"  # reading the devices, following the lease
+    assert nb.stdout(2) == "True True"  # redrawing, following the lease and its readings
     _, leases = await api("GET", "leases")
     (device,) = leases["leases"][0]["devices"]
 
@@ -140,15 +140,17 @@ async def test_status_widget_updates_live_until_closed(kernel, notebook, api, jp
             "import time\ndeadline = time.time() + 3\n"
             f"while {mib} not in seen and time.time() < deadline:\n    time.sleep(0.05)\n"
             + ("w.close()\n" if close else "")
-            + f"print({mib} in seen, session.devices.active, session.feed.active)"
+            + f"print({mib} in seen, session.clock.active, session.feed.active)"
         )
 
     simulator.set_load(device, memory_used_mib=2048)  # a workload starts on the slice
     await runtime.sample()  # the broker's next sampling pass reads it
+    runtime.events.fanout.send_readings()  # and its next readings tick sends it
     nb = await notebook(kid, read_until_seen(2048, close=True))
-    assert nb.stdout(0) == "True False False"  # updated, then closed: no reading, no stream
+    assert nb.stdout(0) == "True False False"  # updated, then closed: no redraw, no stream
     simulator.set_load(device, memory_used_mib=4096)
     await runtime.sample()
+    runtime.events.fanout.send_readings()
     nb = await notebook(kid, read_until_seen(4096))
     assert nb.stdout(0) == "False False False"  # a closed widget hears nothing more
 

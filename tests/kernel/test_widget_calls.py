@@ -1,7 +1,9 @@
-"""``%gpu``'s widgets render from the kernel's event stream: while queue events arrive they
-make no call to the broker (counted in the kernel, on its real client), and a notice
-about the kernel's user on no request (outside use with ``"warn"``) reaches the kernel's
-widget although a kernel token's stream carries only its own requests otherwise."""
+"""``%gpu``'s widgets render from the kernel's event stream: while queue events and the
+devices' readings arrive they make no call to the broker (counted in the kernel, on its
+real client) but the one that names a grant's devices (again after a reconnect: readings
+sent meanwhile are not replayed), and a notice about the kernel's
+user on no request (outside use with ``"warn"``) reaches the kernel's widget although a
+kernel token's stream carries only its own requests otherwise."""
 
 from __future__ import annotations
 
@@ -11,21 +13,30 @@ import json
 from jupyter_gpubroker.broker.core import Event
 
 COUNT = (
-    "from collections import Counter\n"
+    "import json\nfrom collections import Counter\n"
     "session = get_ipython().magics_manager.registry['GPUMagics'].session\n"
     "calls, real = Counter(), session.client.call\n"
     "async def counted(method, path, *args, **kwargs):\n"
-    "    calls[method] += 1\n"
+    "    if not path.endswith('/renew'):  # renewals are the heartbeat\n"
+    "        calls[f'{method} {path}'] += 1\n"
     "    return await real(method, path, *args, **kwargs)\n"
     "session.client.call = counted\n"
 )
+SHOWN = (
+    "import time\ndeadline = time.time() + 5\n"
+    "while {mib} not in [d['memory_used_mib'] for d in r.widget.readings] "
+    "and time.time() < deadline:\n    time.sleep(0.05)\n"
+    "print(r.widget.text().splitlines()[2])"
+)
+"""What the status widget shows of its device's readings once ``{mib}`` MiB are in use."""
 
 
-async def test_the_widgets_make_no_call_while_20_queue_events_arrive(
-    kernel, notebook, api, fill, jp_serverapp
+async def test_the_widgets_make_no_call_while_queue_events_and_readings_arrive(
+    kernel, notebook, api, fill, jp_serverapp, wait_until
 ):
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
     kid = await kernel()
-    await fill(7)
+    taken = await fill(7)
     await notebook(
         kid,
         COUNT,
@@ -44,11 +55,42 @@ async def test_the_widgets_make_no_call_while_20_queue_events_arrive(
     await asyncio.sleep(1)
     nb = await notebook(
         kid,
-        "import json; print(json.dumps(dict(calls)))",
+        "print(json.dumps(calls))",
         "print(r.widget.state, r.widget.position, q.widget.length)",
     )
-    assert json.loads(nb.stdout(0)).get("GET", 0) == 0  # renewals (POST) are the heartbeat
+    assert json.loads(nb.stdout(0)) == {}
     assert nb.stdout(1) == "queued 1 1"
+
+    await api("DELETE", f"leases/{taken[0]}")  # a slice comes free: the kernel's turn
+
+    async def granted():
+        _, mine = await api("GET", "requests")
+        return next((x for x in mine["requests"] if x["owner"] == kid and x["lease_id"]), None)
+
+    _, lease = await api("GET", f"leases/{(await wait_until(granted))['lease_id']}")
+    (device,) = lease["devices"]
+    for mib in (1024, 2048, 3072, 4096, 5120):  # a workload grows, over a few readings
+        runtime.backend.simulator.set_load(device, memory_used_mib=mib)
+        await runtime.sample()
+        runtime.events.fanout.send_readings()  # what the stream's timer does every 5 s
+        await asyncio.sleep(1)
+    nb = await notebook(kid, SHOWN.format(mib=5120), "print(json.dumps(calls))")
+    assert " · memory 5.0 / 9.7 GiB · " in nb.stdout(0)  # 5120 MiB of the slice's 9.7 GiB
+    # the grant's devices read once for their names; the readings came with the stream
+    assert json.loads(nb.stdout(1)) == {"GET devices": 1}
+
+    # The stream drops (the server closes it, as a restarting proxy would): a reading sent
+    # while it was down shows once it is back, read again with the devices.
+    (group,) = [g for key, g in runtime.events.fanout.groups.items() if kid in key]
+    for stream in group.streams:
+        stream.write.__self__.request.connection.close()
+    await asyncio.sleep(0.2)
+    runtime.backend.simulator.set_load(device, memory_used_mib=6144)
+    await runtime.sample()
+    runtime.events.fanout.send_readings()  # to no stream of the kernel's
+    nb = await notebook(kid, SHOWN.format(mib=6144), "print(json.dumps(calls))")
+    assert " · memory 6.0 / 9.7 GiB · " in nb.stdout(0)
+    assert json.loads(nb.stdout(1)) == {"GET devices": 2}
 
 
 async def test_an_outside_use_notice_reaches_the_kernels_widget(
