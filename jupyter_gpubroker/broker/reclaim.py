@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
-from ..wire.text import SERVER_HOLDER as SERVER_HOLDER  # ``server:<user>[:<name>]``
-from ..wire.text import clock, duration
+from ..wire.text import SERVER_HOLDER, clock, duration
 from .models import JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:

@@ -132,6 +132,7 @@ def test_the_admin_lowers_a_share_on_the_admin_page_and_the_queue_reorders(
         assert {tr["data-request"] for tr in rows} == set(waiting(hub, full[name]))
         assert rows[0].select_one(".gpubroker-position").get_text(strip=True) == f"{position} of 2"
         assert "every 1g.10gb is in use" in rows[0].get_text(" ")
+        assert f"{name}'s server" in rows[0].get_text(" ")  # who holds it, in words
         held = mine.select("tr.gpubroker-lease")
         assert len(held) == 1  # the slice each holds, not the filler's
 
