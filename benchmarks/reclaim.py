@@ -104,7 +104,7 @@ class Session:
     reclaimed_at: float | None = None
     returns: int = 0
     closed: bool = False
-    owner: str = ""
+    holder: str = ""
 
 
 def make_sessions(w: Workload, rng: random.Random) -> list[Session]:
@@ -219,8 +219,8 @@ class Replay:
     # -- sessions
 
     def submit(self, s: Session) -> None:
-        s.owner = f"kernel-{s.id}-{s.returns}"
-        r = self.broker.submit(s.user, SLICE, owner=s.owner, schedule=False)
+        s.holder = f"kernel-{s.id}-{s.returns}"
+        r = self.broker.submit(s.user, SLICE, holder=s.holder, schedule=False)
         self.by_request[r.id] = s
         s.request_id, s.waiting_since = r.id, self.clock.now()
         self.broker.schedule()

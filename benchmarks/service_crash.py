@@ -73,7 +73,7 @@ async def client_loop(client: BrokerClient, tally: Tally, stop: asyncio.Event) -
     while not stop.is_set():
         await tally.one(client.overview())
         await tally.one(client.queue())
-        request = await tally.one(client.submit(profile=SLICE, owner="bench"))
+        request = await tally.one(client.submit(profile=SLICE, holder="bench"))
         if request is None:
             continue
         lease = request.get("lease")

@@ -70,10 +70,10 @@ def tick():
     core, sim = broker.core, broker.backend.simulator
     if not state["leases"]:
         for user in HOLDERS:
-            r = core.submit(user, Size(profile="1g.10gb"), owner="training")
+            r = core.submit(user, Size(profile="1g.10gb"), holder="training")
             state["leases"].append(r.lease_id)
         for user, job_class in WAITING:
-            core.submit(user, Size(profile="1g.10gb"), job_class=job_class, owner="sweep")
+            core.submit(user, Size(profile="1g.10gb"), job_class=job_class, holder="sweep")
     now = time.time()
     for i, lease in enumerate(core.leases()):
         for uuid in lease.devices:
@@ -121,9 +121,9 @@ def tick():
         third = next(g.uuid for g in core.placer.gpus.values() if g.index == 2)
         core.drain(third, "Xid 48: double-bit ECC error", "health")
         for user, profile in HOLDERS:
-            core.submit(user, Size(profile=profile), owner="training")
+            core.submit(user, Size(profile=profile), holder="training")
         for user, profile, job_class in WAITING:
-            core.submit(user, Size(profile=profile), job_class=JobClass(job_class), owner="sweep")
+            core.submit(user, Size(profile=profile), job_class=JobClass(job_class), holder="sweep")
         state["set"] = True
     now = time.time()
     for i, lease in enumerate(core.leases()):

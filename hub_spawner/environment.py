@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jupyter_gpubroker.client import SERVER_LEASE_ENV
-from jupyter_gpubroker.wire.text import SERVER_OWNER
+from jupyter_gpubroker.wire.text import SERVER_HOLDER
 
 from .hubauth import USE_SCOPE
 from .options import gpu_request
@@ -16,10 +16,10 @@ from .options import gpu_request
 LEASE_ENV = SERVER_LEASE_ENV
 
 
-def server_owner(user: str, server_name: str = "") -> str:
-    """The owner a server's request and lease carry at the broker, ``server:<user>`` or
+def server_holder(user: str, server_name: str = "") -> str:
+    """The holder a server's request and lease carry at the broker, ``server:<user>`` or
     ``server:<user>:<server name>``: a restarted hub finds its request again by it."""
-    return f"{SERVER_OWNER}{user}" + (f":{server_name}" if server_name else "")
+    return f"{SERVER_HOLDER}{user}" + (f":{server_name}" if server_name else "")
 
 
 def broker_scopes(service: str) -> list[str]:

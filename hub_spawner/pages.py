@@ -178,7 +178,8 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
         return {
             "page": "my",
             "waiting": [
-                {**r, "why": choices.blocked(r), "holder": holder(r["owner"])} for r in waiting
+                {**r, "why": choices.blocked(r), "holder_text": holder(r["holder"])}
+                for r in waiting
             ],
             "leases": overview["leases"],
             "queue_length": overview["length"],

@@ -55,23 +55,23 @@ def unreachable(url: str, why: str) -> NotReserved:
     )
 
 
-async def live_request(client: BrokerClient, owner: str) -> dict[str, Any] | None:
-    """``owner``'s request still live at the broker (a start the hub's restart
+async def live_request(client: BrokerClient, holder: str) -> dict[str, Any] | None:
+    """``holder``'s request still live at the broker (a start the hub's restart
     interrupted), so that no start asks twice."""
-    live = [r for r in await client.requests() if r["owner"] == owner]
+    live = [r for r in await client.requests() if r["holder"] == holder]
     return await client.request(live[0]["id"]) if live else None
 
 
 async def ask(
-    client: BrokerClient, body: dict[str, Any], owner: str
+    client: BrokerClient, body: dict[str, Any], holder: str
 ) -> tuple[dict[str, Any], bool]:
-    """The server's request: the live one ``owner`` already has (True: taken up again),
+    """The server's request: the live one ``holder`` already has (True: taken up again),
     else a new one of ``body``'s size. A refusal or an absent broker is ``NotReserved``."""
     try:
-        request = await live_request(client, owner)
+        request = await live_request(client, holder)
         if request is not None:
             return request, True
-        return await client.submit(**body, owner=owner), False
+        return await client.submit(**body, holder=holder), False
     except BrokerAPIError as e:
         if e.status >= 500:
             raise unreachable(client.url, e.message) from None

@@ -64,7 +64,7 @@ from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.server.handlers import broker_errors, handlers
 from jupyter_gpubroker.wire.errors import BrokerError
-from jupyter_gpubroker.wire.text import SERVER_OWNER
+from jupyter_gpubroker.wire.text import SERVER_HOLDER
 
 from .hubauth import (
     ADMIN_SCOPE,
@@ -176,7 +176,7 @@ async def release_stopped_servers(
     held = {
         lease.id: lease
         for lease in core.leases()
-        if core.request(lease.request_id).owner.startswith(SERVER_OWNER)
+        if core.request(lease.request_id).holder.startswith(SERVER_HOLDER)
     }
     released = []
     for user in sorted({lease.user for lease in held.values()}):
@@ -210,15 +210,15 @@ async def release_stopped_servers(
             )
             continue
         for lease in held.values():
-            owner = core.request(lease.request_id).owner[len(SERVER_OWNER) :]
-            if lease.user == user and owner not in running:
+            server = core.request(lease.request_id).holder[len(SERVER_HOLDER) :]
+            if lease.user == user and server not in running:
                 core.release(
                     lease.id,
-                    reason=f"server {owner} is not running",
+                    reason=f"server {server} is not running",
                     charged_until=lease.expires_at - lease.ttl_s,
                 )
                 log.info(
-                    "GPU broker service: released %s of server %s (not running)", lease.id, owner
+                    "GPU broker service: released %s of server %s (not running)", lease.id, server
                 )
                 released.append(lease.id)
     return released

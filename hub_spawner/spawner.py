@@ -15,7 +15,7 @@ restarted hub keeps renewing it. Each poll also reads the lease: an idle server'
 shows on the hub's pages, and a lease the broker ended (an idle server culled) stops the
 server (``culling``). A queued start's request is in the state as soon as it is made; a
 hub restarted meanwhile starts the server again, and the start re-attaches to its request
-by its owner (``server:<user>``), keeping its place in the queue.
+by its holder (``server:<user>``), keeping its place in the queue.
 
 Where the hub runs as root, the server's process joins a device cgroup between fork and
 exec that lets it open its grant's NVIDIA device nodes and no other (``make_preexec_fn``;
@@ -60,7 +60,7 @@ from .environment import (
     broker_scopes,
     device_env,
     gpu_env,
-    server_owner,
+    server_holder,
     start_path,
     start_timeout,
     wants_gpu,
@@ -290,9 +290,9 @@ class GPUBrokerSpawnerMixin(_Spawner):
         if body is None:
             self._gpu = None
             return await super().start()
-        client, owner = self._client(), server_owner(self.user.name, self.name)
+        client, holder = self._client(), server_holder(self.user.name, self.name)
         with _as_spawn_error():
-            request, again = await reservation.ask(client, body, owner)
+            request, again = await reservation.ask(client, body, holder)
             if again:
                 self.log.info("%s takes up its GPU request %s again", self._log_name, request["id"])
             self._gpu = reservation.held(request)

@@ -52,7 +52,7 @@ class Published:
 
     id: int
     event: Event
-    owner: str | None = None
+    holder: str | None = None
     """Its request's holder (a kernel id), read once for every stream's visibility check."""
     views: dict[bool, dict[str, Any]] = field(default_factory=dict, compare=False)
     """Its JSON in full and reduced (``api.rules``), made once for every stream."""
@@ -62,7 +62,7 @@ class Published:
 class Positions:
     """The queue once, after a burst of events: every subscriber takes its own part.
 
-    ``moved_users`` and ``moved_holders`` ((user, owner) pairs) name whose waiting
+    ``moved_users`` and ``moved_holders`` ((user, holder) pairs) name whose waiting
     requests moved since the last computation: position, ETA, or the queue's length.
     """
 
@@ -72,7 +72,7 @@ class Positions:
     length: int
     by_user: dict[str, list[QueueEntry]]
     by_holder: dict[tuple[str, str], list[QueueEntry]]
-    """Waiting requests by (user, owner): a kernel's own, without scanning its user's."""
+    """Waiting requests by (user, holder): a kernel's own, without scanning its user's."""
     ahead: dict[str, dict[str, int]]
     """Request id -> requests ahead of it by job class."""
     moved_users: set[str] = field(default_factory=set)
@@ -91,7 +91,7 @@ class Positions:
         for e in entries:
             r = e.request
             by_user.setdefault(r.user, []).append(e)
-            by_holder.setdefault((r.user, r.owner), []).append(e)
+            by_holder.setdefault((r.user, r.holder), []).append(e)
             ahead[r.id] = dict(classes)
             classes[r.job_class.value] += 1
         return cls(event_id, at, len(entries), by_user, by_holder, ahead, entries=entries)
@@ -108,7 +108,7 @@ class Positions:
             for e in entries:
                 if not same_length or old.get(e.request.id) != (e.position, e.eta):
                     self.moved_users.add(user)
-                    self.moved_holders.add((user, e.request.owner))
+                    self.moved_holders.add((user, e.request.holder))
 
 
 Listener = Callable[[Published | Positions], None]
@@ -192,7 +192,7 @@ class EventBus:
         """Give ``event`` its id and send it to whoever may see it; the positions follow
         once the burst is over."""
         self.last_event_id += 1
-        holder = None if event.request_id is None else self.request_of(event.request_id).owner
+        holder = None if event.request_id is None else self.request_of(event.request_id).holder
         if event.lease_id is not None and event.request_id is not None:
             with contextlib.suppress(NotFound):  # kept while the core has it at hand
                 self.lease_of(event.lease_id)

@@ -30,8 +30,8 @@ class Kernels:
         self.clock = clock
         self.states: dict[str, KernelState] = {}
 
-    def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
-        return {o: self.states[o] for o in owners if o in self.states}
+    def observe(self, holders: Iterable[str]) -> dict[str, KernelState]:
+        return {o: self.states[o] for o in holders if o in self.states}
 
     def run(self, kernel_id: str) -> None:
         """The kernel starts running a cell."""
@@ -81,9 +81,9 @@ class Machine:
     def close(self) -> None:
         self.backend.close()
 
-    def submit(self, size: str, owner: str, user: str = "ann", **kw: Any) -> Lease | None:
-        """Submit for kernel ``owner``; its lease if granted at once."""
-        r = self.broker.submit(user, Size.parse(size), owner=owner, **kw)
+    def submit(self, size: str, holder: str, user: str = "ann", **kw: Any) -> Lease | None:
+        """Submit for kernel ``holder``; its lease if granted at once."""
+        r = self.broker.submit(user, Size.parse(size), holder=holder, **kw)
         return self.broker.lease(r.lease_id) if r.lease_id else None
 
     def run(self, seconds: float) -> list[Decision]:

@@ -33,7 +33,7 @@ class Rules:
 
     @staticmethod
     def _kernel_may(who: Identity, holder: str) -> bool:
-        """Whether ``who`` may act on a request held by ``holder`` (its ``owner``)."""
+        """Whether ``who`` may act on a request held by ``holder``."""
         return who.kernel_id in (None, holder)
 
     @staticmethod

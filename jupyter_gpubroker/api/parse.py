@@ -23,6 +23,17 @@ def only(body: dict[str, Any], fields: Iterable[str]) -> None:
         )
 
 
+def holder_of(body: dict[str, Any]) -> Any:
+    """Who holds a new request: its ``holder``, or ``owner``, that field's deprecated
+    name, accepted for one release; both must then name the same holder."""
+    if "holder" in body and "owner" in body and body["holder"] != body["owner"]:
+        raise InvalidRequest(
+            "'holder' and 'owner' name two different holders: give 'holder' alone "
+            "('owner' is its old name)"
+        )
+    return body.get("holder", body.get("owner", ""))
+
+
 def reason_text(value: Any) -> str:
     """An admin's optional reason: text of at most ``MAX_REASON`` characters."""
     if value is None:

@@ -32,10 +32,10 @@ from ..broker.reclaim import KernelState
 from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
 from ..wire.sizes import QUOTA_BOUNDS, Size
-from ..wire.text import SERVER_OWNER
+from ..wire.text import SERVER_HOLDER
 from .admin import AdminRules
 from .identity import Identity
-from .parse import only, parse_int, parse_time, reason_text
+from .parse import holder_of, only, parse_int, parse_time, reason_text
 from .shapes import devices_json, iso, lease_json, queue_json, request_json, samples_json
 from .streams import StreamRules
 
@@ -45,7 +45,8 @@ SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 REQUEST_FIELDS = {
     *SIZE_FIELDS,
     "job_class",
-    "owner",
+    "holder",
+    "owner",  # the old name of "holder", accepted for one release
     "expected_duration_s",
     "limit_s",
     "groups",
@@ -121,7 +122,7 @@ class BrokerAPI(AdminRules, StreamRules):
 
     def _own_request(self, who: Identity, request_id: str) -> Request:
         r = self.core.request(request_id, self._viewer(who))
-        if not self._kernel_may(who, r.owner):
+        if not self._kernel_may(who, r.holder):
             raise Forbidden("a kernel token acts only on its own kernel's requests")
         return r
 
@@ -138,7 +139,7 @@ class BrokerAPI(AdminRules, StreamRules):
         holders = core.holders()
         kernel_of = None
         if who.kernel_id is not None:  # a kernel token sees only its kernel's ids
-            kernel_of = {x.request_id: core.request(x.request_id).owner for x in holders.values()}
+            kernel_of = {x.request_id: core.request(x.request_id).holder for x in holders.values()}
         gpus = devices_json(
             core.inventory,
             self.runtime.readings(),
@@ -185,7 +186,7 @@ class BrokerAPI(AdminRules, StreamRules):
         entry, length, ahead = None, 0, None
         if r.state is RequestState.QUEUED:
             p = self.runtime.events.positions() if changed else Positions.of(self.core.queue())
-            mine = p.by_holder.get((r.user, r.owner), [])
+            mine = p.by_holder.get((r.user, r.holder), [])
             entry = next((e for e in mine if e.request.id == r.id), None)
             length, ahead = p.length, p.ahead.get(r.id)
         d = request_json(r, entry, length, ahead)
@@ -202,20 +203,21 @@ class BrokerAPI(AdminRules, StreamRules):
             "requests": [
                 request_json(r, entries.get(r.id), p.length, p.ahead.get(r.id))
                 for r in self.core.live_requests(self._viewer(who))
-                if self._kernel_may(who, r.owner)
+                if self._kernel_may(who, r.holder)
             ]
         }
 
     def submit(self, who: Identity, body: dict[str, Any]) -> dict[str, Any]:
         """A new request of ``who``; a kernel token's is always held by its kernel, a
-        user's by the ``owner`` it names (the API's name for the holder: a kernel id, 'cli')."""
+        user's by the ``holder`` it names (a kernel id, ``server:<user>``, 'cli')."""
         only(body, REQUEST_FIELDS)
         size = Size(**{k: body[k] for k in SIZE_FIELDS if body.get(k) is not None})
-        holder = who.kernel_id if who.kernel_id is not None else body.get("owner", "")
+        named = holder_of(body)
+        holder = who.kernel_id if who.kernel_id is not None else named
         if who.kernel_id is not None:
             self._one_slice_per_kernel(who, size)
         engine = self.runtime.engine
-        if engine is not None and not str(holder).startswith(SERVER_OWNER):
+        if engine is not None and not str(holder).startswith(SERVER_HOLDER):
             # Its lease would name a device on some node with no job of the engine to run
             # on it, and be released as an ended job's after engine_grace.
             raise Unsatisfiable(
@@ -228,7 +230,7 @@ class BrokerAPI(AdminRules, StreamRules):
             size,
             groups=self._groups(who, body.get("groups", [])),
             job_class=body.get("job_class", "interactive"),
-            owner=holder,
+            holder=holder,
             expected_duration_s=body.get("expected_duration_s"),
             request_id=body.get("id"),
             limit_s=body.get("limit_s"),
@@ -243,7 +245,7 @@ class BrokerAPI(AdminRules, StreamRules):
             (
                 r
                 for r in self.core.live_requests(who.user)
-                if r.owner == who.kernel_id and (r.size.gpus is None or size.gpus is None)
+                if r.holder == who.kernel_id and (r.size.gpus is None or size.gpus is None)
             ),
             None,
         )
@@ -315,7 +317,7 @@ class BrokerAPI(AdminRules, StreamRules):
             "leases": [
                 self._lease_json(x)
                 for x in core.leases(self._viewer(who))
-                if self._kernel_may(who, core.request(x.request_id).owner)
+                if self._kernel_may(who, core.request(x.request_id).holder)
             ]
         }
 

@@ -44,6 +44,7 @@ def request_json(
     stands in the words every front shows (``wire.text.queue_place``, with the queue's
     ``length`` and the requests ``ahead`` by class)."""
     d = r.to_json()
+    d["owner"] = r.holder  # the old name of "holder", answered for one release
     d["submitted_at"] = iso(r.submitted_at)
     d["ended_at"] = iso(r.ended_at)
     d["expires_at"] = iso(d["expires_at"])
@@ -85,12 +86,12 @@ def lease_json(lease: Lease) -> dict[str, Any]:
 def queue_json(
     entries: list[QueueEntry], viewer: str, admin: bool, kernel_id: str | None = None
 ) -> list[dict[str, Any]]:
-    """The whole queue; other users' entries without ids or owner (for a viewer with a
+    """The whole queue; other users' entries without ids or holder (for a viewer with a
     kernel token, ``kernel_id``, every entry but its own kernel's)."""
     out = []
     for e in entries:
         r = e.request
-        shown = admin or (r.user == viewer and kernel_id in (None, r.owner))
+        shown = admin or (r.user == viewer and kernel_id in (None, r.holder))
         out.append(
             {
                 "position": e.position,
@@ -101,7 +102,8 @@ def queue_json(
                 "submitted_at": iso(r.submitted_at),
                 "mine": r.user == viewer,
                 "id": r.id if shown else None,
-                "owner": r.owner if shown else None,
+                "holder": r.holder if shown else None,
+                "owner": r.holder if shown else None,  # the old name of "holder"
             }
         )
     return out
@@ -136,7 +138,7 @@ def devices_json(
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
     its own kernel's leases only: ``kernel_of`` maps the holders' request ids to their
-    kernels (the requests' ``owner``).
+    kernels (the requests' ``holder``).
     ``drains``: drained GPU or device UUID -> (reason, since); a GPU's covers its devices.
     ``causes``: who drained each (``health``, ``vacate``, ``admin``; default ``health``).
     ``vacating``: devices of ended leases still waiting for their processes to exit.

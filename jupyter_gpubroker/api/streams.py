@@ -128,8 +128,8 @@ class StreamRules(Rules):
             return None
         if who.kernel_id is not None and (
             e.user != who.user
-            or published.owner != who.kernel_id
-            and not (published.owner is None and e.kind in USER_NOTICES)
+            or published.holder != who.kernel_id
+            and not (published.holder is None and e.kind in USER_NOTICES)
         ):
             return None
         full = who.admin or e.user == who.user  # the same for every viewer who sees it so

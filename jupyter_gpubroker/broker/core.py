@@ -175,7 +175,7 @@ class Broker:
         *,
         groups: Iterable[str] = (),
         job_class: JobClass | str = JobClass.INTERACTIVE,
-        owner: str = "",
+        holder: str = "",
         expected_duration_s: float | None = None,
         schedule: bool = True,
         request_id: str | None = None,
@@ -193,7 +193,7 @@ class Broker:
         """
         now = self.clock.now()
         groups = tuple(groups)
-        job_class = check_submission(user, groups, job_class, owner, expected_duration_s)
+        job_class = check_submission(user, groups, job_class, holder, expected_duration_s)
         limit_s = check_limit(self.config, job_class, limit_s)
         self.scheduler.check_satisfiable(size)
         if request_id is not None:
@@ -210,7 +210,7 @@ class Broker:
             size=size,
             job_class=job_class,
             submitted_at=now,
-            owner=owner,
+            holder=holder,
             expected_duration_s=expected_duration_s,
             expires_at=now + self.request_ttl_s,
             ttl_s=self.request_ttl_s,
@@ -244,7 +244,7 @@ class Broker:
             else:
                 self.release(r.lease_id, user)
             return r
-        self.book.end_queued(r, RequestState.CANCELLED, why if by else "cancelled by its owner", by)
+        self.book.end_queued(r, RequestState.CANCELLED, why if by else "cancelled by its user", by)
         self.schedule()
         return r
 
@@ -284,7 +284,7 @@ class Broker:
         return r
 
     def request(self, request_id: str, user: str | None = None) -> Request:
-        """A request by id, live or ended (only the owner's when ``user`` is given)."""
+        """A request by id, live or ended (only that user's when ``user`` is given)."""
         r = self.book.live.get(request_id) or self.store.request(request_id)
         if r is None:
             raise NotFound(f"no request {request_id!r}")

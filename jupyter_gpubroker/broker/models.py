@@ -193,7 +193,7 @@ def check_name(value: object, what: str) -> str:
 
 
 MAX_GROUPS = 32
-MAX_OWNER = 256
+MAX_HOLDER = 256
 REQUEST_ID = re.compile(r"r-[0-9a-f]{12,32}")
 """A request's id: the broker's own (``r-`` and 12 hex digits), or one its client chose
 at random, so that a submit retried after a lost answer is not queued twice."""
@@ -210,7 +210,7 @@ def check_submission(
     user: str,
     groups: tuple[str, ...],
     job_class: JobClass | str,
-    owner: str,
+    holder: str,
     expected_duration_s: float | None,
 ) -> JobClass:
     """A submission's job class; ``InvalidRequest``, naming what is wrong, for a malformed
@@ -221,8 +221,8 @@ def check_submission(
     for g in groups:
         check_name(g, "group")
     cls = parse_job_class(job_class)
-    if not isinstance(owner, str) or len(owner) > MAX_OWNER:
-        raise InvalidRequest(f"owner must be text of at most {MAX_OWNER} characters")
+    if not isinstance(holder, str) or len(holder) > MAX_HOLDER:
+        raise InvalidRequest(f"'holder' must be text of at most {MAX_HOLDER} characters")
     if expected_duration_s is not None and not expected_duration(expected_duration_s):
         raise InvalidRequest(
             f"expected_duration_s must be {DURATIONS}, not {expected_duration_s!r}"
@@ -248,8 +248,9 @@ class Request:
     size: Size
     job_class: JobClass
     submitted_at: float
-    owner: str = ""
-    """What it is for: a kernel id or a server name."""
+    holder: str = ""
+    """Who holds it (renews it and is granted its lease): a kernel id, ``server:<user>``
+    for a GPU server, ``cli``."""
     state: RequestState = RequestState.QUEUED
     expected_duration_s: float | None = None
     """The submitter's estimate of how long it will hold the grant, if given."""
@@ -276,7 +277,7 @@ class Request:
             "groups": list(self.groups),
             **self.size.to_json(),
             "job_class": self.job_class.value,
-            "owner": self.owner,
+            "holder": self.holder,
             "state": self.state.value,
             "submitted_at": self.submitted_at,
             "expected_duration_s": self.expected_duration_s,

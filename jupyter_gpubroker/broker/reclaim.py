@@ -8,7 +8,7 @@ reclaimed kernels down. Nothing here reads a clock or touches a kernel.
 
 - **Idle**: the kernel ran nothing for ``idle_timeout`` AND the GPU stayed under
   ``utilization_threshold`` as long. A GPU server's reservation (the hub's GPU spawner,
-  owner ``server:<user>``) is judged the same way, by the activity of all the server's
+  holder ``server:<user>``) is judged the same way, by the activity of all the server's
   kernels as the server reports it, with its own timeouts (``server_idle_timeout_s``).
   Where NVML reports no utilization (a MIG slice without GPM) a change in the holder's
   GPU processes or their memory counts as GPU activity.
@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
-from ..wire.text import SERVER_OWNER as SERVER_OWNER  # ``server:<user>[:<name>]``
-from ..wire.text import clock, duration
+from ..wire.text import SERVER_HOLDER, clock, duration
 from .models import JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:
@@ -152,8 +151,8 @@ class Decision:
     """``suspend``: the deadline passed and the host suspends the kernel instead; it ends
     the lease itself (cause ``suspended``, or the verdict's cause where it falls back)."""
     lease_id: str
-    owner: str
-    """The request's owner (a kernel id) whose kernel the host acts on."""
+    holder: str
+    """The request's holder (a kernel id) whose kernel the host acts on."""
     cause: Cause
     reason: str
     evidence: dict[str, Any]
@@ -171,7 +170,7 @@ class Candidate:
     user: str
     group: str
     kernel: str
-    """The request's owner: a kernel id, ``server:<user>`` for a GPU server, ``cli``."""
+    """The request's holder: a kernel id, ``server:<user>`` for a GPU server, ``cli``."""
     job_class: str
     profile: str
     """Its MIG profile; "" for whole GPUs."""
@@ -318,7 +317,7 @@ class Reclaimer:
             lease.profile,
             request.job_class.value,
             len(lease.devices),
-            server=request.owner.startswith(SERVER_OWNER),
+            server=request.holder.startswith(SERVER_HOLDER),
         )
         if kernel.execution_state != "idle" or not timeout:
             return None
@@ -361,7 +360,7 @@ class Reclaimer:
         waiting = [r for r in b.live_requests() if r.state is RequestState.QUEUED]
         if not waiting:
             return {}
-        owners = {x.id: b.request(x.request_id) for x in leases.values()}
+        requests = {x.id: b.request(x.request_id) for x in leases.values()}
         victims: dict[str, _Verdict] = {}
         served: set[str] = set()
         for r in waiting:
@@ -377,7 +376,7 @@ class Reclaimer:
                 for x in leases.values()
                 if x.id not in victims
                 and x.user != r.user
-                and not self.exempt(x, owners[x.id])
+                and not self.exempt(x, requests[x.id])
                 and set(x.devices) <= usable
                 and len(x.devices) >= b.placer.units(r.size)
                 and ledger.over_share(("user", x.user))
@@ -417,7 +416,7 @@ class Reclaimer:
         self, lease: Lease, track: _Track, verdict: _Verdict | None, now: float
     ) -> Decision | None:
         request = self.broker.request(lease.request_id)
-        owner = request.owner
+        holder = request.holder
         kept = None
         if verdict is not None:
             warning = track.warning
@@ -432,7 +431,7 @@ class Reclaimer:
             track.warning = None
             reason = kept or _CLEARED.get(cause, "in use again")
             self.broker.unwarn(lease.id, reason)
-            return Decision("clear", lease.id, owner, cause, reason, {})
+            return Decision("clear", lease.id, holder, cause, reason, {})
         if _fresh(track.warning, verdict):
             deadline = verdict.deadline
             if deadline is None:
@@ -440,7 +439,7 @@ class Reclaimer:
             track.warning = (verdict.cause, now, deadline)
             self.broker.warn(lease.id, verdict.reason, deadline)
             return Decision(
-                "warn", lease.id, owner, verdict.cause, verdict.reason, verdict.evidence, deadline
+                "warn", lease.id, holder, verdict.cause, verdict.reason, verdict.evidence, deadline
             )
         assert track.warning is not None  # not fresh: one is pending
         _, warned_at, deadline = track.warning
@@ -449,9 +448,9 @@ class Reclaimer:
         evidence = {**verdict.evidence, "warned_at": warned_at, "deadline": deadline}
         if self.suspends is not None and self.suspends(lease):
             track.warning = (verdict.cause, warned_at, math.inf)  # the host's from now on
-            return Decision("suspend", lease.id, owner, verdict.cause, verdict.reason, evidence)
+            return Decision("suspend", lease.id, holder, verdict.cause, verdict.reason, evidence)
         self.broker.reclaim(lease.id, verdict.reason, cause=verdict.cause, evidence=evidence)
-        return Decision("reclaim", lease.id, owner, verdict.cause, verdict.reason, evidence)
+        return Decision("reclaim", lease.id, holder, verdict.cause, verdict.reason, evidence)
 
     def _arbitrate(
         self,
@@ -473,7 +472,7 @@ class Reclaimer:
                 lease_id=lease.id,
                 user=lease.user,
                 group=lease.group,
-                kernel=request.owner,
+                kernel=request.holder,
                 job_class=request.job_class.value,
                 profile=lease.profile,
                 devices=tuple(lease.devices),

@@ -215,7 +215,7 @@ class Store:
                 json.dumps(list(r.groups)),
                 r.size.key,
                 r.job_class.value,
-                r.owner,
+                r.holder,  # the column keeps its first name: no migration
                 r.submitted_at,
                 r.expected_duration_s,
                 r.state.value,
@@ -538,7 +538,7 @@ def request_from_row(row: dict[str, Any]) -> Request:
         size=Size.parse(row["size"]),
         job_class=JobClass(row["job_class"]),
         submitted_at=row["submitted_at"],
-        owner=row["owner"],
+        holder=row["owner"],  # the column of ``Request.holder``
         state=RequestState(row["state"]),
         expected_duration_s=row["expected_duration_s"],
         lease_id=row["lease_id"],

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..client import BrokerAPIError, BrokerClient, keep_alive
 from ..wire.sizes import time_limit
-from ..wire.text import clock, eta_text
+from ..wire.text import CLI_RUN_HOLDER, clock, eta_text
 from .common import (
     client,
     connection_args,
@@ -140,12 +140,12 @@ def _size_fields(text: str) -> dict[str, Any]:
     return Size.parse(text).to_json()
 
 
-async def _granted(broker: BrokerClient, args: argparse.Namespace, owner: str) -> dict[str, Any]:
+async def _granted(broker: BrokerClient, args: argparse.Namespace, holder: str) -> dict[str, Any]:
     """Submit the request and wait for its grant (unless --no-wait). A request whose
     wait ends (timeout, Ctrl-C, error) is withdrawn by ``wait_for_grant``: nothing is
     granted to a caller who left."""
     fields = _size_fields(args.size)
-    r = await broker.submit(**fields, job_class=args.job_class, owner=owner, limit_s=args.time)
+    r = await broker.submit(**fields, job_class=args.job_class, holder=holder, limit_s=args.time)
     if r["state"] != "queued" or getattr(args, "no_wait", False):
         return r
     print(f"queued at position {r['position']} (request {r['id']})", file=sys.stderr)
@@ -223,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(broker: BrokerClient, args: argparse.Namespace, command: list[str]) -> int:
-    r = await _granted(broker, args, "cli-run")
+    r = await _granted(broker, args, CLI_RUN_HOLDER)
     try:
         lease = r["lease"]
         devices = ",".join(lease["devices"])

@@ -82,7 +82,7 @@ class Resume(ast.NodeTransformer):
         session, n = self.magics.session, len(old["devices"])
         _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {count(n, 'GPU')} to resume it.")
         request = session.call(
-            session.client.submit(gpus=n, job_class="interactive", owner=session.kernel_id)
+            session.client.submit(gpus=n, job_class="interactive", holder=session.kernel_id)
         )
         tracker = Tracker(session, request)
         session.tracker = tracker

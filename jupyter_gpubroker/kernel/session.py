@@ -224,7 +224,7 @@ class Session:
             self.call(self.tracker.refresh())
             if self.tracker.state in LIVE:
                 return self.tracker
-        mine = [r["id"] for r in self.call(self.client.requests()) if r["owner"] == self.kernel_id]
+        mine = [r["id"] for r in self.call(self.client.requests()) if r["holder"] == self.kernel_id]
         if mine:
             request = self.call(self.client.request(mine[0]))
         elif self.server_lease:
@@ -266,7 +266,7 @@ class Session:
                 "request before using the GPU, or start it with a GPU kernelspec"
             )
         submitted = self.runner.submit(
-            self.client.submit(**size, job_class=job_class, owner=self.kernel_id, limit_s=limit_s)
+            self.client.submit(**size, job_class=job_class, holder=self.kernel_id, limit_s=limit_s)
         )
         try:
             request = submitted.result()

@@ -37,8 +37,8 @@ class Reader(Protocol):
 class KernelSource(Protocol):
     """The kernels behind leases, as the host sees them (``server.reclaimer``)."""
 
-    def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
-        """The state of each owner that is a kernel the host knows; it may forget others."""
+    def observe(self, holders: Iterable[str]) -> dict[str, KernelState]:
+        """The state of each holder that is a kernel the host knows; it may forget others."""
         ...
 
 
@@ -128,9 +128,9 @@ class Sampler:
     def observe(self, readings: Mapping[str, DeviceReading]) -> dict[str, Observation]:
         """Each active lease's devices (and kernel, when a source knows it) right now."""
         leases = self.broker.leases()
-        owners = {x.id: self.broker.request(x.request_id).owner for x in leases}
-        kernels = self.kernels.observe(set(owners.values()) - {""}) if self.kernels else {}
-        for ended in self.reported.keys() - owners.keys():
+        holders = {x.id: self.broker.request(x.request_id).holder for x in leases}
+        kernels = self.kernels.observe(set(holders.values()) - {""}) if self.kernels else {}
+        for ended in self.reported.keys() - holders.keys():
             del self.reported[ended]
         observed = {}
         for lease in leases:
@@ -141,6 +141,6 @@ class Sampler:
                 utilization=max(utilization) if utilization else None,
                 memory_used_mib=float(sum(memory)) if memory else None,
                 processes=sum(len(r.processes) for r in seen) if seen else None,
-                kernel=kernels.get(owners[lease.id]) or self.reported.get(lease.id),
+                kernel=kernels.get(holders[lease.id]) or self.reported.get(lease.id),
             )
         return observed

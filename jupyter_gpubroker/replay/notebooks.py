@@ -3,7 +3,7 @@
 A batch trace says when jobs hold GPUs; a notebook trace says when a kernel *uses* them,
 and what it holds in between is the policy's choice. Each session starts a kernel that
 asks the broker for the session's GPUs, as the provisioner does (one request per kernel,
-owner the kernel, class interactive); each cell makes the kernel busy for its duration,
+holder the kernel, class interactive); each cell makes the kernel busy for its duration,
 and a GPU cell puts its recorded utilization on its GPUs in the simulated NVML. Idle
 reclaim is the product's own: the ``Sampler`` turns the NVML readings of the leased
 devices and the kernels' states into observations and the ``Reclaimer`` warns, withdraws
@@ -200,7 +200,7 @@ class _Kernel:
 
     session: Session
     result: SessionResult
-    owner: str
+    holder: str
     next_cell: int = 0
     busy: bool = False
     last_activity: float = 0.0
@@ -258,27 +258,27 @@ class _Run:
 
     # -- the event loop
 
-    def at(self, t: float, kind: str, owner: str = "") -> None:
-        heapq.heappush(self._events, (t, next(self._seq), kind, owner))
+    def at(self, t: float, kind: str, holder: str = "") -> None:
+        heapq.heappush(self._events, (t, next(self._seq), kind, holder))
 
     def play(self) -> None:
         for k in self.kernels.values():
-            self.at(k.session.start_s, "start", k.owner)
-            self.at(k.session.stop_s, "stop", k.owner)
+            self.at(k.session.start_s, "start", k.holder)
+            self.at(k.session.stop_s, "stop", k.holder)
         if self.reclaimer is not None and self._events:
             self.at(self._events[0][0] + HEARTBEAT_S, "heartbeat")
         while self._events:
             now = self._events[0][0]
             self.clock.set(now)
             while self._events and self._events[0][0] <= now:
-                _, _, kind, owner = heapq.heappop(self._events)
+                _, _, kind, holder = heapq.heappop(self._events)
                 if kind == "heartbeat":
                     if any(not k.left for k in self.kernels.values()):
                         self.at(now + HEARTBEAT_S, "heartbeat")
                 elif kind == "wake":
                     self._wakes.discard(now)
                 else:
-                    getattr(self, f"_{kind}")(self.kernels[owner], now)
+                    getattr(self, f"_{kind}")(self.kernels[holder], now)
             self.broker.schedule()
             self._collect_grants(now)
             if self.sampler is not None:
@@ -294,9 +294,9 @@ class _Run:
             decisions = self.reclaimer.step(self.sampler.observe(readings))
             for d in decisions:
                 if d.action == "reclaim":
-                    self._reclaimed(self.kernels[d.owner], now)
+                    self._reclaimed(self.kernels[d.holder], now)
                 elif d.action == "suspend":
-                    self._suspend(self.kernels[d.owner], d, now)
+                    self._suspend(self.kernels[d.holder], d, now)
             granted = self._collect_grants(now)
             due = any(
                 x.reclaim_at is not None and x.reclaim_at <= now for x in self.broker.leases()
@@ -328,7 +328,7 @@ class _Run:
         timeout = self.reclaimer.config.idle_timeout(
             lease.profile, request.job_class.value, len(lease.devices)
         )
-        if idle is not None and timeout and not self.kernels[request.owner].busy:
+        if idle is not None and timeout and not self.kernels[request.holder].busy:
             self._wake_at(now + timeout - idle, now)
 
     def _wake_at(self, t: float, now: float) -> None:
@@ -341,10 +341,10 @@ class _Run:
 
     # -- what the host sees (the Sampler's KernelSource)
 
-    def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
+    def observe(self, holders: Iterable[str]) -> dict[str, KernelState]:
         return {
             o: KernelState("busy" if k.busy else "idle", k.last_activity)
-            for o in owners
+            for o in holders
             if (k := self.kernels.get(o)) is not None
         }
 
@@ -364,7 +364,7 @@ class _Run:
             return
         cell = k.session.cells[k.next_cell]
         if cell.start_s > now:
-            self.at(cell.start_s, "ready", k.owner)
+            self.at(cell.start_s, "ready", k.holder)
             return
         if k.shut:  # the user is back and finds the kernel gone
             k.result.lost += 1
@@ -398,7 +398,7 @@ class _Run:
     def _run(self, k: _Kernel, cell: Cell, now: float) -> None:
         k.running, k.busy, k.last_activity = cell, True, now
         k.next_cell += 1
-        self.at(now + cell.duration_s, "end", k.owner)
+        self.at(now + cell.duration_s, "end", k.holder)
 
     def _end(self, k: _Kernel, now: float) -> None:
         cell, k.running = k.running, None
@@ -439,7 +439,7 @@ class _Run:
 
     def _ask(self, k: _Kernel) -> None:
         r = self.broker.submit(
-            f"user-{k.owner}", Size(gpus=k.session.gpus), owner=k.owner, schedule=False
+            f"user-{k.holder}", Size(gpus=k.session.gpus), holder=k.holder, schedule=False
         )
         k.request_id = r.id
 
@@ -523,7 +523,7 @@ class _Run:
             return
         k.busy = True
         copy_s = suspension.host_mib / MIB_PER_GB / self.policy.suspend_gbps
-        self.at(now + copy_s, "restored", k.owner)
+        self.at(now + copy_s, "restored", k.holder)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -226,7 +226,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 "GPU broker: %s lease %s of kernel %s%s: %s",
                 d.action,
                 d.lease_id,
-                d.owner or "-",
+                d.holder or "-",
                 f" (reclaim at {clock(d.deadline)}, in {duration(d.deadline - now)})"
                 if d.deadline
                 else "",
@@ -235,13 +235,13 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             if d.action == "suspend" and self.suspender is not None:
                 fallback = await self.suspender.suspend(d)
                 if fallback is not None and self.kernels is not None:
-                    await self.kernels.act(d.owner, fallback)
+                    await self.kernels.act(d.holder, fallback)
             if d.action == "reclaim" and self.kernels is not None:
                 try:
-                    await self.kernels.act(d.owner, self.reclaim_action)
+                    await self.kernels.act(d.holder, self.reclaim_action)
                 except Exception:
                     self.log.exception(
-                        "GPU broker: cannot %s kernel %s", self.reclaim_action, d.owner
+                        "GPU broker: cannot %s kernel %s", self.reclaim_action, d.holder
                     )
         return decisions
 

@@ -13,7 +13,7 @@ from ..broker.models import LeaseState
 from ..confine import ConfinementError, DeviceConfinement
 from ..confine.nodes import nvml_address
 from ..nvml import NvmlBackend
-from ..wire.text import SERVER_OWNER
+from ..wire.text import SERVER_HOLDER
 
 LEASE_ENDS = frozenset(s.value for s in LeaseState if s is not LeaseState.ACTIVE)
 """The events that end a lease (``Broker._end_lease`` names them by the lease's state)."""
@@ -46,7 +46,7 @@ class KernelDevices:
         if self._confined.get(lease_id) == pid:
             return
         lease = self.core.lease(lease_id)
-        if self.core.request(lease.request_id).owner.startswith(SERVER_OWNER):
+        if self.core.request(lease.request_id).holder.startswith(SERVER_HOLDER):
             return
         old = self._confined.pop(lease_id, None)
         if old is not None:

@@ -283,7 +283,7 @@ class GPUProvisioner(LocalProvisioner):
         """This kernel's live request (kept across restarts), granted."""
         r = await client.request(self.request_id) if self.request_id else None
         if r is None or r["state"] not in LIVE:
-            r = await client.submit(**self.size(), job_class=self.job_class, owner=self.kernel_id)
+            r = await client.submit(**self.size(), job_class=self.job_class, holder=self.kernel_id)
             self.request_id = r["id"]
         if r["state"] == "granted":
             return r
@@ -306,7 +306,7 @@ class GPUProvisioner(LocalProvisioner):
         and keep the token (a restart)."""
         if self._kernel_token is None:  # never started: nothing asked, nothing to revoke
             return
-        mine = [r for r in await client.requests() if r["owner"] == self.kernel_id]
+        mine = [r for r in await client.requests() if r["holder"] == self.kernel_id]
         for r in sorted(mine, key=lambda r: r["state"] != "queued"):  # withdraw, then release
             if not (keep_own and r["id"] == self.request_id):
                 with contextlib.suppress(BrokerAPIError):  # ended meanwhile: nothing to do

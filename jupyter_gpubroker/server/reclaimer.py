@@ -1,6 +1,6 @@
 """The server's kernels as idle reclaim sees them, and what a reclaim does to them.
 
-A lease belongs to a kernel when its request's owner is that kernel's id (the GPU
+A lease belongs to a kernel when its request's holder is that kernel's id (the GPU
 provisioner and ``%gpu`` both submit so). Whether the kernel is idle is read from
 its IOPub channel, not from jupyter-server's ``last_activity``: that one also moves
 on every message a kernel sends by itself, such as a widget refreshing in the
@@ -93,9 +93,9 @@ class ServerKernels:
         self._busy_until = 0.0
         """When a kernel last went away while busy: its cell ran until then."""
 
-    def observe(self, owners: Iterable[str]) -> dict[str, KernelState]:
-        """Watch the kernels among ``owners`` (and stop watching the others)."""
-        kernels = {o for o in owners if o in self.kernel_manager}
+    def observe(self, holders: Iterable[str]) -> dict[str, KernelState]:
+        """Watch the kernels among ``holders`` (and stop watching the others)."""
+        kernels = {o for o in holders if o in self.kernel_manager}
         for gone in self._watches.keys() - kernels:
             self.forget(gone)
         states = {k: self.state(k) for k in kernels}
@@ -178,7 +178,7 @@ async def carry_out_reclaims(broker: BrokerClient, kernels: ServerKernels) -> No
                 except (BrokerAPIError, OSError) as e:
                     log.warning("GPU broker: cannot read a reclaimed request: %s", e)
                     continue
-                kernel_id, lease = request["owner"], request["lease"]
+                kernel_id, lease = request["holder"], request["lease"]
                 if lease is None or kernel_id not in kernels.kernel_manager:
                     continue  # another server's kernel (the same user's), or none
                 log.warning(

@@ -65,7 +65,7 @@ class KernelSuspender:
         self.readings, self.holder_pid, self.keep = readings, holder_pid, keep
         self.fallback = fallback
         self.suspended: dict[str, Suspended] = {}
-        """Kernel id (its requests' owner) -> its suspension."""
+        """Kernel id (its requests' holder) -> its suspension."""
         self._procs = ProcessTable()
         self._told: set[str] = set()
         self._resumes: set[asyncio.Task[None]] = set()
@@ -105,11 +105,11 @@ class KernelSuspender:
             )
         evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
         if outcome.done and suspension is not None:
-            self.suspended[decision.owner] = Suspended(suspension, lease)
+            self.suspended[decision.holder] = Suspended(suspension, lease)
             evidence["host_mib"] = round(suspension.host_mib, 1)
             reason = f"{decision.reason}; {outcome.reason}"
             self.core.reclaim(lease.id, reason, cause=SUSPENDED, evidence=evidence)
-            self.log.info("GPU broker: kernel %s %s", decision.owner, outcome.reason)
+            self.log.info("GPU broker: kernel %s %s", decision.holder, outcome.reason)
             return None
         if self.fallback == "keep" and not outcome.lost:
             self.keep(lease.id)  # warned again after the next idle timeout
@@ -117,7 +117,7 @@ class KernelSuspender:
                 self._told.add(lease.id)
                 self.log.warning(
                     "GPU broker: kernel %s keeps its GPU: not suspended: %s",
-                    decision.owner,
+                    decision.holder,
                     outcome.reason,
                 )
             return None
@@ -129,15 +129,15 @@ class KernelSuspender:
         """A grant to a suspended kernel's request restores it there."""
         if event.kind != "granted" or event.request_id is None or event.lease_id is None:
             return
-        owner = self.core.request(event.request_id).owner
-        suspended = self.suspended.get(owner)
+        holder = self.core.request(event.request_id).holder
+        suspended = self.suspended.get(holder)
         if suspended is None:
             return
-        task = asyncio.ensure_future(self._resume(owner, suspended, event.lease_id))
+        task = asyncio.ensure_future(self._resume(holder, suspended, event.lease_id))
         self._resumes.add(task)
         task.add_done_callback(self._resumes.discard)
 
-    async def _resume(self, owner: str, suspended: Suspended, lease_id: str) -> None:
+    async def _resume(self, holder: str, suspended: Suspended, lease_id: str) -> None:
         lease = self.core.lease(lease_id)
         if len(lease.devices) != len(suspended.suspension.devices):
             outcome_reason = "the grant has a different number of GPUs than the kernel had"
@@ -147,13 +147,13 @@ class KernelSuspender:
                 self.suspender.resume, suspended.suspension, lease.devices
             )
             if outcome.done:
-                del self.suspended[owner]
-                self.log.info("GPU broker: kernel %s %s", owner, outcome.reason)
+                del self.suspended[holder]
+                self.log.info("GPU broker: kernel %s %s", holder, outcome.reason)
                 return
             outcome_reason, lost = outcome.reason, outcome.lost
         if lost:
-            del self.suspended[owner]
-        self.log.warning("GPU broker: kernel %s: %s", owner, outcome_reason)
+            del self.suspended[holder]
+        self.log.warning("GPU broker: kernel %s: %s", holder, outcome_reason)
         self.core.release(lease_id, reason=outcome_reason)
 
     def close(self) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-SERVER_OWNER = "server:"
-"""A hub server's requests and leases are owned by ``server:<user>[:<server name>]``."""
-CLI_RUN_OWNER = "cli-run"
+SERVER_HOLDER = "server:"
+"""A hub server's requests and leases are held by ``server:<user>[:<server name>]``."""
+CLI_RUN_HOLDER = "cli-run"
 """``jupyter gpubroker run``'s requests and leases."""
 SUSPENDED_TEXT = "suspended, its memory on the host"
 """A kernel whose GPU memory a suspend moved to host memory, until its next cell."""
@@ -116,18 +116,18 @@ def queue_place(position: int | None, length: int, ahead: Mapping[str, int] | No
     return f"{where}, {count(before, 'request')} ahead{kinds}"
 
 
-def holder(owner: str | None, kernel_name: str | None = None) -> str:
+def holder(holder_id: str | None, kernel_name: str | None = None) -> str:
     """Who holds a lease or waits, as its user says it: "bob's server", "bob's server
     gpu1" (a named server), "a `jupyter gpubroker run` command", "kernel Untitled.ipynb"
     (``kernel_name``: the notebook, where the front knows it), "a kernel" otherwise."""
-    if not owner:
+    if not holder_id:
         return "no kernel"
-    if owner.startswith(SERVER_OWNER):
-        user, _, name = owner[len(SERVER_OWNER) :].partition(":")
+    if holder_id.startswith(SERVER_HOLDER):
+        user, _, name = holder_id[len(SERVER_HOLDER) :].partition(":")
         return f"{user}'s server" + (f" {name}" if name else "")
-    if owner == CLI_RUN_OWNER:
+    if holder_id == CLI_RUN_HOLDER:
         return "a `jupyter gpubroker run` command"
-    return f"kernel {kernel_name}" if kernel_name else f"kernel {owner[:8]}"
+    return f"kernel {kernel_name}" if kernel_name else f"kernel {holder_id[:8]}"
 
 
 def memory(mib: float) -> str:

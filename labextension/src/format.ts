@@ -77,20 +77,20 @@ export function mib(m: number | null): string {
     : `${(Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1)} GiB`;
 }
 
-/** Who holds a lease, as its user says it (as broker/text.py `holder`): "bob's server",
+/** Who holds a lease, as its user says it (as wire/text.py `holder`): "bob's server",
  * "a `jupyter gpubroker run` command", "kernel 0f3e9a7c". */
-export function ownerText(owner: string | null | undefined): string {
-  if (!owner) {
+export function holderText(holder: string | null | undefined): string {
+  if (!holder) {
     return 'no kernel';
   }
-  if (owner.startsWith('server:')) {
-    const [user, ...name] = owner.slice('server:'.length).split(':');
+  if (holder.startsWith('server:')) {
+    const [user, ...name] = holder.slice('server:'.length).split(':');
     return `${user}'s server` + (name.length ? ` ${name.join(':')}` : '');
   }
-  if (owner === 'cli-run') {
+  if (holder === 'cli-run') {
     return 'a `jupyter gpubroker run` command';
   }
-  return `kernel ${owner.slice(0, 8)}`;
+  return `kernel ${holder.slice(0, 8)}`;
 }
 
 export function percent(p: number | null): string {

@@ -139,7 +139,7 @@ export class GpuModel {
     return values.length ? Math.max(...values) : null;
   }
 
-  /** Starting GPU notebooks matched to my waiting requests that no running kernel owns:
+  /** Starting GPU notebooks matched to my waiting requests that no running kernel holds:
    * a kernel that waits in the queue is not running yet, so the Lab does not know its id;
    * each starting notebook (in the order they started) takes the oldest such request of
    * its size. */
@@ -147,7 +147,7 @@ export class GpuModel {
     starting: Array<{ path: string; size: string | null }>
   ): IWaitingNotebook[] {
     const free = this.waiting
-      .filter(r => !this._kernels.has(r.owner))
+      .filter(r => !this._kernels.has(r.holder))
       .sort((a, b) => Date.parse(a.submitted_at) - Date.parse(b.submitted_at));
     const out: IWaitingNotebook[] = [];
     for (const nb of starting) {

@@ -7,7 +7,7 @@ import {
   etaText,
   mib,
   outsideText,
-  ownerText,
+  holderText,
   percent,
   since,
   sizeText
@@ -76,7 +76,7 @@ export function sparkline(
   return svg;
 }
 
-function holderText(d: IDevice, me: string): string {
+function deviceHolder(d: IDevice, me: string): string {
   if (!d.holder) {
     return 'free';
   }
@@ -96,7 +96,7 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
       ? Math.max(1, Math.round((d.memory_mib / gpu.memory_mib) * 8))
       : 1;
     const seg = el('div', 'jp-GpuBroker-slice');
-    const who = holderText(d, me);
+    const who = deviceHolder(d, me);
     seg.classList.add(
       `jp-mod-${who === 'free' ? 'free' : who === 'mine' ? 'mine' : 'taken'}`
     );
@@ -236,10 +236,10 @@ export function renderLease(
   if (lease.reclaim_at) {
     box.classList.add('jp-mod-warned');
   }
-  const owner = model.overview?.requests.find(
+  const holder = model.overview?.requests.find(
     r => r.id === lease.request_id
-  )?.owner;
-  const where = model.kernelPath(owner) ?? ownerText(owner);
+  )?.holder;
+  const where = model.kernelPath(holder) ?? holderText(holder);
   const head = el('div', 'jp-GpuBroker-leaseHead');
   head.appendChild(el('span', 'jp-GpuBroker-leaseWhere', where));
   const b = el('button', 'jp-GpuBroker-release jp-mod-styled', 'Release');

@@ -66,7 +66,7 @@ export interface IQueueEntry {
   submitted_at: string;
   mine: boolean;
   id: string | null;
-  owner: string | null;
+  holder: string | null;
 }
 
 export interface IRequest {
@@ -76,7 +76,7 @@ export interface IRequest {
   gpus?: number;
   min_memory_gb?: number;
   job_class: string;
-  owner: string;
+  holder: string;
   state: string;
   submitted_at: string;
   lease_id: string | null;

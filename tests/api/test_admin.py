@@ -26,8 +26,8 @@ def test_an_admin_cancels_another_users_requests_and_the_holder_hears_who_and_wh
     team: BrokerAPI,
 ) -> None:
     alice, carol = team.user_identity("alice"), team.user_identity("carol")
-    held = [team.submit(alice, {**SLICE, "owner": f"nb-{i}"}) for i in range(7)]
-    waiting = team.submit(alice, {**SLICE, "owner": "nb-waiting"})
+    held = [team.submit(alice, {**SLICE, "holder": f"nb-{i}"}) for i in range(7)]
+    waiting = team.submit(alice, {**SLICE, "holder": "nb-waiting"})
     published: list[Any] = []
     team.runtime.events.subscribe(published.append)
 
@@ -119,7 +119,7 @@ def test_a_class_change_reorders_the_queue_at_once(start) -> None:
     api = start(identity="username", admin_users={"carol"}, lease_ttl=3600, request_ttl=3600)
     alice, bob, carol = (api.user_identity(u) for u in ("alice", "bob", "carol"))
     for i in range(7):
-        api.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+        api.submit(alice, {**SLICE, "holder": f"nb-{i}"})
     batch = api.submit(bob, {**SLICE, "job_class": "batch"})
     urgent = api.submit(bob, {**SLICE, "job_class": "interactive"})
     published: list[Any] = []
@@ -205,7 +205,7 @@ def test_positions_follow_the_queue_when_aging_reorders_it(start) -> None:
     clock = runtime.core.clock = VirtualClock(time.time())
     alice, bob, dana = (api.user_identity(u) for u in ("alice", "bob", "dana"))
     for i in range(7):
-        api.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+        api.submit(alice, {**SLICE, "holder": f"nb-{i}"})
     old = api.submit(bob, {**SLICE, "job_class": "batch"})
     clock.advance(100)
     api.submit(dana, SLICE)

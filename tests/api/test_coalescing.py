@@ -38,7 +38,7 @@ def test_the_latest_state_of_a_request_wins_its_window(team: BrokerAPI) -> None:
 
     def change() -> dict[str, Any]:
         team.follow(alice, sent.append)
-        r = team.submit(alice, {**SLICE, "owner": "nb"})  # queued, granted
+        r = team.submit(alice, {**SLICE, "holder": "nb"})  # queued, granted
         team.cancel(alice, r["id"])  # released
         return r
 
@@ -69,7 +69,7 @@ def test_a_window_is_encoded_once_for_all_streams_of_one_audience(
         for out in chunks:
             team.follow(alice, write=out.append)
         for i in range(5):
-            team.submit(alice, {**SLICE, "owner": f"nb{i}"})
+            team.submit(alice, {**SLICE, "holder": f"nb{i}"})
 
     run_window(team, change)
     assert all(c == chunks[0] for c in chunks) and len(chunks[0]) == 1  # one write each
@@ -88,7 +88,7 @@ def test_resume_after_a_coalesced_window_loses_nothing_a_front_needs(team: Broke
     def change() -> dict[str, Any]:
         team.follow(alice, stayed.append)
         leave = team.follow(alice, first.append)[1]
-        held = [team.submit(alice, {**SLICE, "owner": f"nb{i}"}) for i in range(7)]
+        held = [team.submit(alice, {**SLICE, "holder": f"nb{i}"}) for i in range(7)]
         return {"held": held, "leave": leave}
 
     state = run_window(team, change)
@@ -96,7 +96,7 @@ def test_resume_after_a_coalesced_window_loses_nothing_a_front_needs(team: Broke
     last = first[-1]["id"]
 
     def more() -> list[dict[str, Any]]:
-        waiting = team.submit(alice, {**SLICE, "owner": "w"})
+        waiting = team.submit(alice, {**SLICE, "holder": "w"})
         team.cancel(alice, state["held"][0]["id"])  # the waiting one is granted
         team.cancel(alice, state["held"][1]["id"])
         return [waiting]

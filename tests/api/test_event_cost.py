@@ -46,7 +46,7 @@ def test_an_event_asks_only_the_streams_that_may_see_it(team: BrokerAPI, monkeyp
     count_calls(monkeypatch, team, "event", calls)
     count_calls(monkeypatch, team, "moved", calls)
 
-    team.submit(alice, {**SLICE, "owner": "notebook"})  # queued, granted: nobody's kernel
+    team.submit(alice, {**SLICE, "holder": "notebook"})  # queued, granted: nobody's kernel
     assert calls["event"] == 2  # alice's own stream only, not 301 streams twice
     for i in range(6):  # k0..k5 take the other six slices
         team.submit(kernels[i], SLICE)
@@ -68,7 +68,7 @@ def test_an_ended_requests_event_reads_nothing_back_from_the_state_file(
 ) -> None:
     alice = team.user_identity("alice")
     team.runtime.events.subscribe(lambda published: None)
-    held = team.submit(alice, {**SLICE, "owner": "nb"})
+    held = team.submit(alice, {**SLICE, "holder": "nb"})
     calls: Counter[str] = Counter()
     count_calls(monkeypatch, Store, "request", calls)
     count_calls(monkeypatch, Store, "lease", calls)
@@ -81,7 +81,7 @@ def test_a_request_granted_at_once_ranks_no_queue(team: BrokerAPI, monkeypatch) 
     alice = team.user_identity("alice")
     calls: Counter[str] = Counter()
     count_calls(monkeypatch, team.core, "queue", calls)
-    held = team.submit(alice, {**SLICE, "owner": "nb"})
+    held = team.submit(alice, {**SLICE, "holder": "nb"})
     team.renew(alice, held["lease"]["id"])
     team.cancel(alice, held["id"])
     assert held["position"] is None and calls["queue"] == 0
@@ -95,8 +95,8 @@ def test_a_stream_opened_after_unwatched_changes_follows_the_queue_as_it_is(
     alice, bob = team.user_identity("alice"), team.user_identity("bob")
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        held = [team.submit(alice, {**SLICE, "owner": f"nb{i}"}) for i in range(7)]
-        first, second = (team.submit(bob, {**SLICE, "owner": f"b{i}"}) for i in range(2))
+        held = [team.submit(alice, {**SLICE, "holder": f"nb{i}"}) for i in range(7)]
+        first, second = (team.submit(bob, {**SLICE, "holder": f"b{i}"}) for i in range(2))
         dan = team.submit(team.user_identity("dan"), SLICE)
         team.cancel(team.user_identity("dan"), dan["id"])  # the queue moved; nobody ranked it
         await asyncio.sleep(0)  # the burst's pass: nobody follows

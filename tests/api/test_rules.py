@@ -30,15 +30,46 @@ def test_on_a_single_user_server_every_caller_is_the_owner_and_its_admin(start) 
     assert api.set_quota(who, "user", "dana", {"max_gpus": 1})["max_gpus"] == 1
 
 
+def test_a_request_names_its_holder_and_owner_is_its_old_name(team: BrokerAPI) -> None:
+    """``holder`` names who holds a request; ``owner``, its old name, is still accepted and
+    answered (the same value) for one release; two different ones are refused."""
+    alice = team.user_identity("alice")
+    held = team.submit(alice, {**SLICE, "holder": "nb-1"})
+    assert (held["holder"], held["owner"]) == ("nb-1", "nb-1")
+    old = team.submit(alice, {**SLICE, "owner": "nb-2"})
+    assert (old["holder"], old["owner"]) == ("nb-2", "nb-2")
+    same = team.submit(alice, {**SLICE, "holder": "nb-3", "owner": "nb-3"})
+    assert same["holder"] == "nb-3"
+    listed = {r["id"]: (r["holder"], r["owner"]) for r in team.requests(alice)["requests"]}
+    assert listed == {
+        held["id"]: ("nb-1", "nb-1"),
+        old["id"]: ("nb-2", "nb-2"),
+        same["id"]: ("nb-3", "nb-3"),
+    }
+    for i in range(4):  # the machine's other four slices
+        team.submit(alice, {**SLICE, "holder": f"fill-{i}"})
+    waiting = team.submit(alice, {**SLICE, "owner": "nb-wait"})
+    assert waiting["state"] == "queued"
+    (entry,) = team.queue(alice)["queue"]
+    assert (entry["id"], entry["holder"], entry["owner"]) == (waiting["id"], "nb-wait", "nb-wait")
+    with pytest.raises(InvalidRequest) as refused:
+        team.submit(alice, {**SLICE, "holder": "nb-4", "owner": "nb-5"})
+    assert refused.value.message == (
+        "'holder' and 'owner' name two different holders: give 'holder' alone "
+        "('owner' is its old name)"
+    )
+    assert len(team.requests(alice)["requests"]) == 8  # nothing written
+
+
 def test_a_kernel_token_is_never_an_admin_and_acts_only_on_its_kernel(team: BrokerAPI) -> None:
     carol = team.user_identity("carol")
     token = team.issue_token(carol, {"kernel_id": "k1"})
     assert (token["user"], token["kernel_id"]) == ("carol", "k1")
     k1 = team.token_identity(token["token"])
     assert k1 == Identity("carol", (), admin=False, kernel_id="k1")
-    mine = team.submit(k1, {**SLICE, "owner": "someone-else"})
-    assert mine["owner"] == "k1"  # a kernel's requests are its own
-    other = team.submit(carol, {**SLICE, "owner": "notebook-2"})
+    mine = team.submit(k1, {**SLICE, "holder": "someone-else"})
+    assert mine["holder"] == "k1"  # a kernel's requests are its own
+    other = team.submit(carol, {**SLICE, "holder": "notebook-2"})
     with pytest.raises(Forbidden, match="own kernel's requests"):
         team.cancel(k1, other["id"])
     assert [r["id"] for r in team.requests(k1)["requests"]] == [mine["id"]]
@@ -55,7 +86,7 @@ def test_a_kernel_never_gets_two_mig_slices(start) -> None:
     shapes = [{"gpus": 1}, *({"profile": p} for p in ("1g.5gb", "2g.10gb", "3g.20gb"))]
     shapes += [{"min_memory_gb": gb} for gb in (1, 5, 10, 20, 40)]
     for shape in shapes:
-        r = api.submit(alice, {**shape, "owner": "nb"})
+        r = api.submit(alice, {**shape, "holder": "nb"})
         assert r["state"] == "granted" and len(r["lease"]["devices"]) == 1, shape
         api.cancel(alice, r["id"])
     kernel = api.token_identity(api.issue_token(alice, {"kernel_id": "k1"})["token"])
@@ -71,13 +102,13 @@ def test_a_kernel_never_gets_two_mig_slices(start) -> None:
     api.cancel(kernel, first["id"])
     whole = api.submit(kernel, {"gpus": 1})
     assert api.submit(kernel, {"gpus": 1})["state"] == "queued"  # whole GPUs may add up
-    assert api.submit(alice, {"profile": "1g.5gb", "owner": "k1"})["state"] == "granted"
+    assert api.submit(alice, {"profile": "1g.5gb", "holder": "k1"})["state"] == "granted"
     assert whole["state"] == "granted"
 
 
 def test_a_user_sees_others_requests_only_without_ids(team: BrokerAPI) -> None:
     alice, bob = team.user_identity("alice"), team.user_identity("bob")
-    held = team.submit(alice, {**SLICE, "owner": "alice-nb"})
+    held = team.submit(alice, {**SLICE, "holder": "alice-nb"})
     with pytest.raises(Forbidden, match="belongs to another user"):
         team.request(bob, held["id"])
     with pytest.raises(Forbidden, match="belongs to another user"):
@@ -129,7 +160,7 @@ def test_a_kernel_token_sees_only_its_kernels_events(team: BrokerAPI) -> None:
     assert k1 is not None
     seen: list[object] = []
     team.runtime.events.subscribe(seen.append)
-    team.submit(alice, {**SLICE, "owner": "notebook"})
+    team.submit(alice, {**SLICE, "holder": "notebook"})
     own = team.submit(k1, SLICE)
     views = [v for v in (team.event(k1, e) for e in seen) if v is not None]
     assert [v["type"] for v in views] == ["queued", "granted"]
@@ -140,7 +171,7 @@ def test_a_kernel_token_sees_only_its_kernels_events(team: BrokerAPI) -> None:
 def test_a_waiting_request_shows_its_eta_range_or_that_it_is_unknown(team: BrokerAPI) -> None:
     alice, bob = team.user_identity("alice"), team.user_identity("bob")
     for i in range(7):
-        team.submit(alice, {**SLICE, "owner": f"nb-{i}"})
+        team.submit(alice, {**SLICE, "holder": f"nb-{i}"})
     unknown = team.submit(bob, SLICE)  # no hold has ever ended: nobody can know
     assert (unknown["position"], unknown["eta"], unknown["eta_range"]) == (1, None, None)
     assert unknown["eta_known"] is False
@@ -185,7 +216,7 @@ def test_a_renewal_reports_its_kernels_state_for_idle_reclaim_to_judge(start) ->
     api = start(identity="username", idle_timeout=0.05, grace=60.0, reclaim_action="revoke")
     alice = api.user_identity("alice")
     hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
-    leases = [api.submit(alice, {**SLICE, "owner": f"k{i}"})["lease"] for i in range(3)]
+    leases = [api.submit(alice, {**SLICE, "holder": f"k{i}"})["lease"] for i in range(3)]
     idle, busy, silent = (x["id"] for x in leases)
     for lease_id, state in ((idle, "idle"), (busy, "busy")):
         report = {"execution_state": state, "last_activity": hour_ago.isoformat()}

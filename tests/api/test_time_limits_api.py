@@ -56,7 +56,7 @@ def test_bad_limits_and_extensions_are_refused_in_a_sentence(start) -> None:
     api.extend(me, lease["id"], {"seconds": 600})
     with pytest.raises(Conflict, match="already extended one time"):
         api.extend(me, lease["id"], {"seconds": 600})
-    unlimited = api.submit(me, {**SLICE, "owner": "k2"})["lease"]
+    unlimited = api.submit(me, {**SLICE, "holder": "k2"})["lease"]
     with pytest.raises(Conflict, match="no time limit to extend"):
         api.extend(me, unlimited["id"], {"seconds": 600})
 

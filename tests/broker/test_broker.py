@@ -32,7 +32,7 @@ def rows(broker, table: str) -> int:
 
 def test_submit_is_granted_at_once_when_a_device_is_free(make_broker):
     broker = make_broker(whole_inventory(2))
-    r = broker.submit("alice", Size(gpus=1), owner="kernel-1")
+    r = broker.submit("alice", Size(gpus=1), holder="kernel-1")
     assert r.state is RequestState.GRANTED
     lease = broker.lease(r.lease_id)
     assert lease.user == "alice" and lease.request_id == r.id
@@ -82,7 +82,7 @@ def test_an_empty_queue_costs_no_start_estimates_however_many_leases(make_broker
 def test_behind_kernels_with_no_expected_end_the_eta_is_unknown_poll_after_poll(make_broker, clock):
     broker = make_broker(mig_inventory(gpus=1))
     for i in range(7):  # every slice held by a kernel that said nothing of its length
-        broker.submit(f"user{i}", Size(profile="1g.10gb"), owner=f"kernel-{i}")
+        broker.submit(f"user{i}", Size(profile="1g.10gb"), holder=f"kernel-{i}")
     clock.advance(3 * HOUR)  # past the class default: the old ETA was "now" at every poll
     waiting = [broker.submit(u, Size(profile="1g.10gb")) for u in ("ann", "bob", "cy")]
     for _ in range(3):
@@ -131,8 +131,8 @@ def test_a_multi_gpu_request_takes_all_of_its_gpus_at_once(make_broker):
         ({"groups": ["ok", "not\x00ok"]}, "group name"),
         ({"groups": [f"g{i}" for i in range(33)]}, "at most 32 groups"),
         ({"job_class": "urgent"}, "job class"),
-        ({"owner": "k" * 257}, "owner"),
-        ({"owner": 5}, "owner"),
+        ({"holder": "k" * 257}, "holder"),
+        ({"holder": 5}, "holder"),
         ({"expected_duration_s": 0}, "expected_duration_s"),
         ({"expected_duration_s": 5e-324}, "expected_duration_s"),
         ({"expected_duration_s": -5}, "expected_duration_s"),

@@ -159,7 +159,7 @@ def rest_storm(server: LiveServer, seed: int, acked: list[str], lock: threading.
         while True:
             op = rng.random()
             if op < 0.45:
-                body = {**rng.choice(REST_SIZES), "owner": f"k-{rng.randrange(1000)}"}
+                body = {**rng.choice(REST_SIZES), "holder": f"k-{rng.randrange(1000)}"}
                 if rng.random() < 0.5:
                     body["job_class"] = "batch"
                 status, reply = server.call("POST", "requests", body, conn)

@@ -69,7 +69,7 @@ def test_a_drained_device_is_never_placed_and_its_queue_waits(make_broker) -> No
     gpu = broker.inventory.gpus[0].uuid
     events: list = []
     broker.subscribe(events.append)
-    held = broker.submit("ann", Size(profile="1g.10gb"), owner="k1")
+    held = broker.submit("ann", Size(profile="1g.10gb"), holder="k1")
     broker.drain(gpu, "temperature 91 C")
     waiting = broker.submit("bob", Size(profile="1g.10gb"))
     assert waiting.lease_id is None and broker.queue()[0].eta is None

@@ -48,11 +48,11 @@ def test_an_idle_kernel_is_warned_then_reclaimed_and_the_waiting_request_gets_it
     m.run(60)
     m.kernels.finish("k1")
     m.sim.set_load(lease.devices[0], utilization=0)
-    waiting = m.broker.submit("bob", ONE_GPU, owner="k2")
+    waiting = m.broker.submit("bob", ONE_GPU, holder="k2")
     assert waiting.state.value == "queued"
     assert m.run(595) == []
     (warn,) = m.run(10)
-    assert (warn.action, warn.cause, warn.owner) == ("warn", "idle", "k1")
+    assert (warn.action, warn.cause, warn.holder) == ("warn", "idle", "k1")
     assert warn.reason.startswith("idle for 10 min: the kernel ran nothing, the GPU under 5%")
     (event,) = [e for e in m.events if e.kind == "warning"]
     assert m.broker.lease(lease.id).reclaim_at == warn.deadline == event.at + 120
@@ -174,9 +174,9 @@ def test_exempt_users_and_groups_and_timeouts_per_class_and_profile(
         m.kernels.finish(kernel)
     warned = m.run(305)
     # The profile's timeout (whole GPUs: 300 s) wins over the class's and the default.
-    assert sorted(d.owner for d in warned) == ["k-batch", "k-plain"]
+    assert sorted(d.holder for d in warned) == ["k-batch", "k-plain"]
     m.run(3 * 3600)
-    reclaimed = sorted(d.owner for d in m.decisions if d.action == "reclaim")
+    reclaimed = sorted(d.holder for d in m.decisions if d.action == "reclaim")
     assert reclaimed == ["k-batch", "k-plain"]
     assert ReclaimConfig(idle_timeout_by_class={"batch": 60}).idle_timeout("gpu", "batch") == 60
     with pytest.raises(InvalidRequest):
@@ -208,7 +208,7 @@ def test_an_over_share_borrower_is_warned_and_preempted_for_an_under_share_user(
     cy = m.submit("1", "c0", user="cy")
     m.kernels.run("c0")
     assert m.run(60) == []  # the machine is full, but nobody waits
-    bob = m.broker.submit("bob", ONE_GPU, owner="b0")
+    bob = m.broker.submit("bob", ONE_GPU, holder="b0")
     # Equal shares among ann, cy and bob: a third each. ann has had three of the four GPUs,
     # over theirs; cy one, under theirs; bob none. ann's newest lease is preempted.
     (warn,) = m.run(5)
@@ -222,7 +222,7 @@ def test_an_over_share_borrower_is_warned_and_preempted_for_an_under_share_user(
     assert m.store.reclaims()[0]["evidence"]["waiting_user"] == "bob"
     # A user over their share waiting takes nothing from anyone.
     m.broker.set_quota("user", "ann", Quota(share=0.1))
-    m.broker.submit("ann", ONE_GPU, owner="a3")
+    m.broker.submit("ann", ONE_GPU, holder="a3")
     assert m.run(600) == []
 
 
@@ -235,7 +235,7 @@ def test_preemption_takes_from_the_user_the_queue_ranks_heaviest_not_the_newest_
     m.run(3600)  # ann has used three GPUs for an hour
     dan = [m.submit("1", f"d{i}", user="dan") for i in range(3)]
     m.run(60)  # dan took the other three a minute ago
-    bob = m.broker.submit("bob", ONE_GPU, owner="b0")
+    bob = m.broker.submit("bob", ONE_GPU, holder="b0")
     # The queue ranks ann below dan on fair share (the order a freed GPU would go in) ...
     assert m.broker.fairshare("ann", "") < m.broker.fairshare("dan", "")
     # ... and preemption agrees: ann's newest lease is taken for bob, not dan's.
@@ -260,7 +260,7 @@ def test_a_preemption_warning_is_withdrawn_when_the_waiter_leaves(
     ann = [m.submit("1", "a0", user="ann")]
     m.run(5)
     ann.append(m.submit("1", "a1", user="ann"))
-    waiting = m.broker.submit("bob", ONE_GPU, owner="b0")
+    waiting = m.broker.submit("bob", ONE_GPU, holder="b0")
     (warn,) = m.run(5)
     assert warn.lease_id == ann[1].id  # type: ignore[union-attr]
     m.broker.cancel(waiting.id)
@@ -320,7 +320,7 @@ def test_a_gpu_servers_reservation_is_judged_by_the_server_timeout_of_its_size(
     m.kernels.finish("server:ann")  # as the server reports all its kernels: idle
     m.kernels.finish("k1")
     (warn,) = m.run(305)
-    assert (warn.action, warn.lease_id, warn.owner) == ("warn", server.id, "server:ann")
+    assert (warn.action, warn.lease_id, warn.holder) == ("warn", server.id, "server:ann")
     assert warn.evidence["timeout_s"] == 300
     # the server's is reclaimed after the grace; the kernel's is warned at its own 600 s
     assert [(d.action, d.lease_id) for d in m.run(300)] == [

@@ -24,7 +24,7 @@ def tables(store: Store) -> set[str]:
 
 
 def a_request(rid: str = "r-1", user: str = "alice") -> Request:
-    return Request(rid, user, ("lab",), Size(gpus=1), JobClass.INTERACTIVE, 10.0, owner="k-1")
+    return Request(rid, user, ("lab",), Size(gpus=1), JobClass.INTERACTIVE, 10.0, holder="k-1")
 
 
 def a_lease(lid: str, rid: str, devices: tuple[str, ...]) -> Lease:
@@ -222,7 +222,7 @@ def test_a_full_state_file_is_a_storage_full_error_naming_it(state_file):
     submitted = []
     with pytest.raises(StorageFull, match=f"state file {state_file} could not be written"):
         for _ in range(5000):
-            submitted.append(broker.submit("alice", Size(gpus=1), owner="x" * 256).id)
+            submitted.append(broker.submit("alice", Size(gpus=1), holder="x" * 256).id)
     assert [r.id for r in broker.live_requests()] == submitted  # the refused one is nowhere
     assert [r.id for r in broker.store.live_requests()] == submitted
     assert not broker.store.conn.in_transaction

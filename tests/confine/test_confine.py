@@ -344,7 +344,7 @@ def test_the_root_broker_gives_a_reported_kernel_its_lease_and_takes_it_back_at_
         assert allowed(box, kernel.open(box.all_nodes)) == always(box)
         api.renew(api.identify("carol"), lease.id, {"holder_pid": kernel.pid})
         assert mine < allowed(box, kernel.open(box.all_nodes))
-        held = rt.core.submit("carol", Size(profile="1g.10gb"), owner="server:carol")
+        held = rt.core.submit("carol", Size(profile="1g.10gb"), holder="server:carol")
         api.renew(api.identify("carol"), held.lease_id, {"holder_pid": kernel.pid})
         assert f"{kernel.pid}" not in (server / "cgroup.procs").read_text().split()
         rt.core.release(lease.id)

@@ -6,7 +6,7 @@ from hub_spawner.environment import (
     LEASE_ENV,
     broker_scopes,
     gpu_env,
-    server_owner,
+    server_holder,
     start_path,
     start_timeout,
     wants_gpu,
@@ -37,8 +37,8 @@ def test_an_engine_names_the_devices_its_own_way() -> None:
 
 
 def test_a_server_is_named_at_the_broker_by_its_user_and_name() -> None:
-    assert server_owner("ann") == "server:ann"
-    assert server_owner("ann", "gpu1") == "server:ann:gpu1"
+    assert server_holder("ann") == "server:ann"
+    assert server_holder("ann", "gpu1") == "server:ann:gpu1"
     assert start_path("ann") == "users/ann/server"
     assert start_path("ann%20b", "my%20gpu") == "users/ann%20b/servers/my%20gpu"
 

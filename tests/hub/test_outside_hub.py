@@ -85,8 +85,8 @@ def test_a_gpu_in_use_outside_the_broker_is_seen_reported_and_given_back(
     notes = [n.get_text(strip=True) for n in mine.select(".gpubroker-outside")]
     assert len(notes) == 1 and notes[0].startswith("GPU 1: in use outside the broker by nobody")
 
-    first = hub.ok(alice, "POST", "requests", {"gpus": 1, "owner": "hold"})
-    second = hub.ok(alice, "POST", "requests", {"gpus": 1, "owner": "hold"})
+    first = hub.ok(alice, "POST", "requests", {"gpus": 1, "holder": "hold"})
+    second = hub.ok(alice, "POST", "requests", {"gpus": 1, "holder": "hold"})
     assert first["state"] == "granted" and first["lease"]["devices"] != [gpu1["uuid"]]
     assert second["state"] == "queued"  # GPU 1 takes no grant while nobody computes on it
 

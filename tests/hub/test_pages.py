@@ -83,9 +83,9 @@ def full(hub: Hub) -> Iterator[dict[str, str]]:
     filler the other five; then alice's and bob's GPU servers wait in the queue."""
     tokens = {name: hub.user(name) for name in ("alice", "bob", "filler", "admin")}
     for name in ("bob", "alice"):
-        hub.ok(tokens[name], "POST", "requests", {**SLICE, "owner": "hold"})
+        hub.ok(tokens[name], "POST", "requests", {**SLICE, "holder": "hold"})
     for _ in range(5):
-        hub.ok(tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})
+        hub.ok(tokens["filler"], "POST", "requests", {**SLICE, "holder": "fill"})
     for name in ("alice", "bob"):
         spawn(hub, tokens[name], name)
         wait_for(f"{name}'s server to wait", lambda n=name: waiting(hub, tokens[n]), log=hub.log)
@@ -132,6 +132,7 @@ def test_the_admin_lowers_a_share_on_the_admin_page_and_the_queue_reorders(
         assert {tr["data-request"] for tr in rows} == set(waiting(hub, full[name]))
         assert rows[0].select_one(".gpubroker-position").get_text(strip=True) == f"{position} of 2"
         assert "every 1g.10gb is in use" in rows[0].get_text(" ")
+        assert f"{name}'s server" in rows[0].get_text(" ")  # who holds it, in words
         held = mine.select("tr.gpubroker-lease")
         assert len(held) == 1  # the slice each holds, not the filler's
 
@@ -269,7 +270,7 @@ def test_a_user_in_groups_with_any_hub_name_uses_the_broker_and_pages_show_them_
     admin = hub.login("admin")
     try:
         # the service copies her hub groups into the request; the first is charged
-        mine = hub.ok(token, "POST", "requests", {**SLICE, "owner": "nb"})
+        mine = hub.ok(token, "POST", "requests", {**SLICE, "holder": "nb"})
         assert (mine["user"], mine["groups"][0]) == (name, HUB_GROUPS[0])
         assert set(mine["groups"]) == set(HUB_GROUPS)
         kernel = hub.ok(token, "POST", "tokens", {"kernel_id": "k-fox"})

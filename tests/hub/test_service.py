@@ -53,7 +53,7 @@ def test_a_users_slice_is_theirs_and_nobody_else_sees_or_touches_it(hub: Hub) ->
         assert (mine["state"], mine["user"], mine["groups"]) == ("granted", "alice", ["lab"])
         assert mine["lease"]["user"] == "alice" and mine["lease"]["group"] == "lab"
         for _ in range(6):  # the rest of the GPU
-            ok(hub, alice, "POST", "requests", {**SLICE, "owner": "fill"})
+            ok(hub, alice, "POST", "requests", {**SLICE, "holder": "fill"})
 
         # bob waits, with his own kernel token
         bob_kernel = ok(hub, bob, "POST", "tokens", {"kernel_id": "k-bob"})["token"]
@@ -147,8 +147,8 @@ def test_a_killed_service_comes_back_with_its_leases_and_kernel_tokens(hub: Hub)
     try:
         held = ok(hub, token, "POST", "requests", SLICE, kernel=True)["lease"]
         for _ in range(6):
-            ok(hub, erin, "POST", "requests", {**SLICE, "owner": "fill"})
-        waiting = ok(hub, frank, "POST", "requests", {**SLICE, "owner": "cli"})
+            ok(hub, erin, "POST", "requests", {**SLICE, "holder": "fill"})
+        waiting = ok(hub, frank, "POST", "requests", {**SLICE, "holder": "cli"})
         leases = {x["id"] for x in ok(hub, erin, "GET", "leases")["leases"]}
         assert len(leases) == 7 and waiting["state"] == "queued"
 
@@ -181,9 +181,9 @@ async def test_an_event_stream_that_reconnects_with_last_event_id_misses_nothing
             hello = await anext(events)  # then the client goes away
         assert hello["type"] == "hello"
         await asyncio.to_thread(wait_for, "the live stream", lambda: live)
-        r = await client.submit(**SLICE, owner="sse")
+        r = await client.submit(**SLICE, holder="sse")
         await client.release(r["lease"]["id"])
-        r = await client.submit(**SLICE, owner="sse")
+        r = await client.submit(**SLICE, holder="sse")
         await client.release(r["lease"]["id"])
         ended = await asyncio.to_thread(
             wait_for, "the last release", lambda: sum(m["type"] == "released" for m in live) >= 2

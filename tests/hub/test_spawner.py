@@ -105,8 +105,8 @@ def test_gpu_servers_start_in_turn_and_the_waiting_user_sees_position_eta_then_g
     hub: Hub,
 ) -> None:
     tokens = {name: hub.user(name) for name in ("alice", "bob", "carol", "filler")}
-    filled = [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})]
-    filled += [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "owner": "fill"})]
+    filled = [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "holder": "fill"})]
+    filled += [ok(hub, tokens["filler"], "POST", "requests", {**SLICE, "holder": "fill"})]
     filled += [ok(hub, tokens["filler"], "POST", "requests", SLICE) for _ in range(3)]
     progress = None
     try:
@@ -261,7 +261,7 @@ def test_a_start_still_queued_when_the_hub_restarts_keeps_its_request_and_starts
             log=hub.log,
         )
         (request,) = queued
-        assert request["state"] == "queued" and request["owner"] == "server:hal"
+        assert request["state"] == "queued" and request["holder"] == "server:hal"
         hub.stop()  # the hub and the broker service with it
         hub.start()
         # the restarted hub takes the start up again: the same request, still waiting

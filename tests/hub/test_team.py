@@ -113,7 +113,8 @@ def shown(kernel: ServerKernel, expr: str) -> Any:
 def lease_of(team: Team, kernel: ServerKernel) -> dict[str, Any]:
     """The active lease of ``kernel``, as the admin sees it."""
     for lease in ok(team.hub, team.admin, "GET", "leases")["leases"]:
-        if ok(team.hub, team.admin, "GET", f"requests/{lease['request_id']}")["owner"] == kernel.id:
+        request = ok(team.hub, team.admin, "GET", f"requests/{lease['request_id']}")
+        if request["holder"] == kernel.id:
             return dict(lease)
     raise AssertionError(f"kernel {kernel.id} holds no lease")
 
@@ -138,8 +139,8 @@ def test_bobs_request_waits_and_his_widget_shows_his_position_move(
     team: Team, alices_kernel: ServerKernel
 ) -> None:
     hub = team.hub
-    fill = ok(hub, team.admin, "POST", "requests", {**SLICE, "owner": "fill"})
-    ahead = ok(hub, team.bob, "POST", "requests", {**SLICE, "owner": "cli"})
+    fill = ok(hub, team.admin, "POST", "requests", {**SLICE, "holder": "fill"})
+    ahead = ok(hub, team.bob, "POST", "requests", {**SLICE, "holder": "cli"})
     assert (fill["state"], ahead["position"]) == ("granted", 1)  # the machine is full
     kernel = team.kernel("bob", ON_DEMAND)
     try:
@@ -163,7 +164,7 @@ def test_bobs_request_waits_and_his_widget_shows_his_position_move(
     finally:
         kernel.shutdown()
         for r in ok(hub, team.admin, "GET", "requests")["requests"]:
-            if r["state"] in ("queued", "granted") and r["owner"] in ("fill", "cli"):
+            if r["state"] in ("queued", "granted") and r["holder"] in ("fill", "cli"):
                 ok(hub, team.admin, "DELETE", f"requests/{r['id']}")
 
 

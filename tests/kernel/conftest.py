@@ -128,7 +128,7 @@ def fill(
     async def take(n: int = 7) -> list[str]:
         leases = []
         for _ in range(n):
-            status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
+            status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
             assert status == 201 and r["state"] == "granted", r
             leases.append(r["lease"]["id"])
         request.addfinalizer(asyncio.ensure_future(renew(leases)).cancel)

@@ -15,11 +15,11 @@ import sys
 PIN = "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
 
 
-async def queued_request(api, owner: str) -> dict:  # type: ignore[no-untyped-def]
+async def queued_request(api, holder: str) -> dict:  # type: ignore[no-untyped-def]
     """The kernel's request once it waits at the head of the queue."""
     _, q = await api("GET", "queue")
     head = q["queue"][0] if q["length"] == 1 else None
-    return head if head and head["position"] == 1 and head["owner"] == owner else None
+    return head if head and head["position"] == 1 and head["holder"] == holder else None
 
 
 def one_line_error(executed, cell: int) -> str:  # type: ignore[no-untyped-def]
@@ -65,7 +65,7 @@ async def test_request_waits_in_the_queue_then_pins_the_granted_slice(
 
     assert "this kernel already holds" in one_line_error(nb, 2)
     assert nb.text(3).startswith(f"Released {device} (1g.10gb) after")
-    assert request["owner"] == kid and request["state"] == "released"
+    assert request["holder"] == kid and request["state"] == "released"
     _, devices = await api("GET", "devices")
     (slot,) = [d for g in devices["gpus"] for d in g["devices"] if d["uuid"] == device]
     assert slot["holder"] is None  # free again
@@ -115,7 +115,7 @@ async def test_cancel_button_withdraws_a_waiting_request(kernel, notebook, api, 
     _, q = await api("GET", "queue")
     assert q["length"] == 0
     _, requests = await api("GET", "requests")
-    assert [r for r in requests["requests"] if r["owner"] == kid] == []
+    assert [r for r in requests["requests"] if r["holder"] == kid] == []
 
 
 async def test_status_widget_updates_live_until_closed(kernel, notebook, api, jp_serverapp):
@@ -330,7 +330,7 @@ async def test_a_kernel_in_a_gpu_server_uses_the_servers_gpu_and_asks_for_no_sec
 ):
     """A server with a GPU of its own (the hub's GPU spawner names its lease in the
     server's environment): ``%gpu request`` says what the server holds and uses it."""
-    _, server = await api("POST", "requests", {"profile": "1g.10gb", "owner": "server:me"})
+    _, server = await api("POST", "requests", {"profile": "1g.10gb", "holder": "server:me"})
     lease = server["lease"]
     try:
         env = {**broker_env, "GPUBROKER_SERVER_LEASE": lease["id"]}

@@ -46,7 +46,7 @@ async def test_the_widgets_make_no_call_while_queue_events_and_readings_arrive(
     )
     behind = []
     for i in range(10):  # 20 queue events: each joins behind the kernel's, then leaves
-        status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": f"o{i}"})
+        status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": f"o{i}"})
         assert status == 201 and r["state"] == "queued"
         behind.append(r["id"])
     await asyncio.sleep(1)

@@ -93,7 +93,7 @@ def test_a_warnings_log_line_says_when_by_the_brokers_clock(
     rt.log.propagate = True
     try:
         rt.core.clock = clock = VirtualClock(time.time())
-        lease = rt.core.submit("erin", Size(gpus=1), owner="k1").lease_id
+        lease = rt.core.submit("erin", Size(gpus=1), holder="k1").lease_id
         assert lease is not None
         rt.report_kernel(lease, KernelState("idle", clock.now()))
         clock.advance(605)

@@ -31,7 +31,7 @@ def started(tmp_path: Path, **traits: Any) -> GPUBroker:
 
 def idle_lease(rt: GPUBroker, user: str, kernel: str) -> str:
     """A lease of ``user``'s kernel, which ran its last cell now and reports it."""
-    lease_id = rt.core.submit(user, Size(gpus=1), owner=kernel).lease_id
+    lease_id = rt.core.submit(user, Size(gpus=1), holder=kernel).lease_id
     assert lease_id is not None
     rt.report_kernel(lease_id, KernelState("idle", rt.core.clock.now()))
     return lease_id

@@ -61,7 +61,7 @@ async def test_a_body_that_is_not_a_json_object_is_a_400(
         {"min_memory_gb": 10**400},
         {"min_memory_gb": [20]},
         {"profile": "1g.10gb", "job_class": []},
-        {"profile": "1g.10gb", "owner": {}},
+        {"profile": "1g.10gb", "holder": {}},
         {"profile": "1g.10gb", "expected_duration_s": "60"},
         {"profile": "1g.10gb", "expected_duration_s": 10**400},
         {"profile": "1g.10gb", "groups": [[]]},
@@ -77,6 +77,25 @@ async def test_a_body_that_is_not_a_json_object_is_a_400(
 async def test_a_request_field_of_the_wrong_type_is_a_400(api: Api, body: dict[str, Any]) -> None:
     await refused(api, "POST", "requests", body=body)
     await nothing_written(api)
+
+
+async def test_a_holder_and_a_different_owner_are_a_400_and_one_alone_is_answered_as_both(
+    api: Api,
+) -> None:
+    """``owner`` is ``holder``'s old name: one or the other is taken (and answered under
+    both names, as the API document says), two different holders are refused."""
+    body = {"profile": "1g.10gb", "holder": "nb-1", "owner": "nb-2"}
+    message = await refused(api, "POST", "requests", body=body)
+    assert message == (
+        "'holder' and 'owner' name two different holders: give 'holder' alone "
+        "('owner' is its old name)"
+    )
+    await nothing_written(api)
+    for body in ({"profile": "1g.10gb", "owner": "nb-3"}, {"profile": "1g.10gb", "holder": "nb-4"}):
+        status, reply = await api("POST", "requests", body)
+        check_response("POST", "requests", status, reply, body)
+        holder = body.get("holder", body.get("owner"))
+        assert (status, reply["holder"], reply["owner"]) == (201, holder, holder)
 
 
 @pytest.mark.parametrize(
@@ -207,7 +226,7 @@ async def test_a_full_state_file_is_a_507_that_names_it_and_writes_nothing(
     error a full disk does."""
     store = jp_serverapp.web_app.settings["gpubroker"].core.store
     pages = fill_state_file(store)
-    body = {"profile": "1g.10gb", "owner": "x" * 256}
+    body = {"profile": "1g.10gb", "holder": "x" * 256}
     status, reply, accepted = await until_full(api, "POST", lambda i: ("requests", body))
     assert (status, reply["error"]) == (507, "storage_full")
     assert broker_config["state_file"] in reply["message"] and "disk" in reply["message"]

@@ -37,7 +37,7 @@ async def fill_but_one(api) -> list[str]:  # type: ignore[no-untyped-def]
     """Six of the seven slices taken by another workload; returns their lease ids."""
     leases = []
     for _ in range(6):
-        status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
+        status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
         assert status == 201 and r["state"] == "granted"
         leases.append(r["lease"]["id"])
     return leases
@@ -52,7 +52,7 @@ async def test_kernel_runs_on_its_granted_slice(jp_serverapp, gpu_kernelspec, ap
     (lease,) = leases["leases"]
     assert device.startswith("MIG-") and lease["devices"] == [device] and lease["id"] == lease_id
     _, req = await api("GET", f"requests/{lease['request_id']}")
-    assert req["owner"] == kid and req["profile"] == "1g.10gb"
+    assert req["holder"] == kid and req["profile"] == "1g.10gb"
 
     await mkm.shutdown_kernel(kid)
     _, leases = await api("GET", "leases")
@@ -187,10 +187,10 @@ async def test_restart_and_shutdown_give_back_the_kernels_other_requests(
     (own,) = own["leases"]
 
     async def kernels_others() -> list[dict]:
-        _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
+        _, held = await api("POST", "requests", {"profile": "1g.10gb", "holder": kid})
         for _ in range(5):
-            await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
-        _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
+            await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
+        _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "holder": kid})
         assert (held["state"], waiting["state"]) == ("granted", "queued")
         return [held, waiting]
 
@@ -202,7 +202,7 @@ async def test_restart_and_shutdown_give_back_the_kernels_other_requests(
     assert await states(others) == ["released", "cancelled"]
     assert await states([{"id": own["request_id"]}]) == ["granted"]
 
-    _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": kid})
+    _, held = await api("POST", "requests", {"profile": "1g.10gb", "holder": kid})
     await mkm.shutdown_kernel(kid)
     assert await states([held, {"id": own["request_id"]}]) == ["released", "released"]
 

@@ -44,7 +44,7 @@ async def fill(api: Any, slices: int = 7) -> list[str]:
     """Take ``slices`` of the seven 1g.10gb slices; their lease ids."""
     leases = []
     for _ in range(slices):
-        _, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
+        _, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
         assert r["state"] == "granted"
         leases.append(r["lease"]["id"])
     return leases
@@ -165,10 +165,10 @@ async def reclaimed_kernel(jp_serverapp: Any, gpu_kernelspec: Any, api: Any) -> 
     kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec())
     pid = km.get_kernel(kernel_id).provisioner.pid
     (lease,) = [
-        x for x in runtime.core.leases() if runtime.core.request(x.request_id).owner == kernel_id
+        x for x in runtime.core.leases() if runtime.core.request(x.request_id).holder == kernel_id
     ]
     runtime.backend.simulator.add_process(lease.devices[0], pid, 500, follow=True)
-    _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "owner": "next"})
+    _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "holder": "next"})
     assert waiting["state"] == "queued"
 
     async def reclaimed() -> Any:

@@ -64,7 +64,7 @@ async def test_an_overheated_gpu_is_drained_in_the_api(
     jp_fetch: Any, jp_serverapp: Any, api: Any, jp_http_port: int, jp_base_url: str
 ) -> None:
     runtime = jp_serverapp.web_app.settings["gpubroker"]
-    _, held = await api("POST", "requests", {"profile": "1g.10gb", "owner": "k1"})
+    _, held = await api("POST", "requests", {"profile": "1g.10gb", "holder": "k1"})
     _, devices = await api("GET", "devices")
     gpu = devices["gpus"][0]["uuid"]
     assert devices["gpus"][0]["drained"] is None

@@ -216,7 +216,7 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
         "requests",
         {
             "profile": "1g.10gb",
-            "owner": "nb-1",
+            "holder": "nb-1",
             "job_class": "interactive",
             "expected_duration_s": 600,
             "limit_s": 3600,
@@ -249,7 +249,7 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     fetched = await check("GET", f"requests/{waiting['id']}", expect=200)
     assert fetched["state"] == "queued" and fetched["position"] == 1 and fetched["lease"] is None
     again = await check("GET", f"requests/{first['id']}", expect=200)
-    assert again["lease"]["id"] == lease["id"] and again["owner"] == "nb-1"
+    assert again["lease"]["id"] == lease["id"] and again["holder"] == "nb-1"
     leases = await check("GET", "leases", expect=200)
     assert len(leases["leases"]) == 7
     assert (await check("GET", f"leases/{lease['id']}", expect=200))["state"] == "active"
@@ -429,9 +429,13 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
     me = await check("GET", "me", headers=kernel, expect=200)
     assert me["kernel_id"] == "k1" and me["admin"] is False
     mine = await check(
-        "POST", "requests", {"profile": "1g.10gb", "owner": "elsewhere"}, headers=kernel, expect=201
+        "POST",
+        "requests",
+        {"profile": "1g.10gb", "holder": "elsewhere"},
+        headers=kernel,
+        expect=201,
     )
-    assert mine["owner"] == "k1"
+    assert mine["holder"] == "k1"
     second = await check("POST", "requests", {"min_memory_gb": 1}, headers=kernel, expect=409)
     assert "CUDA shows a process only one MIG device" in second["message"]
     assert (await check("GET", f"requests/{mine['id']}", headers=kernel, expect=200))["id"]
@@ -585,7 +589,7 @@ async def _storage_full(check: CheckedApi, store: Any) -> None:
     """A state file that cannot grow (as on a full disk): submits and quotas are 507s."""
     pages = fill_state_file(store)
     for method, call in (
-        ("POST", lambda i: ("requests", {"profile": "1g.10gb", "owner": "o" * 256})),
+        ("POST", lambda i: ("requests", {"profile": "1g.10gb", "holder": "o" * 256})),
         ("PUT", lambda i: (f"quotas/group/g{i:04}{'x' * 58}", {"share": 2})),
     ):
         status, reply, _ = await until_full(check.api, method, call)

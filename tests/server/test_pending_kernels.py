@@ -22,7 +22,7 @@ async def test_a_pending_gpu_kernel_waits_in_the_queue_then_starts(
 ):
     leases = []
     for _ in range(7):  # every slice taken
-        _, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
+        _, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
         leases.append(r["lease"])
 
     reply = await asyncio.wait_for(
@@ -40,7 +40,7 @@ async def test_a_pending_gpu_kernel_waits_in_the_queue_then_starts(
         if entries := await queued():
             break
         await asyncio.sleep(0.1)
-    assert [(e["position"], e["owner"]) for e in entries] == [(1, kernel["id"])]
+    assert [(e["position"], e["holder"]) for e in entries] == [(1, kernel["id"])]
 
     await api("DELETE", f"leases/{leases[3]['id']}")
     km = jp_serverapp.kernel_manager

@@ -73,7 +73,7 @@ async def test_an_idle_kernel_is_warned_then_reclaimed_and_its_widget_shows_it(
 ) -> None:
     km = jp_serverapp.kernel_manager
     for _ in range(6):  # the rest of the GPU is busy with work that has no kernel here
-        status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "batch-job"})
+        status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
         assert r["state"] == "granted"
     kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec())
     spy = WidgetSpy(km.get_kernel(kernel_id))
@@ -86,8 +86,8 @@ async def test_an_idle_kernel_is_warned_then_reclaimed_and_its_widget_shows_it(
         )
         _, mine = await api("GET", "requests", headers={TOKEN_HEADER: token})
         (request,) = mine["requests"]
-        assert request["state"] == "granted" and request["owner"] == kernel_id
-        _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "owner": "next"})
+        assert request["state"] == "granted" and request["holder"] == kernel_id
+        _, waiting = await api("POST", "requests", {"profile": "1g.10gb", "holder": "next"})
         assert waiting["state"] == "queued"
 
         # The stream the kernel's widget follows: its own kernel's events only.

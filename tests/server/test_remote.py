@@ -77,7 +77,7 @@ async def test_a_gpu_kernel_takes_its_slice_from_the_central_broker_as_its_user(
     (lease,) = await broker.leases()
     assert lease["devices"] == [device] and device.startswith("MIG-")
     assert lease["user"] == "alice"  # charged to the user whose token the server holds
-    assert (await broker.request(lease["request_id"]))["owner"] == kid
+    assert (await broker.request(lease["request_id"]))["holder"] == kid
     assert url.rstrip("/") == central.base  # the kernel's %gpu talks to the central broker directly
 
     # %gpu in that kernel works unchanged: it sees its grant, and gives it back
@@ -96,7 +96,7 @@ async def test_the_servers_api_relays_to_the_central_broker(api: Any, central: L
     assert status == 403 and await central_api(central).requests() == []
     status, me = await api("GET", "me")
     assert (status, me["user"]) == (200, "alice")
-    status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "panel"})
+    status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "panel"})
     assert status == 201 and r["state"] == "granted"
     (lease,) = await central_api(central).leases()
     assert lease["id"] == r["lease"]["id"]  # the central broker's lease
@@ -118,7 +118,7 @@ async def test_the_servers_event_stream_relays_the_central_one(
     async with contextlib.aclosing(mine.events()) as events:
         hello = await anext(events)
         assert hello["type"] == "hello"
-        status, r = await api("POST", "requests", {"profile": "1g.10gb", "owner": "panel"})
+        status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "panel"})
         # queued then granted within one window: the latest state of the request wins
         granted = await anext(e async for e in events if e["data"].get("request_id"))
         assert (granted["type"], granted["data"]["request_id"]) == ("granted", r["id"])

@@ -123,15 +123,15 @@ async def alice_and_bob(world: World) -> dict[str, Any]:
     token = (await alice("POST", "tokens", {"kernel_id": "k1"}, expect=201))["token"]
     k1 = world.kernel(token, "k1")
     held = await alice(
-        "POST", "requests", {"profile": "1g.10gb", "owner": "alice-nb-7f3a"}, expect=201
+        "POST", "requests", {"profile": "1g.10gb", "holder": "alice-nb-7f3a"}, expect=201
     )
     in_k1 = await k1("POST", "requests", {"profile": "1g.10gb"}, expect=201)
-    (bob_held,) = await fill(bob, 1, owner="bob-nb")
-    await fill(carol, 4, owner="carol-job")
+    (bob_held,) = await fill(bob, 1, holder="bob-nb")
+    await fill(carol, 4, holder="carol-job")
     waiting = await alice(
-        "POST", "requests", {"profile": "1g.10gb", "owner": "alice-queued-9c1e"}, expect=201
+        "POST", "requests", {"profile": "1g.10gb", "holder": "alice-queued-9c1e"}, expect=201
     )
-    (bob_waiting,) = await fill(bob, 1, owner="bob-queued")
+    (bob_waiting,) = await fill(bob, 1, holder="bob-queued")
     assert [r["state"] for r in (held, in_k1, bob_held, waiting, bob_waiting)] == [
         "granted",
         "granted",
@@ -150,11 +150,11 @@ async def alice_and_bob(world: World) -> dict[str, Any]:
             token,
             held["id"],
             held["lease"]["id"],
-            held["owner"],
+            held["holder"],
             in_k1["id"],
             in_k1["lease"]["id"],
             waiting["id"],
-            waiting["owner"],
+            waiting["holder"],
         ],
     }
 
@@ -221,9 +221,9 @@ async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
     assert sorted((e["user"], e["mine"]) for e in queue) == [("alice", False), ("bob", True)]
     for e in queue:
         if e["user"] == "alice":
-            assert e["id"] is None and e["owner"] is None
+            assert e["id"] is None and e["holder"] is None
         else:
-            assert e["id"] == state["bob_waiting"]["id"] and e["owner"] == "bob-queued"
+            assert e["id"] == state["bob_waiting"]["id"] and e["holder"] == "bob-queued"
 
     (gpu,) = (await bob("GET", "devices", expect=200))["gpus"]
     holders = [d["holder"] for d in gpu["devices"]]
@@ -274,13 +274,13 @@ async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
     assert len((await carol("GET", "leases", expect=200))["leases"]) == 7
     assert len((await carol("GET", "requests", expect=200))["requests"]) == 8  # one released
     queue = (await carol("GET", "queue", expect=200))["queue"]
-    assert all(e["id"] is not None and e["owner"] is not None for e in queue)
+    assert all(e["id"] is not None and e["holder"] is not None for e in queue)
     (gpu,) = (await carol("GET", "devices", expect=200))["gpus"]
     assert all(d["holder"]["lease_id"] is not None for d in gpu["devices"])
     assert len((await carol("GET", "quotas", expect=200))["quotas"]) == 3
     by_user = (await carol("GET", "usage", expect=200))["gpu_hours"]
     assert set(by_user) == {"alice", "bob", "carol"}
-    assert (await carol("GET", f"requests/{state['held']['id']}", expect=200))["owner"] == (
+    assert (await carol("GET", f"requests/{state['held']['id']}", expect=200))["holder"] == (
         "alice-nb-7f3a"
     )
 
@@ -384,7 +384,7 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
         runtime = jp_serverapp.web_app.settings["gpubroker"]
         runtime.backend.simulator.inject_overheat(gpu["uuid"], 95)
         await runtime.sample()  # an alert starts: carol's stream shows it, nobody else's
-        await alice("POST", "requests", {"profile": "1g.10gb", "owner": "after"}, expect=201)
+        await alice("POST", "requests", {"profile": "1g.10gb", "holder": "after"}, expect=201)
         for name, stream in streams.items():
             while not [e for e in got[name] if e["type"] == "queued" and e["at"] > drained_at]:
                 got[name].append(await stream.next())
@@ -440,11 +440,11 @@ async def test_a_kernel_token_acts_only_on_its_own_kernels_requests(
     held, in_k1 = state["held"], state["in_k1"]
 
     assert await k1("GET", "me", expect=200) == {"user": "alice", "admin": False, "kernel_id": "k1"}
-    assert in_k1["owner"] == "k1" and in_k1["user"] == "alice"
+    assert in_k1["holder"] == "k1" and in_k1["user"] == "alice"
     # Whatever owner it names, its requests are its kernel's: k1 holds a MIG slice, so
     # a second one is refused as k1's.
     spoof = await k1(
-        "POST", "requests", {"profile": "1g.10gb", "owner": "alice-nb-7f3a"}, expect=409
+        "POST", "requests", {"profile": "1g.10gb", "holder": "alice-nb-7f3a"}, expect=409
     )
     assert f"this kernel already has request {in_k1['id']}" in spoof["message"]
     renewed = await k1("POST", f"leases/{in_k1['lease']['id']}/renew", expect=200)
@@ -472,7 +472,7 @@ async def test_a_kernel_token_acts_only_on_its_own_kernels_requests(
     ]
     assert [r["id"] for r in (await k1("GET", "requests", expect=200))["requests"]] == [in_k1["id"]]
     queue = (await k1("GET", "queue", expect=200))["queue"]
-    assert all(e["id"] is None and e["owner"] is None for e in queue)  # none is k1's
+    assert all(e["id"] is None and e["holder"] is None for e in queue)  # none is k1's
     (gpu,) = (await k1("GET", "devices", expect=200))["gpus"]
     visible = {d["holder"]["lease_id"] for d in gpu["devices"]} - {None}
     assert visible == {in_k1["lease"]["id"]}
@@ -493,8 +493,8 @@ async def test_a_kernel_token_acts_only_on_its_own_kernels_requests(
     assert "cancelled" not in kinds
     assert [e["data"]["request_id"] for e in events if e["type"] == "queued"] == [mine["id"]]
     assert [r["id"] for r in events[-1]["data"]["requests"]] == [mine["id"]]
-    others = [held["id"], held["lease"]["id"], held["owner"], state["waiting"]["id"]]
-    others.append(state["waiting"]["owner"])  # alice's, but not this kernel's
+    others = [held["id"], held["lease"]["id"], held["holder"], state["waiting"]["id"]]
+    others.append(state["waiting"]["holder"])  # alice's, but not this kernel's
     assert not leaks(world.seen["k1"] + [json.dumps(events)], others)
 
     # An admin's kernel token is no admin.
@@ -590,7 +590,7 @@ async def test_a_kernel_a_user_starts_is_charged_to_that_user(
     kernel_id = json.loads(started.body)["id"]
     try:
         (mine,) = (await alice("GET", "requests", expect=200))["requests"]
-        assert (mine["user"], mine["owner"], mine["state"]) == ("alice", kernel_id, "granted")
+        assert (mine["user"], mine["holder"], mine["state"]) == ("alice", kernel_id, "granted")
         (seen,) = (await carol("GET", "requests", expect=200))["requests"]
         assert seen["user"] == "alice"  # not the server's owner, root-owner
     finally:

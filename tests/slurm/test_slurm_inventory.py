@@ -198,12 +198,12 @@ def test_a_kernels_own_gpu_request_is_refused_on_slurm(broker: GPUBroker) -> Non
     ann = api.identify("ann")
     for who, body in (
         (Identity("ann", kernel_id="k-1"), {"profile": "1g.10gb"}),
-        (ann, {"profile": "1g.10gb", "owner": "cli"}),
+        (ann, {"profile": "1g.10gb", "holder": "cli"}),
     ):
         with pytest.raises(Unsatisfiable, match="a GPU comes with a server started from the hub"):
             api.submit(who, body)
     assert broker.core.live_requests() == []
-    served = api.submit(ann, {"profile": "1g.10gb", "owner": "server:ann"})
+    served = api.submit(ann, {"profile": "1g.10gb", "holder": "server:ann"})
     assert served["state"] == "granted"
 
 

@@ -48,7 +48,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
     simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
     kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
     try:
-        _, other = await api("POST", "requests", {"gpus": 1, "owner": "other-kernel"})
+        _, other = await api("POST", "requests", {"gpus": 1, "holder": "other-kernel"})
         assert other["state"] == "queued"
 
         lease = await ended(api, lease_id)
@@ -73,7 +73,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
 
         async def resume_request() -> dict[str, Any] | None:
             _, listed = await api("GET", "requests")
-            mine = [r for r in listed["requests"] if r["owner"] == kernel_id]
+            mine = [r for r in listed["requests"] if r["holder"] == kernel_id]
             return mine[0] if mine and mine[0]["state"] == "queued" else None
 
         waiting = await until("the kernel to ask for its GPU again", resume_request)
@@ -183,7 +183,7 @@ async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
     simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
     kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
     try:
-        _, other = await api("POST", "requests", {"gpus": 1, "owner": "other-kernel"})
+        _, other = await api("POST", "requests", {"gpus": 1, "holder": "other-kernel"})
         await ended(api, lease_id)
         cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers))")
 
@@ -196,7 +196,7 @@ async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
         assert f"interrupted: the kernel stays {SUSPENDED_TEXT}" in out
         assert "6" not in out.splitlines()  # the cell did not run
         _, listed = await api("GET", "requests")
-        assert not [r for r in listed["requests"] if r["owner"] == kernel_id]  # withdrawn
+        assert not [r for r in listed["requests"] if r["holder"] == kernel_id]  # withdrawn
         _, lease = await api("GET", f"leases/{lease_id}")
         assert lease["suspended"] is not None and simulator.process_memory(pid) == {}
 

@@ -46,7 +46,7 @@ def fill():
         IOLoop.current().call_later(0.2, fill)
         return
     for i in range(55):
-        broker.core.submit(HOLDERS[i % 4], Size(profile="1g.10gb"), owner="training")
+        broker.core.submit(HOLDERS[i % 4], Size(profile="1g.10gb"), holder="training")
 
 
 def _load_jupyter_server_extension(serverapp):

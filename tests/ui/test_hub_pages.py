@@ -59,7 +59,7 @@ def test_a_queued_spawn_shows_its_position_and_the_admins_quota_lets_it_start(
 ) -> None:
     tokens = {name: hub.user(name) for name in ("ann", "filler", "admin")}
     hub.ok(tokens["admin"], "PUT", "quotas/user/ann", {"max_gpus": 0.15, "share": 1})
-    hub.ok(tokens["ann"], "POST", "requests", {**SLICE, "owner": "notebook.ipynb"})
+    hub.ok(tokens["ann"], "POST", "requests", {**SLICE, "holder": "notebook.ipynb"})
     fill = [hub.ok(tokens["filler"], "POST", "requests", SLICE) for _ in range(6)]
 
     ann = log_in(browser, hub, "ann")
@@ -78,7 +78,7 @@ def test_a_queued_spawn_shows_its_position_and_the_admins_quota_lets_it_start(
     # A slice frees, but ann's quota (0.15 GPU-equivalents at once) keeps her waiting.
     hub.ok(tokens["filler"], "DELETE", f"leases/{fill[0]['lease']['id']}")
     waiting = hub.ok(tokens["ann"], "GET", "requests")["requests"]
-    assert [r["state"] for r in waiting if r["owner"] == "server:ann"] == ["queued"]
+    assert [r["state"] for r in waiting if r["holder"] == "server:ann"] == ["queued"]
 
     admin = log_in(browser, hub, "admin")
     admin.goto(f"{hub.url}{PAGES}/admin")
@@ -93,7 +93,7 @@ def test_a_queued_spawn_shows_its_position_and_the_admins_quota_lets_it_start(
     ann.close()
 
     # The machine is full again: another of ann's requests waits; her page says so.
-    hub.ok(tokens["ann"], "POST", "requests", {**SLICE, "owner": "train.ipynb"})
+    hub.ok(tokens["ann"], "POST", "requests", {**SLICE, "holder": "train.ipynb"})
     admin.goto(f"{hub.url}{PAGES}/admin")
     admin.locator("tr.gpubroker-queued").first.wait_for(timeout=WAIT_MS)
     admin.screenshot(path=str(shots / "hub-admin.png"), full_page=True)

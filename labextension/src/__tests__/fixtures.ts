@@ -76,7 +76,7 @@ export function queued(
     user: 'ann',
     profile: '1g.10gb',
     job_class: 'interactive',
-    owner: `kernel-${id}`,
+    holder: `kernel-${id}`,
     state: 'queued',
     submitted_at: iso(-300),
     lease_id: null,
@@ -99,7 +99,7 @@ export function entry(r: IRequest, mine = true): IQueueEntry {
     submitted_at: r.submitted_at,
     mine,
     id: mine ? r.id : null,
-    owner: mine ? r.owner : null
+    holder: mine ? r.holder : null
   };
 }
 

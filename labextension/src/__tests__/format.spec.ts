@@ -1,4 +1,4 @@
-import { etaText, mib, ownerText, statusText } from '../format';
+import { etaText, holderText, mib, statusText } from '../format';
 import { SseParser } from '../sse';
 import { iso, lease, NOW, queued } from './fixtures';
 
@@ -82,10 +82,10 @@ describe('SseParser', () => {
 
 describe('words shared with the Python fronts', () => {
   it('names holders as people say them', () => {
-    expect(ownerText('server:a')).toBe("a's server");
-    expect(ownerText('server:bob:gpu1')).toBe("bob's server gpu1");
-    expect(ownerText('cli-run')).toBe('a `jupyter gpubroker run` command');
-    expect(ownerText('0f3e9a7c-1111')).toBe('kernel 0f3e9a7c');
+    expect(holderText('server:a')).toBe("a's server");
+    expect(holderText('server:bob:gpu1')).toBe("bob's server gpu1");
+    expect(holderText('cli-run')).toBe('a `jupyter gpubroker run` command');
+    expect(holderText('0f3e9a7c-1111')).toBe('kernel 0f3e9a7c');
   });
 
   it('shows memory in GiB rounded down, as the hub pages and the CLI do', () => {

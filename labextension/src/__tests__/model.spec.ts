@@ -161,7 +161,7 @@ describe('GpuModel', () => {
       profile: '3g.40gb'
     });
     const { model } = modelWith(overview({ requests: [running, b, a] }));
-    model.setKernels(new Map([[running.owner, { path: 'busy.ipynb' }]]));
+    model.setKernels(new Map([[running.holder, { path: 'busy.ipynb' }]]));
     const matched = model.waitingNotebooks([
       { path: 'big.ipynb', size: '3g.40gb' },
       { path: 'small.ipynb', size: '1g.10gb' }

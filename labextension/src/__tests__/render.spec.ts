@@ -103,7 +103,7 @@ describe('renderPanel', () => {
       {
         ...queued('r-of-l-00', 0),
         state: 'granted',
-        owner: 'k-1',
+        holder: 'k-1',
         position: null
       }
     ];
