@@ -151,10 +151,12 @@ class KernelSuspender:
                 self.log.info("GPU broker: kernel %s %s", holder, outcome.reason)
                 return
             outcome_reason, lost = outcome.reason, outcome.lost
+        self.log.warning("GPU broker: kernel %s: %s", holder, outcome_reason)
+        # the new lease ends first: the kernel, which reads it before the old one, must
+        # never see the old one no longer suspended while the new one still stands
+        self.core.release(lease_id, reason=outcome_reason)
         if lost:
             del self.suspended[holder]
-        self.log.warning("GPU broker: kernel %s: %s", holder, outcome_reason)
-        self.core.release(lease_id, reason=outcome_reason)
 
     def close(self) -> None:
         self.unsubscribe()
