@@ -161,7 +161,11 @@ def write_setup(tmp: Path) -> dict[str, str]:
         json.dumps(
             {
                 "ServerApp": {"jpserver_extensions": {"gpubroker_screenshot_scene": True}},
-                "GPUBroker": {"owner": "ada", "lease_ttl": 3600},
+                "GPUBroker": {
+                    "owner": "ada",
+                    "lease_ttl": 3600,
+                    "typical_hold": {"interactive": "2h"},
+                },
             }
         )
     )

@@ -23,7 +23,7 @@ from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
 from ..wire.text import clock as wall_clock
-from ..wire.text import duration, eta_text, memory, size_text
+from ..wire.text import duration, eta_text, gpu_hours, memory, size_text
 from .feed import TRANSIENT, why
 from .session import PLACE, Activity, Session, Tracker
 
@@ -445,21 +445,23 @@ def usage_scale(days: list[dict[str, Any]]) -> float:
 
 def usage_text(days: list[dict[str, Any]]) -> str:
     top = usage_scale(days)
-    lines = [f"{day}  {'█' * round(20 * h / top):<20}  {hours(h)}" for day, h in usage_rows(days)]
+    rows = usage_rows(days)
+    lines = [f"{day}  {'█' * round(20 * h / top):<20}  {gpu_hours(h)}" for day, h in rows]
     total = sum(d["gpu_hours"] for d in days)
-    return f"My GPU-hours, last {len(days)} days: {hours(total)}\n" + "\n".join(lines)
+    return f"My GPU-hours, last {len(days)} days: {gpu_hours(total)}\n" + "\n".join(lines)
 
 
 def usage_html(days: list[dict[str, Any]]) -> str:
     top = usage_scale(days)
     rows = "".join(
-        _row(day, bar(100 * h / top, "var(--jp-brand-color1,#1976d2)"), f"{hours(h)} h")
+        _row(day, bar(100 * h / top, "var(--jp-brand-color1,#1976d2)"), gpu_hours(h))
         for day, h in usage_rows(days)
     )
     total = sum(d["gpu_hours"] for d in days)
     return (
         f'<div style="{CARD}"><div style="font-weight:600">My GPU-hours, last {len(days)} '
-        f'days: {hours(total)}</div><table style="border-collapse:collapse">{rows}</table></div>'
+        f'days: {gpu_hours(total)}</div><table style="border-collapse:collapse">{rows}</table>'
+        "</div>"
     )
 
 
@@ -478,10 +480,6 @@ class UsageChart(GpuWidget):
 
 
 # -------------------------------------------------------------------------- helpers
-
-
-def hours(h: float) -> str:
-    return "<0.01" if 0 < h < 0.005 else f"{h:.2f}"
 
 
 def when(iso: str) -> float:

@@ -102,9 +102,9 @@ def test_queue_and_usage_tables():
     ]
     days = [{"date": "2026-11-27", "gpu_hours": 2.0}, {"date": "2026-11-28", "gpu_hours": 0.5}]
     assert usage_text(days).splitlines() == [
-        "My GPU-hours, last 2 days: 2.50",
-        "Fri 27 Nov  ████████████████████  2.00",
-        "Sat 28 Nov  █████                 0.50",
+        "My GPU-hours, last 2 days: 2.5 h",
+        "Fri 27 Nov  ████████████████████  2.0 h",
+        "Sat 28 Nov  █████                 30 min",
     ]
 
 
@@ -130,6 +130,7 @@ def test_a_few_minutes_of_usage_draw_as_a_sliver_not_a_full_bar():
     days = [{"date": f"2026-11-{d}", "gpu_hours": 0.0} for d in range(23, 29)]
     days.append({"date": "2026-11-29", "gpu_hours": 0.003})  # 11 s on a whole GPU
     assert bar_widths(usage_html(days)) == [0.0] * 6 + [0.3]
-    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  <0.01"
+    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  under a minute"
+    assert usage_text(days).splitlines()[1] == f"Mon 23 Nov  {' ' * 20}  none"
     busy = [{"date": "2026-11-28", "gpu_hours": 0.5}, {"date": "2026-11-29", "gpu_hours": 4.0}]
     assert bar_widths(usage_html(busy)) == [12.5, 100.0]  # the busiest day fills its bar
