@@ -18,6 +18,7 @@ on its own kernel's requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -25,12 +26,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
+from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI, only
-from ..events import frame
+from ..events import Chunk, frame
 from ..wire.errors import BrokerError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
@@ -362,10 +364,12 @@ class EventsHandler(BrokerHandler):
         finally:
             leave()
 
-    def _write(self, chunk: bytes) -> None:
+    def _write(self, chunk: Chunk) -> None:
         """A window's messages (or a keepalive), encoded once for the stream's audience,
-        straight to the connection (its headers went with the start): a thousand streams
-        cost a thousand writes per window and nothing more. Where the host compresses its
+        straight to the connection (its headers went with the start). An HTTP/1.1
+        response is chunked (no length): the chunk goes as its audience's streams share
+        it, framed once for all (``Chunk.http_chunk``; tornado's ``connection.write``
+        would copy it to frame it, once per stream). Where the host compresses its
         responses, through the handler's own output (its transforms)."""
         if self._closed.done():
             return
@@ -374,6 +378,11 @@ class EventsHandler(BrokerHandler):
         if connection is None or settings.get("compress_response") or settings.get("gzip"):
             self.write(chunk)
             self.flush()
+        elif self.request.version == "HTTP/1.1" and isinstance(connection, HTTP1Connection):
+            # after the start's flush, so in order with all it wrote; a closed stream
+            # ends in on_connection_close
+            with contextlib.suppress(StreamClosedError):
+                connection.stream.write(chunk.http_chunk)
         else:
             connection.write(chunk)
 
