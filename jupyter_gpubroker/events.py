@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -294,6 +295,21 @@ class Chunk(bytes):
     @functools.cached_property
     def http_chunk(self) -> bytes:
         return b"%x\r\n%b\r\n" % (len(self), self)
+
+    @functools.cached_property
+    def file(self) -> int | None:
+        """``http_chunk`` in a file in memory, for ``os.sendfile``: every stream's socket
+        then takes the same pages, copied for none (Linux; ``None`` elsewhere). It is
+        never written again, so pages a socket still holds keep what they were sent."""
+        if not hasattr(os, "memfd_create"):
+            return None
+        fd = os.memfd_create("gpubroker-window", os.MFD_CLOEXEC)
+        os.write(fd, self.http_chunk)
+        return fd
+
+    def __del__(self) -> None:
+        if self.__dict__.get("file") is not None:
+            os.close(self.__dict__["file"])
 
 
 KEEPALIVE = Chunk(b": keepalive\n\n")
