@@ -25,6 +25,9 @@ keep-alive HTTP/1.1), so on a small machine the figures include the load generat
 own share of the CPU. Each level also reports the server process's CPU time per
 submission cycle and per bare ``GET me`` (from ``/proc``): on a machine others share,
 rates follow their load, while CPU time per operation stays what the server spends.
+One stream in ``SAMPLE_EVERY`` also times its messages' arrival against their ``at``
+(``state_age_p99_s``, ``state_age_max_s``): how old a state its front shows can be, the
+window's wait, the server's and the load generator's own delays included.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,8 @@ from jupyter_gpubroker.events import frame  # noqa: E402
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
+SAMPLE_EVERY = 20
+"""One stream in this many measures its messages' age (``state_age_*``)."""
 
 
 class Connection:
@@ -86,10 +93,20 @@ class Connection:
         return status, json.loads(raw) if raw else None
 
 
+AT = re.compile(rb'data: ?\{"v": ?1, ?"id": ?\d+, ?"type": ?"\w+", ?"at": ?"([^"]+)"')
+"""A message's envelope up to its ``at``: when what it shows happened."""
+
+
 async def open_stream(
-    port: int, auth: str, received: list[int], prefix: str = f"/{API_PREFIX}"
+    port: int,
+    auth: str,
+    received: list[int],
+    prefix: str = f"/{API_PREFIX}",
+    ages: list[float] | None = None,
 ) -> asyncio.Task[None]:
-    """An SSE stream (``auth``: its credential header), read and counted until cancelled."""
+    """An SSE stream (``auth``: its credential header), read and counted until cancelled;
+    with ``ages``, each message's age when it arrived (seconds since its ``at``: how old
+    the state its front shows is; messages a read splits are not counted)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         f"GET {prefix}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -101,6 +118,12 @@ async def open_stream(
         try:
             while chunk := await reader.read(65536):
                 received[0] += chunk.count(b"\ndata:")
+                if ages is not None:
+                    now = time.time()
+                    ages.extend(
+                        now - datetime.fromisoformat(at.decode()).timestamp()
+                        for at in AT.findall(chunk)
+                    )
         finally:
             writer.close()
 
@@ -193,6 +216,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             results = []
             streams: list[asyncio.Task[None]] = []
             received = [0]
+            ages: list[float] = []
             for level in args.streams:
                 while len(streams) < level:
                     auth = target.auth
@@ -201,9 +225,16 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         status, t = await admin.call("POST", "tokens", kernel)
                         assert status == 201, t
                         auth = f"{TOKEN_HEADER}: {t['token']}"
-                    streams.append(await open_stream(port, auth, received, target.prefix))
+                    sampled = len(streams) % SAMPLE_EVERY == 0
+                    streams.append(
+                        await open_stream(
+                            port, auth, received, target.prefix, ages if sampled else None
+                        )
+                    )
                 before = received[0]
+                ages.clear()
                 rate, p99, cpu = await measure(target, args.clients, args.seconds, client_loop)
+                await asyncio.sleep(1.0)  # the last windows' messages arrive
                 results.append(
                     {
                         "streams": level,
@@ -219,6 +250,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "server_cpu_ms_per_bare_get": round(bare_cpu, 3),
                         "cpu_ratio_to_bare_get": round(bare_cpu / cpu, 3),
                         "messages_delivered": received[0] - before,
+                        "state_age_p99_s": round(statistics.quantiles(ages, n=100)[98], 3)
+                        if len(ages) > 1
+                        else None,
+                        "state_age_max_s": round(max(ages), 3) if ages else None,
                     }
                 )
             for s in streams:
