@@ -25,6 +25,10 @@ keep-alive HTTP/1.1), so on a small machine the figures include the load generat
 own share of the CPU. Each level also reports the server process's CPU time per
 submission cycle and per bare ``GET me`` (from ``/proc``): on a machine others share,
 rates follow their load, while CPU time per operation stays what the server spends.
+One stream in ``SAMPLE_EVERY``, read by a process of its own (``Sampler``), also times
+its messages' arrival against their ``at`` (``state_age_p99_s``, ``state_age_max_s``):
+how old a state its front shows can be, the window's wait and the server's delays
+included.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,8 @@ from jupyter_gpubroker.events import frame  # noqa: E402
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
 
 SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
+SAMPLE_EVERY = 20
+"""One stream in this many measures its messages' age (``state_age_*``)."""
 
 
 class Connection:
@@ -86,10 +95,20 @@ class Connection:
         return status, json.loads(raw) if raw else None
 
 
+AT = re.compile(rb'data: ?\{"v": ?1, ?"id": ?\d+, ?"type": ?"\w+", ?"at": ?"([^"]+)"')
+"""A message's envelope up to its ``at``: when what it shows happened."""
+
+
 async def open_stream(
-    port: int, auth: str, received: list[int], prefix: str = f"/{API_PREFIX}"
+    port: int,
+    auth: str,
+    received: list[int],
+    prefix: str = f"/{API_PREFIX}",
+    ages: list[float] | None = None,
 ) -> asyncio.Task[None]:
-    """An SSE stream (``auth``: its credential header), read and counted until cancelled."""
+    """An SSE stream (``auth``: its credential header), read and counted until cancelled;
+    with ``ages``, each message's age when it arrived (seconds since its ``at``: how old
+    the state its front shows is; messages a read splits are not counted)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         f"GET {prefix}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -101,10 +120,61 @@ async def open_stream(
         try:
             while chunk := await reader.read(65536):
                 received[0] += chunk.count(b"\ndata:")
+                if ages is not None:
+                    now = time.time()
+                    ages.extend(
+                        now - datetime.fromisoformat(at.decode()).timestamp()
+                        for at in AT.findall(chunk)
+                    )
         finally:
             writer.close()
 
     return asyncio.ensure_future(read())
+
+
+class Sampler:
+    """One stream in ``SAMPLE_EVERY``, in a process of its own that does nothing but read
+    them: the age of the messages they get, when they arrive (``open_stream``), is then
+    the server's delay and the window's, not the load generator's."""
+
+    def __init__(self, port: int, prefix: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(
+            target=Sampler.serve, args=(port, prefix, theirs), daemon=True
+        )
+        self.process.start()
+
+    async def ask(self, command: str, arg: Any = None) -> Any:
+        """``open`` streams with these credentials; ``read`` the messages counted and
+        their ages since the last read; ``stop``."""
+        self.conn.send((command, arg))
+        answer = await asyncio.get_running_loop().run_in_executor(None, self.conn.recv)
+        if command == "stop":
+            self.process.join(10)
+        return answer
+
+    @staticmethod
+    def serve(port: int, prefix: str, conn: Any) -> None:
+        async def serve() -> None:
+            received, ages, streams = [0], [], []
+            while True:
+                command, arg = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+                if command == "open":
+                    for auth in arg:
+                        streams.append(await open_stream(port, auth, received, prefix, ages))
+                    conn.send(None)
+                elif command == "read":
+                    conn.send((received[0], ages[:]))
+                    received[0] = 0
+                    ages.clear()
+                else:
+                    for s in streams:
+                        s.cancel()
+                    conn.send(None)
+                    return
+
+        asyncio.run(serve())
 
 
 async def client_loop(conn: Connection, until: float, latencies: list[float], ops: list[int]):
@@ -193,17 +263,28 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             results = []
             streams: list[asyncio.Task[None]] = []
             received = [0]
+            sampler = Sampler(port, target.prefix)
+            opened = 0
             for level in args.streams:
-                while len(streams) < level:
+                sampled: list[str] = []
+                while opened < level:
                     auth = target.auth
                     if args.viewer == "kernel":
-                        kernel = json.dumps({"kernel_id": f"bench-{len(streams)}"})
+                        kernel = json.dumps({"kernel_id": f"bench-{opened}"})
                         status, t = await admin.call("POST", "tokens", kernel)
                         assert status == 201, t
                         auth = f"{TOKEN_HEADER}: {t['token']}"
-                    streams.append(await open_stream(port, auth, received, target.prefix))
+                    if opened % SAMPLE_EVERY == 0:
+                        sampled.append(auth)
+                    else:
+                        streams.append(await open_stream(port, auth, received, target.prefix))
+                    opened += 1
+                await sampler.ask("open", sampled)
+                await sampler.ask("read")  # from now on
                 before = received[0]
                 rate, p99, cpu = await measure(target, args.clients, args.seconds, client_loop)
+                await asyncio.sleep(1.0)  # the last windows' messages arrive
+                sampler_received, ages = await sampler.ask("read")
                 results.append(
                     {
                         "streams": level,
@@ -218,11 +299,16 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "server_cpu_ms_per_submission": round(cpu, 3),
                         "server_cpu_ms_per_bare_get": round(bare_cpu, 3),
                         "cpu_ratio_to_bare_get": round(bare_cpu / cpu, 3),
-                        "messages_delivered": received[0] - before,
+                        "messages_delivered": received[0] - before + sampler_received,
+                        "state_age_p99_s": round(statistics.quantiles(ages, n=100)[98], 3)
+                        if len(ages) > 1
+                        else None,
+                        "state_age_max_s": round(max(ages), 3) if ages else None,
                     }
                 )
             for s in streams:
                 s.cancel()
+            await sampler.ask("stop")
             base = results[0]["server_cpu_ms_per_submission"] if args.streams[0] == 0 else None
             for r in results:  # the fan-out's cost: CPU per submission against no streams
                 r["cpu_ratio_to_no_streams"] = (
@@ -300,8 +386,6 @@ class _Bare:
 
 async def bound(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The bare tornado request rate here (``--bound``)."""
-    import multiprocessing
-
     port = free_port()
     server = multiprocessing.Process(target=_Bare.serve, args=(port,), daemon=True)
     server.start()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..events import USER_NOTICES, Key, Message, Positions, Published, Stream
+from ..events import USER_NOTICES, Chunk, Key, Message, Positions, Published, Stream
 from .base import Rules
 from .identity import Identity
 from .shapes import envelope, event_json, queue_json, reading_json, request_json
@@ -93,7 +93,7 @@ class StreamRules(Rules):
         who: Identity,
         send: Callable[[dict[str, Any]], None] | None = None,
         last_event_id: int | None = None,
-        write: Callable[[bytes], None] | None = None,
+        write: Callable[[Chunk], None] | None = None,
         snapshot: bool = False,
     ) -> tuple[list[dict[str, Any]], Callable[[], None]]:
         """A stream of ``who``'s: what it starts with (``resume``) and its leave; from
