@@ -57,7 +57,7 @@ from jupyter_gpubroker.api.rules import BrokerAPI  # noqa: E402
 from jupyter_gpubroker.events import frame  # noqa: E402
 from jupyter_gpubroker.runtime import GPUBroker  # noqa: E402
 
-SLICE = json.dumps({"profile": "1g.10gb", "owner": "bench"})
+SLICE = json.dumps({"profile": "1g.10gb", "holder": "bench"})
 SAMPLE_EVERY = 20
 """One stream in this many measures its messages' age (``state_age_*``)."""
 
@@ -335,7 +335,7 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
         api = BrokerAPI(rt)
         alice = api.user_identity("alice")
         for _ in range(7):
-            api.submit(alice, {"profile": "1g.10gb", "owner": "held"})
+            api.submit(alice, {"profile": "1g.10gb", "holder": "held"})
         sent = [0]
         for i in range(waiting):
             kernel = api.token_identity(api.issue_token(alice, {"kernel_id": f"k{i}"})["token"])
@@ -351,7 +351,7 @@ def fanout(waiting: int, events: int = 20) -> dict[str, Any]:
         sent[0] = 0
         start = time.process_time()
         for _ in range(events // 2):  # each moves every waiter's queue length
-            r = api.submit(alice, {"profile": "1g.10gb", "owner": "x"})
+            r = api.submit(alice, {"profile": "1g.10gb", "holder": "x"})
             rt.events._positions_later()
             api.cancel(alice, r["id"])
             rt.events._positions_later()

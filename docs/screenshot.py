@@ -299,7 +299,7 @@ def panel(chromium: str, out_dir: Path) -> None:
         lab = Lab(
             Path(tmp),
             BUILT,
-            {"owner": "ada"},
+            {"owner": "ada", "typical_hold": {"interactive": "2h", "batch": "8h"}},
             scene=PANEL_SCENE,
             ready=lambda overview: len(overview["leases"]) >= 7,
             simulate="h200-mig-balanced:3",

@@ -179,14 +179,16 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
 
 def gpu_hours(hours: float) -> str:
     """GPU-hours as a chart's label says them, so that bars of clearly different length
-    never read the same: "120 h", "2.5 h", "36 min", "under a minute"."""
+    never read the same: "120 h", "2.5 h", "36 min", "45 s", "under a second"."""
     if hours >= 10:
         return f"{hours:,.0f} h"
     if hours >= 1:
         return f"{hours:.1f} h"
     if hours * 60 >= 1:
         return f"{hours * 60:.0f} min"
-    return "under a minute" if hours > 0 else "none"
+    if hours * 3600 >= 1:
+        return f"{hours * 3600:.0f} s"
+    return "under a second" if hours > 0 else "none"
 
 
 def period(seconds: float) -> str:

@@ -130,7 +130,7 @@ def test_a_few_minutes_of_usage_draw_as_a_sliver_not_a_full_bar():
     days = [{"date": f"2026-11-{d}", "gpu_hours": 0.0} for d in range(23, 29)]
     days.append({"date": "2026-11-29", "gpu_hours": 0.003})  # 11 s on a whole GPU
     assert bar_widths(usage_html(days)) == [0.0] * 6 + [0.3]
-    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  under a minute"
+    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  11 s"
     assert usage_text(days).splitlines()[1] == f"Mon 23 Nov  {' ' * 20}  none"
     busy = [{"date": "2026-11-28", "gpu_hours": 0.5}, {"date": "2026-11-29", "gpu_hours": 4.0}]
     assert bar_widths(usage_html(busy)) == [12.5, 100.0]  # the busiest day fills its bar

@@ -52,15 +52,17 @@ def test_a_place_in_the_queue_is_said_once_and_counts_whoever_is_ahead() -> None
 
 
 def test_usage_chart_labels_tell_clearly_different_amounts_apart() -> None:
-    """Two bars of 0.6 and 0.01 GPU-hours were both labelled "0.01"-ish; now each says
-    what a person would: minutes under an hour, hours above."""
-    assert [gpu_hours(h) for h in (250, 12.4, 2.54, 0.6, 0.0125, 0.001, 0)] == [
+    """Two bars of 0.6 and 0.01 GPU-hours were both labelled "0.01"-ish, and then two of
+    45 s and 4 s both "under a minute"; now each says what a person would: seconds under
+    a minute, minutes under an hour, hours above."""
+    assert [gpu_hours(h) for h in (250, 12.4, 2.54, 0.6, 0.0125, 0.001, 1e-5, 0)] == [
         "250 h",
         "12 h",
         "2.5 h",
         "36 min",
-        "under a minute",
-        "under a minute",
+        "45 s",
+        "4 s",
+        "under a second",
         "none",
     ]
 
