@@ -65,8 +65,17 @@ export function etaText(
   }
   const left = -since(e.eta, now);
   const said = left <= 0 ? 'any moment' : `~${duration(left)}`;
-  const why = basis && e.eta_basis ? ETA_BASIS[e.eta_basis] : undefined;
+  const why = basis ? etaBasis(e) : undefined;
   return why ? `${said}, ${why}` : said;
+}
+
+/** What an estimate rests on in words ("by time limits"), or undefined for past holds
+ * (the usual basis) and for no estimate. */
+export function etaBasis(e: {
+  eta_known: boolean;
+  eta_basis?: string | null;
+}): string | undefined {
+  return e.eta_known && e.eta_basis ? ETA_BASIS[e.eta_basis] : undefined;
 }
 
 /** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as

@@ -4,6 +4,7 @@
 
 import {
   duration,
+  etaBasis,
   etaText,
   mib,
   outsideText,
@@ -204,7 +205,7 @@ export function renderQueue(
     tr.appendChild(size);
     tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
     tr.appendChild(
-      el('td', '', etaText(q, now).replace('ETA unknown', 'unknown'))
+      el('td', '', etaText(q, now, false).replace('ETA unknown', 'unknown'))
     );
     const td = el('td', '');
     if (q.mine && q.id) {
@@ -221,6 +222,13 @@ export function renderQueue(
     const td = el('td', 'jp-GpuBroker-empty', 'The GPU queue is empty.');
     td.colSpan = 6;
     tr.appendChild(td);
+  }
+  // What the ETAs rest on, said once under them (a column of it would not fit).
+  const bases = [...new Set(queue.map(etaBasis).filter(b => b !== undefined))];
+  if (bases.length) {
+    const td = el('td', 'jp-GpuBroker-basis', `ETAs ${bases.join('; ')}`);
+    td.colSpan = 6;
+    table.createTFoot().insertRow().appendChild(td);
   }
   return table;
 }

@@ -95,6 +95,25 @@ describe('renderPanel', () => {
     expect(calls).toEqual(['cancel r-mine']);
   });
 
+  it('says once under the queue what its ETAs rest on, when not past holds', () => {
+    const mine = queued('r-mine', 1, { eta_basis: 'typical hold' });
+    const { node } = draw(
+      overview({
+        queue: [{ ...entry(mine), eta_basis: 'typical hold' }],
+        requests: [mine],
+        length: 1
+      })
+    );
+    const row = node.querySelector('.jp-GpuBroker-queue tbody tr');
+    expect(row?.textContent).toContain('~12 min');
+    expect(row?.textContent).not.toContain('usual');
+    expect(node.querySelector('.jp-GpuBroker-basis')?.textContent).toBe(
+      'ETAs from the usual session length'
+    );
+    const known = draw(overview({ queue: [entry(queued('r', 1))], length: 1 }));
+    expect(known.node.querySelector('.jp-GpuBroker-basis')).toBeNull();
+  });
+
   it('shows my lease with its notebook, held time, reclaim deadline and Release', () => {
     const o = overview();
     o.leases[0].reclaim_at = new Date(NOW + 8 * 60_000).toISOString();
