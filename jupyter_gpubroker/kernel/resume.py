@@ -102,13 +102,16 @@ class Resume(ast.NodeTransformer):
         self.lease_id = new["id"]
         deadline = time.monotonic() + RESTORE_WAIT_S
         while time.monotonic() < deadline:
+            # the old lease first: once it is suspended no more, the new one's state is
+            # final (a restore that failed released it at the same time)
+            suspended = session.call(session.client.lease(old["id"])).get("suspended")
             now = session.call(session.client.lease(new["id"]))
             if now["state"] != "active":
                 _say(f"the kernel could not be resumed: {now['reason']}")
                 if session.call(session.client.lease(old["id"])).get("suspended"):
                     self.lease_id = old["id"]  # still on the host: the next cell tries again
                 return
-            if not session.call(session.client.lease(old["id"])).get("suspended"):
+            if not suspended:
                 self.skip = False
                 _say(f"Resumed on {', '.join(new['devices'])}.")
                 return

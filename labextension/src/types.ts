@@ -100,6 +100,18 @@ export interface ILease {
   reclaim_at: string | null;
   /** How long idle reclaim last saw it idle; null where not known. */
   idle_s?: number | null;
+  /** Why it ended, in the broker's words (ended leases). */
+  reason?: string | null;
+  /** A lease that ended because its kernel was suspended, while the kernel stays so. */
+  suspended?: ISuspended | null;
+}
+
+/** A suspended kernel: its GPU memory on the host until its next cell resumes it. */
+export interface ISuspended {
+  kernel_id: string;
+  host_mib: number;
+  /** What every front shows, in the broker's words. */
+  text: string;
 }
 
 export interface IOverview {
@@ -109,6 +121,8 @@ export interface IOverview {
   length: number;
   requests: IRequest[];
   leases: ILease[];
+  /** The ended leases of my kernels that stay suspended (absent from older brokers). */
+  suspended?: ILease[];
 }
 
 /** One message of the event stream: the versioned envelope {v, id, type, at, data}. */
