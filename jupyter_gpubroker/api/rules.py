@@ -41,7 +41,7 @@ from .streams import StreamRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "model")
 REQUEST_FIELDS = {
     *SIZE_FIELDS,
     "job_class",

@@ -2,8 +2,9 @@
 
 The broker beside the kernels suspended it (``suspend/host.py``): its GPU memory is on the
 host and its lease ended, shown with ``suspended`` set. Before a cell runs, this asks for
-the same number of GPUs again and waits in the queue like any request, the ``%gpu`` panel
-showing its position and ETA; on the grant the broker restores the kernel onto the granted
+the same number of GPUs of the same model (CUDA restores onto the same chip only) and
+waits in the queue like any request, the ``%gpu`` panel showing its position and ETA; on
+the grant the broker restores the kernel onto the granted
 GPUs, and the cell runs with everything as it was. Interrupting the wait withdraws the
 request and leaves the kernel suspended; a restore that fails releases the GPUs and says
 so. Either way the cell does not run (an AST transformer empties it), so no CUDA call of
@@ -81,8 +82,11 @@ class Resume(ast.NodeTransformer):
     def _resume(self, old: dict[str, Any]) -> None:
         session, n = self.magics.session, len(old["devices"])
         _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {count(n, 'GPU')} to resume it.")
+        model = old["suspended"].get("model")  # restored only onto the same chip
         request = session.call(
-            session.client.submit(gpus=n, job_class="interactive", owner=session.kernel_id)
+            session.client.submit(
+                gpus=n, model=model, job_class="interactive", owner=session.kernel_id
+            )
         )
         tracker = Tracker(session, request)
         session.tracker = tracker

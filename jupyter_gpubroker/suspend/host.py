@@ -6,7 +6,7 @@ At the deadline of an idle (or stalled, or preempted) lease the reclaimer hands 
 here (``Decision.action == "suspend"``). The processes on the lease's devices that descend
 from the kernel (its renewals name its pid) are suspended; the lease ends with cause
 ``suspended``; its devices go to the next holder once NVML lists nothing on them, as for
-any lease. When the kernel's own request for the same number of GPUs is granted later (its
+any lease. When the kernel's own request for as many GPUs of that model is granted later (its
 next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs.
 Where suspending cannot work, the configured fallback is carried out instead, and the lease's
 end (or the log, where the kernel keeps its GPU) says why, once.
@@ -104,8 +104,16 @@ class KernelSuspender:
                     "host_mib": round(mib, 1),
                     "text": suspended_text(mib),
                     "kernel_id": kernel_id,
+                    "model": self.model(s.lease),
                 }
         return None
+
+    def model(self, lease: Lease) -> str | None:
+        """The model of a lease's GPUs (None: not one the catalog knows, or several)."""
+        inventory = self.core.inventory
+        gpus = {inventory.gpu(d.gpu_uuid) for d in map(inventory.device, lease.devices) if d}
+        models = {g.model if g else None for g in gpus}
+        return models.pop() if len(models) == 1 else None
 
     def lease_ids(self) -> list[str]:
         """The ended leases of the kernels suspended now, oldest first."""

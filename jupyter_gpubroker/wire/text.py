@@ -59,9 +59,10 @@ def start_estimate(
 
 
 def size_text(r: Mapping[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GiB"."""
+    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)")
+    or ">= 20 GiB"."""
     if r.get("gpus"):
-        return f"{r['gpus']} GPU(s)"
+        return f"{r['gpus']} {r['model']} GPU(s)" if r.get("model") else f"{r['gpus']} GPU(s)"
     if r.get("profile"):
         return str(r["profile"])
     return f">= {r.get('min_memory_gb')} GiB"

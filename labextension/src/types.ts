@@ -63,6 +63,8 @@ export interface IQueueEntry {
   profile?: string;
   gpus?: number;
   min_memory_gb?: number;
+  /** Whole GPUs of this model only (a suspended kernel's resume). */
+  model?: string;
   submitted_at: string;
   mine: boolean;
   id: string | null;
@@ -75,6 +77,8 @@ export interface IRequest {
   profile?: string;
   gpus?: number;
   min_memory_gb?: number;
+  /** Whole GPUs of this model only (a suspended kernel's resume). */
+  model?: string;
   job_class: string;
   owner: string;
   state: string;

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest, Unsatisfiable
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -200,3 +201,15 @@ def test_a_renewal_reports_its_kernels_state_for_idle_reclaim_to_judge(start) ->
         api.renew(alice, busy, {"kernel": {"execution_state": "asleep", "last_activity": "x"}})
     with pytest.raises(InvalidRequest, match="'last_activity' must be an ISO 8601 time"):
         api.renew(alice, busy, {"kernel": {"execution_state": "idle", "last_activity": "soon"}})
+
+
+def test_a_request_may_name_the_model_of_its_whole_gpus(start: Any) -> None:
+    api = start(simulate="dgx-h100:2")
+    me = api.user_identity(None)
+    (model,) = {g["model"] for g in api.devices(me)["gpus"]}
+    r = api.submit(me, {"gpus": 2, "model": model})
+    assert (r["state"], r["gpus"], r["model"]) == ("granted", 2, model)
+    with pytest.raises(Unsatisfiable, match="asks for 1 whole A100-80GB GPU"):
+        api.submit(me, {"gpus": 1, "model": "A100-80GB"})
+    with pytest.raises(InvalidRequest, match="'model' goes with 'gpus' only"):
+        api.submit(me, {"min_memory_gb": 20, "model": model})

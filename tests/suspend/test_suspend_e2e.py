@@ -95,7 +95,12 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
         assert lease["state"] == "reclaimed"
         text = "suspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it"
         assert suspended_text(KERNEL_MIB) == text
-        assert lease["suspended"] == {"host_mib": KERNEL_MIB, "text": text, "kernel_id": kernel_id}
+        assert lease["suspended"] == {
+            "host_mib": KERNEL_MIB,
+            "text": text,
+            "kernel_id": kernel_id,
+            "model": "H100-80GB",  # what its resume asks for: CUDA restores onto that chip
+        }
         assert lease["reason"].startswith("idle for")
         assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
         assert simulator.process_memory(pid) == {}  # NVML lists nothing on the GPU
@@ -129,6 +134,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
 
         waiting = await until("the kernel to ask for its GPU again", resume_request)
         assert waiting["position"] == 1 and waiting["gpus"] == 1
+        assert waiting["model"] == "H100-80GB"  # the same chip
 
         async def shown() -> bool:
             return "position 1" in cell.text
