@@ -81,8 +81,9 @@ class Resume(ast.NodeTransformer):
 
     def _resume(self, old: dict[str, Any]) -> None:
         session, n = self.magics.session, len(old["devices"])
-        _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {count(n, 'GPU')} to resume it.")
         model = old["suspended"].get("model")  # restored only onto the same chip
+        gpus = count(n, f"{model} GPU" if model else "GPU")
+        _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {gpus} to resume it.")
         request = session.call(
             session.client.submit(
                 gpus=n, model=model, job_class="interactive", owner=session.kernel_id

@@ -140,7 +140,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
             return "position 1" in cell.text
 
         await until("the cell to show its place in the queue", shown)
-        assert f"This kernel is {SUSPENDED_TEXT}: waiting for one GPU" in cell.text
+        assert f"This kernel is {SUSPENDED_TEXT}: waiting for one H100-80GB GPU" in cell.text
         assert not cell.task.done()
 
         await api("DELETE", f"leases/{other['lease']['id']}")  # the other kernel is done
