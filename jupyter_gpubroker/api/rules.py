@@ -41,7 +41,7 @@ from .streams import StreamRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "model")
 REQUEST_FIELDS = {
     *SIZE_FIELDS,
     "job_class",
@@ -321,14 +321,33 @@ class BrokerAPI(AdminRules, StreamRules):
             ]
         }
 
+    def suspended(self, who: Identity) -> dict[str, Any]:
+        """Ended leases whose kernels stay suspended: mine (a kernel token: its kernel's);
+        an admin's: all."""
+        core, viewer = self.core, self._viewer(who)
+        leases = (core.lease(x) for x in self.runtime.suspended_leases())
+        return {
+            "suspended": [
+                self._lease_json(x)
+                for x in leases
+                if viewer in (None, x.user)
+                and self._kernel_may(who, core.request(x.request_id).holder)
+            ]
+        }
+
     def _lease_json(self, lease: Lease) -> dict[str, Any]:
         """A lease with what its holder's server does to the kernel once it is reclaimed
         (``c.GPUBroker.reclaim_action``: a server in remote mode carries it out) and how
         long it has been idle and which process holds it (null once ended, or where not
-        known)."""
+        known); a suspended kernel's, while it stays so, with ``suspended``, and once it
+        does not, with why in its reason."""
         active = lease.state is LeaseState.ACTIVE
+        shown = lease_json(lease)
+        ended = self.runtime.suspension_ended(lease.id)
+        if ended is not None:
+            shown["reason"] = f"{shown['reason']}; {ended}"
         return {
-            **lease_json(lease),
+            **shown,
             "on_reclaim": self.runtime.reclaim_action,
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
@@ -455,14 +474,15 @@ class BrokerAPI(AdminRules, StreamRules):
 
     def overview(self, who: Identity) -> dict[str, Any]:
         """The whole picture a front shows, in one call: who I am, the devices with their
-        holders, readings and health, the queue, and my requests and leases, each as
-        ``who`` may see it."""
+        holders, readings and health, the queue, and my requests and leases (and the
+        leases of my suspended kernels), each as ``who`` may see it."""
         return {
             "me": self.me(who),
             **self.devices(who),
             **self.queue(who),
             **self.requests(who),
             **self.leases(who),
+            **self.suspended(who),
         }
 
 

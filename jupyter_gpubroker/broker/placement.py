@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -333,10 +333,25 @@ class Placer:
         need = (size.min_memory_gb or 0) * 1024
         return [s for s in self._count if s[1] >= need]
 
+    def _of_model(self, d: Device, model: str | None) -> bool:
+        """Whether ``d`` is a GPU of ``model`` (None: of any)."""
+        return model is None or self.gpus[d.gpu_uuid].model == model
+
+    def _other_models(self, size: Size) -> set[str]:
+        """The free whole GPUs a size that names a model may not have."""
+        if size.model is None:
+            return set()
+        free = self.free[WHOLE_GPU]
+        return {u for u in free if not self._of_model(self.devices[u], size.model)}
+
     def compatible(self, size: Size) -> list[Device]:
         """Every device, free or held, that could host one unit of ``size``."""
         if size.gpus is not None:
-            return [d for d in self.devices.values() if d.kind == "gpu"]
+            return [
+                d
+                for d in self.devices.values()
+                if d.kind == "gpu" and self._of_model(d, size.model)
+            ]
         if size.profile is not None:
             return [d for d in self.devices.values() if d.profile == size.profile]
         assert size.min_memory_gb is not None
@@ -350,12 +365,17 @@ class Placer:
     def count_compatible(self, size: Size) -> int:
         """How many devices, free or held, could host one unit of ``size``; for whole
         GPUs the most on one node, since a grant never spans two."""
+        if size.gpus is not None and size.model is not None:
+            on_node = Counter(d.node for d in self.compatible(size))
+            return max(on_node.values(), default=0)
         if size.gpus is not None:
             return max(self._gpus_on_node.values(), default=0)
         return sum(self._count[s] for s in self._shapes(size))
 
     def has_free_for(self, size: Size) -> bool:
         """Is there at least one free device this size could use? (cheap pre-check)"""
+        if size.gpus is not None and size.model is not None:
+            return len(self.free[WHOLE_GPU]) > len(self._other_models(size))
         if size.gpus is not None:
             return bool(self.free[WHOLE_GPU])
         if size.profile is not None:
@@ -379,6 +399,8 @@ class Placer:
 
     def _find(self, size: Size, strategy: str, exclude: AbstractSet[str]) -> list[Device] | None:
         if size.gpus is not None:
+            if size.model is not None:
+                exclude = {*exclude, *self._other_models(size)}
             return self._find_gpus(size.gpus, strategy, exclude)
         orders = self._best if strategy == "best_fit" else self._first
         best: tuple[tuple[Any, ...], str] | None = None
@@ -433,7 +455,16 @@ class Placer:
 
         One node, because the grant will be on one node; one machine is one node."""
         k = self.units(size)
-        if size.gpus is not None:
+        if size.gpus is not None and size.model is not None:  # a resume's: a scan
+            ends = {
+                node: [x for x in xs if self._of_model(self.devices[x[1]], size.model)]
+                for node, xs in self._gpu_ends.items()
+            }
+            per_node = [ends]
+            best = min(
+                ((x[k - 1][0], node) for node, x in ends.items() if len(x) >= k), default=None
+            )
+        elif size.gpus is not None:
             per_node = [self._gpu_ends]
             if k <= KTH_INDEXED:
                 found = self._kth[k].first(frozenset())

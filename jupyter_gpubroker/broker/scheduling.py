@@ -186,8 +186,10 @@ class Scheduler:
         devices = self.placer.devices.values()
         if size.gpus is not None:
             where = "this machine has" if self.placer.nodes() <= {""} else "the largest node has"
+            of = f" {size.model}" if size.model else ""
             raise Unsatisfiable(
-                f"asks for {size.gpus} whole GPU(s) but {where} {have} GPU(s) with MIG disabled"
+                f"asks for {size.gpus} whole{of} GPU(s) but {where} {have}{of} GPU(s) with "
+                "MIG disabled"
             )
         if size.profile is not None:
             offered = sorted({d.profile for d in devices if d.profile})

@@ -25,7 +25,7 @@ from traitlets.log import get_logger
 from ..client import BrokerAPIError, NoReply
 from ..wire.errors import BrokerError
 from ..wire.sizes import Size, time_limit
-from ..wire.text import SUSPENDED_TEXT, count, duration, size_text
+from ..wire.text import duration, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
@@ -35,10 +35,12 @@ from .widgets import (
     GpuWidget,
     QueueTable,
     RequestPanel,
+    SuspendedPanel,
     UsageChart,
     held_devices,
     queue_text,
     request_text,
+    suspended_text,
     usage_text,
     when,
 )
@@ -265,10 +267,10 @@ class GPUMagics(Magics):
         tracker = self.session.live()
         suspended = self.resume.suspended() if tracker is None else None
         if suspended is not None:
-            n = count(len(suspended["devices"]), "GPU")
             return GpuResult(
-                {},
-                lambda: f"This kernel is {SUSPENDED_TEXT}: its next cell asks for {n} again.",
+                suspended,
+                lambda: suspended_text(suspended, None),
+                lambda: SuspendedPanel(self.session, suspended),
             )
         if tracker is None:
             return GpuResult(

@@ -2,8 +2,9 @@
 
 The broker beside the kernels suspended it (``suspend/host.py``): its GPU memory is on the
 host and its lease ended, shown with ``suspended`` set. Before a cell runs, this asks for
-the same number of GPUs again and waits in the queue like any request, the ``%gpu`` panel
-showing its position and ETA; on the grant the broker restores the kernel onto the granted
+the same number of GPUs of the same model (CUDA restores onto the same chip only) and
+waits in the queue like any request, the ``%gpu`` panel showing its position and ETA; on
+the grant the broker restores the kernel onto the granted
 GPUs, and the cell runs with everything as it was. Interrupting the wait withdraws the
 request and leaves the kernel suspended; a restore that fails releases the GPUs and says
 so. Either way the cell does not run (an AST transformer empties it), so no CUDA call of
@@ -80,9 +81,13 @@ class Resume(ast.NodeTransformer):
 
     def _resume(self, old: dict[str, Any]) -> None:
         session, n = self.magics.session, len(old["devices"])
-        _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {count(n, 'GPU')} to resume it.")
+        model = old["suspended"].get("model")  # restored only onto the same chip
+        gpus = count(n, f"{model} GPU" if model else "GPU")
+        _say(f"This kernel is {SUSPENDED_TEXT}: waiting for {gpus} to resume it.")
         request = session.call(
-            session.client.submit(gpus=n, job_class="interactive", holder=session.kernel_id)
+            session.client.submit(
+                gpus=n, model=model, job_class="interactive", holder=session.kernel_id
+            )
         )
         tracker = Tracker(session, request)
         session.tracker = tracker
@@ -102,13 +107,16 @@ class Resume(ast.NodeTransformer):
         self.lease_id = new["id"]
         deadline = time.monotonic() + RESTORE_WAIT_S
         while time.monotonic() < deadline:
+            # the old lease first: once it is suspended no more, the new one's state is
+            # final (a restore that failed released it at the same time)
+            suspended = session.call(session.client.lease(old["id"])).get("suspended")
             now = session.call(session.client.lease(new["id"]))
             if now["state"] != "active":
                 _say(f"the kernel could not be resumed: {now['reason']}")
                 if session.call(session.client.lease(old["id"])).get("suspended"):
                     self.lease_id = old["id"]  # still on the host: the next cell tries again
                 return
-            if not session.call(session.client.lease(old["id"])).get("suspended"):
+            if not suspended:
                 self.skip = False
                 _say(f"Resumed on {', '.join(new['devices'])}.")
                 return

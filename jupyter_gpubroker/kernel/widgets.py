@@ -23,12 +23,14 @@ from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
 from ..wire.text import clock as wall_clock
-from ..wire.text import duration, eta_text, gpu_hours, memory, size_text
+from ..wire.text import count, duration, eta_text, gpu_hours, memory, size_text
 from .feed import TRANSIENT, why
 from .session import PLACE, Activity, Session, Tracker
 
 USER_NOTICES = ("outside_use",)
 """Events about this kernel's user, on no request, that the status widget shows."""
+SUSPENSION_ENDED = "suspension_ended"
+"""The event of a suspended kernel's lease once it is suspended no more, with why."""
 HISTORY = 40
 """Readings kept for a status widget's sparkline."""
 WAITING_HINT = "The cell waits for the grant; interrupt the kernel (■) to withdraw the request."
@@ -171,7 +173,10 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
         if lease.get("reclaim_at"):
             details += f" · reclaimed at {clock(lease['reclaim_at'])} unless used"
         return f"Holding {size}", [details]
-    return f"{size}: {tracker.state}", [r["reason"]] if r.get("reason") else []
+    if lease is not None and lease.get("suspended"):
+        return f"{size}: {lease['suspended']['text']}", [lease["reason"]]
+    reason = lease["reason"] if lease is not None and lease.get("reason") else r.get("reason")
+    return f"{size}: {tracker.state}", [reason] if reason else []
 
 
 def request_text(tracker: Tracker, activity: Activity, held: list[Held]) -> str:
@@ -326,6 +331,9 @@ class RequestPanel(GpuWidget):
                 self._read_for = None
             elif kind in USER_NOTICES and data.get("message"):
                 self._note = data["message"]
+            elif kind == SUSPENSION_ENDED and data.get("request_id") == self.tracker.id:
+                self.tracker.update(data["request"])  # its lease: suspended no more, and why
+                return
             else:
                 return
             self._update()
@@ -336,6 +344,59 @@ class RequestPanel(GpuWidget):
         except TRANSIENT as e:
             self._note = f"could not cancel: {why(e)}"
             self._update()
+
+
+# ------------------------------------------------------------- a suspended kernel
+
+
+def suspended_text(lease: dict[str, Any], ended: str | None) -> str:
+    """A suspended kernel's lease as ``%gpu status`` shows it; ``ended``: why it is
+    suspended no more."""
+    if ended is not None:
+        return f"This kernel is suspended no more: {ended}."
+    n = count(len(lease["devices"]), "GPU")
+    return (
+        f"This kernel is {lease['suspended']['text']}.\n"
+        f"It held {', '.join(lease['devices'])}; its next cell asks for {n} again and waits "
+        "in the queue like any request."
+    )
+
+
+class SuspendedPanel(GpuWidget):
+    """This kernel while it is suspended: its GPU memory on the host; and why it is
+    suspended no more once it is not (resumed, its memory lost), from the event feed."""
+
+    state = Unicode("suspended").tag(sync=True)
+    host_mib = Float(None, allow_none=True).tag(sync=True)
+
+    def __init__(self, session: Session, lease: dict[str, Any]) -> None:
+        self.lease = lease
+        self.ended: str | None = None
+        self._html = HTML()
+        super().__init__(children=[self._html])
+        self._stops.append(session.feed.subscribe(self._on_event))
+        self._render()
+
+    def text(self) -> str:
+        return suspended_text(self.lease, self.ended)
+
+    def _render(self) -> None:
+        title, *lines = self.text().split("\n")
+        dot = '<span style="color:#999">●</span>'
+        with self.hold_sync():
+            self.state = "suspended" if self.ended is None else "ended"
+            self.host_mib = None if self.ended else self.lease["suspended"]["host_mib"]
+            self._html.value = (
+                f'<div style="{CARD}"><div style="font-weight:600">{dot} {esc(title)}</div>'
+                + "".join(f'<div style="{MUTED}">{esc(line)}</div>' for line in lines)
+                + "</div>"
+            )
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        data = event["data"]
+        if event["type"] == SUSPENSION_ENDED and data.get("lease_id") == self.lease["id"]:
+            self.ended = data["reason"]
+            self._render()
 
 
 # ------------------------------------------------------------------------ the queue

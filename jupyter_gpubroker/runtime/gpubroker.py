@@ -158,6 +158,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 lambda: sampler.latest,
                 self.holder_pid,
                 self.keep,
+                self.events.publish,
                 self.suspend_fallback,
                 self.log,
             )
@@ -335,6 +336,15 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         """A lease whose kernel was suspended, while it stays so (None: any other)."""
         return None if self.suspender is None else self.suspender.shown(lease_id)
 
+    def suspended_leases(self) -> list[str]:
+        """The ended leases of the kernels suspended now."""
+        return [] if self.suspender is None else self.suspender.lease_ids()
+
+    def suspension_ended(self, lease_id: str) -> str | None:
+        """Why a suspended kernel's lease is suspended no more (None: it is, or never was,
+        or it ended too long ago)."""
+        return None if self.suspender is None else self.suspender.ended.get(lease_id)
+
     def holder_pid(self, lease_id: str) -> int | None:
         """The holder process a lease's last renewal named (None: none, or no NVML here)."""
         watch = self.sampler.outside if self.sampler is not None else None
@@ -351,8 +361,11 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         return self.tokens.issue(user, kernel_id)
 
     def revoke_tokens(self, kernel_id: str, user: str | None = None) -> None:
-        """Revoke a kernel's tokens (only ``user``'s, when given)."""
+        """Revoke a kernel's tokens (only ``user``'s, when given): at its shutdown, when
+        its suspension, if any, ends too."""
         self.tokens.revoke(kernel_id, user)
+        if self.suspender is not None:
+            self.suspender.forget(kernel_id, user)
 
     def token_holder(self, token: str) -> tuple[str, str] | None:
         """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""

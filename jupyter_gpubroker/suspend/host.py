@@ -6,7 +6,7 @@ At the deadline of an idle (or stalled, or preempted) lease the reclaimer hands 
 here (``Decision.action == "suspend"``). The processes on the lease's devices that descend
 from the kernel (its renewals name its pid) are suspended; the lease ends with cause
 ``suspended``; its devices go to the next holder once NVML lists nothing on them, as for
-any lease. When the kernel's own request for the same number of GPUs is granted later (its
+any lease. When the kernel's own request for as many GPUs of that model is granted later (its
 next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs.
 Where suspending cannot work, the configured fallback is carried out instead, and the lease's
 end (or the log, where the kernel keeps its GPU) says why, once.
@@ -20,20 +20,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..broker.models import DeviceReading, Lease, LeaseState
+from ..broker.models import DeviceReading, Event, Lease, LeaseState
 from ..monitor.outside import ProcessTable
 from ..nvml.simulated import SimulatedNvml
-from ..wire.text import SUSPENDED_TEXT
+from ..wire.text import suspended_text
 from .cuda import CudaCheckpointDriver
 from .driver import CheckpointDriver
 from .simulated import SimulatedCheckpointDriver
 from .suspender import SUSPENDED, Outcome, Suspender, Suspension
 
 if TYPE_CHECKING:
-    from ..broker.core import Broker, Event
+    from ..broker.core import Broker
     from ..broker.reclaim import Decision
 
 FALLBACKS = ("shutdown", "revoke", "keep")
+ENDED = "suspension_ended"
+"""The event of a suspended kernel's lease once the kernel is suspended no more (resumed,
+its memory lost, or the kernel shut down), with the reason."""
+SHUT_DOWN = "the kernel was shut down: its GPU memory on the host went with it"
+KEEP_ENDED = 256
+"""Suspensions whose end (``ended``) a lease still shows."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class KernelSuspender:
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
         keep: Callable[[str], None],
+        publish: Callable[[Event], None],
         fallback: str,
         log: logging.Logger,
     ) -> None:
@@ -63,9 +70,11 @@ class KernelSuspender:
             raise ValueError(f"suspend_fallback must be one of {', '.join(FALLBACKS)}")
         self.core, self.suspender, self.log = core, suspender, log
         self.readings, self.holder_pid, self.keep = readings, holder_pid, keep
-        self.fallback = fallback
+        self.publish, self.fallback = publish, fallback
         self.suspended: dict[str, Suspended] = {}
         """Kernel id (its requests' holder) -> its suspension."""
+        self.ended: dict[str, str] = {}
+        """Lease id -> why its kernel is suspended no more (the latest ``KEEP_ENDED``)."""
         self._procs = ProcessTable()
         self._told: set[str] = set()
         self._resumes: set[asyncio.Task[None]] = set()
@@ -88,10 +97,44 @@ class KernelSuspender:
 
     def shown(self, lease_id: str) -> dict[str, Any] | None:
         """A suspended kernel's ended lease, as the API shows it (None: any other lease)."""
-        for s in self.suspended.values():
+        for kernel_id, s in self.suspended.items():
             if s.lease.id == lease_id:
-                return {"host_mib": round(s.suspension.host_mib, 1), "text": SUSPENDED_TEXT}
+                mib = s.suspension.host_mib
+                return {
+                    "host_mib": round(mib, 1),
+                    "text": suspended_text(mib),
+                    "kernel_id": kernel_id,
+                    "model": self.model(s.lease),
+                }
         return None
+
+    def model(self, lease: Lease) -> str | None:
+        """The model of a lease's GPUs (None: not one the catalog knows, or several)."""
+        inventory = self.core.inventory
+        gpus = {inventory.gpu(d.gpu_uuid) for d in map(inventory.device, lease.devices) if d}
+        models = {g.model if g else None for g in gpus}
+        return models.pop() if len(models) == 1 else None
+
+    def lease_ids(self) -> list[str]:
+        """The ended leases of the kernels suspended now, oldest first."""
+        return [s.lease.id for s in self.suspended.values()]
+
+    def forget(self, kernel_id: str, user: str | None = None) -> None:
+        """A kernel that ended (``user``'s, when given; its token revoked at its shutdown):
+        its process, and with it its memory on the host, is gone, so its suspension is
+        too."""
+        s = self.suspended.get(kernel_id)
+        if s is not None and user in (None, s.lease.user):
+            self._end(kernel_id, SHUT_DOWN)
+
+    def _end(self, holder: str, reason: str) -> None:
+        """A kernel suspended no more: its lease says why, and its fronts are told."""
+        lease = self.suspended.pop(holder).lease
+        self.ended[lease.id] = reason
+        if len(self.ended) > KEEP_ENDED:
+            del self.ended[next(iter(self.ended))]
+        now = self.core.clock.now()
+        self.publish(Event.of_lease(ENDED, now, lease, {"reason": reason}))
 
     async def suspend(self, decision: Decision) -> str | None:
         """Suspend the kernel of ``decision``'s lease; returns the action the host still
@@ -147,7 +190,7 @@ class KernelSuspender:
                 self.suspender.resume, suspended.suspension, lease.devices
             )
             if outcome.done:
-                del self.suspended[holder]
+                self._end(holder, f"{outcome.reason} ({', '.join(lease.devices)})")
                 self.log.info("GPU broker: kernel %s %s", holder, outcome.reason)
                 return
             outcome_reason, lost = outcome.reason, outcome.lost
@@ -156,7 +199,7 @@ class KernelSuspender:
         # never see the old one no longer suspended while the new one still stands
         self.core.release(lease_id, reason=outcome_reason)
         if lost:
-            del self.suspended[holder]
+            self._end(holder, outcome_reason)
 
     def close(self) -> None:
         self.unsubscribe()

@@ -43,6 +43,14 @@ class SimulatedCheckpointDriver:
     def unavailable(self) -> str | None:
         return self.why_unavailable
 
+    def held(self) -> dict[int, dict[str, int]]:
+        """pid -> UUID -> MiB held on the host for each checkpointed process; a process
+        that exited is gone, its memory freed with it, as the real driver frees it."""
+        with self._lock:
+            for pid in [p for p in self._processes if not _runs(p)]:
+                del self._processes[pid]
+            return {p: dict(x.host) for p, x in self._processes.items() if x.host}
+
     def _process(self, pid: int, call: str) -> _Process:
         self.calls.append((call, pid))
         if self.why_unavailable is not None:

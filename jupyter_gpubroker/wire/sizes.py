@@ -102,11 +102,14 @@ def time_limit(text: str) -> float:
 @dataclass(frozen=True)
 class Size:
     """What a request asks for: exactly one of N whole GPUs, a MIG profile, or any
-    device with at least ``min_memory_gb`` of memory."""
+    device with at least ``min_memory_gb`` of memory; whole GPUs may be of one ``model``
+    (a suspended kernel's resume: CUDA restores its memory only onto the same chip)."""
 
     gpus: int | None = None
     profile: str | None = None
     min_memory_gb: float | None = None
+    model: str | None = None
+    """Whole GPUs of this model only, as ``GET devices`` names it (``H100-80GB``)."""
 
     def __post_init__(self) -> None:
         given = [f for f in ("gpus", "profile", "min_memory_gb") if getattr(self, f) is not None]
@@ -133,13 +136,21 @@ class Size:
                 raise InvalidRequest(
                     f"'min_memory_gb' must be {amounts(RESOLUTION, MAX_MEMORY_GB)}, not {m!r}"
                 )
+        if self.model is not None:
+            if self.gpus is None:
+                raise InvalidRequest("'model' goes with 'gpus' only: it picks whole GPUs")
+            if not isinstance(self.model, str) or not _MODEL.fullmatch(self.model):
+                raise InvalidRequest(
+                    f"'model' must be a GPU model as GET devices names it (H100-80GB), "
+                    f"not {self.model!r}"
+                )
 
     @cached_property
     def key(self) -> str:
-        """A short stable text form, also the queue's shape key: ``gpus=2``,
-        ``profile=1g.10gb`` or ``min_memory_gb=20``."""
+        """A short stable text form, also the queue's shape key: ``gpus=2``
+        (``gpus=2@H100-80GB``), ``profile=1g.10gb`` or ``min_memory_gb=20``."""
         if self.gpus is not None:
-            return f"gpus={self.gpus}"
+            return f"gpus={self.gpus}" + (f"@{self.model}" if self.model else "")
         if self.profile is not None:
             return f"profile={self.profile}"
         m = float(self.min_memory_gb or 0)
@@ -148,29 +159,43 @@ class Size:
 
     @classmethod
     def parse(cls, text: str) -> Size:
-        """Parse the short form a person types: ``2`` or ``gpus=2``, ``1g.10gb``,
-        ``20GB`` or ``min_memory_gb=20``."""
+        """Parse the short form a person types: ``2`` or ``gpus=2`` (``2@H100-80GB``),
+        ``1g.10gb``, ``20GB`` or ``min_memory_gb=20``."""
         t = text.strip()
         if "=" in t:
             k, _, v = t.partition("=")
             k = k.strip()
             if k == "gpus":
-                return cls(gpus=_int(v))
+                return cls._gpus(v)
             if k == "profile":
                 return cls(profile=v.strip())
             if k == "min_memory_gb":
                 return cls(min_memory_gb=_float(v))
             raise InvalidRequest(f"unknown size field {k!r} in {text!r}")
-        if t.isdigit():
-            return cls(gpus=_int(t))
+        if t.partition("@")[0].isdigit():
+            return cls._gpus(t)
         if t.lower().endswith("gb") and t[:-2].replace(".", "", 1).isdigit():
             return cls(min_memory_gb=_float(t[:-2]))
         return cls(profile=t)
 
+    @classmethod
+    def _gpus(cls, text: str) -> Size:
+        n, at, model = text.partition("@")
+        return cls(gpus=_int(n), model=model.strip() if at else None)
+
     def to_json(self) -> dict[str, Any]:
         # field by field, not ``asdict``: its deep copy is a visible share of an API call
-        sizes = {"gpus": self.gpus, "profile": self.profile, "min_memory_gb": self.min_memory_gb}
+        sizes = {
+            "gpus": self.gpus,
+            "profile": self.profile,
+            "min_memory_gb": self.min_memory_gb,
+            "model": self.model,
+        }
         return {k: v for k, v in sizes.items() if v is not None}
+
+
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+"""A GPU model's name as the catalog writes it."""
 
 
 def _int(v: str) -> int:

@@ -19,6 +19,12 @@ SUSPENDED_TEXT = "suspended, its memory on the host"
 NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
+def suspended_text(host_mib: float) -> str:
+    """A suspended kernel as every front shows it (the lease's ``suspended.text``)."""
+    held = f"its {memory(host_mib)} of GPU memory on the host" if host_mib else "nothing on the GPU"
+    return f"suspended, {held}: its next cell resumes it"
+
+
 def duration(seconds: float) -> str:
     """A short human duration: "40 s", "3 min", "2 h 05 min"."""
     if seconds < 60:
@@ -53,9 +59,10 @@ def start_estimate(
 
 
 def size_text(r: Mapping[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" or ">= 20 GiB"."""
+    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)")
+    or ">= 20 GiB"."""
     if r.get("gpus"):
-        return f"{r['gpus']} GPU(s)"
+        return f"{r['gpus']} {r['model']} GPU(s)" if r.get("model") else f"{r['gpus']} GPU(s)"
     if r.get("profile"):
         return str(r["profile"])
     return f">= {r.get('min_memory_gb')} GiB"

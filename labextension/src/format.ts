@@ -7,12 +7,14 @@ export function sizeText(r: {
   profile?: string | null;
   gpus?: number | null;
   min_memory_gb?: number | null;
+  model?: string | null;
 }): string {
   if (r.profile) {
     return r.profile;
   }
   if (r.gpus) {
-    return r.gpus === 1 ? '1 GPU' : `${r.gpus} GPUs`;
+    const of = r.model ? ` ${r.model}` : '';
+    return r.gpus === 1 ? `1${of} GPU` : `${r.gpus}${of} GPUs`;
   }
   if (r.min_memory_gb) {
     return `≥ ${r.min_memory_gb} GiB`;

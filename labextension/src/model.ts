@@ -1,6 +1,7 @@
 /** What the panel and the status bar show, kept from one overview call (on connect) and
  * the event stream, with no HTTP call per event: my own events carry my request and its
- * lease in full, `hello`/`positions` the queue and my positions, others' grants and
+ * lease in full (a lease that ends with its kernel suspended, and its `suspension_ended`,
+ * included), `hello`/`positions` the queue and my positions, others' grants and
  * lease ends the devices they take or give back, `devices` the whole device picture after
  * a drain or outside use, `readings` the devices' latest readings, and a `snapshot`
  * replaces the picture. Also the notifications due to the user (grant, reclaim warning,
@@ -109,6 +110,12 @@ export class GpuModel {
       this._overview?.leases.filter(l => l.user === this._overview?.me.user) ??
       []
     );
+  }
+
+  /** My suspended kernels' leases: ended, their kernels' GPU memory on the host. */
+  get suspended(): ILease[] {
+    const o = this._overview;
+    return (o?.suspended ?? []).filter(l => l.user === o?.me.user);
   }
 
   device(uuid: string): { gpu: IGpu; utilization: number | null } | null {
@@ -250,6 +257,11 @@ export class GpuModel {
     }
     if (lease) {
       o.leases = o.leases.filter(x => x.id !== lease.id);
+      // suspended when it ended so, and no more once a `suspension_ended` says so
+      o.suspended = (o.suspended ?? []).filter(x => x.id !== lease.id);
+      if (lease.suspended) {
+        o.suspended.push(lease);
+      }
       const active = lease.state === 'active';
       if (active) {
         o.leases.push(lease);

@@ -281,6 +281,31 @@ export function renderLease(
   return box;
 }
 
+/** A suspended kernel of mine: which notebook, and the broker's words for its state. */
+export function renderSuspended(lease: ILease, model: GpuModel): HTMLElement {
+  const box = el('div', 'jp-GpuBroker-lease jp-mod-suspended');
+  const kernel = lease.suspended?.kernel_id;
+  const head = el('div', 'jp-GpuBroker-leaseHead');
+  head.appendChild(
+    el(
+      'span',
+      'jp-GpuBroker-leaseWhere',
+      model.kernelPath(kernel) ?? holderText(kernel)
+    )
+  );
+  box.appendChild(head);
+  const text = lease.suspended?.text ?? '';
+  box.appendChild(
+    el(
+      'div',
+      'jp-GpuBroker-leaseFacts',
+      text.charAt(0).toUpperCase() + text.slice(1)
+    )
+  );
+  box.title = `It held ${lease.devices.map(u => model.label(u)).join(', ')}`;
+  return box;
+}
+
 function section(title: string): HTMLElement {
   const s = el('section', 'jp-GpuBroker-section');
   s.appendChild(el('h3', 'jp-GpuBroker-title', title));
@@ -322,6 +347,9 @@ export function renderPanel(
     }
     if (!model.leases.length) {
       s.appendChild(el('div', 'jp-GpuBroker-empty', 'No GPU held.'));
+    }
+    for (const lease of model.suspended) {
+      s.appendChild(renderSuspended(lease, model));
     }
     root.appendChild(s);
   }

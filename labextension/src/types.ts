@@ -63,6 +63,8 @@ export interface IQueueEntry {
   profile?: string;
   gpus?: number;
   min_memory_gb?: number;
+  /** Whole GPUs of this model only (a suspended kernel's resume). */
+  model?: string;
   submitted_at: string;
   mine: boolean;
   id: string | null;
@@ -75,6 +77,8 @@ export interface IRequest {
   profile?: string;
   gpus?: number;
   min_memory_gb?: number;
+  /** Whole GPUs of this model only (a suspended kernel's resume). */
+  model?: string;
   job_class: string;
   holder: string;
   state: string;
@@ -100,6 +104,18 @@ export interface ILease {
   reclaim_at: string | null;
   /** How long idle reclaim last saw it idle; null where not known. */
   idle_s?: number | null;
+  /** Why it ended, in the broker's words (ended leases). */
+  reason?: string | null;
+  /** A lease that ended because its kernel was suspended, while the kernel stays so. */
+  suspended?: ISuspended | null;
+}
+
+/** A suspended kernel: its GPU memory on the host until its next cell resumes it. */
+export interface ISuspended {
+  kernel_id: string;
+  host_mib: number;
+  /** What every front shows, in the broker's words. */
+  text: string;
 }
 
 export interface IOverview {
@@ -109,6 +125,8 @@ export interface IOverview {
   length: number;
   requests: IRequest[];
   leases: ILease[];
+  /** The ended leases of my kernels that stay suspended (absent from older brokers). */
+  suspended?: ILease[];
 }
 
 /** One message of the event stream: the versioned envelope {v, id, type, at, data}. */

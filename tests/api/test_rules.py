@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
+from jupyter_gpubroker.broker.reclaim import Decision
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest, Unsatisfiable
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -231,3 +234,46 @@ def test_a_renewal_reports_its_kernels_state_for_idle_reclaim_to_judge(start) ->
         api.renew(alice, busy, {"kernel": {"execution_state": "asleep", "last_activity": "x"}})
     with pytest.raises(InvalidRequest, match="'last_activity' must be an ISO 8601 time"):
         api.renew(alice, busy, {"kernel": {"execution_state": "idle", "last_activity": "soon"}})
+
+
+def test_a_request_may_name_the_model_of_its_whole_gpus(start: Any) -> None:
+    api = start(simulate="dgx-h100:2")
+    me = api.user_identity(None)
+    (model,) = {g["model"] for g in api.devices(me)["gpus"]}
+    r = api.submit(me, {"gpus": 2, "model": model})
+    assert (r["state"], r["gpus"], r["model"]) == ("granted", 2, model)
+    with pytest.raises(Unsatisfiable, match="asks for 1 whole A100-80GB GPU"):
+        api.submit(me, {"gpus": 1, "model": "A100-80GB"})
+    with pytest.raises(InvalidRequest, match="'model' goes with 'gpus' only"):
+        api.submit(me, {"min_memory_gb": 20, "model": model})
+
+
+async def test_the_overview_shows_a_suspended_kernel_to_its_user_her_kernel_and_admins(
+    start: Any,
+) -> None:
+    """Through the product's suspend (the simulated checkpoint driver), with this test's
+    own process as the kernel's: listed on its GPU, then moved to the host."""
+    api = start(simulate="dgx-h100:2", identity="username", admin_users={"carol"})
+    runtime = api.runtime
+    alice, bob, carol = (api.user_identity(u) for u in ("alice", "bob", "carol"))
+    k1, k2 = (
+        api.token_identity(api.issue_token(alice, {"kernel_id": k})["token"]) for k in ("k1", "k2")
+    )
+    lease = api.submit(k1, {"gpus": 1})["lease"]
+    runtime.report_pid(lease["id"], os.getpid())
+    runtime.backend.simulator.add_process(lease["devices"][0], os.getpid(), 4096)
+    await runtime.sample()
+    decision = Decision("suspend", lease["id"], "k1", "idle", "idle for 25 min", {})
+    assert await runtime.suspender.suspend(decision) is None  # suspended: nothing else to do
+    for who, sees in ((alice, True), (k1, True), (carol, True), (bob, False), (k2, False)):
+        listed = api.overview(who)["suspended"]
+        assert [x["id"] for x in listed] == ([lease["id"]] if sees else []), who
+    (shown,) = api.overview(alice)["suspended"]
+    assert shown["suspended"]["kernel_id"] == "k1" and shown["state"] == "reclaimed"
+    api.revoke_tokens(bob, "k1")  # another user's kernel: not hers to end
+    assert api.overview(alice)["suspended"] != []
+    api.revoke_tokens(alice, "k1")  # her kernel shut down
+    assert api.overview(alice)["suspended"] == []
+    assert api.lease(alice, lease["id"])["reason"].endswith(
+        "; the kernel was shut down: its GPU memory on the host went with it"
+    )

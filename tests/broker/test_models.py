@@ -81,6 +81,8 @@ def test_size_accepts_memory_in_range(mem):
         ("12.5GB", Size(min_memory_gb=12.5)),
         ("min_memory_gb=20", Size(min_memory_gb=20.0)),
         ("min_memory_gb=0.5", Size(min_memory_gb=0.5)),
+        ("2@H100-80GB", Size(gpus=2, model="H100-80GB")),
+        ("gpus=1@A100-80GB", Size(gpus=1, model="A100-80GB")),
     ],
 )
 def test_size_parse_forms(text, expected):
@@ -106,6 +108,9 @@ def test_size_parse_forms(text, expected):
         "-2",
         "²",  # a digit to str.isdigit, not to int()
         "2²GB",
+        "gpus=1@",
+        "1@H100 80GB",
+        "min_memory_gb=20@H100-80GB",
     ],
 )
 def test_size_parse_refuses_bad_text_with_invalid_request(text):
@@ -122,6 +127,7 @@ def test_size_parse_refuses_bad_text_with_invalid_request(text):
         Size(min_memory_gb=0.1),
         Size(min_memory_gb=81559 / 1024),  # exactly one H100's memory
         Size(min_memory_gb=20.123456789),
+        Size(gpus=2, model="H100-80GB"),
     ],
 )
 def test_size_key_round_trips_through_parse(size):
@@ -225,3 +231,18 @@ def test_virtual_clock_never_goes_backwards():
     with pytest.raises(ValueError):
         clock.set(199)
     assert clock.now() == 200.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"profile": "1g.10gb", "model": "H100-80GB"}, "'model' goes with 'gpus' only"),
+        ({"min_memory_gb": 20, "model": "H100-80GB"}, "'model' goes with 'gpus' only"),
+        ({"gpus": 1, "model": ""}, "'model' must be a GPU model"),
+        ({"gpus": 1, "model": 7}, "'model' must be a GPU model"),
+        ({"gpus": 1, "model": "H100/../x"}, "'model' must be a GPU model"),
+    ],
+)
+def test_a_size_names_a_model_only_beside_whole_gpus(fields, said):
+    with pytest.raises(InvalidRequest, match=said):
+        Size(**fields)

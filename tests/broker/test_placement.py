@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from broker_helpers import make_inventory, mig_inventory, mig_uuid, whole_inventory
 
+from jupyter_gpubroker.broker.models import Inventory
 from jupyter_gpubroker.broker.placement import Placer
+from jupyter_gpubroker.wire.errors import Unsatisfiable
 from jupyter_gpubroker.wire.sizes import Size
 
 ONE_G = Size(profile="1g.10gb")
@@ -87,6 +92,45 @@ def test_find_skips_excluded_devices():
     placer = Placer(whole_inventory(2))
     first = whole_inventory(2).devices[0].uuid
     assert only(placer.find(Size(gpus=1), "best_fit", exclude={first})).gpu_index == 1
+
+
+def two_chips() -> Inventory:
+    """GPUs 0 and 1: whole H100s; GPU 2: a whole A100."""
+    h100s, a100 = make_inventory([None, None]), make_inventory([None], "A100-80GB")
+    gpu = replace(a100.gpus[0], index=2, uuid="GPU-a100")
+    device = replace(a100.devices[0], uuid="GPU-a100", gpu_index=2, gpu_uuid="GPU-a100")
+    return Inventory((*h100s.gpus, gpu), (*h100s.devices, device))
+
+
+def test_whole_gpus_of_a_model_are_only_gpus_of_that_model():
+    inv = two_chips()
+    h100 = Size(gpus=1, model="H100-80GB")
+    placer = Placer(inv)
+    placer.hold([inv.devices[0].uuid, inv.devices[1].uuid], until=600.0)
+    assert only(placer.find(Size(gpus=1), "best_fit")).uuid == "GPU-a100"
+    assert placer.find(h100, "best_fit") is None  # the A100 is free, but another chip
+    assert not placer.has_free_for(h100) and placer.has_free_for(Size(gpus=1))
+    assert placer.count_compatible(Size(gpus=2, model="H100-80GB")) == 2
+    assert placer.count_compatible(Size(gpus=1, model="A100-80GB")) == 1
+    assert placer.count_compatible(Size(gpus=1, model="B200")) == 0
+    reserved = placer.reserve(h100, now=0.0)
+    assert reserved is not None and reserved[1] == 600.0
+    assert reserved[0] <= {inv.devices[0].uuid, inv.devices[1].uuid}  # an H100's
+    placer.release([inv.devices[1].uuid])
+    assert only(placer.find(h100, "first_fit")).uuid == inv.devices[1].uuid
+
+
+def test_a_request_for_a_model_waits_for_a_gpu_of_it_through_the_broker(make_broker):
+    broker = make_broker(two_chips())
+    with pytest.raises(Unsatisfiable, match="1 whole B200 GPU.* has 0 B200 GPU"):
+        broker.submit("ann", Size(gpus=1, model="B200"))
+    first, second = (broker.submit(u, Size(gpus=1, model="H100-80GB")) for u in "ab")
+    resume = broker.submit("c", Size(gpus=1, model="H100-80GB"))
+    assert resume.state.value == "queued"  # though the A100 is free
+    later = broker.submit("d", Size(gpus=1))
+    assert broker.lease(later.lease_id).devices == ("GPU-a100",)  # backfilled
+    broker.release(first.lease_id)
+    assert broker.lease(resume.lease_id).devices == broker.lease(first.lease_id).devices
 
 
 def test_held_devices_are_not_free_until_released():

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "server"))  # openapi_check
 
 
 @pytest.fixture(autouse=True)

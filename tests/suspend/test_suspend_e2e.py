@@ -8,12 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openapi_check import validate
 from suspend_cells import Cell, until
 
-from jupyter_gpubroker.wire.text import SUSPENDED_TEXT
+from jupyter_gpubroker.suspend.host import SHUT_DOWN
+from jupyter_gpubroker.wire.text import SUSPENDED_TEXT, suspended_text
 
 pytestmark = pytest.mark.slow  # real kernels, seconds-long timeouts
 KERNEL_MIB = 4096
+WIDGET_ENDED = (
+    "import time\nw, deadline = _.widget, time.time() + 10\n"
+    "while w.state != 'ended' and time.time() < deadline:\n    time.sleep(0.05)\n"
+    "print(w.state, '|', w.text())"
+)
+"""The ``%gpu status`` widget of the cell before (``_``) once its kernel is resumed."""
 
 
 async def start_suspendable(jp_serverapp: Any, gpu_kernelspec: Any, api: Any) -> Any:
@@ -41,25 +49,73 @@ async def ended(api: Any, lease_id: str) -> dict[str, Any]:
     return await until(f"lease {lease_id} to end", gone)  # type: ignore[no-any-return]
 
 
+def follow(jp_serverapp: Any, user: str) -> tuple[list[dict[str, Any]], Any]:
+    """``user``'s event stream, as the Lab panel follows it: its messages as they come,
+    each checked against the API's document; and its leave."""
+    rules = jp_serverapp.web_app.settings["gpubroker_api"]
+    seen: list[dict[str, Any]] = []
+
+    def send(message: dict[str, Any]) -> None:
+        validate(message, "#/components/schemas/Event", f"event {message['type']}")
+        seen.append(message)
+
+    _, leave = rules.follow(rules.user_identity(user), send=send)
+    return seen, leave
+
+
+def seen(events: list[dict[str, Any]], kind: str) -> Any:
+    """A predicate for ``until``: the events of a kind seen so far."""
+
+    async def found() -> list[dict[str, Any]]:
+        return [e for e in events if e["type"] == kind]
+
+    return found
+
+
+async def overview(api: Any) -> dict[str, Any]:
+    status, body = await api("GET", "overview")
+    assert status == 200
+    validate(body, "#/components/schemas/Overview", "the overview")
+    return body  # type: ignore[no-any-return]
+
+
 async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
     jp_serverapp: Any, gpu_kernelspec: Any, api: Any
 ) -> None:
     km = jp_serverapp.kernel_manager
     simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
     kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    _, first = await api("GET", f"leases/{lease_id}")
+    events, leave = follow(jp_serverapp, first["user"])
     try:
         _, other = await api("POST", "requests", {"gpus": 1, "holder": "other-kernel"})
         assert other["state"] == "queued"
 
         lease = await ended(api, lease_id)
         assert lease["state"] == "reclaimed"
-        assert lease["suspended"] == {"host_mib": KERNEL_MIB, "text": SUSPENDED_TEXT}
+        text = "suspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it"
+        assert suspended_text(KERNEL_MIB) == text
+        assert lease["suspended"] == {
+            "host_mib": KERNEL_MIB,
+            "text": text,
+            "kernel_id": kernel_id,
+            "model": "H100-80GB",  # what its resume asks for: CUDA restores onto that chip
+        }
         assert lease["reason"].startswith("idle for")
         assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
         assert simulator.process_memory(pid) == {}  # NVML lists nothing on the GPU
         assert kernel_id in km  # the kernel runs on, on the CPU
+
+        # Every front sees it: the overview, the event that ended the lease, %gpu.
+        assert [x["id"] for x in (await overview(api))["suspended"]] == [lease_id]
+        (reclaimed,) = await until("the lease's end on the event stream", seen(events, "reclaimed"))
+        assert reclaimed["data"]["cause"] == "suspended"
+        assert reclaimed["data"]["request"]["lease"]["suspended"]["text"] == text
         status = await Cell(km.get_kernel(kernel_id), "%gpu status").result()
-        assert status == f"This kernel is {SUSPENDED_TEXT}: its next cell asks for one GPU again."
+        assert status == (
+            f"This kernel is {text}.\nIt held {gpu}; its next cell asks for one GPU again "
+            "and waits in the queue like any request."
+        )
 
         async def granted(request_id: str) -> dict[str, Any] | None:
             _, r = await api("GET", f"requests/{request_id}")
@@ -78,12 +134,13 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
 
         waiting = await until("the kernel to ask for its GPU again", resume_request)
         assert waiting["position"] == 1 and waiting["gpus"] == 1
+        assert waiting["model"] == "H100-80GB"  # the same chip
 
         async def shown() -> bool:
             return "position 1" in cell.text
 
         await until("the cell to show its place in the queue", shown)
-        assert f"This kernel is {SUSPENDED_TEXT}: waiting for one GPU" in cell.text
+        assert f"This kernel is {SUSPENDED_TEXT}: waiting for one H100-80GB GPU" in cell.text
         assert not cell.task.done()
 
         await api("DELETE", f"leases/{other['lease']['id']}")  # the other kernel is done
@@ -92,7 +149,19 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
         assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
         _, resumed = await api("GET", f"leases/{lease_id}")
         assert resumed["suspended"] is None
+        why = f"resumed, its GPU memory back on the GPU ({gpu})"
+        assert resumed["reason"].endswith(
+            f"suspended, its 4.0 GiB of GPU memory on the host; {why}"
+        )
+        assert (await overview(api))["suspended"] == []
+        (over,) = await until("the suspension's end", seen(events, "suspension_ended"))
+        assert over["data"]["lease_id"] == lease_id and over["data"]["reason"] == why
+        assert over["data"]["request"]["lease"]["suspended"] is None
+        # The %gpu status widget shown while suspended says so too, from the kernel's feed.
+        status = await Cell(km.get_kernel(kernel_id), WIDGET_ENDED).result()
+        assert status == f"ended | This kernel is suspended no more: {why}."
     finally:
+        leave()
         await km.shutdown_kernel(kernel_id)
 
 
@@ -206,6 +275,25 @@ async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
         assert out.endswith(f"Resumed on {gpu}.\n6")  # the next cell resumes it
     finally:
         await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_suspended_kernel_that_is_shut_down_is_suspended_no_more(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    try:
+        await ended(api, lease_id)
+        assert driver_of(jp_serverapp).held() == {pid: {gpu: KERNEL_MIB}}
+    finally:
+        await km.shutdown_kernel(kernel_id)
+    _, lease = await api("GET", f"leases/{lease_id}")
+    assert lease["suspended"] is None
+    assert lease["reason"].endswith(f"on the host; {SHUT_DOWN}")
+    assert (await overview(api))["suspended"] == []
+    assert runtime.suspender.suspended == {}
+    assert driver_of(jp_serverapp).held() == {}  # its memory on the host went with it
 
 
 async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(

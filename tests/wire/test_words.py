@@ -94,6 +94,7 @@ def test_budget_periods_are_said_as_periods() -> None:
 def test_a_request_says_what_it_asks_for_and_when_it_may_start() -> None:
     assert size_text({"profile": "1g.10gb"}) == "1g.10gb"
     assert size_text({"gpus": 2}) == "2 GPU(s)"
+    assert size_text({"gpus": 2, "model": "H100-80GB"}) == "2 H100-80GB GPU(s)"
     assert size_text({"min_memory_gb": 20}) == ">= 20 GiB"
     now = 1_700_000_000.0
     iso = lambda t: datetime.fromtimestamp(now + t, timezone.utc).isoformat()  # noqa: E731

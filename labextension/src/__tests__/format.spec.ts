@@ -1,4 +1,4 @@
-import { etaText, holderText, mib, statusText } from '../format';
+import { etaText, holderText, mib, sizeText, statusText } from '../format';
 import { SseParser } from '../sse';
 import { iso, lease, NOW, queued } from './fixtures';
 
@@ -19,6 +19,14 @@ describe('etaText', () => {
     expect(statusText([], waiting, () => null, NOW)).toBe(
       'GPU queue #1 ~12 min'
     );
+  });
+});
+
+describe('sizeText', () => {
+  it("names the model of whole GPUs a request asks for (a suspended kernel's resume)", () => {
+    expect(sizeText({ gpus: 1 })).toBe('1 GPU');
+    expect(sizeText({ gpus: 1, model: 'H100-80GB' })).toBe('1 H100-80GB GPU');
+    expect(sizeText({ gpus: 2, model: 'H100-80GB' })).toBe('2 H100-80GB GPUs');
   });
 });
 

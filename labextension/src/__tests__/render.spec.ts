@@ -1,6 +1,6 @@
 import { GpuModel } from '../model';
 import { renderPanel, sliceBar, sparkline } from '../render';
-import { entry, h100, iso, NOW, overview, queued } from './fixtures';
+import { entry, h100, iso, lease, NOW, overview, queued } from './fixtures';
 
 const SHOW = { devices: true, queue: true, leases: true, sparklines: true };
 
@@ -142,6 +142,64 @@ describe('renderPanel', () => {
     (box.querySelector('button') as HTMLButtonElement).click();
     expect(calls).toEqual(['l-00']);
     expect(node.textContent).toContain('kernel k-1');
+  });
+
+  it('shows my suspended kernel under My GPUs from its reclaim until it is resumed', () => {
+    const { model } = draw();
+    model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
+    const text =
+      'suspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it';
+    const suspended = { kernel_id: 'k-1', host_mib: 4096, text };
+    const ended = (type: string, id: number, more: object) => ({
+      v: 1,
+      id,
+      type,
+      at: '',
+      data: {
+        user: 'ann',
+        request_id: 'r-of-l-00',
+        lease_id: 'l-00',
+        reason: 'idle for 25 min; suspended',
+        request: {
+          ...queued('r-of-l-00', 0),
+          state: 'reclaimed',
+          lease: lease('l-00', 'MIG-0-0', { state: 'reclaimed', ...more })
+        }
+      }
+    });
+    const panel = () =>
+      renderPanel(model, SHOW, NOW, {
+        cancel: () => undefined,
+        release: () => undefined
+      });
+    model.apply(ended('reclaimed', 5, { suspended }));
+    const box = panel().querySelector('.jp-mod-suspended') as HTMLElement;
+    expect(box.textContent).toBe(
+      'train.ipynbSuspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it'
+    );
+    expect(box.title).toBe('It held GPU 0 / 1g.10gb@0');
+    expect(box.querySelector('button')).toBeNull(); // nothing to release
+    expect(panel().textContent).toContain('My GPUs (0)No GPU held.train.ipynb');
+    model.apply(ended('suspension_ended', 6, { suspended: null }));
+    expect(panel().querySelector('.jp-mod-suspended')).toBeNull();
+  });
+
+  it('shows a suspended kernel from the overview it connects with', () => {
+    const text = 'suspended, nothing on the GPU: its next cell resumes it';
+    const { node } = draw(
+      overview({
+        leases: [],
+        suspended: [
+          lease('l-07', 'MIG-0-0', {
+            state: 'reclaimed',
+            suspended: { kernel_id: 'k-2', host_mib: 0, text }
+          })
+        ]
+      })
+    );
+    expect(node.querySelector('.jp-mod-suspended')?.textContent).toBe(
+      'kernel k-2Suspended, nothing on the GPU: its next cell resumes it'
+    );
   });
 
   it('says it is reconnecting while the event stream is down', () => {
