@@ -9,9 +9,13 @@ leases' expected ends, and from then on a later request goes only where it leave
 reservation alone or ends before it starts (backfill), for at most ``backfill_depth``
 more requests. A strict policy stops at the first request that does not fit.
 
-Where starts were promised from time limits (``limits.Promises``), a pass first grants
-the promised requests whose worst-case start has come, and grants nothing that would
-push a promised start past its promise.
+Where starts were promised from time limits (``limits.Promises``), a pass grants
+nothing that would push a promised start past its promise, and then grants the
+promised requests whose worst-case start has come that policy order left waiting.
+(Granting those first, before policy order, kept the promises as well but served the
+promised requests in promise order, which is arrival order: on Philly's first 9,000
+jobs on 640 GPUs with modelled limits it raised the mean wait by 43% and the jobs
+waiting over a day from 158 to 856.)
 
 ``Scheduler`` also knows what the pass rests on: a size's GPU-equivalents, a request's
 expected hold time, and whether any device here could ever take a size.
@@ -74,7 +78,6 @@ class Scheduler:
 
     def run(self, now: float) -> list[Lease]:
         """One pass at ``now``: the leases granted, in grant order."""
-        due = self._grant_due(now)
         strict = self.policy.strict
         walks = {
             k: self.waiting.walk(k)
@@ -82,13 +85,14 @@ class Scheduler:
             if strict or self.could_place(size)
         }
         try:
-            return due + _Pass(self, _Heads(self.waiting, walks), now).run()
+            granted = _Pass(self, _Heads(self.waiting, walks), now).run()
         finally:
             for w in walks.values():
                 w.close()
+        return granted + self._grant_due(now)
 
     def _grant_due(self, now: float) -> list[Lease]:
-        """Grant the promised requests whose worst-case start has come, first."""
+        """Grant the promised requests whose worst-case start has come."""
         grants = _Pass(self, _Heads(self.waiting, {}), now)
         for r in self.promises.due(now):
             devices = self.placer.find(r.size, self.policy.placement)

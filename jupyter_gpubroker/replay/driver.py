@@ -10,9 +10,15 @@ Nothing sleeps; the clock jumps from one instant to the next.
 Each job tells the broker its declared limit (``Job.limit_s``, from a model in
 :mod:`.limits`), or its true duration when the trace has none, as
 ``expected_duration_s``: the policies use it only to place backfill reservations
-(``squeue --start`` plans with it too). A job whose run time exceeds its limit ends
-at its limit, under every policy, and is counted (``Replay.cut_at_limit``). The
-``broker`` policy ranks by each user's *history* of hold times, never by this claim.
+(``squeue --start`` plans with it too). The ``broker`` policy ranks by each user's
+*history* of hold times, never by this claim. Under the broker policy a declared
+limit is also the request's time limit (``limit_s``), as the product enforces it:
+the broker promises starts from the limits and keeps them (``broker.limits``), and a
+job that needs more than its limit asks, at the limit, to be extended by what it
+lacks; it runs on when the broker allows it (``Replay.extended_at_limit``) and ends
+at its limit otherwise. Under the baselines, which promise nothing and extend
+nothing (Slurm's ``--time`` is final), such a job ends at its limit. Either way a
+job ended at its limit is counted (``Replay.cut_at_limit``).
 
 With ``eta_every_s``, an :class:`~.accuracy.EtaProbe` also asks the start
 estimators about every waiting job, at submission and every ``eta_every_s``
@@ -39,7 +45,7 @@ from ..broker.placement import WHOLE_GPU
 from ..broker.policy import Policy, make_policy
 from ..broker.store import Store
 from ..nvml import MigPartitioner, open_backend
-from ..wire.errors import Unsatisfiable
+from ..wire.errors import Conflict, Unsatisfiable
 from ..wire.sizes import Size
 from .accuracy import Estimate, EtaProbe
 from .sizing import Sizer
@@ -97,7 +103,9 @@ class Replay:
     """The start estimates made while jobs waited, if the replay asked for them."""
     eta_probe_s: float = 0.0
     cut_at_limit: int = 0
-    """Jobs that ran past their declared limit and so ended at it."""
+    """Jobs that needed more than their declared limit and so ended at it."""
+    extended_at_limit: int = 0
+    """Jobs that needed more than their declared limit and were extended (broker)."""
 
 
 def replay(
@@ -141,7 +149,7 @@ def replay(
         )
         if probe is None and eta_every_s is not None:
             probe = EtaProbe(eta_every_s, eta_at_submit)
-        run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe)
+        run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe, chosen.name == "broker")
         run.play([(origin + (j.submit_s - origin) / compress, j) for j in trace.jobs])
     return Replay(
         trace=trace,
@@ -159,6 +167,7 @@ def replay(
         etas=probe.estimates if probe is not None else None,
         eta_probe_s=run.probe_s,
         cut_at_limit=run.cut_at_limit,
+        extended_at_limit=run.extended_at_limit,
     )
 
 
@@ -172,16 +181,19 @@ class _Run:
         sizer: Sizer,
         gpus: int,
         probe: EtaProbe | None = None,
+        enforce_limits: bool = False,
     ) -> None:
         self.broker, self.clock, self.sizer, self.capacity = broker, clock, sizer, float(gpus)
-        self.probe = probe
+        self.probe, self.enforce_limits = probe, enforce_limits
         self.outcomes: list[Outcome] = []
         self.timeline = Timeline()
         self.skipped: Counter[str] = Counter()
         self.decisions = 0
         self.cpu_s = 0.0
         self.probe_s = 0.0
-        self.cut_at_limit = 0
+        self.cut_at_limit = self.extended_at_limit = 0
+        self._at_limit: set[str] = set()
+        """Leases whose job reaches its limit before its end (it asks for more there)."""
         self._ends: list[tuple[float, int, str]] = []
         """(end, grant order, lease id): equal ends release in grant order, so runs repeat."""
         self._grants = itertools.count()
@@ -231,6 +243,7 @@ class _Run:
                 groups=[job.group] if job.group else [],
                 job_class=job.job_class,
                 expected_duration_s=job.limit_s or job.duration_s,
+                limit_s=job.limit_s if self.enforce_limits else None,
                 schedule=False,
             )
         except Unsatisfiable as e:
@@ -249,12 +262,27 @@ class _Run:
         runs = job.duration_s
         if job.limit_s is not None and runs > job.limit_s:
             runs = job.limit_s
-            self.cut_at_limit += 1
+            if self.enforce_limits:
+                self._at_limit.add(lease.id)
+            else:
+                self.cut_at_limit += 1
         heapq.heappush(self._ends, (now + runs, next(self._grants), lease.id))
         if self.probe is not None:
             self.probe.granted(lease.request_id, now)
 
     def _finish(self, lease_id: str, now: float) -> None:
+        if lease_id in self._at_limit:
+            self._at_limit.discard(lease_id)
+            job = self._jobs[self.broker.lease(lease_id).request_id][0]
+            try:
+                self.broker.extend(lease_id, job.duration_s - (job.limit_s or 0.0))
+            except Conflict:
+                self.cut_at_limit += 1
+            else:
+                self.extended_at_limit += 1
+                rest = job.duration_s - (job.limit_s or 0.0)
+                heapq.heappush(self._ends, (now + rest, next(self._grants), lease_id))
+                return
         lease = self.broker.release(lease_id, schedule=False)
         job, submitted, _ = self._jobs.pop(lease.request_id)
         self._allocated -= lease.gpu_equivalents

@@ -18,8 +18,9 @@
   (1 = never waited). Jain = ``(sum x)^2 / (n * sum x^2)``, 1 when all equal.
 - **Starved**: jobs that waited longer than ``starve_after_s`` (default one
   day, the broker policy's own bound).
-- **Cut at the limit**: with declared limits (:mod:`.limits`), the jobs that ran
-  past theirs and so ended at it (None without limits).
+- **Cut at the limit**: with declared limits (:mod:`.limits`), the jobs that needed
+  more than theirs and so ended at it, and (broker) those extended instead (None
+  without limits).
 - **Scheduler CPU time per decision**: process CPU time of one scheduling pass
   (``Broker.schedule``), averaged over the passes.
 - **ETA accuracy** (when the replay asked for it, see :mod:`.accuracy`): the
@@ -27,7 +28,9 @@
   ``squeue --start``, the share of estimates whose stated range covered
   the real start (``coverage``; ``raw_coverage`` for the predictor's range
   before calibration), and the share that started later than the predicted
-  median (``late``: 0.5 when unbiased); over every estimate, over those made at
+  median (``late``: 0.5 when unbiased); the share of estimates that carried a
+  promised start from time limits (``bounded``) and the share of those whose real
+  start kept it (``bound_held``); over every estimate, over those made at
   submission and over the later half of them in time (``second_half``).
 """
 
@@ -39,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..broker.eta import Eta
+from ..broker.limits import SLACK_S
 from .accuracy import Estimate, relative_error
 from .driver import Outcome, Replay, Timeline
 
@@ -121,6 +125,7 @@ def eta_stats(estimates: Sequence[Estimate]) -> dict[str, dict[str, float]]:
     ):
         known = [(e, e.predicted) for e in chosen if e.predicted is not None]
         raw = [(e, e.raw) for e in chosen if e.raw is not None]
+        bounded = [(e, p.bound) for e, p in known if p.bound is not None]
         out[label] = {
             "estimates": len(chosen),
             "unknown": len(chosen) - len(known),
@@ -128,6 +133,8 @@ def eta_stats(estimates: Sequence[Estimate]) -> dict[str, dict[str, float]]:
             "coverage": _covered(known),
             "raw_coverage": _covered(raw),
             "late": _ratio(sum(e.start > p.median for e, p in known), len(known)),
+            "bounded": _ratio(len(bounded), len(chosen)),
+            "bound_held": _ratio(sum(e.start <= b + SLACK_S for e, b in bounded), len(bounded)),
             "squeue_median_rel_error": percentile(
                 [relative_error(e, e.squeue) for e in chosen if e.squeue is not None], 0.5
             ),
@@ -140,6 +147,7 @@ def summarize(run: Replay, starve_after_s: float = STARVE_AFTER_S) -> dict[str, 
     outcomes = run.outcomes
     classes = sorted({o.job_class.value for o in outcomes})
     service = normalized_service(outcomes)
+    declared = any(j.limit_s is not None for j in run.trace.jobs)
     return {
         "trace": run.trace.name,
         "policy": run.policy,
@@ -156,9 +164,8 @@ def summarize(run: Replay, starve_after_s: float = STARVE_AFTER_S) -> dict[str, 
         "tenants": len(service),
         "starved": sum(1 for o in outcomes if o.wait_s > starve_after_s),
         "starve_after_s": starve_after_s,
-        "cut_at_limit": (
-            run.cut_at_limit if any(j.limit_s is not None for j in run.trace.jobs) else None
-        ),
+        "cut_at_limit": run.cut_at_limit if declared else None,
+        "extended_at_limit": run.extended_at_limit if declared else None,
         "by_class": {
             c: wait_stats([o for o in outcomes if o.job_class.value == c]) for c in classes
         },

@@ -287,3 +287,28 @@ def test_no_request_starts_after_the_first_bound_it_was_given(jobs: list[tuple])
             break
         clock.set(min(later))
     assert set(starts) >= set(bounds)
+
+
+def test_promised_requests_are_served_in_policy_order_while_their_promises_hold(
+    make_broker: BrokerFactory, clock: VirtualClock
+) -> None:
+    """Both waiting requests were promised a start; when the GPU frees early the policy's
+    choice (the user who has had none) goes first, since the other's promise still holds,
+    rather than the first promised."""
+    broker = make_broker(whole_inventory(1), config=LIMITS)
+    held = broker.submit("ann", ONE, limit_s=HOUR)
+    clock.advance(60)
+    again = broker.submit("ann", ONE, limit_s=HOUR)
+    clock.advance(60)
+    fresh = broker.submit("bob", ONE, limit_s=600)
+    assert broker.promises.bound(again.id) is not None
+    assert broker.promises.bound(fresh.id) is not None
+    clock.advance(1800)
+    broker.release(broker.request(held.id).lease_id or "", "ann")
+    assert broker.request(fresh.id).state is RequestState.GRANTED
+    assert broker.request(again.id).state is RequestState.QUEUED
+    promised = broker.promises.bound(again.id) or 0.0
+    clock.advance(600)
+    broker.release(broker.request(fresh.id).lease_id or "", "bob")
+    assert broker.request(again.id).state is RequestState.GRANTED
+    assert broker.lease(broker.request(again.id).lease_id or "").granted_at <= promised

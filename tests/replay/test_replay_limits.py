@@ -75,6 +75,19 @@ def test_a_job_past_its_limit_ends_at_it_and_is_counted(policy):
     assert run.cut_at_limit == 1
 
 
+@pytest.mark.parametrize("policy", ["slurm", "broker"])
+def test_a_job_past_its_limit_is_extended_by_the_broker_when_nobody_waits(policy):
+    """The broker enforces the declared limit and lets its holder extend it, as a user
+    would at the warning; Slurm's ``--time`` is final."""
+    jobs = (Job(0, 10 * HOUR, 1, "a", limit_s=2 * HOUR), Job(11 * HOUR, HOUR, 1, "b"))
+    run = replay(trace_of(*jobs), policy, inventory="dgx-h100:1")
+    held = {o.user: o.end_s - o.start_s for o in run.outcomes}
+    if policy == "broker":
+        assert (held["a"], run.extended_at_limit, run.cut_at_limit) == (10 * HOUR, 1, 0)
+    else:
+        assert (held["a"], run.extended_at_limit, run.cut_at_limit) == (2 * HOUR, 0, 1)
+
+
 def test_backfill_plans_with_the_declared_limit_not_the_run_time():
     # Two GPUs. "big" (2 GPUs) waits for the 1 h job on GPU 0; a 30 min job arrives.
     # Declared 30 min it backfills on the idle GPU 1; declared 4 h (its user padded
