@@ -126,11 +126,11 @@ class KernelSuspender:
             try:
                 state = self.suspender.driver.state(pid)
             except CheckpointError as e:
-                return f"its GPU memory is no longer on the host: {e.reason}"
+                return f"the driver no longer holds its GPU memory: {e.reason}"
             if state is not ProcessState.CHECKPOINTED:
                 return (
-                    f"its GPU memory is no longer on the host: the kernel's process {pid} is "
-                    f"{state.name.lower()}"
+                    f"the driver no longer holds its GPU memory: the kernel's process {pid} "
+                    f"is {state.name.lower()}"
                 )
         return None
 

@@ -13,6 +13,7 @@ from suspend_cells import Cell, until
 
 from jupyter_gpubroker.nvml import NvmlBackend
 from jupyter_gpubroker.runtime import inventory
+from jupyter_gpubroker.suspend.simulated import SimulatedCheckpointDriver
 from jupyter_gpubroker.wire.text import (
     ENDED_AWAY,
     ENDED_RESTARTED,
@@ -393,16 +394,22 @@ async def test_suspended_kernels_and_their_ends_outlive_a_broker_restart(
     simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
     kernels = []
     try:
-        for _ in range(3):  # one GPU: each kernel gets it once the one before is suspended
+        for _ in range(4):  # one GPU: each kernel gets it once the one before is suspended
             kernels.append(await start_suspendable(jp_serverapp, gpu_kernelspec, api))
             await ended(api, kernels[-1][2])
-        (shut, _, shut_lease, _), (kept, pid, kept_lease, gpu), (gone, _, gone_lease, _) = kernels
+        shut, _, shut_lease, _ = kernels[0]  # shut down while the broker runs
+        kept, pid, kept_lease, gpu = kernels[1]  # suspended throughout
+        gone, _, gone_lease, _ = kernels[2]  # shut down while the broker is down
+        _, toggled_pid, toggled_lease, _ = kernels[3]  # resumed by hand meanwhile
         await km.shutdown_kernel(shut)
 
-        async def shut_down_unseen() -> None:  # its process ends, the broker is not told
-            await km.shutdown_kernel(gone)
+        async def while_down() -> None:
+            await km.shutdown_kernel(gone)  # its process ends, and the broker is not told
+            by_hand = SimulatedCheckpointDriver(simulator)  # as `cuda-checkpoint --toggle`
+            by_hand.restore(toggled_pid, {gpu: gpu})
+            by_hand.unlock(toggled_pid)
 
-        runtime = await restart_broker(jp_serverapp, monkeypatch, shut_down_unseen)
+        runtime = await restart_broker(jp_serverapp, monkeypatch, while_down)
         assert runtime.backend.simulator is simulator
 
         assert [x["id"] for x in (await overview(api))["suspended"]] == [kept_lease]
@@ -415,6 +422,13 @@ async def test_suspended_kernels_and_their_ends_outlive_a_broker_restart(
         _, lease = await api("GET", f"leases/{gone_lease}")
         assert lease["suspended"] is None
         assert lease["reason"].endswith(f"on the host; {ENDED_AWAY}")
+        _, lease = await api("GET", f"leases/{toggled_lease}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(
+            f"on the host; the driver no longer holds its GPU memory: the kernel's process "
+            f"{toggled_pid} is running"
+        )
+        simulator.remove_process(gpu, toggled_pid)  # its user stops using the GPU by hand
 
         out = await Cell(km.get_kernel(kept), "print(sum(numbers), os.getpid())").result()
         assert out.endswith(f"Resumed on {gpu}.\n6 {pid}"), out  # same process, same variables
