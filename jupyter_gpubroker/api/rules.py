@@ -343,7 +343,7 @@ class BrokerAPI(AdminRules, StreamRules):
         does not, with why in its reason."""
         active = lease.state is LeaseState.ACTIVE
         shown = lease_json(lease)
-        ended = self.runtime.suspension_ended(lease.id)
+        ended = None if active else self.runtime.suspension_ended(lease.id)
         if ended is not None:
             shown["reason"] = f"{shown['reason']}; {ended}"
         return {

@@ -192,5 +192,19 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN extended_s REAL NOT NULL DEFAULT 0;
     ALTER TABLE leases ADD COLUMN extensions INTEGER NOT NULL DEFAULT 0;
     """,
+    # 12: suspended kernels outlive a broker restart: a suspension is its lease's reclaim
+    # (cause 'suspended', what was suspended in its evidence), over once it has an end;
+    # those of a broker that kept them in memory only were forgotten at its restart
+    """
+    CREATE INDEX reclaims_suspended ON reclaims(lease_id) WHERE kind = 'suspended';
+    CREATE TABLE suspension_ends (
+        lease_id TEXT PRIMARY KEY REFERENCES leases(id),
+        at REAL NOT NULL,
+        reason TEXT NOT NULL
+    );
+    INSERT INTO suspension_ends (lease_id, at, reason)
+        SELECT lease_id, at, 'the GPU broker restarted and kept no record of the suspension'
+        FROM reclaims WHERE kind = 'suspended';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

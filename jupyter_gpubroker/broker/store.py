@@ -345,6 +345,13 @@ class Store:
             (lease_id, at, kind, reason, json.dumps(evidence, sort_keys=True)),
         )
 
+    def end_suspension(self, lease_id: str, at: float, reason: str) -> None:
+        """A suspended kernel's suspension is over (resumed, or its memory gone): why."""
+        self.conn.execute(
+            "INSERT INTO suspension_ends (lease_id, at, reason) VALUES (?,?,?)",
+            (lease_id, at, reason),
+        )
+
     def insert_alert(self, alert: dict[str, Any]) -> int:
         """A new active alert (its ``id`` is ignored); returns its id."""
         cur = self.conn.execute(
@@ -446,6 +453,23 @@ class Store:
             {**r, "evidence": json.loads(r["evidence"]), "devices": json.loads(r["devices"])}
             for r in rows
         ]
+
+    def suspensions(self) -> list[dict[str, Any]]:
+        """The reclaims of suspended kernels whose suspension is not over, oldest first:
+        ``lease_id``, ``at`` and the ``evidence`` (what was suspended), decoded."""
+        rows = self.db.query(
+            "SELECT lease_id, at, evidence FROM reclaims r WHERE kind = 'suspended' AND NOT"
+            " EXISTS (SELECT 1 FROM suspension_ends e WHERE e.lease_id = r.lease_id)"
+            " ORDER BY at"
+        )
+        return [{**r, "evidence": json.loads(r["evidence"])} for r in rows]
+
+    def suspension_end(self, lease_id: str) -> str | None:
+        """Why a suspended kernel's lease is suspended no more (None: it is, or never was)."""
+        row = self.conn.execute(
+            "SELECT reason FROM suspension_ends WHERE lease_id=?", (lease_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def audit(
         self,

@@ -32,7 +32,7 @@ from ..statelock import GpuLocks, StateLock, secure_state_file
 from ..suspend.host import KernelSuspender, checkpoint_driver, simulate_kernel_use
 from ..suspend.suspender import Suspender
 from ..wire.errors import ConfigError, InvalidRequest
-from ..wire.text import clock, duration
+from ..wire.text import ENDED_RESTARTED, clock, duration
 from .engine import EngineWatch, read_now
 from .inventory import NvmlInventory
 from .kernel_devices import KernelDevices
@@ -341,9 +341,9 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         return [] if self.suspender is None else self.suspender.lease_ids()
 
     def suspension_ended(self, lease_id: str) -> str | None:
-        """Why a suspended kernel's lease is suspended no more (None: it is, or never was,
-        or it ended too long ago)."""
-        return None if self.suspender is None else self.suspender.ended.get(lease_id)
+        """Why a suspended kernel's lease is suspended no more (None: it is, or never was);
+        the state file keeps it."""
+        return self.core.store.suspension_end(lease_id)
 
     def holder_pid(self, lease_id: str) -> int | None:
         """The holder process a lease's last renewal named (None: none, or no NVML here)."""
@@ -366,6 +366,12 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self.tokens.revoke(kernel_id, user)
         if self.suspender is not None:
             self.suspender.forget(kernel_id, user)
+
+    def kernel_restarted(self, kernel_id: str, user: str | None = None) -> None:
+        """A kernel restarted (``user``'s, when given): its new process asks for a GPU as a
+        new kernel does; a suspension of the old one, whose memory went with it, is over."""
+        if self.suspender is not None:
+            self.suspender.forget(kernel_id, user, ENDED_RESTARTED)
 
     def token_holder(self, token: str) -> tuple[str, str] | None:
         """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""

@@ -13,7 +13,8 @@ token only: the notebook asks with ``%gpu request``.
 
 Shutdown gives back every request the kernel owns, ``%gpu`` ones included; a
 restart gives back all but the provisioner's own (the new process has not
-pinned their devices).
+pinned their devices), and ends a suspension of the kernel (``suspend/``): its GPU memory
+on the host went with the old process, and the new one asks for a GPU as a new kernel does.
 
 In a server that holds a GPU of its own (``$GPUBROKER_SERVER_LEASE``, set by the hub's
 GPU spawner) a kernel shares the server's devices: it asks for nothing.
@@ -160,7 +161,10 @@ class GPUProvisioner(LocalProvisioner):
             kernels = self._server_kernels()
             if kernels is not None:
                 kernels.forget(self.kernel_id)
-        if not self.broker_url and registry.current() is None and self._kernel_token:
+        runtime = None if self.broker_url else registry.current()
+        if restart and runtime is not None:  # before the new process asks for its GPU
+            runtime.kernel_restarted(self.kernel_id, self.charged_to or None)
+        if not self.broker_url and runtime is None and self._kernel_token:
             self.log.info(  # a server stopping stops its broker before its kernels
                 "Kernel %s: its GPU comes back when its lease expires (the GPU broker of this "
                 "server stopped first)",

@@ -10,6 +10,11 @@ any lease. When the kernel's own request for as many GPUs of that model is grant
 next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs.
 Where suspending cannot work, the configured fallback is carried out instead, and the lease's
 end (or the log, where the kernel keeps its GPU) says why, once.
+
+A suspension is kept in the state file with its lease's end (the reclaim's evidence names
+the kernel and its processes, with their start times), and so is its end: a broker that
+starts again takes up the suspensions whose processes still run, checkpointed, and ends the
+others with why.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from ..broker.models import DeviceReading, Event, Lease, LeaseState
 from ..monitor.outside import ProcessTable
 from ..nvml.simulated import SimulatedNvml
-from ..wire.text import suspended_text
+from ..wire.text import ENDED_AWAY, ENDED_SHUT_DOWN, suspended_text
 from .cuda import CudaCheckpointDriver
-from .driver import CheckpointDriver
+from .driver import CheckpointDriver, CheckpointError, ProcessState
 from .simulated import SimulatedCheckpointDriver
 from .suspender import SUSPENDED, Outcome, Suspender, Suspension
 
@@ -36,10 +41,7 @@ if TYPE_CHECKING:
 FALLBACKS = ("shutdown", "revoke", "keep")
 ENDED = "suspension_ended"
 """The event of a suspended kernel's lease once the kernel is suspended no more (resumed,
-its memory lost, or the kernel shut down), with the reason."""
-SHUT_DOWN = "the kernel was shut down: its GPU memory on the host went with it"
-KEEP_ENDED = 256
-"""Suspensions whose end (``ended``) a lease still shows."""
+its memory lost, or the kernel shut down or restarted), with the reason."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,27 @@ class Suspended:
     suspension: Suspension
     lease: Lease
     """The lease it had (its size and chip)."""
+    started: Mapping[int, int | None]
+    """The kernel's process and those suspended -> their start times (clock ticks since
+    boot; None: not known): what tells them from later processes with their pids."""
+
+    def evidence(self, kernel_id: str) -> dict[str, Any]:
+        """What is stored with the lease's end (its reclaim's evidence), to take the
+        suspension up again after a restart."""
+        return {
+            "kernel_id": kernel_id,
+            "pids": list(self.suspension.pids),
+            "processes": [[p, t] for p, t in self.started.items()],
+        }
+
+    @classmethod
+    def stored(cls, lease: Lease, evidence: Mapping[str, Any]) -> tuple[str, Suspended]:
+        """A stored suspension: (its kernel id, it); ``evidence`` is its reclaim's."""
+        kept = evidence["suspension"]
+        pids = tuple(int(p) for p in kept["pids"])
+        suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]))
+        started = {int(p): t for p, t in kept["processes"]}
+        return str(kept["kernel_id"]), cls(suspension, lease, started)
 
 
 class KernelSuspender:
@@ -73,12 +96,43 @@ class KernelSuspender:
         self.publish, self.fallback = publish, fallback
         self.suspended: dict[str, Suspended] = {}
         """Kernel id (its requests' holder) -> its suspension."""
-        self.ended: dict[str, str] = {}
-        """Lease id -> why its kernel is suspended no more (the latest ``KEEP_ENDED``)."""
         self._procs = ProcessTable()
         self._told: set[str] = set()
         self._resumes: set[asyncio.Task[None]] = set()
+        self._take_up()
         self.unsubscribe = core.subscribe(self._on_event)
+
+    def _take_up(self) -> None:
+        """The suspensions the state file holds (a broker that ran before): each goes on
+        while its processes run, checkpointed; the others end, with why."""
+        for row in self.core.store.suspensions():
+            lease = self.core.lease(row["lease_id"])
+            kernel_id, suspended = Suspended.stored(lease, row["evidence"])
+            self.suspended[kernel_id] = suspended
+            why = self._over(suspended)
+            if why is not None:
+                self.log.info("GPU broker: kernel %s is suspended no more: %s", kernel_id, why)
+                self._end(kernel_id, why)
+
+    def _over(self, suspended: Suspended) -> str | None:
+        """Why a suspension is over (None: it is not): a process of it gone, or one the
+        driver does not hold checkpointed."""
+        running = ProcessTable().read(suspended.started)
+        for pid, started in suspended.started.items():
+            proc = running.get(pid)
+            if proc is None or started not in (None, proc.started):
+                return ENDED_AWAY
+        for pid in suspended.suspension.pids:
+            try:
+                state = self.suspender.driver.state(pid)
+            except CheckpointError as e:
+                return f"the driver no longer holds its GPU memory: {e.reason}"
+            if state is not ProcessState.CHECKPOINTED:
+                return (
+                    f"the driver no longer holds its GPU memory: the kernel's process {pid} "
+                    f"is {state.name.lower()}"
+                )
+        return None
 
     def processes(self, lease: Lease) -> dict[int, float]:
         """The kernel's processes on the lease's devices (pid -> MiB over them all): the
@@ -119,21 +173,24 @@ class KernelSuspender:
         """The ended leases of the kernels suspended now, oldest first."""
         return [s.lease.id for s in self.suspended.values()]
 
-    def forget(self, kernel_id: str, user: str | None = None) -> None:
-        """A kernel that ended (``user``'s, when given; its token revoked at its shutdown):
-        its process, and with it its memory on the host, is gone, so its suspension is
-        too."""
+    def forget(
+        self, kernel_id: str, user: str | None = None, reason: str = ENDED_SHUT_DOWN
+    ) -> None:
+        """A kernel whose process ended (``user``'s, when given): shut down (its token
+        revoked), or restarted (a new process); its memory on the host went with the old
+        one, so its suspension is over, for ``reason``."""
         s = self.suspended.get(kernel_id)
         if s is not None and user in (None, s.lease.user):
-            self._end(kernel_id, SHUT_DOWN)
+            self._end(kernel_id, reason)
 
     def _end(self, holder: str, reason: str) -> None:
-        """A kernel suspended no more: its lease says why, and its fronts are told."""
-        lease = self.suspended.pop(holder).lease
-        self.ended[lease.id] = reason
-        if len(self.ended) > KEEP_ENDED:
-            del self.ended[next(iter(self.ended))]
+        """A kernel suspended no more: the state file, then its lease, says why, and its
+        fronts are told."""
+        lease = self.suspended[holder].lease
         now = self.core.clock.now()
+        with self.core.store.transaction():
+            self.core.store.end_suspension(lease.id, now, reason)
+        del self.suspended[holder]
         self.publish(Event.of_lease(ENDED, now, lease, {"reason": reason}))
 
     async def suspend(self, decision: Decision) -> str | None:
@@ -148,10 +205,16 @@ class KernelSuspender:
             )
         evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
         if outcome.done and suspension is not None:
-            self.suspended[decision.holder] = Suspended(suspension, lease)
+            suspended = self._suspended(suspension, lease)
             evidence["host_mib"] = round(suspension.host_mib, 1)
+            evidence["suspension"] = suspended.evidence(decision.holder)
             reason = f"{decision.reason}; {outcome.reason}"
-            self.core.reclaim(lease.id, reason, cause=SUSPENDED, evidence=evidence)
+            self.suspended[decision.holder] = suspended  # the lease's end shows it
+            try:
+                self.core.reclaim(lease.id, reason, cause=SUSPENDED, evidence=evidence)
+            except BaseException:
+                del self.suspended[decision.holder]
+                raise
             self.log.info("GPU broker: kernel %s %s", decision.holder, outcome.reason)
             return None
         if self.fallback == "keep" and not outcome.lost:
@@ -167,6 +230,13 @@ class KernelSuspender:
         reason = f"{decision.reason}; not suspended: {outcome.reason}"
         self.core.reclaim(lease.id, reason, cause=decision.cause, evidence=evidence)
         return "revoke" if self.fallback == "keep" else self.fallback
+
+    def _suspended(self, suspension: Suspension, lease: Lease) -> Suspended:
+        """A suspension with the start times of the kernel's process and those suspended."""
+        pids = {*suspension.pids, self.holder_pid(lease.id) or 0} - {0}
+        running = ProcessTable().read(pids)
+        started = {p: running[p].started if p in running else None for p in sorted(pids)}
+        return Suspended(suspension, lease, started)
 
     def _on_event(self, event: Event) -> None:
         """A grant to a suspended kernel's request restores it there."""

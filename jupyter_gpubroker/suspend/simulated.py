@@ -1,11 +1,18 @@
 """CUDA's checkpoint API on the simulated NVML: the documented states and errors, with a
 checkpointed process's memory off its devices (gone from NVML's process lists) and back on
-the ones it is restored to. The faults NVIDIA documents can be injected per process."""
+the ones it is restored to. The faults NVIDIA documents can be injected per process.
+
+The driver's states are the machine's, not its caller's: NVIDIA's driver keeps a
+checkpointed process's memory in that process, so a broker restarted on the same machine
+finds what it checkpointed, and a process that exits takes its memory with it. Here the
+machine is the simulated NVML: every driver over one ``SimulatedNvml`` sees the same
+states."""
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,6 +25,19 @@ class _Process:
     state: ProcessState = ProcessState.RUNNING
     host: dict[str, int] = field(default_factory=dict)
     """UUID -> MiB copied to the host at the checkpoint (empty otherwise)."""
+    real: bool = False
+    """An OS process (a kernel): gone, with its state, once it exits."""
+
+
+@dataclass
+class _Machine:
+    """The driver's side of one simulated machine: its CUDA processes' states."""
+
+    processes: dict[int, _Process] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_MACHINES: weakref.WeakKeyDictionary[SimulatedNvml, _Machine] = weakref.WeakKeyDictionary()
 
 
 class SimulatedCheckpointDriver:
@@ -37,8 +57,8 @@ class SimulatedCheckpointDriver:
         """Processes a checkpoint or restore leaves ``failed``: pid -> the driver's words."""
         self.calls: list[tuple[str, int]] = []
         """Every call made, in order: (name, pid)."""
-        self._processes: dict[int, _Process] = {}
-        self._lock = threading.Lock()
+        machine = _MACHINES.setdefault(nvml, _Machine())
+        self._processes, self._lock = machine.processes, machine.lock
 
     def unavailable(self) -> str | None:
         return self.why_unavailable
@@ -47,7 +67,7 @@ class SimulatedCheckpointDriver:
         """pid -> UUID -> MiB held on the host for each checkpointed process; a process
         that exited is gone, its memory freed with it, as the real driver frees it."""
         with self._lock:
-            for pid in [p for p in self._processes if not _runs(p)]:
+            for pid in [p for p, x in self._processes.items() if x.real and not _runs(p)]:
                 del self._processes[pid]
             return {p: dict(x.host) for p, x in self._processes.items() if x.host}
 
@@ -56,10 +76,13 @@ class SimulatedCheckpointDriver:
         if self.why_unavailable is not None:
             raise CheckpointError(self.why_unavailable)
         process = self._processes.get(pid)
+        if process is not None and process.real and not _runs(pid):
+            del self._processes[pid]  # exited: its memory, on the host too, went with it
+            process = None
         if process is None:
             if not self.nvml.process_memory(pid):
                 raise CheckpointError(f"process {pid} does not use the GPU")
-            process = self._processes[pid] = _Process()
+            process = self._processes[pid] = _Process(real=_runs(pid))
         return process
 
     @staticmethod
@@ -120,7 +143,7 @@ class SimulatedCheckpointDriver:
                 process.state = ProcessState.FAILED
                 raise CheckpointError(self.breaks[pid])
             for old, mib in process.host.items():  # a real OS process: listed while it runs
-                self.nvml.add_process(gpu_pairs[old], pid, mib, follow=_runs(pid))
+                self.nvml.add_process(gpu_pairs[old], pid, mib, follow=process.real)
             process.host = {}
             process.state = ProcessState.LOCKED
 

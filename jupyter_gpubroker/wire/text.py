@@ -16,6 +16,14 @@ CLI_RUN_HOLDER = "cli-run"
 """``jupyter gpubroker run``'s requests and leases."""
 SUSPENDED_TEXT = "suspended, its memory on the host"
 """A kernel whose GPU memory a suspend moved to host memory, until its next cell."""
+ENDED_SHUT_DOWN = "the kernel was shut down: its GPU memory on the host went with it"
+"""Why a suspended kernel is suspended no more, when its process ended: shut down, ..."""
+ENDED_RESTARTED = "the kernel was restarted: its GPU memory on the host went with it"
+"""... restarted (a new process, which asks for a GPU as a new kernel does), ..."""
+ENDED_AWAY = (
+    "the kernel ended while the GPU broker was down: its GPU memory on the host went with it"
+)
+"""... or gone when the broker started again (its server's restart usually ends it)."""
 NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

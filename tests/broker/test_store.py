@@ -328,3 +328,57 @@ def test_a_version_8_file_keeps_its_grants_and_queue_through_the_upgrade(state_f
     assert nxt.state is RequestState.GRANTED
     broker.release("l-1")
     assert broker.store.allocations() == {broker.lease(nxt.lease_id).devices[0]: nxt.lease_id}
+
+
+SUSPENDED_AT = next(i for i, m in enumerate(MIGRATIONS) if "suspension_ends" in m)
+"""The schema version before suspensions were kept in the file."""
+
+
+def test_a_suspension_is_live_until_its_end_is_stored(state_file, clock):
+    broker = Broker(Store(state_file), whole_inventory(2), clock=clock)
+    kept, other = (broker.submit("alice", Size(gpus=1)).lease_id for _ in range(2))
+    assert kept is not None and other is not None
+    evidence = {"host_mib": 4096.0, "suspension": {"kernel_id": "k-1", "pids": [42]}}
+    broker.reclaim(kept, "idle; suspended", cause="suspended", evidence=evidence)
+    broker.reclaim(other, "idle", cause="idle", evidence={})
+    broker.store.close()
+    store = Store(state_file)  # a restarted broker
+    (live,) = store.suspensions()
+    assert live["lease_id"] == kept and live["evidence"] == evidence
+    assert store.suspension_end(kept) is None
+    with store.transaction():
+        store.end_suspension(kept, clock.now(), "resumed")
+    with pytest.raises(sqlite3.IntegrityError), store.transaction():  # it ends once
+        store.end_suspension(kept, clock.now(), "shut down")
+    assert store.suspensions() == [] and store.suspension_end(kept) == "resumed"
+
+
+def test_suspensions_of_a_broker_that_kept_them_in_memory_are_over_after_the_upgrade(
+    state_file,
+):
+    conn = sqlite3.connect(state_file)
+    for script in MIGRATIONS[:SUSPENDED_AT]:
+        conn.executescript(script)
+    conn.execute(f"PRAGMA user_version={SUSPENDED_AT}")
+    conn.execute(
+        "INSERT INTO requests (id, seq, user, groups, size, job_class, submitted_at, state)"
+        " VALUES ('r-old', 1, 'alice', '[]', 'gpus=1', 'interactive', 10.0, 'reclaimed')"
+    )
+    conn.execute(
+        "INSERT INTO leases (id, request_id, user, grp, devices, gpu_equivalents, profile,"
+        " granted_at, expires_at, ttl_s, expected_end, state, ended_at, reason) VALUES"
+        " ('l-old', 'r-old', 'alice', '', '[\"GPU-0\"]', 1.0, 'gpu', 10.0, 20.0, 10.0, 20.0,"
+        " 'reclaimed', 15.0, 'idle; suspended')"
+    )
+    conn.execute(
+        "INSERT INTO reclaims (lease_id, at, kind, reason, evidence)"
+        " VALUES ('l-old', 15.0, 'suspended', 'idle; suspended', '{\"host_mib\": 4096}')"
+    )
+    conn.commit()
+    conn.close()
+    store = Store(state_file)
+    assert store.schema_version == SCHEMA_VERSION
+    assert store.suspensions() == []  # its broker restarted since, and forgot it
+    assert store.suspension_end("l-old") == (
+        "the GPU broker restarted and kept no record of the suspension"
+    )

@@ -3,6 +3,8 @@ gives every failure of issue 32's item 3 a plain outcome that loses nothing it n
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from jupyter_gpubroker.nvml import SimulatedNvml, Topology
@@ -77,6 +79,25 @@ def test_a_call_in_the_wrong_state_is_refused_and_changes_nothing(sim, driver, c
 def test_a_process_without_cuda_cannot_be_checkpointed(driver):
     with pytest.raises(CheckpointError, match="does not use the GPU"):
         driver.state(999_999)
+
+
+def test_the_machine_keeps_a_checkpoint_for_the_next_broker_until_its_process_exits(sim):
+    gpu0, gpu1, *_ = uuids(sim)
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        sim.add_process(gpu0, process.pid, 2000, follow=True)
+        first = SimulatedCheckpointDriver(sim)
+        first.lock(process.pid, 1000)
+        first.checkpoint(process.pid)
+        again = SimulatedCheckpointDriver(sim)  # a broker started again on the same machine
+        assert again.state(process.pid) is ProcessState.CHECKPOINTED
+        assert again.held() == {process.pid: {gpu0: 2000}}
+    finally:
+        process.kill()
+        process.wait()
+    with pytest.raises(CheckpointError, match="does not use the GPU"):  # its memory went too
+        again.restore(process.pid, {gpu0: gpu1})
+    assert again.held() == {} and sim.process_memory(process.pid) == {}
 
 
 def test_a_lock_that_times_out_leaves_the_process_running(sim, driver):

@@ -11,8 +11,16 @@ import pytest
 from openapi_check import validate
 from suspend_cells import Cell, until
 
-from jupyter_gpubroker.suspend.host import SHUT_DOWN
-from jupyter_gpubroker.wire.text import SUSPENDED_TEXT, suspended_text
+from jupyter_gpubroker.nvml import NvmlBackend
+from jupyter_gpubroker.runtime import inventory
+from jupyter_gpubroker.suspend.simulated import SimulatedCheckpointDriver
+from jupyter_gpubroker.wire.text import (
+    ENDED_AWAY,
+    ENDED_RESTARTED,
+    ENDED_SHUT_DOWN,
+    SUSPENDED_TEXT,
+    suspended_text,
+)
 
 pytestmark = pytest.mark.slow  # real kernels, seconds-long timeouts
 KERNEL_MIB = 4096
@@ -290,7 +298,7 @@ async def test_a_suspended_kernel_that_is_shut_down_is_suspended_no_more(
         await km.shutdown_kernel(kernel_id)
     _, lease = await api("GET", f"leases/{lease_id}")
     assert lease["suspended"] is None
-    assert lease["reason"].endswith(f"on the host; {SHUT_DOWN}")
+    assert lease["reason"].endswith(f"on the host; {ENDED_SHUT_DOWN}")
     assert (await overview(api))["suspended"] == []
     assert runtime.suspender.suspended == {}
     assert driver_of(jp_serverapp).held() == {}  # its memory on the host went with it
@@ -315,3 +323,120 @@ async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(
         assert lease["suspended"] is None  # lost: nothing left to resume
     finally:
         await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_suspended_kernel_that_is_restarted_runs_its_cells_as_a_new_kernel(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
+    _, first = await api("GET", f"leases/{lease_id}")
+    events, leave = follow(jp_serverapp, first["user"])
+    try:
+        await ended(api, lease_id)
+        await km.restart_kernel(kernel_id)  # a new process: the old one's memory went with it
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(f"on the host; {ENDED_RESTARTED}")
+        assert (await overview(api))["suspended"] == []
+        (over,) = await until("the suspension's end", seen(events, "suspension_ended"))
+        assert over["data"]["lease_id"] == lease_id
+        assert over["data"]["reason"] == ENDED_RESTARTED
+
+        # Its first cell runs at once, on the GPU its kernelspec asked for at the restart.
+        out = await Cell(
+            km.get_kernel(kernel_id),
+            "import os\nprint(os.getpid(), os.environ['GPUBROKER_LEASE_ID'], 'numbers' in dir())",
+        ).result()
+        new_pid, new_lease_id, kept = out.split()
+        assert int(new_pid) != pid and new_lease_id != lease_id and kept == "False"
+        _, new = await api("GET", f"leases/{new_lease_id}")
+        assert new["state"] == "active" and new["devices"] == [gpu] and new["suspended"] is None
+        assert simulator.process_memory(pid) == {}  # nothing of the old process came back
+        assert driver_of(jp_serverapp).held() == {}
+        assert [e["data"]["reason"] for e in events if e["type"] == "suspension_ended"] == [
+            ENDED_RESTARTED
+        ]
+    finally:
+        leave()
+        await km.shutdown_kernel(kernel_id)
+
+
+def extension_of(jp_serverapp: Any) -> Any:
+    """The server's GPUBrokerExtension."""
+    (point,) = jp_serverapp.extension_manager.extensions[
+        "jupyter_gpubroker"
+    ].extension_points.values()
+    return point.app
+
+
+async def restart_broker(jp_serverapp: Any, monkeypatch: Any, while_down: Any) -> Any:
+    """Stop the server's broker, run ``while_down``, and start a new one on the same state
+    file and the same (simulated) machine, whose driver keeps what it checkpointed, as a
+    machine's does; the server and its kernels run on. Returns the new broker."""
+    extension = extension_of(jp_serverapp)
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    await extension.stop_extension()
+    await while_down()
+    monkeypatch.setattr(
+        inventory, "open_backend", lambda *a, log=None, **k: NvmlBackend(simulator, log=log).open()
+    )
+    extension.initialize_settings()
+    jp_serverapp.web_app.settings.update(extension.settings)
+    return jp_serverapp.web_app.settings["gpubroker"]
+
+
+async def test_suspended_kernels_and_their_ends_outlive_a_broker_restart(
+    jp_serverapp: Any, gpu_kernelspec: Any, api: Any, monkeypatch: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    kernels = []
+    try:
+        for _ in range(4):  # one GPU: each kernel gets it once the one before is suspended
+            kernels.append(await start_suspendable(jp_serverapp, gpu_kernelspec, api))
+            await ended(api, kernels[-1][2])
+        shut, _, shut_lease, _ = kernels[0]  # shut down while the broker runs
+        kept, pid, kept_lease, gpu = kernels[1]  # suspended throughout
+        gone, _, gone_lease, _ = kernels[2]  # shut down while the broker is down
+        _, toggled_pid, toggled_lease, _ = kernels[3]  # resumed by hand meanwhile
+        await km.shutdown_kernel(shut)
+
+        async def while_down() -> None:
+            await km.shutdown_kernel(gone)  # its process ends, and the broker is not told
+            by_hand = SimulatedCheckpointDriver(simulator)  # as `cuda-checkpoint --toggle`
+            by_hand.restore(toggled_pid, {gpu: gpu})
+            by_hand.unlock(toggled_pid)
+
+        runtime = await restart_broker(jp_serverapp, monkeypatch, while_down)
+        assert runtime.backend.simulator is simulator
+
+        assert [x["id"] for x in (await overview(api))["suspended"]] == [kept_lease]
+        _, lease = await api("GET", f"leases/{kept_lease}")
+        assert lease["suspended"]["kernel_id"] == kept
+        assert lease["suspended"]["text"] == suspended_text(KERNEL_MIB)
+        _, lease = await api("GET", f"leases/{shut_lease}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(f"on the host; {ENDED_SHUT_DOWN}")
+        _, lease = await api("GET", f"leases/{gone_lease}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(f"on the host; {ENDED_AWAY}")
+        _, lease = await api("GET", f"leases/{toggled_lease}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(
+            f"on the host; the driver no longer holds its GPU memory: the kernel's process "
+            f"{toggled_pid} is running"
+        )
+        simulator.remove_process(gpu, toggled_pid)  # its user stops using the GPU by hand
+
+        out = await Cell(km.get_kernel(kept), "print(sum(numbers), os.getpid())").result()
+        assert out.endswith(f"Resumed on {gpu}.\n6 {pid}"), out  # same process, same variables
+        assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
+        _, lease = await api("GET", f"leases/{kept_lease}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(f"resumed, its GPU memory back on the GPU ({gpu})")
+    finally:
+        for kernel_id, *_ in kernels:
+            if kernel_id in km:
+                await km.shutdown_kernel(kernel_id)
