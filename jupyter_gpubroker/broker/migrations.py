@@ -192,5 +192,16 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN extended_s REAL NOT NULL DEFAULT 0;
     ALTER TABLE leases ADD COLUMN extensions INTEGER NOT NULL DEFAULT 0;
     """,
+    # 12: time-limit rules an admin set at run time, per job class, profile or group
+    """
+    CREATE TABLE time_limits (
+        kind TEXT NOT NULL CHECK (kind IN ('class', 'profile', 'group')),
+        name TEXT NOT NULL,
+        default_s REAL,
+        max_s REAL,
+        required INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (kind, name)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
