@@ -42,7 +42,8 @@ class AuditRecord:
     ``set_time_limits``, ``delete_time_limits``;
     ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was)."""
     target: str
-    """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>``."""
+    """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>`` (quotas),
+    ``class:<name>`` / ``profile:<name>`` / ``group:<name>`` (time limits)."""
     detail: dict[str, Any]
 
 
