@@ -94,7 +94,6 @@ class Broker:
         self.budgets = Budgets(store)
         """Quotas: shares, most GPUs held, GPU-hour budgets."""
         self.limits = LimitRules(self.config.limit_rules(), self.config.limit_required, store)
-        """Time limits' defaults and maxima per class, profile and group."""
         self.ledger = FairShareLedger(
             self._share,
             half_life_s=self.policy.half_life_s,
@@ -356,11 +355,9 @@ class Broker:
 
     def extend(self, lease_id: str, seconds: float, user: str | None = None) -> Lease:
         """Give a lease's time limit ``seconds`` more unless that breaks a start promised
-        to a waiting request or the longest limit its class, profile or groups allow
-        (``Conflict`` says why)."""
+        to a waiting request or its longest limit (``Conflict`` says why)."""
         lease = self._active_lease(lease_id, user)
-        r = self.book.live[lease.request_id]
-        self.book.extend(lease, self.promises.check_extension(lease, seconds, r))
+        self.book.extend(lease, self.promises.check_extension(lease, seconds))
         return lease
 
     def warn(self, lease_id: str, reason: str, deadline: float) -> Lease:
@@ -584,7 +581,6 @@ class Broker:
         """Rebuild memory from the store after a start or a crash."""
         now = self.clock.now()
         self.budgets.restore(now)
-        self.limits.restore()
         horizon = now - 10 * self.policy.half_life_s
         for row in self.store.ledger(since=horizon):
             self.ledger.charge_past(

@@ -149,10 +149,7 @@ class LimitRules:
         """``BrokerConfig.limit_required``: every request needs a limit."""
         self.store = store
         self._set: dict[LimitKey, LimitRule] = {}
-        """The rules admins set at run time (in the store too)."""
-
-    def restore(self) -> None:
-        """Read back the rules admins set."""
+        """The rules admins set at run time, kept in the store (read back here)."""
         for row in self.store.time_limits():
             rule = LimitRule(row["default_s"], row["max_s"], bool(row["required"]))
             self._set[(row["kind"], row["name"])] = rule

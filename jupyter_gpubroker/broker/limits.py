@@ -167,10 +167,11 @@ class Promises:
 
         return self._first_broken(self._starts(promised, now, ends=ends))
 
-    def check_extension(self, lease: Lease, seconds: float, r: Request) -> float:
-        """The lease's new end if it may have ``seconds`` more (``r``: its request, whose
-        class, profile and groups bound it); ``Conflict`` saying why not."""
+    def check_extension(self, lease: Lease, seconds: float) -> float:
+        """The lease's new end if it may have ``seconds`` more (within the longest limit
+        of its request's class, profile and groups); ``Conflict`` saying why not."""
         b, now = self.broker, self.broker.clock.now()
+        r = b.book.live[lease.request_id]
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise InvalidRequest(f"an extension is a number of seconds, not {seconds!r}")
         if not math.isfinite(seconds) or seconds <= 0:
