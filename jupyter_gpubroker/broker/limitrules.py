@@ -20,13 +20,12 @@ gets the new rules; a lease keeps the limit it was granted.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..wire.errors import InvalidRequest
-from ..wire.sizes import MAX_DURATION_S, Size
+from ..wire.sizes import MAX_DURATION_S, Size, finite_number
 from ..wire.text import duration
 from .models import JobClass, check_name
 
@@ -90,7 +89,7 @@ def _seconds(value: object, what: str) -> str | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"the {what} time limit must be a number of seconds, not {value!r}"
-    if not (math.isfinite(value) and MIN_LIMIT_S <= value <= MAX_DURATION_S):
+    if not (finite_number(value) and MIN_LIMIT_S <= value <= MAX_DURATION_S):
         return f"the {what} time limit must be between 1 s and a year, not {value!r}"
     return None
 
@@ -217,7 +216,7 @@ class LimitRules:
             return None
         if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)):
             raise InvalidRequest(f"the time limit must be a number of seconds, not {limit_s!r}")
-        if not math.isfinite(limit_s) or limit_s <= 0:
+        if not finite_number(limit_s) or limit_s <= 0:
             raise InvalidRequest(
                 f"the time limit must be a positive number of seconds, not {limit_s}"
             )

@@ -113,6 +113,7 @@ def test_an_extension_is_held_to_the_tightest_maximum(make_broker: BrokerFactory
         ({"default_s": 0}, "the default time limit must be between 1 s and a year, not 0"),
         ({"max_s": "2h"}, "the maximum time limit must be a number of seconds, not '2h'"),
         ({"max_s": float("nan")}, "the maximum time limit must be between 1 s and a year"),
+        ({"max_s": 10**400}, "the maximum time limit must be between 1 s and a year"),
         ({"default_s": 2 * HOUR, "max_s": HOUR}, "the default time limit of 2 h 00 min is above"),
         ({"required": "yes"}, "'required' is true or false, not 'yes'"),
     ],

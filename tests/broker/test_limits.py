@@ -143,6 +143,7 @@ def test_the_extensions_of_a_class_are_capped(make_broker: BrokerFactory) -> Non
         (-5.0, "the time limit must be a positive number of seconds, not -5.0"),
         (math.nan, "the time limit must be a positive number of seconds, not nan"),
         (math.inf, "the time limit must be a positive number of seconds, not inf"),
+        (10**400, "the time limit must be a positive number of seconds, not 1000"),
         ("2h", "the time limit must be a number of seconds, not '2h'"),
         (True, "the time limit must be a number of seconds, not True"),
         (9 * HOUR, "the time limit of 9 h 00 min is longer than the 8 h 00 min allowed for"),
