@@ -153,11 +153,16 @@ class LimitRules:
             rule = LimitRule(row["default_s"], row["max_s"], bool(row["required"]))
             self._set[(row["kind"], row["name"])] = rule
 
-    def rules(self) -> dict[LimitKey, tuple[LimitRule, str]]:
-        """Every rule in force, with where it comes from (``config`` or ``admin``)."""
+        self._in_force = self._merged()
+
+    def _merged(self) -> dict[LimitKey, tuple[LimitRule, str]]:
         found = {k: (r, "config") for k, r in self.configured.items()}
         found.update((k, (r, "admin")) for k, r in self._set.items())
         return found
+
+    def rules(self) -> dict[LimitKey, tuple[LimitRule, str]]:
+        """Every rule in force, with where it comes from (``config`` or ``admin``)."""
+        return dict(self._in_force)
 
     def set(self, kind: str, name: str, rule: LimitRule) -> LimitKey:
         """Replace the rule of a class, profile or group: committed, then in force."""
@@ -165,6 +170,7 @@ class LimitRules:
         with self.store.transaction():
             self.store.upsert_time_limits(*key, rule.to_json())
         self._set[key] = rule
+        self._in_force = self._merged()
         return key
 
     def delete(self, kind: str, name: str) -> bool:
@@ -175,6 +181,7 @@ class LimitRules:
         with self.store.transaction():
             self.store.delete_time_limits(*key)
         del self._set[key]
+        self._in_force = self._merged()
         return True
 
     def applying(
@@ -184,7 +191,7 @@ class LimitRules:
         keys = [("class", job_class.value)]
         keys += [("profile", p) for p in profile_names(size)]
         keys += [("group", g) for g in dict.fromkeys(groups)]
-        rules = self.rules()
+        rules = self._in_force
         return [(k, rules[k][0]) for k in keys if k in rules]
 
     def longest(
@@ -192,11 +199,7 @@ class LimitRules:
     ) -> tuple[float, LimitKey | None]:
         """The tightest maximum a request is subject to, and whose it is (None: a year,
         nobody's)."""
-        found: tuple[float, LimitKey | None] = (MAX_DURATION_S, None)
-        for key, rule in self.applying(job_class, size, groups):
-            if rule.max_s is not None and rule.max_s < found[0]:
-                found = (rule.max_s, key)
-        return found
+        return _tightest(self.applying(job_class, size, groups))
 
     def check(
         self, job_class: JobClass, size: Size, groups: Iterable[str], limit_s: float | None
@@ -204,10 +207,9 @@ class LimitRules:
         """The time limit a request gets: its own (checked against the tightest maximum),
         else the most specific default (never above that maximum); a clear
         ``InvalidRequest`` for a bad one, or for none where one is required."""
-        groups = tuple(groups)
-        most, whose = self.longest(job_class, size, groups)
+        applying = self.applying(job_class, size, groups)
+        most, whose = _tightest(applying)
         if limit_s is None:
-            applying = self.applying(job_class, size, groups)
             default = _most_specific_default(applying)
             if default is not None:
                 return min(default, most)
@@ -227,6 +229,14 @@ class LimitRules:
                 f"allowed for {rule_words(whose)}"
             )
         return float(limit_s)
+
+
+def _tightest(applying: list[tuple[LimitKey, LimitRule]]) -> tuple[float, LimitKey | None]:
+    found: tuple[float, LimitKey | None] = (MAX_DURATION_S, None)
+    for key, rule in applying:
+        if rule.max_s is not None and rule.max_s < found[0]:
+            found = (rule.max_s, key)
+    return found
 
 
 def _most_specific_default(applying: list[tuple[LimitKey, LimitRule]]) -> float | None:
