@@ -130,9 +130,11 @@ class LimitRule:
         return {"default_s": self.default_s, "max_s": self.max_s, "required": self.required}
 
 
-def rule_words(key: LimitKey) -> str:
+def rule_words(key: LimitKey | None) -> str:
     """Whom a rule is for, as a refusal says it: "interactive requests", "1g.10gb
-    requests", "group 'students'"."""
+    requests", "group 'students'" (None: no rule, the year every request is held to)."""
+    if key is None:
+        return "any request"
     kind, name = key
     return f"group {name!r}" if kind == "group" else f"{name} requests"
 
@@ -223,7 +225,6 @@ class LimitRules:
                 f"the time limit must be a positive number of seconds, not {limit_s}"
             )
         if limit_s > most:
-            assert whose is not None
             raise InvalidRequest(
                 f"the time limit of {duration(limit_s)} is longer than the {duration(most)} "
                 f"allowed for {rule_words(whose)}"

@@ -189,7 +189,7 @@ class Promises:
         if total > cap:
             raise Conflict(
                 f"{duration(total)} in all would be longer than the {duration(cap)} "
-                f"allowed for {rule_words(whose) if whose else 'any request'}"
+                f"allowed for {rule_words(whose)}"
             )
         broken = self.broken(lease, end + seconds, now)
         if broken is not None:

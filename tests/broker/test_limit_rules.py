@@ -49,6 +49,15 @@ def test_the_tightest_maximum_applies_whoever_sets_it(make_broker: BrokerFactory
     assert broker.submit("bob", SLICE, job_class="batch", limit_s=40 * HOUR).limit_s == 40 * HOUR
 
 
+def test_without_rules_a_year_is_the_most(make_broker: BrokerFactory) -> None:
+    broker = make_broker()
+    with pytest.raises(
+        InvalidRequest, match="longer than the 8784 h 00 min allowed for any request"
+    ):
+        broker.submit("ann", ONE, limit_s=366 * 24 * HOUR + 1)
+    assert broker.submit("ann", ONE, limit_s=366 * 24 * HOUR).limit_s == 366 * 24 * HOUR
+
+
 def test_the_most_specific_default_applies_never_above_the_maximum(
     make_broker: BrokerFactory,
 ) -> None:
