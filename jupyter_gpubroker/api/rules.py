@@ -28,7 +28,14 @@ from typing import Any
 
 from ..broker.budgets import Quota
 from ..broker.limitrules import LIMIT_KINDS, LimitRule, check_key
-from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
+from ..broker.models import (
+    Lease,
+    LeaseState,
+    Request,
+    RequestState,
+    check_name,
+    parse_job_class,
+)
 from ..broker.reclaim import KernelState
 from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
@@ -227,15 +234,22 @@ class BrokerAPI(AdminRules, StreamRules):
                 " started from the hub's spawn page (its GPU options), not to a kernel or the"
                 " command line"
             )
+        groups = self._groups(who, body.get("groups", []))
+        job_class = parse_job_class(body.get("job_class", "interactive"))
+        # Every group of the user's bounds its time limit, not only those it names (which
+        # choose whom it is charged to): naming fewer groups escapes no group's maximum.
+        limit_s = self.core.limits.check(
+            job_class, size, [*groups, *who.groups], body.get("limit_s")
+        )
         r = self.core.submit(
             who.user,
             size,
-            groups=self._groups(who, body.get("groups", [])),
-            job_class=body.get("job_class", "interactive"),
+            groups=groups,
+            job_class=job_class,
             holder=holder,
             expected_duration_s=body.get("expected_duration_s"),
             request_id=body.get("id"),
-            limit_s=body.get("limit_s"),
+            limit_s=limit_s,
         )
         return self._with_lease(r, changed=True)
 

@@ -130,3 +130,14 @@ def test_bad_limits_are_refused_in_a_sentence_and_change_nothing(
     assert bad.value.message.startswith(message), bad.value.message
     assert api.limits(carol) == before
     assert api.audit(carol)["audit"] == []
+
+
+def test_naming_fewer_groups_escapes_no_groups_limits(start) -> None:
+    api = start(**{**TRAITS, "user_groups": {"erin": ["lab", "students"]}})
+    carol, erin = api.user_identity("carol"), api.user_identity("erin")
+    api.set_limits(carol, "group", "students", {"default_s": 1800, "max_s": HOUR})
+    charged_to_lab = {**SLICE, "groups": ["lab"]}
+    with pytest.raises(InvalidRequest, match="allowed for group 'students'"):
+        api.submit(erin, {**charged_to_lab, "limit_s": 2 * HOUR})
+    r = api.submit(erin, charged_to_lab)
+    assert (r["groups"], r["limit_s"]) == (["lab"], 1800)  # charged to lab, bound as a student
