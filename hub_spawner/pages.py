@@ -35,7 +35,7 @@ from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.server.handlers import broker_error, broker_errors
 from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest
-from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS
+from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS, parse_duration
 from jupyter_gpubroker.wire.text import (
     audit_detail,
     devices_held,
@@ -76,9 +76,28 @@ def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.15g}"
 
 
+SPANS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def _span(seconds: float | None) -> str:
+    """A time limit as its form field shows it, in words ``parse_duration`` reads back:
+    "2h", "1h30m", "1d" (none: empty; a fraction of a second: the number)."""
+    if seconds is None:
+        return ""
+    if seconds != int(seconds):
+        return _num(seconds)
+    left, parts = int(seconds), []
+    for unit, size in SPANS:
+        n, left = divmod(left, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts)
+
+
 _env.filters.update(
     when=_when,
     num=_num,
+    span=_span,
     size=size_text,
     eta=eta_text,
     hours=gpu_hours,
@@ -211,13 +230,14 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
 def admin_view(
     api: BrokerAPI, who: Identity, days: int, since: str, after: str | None
 ) -> dict[str, Any]:
-    """What the admin page shows: quotas, alerts, queue, devices, usage since ``since``
+    """What the admin page shows: quotas, time limits, alerts, queue, devices, usage since ``since``
     (``days`` days), the audit log after ``after``."""
     audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
     quotas = api.quotas(who)["quotas"]
     alerts = api.alerts(who, limit=str(ALERT_ROWS))
     return {
         "page": "admin",
+        "limits": api.limits(who),
         "alerts": alerts["active"],
         "alert_history": alerts["history"],
         "quotas": sorted(quotas, key=lambda q: (q["kind"], q["name"])),
@@ -245,7 +265,7 @@ class MyPage(PageHandler):
 
 
 class AdminPage(PageHandler):
-    """Quotas, the live queue, the devices, usage charts and the audit log."""
+    """Quotas, time limits, the live queue, the devices, usage charts and the audit log."""
 
     @broker_errors
     def get(self) -> None:
@@ -311,6 +331,33 @@ def _delete_quota(api: BrokerAPI, who: Identity, form: Form) -> str:
     return f"{form.get('kind')} {form.get('name')} is back on the default share and no limits."
 
 
+def _limit(form: Form, field: str, what: str) -> float | None:
+    """A time limit typed in a form ("2h", "5400"; empty: none), or the sentence saying
+    what is wrong with it, next to its field."""
+    text = form.get(field, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_duration(text, what)
+    except InvalidRequest as e:
+        raise InvalidRequest(e.message, fields={field: e.message}) from None
+
+
+def _set_limits(api: BrokerAPI, who: Identity, form: Form) -> str:
+    body = {
+        "default_s": _limit(form, "default_s", "the default time limit"),
+        "max_s": _limit(form, "max_s", "the maximum time limit"),
+        "required": bool(form.get("required")),
+    }
+    rule = api.set_limits(who, form.get("kind", ""), form.get("name", "").strip(), body)
+    return f"The time limits of {rule['kind']} {rule['name']} are set."
+
+
+def _delete_limits(api: BrokerAPI, who: Identity, form: Form) -> str:
+    api.delete_limits(who, form.get("kind", ""), form.get("name", ""))
+    return f"{form.get('kind')} {form.get('name')} is back on the configured time limits."
+
+
 def _cancel(api: BrokerAPI, who: Identity, form: Form) -> str:
     r = api.cancel(who, form.get("request_id", ""), form.get("reason") or None)
     return f"{r['user']}'s request for {size_text(r)} is {r['state']}."
@@ -341,6 +388,8 @@ ACTIONS: dict[str, dict[str, Action]] = {
     "admin": {
         "quota": _set_quota,
         "quota-delete": _delete_quota,
+        "limits": _set_limits,
+        "limits-delete": _delete_limits,
         "cancel": _cancel,
         "class": _set_class,
         "drain": _drain,

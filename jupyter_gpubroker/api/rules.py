@@ -10,12 +10,12 @@ nor the running broker's module: it takes one (``runtime.GPUBroker``) as an argu
 The rules: a user sees and acts on their own requests and leases; an admin on everyone's;
 a kernel-scoped token only on its own kernel's requests (never as an admin, and it
 cannot issue or revoke tokens). Other users' objects are shown without ids, holders
-or tokens (``api.shapes``). Only admins change quotas or see usage by anything but
-their own user.
+or tokens (``api.shapes``). Only admins change quotas, see or change time limits, or see
+usage by anything but their own user.
 
 Admin operations (cancel another user's request, change a request's class, drain and
-undrain a device, set and delete quotas) each write one audit record (``Store.audited``)
-in the same transaction as their change, so nothing an admin did is acknowledged
+undrain a device, set and delete quotas and time limits) each write one audit record
+(``Store.audited``) in the same transaction as their change, so nothing an admin did is acknowledged
 unrecorded; reclaim records, the audit log and health alerts (their listing and their events)
 are for admins only.
 """
@@ -27,7 +27,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..broker.budgets import Quota
-from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
+from ..broker.limitrules import LIMIT_KINDS, LimitRule, check_key
+from ..broker.models import (
+    Lease,
+    LeaseState,
+    Request,
+    RequestState,
+    check_name,
+    parse_job_class,
+)
 from ..broker.reclaim import KernelState
 from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
@@ -52,6 +60,7 @@ REQUEST_FIELDS = {
     "groups",
     "id",
 }
+LIMIT_FIELDS = ("default_s", "max_s", "required")
 KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 MAX_PID = 4194304
 """Linux's largest pid (``/proc/sys/kernel/pid_max`` at most)."""
@@ -225,15 +234,22 @@ class BrokerAPI(AdminRules, StreamRules):
                 " started from the hub's spawn page (its GPU options), not to a kernel or the"
                 " command line"
             )
+        groups = self._groups(who, body.get("groups", []))
+        job_class = parse_job_class(body.get("job_class", "interactive"))
+        # Every group of the user's bounds its time limit, not only those it names (which
+        # choose whom it is charged to): naming fewer groups escapes no group's maximum.
+        limit_s = self.core.limits.check(
+            job_class, size, [*groups, *who.groups], body.get("limit_s")
+        )
         r = self.core.submit(
             who.user,
             size,
-            groups=self._groups(who, body.get("groups", [])),
-            job_class=body.get("job_class", "interactive"),
+            groups=groups,
+            job_class=job_class,
             holder=holder,
             expected_duration_s=body.get("expected_duration_s"),
             request_id=body.get("id"),
-            limit_s=body.get("limit_s"),
+            limit_s=limit_s,
         )
         return self._with_lease(r, changed=True)
 
@@ -447,6 +463,51 @@ class BrokerAPI(AdminRules, StreamRules):
         self._require_admin(who)
         with self._audited(who, "delete_quota", f"{kind}:{name}", {}):
             self.core.delete_quota(kind, name)
+
+    # ---------------------------------------------------------- time limits
+
+    def limits(self, who: Identity) -> dict[str, Any]:
+        """The time-limit rules in force (admins only): each class's, profile's and
+        group's default and maximum, whether it requires a limit, and where it comes
+        from (``config``: the traits; ``admin``: set here, replacing the configured one);
+        ``required``: every request needs one (``c.GPUBroker.time_limit_required``)."""
+        self._require_admin(who, "see and change time limits")
+        limits = self.core.limits
+        order = {kind: i for i, kind in enumerate(LIMIT_KINDS)}
+        rules = sorted(limits.rules().items(), key=lambda kr: (order[kr[0][0]], kr[0][1]))
+        return {
+            "required": limits.required,
+            "rules": [
+                {"kind": kind, "name": name, **rule.to_json(), "source": source}
+                for (kind, name), (rule, source) in rules
+            ],
+        }
+
+    def set_limits(
+        self, who: Identity, kind: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Set (replace) the time limits of a class, profile or group: requests checked
+        from now on get them; granted leases keep theirs."""
+        self._require_admin(who, "see and change time limits")
+        only(body, LIMIT_FIELDS)
+        if not body.get("required") and body.get("default_s") is None and body.get("max_s") is None:
+            raise InvalidRequest(
+                "time limits set at least one of default_s, max_s or required; DELETE them "
+                "to go back to the configured ones"
+            )
+        rule = LimitRule(**body)
+        kind, name = check_key(kind, name)
+        with self._audited(who, "set_time_limits", f"{kind}:{name}", rule.to_json()):
+            self.core.limits.set(kind, name, rule)
+        return {"kind": kind, "name": name, **rule.to_json(), "source": "admin"}
+
+    def delete_limits(self, who: Identity, kind: str, name: str) -> None:
+        """Back to the configured time limits of a class, profile or group (or none)."""
+        self._require_admin(who, "see and change time limits")
+        kind, name = check_key(kind, name)
+        with self._audited(who, "delete_time_limits", f"{kind}:{name}", {}):
+            if not self.core.limits.delete(kind, name):
+                raise NotFound(f"no time limits were set here for {kind} {name!r}")
 
     # --------------------------------------------------------------- tokens
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..wire.errors import InvalidRequest
 from ..wire.sizes import MAX_DURATION_S
+from .limitrules import LimitKey, LimitRule, check_key
 from .models import JobClass
 
 ASSUMED_HOLD_S = {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
@@ -37,6 +38,15 @@ class BrokerConfig:
     """Time limit of a request that states none, per job class (absent: no limit)."""
     max_limit_s: dict[str, float] = field(default_factory=dict)
     """The longest time limit a request may state, per job class (absent: a year)."""
+    default_limit_by_profile_s: dict[str, float] = field(default_factory=dict)
+    """Time limit of a request that states none, per profile ("1g.10gb", "gpus=2")."""
+    max_limit_by_profile_s: dict[str, float] = field(default_factory=dict)
+    """The longest time limit a request may state, per profile."""
+    default_limit_by_group_s: dict[str, float] = field(default_factory=dict)
+    """Time limit of a request that states none, per group."""
+    max_limit_by_group_s: dict[str, float] = field(default_factory=dict)
+    """The longest time limit a request may state, per group (``limitrules`` says which
+    default and maximum of a class, profile and group a request gets)."""
     limit_required: bool = False
     """Refuse a request with no time limit (stated or a class default)."""
     limit_warning_s: float = 600.0
@@ -63,19 +73,41 @@ class BrokerConfig:
         for k, v in self.typical_hold_s.items():
             _check_class(k, "the typical hold")
             _check_seconds(v, f"the typical hold of class {k!r}", low=1.0)
-        for what, limits in (("default", self.default_limit_s), ("maximum", self.max_limit_s)):
-            for k, v in limits.items():
-                _check_class(k, f"the {what} time limit")
-                _check_seconds(v, f"the {what} time limit of class {k!r}", low=1.0)
-        for k, v in self.default_limit_s.items():
-            if v > self.max_limit_s.get(k, MAX_DURATION_S):
-                raise InvalidRequest(f"the default time limit of class {k!r} is above its maximum")
+        self.limit_rules()
         _check_seconds(self.limit_warning_s, "limit_warning_s")
         _check_seconds(self.limit_grace_s, "limit_grace_s")
         for k, n in self.max_extensions.items():
             _check_class(k, "max_extensions")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise InvalidRequest(f"max_extensions of class {k!r} must be a whole number >= 0")
+
+    def limit_rules(self) -> dict[LimitKey, LimitRule]:
+        """The configured time-limit rules, keyed as ``limitrules`` keeps them; a clear
+        ``InvalidRequest`` for a bad one."""
+        rules: dict[LimitKey, LimitRule] = {}
+        for kind, defaults, maxima in (
+            ("class", self.default_limit_s, self.max_limit_s),
+            ("profile", self.default_limit_by_profile_s, self.max_limit_by_profile_s),
+            ("group", self.default_limit_by_group_s, self.max_limit_by_group_s),
+        ):
+            given = _by_key(kind, defaults), _by_key(kind, maxima)
+            for key in {**given[0], **given[1]}:
+                try:
+                    rules[key] = LimitRule(given[0].get(key), given[1].get(key))
+                except InvalidRequest as e:
+                    raise InvalidRequest(f"{kind} {key[1]!r}: {e.message}") from None
+        return rules
+
+
+def _by_key(kind: str, values: dict[str, float]) -> dict[LimitKey, float]:
+    """``values`` keyed as ``limitrules`` keeps rules (a profile in its short form)."""
+    found: dict[LimitKey, float] = {}
+    for name, v in values.items():
+        key = check_key(kind, name)
+        if key in found:
+            raise InvalidRequest(f"the time limits of {kind} {key[1]!r} are set twice")
+        found[key] = v
+    return found
 
 
 def _check_class(name: str, what: str) -> None:

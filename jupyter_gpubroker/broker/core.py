@@ -41,7 +41,8 @@ from .estimates import QueueEntry as QueueEntry
 from .estimates import StartEstimates
 from .eta import Calibration
 from .fairshare import Entity, FairShareLedger
-from .limits import Promises, check_limit
+from .limitrules import LimitRules
+from .limits import Promises
 from .models import (
     Device,
     Gpu,
@@ -92,6 +93,7 @@ class Broker:
         self._listeners: list[Callable[[Event], None]] = []
         self.budgets = Budgets(store)
         """Quotas: shares, most GPUs held, GPU-hour budgets."""
+        self.limits = LimitRules(self.config.limit_rules(), self.config.limit_required, store)
         self.ledger = FairShareLedger(
             self._share,
             half_life_s=self.policy.half_life_s,
@@ -185,7 +187,7 @@ class Broker:
 
         ``request_id``: the client's own id for it; a submit that names one of the same
         user's requests (one that reached the broker, its answer lost) returns that
-        request, changing nothing. ``limit_s``: its time limit (``limits.check_limit``).
+        request, changing nothing. ``limit_s``: its time limit (``LimitRules.check``).
 
         Raises a ``BrokerError`` subclass, having written nothing, when the input is
         malformed, no device of this inventory could ever satisfy it, or a quota
@@ -194,7 +196,7 @@ class Broker:
         now = self.clock.now()
         groups = tuple(groups)
         job_class = check_submission(user, groups, job_class, holder, expected_duration_s)
-        limit_s = check_limit(self.config, job_class, limit_s)
+        limit_s = self.limits.check(job_class, size, groups, limit_s)
         self.scheduler.check_satisfiable(size)
         if request_id is not None:
             check_request_id(request_id)
@@ -353,10 +355,9 @@ class Broker:
 
     def extend(self, lease_id: str, seconds: float, user: str | None = None) -> Lease:
         """Give a lease's time limit ``seconds`` more unless that breaks a start promised
-        to a waiting request or the class's limits (``Conflict`` says why)."""
+        to a waiting request or its longest limit (``Conflict`` says why)."""
         lease = self._active_lease(lease_id, user)
-        job_class = self.book.live[lease.request_id].job_class
-        self.book.extend(lease, self.promises.check_extension(lease, seconds, job_class))
+        self.book.extend(lease, self.promises.check_extension(lease, seconds))
         return lease
 
     def warn(self, lease_id: str, reason: str, deadline: float) -> Lease:

@@ -20,8 +20,8 @@ a lease) or a GPU fails.
 
 Promised only where the list-schedule is how placement really goes: whole GPUs or MIG
 profiles (not memory sizes), several GPUs only on a one-node inventory, no dynamic MIG.
-Promises live in memory: after a restart they are made afresh. Per-profile and
-per-group defaults and maxima are not there yet (per job class only).
+Promises live in memory: after a restart they are made afresh. Which default and
+maximum a request gets (per job class, profile and group) is ``limitrules``'.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..wire.errors import Conflict, InvalidRequest
-from ..wire.sizes import MAX_DURATION_S
 from ..wire.text import clock, count, duration
 from .config import BrokerConfig
 from .eta import list_schedule
+from .limitrules import rule_words
 from .models import Device, JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:
@@ -44,28 +44,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_EXTENSIONS = 3
 SLACK_S = 1e-6
 """Float noise allowed in comparing a start with its promise."""
-
-
-def check_limit(config: BrokerConfig, job_class: JobClass, limit_s: float | None) -> float | None:
-    """The time limit a request gets: its own (checked), else its class's default; a
-    clear ``InvalidRequest`` for a bad one, or none where one is required."""
-    cls = job_class.value
-    if limit_s is None:
-        limit_s = config.default_limit_s.get(cls)
-        if limit_s is None and config.limit_required:
-            raise InvalidRequest("a time limit is required here: say how long you need the GPU")
-        return limit_s
-    if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)):
-        raise InvalidRequest(f"the time limit must be a number of seconds, not {limit_s!r}")
-    if not math.isfinite(limit_s) or limit_s <= 0:
-        raise InvalidRequest(f"the time limit must be a positive number of seconds, not {limit_s}")
-    most = config.max_limit_s.get(cls, MAX_DURATION_S)
-    if limit_s > most:
-        raise InvalidRequest(
-            f"the time limit of {duration(limit_s)} is longer than the {duration(most)} "
-            f"allowed for {cls} requests"
-        )
-    return float(limit_s)
 
 
 def max_extensions(config: BrokerConfig, job_class: JobClass) -> int:
@@ -189,9 +167,11 @@ class Promises:
 
         return self._first_broken(self._starts(promised, now, ends=ends))
 
-    def check_extension(self, lease: Lease, seconds: float, job_class: JobClass) -> float:
-        """The lease's new end if it may have ``seconds`` more; ``Conflict`` saying why not."""
+    def check_extension(self, lease: Lease, seconds: float) -> float:
+        """The lease's new end if it may have ``seconds`` more (within the longest limit
+        of its request's class, profile and groups); ``Conflict`` saying why not."""
         b, now = self.broker, self.broker.clock.now()
+        r = b.book.live[lease.request_id]
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise InvalidRequest(f"an extension is a number of seconds, not {seconds!r}")
         if not math.isfinite(seconds) or seconds <= 0:
@@ -199,17 +179,17 @@ class Promises:
         end = lease.ends_at
         if end is None:
             raise Conflict("this lease has no time limit to extend")
-        most = max_extensions(b.config, job_class)
+        most = max_extensions(b.config, r.job_class)
         if lease.extensions >= most:
             raise Conflict(
                 f"this lease was already extended {count(most, 'time')}, the most allowed"
             )
         total = end + seconds - lease.granted_at
-        cap = b.config.max_limit_s.get(job_class.value, MAX_DURATION_S)
+        cap, whose = b.limits.longest(r.job_class, r.size, r.groups)
         if total > cap:
             raise Conflict(
                 f"{duration(total)} in all would be longer than the {duration(cap)} "
-                f"allowed for {job_class.value} requests"
+                f"allowed for {rule_words(whose)}"
             )
         broken = self.broken(lease, end + seconds, now)
         if broken is not None:

@@ -206,5 +206,16 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT lease_id, at, 'the GPU broker restarted and kept no record of the suspension'
         FROM reclaims WHERE kind = 'suspended';
     """,
+    # 13: time-limit rules an admin set at run time, per job class, profile or group
+    """
+    CREATE TABLE time_limits (
+        kind TEXT NOT NULL CHECK (kind IN ('class', 'profile', 'group')),
+        name TEXT NOT NULL,
+        default_s REAL,
+        max_s REAL,
+        required INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (kind, name)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

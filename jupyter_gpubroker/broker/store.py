@@ -38,10 +38,12 @@ class AuditRecord:
     at: float
     actor: str
     action: str
-    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``;
+    """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``,
+    ``set_time_limits``, ``delete_time_limits``;
     ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was)."""
     target: str
-    """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>``."""
+    """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>`` (quotas),
+    ``class:<name>`` / ``profile:<name>`` / ``group:<name>`` (time limits)."""
     detail: dict[str, Any]
 
 
@@ -324,6 +326,18 @@ class Store:
     def delete_quota(self, kind: str, name: str) -> None:
         self.conn.execute("DELETE FROM quotas WHERE kind=? AND name=?", (kind, name))
 
+    def upsert_time_limits(self, kind: str, name: str, values: dict[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT INTO time_limits (kind, name, default_s, max_s, required)"
+            " VALUES (:kind, :name, :default_s, :max_s, :required)"
+            " ON CONFLICT (kind, name) DO UPDATE SET default_s=:default_s, max_s=:max_s,"
+            " required=:required",
+            {"kind": kind, "name": name, **values},
+        )
+
+    def delete_time_limits(self, kind: str, name: str) -> None:
+        self.conn.execute("DELETE FROM time_limits WHERE kind=? AND name=?", (kind, name))
+
     def set_job_class(self, request_id: str, job_class: str) -> None:
         self.conn.execute("UPDATE requests SET job_class=? WHERE id=?", (job_class, request_id))
 
@@ -427,6 +441,10 @@ class Store:
 
     def quotas(self) -> list[dict[str, Any]]:
         return list(self.db["quotas"].rows_where(order_by="kind, name"))
+
+    def time_limits(self) -> list[dict[str, Any]]:
+        """The time-limit rules admins set (``limitrules``)."""
+        return list(self.db["time_limits"].rows_where(order_by="kind, name"))
 
     def drains(self) -> dict[str, tuple[str, float]]:
         """Drained GPU or device UUID -> (reason, since)."""

@@ -292,6 +292,27 @@ class QuotaHandler(BrokerHandler):
         self.finish()
 
 
+class LimitsHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.reply(self.api.limits(self.who))
+
+
+class LimitHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def put(self, kind: str, name: str) -> None:
+        self.reply(self.api.set_limits(self.who, kind, name, self.body()))
+
+    @web.authenticated
+    @authorized
+    def delete(self, kind: str, name: str) -> None:
+        self.api.delete_limits(self.who, kind, name)
+        self.set_status(204)
+        self.finish()
+
+
 class ReclaimsHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -470,6 +491,8 @@ def handlers(host: type[web.RequestHandler], root: str = f"/{API_PREFIX}") -> li
         ("usage", UsageHandler),
         ("quotas", QuotasHandler),
         (f"quotas/{ident}/{ident}", QuotaHandler),
+        ("limits", LimitsHandler),
+        (f"limits/{ident}/{ident}", LimitHandler),
         ("reclaims", ReclaimsHandler),
         ("audit", AuditHandler),
         ("alerts", AlertsHandler),

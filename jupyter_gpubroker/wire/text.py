@@ -238,6 +238,12 @@ def audit_detail(detail: Mapping[str, object], action: str) -> str:
             else:
                 said.append(f"{label} {float(value):g}")  # type: ignore[arg-type]
         return ", ".join(said) or "no limits"
+    if action == "set_time_limits":
+        for field, label in (("default_s", "default"), ("max_s", "maximum")):
+            value = detail.get(field)
+            if value is not None:
+                said.append(f"{label} {duration(float(value))}")  # type: ignore[arg-type]
+        return ", ".join(said + (["required"] if detail.get("required") else []))
     if "user" in detail:
         said.append(f"{detail['user']}'s request")
     if "was" in detail and detail["was"] is not None:

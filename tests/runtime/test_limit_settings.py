@@ -36,6 +36,28 @@ def test_limits_in_words_reach_the_core(tmp_path) -> None:
         rt.stop()
 
 
+def test_limits_per_profile_and_group_reach_the_core(tmp_path) -> None:
+    rt = make(
+        tmp_path,
+        max_time_limit={"interactive": "8h"},
+        default_time_limit_by_profile={"1": "3h"},
+        max_time_limit_by_profile={"gpus=1": "6h"},
+        default_time_limit_by_group={"students": "1h"},
+        max_time_limit_by_group={"students": "2h"},
+    )
+    rt.start()
+    try:
+        assert rt.core.config.default_limit_by_profile_s == {"1": 10800.0}
+        assert rt.core.submit("ann", Size(gpus=1)).limit_s == 10800.0  # "1" is gpus=1
+        assert rt.core.submit("ann", Size(gpus=1), groups=["students"]).limit_s == 3600.0
+        with pytest.raises(InvalidRequest, match="longer than the 2 h 00 min allowed for group"):
+            rt.core.submit("ann", Size(gpus=1), groups=["students"], limit_s=3 * 3600.0)
+        with pytest.raises(InvalidRequest, match="longer than the 6 h 00 min allowed for gpus=1"):
+            rt.core.submit("ann", Size(gpus=1), limit_s=7 * 3600.0)
+    finally:
+        rt.stop()
+
+
 def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
     rt = make(tmp_path, time_limit_required=True)
     rt.start()
@@ -54,6 +76,11 @@ def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
         ("time_limit_warning", "-5min", "a duration like"),
         ("time_limit_grace", 10 * 366 * 86400.0, "up to a year"),
         ("max_extensions", {"interactive": -1}, "whole number >= 0"),
+        ("default_time_limit_by_profile", {"1g.10gb": "soon"}, "a duration like '90s'"),
+        ("max_time_limit_by_profile", {"9g.99gb": "2h"}, "'9g.99gb' is not a profile"),
+        ("max_time_limit_by_profile", {"2": "2h", "gpus=2": "3h"}, "'gpus=2' are set twice"),
+        ("default_time_limit_by_group", {"students": 0}, "up to a year, not 0"),
+        ("max_time_limit_by_group", {"a\nb": "2h"}, "but control characters and line breaks"),
         ("typical_hold", {"interactive": "0s"}, "typical_hold\\['interactive'\\] must be"),
         ("typical_hold", {"notebook": "2h"}, "job classes are 'interactive' and 'batch'"),
     ],
@@ -63,7 +90,22 @@ def test_bad_limit_settings_are_refused_in_a_sentence(tmp_path, trait, value, wo
         make(tmp_path, **{trait: value})
 
 
-def test_a_default_above_its_maximum_stops_the_start_in_a_sentence(tmp_path) -> None:
-    rt = make(tmp_path, default_time_limit={"batch": "1d"}, max_time_limit={"batch": "2h"})
-    with pytest.raises(ConfigError, match="the default time limit of class 'batch' is above"):
+@pytest.mark.parametrize(
+    ("traits", "words"),
+    [
+        (
+            {"default_time_limit": {"batch": "1d"}, "max_time_limit": {"batch": "2h"}},
+            "class 'batch'",
+        ),
+        (
+            {"default_time_limit_by_group": {"ml": "1d"}, "max_time_limit_by_group": {"ml": "2h"}},
+            "group 'ml'",
+        ),
+    ],
+)
+def test_a_default_above_its_maximum_stops_the_start_in_a_sentence(tmp_path, traits, words) -> None:
+    rt = make(tmp_path, **traits)
+    with pytest.raises(
+        ConfigError, match=f"{words}: the default time limit of 24 h 00 min is above"
+    ):
         rt.start()

@@ -13,7 +13,12 @@ from openapi_check import check_response, fill_state_file, free_state_file, unti
 from jupyter_gpubroker.api import TOKEN_HEADER
 
 Api = Any
-BODY_ROUTES = [("POST", "requests"), ("POST", "tokens"), ("PUT", "quotas/user/ann")]
+BODY_ROUTES = [
+    ("POST", "requests"),
+    ("POST", "tokens"),
+    ("PUT", "quotas/user/ann"),
+    ("PUT", "limits/group/lab"),
+]
 NOT_JSON_OBJECTS = {
     "not UTF-8": b'{"profile": "1g.10gb\xff"}',
     "nested 10000 deep": '{"profile": ' * 10_000 + "1" + "}" * 10_000,
@@ -24,9 +29,11 @@ NOT_JSON_OBJECTS = {
 
 
 async def nothing_written(api: Api) -> None:
-    """No request, lease or quota exists, and the broker still takes a good request."""
+    """No request, lease, quota or time limit exists, and the broker still takes a good
+    request."""
     assert (await api("GET", "requests"))[1] == {"requests": []}
     assert (await api("GET", "quotas"))[1] == {"quotas": []}
+    assert (await api("GET", "limits"))[1]["rules"] == []
     status, reply = await api("POST", "requests", {"profile": "1g.10gb"})
     assert (status, reply["state"]) == (201, "granted")
 

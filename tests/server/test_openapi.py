@@ -194,6 +194,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     granted = await _requests_and_leases(check, owner)
     await _malformed_and_impossible(check, owner)
     await _usage(check, owner)
+    await _limits(check)
     await _device_metrics(check, runtime, gpu)
     kernel = await _kernel_token(check, granted)
     await _admin(check, runtime, gpu, granted, kernel)
@@ -402,6 +403,33 @@ async def _usage(check: CheckedApi, owner: str) -> None:
         assert (await check("GET", "usage", expect=400, **params))["error"] == "invalid_request"
 
 
+async def _limits(check: CheckedApi) -> None:
+    """Time-limit rules: an admin sets a group's, a request over it is refused, the rule
+    is listed, deleted, and a rule for nothing known is a 400."""
+    assert await check("GET", "limits", expect=200) == {"required": False, "rules": []}
+    rule = await check("PUT", "limits/group/lab", {"max_s": 1800}, expect=200)
+    assert rule == {
+        "kind": "group",
+        "name": "lab",
+        "default_s": None,
+        "max_s": 1800,
+        "required": False,
+        "source": "admin",
+    }
+    body = {"profile": "1g.10gb", "groups": ["lab"], "limit_s": 3600}
+    refused = await check("POST", "requests", body, expect=400)
+    assert "longer than the 30 min allowed for group 'lab'" in refused["message"]
+    assert (await check("GET", "limits", expect=200))["rules"] == [rule]
+    await check("DELETE", "limits/group/lab", expect=204)
+    assert (await check("DELETE", "limits/group/lab", expect=404))["error"] == "not_found"
+    for method, path, body in (
+        ("PUT", "limits/class/urgent", {"max_s": 60}),
+        ("PUT", "limits/group/lab", {"max_s": -1}),
+        ("DELETE", "limits/user/x", None),
+    ):
+        assert (await check(method, path, body, expect=400))["error"] == "invalid_request"
+
+
 async def _device_metrics(check: CheckedApi, runtime: Any, gpu: dict[str, Any]) -> None:
     """Samples of a GPU and of a MIG slice, after two sampling passes."""
     for _ in range(2):
@@ -454,6 +482,9 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
         ("POST", f"leases/{lease_id}/extend", {"seconds": 60}),
         ("PUT", "quotas/user/x", {"share": 2}),
         ("DELETE", "quotas/group/lab", None),
+        ("GET", "limits", None),
+        ("PUT", "limits/group/lab", {"max_s": 60}),
+        ("DELETE", "limits/group/lab", None),
         ("POST", "tokens", {"kernel_id": "k2"}),
         ("DELETE", "tokens/k1", None),
     ):
@@ -544,7 +575,7 @@ async def _admin(
     await check("GET", "reclaims", expect=400, since="yesterday")
 
     log = (await check("GET", "audit", expect=200))["audit"]
-    assert [a["action"] for a in log if a["action"] not in ("set_quota", "delete_quota")] == [
+    assert [a["action"] for a in log if not a["action"].endswith(("_quota", "_time_limits"))] == [
         "drain",
         "set_class",
         "undrain",
@@ -586,11 +617,13 @@ async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:
 
 
 async def _storage_full(check: CheckedApi, store: Any) -> None:
-    """A state file that cannot grow (as on a full disk): submits and quotas are 507s."""
+    """A state file that cannot grow (as on a full disk): submits, quotas and time limits
+    are 507s."""
     pages = fill_state_file(store)
     for method, call in (
         ("POST", lambda i: ("requests", {"profile": "1g.10gb", "holder": "o" * 256})),
         ("PUT", lambda i: (f"quotas/group/g{i:04}{'x' * 58}", {"share": 2})),
+        ("PUT", lambda i: (f"limits/group/g{i:04}{'x' * 58}", {"max_s": 60})),
     ):
         status, reply, _ = await until_full(check.api, method, call)
         assert (status, reply["error"]) == (507, "storage_full")

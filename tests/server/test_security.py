@@ -640,3 +640,24 @@ async def test_the_overview_shows_each_caller_what_it_may_see(world: World) -> N
             "request_id": state["in_k1"]["id"],
         }
     ]
+
+
+async def test_only_admins_see_and_set_time_limits(world: World) -> None:
+    alice, bob, carol = world.user("alice"), world.user("bob"), world.user("carol")
+    await carol("PUT", "limits/group/lab", {"default_s": 1800, "max_s": 3600}, expect=200)
+    for method, path, body in (
+        ("GET", "limits", None),
+        ("PUT", "limits/group/lab", {"max_s": 86400}),
+        ("PUT", "limits/class/interactive", {"max_s": 60}),
+        ("DELETE", "limits/group/lab", None),
+    ):
+        assert "only admins see and change time limits" in await bob.refused(method, path, body)
+    # bob changed nothing: alice's group still has carol's limits, and the next request
+    # of alice's is held to them
+    (rule,) = (await carol("GET", "limits", expect=200))["rules"]
+    assert (rule["name"], rule["default_s"], rule["max_s"]) == ("lab", 1800, 3600)
+    assert (await alice("POST", "requests", {"profile": "1g.10gb"}, expect=201))["limit_s"] == 1800
+    over = await alice("POST", "requests", {"profile": "1g.10gb", "limit_s": 7200}, expect=400)
+    assert over["message"].endswith("longer than the 1 h 00 min allowed for group 'lab'")
+    bobs = await bob("POST", "requests", {"profile": "1g.10gb", "limit_s": 7200}, expect=201)
+    assert bobs["limit_s"] == 7200  # not in lab

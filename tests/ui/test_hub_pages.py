@@ -106,3 +106,43 @@ def test_a_queued_spawn_shows_its_position_and_the_admins_quota_lets_it_start(
     assert mine.evaluate("document.documentElement.dataset.bsTheme") == "dark"
     mine.screenshot(path=str(shots / "hub-my-gpus.png"), full_page=True)
     hub.stop_server("ann")
+
+
+def test_the_admin_sets_a_time_limit_on_the_admin_page_and_the_next_request_gets_it(
+    hub: Hub, browser: Any
+) -> None:
+    tokens = {name: hub.user(name) for name in ("ann", "admin")}
+    admin = log_in(browser, hub, "admin")
+    admin.goto(f"{hub.url}{PAGES}/admin")
+    new = admin.locator("tr.gpubroker-limit-new")
+    new.get_by_label("class, profile or group", exact=True).select_option("class")
+    new.get_by_label("class, profile or group name").fill("interactive")
+    new.get_by_label("new default time limit").fill("30min")
+    new.get_by_label("new maximum time limit").fill("1h")
+    new.get_by_role("button", name="Add").click()
+    admin.get_by_text("The time limits of class interactive are set.").wait_for(timeout=WAIT_MS)
+    row = admin.locator('tr[data-limit="class:interactive"]')
+    assert row.get_by_label("maximum time limit of interactive").input_value() == "1h"
+
+    slice_for = {**SLICE, "holder": "notebook.ipynb"}
+    assert hub.ok(tokens["ann"], "POST", "requests", slice_for)["limit_s"] == 1800
+    status, refused = hub.api(tokens["ann"], "POST", "requests", {**slice_for, "limit_s": 7200})
+    assert status == 400
+    assert refused["message"].endswith(
+        "longer than the 1 h 00 min allowed for interactive requests"
+    )
+
+    # A typo is refused next to its field; then the admin raises the maximum.
+    row.get_by_label("maximum time limit of interactive").fill("3 hours")
+    row.get_by_role("button", name="Save").click()
+    feedback = admin.locator('tr[data-limit="class:interactive"] .invalid-feedback')
+    feedback.wait_for(timeout=WAIT_MS)
+    assert feedback.inner_text().startswith("the maximum time limit must be a number of seconds")
+    row.get_by_label("maximum time limit of interactive").fill("3h")
+    row.get_by_role("button", name="Save").click()
+    admin.get_by_text("The time limits of class interactive are set.").wait_for(timeout=WAIT_MS)
+    assert (
+        hub.ok(tokens["ann"], "POST", "requests", {**slice_for, "limit_s": 7200})["limit_s"] == 7200
+    )
+    audit = admin.locator("tr.gpubroker-audit")
+    assert "default 30 min, maximum 3 h 00 min" in audit.last.inner_text()

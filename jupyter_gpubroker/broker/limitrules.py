@@ -1,0 +1,250 @@
+"""Time-limit rules per job class, profile and group, and the precedence between them.
+
+A rule (:class:`LimitRule`) gives the requests it applies to a default time limit (for a
+request that states none), a maximum (the longest one may state or be extended to) and
+whether a limit is required. A request is subject to its job class's rule, its
+profile's (``profile_names``: "1g.10gb", "gpus=2") and each of its groups'. Of those:
+
+- the maximum is the tightest of theirs;
+- the default is the most specific one's (group, then profile, then class; of several
+  groups the shortest), and never above that maximum;
+- a limit is required where any of them (or ``BrokerConfig.limit_required``) says so and
+  no default applies.
+
+:class:`LimitRules` holds the rules in force: the configured ones (``BrokerConfig``,
+``c.GPUBroker.*time_limit*``) and those an admin set at run time (the API, the hub's
+admin page), which are kept in the store and replace the configured rule of the same
+class, profile or group until an admin deletes them. A request checked after a change
+gets the new rules; a lease keeps the limit it was granted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..wire.errors import InvalidRequest
+from ..wire.sizes import MAX_DURATION_S, Size, finite_number
+from ..wire.text import duration
+from .models import JobClass, check_name
+
+if TYPE_CHECKING:
+    from .store import Store
+
+LIMIT_KINDS = ("class", "profile", "group")
+"""What a rule is for, most general first."""
+LimitKey = tuple[str, str]
+"""(kind, name): ``("class", "interactive")``, ``("profile", "1g.10gb")``,
+``("group", "students")``."""
+MIN_LIMIT_S = 1.0
+
+
+def profile_name(size: Size) -> str:
+    """How a rule names a request's size: the MIG profile ("1g.10gb"), else its short
+    form ("gpus=2", "gpus=2@H100-80GB", "min_memory_gb=20")."""
+    return size.profile or size.key
+
+
+def profile_names(size: Size) -> list[str]:
+    """The profile rules a request of ``size`` is subject to: its own, and for whole GPUs
+    of one model also those for that many GPUs of any model."""
+    names = [profile_name(size)]
+    if size.model is not None:
+        names.append(profile_name(Size(gpus=size.gpus)))
+    return names
+
+
+def check_key(kind: str, name: str) -> LimitKey:
+    """A rule's (kind, name) as the rules keep it (a profile in its short form), or a
+    clear ``InvalidRequest``."""
+    if kind not in LIMIT_KINDS:
+        raise InvalidRequest(
+            f"time limits are set per 'class', 'profile' or 'group', not {kind!r}",
+            fields={"kind": "say 'class', 'profile' or 'group'"},
+        )
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"say which {kind} the time limits are for", fields={"name": "empty"})
+    if kind == "class":
+        if name not in {c.value for c in JobClass}:
+            raise InvalidRequest(
+                f"{name!r} is not a job class: job classes are 'interactive' and 'batch'",
+                fields={"name": "not a job class"},
+            )
+    elif kind == "profile":
+        try:
+            name = profile_name(Size.parse(name))
+        except InvalidRequest as e:
+            raise type(e)(
+                f"{name!r} is not a profile: {e.message}", fields={"name": e.message}
+            ) from None
+    else:
+        check_name(name, "group")
+    return kind, name
+
+
+def _seconds(value: object, what: str) -> str | None:
+    """What is wrong with ``value`` as a time limit (None: nothing)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"the {what} time limit must be a number of seconds, not {value!r}"
+    if not (finite_number(value) and MIN_LIMIT_S <= value <= MAX_DURATION_S):
+        return f"the {what} time limit must be between 1 s and a year, not {value!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class LimitRule:
+    """The time limits of one job class, profile or group (None: none from this rule)."""
+
+    default_s: float | None = None
+    """The limit of a request that states none."""
+    max_s: float | None = None
+    """The longest limit a request may state, or reach by extensions."""
+    required: bool = False
+    """Refuse a request that this rule applies to and that gets no limit."""
+
+    def __post_init__(self) -> None:
+        """Refuse a rule that could not be used, in one sentence per field."""
+        problems = {
+            f: p
+            for f, p in (
+                ("default_s", _seconds(self.default_s, "default")),
+                ("max_s", _seconds(self.max_s, "maximum")),
+            )
+            if p
+        }
+        if not isinstance(self.required, bool):
+            problems["required"] = f"'required' is true or false, not {self.required!r}"
+        default, most = self.default_s, self.max_s
+        if not problems and default is not None and most is not None and default > most:
+            problems["default_s"] = (
+                f"the default time limit of {duration(default)} is above "
+                f"the maximum of {duration(most)}"
+            )
+        if problems:
+            raise InvalidRequest("; ".join(problems.values()), fields=problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"default_s": self.default_s, "max_s": self.max_s, "required": self.required}
+
+
+def rule_words(key: LimitKey | None) -> str:
+    """Whom a rule is for, as a refusal says it: "interactive requests", "1g.10gb
+    requests", "group 'students'" (None: no rule, the year every request is held to)."""
+    if key is None:
+        return "any request"
+    kind, name = key
+    return f"group {name!r}" if kind == "group" else f"{name} requests"
+
+
+class LimitRules:
+    """The time-limit rules in force (see the module's docstring)."""
+
+    def __init__(
+        self, configured: Mapping[LimitKey, LimitRule], required: bool, store: Store
+    ) -> None:
+        self.configured = dict(configured)
+        self.required = required
+        """``BrokerConfig.limit_required``: every request needs a limit."""
+        self.store = store
+        self._set: dict[LimitKey, LimitRule] = {}
+        """The rules admins set at run time, kept in the store (read back here)."""
+        for row in self.store.time_limits():
+            rule = LimitRule(row["default_s"], row["max_s"], bool(row["required"]))
+            self._set[(row["kind"], row["name"])] = rule
+
+        self._in_force = self._merged()
+
+    def _merged(self) -> dict[LimitKey, tuple[LimitRule, str]]:
+        found = {k: (r, "config") for k, r in self.configured.items()}
+        found.update((k, (r, "admin")) for k, r in self._set.items())
+        return found
+
+    def rules(self) -> dict[LimitKey, tuple[LimitRule, str]]:
+        """Every rule in force, with where it comes from (``config`` or ``admin``)."""
+        return dict(self._in_force)
+
+    def set(self, kind: str, name: str, rule: LimitRule) -> LimitKey:
+        """Replace the rule of a class, profile or group: committed, then in force."""
+        key = check_key(kind, name)
+        with self.store.transaction():
+            self.store.upsert_time_limits(*key, rule.to_json())
+        self._set[key] = rule
+        self._in_force = self._merged()
+        return key
+
+    def delete(self, kind: str, name: str) -> bool:
+        """Back to the configured rule (or none); False where no admin set one."""
+        key = check_key(kind, name)
+        if key not in self._set:
+            return False
+        with self.store.transaction():
+            self.store.delete_time_limits(*key)
+        del self._set[key]
+        self._in_force = self._merged()
+        return True
+
+    def applying(
+        self, job_class: JobClass, size: Size, groups: Iterable[str]
+    ) -> list[tuple[LimitKey, LimitRule]]:
+        """The rules a request is subject to, most general first (class, profile, groups)."""
+        keys = [("class", job_class.value)]
+        keys += [("profile", p) for p in profile_names(size)]
+        keys += [("group", g) for g in dict.fromkeys(groups)]
+        rules = self._in_force
+        return [(k, rules[k][0]) for k in keys if k in rules]
+
+    def longest(
+        self, job_class: JobClass, size: Size, groups: Iterable[str]
+    ) -> tuple[float, LimitKey | None]:
+        """The tightest maximum a request is subject to, and whose it is (None: a year,
+        nobody's)."""
+        return _tightest(self.applying(job_class, size, groups))
+
+    def check(
+        self, job_class: JobClass, size: Size, groups: Iterable[str], limit_s: float | None
+    ) -> float | None:
+        """The time limit a request gets: its own (checked against the tightest maximum),
+        else the most specific default (never above that maximum); a clear
+        ``InvalidRequest`` for a bad one, or for none where one is required."""
+        applying = self.applying(job_class, size, groups)
+        most, whose = _tightest(applying)
+        if limit_s is None:
+            default = _most_specific_default(applying)
+            if default is not None:
+                return min(default, most)
+            if self.required or any(rule.required for _, rule in applying):
+                raise InvalidRequest("a time limit is required here: say how long you need the GPU")
+            return None
+        if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)):
+            raise InvalidRequest(f"the time limit must be a number of seconds, not {limit_s!r}")
+        if not finite_number(limit_s) or limit_s <= 0:
+            raise InvalidRequest(
+                f"the time limit must be a positive number of seconds, not {limit_s}"
+            )
+        if limit_s > most:
+            raise InvalidRequest(
+                f"the time limit of {duration(limit_s)} is longer than the {duration(most)} "
+                f"allowed for {rule_words(whose)}"
+            )
+        return float(limit_s)
+
+
+def _tightest(applying: list[tuple[LimitKey, LimitRule]]) -> tuple[float, LimitKey | None]:
+    found: tuple[float, LimitKey | None] = (MAX_DURATION_S, None)
+    for key, rule in applying:
+        if rule.max_s is not None and rule.max_s < found[0]:
+            found = (rule.max_s, key)
+    return found
+
+
+def _most_specific_default(applying: list[tuple[LimitKey, LimitRule]]) -> float | None:
+    """The default of the most specific kind that has one (of several groups: the
+    shortest)."""
+    for kind in reversed(LIMIT_KINDS):
+        defaults = [r.default_s for k, r in applying if k[0] == kind and r.default_s is not None]
+        if defaults:
+            return min(defaults)
+    return None
