@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+DOCS_EXTEND = "jupyter gpubroker extend --by 1h"
+"""docs/cli.md's command."""
 WARNING_S = 8.0
 """The time limit's warning: shorter than the limits `run` states here."""
 
@@ -66,7 +68,7 @@ async def test_extend_is_granted_while_nobody_waits_and_refused_when_a_start_wou
             _, after = await api("GET", f"leases/{lease['id']}")
             assert after["ends_at"] == now["ends_at"] and after["extensions"] == 1
 
-            code, _, err = await cli("extend", "--by", "1h", json_out=False)  # which one?
+            code, _, err = await cli(*DOCS_EXTEND.split()[2:], json_out=False)  # which one?
             assert code == 1
             assert err.startswith(
                 f"error: you hold seven leases; name the one to extend: {lease['id']} (MIG-"
