@@ -123,7 +123,8 @@ def add_extend(p: argparse.ArgumentParser) -> None:
 def add_run(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Wait for a grant, run COMMAND with CUDA_VISIBLE_DEVICES set, renew the "
-        "lease while it runs, release it when it ends. Exits with the command's status. If "
+        "lease while it runs, release it when it ends. Exits with the command's status. A "
+        "time limit's warning is printed when it comes, with the command that extends it. If "
         "the lease is lost (ended by the broker, or not renewable within its TTL) the "
         "command is stopped (SIGTERM, then SIGKILL)."
     )
