@@ -26,8 +26,8 @@ CLICK = (
 
 @pytest.fixture
 def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
-    """A minute's limit is warned at once (58 s before it ends), judged every quarter second."""
-    return {**broker_config, "time_limit_warning": 58.0, "sample_interval": 0.25}
+    """A limit of 90 s is warned 5 s after the grant, judged every quarter second."""
+    return {**broker_config, "time_limit_warning": 85.0, "sample_interval": 0.25}
 
 
 def hhmm(iso: str) -> str:
@@ -52,7 +52,7 @@ async def test_the_widget_warns_of_the_time_limit_and_extends_it(  # type: ignor
                 await api("POST", f"leases/{lease}/renew")
 
     request.addfinalizer(asyncio.ensure_future(renew()).cancel)
-    nb = await notebook(kid, "r = %gpu request 1g.10gb --for 60s\nr", "print(r.widget.ends_at)")
+    nb = await notebook(kid, "r = %gpu request 1g.10gb --for 90s\nr", "print(r.widget.ends_at)")
     (lease,) = [x for x in (await api("GET", "leases"))[1]["leases"] if x["id"] not in others]
     assert nb.stdout(1) == lease["ends_at"]
     assert f"· until {hhmm(lease['ends_at'])}" in nb.text(0)

@@ -125,14 +125,14 @@ async def test_run_prints_the_warning_with_the_command_that_extends_then_the_ext
 
 async def test_run_says_the_lease_was_taken_back_at_its_limit_and_stops(start_cli, api):  # type: ignore[no-untyped-def]
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    proc = await start_cli("run", "--time", "10s", "1g.10gb", "--", *sleep, json_out=False)
+    proc = await start_cli("run", "--time", "12s", "1g.10gb", "--", *sleep, json_out=False)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1
     warning, taken, *rest = err.decode().splitlines()
     assert warning.startswith("warning: lease l-") and "unless it is extended" in warning
     lease_id = warning.split()[2].rstrip(":")
     assert taken == (
-        f"error: the broker took lease {lease_id} back: its time limit of 10 s is up: "
+        f"error: the broker took lease {lease_id} back: its time limit of 12 s is up: "
         "stopping the command"
     )
     assert rest == []
