@@ -318,6 +318,12 @@ class BrokerClient:
             body["holder_pid"] = holder_pid
         return await self.call("POST", f"leases/{lease_id}/renew", body or None)  # type: ignore[no-any-return]
 
+    async def extend(self, lease_id: str, seconds: float) -> dict[str, Any]:
+        """More time on a lease's time limit: the lease as extended; refused (409, with
+        the broker's reason) where that would delay a start promised to a waiting request
+        or pass the class's maximum."""
+        return await self.call("POST", f"leases/{lease_id}/extend", {"seconds": seconds})  # type: ignore[no-any-return]
+
     async def release(self, lease_id: str) -> dict[str, Any]:
         return await self.call("DELETE", f"leases/{lease_id}")  # type: ignore[no-any-return]
 

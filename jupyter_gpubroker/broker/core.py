@@ -360,16 +360,14 @@ class Broker:
         self.book.extend(lease, self.promises.check_extension(lease, seconds))
         return lease
 
-    def warn(self, lease_id: str, reason: str, deadline: float) -> Lease:
-        """Tell a lease's holder it will be reclaimed at ``deadline``: a ``warning`` event,
-        and the lease's ``reclaim_at``. Deciding when is ``broker.reclaim``'s job."""
+    def warn(self, lease_id: str, reason: str, deadline: float, cause: str) -> Lease:
+        """Tell a lease's holder it will be reclaimed at ``deadline``: a ``warning`` event
+        with its ``cause`` (a front offers Extend on a ``time_limit`` one), and the lease's
+        ``reclaim_at``. Deciding when is ``broker.reclaim``'s job."""
         lease = self._active_lease(lease_id, None)
         lease.reclaim_at = deadline
-        self._emit(
-            Event.of_lease(
-                "warning", self.clock.now(), lease, {"reason": reason, "deadline": deadline}
-            )
-        )
+        detail = {"reason": reason, "deadline": deadline, "cause": cause}
+        self._emit(Event.of_lease("warning", self.clock.now(), lease, detail))
         return lease
 
     def unwarn(self, lease_id: str, reason: str) -> Lease:

@@ -1,5 +1,5 @@
 """The queue and one's own requests and leases: ``queue``, ``request``, ``renew``,
-``release`` and ``run``, all through the broker's API."""
+``release``, ``extend`` and ``run``, all through the broker's API."""
 
 from __future__ import annotations
 
@@ -13,8 +13,16 @@ from datetime import datetime
 from typing import Any
 
 from ..client import BrokerAPIError, BrokerClient, keep_alive
-from ..wire.sizes import time_limit
-from ..wire.text import CLI_RUN_HOLDER, clock, eta_text
+from ..wire.sizes import extension, time_limit
+from ..wire.text import (
+    CLI_RUN_HOLDER,
+    clock,
+    count,
+    eta_text,
+    limit_extended,
+    limit_until,
+    reclaim_warning,
+)
 from .common import (
     client,
     connection_args,
@@ -92,10 +100,31 @@ def add_release(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_release)
 
 
+def add_extend(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Give your lease's time limit more time, e.g. when its warning comes: 'extend --by "
+        "1h'. Granted only where no waiting request was promised an earlier start on its "
+        "GPU, and within the class's limits; otherwise it says why and when the GPU is needed."
+    )
+    connection_args(p)
+    p.add_argument(
+        "lease", nargs="?", help="the lease (l-...); may be left out while you hold only one"
+    )
+    p.add_argument(
+        "--by",
+        type=extension,
+        required=True,
+        metavar="TIME",
+        help="how much more time, e.g. 30min, 1h or 1h30m",
+    )
+    p.set_defaults(func=cmd_extend)
+
+
 def add_run(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Wait for a grant, run COMMAND with CUDA_VISIBLE_DEVICES set, renew the "
-        "lease while it runs, release it when it ends. Exits with the command's status. If "
+        "lease while it runs, release it when it ends. Exits with the command's status. A "
+        "time limit's warning is printed when it comes, with the command that extends it. If "
         "the lease is lost (ended by the broker, or not renewable within its TTL) the "
         "command is stopped (SIGTERM, then SIGKILL)."
     )
@@ -183,7 +212,11 @@ def _ends(lease: dict[str, Any]) -> str:
     """The lease's time limit, where it has one, as a line of its own."""
     if not lease.get("ends_at"):
         return ""
-    return f"\n# time limit ends at {clock(datetime.fromisoformat(lease['ends_at']).timestamp())}"
+    return f"\n# time limit ends at {clock(_when(lease['ends_at']))}"
+
+
+def _when(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
 
 
 def cmd_renew(args: argparse.Namespace) -> int:
@@ -205,6 +238,36 @@ def cmd_release(args: argparse.Namespace) -> int:
         done = asyncio.run(broker.release(args.id))
     print_result(args, done, f"{args.id}: {done['state']}")
     return 0
+
+
+def cmd_extend(args: argparse.Namespace) -> int:
+    broker = client(args)
+
+    async def extend() -> dict[str, Any]:
+        return await broker.extend(args.lease or await _only_lease(broker), args.by)
+
+    lease = asyncio.run(extend())
+    print_result(args, lease, f"lease {lease['id']}: {limit_extended(_when(lease['ends_at']))}")
+    return 0
+
+
+async def _only_lease(broker: BrokerClient) -> str:
+    """The one lease the caller holds; a sentence listing them where that is not one."""
+    me = (await broker.me())["user"]
+    mine = [x for x in await broker.leases() if x["user"] == me]
+    if len(mine) == 1:
+        return str(mine[0]["id"])
+    if not mine:
+        raise BrokerAPIError(0, "no_lease", "you hold no lease to extend")
+    held = ", ".join(
+        f"{x['id']} ({', '.join(x['devices'])}, "
+        + (limit_until(_when(x["ends_at"])) if x.get("ends_at") else "no time limit")
+        + ")"
+        for x in mine
+    )
+    raise BrokerAPIError(
+        0, "which_lease", f"you hold {count(len(mine), 'lease')}; name the one to extend: {held}"
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -234,7 +297,7 @@ async def _run(broker: BrokerClient, args: argparse.Namespace, command: list[str
             print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
             return 127 if isinstance(e, FileNotFoundError) else 126
         try:
-            return await _hold(broker, lease, proc)
+            return await _hold(broker, lease, proc, _extend_command(args, lease))
         finally:
             if proc.returncode is None:  # lost lease, Ctrl-C: never leave it running
                 await _stop(proc)
@@ -243,22 +306,65 @@ async def _run(broker: BrokerClient, args: argparse.Namespace, command: list[str
             await broker.cancel(r["id"])
 
 
-async def _hold(broker: BrokerClient, lease: dict[str, Any], proc: Process) -> int:
-    """Renew the lease while the command runs (``keep_alive``); its exit status, or 1
-    once the lease is lost: ended by the broker, refused, or not renewed within its TTL."""
+def _extend_command(args: argparse.Namespace, lease: dict[str, Any]) -> str:
+    """The command that extends ``lease`` from another terminal, as the user would type it."""
+    where = f" --url {args.url}" if args.url else ""
+    return f"jupyter gpubroker extend {lease['id']} --by 1h{where}"
+
+
+async def _hold(
+    broker: BrokerClient, lease: dict[str, Any], proc: Process, extend_command: str = ""
+) -> int:
+    """Renew the lease while the command runs (``keep_alive``), saying what the broker
+    says of it meanwhile (``_notices``); its exit status, or 1 once the lease is lost:
+    ended by the broker, refused, or not renewed within its TTL."""
     renewing = asyncio.ensure_future(keep_alive(broker.renew, lease))
+    watching = asyncio.ensure_future(_notices(broker, lease, extend_command))
     exiting = asyncio.ensure_future(proc.wait())
+    pending: set[asyncio.Future[Any]] = {renewing, watching, exiting}
     try:
-        await asyncio.wait({renewing, exiting}, return_when=asyncio.FIRST_COMPLETED)
-        if exiting.done():
-            return exiting.result()
-        lost = renewing.result()
-        why = lost.message if lost is not None else "no longer renewed"
-        print(f"error: lost lease {lease['id']} ({why}): stopping the command", file=sys.stderr)
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if exiting in done:
+                return exiting.result()
+            if watching in done and watching.exception() is None:  # a refused stream: no news
+                why = watching.result()
+                break
+            if renewing in done:
+                lost = renewing.result()
+                why = f"lost lease {lease['id']} ({lost.message if lost else 'no longer renewed'})"
+                break
+        print(f"error: {why}: stopping the command", file=sys.stderr)
         return 1
     finally:
         renewing.cancel()
+        watching.cancel()
         exiting.cancel()
+
+
+async def _notices(broker: BrokerClient, lease: dict[str, Any], extend_command: str) -> str:
+    """Print the broker's warnings about the lease (a time limit's with how to extend it)
+    and its extensions, as they come; once it ends, why, in a sentence."""
+    lease_id = lease["id"]
+    async with contextlib.aclosing(broker.follow()) as events:
+        async for message in events:
+            kind, data = message["type"], message["data"]
+            if data.get("lease_id") != lease_id:
+                continue
+            if kind == "warning":
+                cause = data.get("cause", "")
+                text = reclaim_warning(data["reason"], _when(data["deadline"]), cause)
+                if cause == "time_limit" and extend_command:
+                    text += f": {extend_command}"
+                print(f"warning: lease {lease_id}: {text}", file=sys.stderr)
+            elif kind == "extended":
+                extended = limit_extended(_when(data["ends_at"]))
+                print(f"lease {lease_id}: {extended}", file=sys.stderr)
+            elif kind in ("released", "expired", "reclaimed"):
+                if data.get("cause") == "time_limit":
+                    return f"the broker took lease {lease_id} back: {data['reason']}"
+                return f"lost lease {lease_id} ({data.get('reason') or kind})"
+    raise AssertionError("follow() ends only with an error")
 
 
 async def _stop(proc: Process) -> None:

@@ -31,6 +31,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("request", ".leases", "ask for a GPU or MIG slice and print the grant"),
     ("renew", ".leases", "renew a lease or a waiting request (a heartbeat)"),
     ("release", ".leases", "release a lease or withdraw a request"),
+    ("extend", ".leases", "give your lease's time limit more time, where nobody waits for it"),
     ("run", ".leases", "run a command on a granted GPU, renewing the lease while it runs"),
     ("drain", ".admin", "(admins) grant nothing more on a GPU or MIG slice"),
     ("undrain", ".admin", "(admins) let a drained GPU or MIG slice take grants again"),

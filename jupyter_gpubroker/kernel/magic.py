@@ -24,8 +24,8 @@ from traitlets.log import get_logger
 
 from ..client import BrokerAPIError, NoReply
 from ..wire.errors import BrokerError
-from ..wire.sizes import Size, time_limit
-from ..wire.text import duration, size_text
+from ..wire.sizes import Size, extension, time_limit
+from ..wire.text import duration, limit_extended, sentence, size_text
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
@@ -53,6 +53,7 @@ examples:
   %gpu request 1g.10gb --for 2h   ask for it for two hours (a time limit you can extend)
   %gpu request 1g.10gb --no-wait  return at once; the widget keeps updating and
                                   CUDA_VISIBLE_DEVICES is set when the grant comes
+  %gpu extend 1h                  an hour more on the time limit, where nobody waits
   %gpu release                    give the GPU back (or withdraw the waiting request)
   %gpu queue                      the whole queue, live
   %gpu usage                      my GPU-hours per day, last 7 days
@@ -127,6 +128,12 @@ def build_parser() -> _Parser:
         metavar="SECONDS",
         help="withdraw the request if it is not granted by then (with --wait)",
     )
+    extend = commands.add_parser(
+        "extend",
+        help="more time on this kernel's time limit (granted where no waiting request needs "
+        "the GPU sooner)",
+    )
+    extend.add_argument("time", type=extension, metavar="TIME", help="how much more, e.g. 1h")
     commands.add_parser("release", help="give the GPU back, or withdraw the waiting request")
     commands.add_parser("queue", help="the whole queue, live")
     usage = commands.add_parser("usage", help="my GPU-hours per day")
@@ -235,7 +242,7 @@ class GPUMagics(Magics):
 
     @line_magic
     def gpu(self, line: str) -> GpuResult | None:
-        """This kernel's GPU from the broker: ``%gpu [status|request|release|queue|usage]``;
+        """This kernel's GPU from the broker: ``%gpu [status|request|extend|release|queue|usage]``;
         ``%gpu --help`` for the options."""
         try:
             args = PARSER.parse_args(shlex.split(line))
@@ -328,6 +335,14 @@ class GPUMagics(Magics):
         if tracker.state != "granted":
             reason = tracker.request.get("reason") or "no reason given"
             raise GpuError(f"the request ended without a grant ({tracker.state}: {reason})")
+
+    def _extend(self, args: argparse.Namespace) -> GpuResult:
+        tracker = self.session.live()
+        if tracker is None:
+            raise GpuError("this kernel holds no GPU to extend")
+        lease = self.session.extend(tracker, args.time)
+        text = limit_extended(when(lease["ends_at"]))
+        return GpuResult(lease, lambda: sentence(text))
 
     def _release(self, _: argparse.Namespace) -> GpuResult:
         tracker = self.session.live()

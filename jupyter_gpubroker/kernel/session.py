@@ -90,6 +90,9 @@ class Tracker:
         self.ahead: dict[str, int] = {}
         """Requests ahead of this one, by job class."""
         self.queue_length: int = request.get("position") or 0
+        self.warning: dict[str, Any] | None = None
+        """The lease's pending warning (``reason``, ``deadline``, ``cause``) since its
+        ``warning`` event; None once withdrawn or extended."""
         self.settled: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
         """Resolves with the request when it leaves the queue (granted or ended)."""
         self._watchers: list[Callable[[], None]] = []
@@ -155,6 +158,10 @@ class Tracker:
         elif kind == "snapshot":
             await self.refresh()
         elif data.get("request_id") == self.id and data.get("request") is not None:
+            if kind == "warning":
+                self.warning = data
+            elif kind in ("warning_cleared", "extended"):
+                self.warning = None
             request = data["request"]
             if request["state"] == "queued":  # its place comes with ``positions``
                 request = {**request, **{k: self.request.get(k) for k in PLACE}}
@@ -280,6 +287,17 @@ class Session:
     def withdraw(self, tracker: Tracker) -> None:
         """Cancel the request, or release its lease if it has one."""
         tracker.update(self.call(self.client.cancel(tracker.id)))
+
+    def extend(self, tracker: Tracker, seconds: float) -> dict[str, Any]:
+        """Give the lease of ``tracker`` ``seconds`` more on its time limit; the broker's
+        refusal (``BrokerAPIError``) says why not."""
+        lease = tracker.lease
+        if tracker.state != "granted" or lease is None:
+            raise GpuError("this kernel holds no GPU to extend")
+        extended = self.call(self.client.extend(lease["id"], seconds))
+        tracker.warning = None
+        tracker.update({**tracker.request, "lease": extended})
+        return extended
 
     def changed(self, tracker: Tracker) -> None:
         """Keep a waiting request alive; pin the devices of a grant in this process's

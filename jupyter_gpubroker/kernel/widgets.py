@@ -22,8 +22,20 @@ from typing import Any
 from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
+from ..wire.text import (
+    EXTEND_BY_S,
+    EXTEND_LABEL,
+    count,
+    duration,
+    eta_text,
+    gpu_hours,
+    limit_until,
+    memory,
+    reclaim_warning,
+    sentence,
+    size_text,
+)
 from ..wire.text import clock as wall_clock
-from ..wire.text import count, duration, eta_text, gpu_hours, memory, size_text
 from .feed import TRANSIENT, why
 from .session import PLACE, Activity, Session, Tracker
 
@@ -170,6 +182,11 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
     lease = tracker.lease
     if tracker.state == "granted" and lease is not None:
         details = f"held {duration(time.time() - when(lease['granted_at']))} · {activity.text()}"
+        if lease.get("ends_at"):
+            details += f" · {limit_until(when(lease['ends_at']))}"
+        warning = limit_warning(tracker)
+        if warning:
+            return f"Holding {size}", [details, warning]
         if lease.get("reclaim_at"):
             details += f" · reclaimed at {clock(lease['reclaim_at'])} unless used"
         return f"Holding {size}", [details]
@@ -177,6 +194,14 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
         return f"{size}: {lease['suspended']['text']}", [lease["reason"]]
     reason = lease["reason"] if lease is not None and lease.get("reason") else r.get("reason")
     return f"{size}: {tracker.state}", [reason] if reason else []
+
+
+def limit_warning(tracker: Tracker) -> str:
+    """The lease's time-limit warning in words, while one is pending ("" otherwise)."""
+    w = tracker.warning
+    if tracker.state != "granted" or w is None or w.get("cause") != "time_limit":
+        return ""
+    return "⚠ " + sentence(reclaim_warning(w["reason"], when(w["deadline"]), "time_limit"))
 
 
 def request_text(tracker: Tracker, activity: Activity, held: list[Held]) -> str:
@@ -224,7 +249,9 @@ class RequestPanel(GpuWidget):
     them in place, and the session's clock redraws it while granted (time held, idle
     time, and a sample of the load for the sparkline). The Cancel button shows while
     queued if the kernel is free to handle its click (``%gpu request --no-wait``; a
-    waiting cell is withdrawn by interrupting the kernel).
+    waiting cell is withdrawn by interrupting the kernel). Its time limit's end shows while
+    granted; its warning, with an Extend button (an hour more), while pending: a refusal
+    shows the broker's reason.
     """
 
     state = Unicode().tag(sync=True)
@@ -233,6 +260,10 @@ class RequestPanel(GpuWidget):
     ahead = Dict().tag(sync=True)
     devices = List(Unicode()).tag(sync=True)
     readings = List(Dict()).tag(sync=True)
+    ends_at = Unicode(None, allow_none=True).tag(sync=True)
+    """When the lease's time limit ends (the API's time; None: no limit)."""
+    limit_warning = Unicode("").tag(sync=True)
+    """The time limit's pending warning, as shown."""
 
     def __init__(
         self, tracker: Tracker, activity: Activity, *, cancellable: bool, gpus: list[Any]
@@ -251,7 +282,13 @@ class RequestPanel(GpuWidget):
         self._html = HTML()
         self.button = Button(description="Cancel request", icon="times", button_style="warning")
         self.button.on_click(self._cancel)
-        super().__init__(children=[self._html, self.button])
+        self.extend_button = Button(
+            description=EXTEND_LABEL,
+            icon="clock-o",
+            button_style="primary",
+        )
+        self.extend_button.on_click(self._extend)
+        super().__init__(children=[self._html, self.extend_button, self.button])
         self._stops += [
             tracker.watch(self._update),
             lambda: self._follow_clock(False),
@@ -285,9 +322,12 @@ class RequestPanel(GpuWidget):
             self.ahead = dict(t.ahead) if waiting else {}
             self.devices = list(lease["devices"]) if lease else []
             self.readings = [h.reading() for h in held]
+            self.ends_at = lease.get("ends_at") if lease else None
+            self.limit_warning = limit_warning(t)
             note = self._note or (WAITING_HINT if waiting and not self.cancellable else "")
             self._html.value = request_html(t, self.activity, held, self._history, note)
         self.button.layout.display = None if waiting and self.cancellable else "none"
+        self.extend_button.layout.display = None if self.limit_warning else "none"
 
     def _follow_clock(self, on: bool) -> None:
         with self._lock:
@@ -337,6 +377,15 @@ class RequestPanel(GpuWidget):
             else:
                 return
             self._update()
+
+    def _extend(self, _: Button) -> None:
+        try:
+            self.session.extend(self.tracker, EXTEND_BY_S)
+        except TRANSIENT as e:  # the broker's reason: a promised start, the class's limits
+            self._note = why(e)
+        else:
+            self._note = ""
+        self._update()
 
     def _cancel(self, _: Button) -> None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -76,8 +77,9 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(sec|min|s|m|h|d)", re.IGNORECASE)
 def parse_duration(value: object, what: str = "the time limit") -> float:
     """Seconds from a number or words like "2h" or "1h30m" (Slurm's ``--time`` and the
     hosted notebooks' session lengths are said so); a clear ``InvalidRequest`` otherwise."""
+    given = value  # as the person wrote it, for the refusal
     if isinstance(value, str):
-        text = value.strip()
+        text = given = value.strip()
         try:
             value = float(text)
         except ValueError:
@@ -86,17 +88,27 @@ def parse_duration(value: object, what: str = "the time limit") -> float:
                 raise InvalidRequest(f"{what} must be {DURATION_WORDS}, not {text!r}") from None
             value = sum(float(n) * _UNIT_S[unit.lower()] for n, unit in parts)
     if not quantity(value, RESOLUTION, MAX_DURATION_S) or value == 0:
-        raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {value!r}")
+        raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {given!r}")
     return float(value)  # type: ignore[arg-type]
 
 
-def time_limit(text: str) -> float:
-    """A time limit as a command-line option takes it (``--time``, ``%gpu ... --for``):
-    ``parse_duration``'s, its refusal in argparse's terms."""
-    try:
-        return parse_duration(text, "the time")
-    except InvalidRequest as e:
-        raise argparse.ArgumentTypeError(e.message) from None
+def duration_option(what: str) -> Callable[[str], float]:
+    """A duration as a command-line option takes it: ``parse_duration``'s, its refusal
+    (naming ``what``) in argparse's terms."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, what)
+        except InvalidRequest as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+
+    return parse
+
+
+time_limit = duration_option("the time")
+"""A time limit: ``--time``, ``%gpu request ... --for``."""
+extension = duration_option("the extension")
+"""More time on a lease's limit: ``extend --by``, ``%gpu extend``."""
 
 
 @dataclass(frozen=True)

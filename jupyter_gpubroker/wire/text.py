@@ -257,3 +257,34 @@ def audit_detail(detail: Mapping[str, object], action: str) -> str:
     if detail.get("reason"):
         said.append(f"reason: {detail['reason']}")
     return "; ".join(said)
+
+
+# -------------------------------------------------------------------- time limits
+
+EXTEND_BY_S = 3600.0
+"""What one Extend button asks for: an hour more."""
+EXTEND_LABEL = "Extend 1 hour"
+"""That button's label."""
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence of its own: its first letter a capital, a full stop."""
+    return f"{text[:1].upper()}{text[1:]}."
+
+
+def limit_until(ends_at: float) -> str:
+    """A lease's time limit end as a status line shows it: "until 14:30"."""
+    return f"until {clock(ends_at)}"
+
+
+def reclaim_warning(reason: str, deadline: float, cause: str) -> str:
+    """A warning as its holder reads it: the broker's ``reason`` ("its time limit of
+    2 h 00 min ends at 14:30") and when the GPU goes back; a time limit's (``cause``)
+    says it may be extended."""
+    unless = " unless it is extended" if cause == "time_limit" else ""
+    return f"{reason}; the GPU is taken back at {clock(deadline)}{unless}"
+
+
+def limit_extended(ends_at: float) -> str:
+    """An extension, said to its holder."""
+    return f"time limit extended: it now ends at {clock(ends_at)}"

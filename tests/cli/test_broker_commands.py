@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -58,6 +59,7 @@ def test_a_timeout_must_be_positive(capsys, timeout: str) -> None:
         ("queue", "in the order the broker will grant them"),
         ("renew", "A lease or request nobody renews expires"),
         ("release", "withdraw a request (r-...)"),
+        ("extend", "Granted only where no waiting request was promised an earlier start"),
     ],
 )
 def test_every_command_describes_itself(capsys, command: str, words: str) -> None:
@@ -75,6 +77,10 @@ class Unreachable:
     async def renew(self, lease_id: str) -> None:
         self.renewals += 1
         raise ConnectionRefusedError(111, "Connection refused")
+
+    async def follow(self) -> AsyncIterator[dict]:  # the stream retries as long as it is read
+        await asyncio.Event().wait()
+        yield {}
 
 
 def test_run_retries_an_unreachable_broker_until_the_ttl_then_stops_the_command(capsys) -> None:
@@ -102,3 +108,23 @@ def test_a_bad_time_limit_is_one_line(capsys, limit: str) -> None:
     code, err = run(capsys, "request", "--url", NOWHERE, "--time", limit, "1g.10gb")
     assert code == 2
     assert "argument --time: the time must be a number of seconds or a duration like" in err
+
+
+@pytest.mark.parametrize(
+    ("by", "said"),
+    [
+        ("0", "the extension must be a number of seconds or a duration like"),
+        ("soon", "the extension must be a number of seconds or a duration like"),
+        ("-1h", "the extension must be a number of seconds or a duration like"),
+        ("400d", "the extension must be a number of seconds or a duration like"),
+    ],
+)
+def test_a_bad_extension_is_one_line(capsys, by: str, said: str) -> None:
+    code, err = run(capsys, "extend", "--url", NOWHERE, "l-1", "--by", by)
+    assert code == 2
+    assert f"argument --by: {said}" in err
+
+
+def test_an_extension_says_how_much(capsys) -> None:
+    code, err = run(capsys, "extend", "--url", NOWHERE, "l-1")
+    assert code == 2 and "the following arguments are required: --by" in err

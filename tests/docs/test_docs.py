@@ -76,3 +76,18 @@ def test_every_command_the_quick_start_shows_is_run_by_a_test_or_ci() -> None:
             if not quoted and not re.search(rf"(^|&& ){re.escape(part)}( &&|  #|$)", ci, re.M):
                 unrun.append(part)
     assert unrun == []
+
+
+EXTEND = re.compile(r"(?:jupyter gpubroker|%gpu) extend[^`\n#]*")
+"""A command that extends a time limit, as a page shows it (in code, up to a comment)."""
+
+
+def test_every_extend_command_the_docs_show_is_run_by_a_test() -> None:
+    """Each `jupyter gpubroker extend ...` and `%gpu extend ...` the docs show, but for
+    the placeholder lease ``l-...``, is run as written by a test (quoted in its source)."""
+    tests = [p for p in (ROOT / "tests").rglob("*.py") if p.parent.name != "docs"]
+    sources = "\n".join(p.read_text() for p in tests)
+    shown = {c.strip() for page in PAGES for c in EXTEND.findall(page.read_text())}
+    shown = {c for c in shown if "l-..." not in c}
+    assert {"jupyter gpubroker extend --by 1h", "%gpu extend 1h"} <= shown
+    assert [c for c in sorted(shown) if f'"{c}"' not in sources and f"'{c}'" not in sources] == []

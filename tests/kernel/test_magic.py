@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import sys
+from datetime import datetime
 
 PIN = "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
 
@@ -345,3 +346,22 @@ async def test_a_kernel_in_a_gpu_server_uses_the_servers_gpu_and_asks_for_no_sec
         assert still["state"] == "active"
     finally:
         await api("DELETE", f"leases/{lease['id']}")
+
+
+async def test_extend_gives_the_kernels_time_limit_more_time(kernel, notebook, api):  # type: ignore[no-untyped-def]
+    kid = await kernel()
+    nb = await notebook(
+        kid,
+        "%gpu extend 1h",
+        "r = %gpu request 1g.10gb --for 1h",
+        "%gpu extend 30min",
+        "%gpu extend soon",
+    )
+    assert one_line_error(nb, 0) == "%gpu extend: this kernel holds no GPU to extend"
+    (lease,) = (await api("GET", "leases"))[1]["leases"]
+    assert (lease["limit_s"], lease["extended_s"], lease["extensions"]) == (3600, 1800, 1)
+    ends = datetime.fromisoformat(lease["ends_at"]).astimezone()
+    assert nb.text(2) == f"Time limit extended: it now ends at {ends:%H:%M}."
+    assert one_line_error(nb, 3).startswith(
+        "%gpu extend: argument TIME: the extension must be a number of seconds or a duration"
+    )

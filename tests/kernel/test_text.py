@@ -64,9 +64,30 @@ def test_any_moment_only_once_the_low_end_is_now():
     assert line.startswith(f"ETA any moment (by {local_clock(50)}) · ")
 
 
+def held_tracker(lease: dict, warning: dict | None = None) -> SimpleNamespace:
+    return SimpleNamespace(
+        state="granted", request={**REQUEST, "lease": lease}, lease=lease, warning=warning
+    )
+
+
+def test_a_time_limit_shows_its_end_and_its_warning_in_plain_words():
+    lease = {"granted_at": iso(-61), "ends_at": iso(60), "reclaim_at": iso(120)}
+    lease["devices"] = ["MIG-x"]
+    reason = f"its time limit of 2 h 01 min ends at {local_clock(60)}"
+    warning = {"cause": "time_limit", "reason": reason, "deadline": iso(120)}
+    activity = Activity()
+    activity.since -= 125
+    title, (details, said) = request_facts(held_tracker(lease, warning), activity)  # type: ignore[arg-type]
+    assert details == f"held 1 h 01 min · kernel idle for 2 min · until {local_clock(60)}"
+    assert said == (
+        f"⚠ Its time limit of 2 h 01 min ends at {local_clock(60)}; the GPU is taken back at "
+        f"{local_clock(120)} unless it is extended."
+    )
+
+
 def test_a_lease_under_a_reclaim_warning_shows_the_deadline():
     lease = {"granted_at": iso(-61), "reclaim_at": iso(5), "devices": ["MIG-x"]}
-    tracker = SimpleNamespace(state="granted", request={**REQUEST, "lease": lease}, lease=lease)
+    tracker = held_tracker(lease)
     activity = Activity()
     activity.since -= 125
     title, (details,) = request_facts(tracker, activity)  # type: ignore[arg-type]
@@ -110,7 +131,7 @@ def test_queue_and_usage_tables():
 
 def test_a_held_slice_names_its_profile_once_beside_the_title():
     lease = {"granted_at": iso(-1), "devices": ["MIG-x"]}
-    tracker = SimpleNamespace(state="granted", request={**REQUEST, "lease": lease}, lease=lease)
+    tracker = held_tracker(lease)
     held = Held("MIG-x", "GPU 0 / 1g.10gb@3", 10048, 512, None, True, 40.0)
     assert request_text(tracker, Activity(), [held]).splitlines()[:2] == [  # type: ignore[arg-type]
         "Holding 1g.10gb (interactive)",

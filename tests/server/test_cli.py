@@ -3,73 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
 
 import pytest
 
 from jupyter_gpubroker.api import API_PREFIX
-
-
-@pytest.fixture
-def broker_url(jp_http_port, jp_base_url) -> str:  # type: ignore[no-untyped-def]
-    return f"http://localhost:{jp_http_port}{jp_base_url}{API_PREFIX}"
-
-
-@pytest.fixture
-def start_cli(jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
-    """Start `jupyter gpubroker ...` in a subprocess against the test server (or ``url``,
-    with ``token``); no traceback may ever reach its stderr."""
-    token = jp_serverapp.identity_provider.token
-
-    async def start(*args: str, json_out: bool = True, url: str = "", token: str = token):  # type: ignore[no-untyped-def]
-        argv = [sys.executable, "-m", "jupyter_gpubroker.cli", *args[:1]]
-        argv += ["--url", url or broker_url, "--token", token]
-        argv += [*(["--json"] if json_out else []), *args[1:]]
-        return await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-
-    return start
-
-
-@pytest.fixture
-def cli(start_cli):  # type: ignore[no-untyped-def]
-    """Run `jupyter gpubroker ...` to its end: (exit status, JSON or text out, stderr)."""
-
-    async def run(*args: str, json_out: bool = True, **where: str) -> tuple[int, object, str]:
-        proc = await start_cli(*args, json_out=json_out, **where)
-        out, err = await proc.communicate()
-        text = out.decode()
-        data = json.loads(text) if json_out and proc.returncode == 0 else text
-        assert "Traceback" not in err.decode()
-        return proc.returncode or 0, data, err.decode()
-
-    return run
-
-
-@contextlib.asynccontextmanager
-async def held(api, n: int = 1) -> AsyncIterator[list[dict]]:  # type: ignore[no-untyped-def]
-    """``n`` granted 1g.10gb requests (7 fill the GPU: the next one queues), renewed every
-    second so that they outlive their 4 s TTL however slowly a CLI starts."""
-    granted = [(await api("POST", "requests", {"profile": "1g.10gb"}))[1] for _ in range(n)]
-
-    async def renew() -> None:
-        while True:
-            await asyncio.sleep(1)
-            for r in granted:
-                await api("POST", f"leases/{r['lease']['id']}/renew")
-
-    renewing = asyncio.ensure_future(renew())
-    try:
-        yield granted
-    finally:
-        renewing.cancel()
 
 
 async def test_request_then_release(cli, api):  # type: ignore[no-untyped-def]
@@ -103,7 +45,7 @@ async def test_a_time_limit_in_words_reaches_the_lease(cli, api):  # type: ignor
     assert sorted(x["limit_s"] for x in leases["leases"]) == [5400, 7200]
 
 
-async def test_queued_request_shows_in_the_queue_and_is_granted_on_release(cli, api):  # type: ignore[no-untyped-def]
+async def test_queued_request_shows_in_the_queue_and_is_granted_on_release(held, cli, api):  # type: ignore[no-untyped-def]
     async with held(api, 7) as full:
         code, r, _ = await cli("request", "1g.10gb", "--no-wait", "--class", "batch")
         assert code == 0 and r["state"] == "queued" and r["position"] == 1
@@ -141,7 +83,7 @@ async def test_bad_input_is_one_clear_line(cli):  # type: ignore[no-untyped-def]
     assert code == 1 and "no lease 'l-nope'" in err
 
 
-async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(start_cli, api):  # type: ignore[no-untyped-def]
+async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(held, start_cli, api):  # type: ignore[no-untyped-def]
     async with held(api, 7):
         proc = await start_cli("request", "1g.10gb", json_out=False)
         assert b"queued at position 1" in await proc.stderr.readline()
@@ -153,7 +95,7 @@ async def test_ctrl_c_while_waiting_withdraws_the_request_in_one_line(start_cli,
     assert queue["length"] == 0
 
 
-async def test_a_wait_that_times_out_is_withdrawn(cli, api):  # type: ignore[no-untyped-def]
+async def test_a_wait_that_times_out_is_withdrawn(held, cli, api):  # type: ignore[no-untyped-def]
     async with held(api, 7):
         code, _, err = await cli("request", "1g.10gb", "--timeout", "0.5")
     assert code == 1
@@ -204,7 +146,7 @@ async def test_a_wrong_token_or_url_says_what_to_check(cli, broker_url):  # type
     assert err.strip() == f"error: no GPU broker at {wrong}: check --url (it ends in /{API_PREFIX})"
 
 
-async def test_status_shows_the_running_servers_broker(cli, api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+async def test_status_shows_the_running_servers_broker(held, cli, api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
     jp_serverapp.write_server_info_file()  # what `jupyter server list` reads
     try:
         async with held(api) as (r,):
@@ -318,7 +260,7 @@ print(json.dumps({"status": status, "modules": sorted(sys.modules), "sqlite": op
 files it opened (Python's audit hook sees every ``sqlite3.connect``)."""
 
 
-async def test_queue_loads_neither_the_replay_nor_nvml(api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
+async def test_queue_loads_neither_the_replay_nor_nvml(held, api, jp_serverapp, broker_url):  # type: ignore[no-untyped-def]
     """`jupyter gpubroker queue` is a client: no simulator, NVML backend, store or replay."""
     async with held(api, 7):
         await api("POST", "requests", {"profile": "1g.10gb"})  # the GPU is full: it waits
@@ -333,8 +275,13 @@ async def test_queue_loads_neither_the_replay_nor_nvml(api, jp_serverapp, broker
         assert not [m for m in ours if m.startswith(f"jupyter_gpubroker.{heavy}")], heavy
 
 
-async def test_usage_asks_the_running_broker_without_opening_its_state_file(  # type: ignore[no-untyped-def]
-    api, jp_serverapp, broker_url, broker_config, monkeypatch
+async def test_usage_asks_the_running_broker_without_opening_its_state_file(
+    held,  # type: ignore[no-untyped-def]
+    api,
+    jp_serverapp,
+    broker_url,
+    broker_config,
+    monkeypatch,
 ):
     """With a broker running, `usage` reports through its API and opens no SQLite file,
     though $GPUBROKER_STATE names the broker's; given --state, it opens it read-only."""
