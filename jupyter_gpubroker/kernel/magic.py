@@ -31,17 +31,14 @@ from .cuda import cuda_initialised
 from .feed import why
 from .resume import Resume
 from .session import Activity, Session, Tracker
+from .tables import QueueTable, UsageChart, queue_text, usage_text
 from .widgets import (
     GpuWidget,
-    QueueTable,
     RequestPanel,
     SuspendedPanel,
-    UsageChart,
     held_devices,
-    queue_text,
     request_text,
     suspended_text,
-    usage_text,
     when,
 )
 

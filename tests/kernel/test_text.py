@@ -7,15 +7,8 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 from jupyter_gpubroker.kernel.session import Activity
-from jupyter_gpubroker.kernel.widgets import (
-    Held,
-    queue_text,
-    request_facts,
-    request_html,
-    request_text,
-    usage_html,
-    usage_text,
-)
+from jupyter_gpubroker.kernel.tables import queue_text, usage_html, usage_text
+from jupyter_gpubroker.kernel.widgets import Held, request_facts, request_html, request_text
 
 
 def iso(minutes: float) -> str:
