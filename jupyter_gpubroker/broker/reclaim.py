@@ -437,7 +437,7 @@ class Reclaimer:
             if deadline is None:
                 deadline = now + self.config.grace_s
             track.warning = (verdict.cause, now, deadline)
-            self.broker.warn(lease.id, verdict.reason, deadline)
+            self.broker.warn(lease.id, verdict.reason, deadline, verdict.cause)
             return Decision(
                 "warn", lease.id, holder, verdict.cause, verdict.reason, verdict.evidence, deadline
             )

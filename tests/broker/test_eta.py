@@ -96,7 +96,7 @@ def test_a_lease_warned_as_idle_ends_at_its_reclaim_time(make_broker, clock):
     (lease,) = broker.leases()
     now = clock.now()
     assert predicted_starts(broker, queue_of(broker), Predictor(), now) == {bob.id: None}
-    broker.warn(lease.id, "idle", now + 300)
+    broker.warn(lease.id, "idle", now + 300, "idle")
     (eta,) = predicted_starts(broker, queue_of(broker), Predictor(), now).values()
     assert eta == Eta(now + 300, now + 300, now + 300, None, "idle reclaim")
 
