@@ -361,19 +361,19 @@ class Broker:
         return lease
 
     def warn(self, lease_id: str, reason: str, deadline: float, cause: str) -> Lease:
-        """Tell a lease's holder it will be reclaimed at ``deadline``: a ``warning`` event
-        with its ``cause`` (a front offers Extend on a ``time_limit`` one), and the lease's
-        ``reclaim_at``. Deciding when is ``broker.reclaim``'s job."""
+        """Tell a lease's holder it will be reclaimed at ``deadline`` and why (``cause``:
+        a front offers Extend for a time limit, "keep it" for idleness): a ``warning``
+        event, and the lease's ``reclaim_at``. Deciding when is ``broker.reclaim``'s job."""
         lease = self._active_lease(lease_id, None)
-        lease.reclaim_at = deadline
-        detail = {"reason": reason, "deadline": deadline, "cause": cause}
+        lease.reclaim_at, lease.reclaim_cause = deadline, cause
+        detail = {"cause": cause, "reason": reason, "deadline": deadline}
         self._emit(Event.of_lease("warning", self.clock.now(), lease, detail))
         return lease
 
     def unwarn(self, lease_id: str, reason: str) -> Lease:
         """Withdraw a warning (the holder is active again): a ``warning_cleared`` event."""
         lease = self._active_lease(lease_id, None)
-        lease.reclaim_at = None
+        lease.reclaim_at = lease.reclaim_cause = None
         self._emit(Event.of_lease("warning_cleared", self.clock.now(), lease, {"reason": reason}))
         return lease
 

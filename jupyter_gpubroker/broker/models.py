@@ -318,6 +318,9 @@ class Lease:
     reclaim_at: float | None = None
     """When a pending warning says the lease will be reclaimed. Not stored: after a
     restart the reclaimer judges the lease afresh and warns again before reclaiming."""
+    reclaim_cause: str | None = None
+    """Why that warning (``idle``, ``stalled``, ``preempted``, ``time_limit``): what would
+    keep the lease, which a front offers (Extend for a time limit)."""
     limit_s: float | None = None
     """Its request's time limit (None: none)."""
     extended_s: float = 0.0

@@ -150,6 +150,15 @@ export class BrokerClient {
     });
   }
 
+  /** More time on a lease's time limit; refused (409, the broker's sentence) where a
+   * waiting request needs the GPU sooner or the class allows no more. */
+  extend(leaseId: string, seconds: number): Promise<ILease> {
+    return this.call<ILease>(`leases/${encodeURIComponent(leaseId)}/extend`, {
+      method: 'POST',
+      body: JSON.stringify({ seconds })
+    });
+  }
+
   /** Follow the event stream until `signal` aborts: each message to `onEvent`, starting
    * with a `snapshot` (the whole picture, in order with the events after it: no other
    * call), and after a dropped connection or a server restart, a reconnect with the last

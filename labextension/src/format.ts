@@ -47,6 +47,41 @@ export function since(iso: string, now: number): number {
   return (now - Date.parse(iso)) / 1000;
 }
 
+/** An instant as the person's wall-clock time: "14:30" (as wire/text.py `clock`). */
+export function clock(iso: string): string {
+  const t = new Date(iso);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return `${two(t.getHours())}:${two(t.getMinutes())}`;
+}
+
+/** "until 14:30": when a lease's time limit ends; undefined for a lease without one. */
+export function untilText(lease: ILease): string | undefined {
+  return lease.ends_at ? `until ${clock(lease.ends_at)}` : undefined;
+}
+
+/** What one Extend adds to a lease's time limit: an hour, as its label says. */
+export const EXTEND_S = 3600;
+export const EXTEND_LABEL = 'Extend 1 hour';
+export const EXTEND_CAPTION =
+  'Add an hour to its time limit, if no one waiting needs the GPU sooner';
+
+/** Is a lease warned for its time limit (kept by Extend, not by using it)? */
+export function limitWarned(lease: ILease): boolean {
+  return Boolean(lease.reclaim_at) && lease.reclaim_cause === 'time_limit';
+}
+
+/** A time-limit warning's notice: "Your GPU's time limit ends at 14:30; it is reclaimed
+ * at 14:31 unless extended" (`endsAt` the limit's end, `deadline` the reclaim's). */
+export function limitWarningText(
+  endsAt: string,
+  deadline: string | null,
+  now: number
+): string {
+  const ends = Date.parse(endsAt) > now ? 'ends' : 'ended';
+  const then = deadline ? ` at ${clock(deadline)}` : '';
+  return `Your GPU's time limit ${ends} at ${clock(endsAt)}; it is reclaimed${then} unless extended`;
+}
+
 /** What a start estimate rests on, in words, where it is not past holds (the usual
  * basis; as wire/text.py `ETA_BASIS`). */
 const ETA_BASIS: Record<string, string> = {
@@ -126,7 +161,8 @@ export function statusText(
   let held: string | null = null;
   const warned = leases.find(l => l.reclaim_at);
   if (warned && warned.reclaim_at) {
-    held = `GPU idle: reclaim in ${duration(-since(warned.reclaim_at, now))}`;
+    const why = limitWarned(warned) ? 'time limit' : 'idle';
+    held = `GPU ${why}: reclaim in ${duration(-since(warned.reclaim_at, now))}`;
   } else if (leases.length) {
     const l = leases[0];
     const more = leases.length > 1 ? ` +${leases.length - 1}` : '';

@@ -1,6 +1,7 @@
 /** The JupyterLab front of the GPU broker: a sidebar panel (GPU icon), a status-bar item,
- * notifications on grant, reclaim warning ("Keep it") and reclaim, and for a notebook
- * whose GPU kernel waits in the queue, a notification with its position and Cancel. */
+ * notifications on grant, reclaim warning ("Keep it", or "Extend 1 hour" for a time
+ * limit) and reclaim, and for a notebook whose GPU kernel waits in the queue, a
+ * notification with its position and Cancel. */
 
 import {
   ILabShell,
@@ -15,7 +16,14 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import gpuSvg from '../style/icons/gpu.svg';
 import { BrokerClient } from './client';
-import { etaText, sizeText } from './format';
+import {
+  etaText,
+  EXTEND_CAPTION,
+  EXTEND_LABEL,
+  EXTEND_S,
+  limitWarningText,
+  sizeText
+} from './format';
 import { follow, GpuModel, IKernelInfo, INotice } from './model';
 import { GpuPanel, GpuStatus } from './panel';
 import { IShow } from './render';
@@ -75,12 +83,25 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const model = new GpuModel(settings.historyLength);
     const fail = (what: string) => (e: Error) =>
       Notification.error(`${what}: ${e.message}`, { autoClose: 8000 });
+    // A warning's notification by lease: it goes once the warning is withdrawn (an
+    // extension, the GPU used again), the lease ends, or a newer warning replaces it.
+    const warnings = new Map<string, string>();
+    const unwarn = (leaseId: string) => {
+      const id = warnings.get(leaseId);
+      if (id !== undefined) {
+        Notification.dismiss(id);
+        warnings.delete(leaseId);
+      }
+    };
     // what an action changes comes back as events: no fetch after it
     const actions = {
       cancel: (id: string) =>
         client.cancel(id).then(() => undefined, fail('Cancel')),
       release: (id: string) =>
-        client.release(id).then(() => undefined, fail('Release'))
+        client.release(id).then(() => undefined, fail('Release')),
+      // refused: the broker's sentence says why (and when the GPU is needed)
+      extend: (id: string) =>
+        client.extend(id, EXTEND_S).then(() => unwarn(id), fail(EXTEND_LABEL))
     };
 
     const panel = new GpuPanel(model, actions, settings);
@@ -113,16 +134,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
     sessions.runningChanged.connect(onSessions);
     onSessions();
 
-    // Notifications: grant, reclaim warning with "Keep it", reclaim; a grant's notice
-    // goes once its lease ends.
+    // Notifications: grant, reclaim warning with "Keep it" (a time limit's with "Extend
+    // 1 hour"), reclaim; a grant's notice goes once its lease ends.
     const grants = new Map<string, string>(); // lease id -> its notification
     model.notice.connect((_, n: INotice) => {
+      if (n.kind === 'ended' || n.kind === 'cleared') {
+        unwarn(n.leaseId);
+      }
       if (n.kind === 'ended') {
         const id = grants.get(n.leaseId);
         if (id !== undefined) {
           Notification.dismiss(id);
           grants.delete(n.leaseId);
         }
+        return;
+      }
+      if (n.kind === 'cleared') {
         return;
       }
       if (!settings.notifications) {
@@ -140,24 +167,34 @@ const plugin: JupyterFrontEndPlugin<void> = {
       } else if (n.kind === 'outside') {
         Notification.warning(n.message, { autoClose: false });
       } else {
+        unwarn(n.leaseId); // a newer warning of the same lease
+        const limit = n.cause === 'time_limit' ? n.endsAt : null; // its end
         const when = n.deadline
           ? ` at ${new Date(n.deadline).toLocaleTimeString()}`
           : '';
-        Notification.warning(
-          `Your GPU will be reclaimed${when}: ${n.message}`,
-          {
-            autoClose: false,
-            actions: [
-              {
-                label: 'Keep it',
-                caption: 'Count this as activity: the GPU stays yours',
-                callback: () =>
-                  void client
-                    .keep(n.leaseId)
-                    .then(() => undefined, fail('Keep it'))
+        const text = limit
+          ? limitWarningText(limit, n.deadline, Date.now())
+          : `Your GPU will be reclaimed${when}: ${n.message}`;
+        const action = limit
+          ? {
+              label: EXTEND_LABEL,
+              caption: EXTEND_CAPTION,
+              callback: (event: MouseEvent) => {
+                event.preventDefault(); // it goes once extended, stays if refused
+                void actions.extend(n.leaseId);
               }
-            ]
-          }
+            }
+          : {
+              label: 'Keep it',
+              caption: 'Count this as activity: the GPU stays yours',
+              callback: () =>
+                void client
+                  .keep(n.leaseId)
+                  .then(() => undefined, fail('Keep it'))
+            };
+        warnings.set(
+          n.leaseId,
+          Notification.warning(text, { autoClose: false, actions: [action] })
         );
       }
     });

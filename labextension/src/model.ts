@@ -1,11 +1,12 @@
 /** What the panel and the status bar show, kept from one overview call (on connect) and
  * the event stream, with no HTTP call per event: my own events carry my request and its
- * lease in full (a lease that ends with its kernel suspended, and its `suspension_ended`,
- * included), `hello`/`positions` the queue and my positions, others' grants and
+ * lease in full (an `extended` lease's new end, a lease that ends with its kernel
+ * suspended, and its `suspension_ended`, included), `hello`/`positions` the queue and my
+ * positions, others' grants and
  * lease ends the devices they take or give back, `devices` the whole device picture after
  * a drain or outside use, `readings` the devices' latest readings, and a `snapshot`
- * replaces the picture. Also the notifications due to the user (grant, reclaim warning,
- * reclaim, the end of a lease) and each device's recent utilization. */
+ * replaces the picture. Also the notifications due to the user (grant, reclaim warning
+ * and its withdrawal, reclaim, the end of a lease) and each device's recent utilization. */
 
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -23,11 +24,15 @@ import {
 } from './types';
 
 export interface INotice {
-  kind: 'granted' | 'warning' | 'reclaimed' | 'outside' | 'ended';
+  kind: 'granted' | 'warning' | 'cleared' | 'reclaimed' | 'outside' | 'ended';
   leaseId: string;
   requestId: string | null;
   message: string;
   deadline: string | null;
+  /** A warning's cause: `time_limit` is kept by Extend, the others by use ("Keep it"). */
+  cause?: string | null;
+  /** A time-limit warning's: when the lease's limit ends. */
+  endsAt?: string | null;
 }
 
 /** My events that end a lease (a "GPU granted" notice about it is then stale). */
@@ -223,20 +228,26 @@ export class GpuModel {
     if (d.user !== me || !d.lease_id) {
       return;
     }
+    const lease = o.leases.find(l => l.id === d.lease_id);
+    if (lease && (type === 'warning' || type === 'warning_cleared')) {
+      lease.reclaim_at = type === 'warning' ? d.deadline : null;
+      lease.reclaim_cause = type === 'warning' ? (d.cause ?? null) : null;
+    }
     if (type === 'granted') {
       const labels = (d.devices ?? []).map((u: string) => this.label(u));
       this._notify('granted', d, `GPU granted: ${labels.join(', ')}`, null);
     } else if (type === 'warning') {
-      this._notify('warning', d, d.reason ?? 'idle', d.deadline ?? null);
+      this._notify('warning', d, d.reason ?? 'idle', d.deadline ?? null, {
+        cause: d.cause ?? null,
+        endsAt: d.cause === 'time_limit' ? (lease?.ends_at ?? null) : null
+      });
+    } else if (type === 'warning_cleared') {
+      this._notify('cleared', d, d.reason ?? '', null);
     } else if (type === 'reclaimed') {
       this._notify('reclaimed', d, d.reason ?? 'reclaimed', null);
     }
     if (ENDS.includes(type)) {
       this._notify('ended', d, d.reason ?? type, null);
-    }
-    const lease = o.leases.find(l => l.id === d.lease_id);
-    if (lease && (type === 'warning' || type === 'warning_cleared')) {
-      lease.reclaim_at = type === 'warning' ? d.deadline : null;
     }
   }
 
@@ -329,14 +340,16 @@ export class GpuModel {
     kind: INotice['kind'],
     d: any,
     message: string,
-    deadline: string | null
+    deadline: string | null,
+    more: Partial<INotice> = {}
   ): void {
     this._notice.emit({
       kind,
       leaseId: d.lease_id,
       requestId: d.request_id ?? null,
       message,
-      deadline
+      deadline,
+      ...more
     });
   }
 

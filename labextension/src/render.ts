@@ -8,10 +8,14 @@ import {
   etaText,
   mib,
   outsideText,
+  EXTEND_CAPTION,
+  EXTEND_LABEL,
   holderText,
+  limitWarned,
   percent,
   since,
-  sizeText
+  sizeText,
+  untilText
 } from './format';
 import { GpuModel } from './model';
 import { IDevice, IGpu, ILease, IQueueEntry } from './types';
@@ -26,6 +30,8 @@ export interface IShow {
 export interface IActions {
   cancel(requestId: string): void;
   release(leaseId: string): void;
+  /** An hour more on a lease's time limit (`EXTEND_S`, format.ts). */
+  extend(leaseId: string): void;
 }
 
 const MEMORY_SLICES = 8;
@@ -250,6 +256,12 @@ export function renderLease(
   const where = model.kernelPath(holder) ?? holderText(holder);
   const head = el('div', 'jp-GpuBroker-leaseHead');
   head.appendChild(el('span', 'jp-GpuBroker-leaseWhere', where));
+  if (limitWarned(lease)) {
+    const x = el('button', 'jp-GpuBroker-extend jp-mod-styled', EXTEND_LABEL);
+    x.title = EXTEND_CAPTION;
+    x.onclick = () => actions.extend(lease.id);
+    head.appendChild(x);
+  }
   const b = el('button', 'jp-GpuBroker-release jp-mod-styled', 'Release');
   b.title = `Give ${lease.devices.join(', ')} back`;
   b.onclick = () => actions.release(lease.id);
@@ -269,6 +281,10 @@ export function renderLease(
   ];
   if (lease.idle_s !== undefined && lease.idle_s !== null) {
     facts.push(lease.idle_s > 0 ? `idle ${duration(lease.idle_s)}` : 'in use');
+  }
+  const until = untilText(lease);
+  if (until) {
+    facts.push(until);
   }
   if (lease.reclaim_at) {
     facts.push(`reclaim in ${duration(-since(lease.reclaim_at, now))}`);

@@ -102,6 +102,12 @@ export interface ILease {
   state: string;
   profile: string;
   reclaim_at: string | null;
+  /** Why it is warned: `time_limit` is kept by Extend; `idle`, `stalled` by use. */
+  reclaim_cause?: string | null;
+  /** Its time limit in seconds (null: none), with its extensions ending at `ends_at`. */
+  limit_s?: number | null;
+  ends_at?: string | null;
+  extensions?: number;
   /** How long idle reclaim last saw it idle; null where not known. */
   idle_s?: number | null;
   /** Why it ended, in the broker's words (ended leases). */

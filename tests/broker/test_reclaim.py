@@ -57,7 +57,7 @@ def test_an_idle_kernel_is_warned_then_reclaimed_and_the_waiting_request_gets_it
     (event,) = [e for e in m.events if e.kind == "warning"]
     assert m.broker.lease(lease.id).reclaim_at == warn.deadline == event.at + 120
     assert (event.lease_id, event.request_id, event.user) == (lease.id, lease.request_id, "ann")
-    assert event.detail == {"reason": warn.reason, "deadline": warn.deadline, "cause": "idle"}
+    assert event.detail == {"cause": "idle", "reason": warn.reason, "deadline": warn.deadline}
     assert m.run(110) == []
     (reclaim,) = m.run(5)
     assert (reclaim.action, reclaim.lease_id) == ("reclaim", lease.id)

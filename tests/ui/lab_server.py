@@ -29,7 +29,11 @@ HOLDERS = ["alice", "bob", "carol", "dave"]
 """The other users, who hold 55 of the 56 slices."""
 GPU_KERNEL = kernelspec.spec_for(Size(profile="1g.10gb"))[0]
 
-SCENE = f'''
+
+def scene(job_class: str = "interactive") -> str:
+    """A Lab's scene (a server extension's source): other users hold all but one of the
+    56 slices, as ``job_class`` requests (of a class with no default time limit: none)."""
+    return f'''
 """UI test scene: other users hold all but one of the 56 slices."""
 
 from tornado.ioloop import IOLoop
@@ -46,12 +50,17 @@ def fill():
         IOLoop.current().call_later(0.2, fill)
         return
     for i in range(55):
-        broker.core.submit(HOLDERS[i % 4], Size(profile="1g.10gb"), holder="training")
+        broker.core.submit(
+            HOLDERS[i % 4], Size(profile="1g.10gb"), holder="training", job_class={job_class!r}
+        )
 
 
 def _load_jupyter_server_extension(serverapp):
     IOLoop.current().call_later(0.2, fill)
 '''
+
+
+SCENE = scene()
 
 
 def jupyter_dirs(tmp: Path, token: str) -> dict[str, str]:

@@ -192,6 +192,24 @@ describe('BrokerClient while the broker does not answer', () => {
     );
   });
 
+  it('asks for an hour more on a lease, and fails with the sentence the broker refuses it with', async () => {
+    const refused =
+      'not extended: a waiting request was promised a start by 14:31 and needs this GPU when its time limit ends, at 14:30';
+    const { client: c, waits } = client([
+      answer(200, '{"id": "l-1"}'),
+      answer(409, JSON.stringify({ error: 'conflict', message: refused }))
+    ]);
+    expect(await c.extend('l-1', 3600)).toEqual({ id: 'l-1' });
+    const [url, init] = (ServerConnection.makeRequest as jest.Mock).mock
+      .calls[0];
+    expect(url).toBe(
+      'http://localhost:8888/gpubroker/api/v1/leases/l-1/extend'
+    );
+    expect(init).toMatchObject({ method: 'POST', body: '{"seconds":3600}' });
+    await expect(c.extend('l-1', 3600)).rejects.toThrow(refused);
+    expect(waits).toEqual([]); // a refusal is an answer: not tried again
+  });
+
   it('reconnects the event stream with the same backoff, saying why it is away', async () => {
     const abort = new AbortController();
     const { client: c, waits } = client([

@@ -1,4 +1,14 @@
-import { etaText, holderText, mib, sizeText, statusText } from '../format';
+import {
+  clock,
+  etaText,
+  holderText,
+  limitWarned,
+  limitWarningText,
+  mib,
+  sizeText,
+  statusText,
+  untilText
+} from '../format';
 import { SseParser } from '../sse';
 import { iso, lease, NOW, queued } from './fixtures';
 
@@ -72,6 +82,17 @@ describe('statusText', () => {
     );
   });
 
+  it("says a time limit's warning as such, not as idleness", () => {
+    const warned = lease('l1', 'MIG-0-0', {
+      reclaim_at: iso(8 * 60),
+      reclaim_cause: 'time_limit',
+      ends_at: iso(7 * 60)
+    });
+    expect(statusText([warned], [], () => 0, NOW)).toBe(
+      'GPU time limit: reclaim in 8 min'
+    );
+  });
+
   it('has nothing to say without GPUs or requests', () => {
     expect(statusText([], [], () => null, NOW)).toBeNull();
   });
@@ -99,5 +120,50 @@ describe('words shared with the Python fronts', () => {
   it('shows memory in GiB rounded down, as the hub pages and the CLI do', () => {
     expect(mib(9984)).toBe('9.7 GiB');
     expect(mib(81559)).toBe('79.6 GiB');
+  });
+});
+
+describe('time limits', () => {
+  /** An ISO instant at a local wall-clock time (the person's clock, as `clock` says it). */
+  const at = (h: number, m: number) =>
+    new Date(2026, 11, 1, h, m, 20).toISOString();
+
+  it("says when a lease's time limit ends by the person's clock, and nothing without one", () => {
+    expect(clock(at(9, 5))).toBe('09:05');
+    expect(untilText(lease('l1', 'MIG-0-0', { ends_at: at(14, 30) }))).toBe(
+      'until 14:30'
+    );
+    expect(
+      untilText(lease('l1', 'MIG-0-0', { ends_at: null }))
+    ).toBeUndefined();
+    expect(untilText(lease('l1', 'MIG-0-0'))).toBeUndefined();
+  });
+
+  it('tells a time-limit warning from an idle one', () => {
+    const warned = { reclaim_at: at(14, 31), ends_at: at(14, 30) };
+    const limit = lease('l1', 'MIG-0-0', {
+      ...warned,
+      reclaim_cause: 'time_limit'
+    });
+    const idle = lease('l1', 'MIG-0-0', { ...warned, reclaim_cause: 'idle' });
+    const cleared = lease('l1', 'MIG-0-0', {
+      reclaim_at: null,
+      reclaim_cause: null
+    });
+    expect([limit, idle, cleared].map(limitWarned)).toEqual([
+      true,
+      false,
+      false
+    ]);
+  });
+
+  it("warns of a time limit's end and the reclaim after it, and says so once it is past", () => {
+    const before = Date.parse(at(14, 20));
+    expect(limitWarningText(at(14, 30), at(14, 31), before)).toBe(
+      "Your GPU's time limit ends at 14:30; it is reclaimed at 14:31 unless extended"
+    );
+    expect(limitWarningText(at(14, 30), null, Date.parse(at(14, 31)))).toBe(
+      "Your GPU's time limit ended at 14:30; it is reclaimed unless extended"
+    );
   });
 });

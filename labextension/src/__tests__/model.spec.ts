@@ -2,13 +2,27 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { BrokerClient } from '../client';
 import { follow, GpuModel, INotice } from '../model';
-import { IEnvelope, IOverview } from '../types';
+import { limitWarned } from '../format';
+import { IEnvelope, ILease, IOverview } from '../types';
 import { entry, lease, overview, queued } from './fixtures';
 
 function modelWith(o: IOverview): { model: GpuModel; fetches: () => number } {
   const model = new GpuModel();
   model.setOverview(JSON.parse(JSON.stringify(o)));
   return { model, fetches: () => 0 };
+}
+
+/** A model on `o`, with the notices it gives. */
+function noticed(o: IOverview): { model: GpuModel; notices: INotice[] } {
+  const { model } = modelWith(o);
+  const notices: INotice[] = [];
+  model.notice.connect((_, n) => notices.push(n));
+  return { model, notices };
+}
+
+/** An event as the stream brings it. */
+function event(id: number, type: string, data: any): IEnvelope {
+  return { v: 1, id, type, at: '', data };
 }
 
 /** An event stream's response: its messages as the broker frames them, then its end. */
@@ -52,50 +66,105 @@ describe('GpuModel', () => {
   it('replaces the picture with a snapshot after a resume the broker cannot replay', () => {
     const { model } = modelWith(overview());
     const fresh = overview({ leases: [] });
-    model.apply({ v: 1, id: 9, type: 'snapshot', at: '', data: fresh });
+    model.apply(event(9, 'snapshot', fresh));
     expect(model.leases).toEqual([]);
   });
 
   it('notifies my grant, warning and reclaim', () => {
-    const { model } = modelWith(overview());
-    const notices: INotice[] = [];
-    model.notice.connect((_, n) => notices.push(n));
+    const { model, notices } = noticed(overview());
     const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
-    model.apply({
-      v: 1,
-      id: 3,
-      type: 'granted',
-      at: '',
-      data: { ...about, devices: ['MIG-0-0'], waited_s: 1 }
-    });
-    model.apply({
-      v: 1,
-      id: 4,
-      type: 'warning',
-      at: '',
-      data: {
+    model.apply(
+      event(3, 'granted', { ...about, devices: ['MIG-0-0'], waited_s: 1 })
+    );
+    model.apply(
+      event(4, 'warning', {
         ...about,
         reason: 'idle for 1 h',
         deadline: '2026-12-01T10:08:00Z'
-      }
-    });
-    model.apply({
-      v: 1,
-      id: 5,
-      type: 'released',
-      at: '',
-      data: { user: 'bob', request_id: 'x', lease_id: 'y' }
-    });
+      })
+    );
+    model.apply(
+      event(5, 'released', { user: 'bob', request_id: 'x', lease_id: 'y' })
+    );
     expect(notices.map(n => n.kind)).toEqual(['granted', 'warning']);
     expect(notices[0].message).toBe('GPU granted: GPU 0 / 1g.10gb@0');
     expect(notices[1].deadline).toBe('2026-12-01T10:08:00Z');
     expect(model.leases[0].reclaim_at).toBe('2026-12-01T10:08:00Z');
   });
 
+  it("offers Extend on a time limit's warning with the limit's end, and withdraws it once extended", () => {
+    const limited = lease('l-00', 'MIG-0-0', {
+      limit_s: 7200,
+      ends_at: '2026-12-01T10:10:00.000Z',
+      extensions: 0
+    });
+    const { model, notices } = noticed(overview({ leases: [limited] }));
+    const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
+    const mine = (l: ILease) => ({
+      ...queued('r-of-l-00', 0),
+      state: 'granted',
+      position: null,
+      lease: l
+    });
+    const deadline = '2026-12-01T10:11:00.000Z';
+    const warned = { ...limited, reclaim_at: deadline };
+    model.apply(
+      event(4, 'warning', {
+        ...about,
+        cause: 'time_limit',
+        reason: 'its time limit of 2 h 00 min ends at 10:10',
+        deadline,
+        request: mine({ ...warned, reclaim_cause: 'time_limit' })
+      })
+    );
+    expect(notices[0]).toMatchObject({
+      kind: 'warning',
+      cause: 'time_limit',
+      endsAt: '2026-12-01T10:10:00.000Z',
+      deadline
+    });
+    expect(limitWarned(model.leases[0])).toBe(true);
+    const later = '2026-12-01T11:10:00.000Z';
+    model.apply(
+      event(5, 'extended', {
+        ...about,
+        ends_at: later,
+        extensions: 1,
+        request: mine({ ...warned, ends_at: later, extensions: 1 })
+      })
+    );
+    expect(model.leases[0].ends_at).toBe(later);
+    model.apply(
+      event(6, 'warning_cleared', {
+        ...about,
+        reason: 'its time limit was extended',
+        request: mine({ ...limited, ends_at: later, extensions: 1 })
+      })
+    );
+    expect(notices.map(n => n.kind)).toEqual(['warning', 'cleared']);
+    expect(model.leases[0].reclaim_at).toBeNull();
+    expect(limitWarned(model.leases[0])).toBe(false);
+  });
+
+  it("keeps an idle warning's cause, with no limit's end to offer", () => {
+    const { model, notices } = noticed(overview());
+    model.apply(
+      event(4, 'warning', {
+        user: 'ann',
+        request_id: 'r-of-l-00',
+        lease_id: 'l-00',
+        cause: 'idle',
+        reason: 'idle for 1 h',
+        deadline: '2026-12-01T10:08:00Z'
+      })
+    );
+    expect(notices[0]).toMatchObject({ cause: 'idle', endsAt: null });
+    expect(model.leases[0].reclaim_cause).toBe('idle');
+    expect(limitWarned(model.leases[0])).toBe(false);
+  });
+
   it('tells me, and only me, that my process uses a GPU outside the broker', () => {
-    const { model } = modelWith(overview());
-    const notices: INotice[] = [];
-    model.notice.connect((_, n) => notices.push(n));
+    const { model, notices } = noticed(overview());
     const message =
       'GPU 1 is not granted to you, yet your process 4242 uses it.';
     const about = {
@@ -106,42 +175,24 @@ describe('GpuModel', () => {
       pid: 4242,
       message
     };
-    model.apply({
-      v: 1,
-      id: 3,
-      type: 'outside_use',
-      at: '',
-      data: { user: 'ann', ...about }
-    });
-    model.apply({
-      v: 1,
-      id: 4,
-      type: 'outside_use',
-      at: '',
-      data: { user: 'bob' }
-    });
+    model.apply(event(3, 'outside_use', { user: 'ann', ...about }));
+    model.apply(event(4, 'outside_use', { user: 'bob' }));
     expect(notices.map(n => [n.kind, n.message])).toEqual([
       ['outside', message]
     ]);
   });
 
   it("ignores other users' grants for notifications", () => {
-    const { model } = modelWith(overview());
-    const notices: INotice[] = [];
-    model.notice.connect((_, n) => notices.push(n));
-    model.apply({
-      v: 1,
-      id: 3,
-      type: 'granted',
-      at: '',
-      data: {
+    const { model, notices } = noticed(overview());
+    model.apply(
+      event(3, 'granted', {
         user: 'bob',
         request_id: 'r',
         lease_id: 'l',
         devices: ['x'],
         waited_s: 0
-      }
-    });
+      })
+    );
     expect(notices).toEqual([]);
   });
 
@@ -281,16 +332,10 @@ describe('GpuModel', () => {
   });
 
   it("drops a granted notice's lease when it ends, and takes readings in place", () => {
-    const { model } = modelWith(overview());
-    const notices: INotice[] = [];
-    model.notice.connect((_, n) => notices.push(n));
+    const { model, notices } = noticed(overview());
     const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
-    model.apply({
-      v: 1,
-      id: 3,
-      type: 'released',
-      at: '',
-      data: {
+    model.apply(
+      event(3, 'released', {
         ...about,
         reason: 'released',
         request: {
@@ -298,18 +343,16 @@ describe('GpuModel', () => {
           state: 'released',
           lease: lease('l-00', 'MIG-0-0', { state: 'released' })
         }
-      }
-    });
+      })
+    );
     expect(notices.map(n => [n.kind, n.leaseId])).toEqual([['ended', 'l-00']]);
     expect(model.leases).toEqual([]);
     expect(model.overview?.gpus[0].devices[0].holder).toBeNull();
-    model.apply({
-      v: 1,
-      id: 4,
-      type: 'readings',
-      at: '',
-      data: { devices: { 'MIG-0-1': { utilization_gpu: 12, health: 'ok' } } }
-    });
+    model.apply(
+      event(4, 'readings', {
+        devices: { 'MIG-0-1': { utilization_gpu: 12, health: 'ok' } }
+      })
+    );
     expect(model.device('MIG-0-1')?.utilization).toBe(12);
     expect(model.history('MIG-0-1')).toEqual([73, 12]);
   });

@@ -3,6 +3,11 @@ import { renderPanel, sliceBar, sparkline } from '../render';
 import { entry, h100, iso, lease, NOW, overview, queued } from './fixtures';
 
 const SHOW = { devices: true, queue: true, leases: true, sparklines: true };
+const NONE = {
+  cancel: () => undefined,
+  release: () => undefined,
+  extend: () => undefined
+};
 
 function draw(o = overview()) {
   const model = new GpuModel();
@@ -11,7 +16,8 @@ function draw(o = overview()) {
   const calls: string[] = [];
   const actions = {
     cancel: (id: string) => calls.push(`cancel ${id}`),
-    release: (id: string) => calls.push(`release ${id}`)
+    release: (id: string) => calls.push(`release ${id}`),
+    extend: (id: string) => calls.push(`extend ${id}`)
   };
   return { node: renderPanel(model, SHOW, NOW, actions), calls, model };
 }
@@ -129,7 +135,7 @@ describe('renderPanel', () => {
     const { node, calls, model } = draw(o);
     model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
     const again = renderPanel(model, SHOW, NOW, {
-      cancel: () => undefined,
+      ...NONE,
       release: id => calls.push(id)
     });
     const box = again.querySelector('.jp-GpuBroker-lease') as HTMLElement;
@@ -142,6 +148,32 @@ describe('renderPanel', () => {
     (box.querySelector('button') as HTMLButtonElement).click();
     expect(calls).toEqual(['l-00']);
     expect(node.textContent).toContain('kernel k-1');
+  });
+
+  it("shows when my lease's time limit ends, and Extend while it is warned for it", () => {
+    const ends = new Date(2026, 11, 1, 14, 30).toISOString();
+    const limited = lease('l-00', 'MIG-0-0', { limit_s: 7200, ends_at: ends });
+    const facts = (node: HTMLElement) =>
+      node.querySelector('.jp-GpuBroker-leaseFacts')?.textContent;
+    const buttons = (node: HTMLElement) =>
+      Array.from(node.querySelectorAll('.jp-GpuBroker-lease button')).map(
+        b => b.textContent
+      );
+    const plain = draw(overview({ leases: [limited] })).node;
+    expect(facts(plain)).toBe('held 30 min · util 73% · until 14:30');
+    expect(buttons(plain)).toEqual(['Release']);
+    const idle = { ...limited, reclaim_at: iso(480), reclaim_cause: 'idle' };
+    expect(buttons(draw(overview({ leases: [idle] })).node)).toEqual([
+      'Release'
+    ]);
+    const warned = { ...idle, reclaim_cause: 'time_limit' };
+    const { node, calls } = draw(overview({ leases: [warned] }));
+    expect(facts(node)).toBe(
+      'held 30 min · util 73% · until 14:30 · reclaim in 8 min'
+    );
+    expect(buttons(node)).toEqual(['Extend 1 hour', 'Release']);
+    (node.querySelector('.jp-GpuBroker-extend') as HTMLButtonElement).click();
+    expect(calls).toEqual(['extend l-00']);
   });
 
   it('shows my suspended kernel under My GPUs from its reclaim until it is resumed', () => {
@@ -167,11 +199,7 @@ describe('renderPanel', () => {
         }
       }
     });
-    const panel = () =>
-      renderPanel(model, SHOW, NOW, {
-        cancel: () => undefined,
-        release: () => undefined
-      });
+    const panel = () => renderPanel(model, SHOW, NOW, NONE);
     model.apply(ended('reclaimed', 5, { suspended }));
     const box = panel().querySelector('.jp-mod-suspended') as HTMLElement;
     expect(box.textContent).toBe(
@@ -205,10 +233,7 @@ describe('renderPanel', () => {
   it('says it is reconnecting while the event stream is down', () => {
     const { model } = draw();
     model.connected = false;
-    const node = renderPanel(model, SHOW, NOW, {
-      cancel: () => undefined,
-      release: () => undefined
-    });
+    const node = renderPanel(model, SHOW, NOW, NONE);
     expect(node.textContent).toContain('Reconnecting to the GPU broker');
   });
 
@@ -217,11 +242,10 @@ describe('renderPanel', () => {
       'The GPU broker could not start: its state file is held by pid 7.';
     const fresh = new GpuModel();
     fresh.away = why;
-    const none = { cancel: () => undefined, release: () => undefined };
-    expect(renderPanel(fresh, SHOW, NOW, none).textContent).toBe(why);
+    expect(renderPanel(fresh, SHOW, NOW, NONE).textContent).toBe(why);
     const { model } = draw();
     model.away = why;
-    expect(renderPanel(model, SHOW, NOW, none).textContent).toContain(why);
+    expect(renderPanel(model, SHOW, NOW, NONE).textContent).toContain(why);
   });
 });
 
