@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
-from ..wire.text import SERVER_HOLDER, clock, duration
+from ..wire.text import SERVER_HOLDER, duration, limit_reason
 from .models import JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:
@@ -335,8 +335,6 @@ class Reclaimer:
         end, cfg = lease.ends_at, self.broker.config
         if end is None or now < end - cfg.limit_warning_s:
             return None
-        total = duration(end - lease.granted_at)
-        when = "is up" if now >= end else f"ends at {clock(end)}"
         evidence = {
             "limit_s": lease.limit_s,
             "extended_s": lease.extended_s,
@@ -344,7 +342,7 @@ class Reclaimer:
             "ends_at": end,
             "grace_s": cfg.limit_grace_s,
         }
-        reason = f"its time limit of {total} {when}"
+        reason = limit_reason(lease.granted_at, end, now)
         return _Verdict("time_limit", reason, evidence, end + cfg.limit_grace_s)
 
     def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:

@@ -28,6 +28,7 @@ from ..wire.text import (
     count,
     duration,
     eta_text,
+    limit_reason,
     limit_until,
     memory,
     reclaim_warning,
@@ -186,7 +187,7 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
         warning = limit_warning(tracker)
         if warning:
             return f"Holding {size}", [details, warning]
-        if lease.get("reclaim_at"):
+        if lease.get("reclaim_at") and lease.get("reclaim_cause") != "time_limit":
             details += f" · reclaimed at {clock(lease['reclaim_at'])} unless used"
         return f"Holding {size}", [details]
     if lease is not None and lease.get("suspended"):
@@ -197,7 +198,16 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
 
 def limit_warning(tracker: Tracker) -> str:
     """The lease's time-limit warning in words, while one is pending ("" otherwise)."""
-    w = tracker.warning
+    w, lease = tracker.warning, tracker.lease
+    if (
+        w is None
+        and lease is not None
+        and lease.get("reclaim_cause") == "time_limit"
+        and when(lease["reclaim_at"]) >= when(lease["ends_at"])  # not since extended
+    ):  # warned before this widget listened: the lease says so, the event is gone
+        end = when(lease["ends_at"])
+        reason = limit_reason(when(lease["granted_at"]), end, time.time())
+        w = {"cause": "time_limit", "reason": reason, "deadline": lease["reclaim_at"]}
     if tracker.state != "granted" or w is None or w.get("cause") != "time_limit":
         return ""
     return "⚠ " + sentence(reclaim_warning(w["reason"], when(w["deadline"]), "time_limit"))

@@ -277,6 +277,13 @@ def limit_until(ends_at: float) -> str:
     return f"until {clock(ends_at)}"
 
 
+def limit_reason(granted_at: float, ends_at: float, now: float) -> str:
+    """Why a lease is warned or reclaimed at its time limit ("its time limit of 2 h 00 min
+    ends at 14:30", "... is up")."""
+    when = "is up" if now >= ends_at else f"ends at {clock(ends_at)}"
+    return f"its time limit of {duration(ends_at - granted_at)} {when}"
+
+
 def reclaim_warning(reason: str, deadline: float, cause: str) -> str:
     """A warning as its holder reads it: the broker's ``reason`` ("its time limit of
     2 h 00 min ends at 14:30") and when the GPU goes back; a time limit's (``cause``)

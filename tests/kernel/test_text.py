@@ -78,6 +78,22 @@ def test_a_time_limit_shows_its_end_and_its_warning_in_plain_words():
     )
 
 
+def test_a_time_limit_warning_given_before_the_widget_listened_is_read_from_the_lease():
+    """No ``warning`` event reached this tracker; its lease still says why it is warned.
+    Once extended past the old deadline, the lease's stale cause shows nothing."""
+    lease = {"granted_at": iso(-61), "ends_at": iso(60), "reclaim_at": iso(61)}
+    lease.update(devices=["MIG-x"], reclaim_cause="time_limit")
+    activity = Activity()
+    _, (_, said) = request_facts(held_tracker(lease), activity)  # type: ignore[arg-type]
+    assert said == (
+        f"⚠ Its time limit of 2 h 01 min ends at {local_clock(60)}; the GPU is taken back at "
+        f"{local_clock(61)} unless it is extended."
+    )
+    extended = {**lease, "ends_at": iso(120)}
+    _, lines = request_facts(held_tracker(extended), activity)  # type: ignore[arg-type]
+    assert lines == [f"held 1 h 01 min · kernel idle for 0 s · until {local_clock(120)}"]
+
+
 def test_a_lease_under_a_reclaim_warning_shows_the_deadline():
     lease = {"granted_at": iso(-61), "reclaim_at": iso(5), "devices": ["MIG-x"]}
     tracker = held_tracker(lease)
