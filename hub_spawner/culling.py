@@ -20,19 +20,53 @@ import time
 from datetime import datetime
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from jupyter_gpubroker.wire.text import clock, duration
 
 
 def warning_text(lease: dict[str, Any]) -> str:
     """A pending reclaim warning of a server's lease, for its user."""
-    deadline = datetime.fromisoformat(lease["reclaim_at"]).timestamp()
+    deadline = _at(lease["reclaim_at"])
     idle = f" has been idle for {duration(lease['idle_s'])}" if lease.get("idle_s") else " is idle"
     return (
         f"Your GPU server ({', '.join(lease['devices'])}){idle}: it will be stopped at "
         f"{clock(deadline)} and its GPU given to the next in the queue, unless one of its "
         "kernels runs a cell or uses the GPU before then."
     )
+
+
+EXTEND_S = 3600.0
+"""What one press of Extend adds to a time limit: an hour."""
+
+
+def time_limit_warned(lease: dict[str, Any]) -> bool:
+    """Is the lease's pending warning its time limit's? Reclaim then comes at its end plus
+    the grace, never before it (an idle warning ending at or after it comes to the same:
+    only more time keeps the GPU)."""
+    ends, reclaim = lease.get("ends_at"), lease.get("reclaim_at")
+    return bool(ends and reclaim) and _at(str(reclaim)) >= _at(str(ends))
+
+
+def time_limit_text(lease: dict[str, Any]) -> str:
+    """A server's lease warned for its time limit, for its user."""
+    return (
+        f"Your GPU server's time on {', '.join(lease['devices'])} ends at "
+        f"{clock(_at(lease['ends_at']))}: it will be stopped at {clock(_at(lease['reclaim_at']))} "
+        "unless you extend it."
+    )
+
+
+def time_extended_text(lease: dict[str, Any]) -> str:
+    """What an extension did."""
+    return (
+        f"Extended: your time on {', '.join(lease['devices'])} now ends at "
+        f"{clock(_at(lease['ends_at']))}."
+    )
+
+
+def _at(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
 
 
 def stopped_text(lease: dict[str, Any] | None, why: str) -> str:
@@ -51,5 +85,16 @@ def gpu_announcement(user: Any) -> str:
     if user is None:
         return ""
     spawners = [user.spawners[name] for name in list(user.orm_spawners)]
-    notices = [getattr(s, "gpu_notice", "") for s in spawners]
-    return "<br>".join(escape(n) for n in notices if n)
+    notices = []
+    for s in spawners:
+        notice = escape(getattr(s, "gpu_notice", ""))
+        lease_id, pages = getattr(s, "gpu_extend", ""), getattr(s, "gpu_pages_url", "")
+        if notice and lease_id and pages:  # the service's page posts it, with its XSRF token
+            notice += (
+                f' <a class="btn btn-sm btn-primary gpubroker-extend" '
+                f'href="{escape(pages)}?extend={quote(lease_id)}#lease-{quote(lease_id)}">'
+                "Extend</a>"
+            )
+        if notice:
+            notices.append(notice)
+    return "<br>".join(notices)

@@ -55,7 +55,7 @@ from jupyter_gpubroker.wire.text import size_text
 
 from . import reservation
 from ._compat import SpawnException
-from .culling import stopped_text, warning_text
+from .culling import stopped_text, time_limit_text, time_limit_warned, warning_text
 from .environment import (
     broker_scopes,
     device_env,
@@ -165,6 +165,8 @@ class GPUBrokerSpawnerMixin(_Spawner):
         self.gpu_notice = ""
         """What the hub's pages say of this server's GPU: an idle warning, or why the
         server was stopped (``culling.gpu_announcement``)."""
+        self.gpu_extend = ""
+        """The lease warned for its time limit, which the notice offers to extend."""
         self._cgroup = ""
         """The device cgroup the server runs in (``confine``), while it runs."""
 
@@ -183,6 +185,13 @@ class GPUBrokerSpawnerMixin(_Spawner):
                 status_code=503,
             )
         return str(url_path_join(service.url, service.prefix, API_PATH))
+
+    @property
+    def gpu_pages_url(self) -> str:
+        """The broker service's "My GPUs" page (its prefix), where its user extends a
+        time limit; empty without the service."""
+        service = (self.user.settings.get("services") or {}).get(self.gpubroker_service)
+        return str(service.prefix) if service is not None and service.url else ""
 
     def _client(self, retry_for: float | None = None) -> BrokerClient:
         """The broker as the server's user; its calls wait out a service restarting for
@@ -279,7 +288,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
         self._wants_gpu = wants_gpu(self.user_options)
         self._progress.clear()
         self._resuming = False
-        self.gpu_notice = ""
+        self.gpu_notice = self.gpu_extend = ""
         self.start_timeout = start_timeout(
             self._server_start_timeout, self.gpu_wait_timeout, self._wants_gpu
         )
@@ -500,7 +509,12 @@ class GPUBrokerSpawnerMixin(_Spawner):
             self.log.debug("Cannot read %s's GPU lease: %s", self._log_name, e)
             return False  # keep_alive decides what an unanswered renewal means
         if lease["state"] == "active":
-            self.gpu_notice = warning_text(lease) if lease.get("reclaim_at") else ""
+            ends = time_limit_warned(lease)
+            self.gpu_extend = lease["id"] if ends else ""
+            if ends:
+                self.gpu_notice = time_limit_text(lease)
+            else:
+                self.gpu_notice = warning_text(lease) if lease.get("reclaim_at") else ""
             return False
         await self._lost(Lost("gone", f"lease {lease['state']}"), lease)
         return True
@@ -520,7 +534,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
             lease_id,
             lease["reason"] if lease else lost.message,
         )
-        self.gpu_notice = stopped_text(lease, lost.message)
+        self.gpu_notice, self.gpu_extend = stopped_text(lease, lost.message), ""
         self._gpu = None
         renewing, self._renewing = self._renewing, None
         if renewing is not None and renewing is not asyncio.current_task():

@@ -27,11 +27,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..broker.budgets import Quota
-from ..broker.models import Lease, LeaseState, Request, RequestState, check_name
+from ..broker.models import JobClass, Lease, LeaseState, Request, RequestState, check_name
 from ..broker.reclaim import KernelState
 from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
-from ..wire.sizes import QUOTA_BOUNDS, Size
+from ..wire.sizes import MAX_DURATION_S, QUOTA_BOUNDS, Size
 from ..wire.text import SERVER_HOLDER
 from .admin import AdminRules
 from .identity import Identity
@@ -483,6 +483,23 @@ class BrokerAPI(AdminRules, StreamRules):
             **self.requests(who),
             **self.leases(who),
             **self.suspended(who),
+            "time_limits": self.time_limits(),
+        }
+
+    def time_limits(self) -> dict[str, Any]:
+        """The time limit a request gets per job class (its default, null for none, and the
+        longest allowed) and whether one is required where a class has no default: what a
+        front's form says before the core refuses."""
+        cfg = self.core.config
+        return {
+            "required": cfg.limit_required,
+            "classes": {
+                c.value: {
+                    "default_s": cfg.default_limit_s.get(c.value),
+                    "max_s": cfg.max_limit_s.get(c.value, MAX_DURATION_S),
+                }
+                for c in JobClass
+            },
         }
 
 
