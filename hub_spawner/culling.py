@@ -10,8 +10,11 @@ period; the slice goes to the next in the queue. An open browser tab is not acti
 The hub's part (``GPUBrokerSpawnerMixin.poll``): read the lease at each poll, show a
 pending warning and then why the server was stopped on the hub's pages
 (``gpu_announcement``, a ``c.JupyterHub.template_vars`` value), and stop the server once
-its lease has ended. The user's kernels hear the warning through the broker's events
-(``%gpu`` and the JupyterLab panel follow the server's lease like a kernel's).
+its lease has ended. A lease warned for its time limit is said so, with an Extend that
+opens the service's "My GPUs" at that lease (the hub's page cannot post to the service: its
+forms carry the service's own XSRF token), where "Extend by 1 hour" asks for more time.
+The user's kernels hear the warning through the broker's events (``%gpu`` and the
+JupyterLab panel follow the server's lease like a kernel's).
 """
 
 from __future__ import annotations

@@ -4,18 +4,20 @@ service for the whole single-user server, and says why a server waits.
 ``GPUBrokerSpawnerMixin`` goes in front of any spawner (``GPUBrokerSpawner`` is the ready
 one over LocalProcessSpawner, ``c.JupyterHub.spawner_class = "gpubroker"``). Its
 ``user_options`` name a size in the API's own fields (``gpus``, ``profile`` or
-``min_memory_gb``, and ``job_class``; none: a CPU-only server, started at once), from the
-options form or POSTed to the hub's REST API alike. ``start`` checks them, submits them to
-the broker and waits for the grant, ``progress()`` showing the queue position, the requests
-ahead, the ETA and the reason as the broker's events move them; then the server starts with
-the devices in ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES``, and its kernels share
-them (``GPUBROKER_SERVER_LEASE``). The hub renews the lease while the server lives; ``stop``
-and a ``poll`` that finds the server dead give it back; the lease is in ``get_state``, so a
-restarted hub keeps renewing it. Each poll also reads the lease: an idle server's warning
-shows on the hub's pages, and a lease the broker ended (an idle server culled) stops the
-server (``culling``). A queued start's request is in the state as soon as it is made; a
-hub restarted meanwhile starts the server again, and the start re-attaches to its request
-by its holder (``server:<user>``), keeping its place in the queue.
+``min_memory_gb``, ``job_class`` and the time limit ``limit_s``; none: a CPU-only server,
+started at once), from the options form or POSTed to the hub's REST API alike. ``start``
+checks them, submits them to the broker and waits for the grant, ``progress()`` showing the
+queue position, the requests ahead, the ETA and the reason as the broker's events move
+them; then the server starts with the devices in ``CUDA_VISIBLE_DEVICES`` /
+``NVIDIA_VISIBLE_DEVICES``, and its kernels share them (``GPUBROKER_SERVER_LEASE``). The
+hub renews the lease while the server lives; ``stop`` and a ``poll`` that finds the server
+dead give it back; the lease is in ``get_state``, so a restarted hub keeps renewing it.
+Each poll also reads the lease: an idle server's warning, or its time limit's with an
+Extend that opens "My GPUs" (``pages``), shows on the hub's pages, and a lease the broker
+ended (an idle server culled) stops the server (``culling``). A queued start's request is
+in the state as soon as it is made; a hub restarted meanwhile starts the server again, and
+the start re-attaches to its request by its holder (``server:<user>``), keeping its place
+in the queue.
 
 Where the hub runs as root, the server's process joins a device cgroup between fork and
 exec that lets it open its grant's NVIDIA device nodes and no other (``make_preexec_fn``;
@@ -132,7 +134,8 @@ class GPUBrokerSpawnerMixin(_Spawner):
         help="Seconds a GPU server is expected to hold its GPU, sent with its request "
         "(expected_duration_s) so that the queue's ETA for those waiting behind it has a "
         "range on a broker with no history yet; the user's own expected_duration_s option "
-        "(the form's 'For about N hours') wins. None: the broker's own estimate.",
+        "wins, and a time limit (limit_s, the form's 'For N hours') supersedes both. None: "
+        "the broker's own estimate.",
     ).tag(config=True)
 
     @validate("gpu_expected_duration")
