@@ -72,3 +72,24 @@ def test_an_extension_that_would_delay_a_promised_start_is_refused(team: BrokerA
     with pytest.raises(Conflict, match="a waiting request was promised a start by"):
         team.extend(alice, short["id"], {"seconds": 3600})
     assert team.core.lease(short["id"]).extensions == 0
+
+
+def test_the_overview_says_each_classs_default_and_most_and_whether_one_is_required(
+    start,
+) -> None:
+    """What a front's form says before the core refuses (the hub's "For N hours")."""
+    api = start(
+        default_time_limit={"interactive": "2h"},
+        max_time_limit={"interactive": "8h"},
+        time_limit_required=True,
+    )
+    me = api.user_identity("dana")
+    assert api.overview(me)["time_limits"] == {
+        "required": True,
+        "classes": {
+            "interactive": {"default_s": 7200.0, "max_s": 8 * 3600.0},
+            "batch": {"default_s": None, "max_s": 366 * 86400.0},
+        },
+    }
+    with pytest.raises(InvalidRequest, match="a time limit is required here"):
+        api.submit(me, {**SLICE, "job_class": "batch"})
