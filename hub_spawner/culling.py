@@ -51,12 +51,19 @@ def time_limit_warned(lease: dict[str, Any]) -> bool:
     return bool(ends and reclaim) and _at(str(reclaim)) >= _at(str(ends))
 
 
-def time_limit_text(lease: dict[str, Any]) -> str:
-    """A server's lease warned for its time limit, for its user."""
+def time_limit_text(lease: dict[str, Any], server: bool = True) -> str:
+    """A lease warned for its time limit, for its user: a server's (the hub's pages) or
+    any of theirs ("My GPUs")."""
+    ends, reclaim = clock(_at(lease["ends_at"])), clock(_at(lease["reclaim_at"]))
+    devices = ", ".join(lease["devices"])
+    if server:
+        return (
+            f"Your GPU server's time on {devices} ends at {ends}: it will be stopped at "
+            f"{reclaim} unless you extend it."
+        )
     return (
-        f"Your GPU server's time on {', '.join(lease['devices'])} ends at "
-        f"{clock(_at(lease['ends_at']))}: it will be stopped at {clock(_at(lease['reclaim_at']))} "
-        "unless you extend it."
+        f"Your time on {devices} ends at {ends}: it is taken back at {reclaim} unless you "
+        "extend it."
     )
 
 

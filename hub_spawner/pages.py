@@ -184,7 +184,9 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
             ],
             "leases": overview["leases"],
             "time_up": {
-                x["id"]: time_limit_text(x) for x in overview["leases"] if time_limit_warned(x)
+                x["id"]: time_limit_text(x, server=False)
+                for x in overview["leases"]
+                if time_limit_warned(x)
             },
             "queue_length": overview["length"],
             "quota": quota,

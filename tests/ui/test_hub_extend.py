@@ -48,8 +48,8 @@ def test_the_spawn_forms_hours_are_a_limit_warned_on_the_home_page_and_extended(
     assert lease["limit_s"] == 3600
 
     ann.goto(f"{hub.url}/hub/home")
+    _reload_until(ann, warned=True)
     notice = ann.locator(".announcement")
-    notice.get_by_text("ends at").wait_for(timeout=WAIT_MS)  # the hub polls each second
     assert f"Your GPU server's time on {lease['devices'][0]} ends at" in notice.inner_text()
     notice.get_by_role("link", name="Extend").click()
     alert = ann.locator(f"#lease-{lease['id']}")
@@ -64,15 +64,16 @@ def test_the_spawn_forms_hours_are_a_limit_warned_on_the_home_page_and_extended(
     assert ann.locator(".gpubroker-time-up").count() == 0  # no longer warned
 
     ann.goto(f"{hub.url}/hub/home")  # the warning is gone from the hub's page too
-    _reload_until_gone(ann)
+    _reload_until(ann, warned=False)
     hub.stop_server("ann")
 
 
-def _reload_until_gone(page: Any) -> None:
-    """The hub's notice changes at its next poll of the server (each second here)."""
+def _reload_until(page: Any, warned: bool) -> None:
+    """The hub's page as it is once the home page warns (or no longer warns) of the time
+    limit: the hub's notice changes at its next poll of the server (each second here)."""
     for _ in range(60):
-        if "ends at" not in (page.locator("body").inner_text()):
+        if ("ends at" in page.locator("body").inner_text()) == warned:
             return
         page.wait_for_timeout(1000)
         page.reload()
-    raise AssertionError("the hub's home page still warns of the time limit")
+    raise AssertionError(f"the hub's home page {'never' if warned else 'still'} warns")
