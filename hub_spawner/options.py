@@ -10,10 +10,11 @@ from html import escape
 from typing import Any
 
 from jupyter_gpubroker.wire.errors import BrokerError
-from jupyter_gpubroker.wire.sizes import DURATIONS, Size, expected_duration
+from jupyter_gpubroker.wire.sizes import DURATIONS, MAX_DURATION_S, Size, expected_duration
 from jupyter_gpubroker.wire.text import (
     count,
     devices_held,
+    duration,
     eta_text,
     memory,
     queue_place,
@@ -24,7 +25,7 @@ from jupyter_gpubroker.wire.text import (
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
 GPU_KINDS = ("cpu", *SIZE_FIELDS)
 """The options form's choices (its ``gpu_kind``): CPU only, or one of the sizes."""
-OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "expected_duration_s")
+OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "limit_s", "expected_duration_s")
 JOB_CLASSES = ("interactive", "batch")
 
 
@@ -35,8 +36,8 @@ def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
     if unknown:
         raise ValueError(
             f"unknown server option(s) {', '.join(sorted(unknown))}: give one of "
-            f"{', '.join(SIZE_FIELDS)} (none for a CPU-only server) and optionally job_class "
-            "and expected_duration_s"
+            f"{', '.join(SIZE_FIELDS)} (none for a CPU-only server) and optionally job_class, "
+            "limit_s and expected_duration_s"
         )
     size = {k: options[k] for k in SIZE_FIELDS if options.get(k) not in (None, "")}
     job_class = options.get("job_class") or "interactive"
@@ -49,6 +50,11 @@ def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
     except BrokerError as e:
         raise ValueError(e.message) from None
     request = {**size, "job_class": job_class}
+    limit = options.get("limit_s")
+    if limit not in (None, ""):
+        if not expected_duration(limit):
+            raise ValueError(f"limit_s (the time limit) must be {DURATIONS}, not {limit!r}")
+        request["limit_s"] = float(limit)
     hold = options.get("expected_duration_s")
     if hold not in (None, ""):
         if not expected_duration(hold):
@@ -77,9 +83,20 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         options["min_memory_gb"] = _number(value)
     hours = field.get("hours", "")
     if kind != "cpu" and hours:
-        number = _number(hours)
-        options["expected_duration_s"] = number * 3600 if isinstance(number, float) else hours
+        options["limit_s"] = _hours(hours)
     return options
+
+
+def _hours(text: str) -> float:
+    """The form's "For N hours" as a time limit in seconds; ``ValueError`` in the form's
+    words (the core refuses one above the class's maximum with its own sentence)."""
+    number = _number(text)
+    if not isinstance(number, float) or not 0 < number * 3600 <= MAX_DURATION_S:
+        raise ValueError(
+            f"For how many hours: give a number of hours above 0 and up to a year, such as "
+            f"2 or 0.5, not {text!r}"
+        )
+    return number * 3600
 
 
 def _number(text: str) -> float | str:
@@ -251,13 +268,28 @@ class Choices:
             + "".join(rows)
             + '<div class="mt-2"><label for="gpu-class">Class</label> '
             f'<select name="job_class" id="gpu-class">{classes}</select></div>'
-            '<div class="mt-2"><label for="gpu-hours">For about</label> <input type="number" '
-            'name="hours" id="gpu-hours" min="0.1" step="any" aria-label="hours"> hours '
-            '<span class="form-text">(optional: how long you expect to need the GPU, so '
-            "that those waiting behind you get an ETA)</span></div>"
+            '<div class="mt-2"><label for="gpu-hours">For</label> <input type="number" '
+            'name="hours" id="gpu-hours" min="0" step="any" aria-label="hours"> hours (you '
+            f'can extend it) <span class="form-text">{escape(self.limit_note())}</span></div>'
             f'<p class="form-text">You hold {devices_held(self.mine)} now; {quota}; '
             f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
         )
+
+    def limit_note(self) -> str:
+        """What the form's "For N hours" field does here, from the broker's time limits:
+        "the server's time limit: it is stopped after it unless you extend it; required for
+        a GPU; at most 8 hours"."""
+        limits = self.overview.get("time_limits") or {"required": False, "classes": {}}
+        said = ["how long you need the GPU: the server is stopped after that unless you extend it"]
+        for cls in JOB_CLASSES:
+            c = limits["classes"].get(cls) or {"default_s": None, "max_s": MAX_DURATION_S}
+            if c["default_s"] is not None:
+                said.append(f"{cls}: {duration(c['default_s'])} if left empty")
+            elif c.get("required", limits["required"]):
+                said.append(f"{cls}: required")
+            if c["max_s"] < MAX_DURATION_S:
+                said.append(f"{cls}: at most {duration(c['max_s'])}")
+        return "; ".join(said)
 
     def text(self) -> str:
         """One sentence: "you may ask for a CPU-only server, up to 8 whole GPUs, ..."."""

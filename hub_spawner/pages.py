@@ -46,6 +46,7 @@ from jupyter_gpubroker.wire.text import (
     size_text,
 )
 
+from .culling import EXTEND_S, time_extended_text, time_limit_text, time_limit_warned
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .options import JOB_CLASSES, Choices
 
@@ -201,6 +202,11 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
                 for r in waiting
             ],
             "leases": overview["leases"],
+            "time_up": {
+                x["id"]: time_limit_text(x, server=False)
+                for x in overview["leases"]
+                if time_limit_warned(x)
+            },
             "queue_length": overview["length"],
             "quota": quota,
             "held": devices_held(choices.mine),
@@ -369,6 +375,11 @@ def _set_class(api: BrokerAPI, who: Identity, form: Form) -> str:
     return f"{r['user']}'s request for {size_text(r)} is now {r['job_class']}."
 
 
+def _extend(api: BrokerAPI, who: Identity, form: Form) -> str:
+    lease = api.extend(who, form.get("lease_id", ""), {"seconds": EXTEND_S})
+    return time_extended_text(lease)
+
+
 def _release(api: BrokerAPI, who: Identity, form: Form) -> str:
     lease = api.release(who, form.get("lease_id", ""))
     return f"Released {', '.join(lease['devices'])}."
@@ -384,7 +395,7 @@ def _undrain(api: BrokerAPI, who: Identity, form: Form) -> str:
 
 
 ACTIONS: dict[str, dict[str, Action]] = {
-    "my": {"cancel": _cancel, "release": _release},
+    "my": {"cancel": _cancel, "release": _release, "extend": _extend},
     "admin": {
         "quota": _set_quota,
         "quota-delete": _delete_quota,

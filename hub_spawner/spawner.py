@@ -4,18 +4,20 @@ service for the whole single-user server, and says why a server waits.
 ``GPUBrokerSpawnerMixin`` goes in front of any spawner (``GPUBrokerSpawner`` is the ready
 one over LocalProcessSpawner, ``c.JupyterHub.spawner_class = "gpubroker"``). Its
 ``user_options`` name a size in the API's own fields (``gpus``, ``profile`` or
-``min_memory_gb``, and ``job_class``; none: a CPU-only server, started at once), from the
-options form or POSTed to the hub's REST API alike. ``start`` checks them, submits them to
-the broker and waits for the grant, ``progress()`` showing the queue position, the requests
-ahead, the ETA and the reason as the broker's events move them; then the server starts with
-the devices in ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES``, and its kernels share
-them (``GPUBROKER_SERVER_LEASE``). The hub renews the lease while the server lives; ``stop``
-and a ``poll`` that finds the server dead give it back; the lease is in ``get_state``, so a
-restarted hub keeps renewing it. Each poll also reads the lease: an idle server's warning
-shows on the hub's pages, and a lease the broker ended (an idle server culled) stops the
-server (``culling``). A queued start's request is in the state as soon as it is made; a
-hub restarted meanwhile starts the server again, and the start re-attaches to its request
-by its holder (``server:<user>``), keeping its place in the queue.
+``min_memory_gb``, ``job_class`` and the time limit ``limit_s``; none: a CPU-only server,
+started at once), from the options form or POSTed to the hub's REST API alike. ``start``
+checks them, submits them to the broker and waits for the grant, ``progress()`` showing the
+queue position, the requests ahead, the ETA and the reason as the broker's events move
+them; then the server starts with the devices in ``CUDA_VISIBLE_DEVICES`` /
+``NVIDIA_VISIBLE_DEVICES``, and its kernels share them (``GPUBROKER_SERVER_LEASE``). The
+hub renews the lease while the server lives; ``stop`` and a ``poll`` that finds the server
+dead give it back; the lease is in ``get_state``, so a restarted hub keeps renewing it.
+Each poll also reads the lease: an idle server's warning, or its time limit's with an
+Extend that opens "My GPUs" (``pages``), shows on the hub's pages, and a lease the broker
+ended (an idle server culled) stops the server (``culling``). A queued start's request is
+in the state as soon as it is made; a hub restarted meanwhile starts the server again, and
+the start re-attaches to its request by its holder (``server:<user>``), keeping its place
+in the queue.
 
 Where the hub runs as root, the server's process joins a device cgroup between fork and
 exec that lets it open its grant's NVIDIA device nodes and no other (``make_preexec_fn``;
@@ -55,7 +57,7 @@ from jupyter_gpubroker.wire.text import size_text
 
 from . import reservation
 from ._compat import SpawnException
-from .culling import stopped_text, warning_text
+from .culling import stopped_text, time_limit_text, time_limit_warned, warning_text
 from .environment import (
     broker_scopes,
     device_env,
@@ -132,7 +134,8 @@ class GPUBrokerSpawnerMixin(_Spawner):
         help="Seconds a GPU server is expected to hold its GPU, sent with its request "
         "(expected_duration_s) so that the queue's ETA for those waiting behind it has a "
         "range on a broker with no history yet; the user's own expected_duration_s option "
-        "(the form's 'For about N hours') wins. None: the broker's own estimate.",
+        "wins, and a time limit (limit_s, the form's 'For N hours') supersedes both. None: "
+        "the broker's own estimate.",
     ).tag(config=True)
 
     @validate("gpu_expected_duration")
@@ -165,6 +168,8 @@ class GPUBrokerSpawnerMixin(_Spawner):
         self.gpu_notice = ""
         """What the hub's pages say of this server's GPU: an idle warning, or why the
         server was stopped (``culling.gpu_announcement``)."""
+        self.gpu_extend = ""
+        """The lease warned for its time limit, which the notice offers to extend."""
         self._cgroup = ""
         """The device cgroup the server runs in (``confine``), while it runs."""
 
@@ -183,6 +188,13 @@ class GPUBrokerSpawnerMixin(_Spawner):
                 status_code=503,
             )
         return str(url_path_join(service.url, service.prefix, API_PATH))
+
+    @property
+    def gpu_pages_url(self) -> str:
+        """The broker service's "My GPUs" page (its prefix), where its user extends a
+        time limit; empty without the service."""
+        service = (self.user.settings.get("services") or {}).get(self.gpubroker_service)
+        return str(service.prefix) if service is not None and service.url else ""
 
     def _client(self, retry_for: float | None = None) -> BrokerClient:
         """The broker as the server's user; its calls wait out a service restarting for
@@ -279,7 +291,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
         self._wants_gpu = wants_gpu(self.user_options)
         self._progress.clear()
         self._resuming = False
-        self.gpu_notice = ""
+        self.gpu_notice = self.gpu_extend = ""
         self.start_timeout = start_timeout(
             self._server_start_timeout, self.gpu_wait_timeout, self._wants_gpu
         )
@@ -500,7 +512,12 @@ class GPUBrokerSpawnerMixin(_Spawner):
             self.log.debug("Cannot read %s's GPU lease: %s", self._log_name, e)
             return False  # keep_alive decides what an unanswered renewal means
         if lease["state"] == "active":
-            self.gpu_notice = warning_text(lease) if lease.get("reclaim_at") else ""
+            ends = time_limit_warned(lease)
+            self.gpu_extend = lease["id"] if ends else ""
+            if ends:
+                self.gpu_notice = time_limit_text(lease)
+            else:
+                self.gpu_notice = warning_text(lease) if lease.get("reclaim_at") else ""
             return False
         await self._lost(Lost("gone", f"lease {lease['state']}"), lease)
         return True
@@ -520,7 +537,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
             lease_id,
             lease["reason"] if lease else lost.message,
         )
-        self.gpu_notice = stopped_text(lease, lost.message)
+        self.gpu_notice, self.gpu_extend = stopped_text(lease, lost.message), ""
         self._gpu = None
         renewing, self._renewing = self._renewing, None
         if renewing is not None and renewing is not asyncio.current_task():

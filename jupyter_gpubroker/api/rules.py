@@ -29,6 +29,7 @@ from typing import Any
 from ..broker.budgets import Quota
 from ..broker.limitrules import LIMIT_KINDS, LimitRule, check_key
 from ..broker.models import (
+    JobClass,
     Lease,
     LeaseState,
     Request,
@@ -544,7 +545,17 @@ class BrokerAPI(AdminRules, StreamRules):
             **self.requests(who),
             **self.leases(who),
             **self.suspended(who),
+            "time_limits": self.time_limits(who),
         }
+
+    def time_limits(self, who: Identity) -> dict[str, Any]:
+        """The time limit ``who``'s requests get per job class before a size is chosen
+        (from the class's and ``who``'s groups' rules in force): its default (null for
+        none), the longest allowed and whether one is required; what a front's form says
+        before the core refuses."""
+        limits = self.core.limits
+        classes = {c.value: limits.before_size(c, who.groups) for c in JobClass}
+        return {"required": limits.required, "classes": classes}
 
 
 def _kernel_report(body: dict[str, Any]) -> KernelState | None:

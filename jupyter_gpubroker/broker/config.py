@@ -55,6 +55,10 @@ class BrokerConfig:
     """How long after its time limit ends a lease is reclaimed."""
     max_extensions: dict[str, int] = field(default_factory=dict)
     """How often a lease's time limit may be extended, per job class (absent: 3)."""
+    promise_stretch: float = 2.0
+    """A waiting request is promised a start this many times as far off as its worst
+    case (at least 1): room for the policy to let others go first while every promise
+    still holds (``limits.Promises``)."""
 
     def expected_hold_s(self, job_class: str) -> float:
         """A hold of ``job_class`` before any history: the stated typical hold, else the
@@ -76,6 +80,14 @@ class BrokerConfig:
         self.limit_rules()
         _check_seconds(self.limit_warning_s, "limit_warning_s")
         _check_seconds(self.limit_grace_s, "limit_grace_s")
+        if (
+            isinstance(self.promise_stretch, bool)
+            or not isinstance(self.promise_stretch, (int, float))
+            or not (1 <= self.promise_stretch <= 100)
+        ):
+            raise InvalidRequest(
+                f"promise_stretch must be between 1 and 100, not {self.promise_stretch!r}"
+            )
         for k, n in self.max_extensions.items():
             _check_class(k, "max_extensions")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:

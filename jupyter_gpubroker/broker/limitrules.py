@@ -203,6 +203,17 @@ class LimitRules:
         nobody's)."""
         return _tightest(self.applying(job_class, size, groups))
 
+    def before_size(self, job_class: JobClass, groups: Iterable[str]) -> dict[str, Any]:
+        """What a form can say before the size is chosen: the default, the tightest
+        maximum and whether a limit is required, from the class's and groups' rules."""
+        keys = [("class", job_class.value)] + [("group", g) for g in dict.fromkeys(groups)]
+        applying = [(k, self._in_force[k][0]) for k in keys if k in self._in_force]
+        return {
+            "default_s": _most_specific_default(applying),
+            "max_s": _tightest(applying)[0],
+            "required": self.required or any(rule.required for _, rule in applying),
+        }
+
     def check(
         self, job_class: JobClass, size: Size, groups: Iterable[str], limit_s: float | None
     ) -> float | None:

@@ -10,10 +10,14 @@ end, EASY backfill's durations) and the broker can *promise* a start:
 in the order they were promised, then the other waiting requests in priority order,
 over the devices' worst-case free times: every lease ending at its limit end plus the
 grace, every request holding its limit plus the grace, and anything without a limit
-holding forever. A waiting request whose start is finite there is promised it, once.
-From then on the broker keeps every promise: a grant (``keeps``) or an extension
-(``broken``) that would push a promised start past its promise is refused, and a
-promised request whose worst-case start has come is granted first (``due``). Starts
+holding forever. A waiting request whose start is finite there is promised it, once,
+``promise_stretch`` times as far off (room for the policy's order: with promises exactly
+at the worst case, nobody could ever go ahead of a promised request, and the broker
+would serve in promise order, about arrival order). From then on the broker keeps every
+promise: a grant that would push a promised start past its promise is refused
+(``keeps``), an extension that would push it past its worst case when promised is
+refused (``broken``: the stretch is not for extensions), and a promised request whose
+worst-case start has come is granted after the policy's own grants (``due``). Starts
 only move earlier when leases end sooner than their limits, so a promise holds unless
 an admin intervenes (a drain, a reclaim, a quota, a changed limit, an arbiter keeping
 a lease) or a GPU fails.
@@ -57,6 +61,9 @@ class Promises:
         self.broker = broker
         self._bound: dict[str, float] = {}
         """Request id -> its promised start, in the order promised."""
+        self._worst: dict[str, float] = {}
+        """Request id -> its worst-case start when promised (before ``promise_stretch``):
+        no extension may push it later."""
         self._pending: set[str] | None = None
         """Waiting requests with a limit and no promise yet (None: not read yet, after a
         start: the waiting requests restored then)."""
@@ -83,7 +90,7 @@ class Promises:
         """The waiting promised requests in promise order (forgetting those gone)."""
         live = self.broker.book.live
         for rid in [rid for rid in self._bound if rid not in live]:
-            del self._bound[rid]
+            del self._bound[rid], self._worst[rid]
         return [live[rid] for rid in self._bound if live[rid].state is RequestState.QUEUED]
 
     def _starts(
@@ -96,10 +103,12 @@ class Promises:
         got = list_schedule(self.broker, queue, ends or self._ends, self._holds, 1, now, held=held)
         return {rid: s[0] for rid, s in got.items()}
 
-    def _first_broken(self, starts: dict[str, float]) -> tuple[str, float] | None:
+    def _first_broken(
+        self, starts: dict[str, float], bounds: dict[str, float]
+    ) -> tuple[str, float] | None:
         for rid, t in starts.items():
-            if t > self._bound[rid] + SLACK_S:
-                return rid, self._bound[rid]
+            if t > bounds[rid] + SLACK_S:
+                return rid, bounds[rid]
         return None
 
     # -- making and keeping promises
@@ -123,7 +132,9 @@ class Promises:
         now_due = False
         for r in fresh:
             if r.id in self._pending and math.isfinite(starts[r.id]):
-                self._bound[r.id] = max(starts[r.id], now)
+                ahead = max(starts[r.id] - now, 0.0)
+                self._bound[r.id] = now + self.broker.config.promise_stretch * ahead
+                self._worst[r.id] = now + ahead
                 self._pending.discard(r.id)
                 now_due = now_due or starts[r.id] <= now + SLACK_S
         return now_due
@@ -144,7 +155,7 @@ class Promises:
         uuids = tuple(d.uuid for d in devices)
         probe = Lease("", r.id, r.user, r.group, uuids, 0.0, now, math.inf, 0.0, limit_s=r.limit_s)
         held.update((d.uuid, probe) for d in devices)
-        return self._first_broken(self._starts(promised, now, held)) is None
+        return self._first_broken(self._starts(promised, now, held), self._bound) is None
 
     def due(self, now: float) -> list[Request]:
         """The promised requests whose worst-case start has come, in promise order."""
@@ -155,8 +166,10 @@ class Promises:
         return [r for r in promised if starts[r.id] <= now + SLACK_S]
 
     def broken(self, lease: Lease, end: float, now: float) -> tuple[str, float] | None:
-        """The first promise (request id, promised start) that ``lease`` ending at
-        ``end`` would break; None if none."""
+        """The first promised request (its id and worst-case start when promised) that
+        ``lease`` ending at ``end`` would start later than that; None if none. Stricter
+        than its promise: the stretch is room for the policy's order, not for
+        extensions."""
         promised = self._promised()
         if not promised:
             return None
@@ -165,7 +178,7 @@ class Promises:
         def ends(x: Lease) -> Sequence[float] | None:
             return self._ends(longer if x.id == lease.id else x)
 
-        return self._first_broken(self._starts(promised, now, ends=ends))
+        return self._first_broken(self._starts(promised, now, ends=ends), self._worst)
 
     def check_extension(self, lease: Lease, seconds: float) -> float:
         """The lease's new end if it may have ``seconds`` more (within the longest limit
@@ -194,7 +207,7 @@ class Promises:
         broken = self.broken(lease, end + seconds, now)
         if broken is not None:
             raise Conflict(
-                f"not extended: a waiting request was promised a start by {clock(broken[1])} "
-                f"and needs this GPU when its time limit ends, at {clock(end)}"
+                "not extended: a waiting request needs this GPU when its time limit ends, "
+                f"at {clock(end)}"
             )
         return end + seconds

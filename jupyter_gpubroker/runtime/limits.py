@@ -26,6 +26,7 @@ _FIELDS = {
     "time_limit_warning": "limit_warning_s",
     "time_limit_grace": "limit_grace_s",
     "max_extensions": "max_extensions",
+    "promise_stretch": "promise_stretch",
     "typical_hold": "typical_hold_s",
 }
 """Each trait and the ``BrokerConfig`` field it sets."""
@@ -99,6 +100,15 @@ class LimitSettings(HasTraits):
         "{'interactive': 2}; a class not named: 3.",
     ).tag(config=True)
 
+    promise_stretch = FloatTrait(
+        2.0,
+        help="Where every lease ahead of a waiting request has a time limit, the broker "
+        "promises it a start ('starts by 14:30 at the latest') and keeps the promise: "
+        "this many times as far off as its worst case (1 to 100). 1 promises the earliest "
+        "but lets nobody go ahead of a promised request; 2, the default, leaves the "
+        "fair-share order room (see benchmarks/README.md).",
+    ).tag(config=True)
+
     typical_hold = _durations(
         "How long a GPU session of each job class typically lasts, e.g. "
         "{'interactive': '2h'}: start estimates rest on it until the broker has seen "
@@ -132,5 +142,6 @@ class LimitSettings(HasTraits):
             "limit_warning_s": float(self.time_limit_warning),
             "limit_grace_s": float(self.time_limit_grace),
             "max_extensions": dict(self.max_extensions),
+            "promise_stretch": float(self.promise_stretch),
             "typical_hold_s": dict(self.typical_hold),
         }

@@ -69,6 +69,36 @@ def test_an_extension_that_would_delay_a_promised_start_is_refused(team: BrokerA
     waiting = team.submit(bob, {**SLICE, "limit_s": 600})
     assert waiting["state"] == "queued"
     team.core.schedule()  # the broker promises the waiting request a start
-    with pytest.raises(Conflict, match="a waiting request was promised a start by"):
+    with pytest.raises(Conflict, match="a waiting request needs this GPU when its time limit ends"):
         team.extend(alice, short["id"], {"seconds": 3600})
     assert team.core.lease(short["id"]).extensions == 0
+
+
+def test_the_overview_says_each_classs_default_and_most_and_whether_one_is_required(
+    start,
+) -> None:
+    """What a front's form says before the core refuses (the hub's "For N hours")."""
+    api = start(
+        default_time_limit={"interactive": "2h"},
+        max_time_limit={"interactive": "8h"},
+        time_limit_required=True,
+    )
+    me = api.user_identity("dana")
+    assert api.overview(me)["time_limits"] == {
+        "required": True,
+        "classes": {
+            "interactive": {"default_s": 7200.0, "max_s": 8 * 3600.0, "required": True},
+            "batch": {"default_s": None, "max_s": 366 * 86400.0, "required": True},
+        },
+    }
+    with pytest.raises(InvalidRequest, match="a time limit is required here"):
+        api.submit(me, {**SLICE, "job_class": "batch"})
+    # an admin's rule replaces the configured one, and a group's applies to its members
+    admin = api.user_identity("carol")
+    api.set_limits(admin, "class", "batch", {"default_s": 3600})
+    api.set_limits(admin, "group", "students", {"max_s": 4 * 3600})
+    student = api.user_identity("dana", groups=["students"])
+    classes = api.overview(student)["time_limits"]["classes"]
+    assert classes["batch"] == {"default_s": 3600.0, "max_s": 4 * 3600.0, "required": True}
+    assert classes["interactive"]["max_s"] == 4 * 3600.0
+    assert api.overview(me)["time_limits"]["classes"]["interactive"]["max_s"] == 8 * 3600.0

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpubroker.broker.models import JobClass
@@ -60,3 +61,13 @@ def test_the_time_limit_example_gives_what_its_table_says(tmp_path: Path) -> Non
                 assert got == want, (request, groups, got)
     finally:
         rt.stop()
+
+
+def test_the_promise_stretch_line_sets_it_and_a_bad_one_is_refused_in_a_sentence() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", section(), re.S)
+    (line,) = [b for b in blocks if "promise_stretch" in b]
+    c = Config()
+    exec(line, {"c": c})
+    assert GPUBroker(config=c).limit_fields()["promise_stretch"] == 2.0
+    with pytest.raises(TraitError, match="promise_stretch must be between 1 and 100, not 0.5"):
+        GPUBroker(promise_stretch=0.5)

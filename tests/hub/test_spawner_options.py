@@ -52,6 +52,10 @@ def test_the_spawners_are_jupyterhub_entry_points() -> None:
             {"profile": "1g.10gb", "expected_duration_s": 7200},
             {"profile": "1g.10gb", "job_class": "interactive", "expected_duration_s": 7200.0},
         ),
+        (
+            {"profile": "1g.10gb", "limit_s": 5400},
+            {"profile": "1g.10gb", "job_class": "interactive", "limit_s": 5400.0},
+        ),
     ],
 )
 def test_options_name_the_request_in_the_apis_own_fields(options, request_body) -> None:
@@ -69,6 +73,10 @@ def test_options_name_the_request_in_the_apis_own_fields(options, request_body) 
         ({"gpus": 1, "expected_duration_s": 0}, "expected_duration_s must be seconds"),
         ({"gpus": 1, "expected_duration_s": "2h"}, "expected_duration_s must be seconds"),
         ({"gpus": 1, "expected_duration_s": 1e9}, "at most a year"),
+        ({"gpus": 1, "limit_s": 0}, "limit_s (the time limit) must be seconds, at least"),
+        ({"gpus": 1, "limit_s": "2h"}, "limit_s (the time limit) must be seconds"),
+        ({"gpus": 1, "limit_s": True}, "limit_s (the time limit) must be seconds"),
+        ({"gpus": 1, "limit_s": 1e9}, "at most a year"),
     ],
 )
 def test_options_the_broker_would_refuse_are_refused_first(options, says) -> None:
@@ -89,11 +97,18 @@ def test_the_forms_fields_become_the_same_options_as_the_api_takes() -> None:
         "job_class": "interactive",
     }
     assert gpu_request(options_from_form({"gpu_kind": ["cpu"], "gpus": ["3"]})) is None
-    # "for about N hours": the hold the broker's ETA of those behind can count on
-    assert options_from_form({**form, "hours": ["1.5"]})["expected_duration_s"] == 5400
-    assert "expected_duration_s" not in options_from_form({"gpu_kind": ["cpu"], "hours": ["2"]})
-    with pytest.raises(ValueError, match="expected_duration_s must be seconds"):
-        gpu_request(options_from_form({**form, "hours": ["soon"]}))
+    # "For N hours (you can extend it)": the server's time limit, in the API's seconds
+    options = options_from_form({**form, "hours": ["1.5"]})
+    assert options["limit_s"] == 5400 and "expected_duration_s" not in options
+    assert gpu_request(options)["limit_s"] == 5400
+    assert "limit_s" not in options_from_form({"gpu_kind": ["cpu"], "hours": ["2"]})
+    for bad in ("soon", "0", "-1", "nan", "inf", "9000"):
+        with pytest.raises(ValueError) as refused:
+            options_from_form({**form, "hours": [bad]})
+        assert str(refused.value) == (
+            "For how many hours: give a number of hours above 0 and up to a year, such as 2 "
+            f"or 0.5, not {bad!r}"
+        )
     with pytest.raises(ValueError, match="whole number"):
         gpu_request(options_from_form({"gpu_kind": ["gpus"], "gpus": ["two"]}))
     # a choice the form does not offer is refused, not taken for a CPU-only server
@@ -200,3 +215,61 @@ def test_the_forms_wait_says_how_many_wait_for_the_same_without_a_position() -> 
     assert Choices(view, []).waits(profile="1g.10gb") == (
         "one request waits for the same, with no estimate yet of when"
     )
+
+
+def test_the_forms_hours_field_says_its_a_limit_you_can_extend_and_what_the_broker_needs() -> None:
+    view = overview("ann", 0)
+    view["time_limits"] = {
+        "required": True,
+        "classes": {
+            "interactive": {"default_s": 7200.0, "max_s": 8 * 3600.0},
+            "batch": {"default_s": None, "max_s": 366 * 86400.0},
+        },
+    }
+    form = Choices(view, []).form()
+    assert '<label for="gpu-hours">For</label>' in form and "hours (you can extend it)" in form
+    assert (
+        "the server is stopped after that unless you extend it; interactive: 2 h 00 min if "
+        "left empty; interactive: at most 8 h 00 min; batch: required"
+    ) in form
+    view["time_limits"] = {"required": False, "classes": {}}  # nothing set: nothing said
+    assert Choices(view, []).limit_note().endswith("unless you extend it")
+
+
+def test_a_servers_time_limit_warning_reads_as_when_it_ends_with_extend_on_the_hubs_pages() -> None:
+    from html import escape
+    from types import SimpleNamespace
+
+    from hub_spawner.culling import gpu_announcement, time_limit_text, time_limit_warned
+
+    now = datetime.now(timezone.utc)
+    ends, reclaim = now + timedelta(minutes=10), now + timedelta(minutes=11)
+    lease = {
+        "id": "L1",
+        "devices": ["MIG-abc"],
+        "ends_at": ends.isoformat(),
+        "reclaim_at": reclaim.isoformat(),
+        "reclaim_cause": "time_limit",
+    }
+    assert time_limit_warned(lease)
+    # an idle warning is kept by use, not by Extend: it is not the time limit's
+    assert not time_limit_warned({**lease, "reclaim_cause": "idle"})
+    # extended: its end moved past the warning's deadline, which the broker withdraws next
+    later = (now + timedelta(minutes=70)).isoformat()
+    assert not time_limit_warned({**lease, "ends_at": later})
+    assert not time_limit_warned({**lease, "reclaim_at": None, "reclaim_cause": None})
+    text = time_limit_text(lease)
+    assert text == (
+        f"Your GPU server's time on MIG-abc ends at {clock(ends.timestamp())}: it will be "
+        f"stopped at {clock(reclaim.timestamp())} unless you extend it."
+    )
+    spawner = SimpleNamespace(
+        gpu_notice=text, gpu_extend="L1", gpu_pages_url="/services/gpubroker/"
+    )
+    user = SimpleNamespace(orm_spawners={"": None}, spawners={"": spawner})
+    assert gpu_announcement(user) == (
+        f'{escape(text)} <a class="btn btn-sm btn-primary gpubroker-extend" '
+        'href="/services/gpubroker/?extend=L1#lease-L1">Extend</a>'
+    )
+    spawner.gpu_extend = ""  # an idle warning, or why it stopped: the text alone
+    assert gpu_announcement(user) == escape(text)

@@ -83,7 +83,7 @@ def test_time_limit_warning_extend_refused_then_granted(lab: Lab, page: Any) -> 
     toast.get_by_role("button", name="Extend 1 hour").click()
     refused = page.locator(".Toastify__toast", has_text="Extend 1 hour: not extended:")
     refused.wait_for(timeout=WAIT_MS)
-    assert "a waiting request was promised a start by" in refused.inner_text()
+    assert "a waiting request needs this GPU" in refused.inner_text()
     assert f"when its time limit ends, at {ends}" in refused.inner_text()
     assert my_lease(lab)["ends_at"] == lease["ends_at"]
     assert toast.is_visible()  # the warning stays: the GPU is still to be given back

@@ -194,7 +194,7 @@ describe('BrokerClient while the broker does not answer', () => {
 
   it('asks for an hour more on a lease, and fails with the sentence the broker refuses it with', async () => {
     const refused =
-      'not extended: a waiting request was promised a start by 14:31 and needs this GPU when its time limit ends, at 14:30';
+      'not extended: a waiting request needs this GPU when its time limit ends, at 14:30';
     const { client: c, waits } = client([
       answer(200, '{"id": "l-1"}'),
       answer(409, JSON.stringify({ error: 'conflict', message: refused }))
