@@ -71,6 +71,14 @@ def time_limit_text(lease: dict[str, Any], server: bool = True) -> str:
     )
 
 
+def lease_notice(lease: dict[str, Any]) -> tuple[str, str]:
+    """What the hub's pages say of an active server's lease, and the lease Extend is for:
+    a time limit's warning (with its lease), an idle warning, or nothing."""
+    if time_limit_warned(lease):
+        return time_limit_text(lease), lease["id"]
+    return (warning_text(lease) if lease.get("reclaim_at") else ""), ""
+
+
 def time_extended_text(lease: dict[str, Any]) -> str:
     """What an extension did."""
     return (

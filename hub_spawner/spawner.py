@@ -12,12 +12,11 @@ them; then the server starts with the devices in ``CUDA_VISIBLE_DEVICES`` /
 ``NVIDIA_VISIBLE_DEVICES``, and its kernels share them (``GPUBROKER_SERVER_LEASE``). The
 hub renews the lease while the server lives; ``stop`` and a ``poll`` that finds the server
 dead give it back; the lease is in ``get_state``, so a restarted hub keeps renewing it.
-Each poll also reads the lease: an idle server's warning, or its time limit's with an
-Extend that opens "My GPUs" (``pages``), shows on the hub's pages, and a lease the broker
-ended (an idle server culled) stops the server (``culling``). A queued start's request is
-in the state as soon as it is made; a hub restarted meanwhile starts the server again, and
-the start re-attaches to its request by its holder (``server:<user>``), keeping its place
-in the queue.
+Each poll also reads the lease: its warning (idleness, or its time limit with an Extend
+that opens "My GPUs") shows on the hub's pages, and a lease the broker ended stops the
+server (``culling``). A queued start's request is in the state as soon as it is made; a
+hub restarted meanwhile starts the server again, and the start re-attaches to its request
+by its holder (``server:<user>``), keeping its place in the queue.
 
 Where the hub runs as root, the server's process joins a device cgroup between fork and
 exec that lets it open its grant's NVIDIA device nodes and no other (``make_preexec_fn``;
@@ -57,7 +56,7 @@ from jupyter_gpubroker.wire.text import size_text
 
 from . import reservation
 from ._compat import SpawnException
-from .culling import stopped_text, time_limit_text, time_limit_warned, warning_text
+from .culling import lease_notice, stopped_text
 from .environment import (
     broker_scopes,
     device_env,
@@ -512,12 +511,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
             self.log.debug("Cannot read %s's GPU lease: %s", self._log_name, e)
             return False  # keep_alive decides what an unanswered renewal means
         if lease["state"] == "active":
-            ends = time_limit_warned(lease)
-            self.gpu_extend = lease["id"] if ends else ""
-            if ends:
-                self.gpu_notice = time_limit_text(lease)
-            else:
-                self.gpu_notice = warning_text(lease) if lease.get("reclaim_at") else ""
+            self.gpu_notice, self.gpu_extend = lease_notice(lease)
             return False
         await self._lost(Lost("gone", f"lease {lease['state']}"), lease)
         return True
