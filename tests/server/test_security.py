@@ -613,6 +613,11 @@ async def test_the_overview_shows_each_caller_what_it_may_see(world: World) -> N
         for path in ("devices", "queue", "requests", "leases"):
             parts.update(await caller("GET", path, expect=200))
         parts["suspended"] = []  # no kernel is suspended here (tests/suspend has one)
+        none = {"default_s": None, "max_s": 366 * 86400.0, "required": False}
+        parts["time_limits"] = {  # none configured: a year at most, none required
+            "required": False,
+            "classes": {"interactive": none, "batch": none},
+        }
         assert overview == parts
 
     mine = await bob("GET", "overview", expect=200)
