@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bs4 import BeautifulSoup
+from hub_pages import render
 from traitlets.config import Config
 
-from hub_spawner.pages import _env, admin_view
+from hub_spawner.pages import admin_view
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.runtime import GPUBroker
 
@@ -33,15 +34,7 @@ def test_the_admin_page_lists_active_alerts_and_their_history(tmp_path: Path) ->
         rt.sampler.sample()
         api = BrokerAPI(rt)
         view = admin_view(api, api.identify(rt.owner), 30, "1970-01-01T00:00:00Z", None)
-        html = _env.get_template("admin.html").render(
-            who=None,
-            hub_prefix="/hub/",
-            static=str,
-            url=lambda *p: "/".join(p),
-            xsrf_form_html=lambda: "",
-            flash="",
-            **view,
-        )
+        html = render("admin.html", view)
     finally:
         rt.stop()
     section = BeautifulSoup(html, "html.parser").find(id="alerts")

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from bs4 import BeautifulSoup
+from hub_pages import render as render_page
 from traitlets.config import Config
 
-from hub_spawner.pages import ACTIONS, _env, _span, admin_view
+from hub_spawner.pages import ACTIONS, _span, admin_view
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.wire.errors import InvalidRequest
@@ -36,16 +37,7 @@ def api(tmp_path: Path) -> Iterator[BrokerAPI]:
 
 def render(api: BrokerAPI, failed: dict[str, Any] | None = None) -> BeautifulSoup:
     view = admin_view(api, api.identify(api.runtime.owner), 30, "1970-01-01T00:00:00Z", None)
-    html = _env.get_template("admin.html").render(
-        who=None,
-        hub_prefix="/hub/",
-        static=str,
-        url=lambda *p: "/".join(p),
-        xsrf_form_html=lambda: "",
-        flash="",
-        failed=failed,
-        **view,
-    )
+    html = render_page("admin.html", view, failed=failed)
     return BeautifulSoup(html, "html.parser").find(id="limits")
 
 

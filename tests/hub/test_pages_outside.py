@@ -13,9 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 from bs4 import BeautifulSoup
+from hub_pages import render
 from traitlets.config import Config
 
-from hub_spawner.pages import PageHandler, _env, admin_view
+from hub_spawner.pages import PageHandler, admin_view
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.runtime import GPUBroker
@@ -61,15 +62,3 @@ def test_the_admin_page_names_the_device_user_pid_and_how_long(tmp_path: Path) -
         "yours holds it: ask for a GPU here, so the broker can share the machine fairly."
     ]
     assert not BeautifulSoup(pages["alice"], "html.parser").select(".gpubroker-outside")
-
-
-def render(template: str, view: dict) -> str:
-    return _env.get_template(template).render(
-        who=None,
-        hub_prefix="/hub/",
-        static=str,
-        url=lambda *p: "/".join(p),
-        xsrf_form_html=lambda: "",
-        flash="",
-        **view,
-    )
