@@ -440,14 +440,14 @@ class Broker:
         if self._recalc_due or now - self._ranked_at >= self.policy.recalc_interval_s:
             self._recalc(now)
         granted = self.scheduler.run(now)
-        if self.promises.offer(lambda: [r for _, r in self._ranked()], now):
+        if self.promises.offer(lambda keep: [r for _, r in self._ranked(keep)], now):
             granted += self.scheduler.run(now)  # a start promised for now
         return granted
 
-    def _ranked(self) -> list[tuple[float, Request]]:
-        """The waiting requests in priority order, with their priorities."""
+    def _ranked(self, keep: Callable[[Request], bool] | None = None) -> list[tuple[float, Request]]:
+        """The waiting requests (those ``keep`` keeps) in priority order, with their ranks."""
         return sorted(
-            ((self._rank(r), r) for r in self._waiting),
+            ((self._rank(r), r) for r in self._waiting if keep is None or keep(r)),
             key=lambda pr: (-pr[0], pr[1].submitted_at, self._waiting.order(pr[1])),
         )
 

@@ -43,7 +43,7 @@ from typing import Protocol
 from ..wire.profiles import CATALOG, COMPUTE_SLICES
 from ..wire.sizes import Size
 from .models import Lease, Request
-from .placement import WHOLE_GPU, Placer, device_class
+from .placement import WHOLE_GPU, Placer
 from .policy import Context, Policy
 from .predictor import Predictor, held_shape, request_shape
 
@@ -292,40 +292,31 @@ def list_schedule(
     """Each request's start in each pass (infinite where unknown or never); with
     ``release``, none starts before its release (a request not yet submitted); ``held``:
     device -> lease, in place of the view's holders (a grant being weighed)."""
-    placer, dynamic = view.placer, view.config.dynamic_mig
+    groups = view.placer.groups(by_slices=view.config.dynamic_mig)
     held = view.holders() if held is None else held
-    never, idle = [math.inf] * passes, [now] * passes
+    never = [math.inf] * passes
     lease_ends: dict[str, Sequence[float]] = {}
     for lease in held.values():
         if lease.id not in lease_ends:
             lease_ends[lease.id] = [max(now, t) for t in ends(lease) or never]
-    free = {
-        d.uuid: never
-        if placer.is_drained(d)
-        else (lease_ends[held[d.uuid].id] if d.uuid in held else idle)
-        for d in placer.devices.values()
-    }
-    mig = {g.uuid for g in placer.gpus.values() if g.mig_enabled} if dynamic else set()
-    by_class: dict[str, list[str]] = defaultdict(list)
-    largest: dict[str, int] = defaultdict(int)
-    """Per class, the memory (MiB) of its largest device, for memory-sized requests."""
-    by_gpu: dict[str, list[tuple[str, int]]] = {g: [] for g in mig}
-    for d in placer.devices.values():
-        if d.kind == "mig" and d.gpu_uuid in mig:
-            by_gpu[d.gpu_uuid].append((d.uuid, d.compute_slices))
-        else:
-            by_class[device_class(d)].append(d.uuid)
-            largest[device_class(d)] = max(largest[device_class(d)], d.memory_mib)
+    drained, largest = groups.drained, groups.largest
+
+    def free(u: str, p: int) -> float:
+        if u in drained:
+            return math.inf
+        lease = held.get(u)
+        return now if lease is None else lease_ends[lease.id][p]
+
     starts = {r.id: [math.inf] * passes for r in queue}
     lengths = [holds(r) or never for r in queue]
     for p in range(passes):
-        heaps = {c: [(free[u][p], u) for u in uuids] for c, uuids in by_class.items()}
+        heaps = {c: [(free(u, p), u) for u in uuids] for c, uuids in groups.by_class.items()}
         for heap in heaps.values():
             heapq.heapify(heap)
         slots: dict[str, list[float]] = {}
-        for g, cut in by_gpu.items():
-            s = [t for u, n in cut for t in [free[u][p]] * n]
-            s += [math.inf if g in placer.drained else now] * (COMPUTE_SLICES - len(s))
+        for g, cut in groups.by_gpu.items():
+            s = [t for u, n in cut for t in [free(u, p)] * n]
+            s += [math.inf if g in drained else now] * (COMPUTE_SLICES - len(s))
             s.sort()  # slices not cut into any device are free to cut now
             slots[g] = s
         for r, hold in zip(queue, lengths, strict=True):

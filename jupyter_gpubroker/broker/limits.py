@@ -113,10 +113,13 @@ class Promises:
 
     # -- making and keeping promises
 
-    def offer(self, ranked: Callable[[], Iterable[Request]], now: float) -> bool:
-        """Promise a start to each waiting request (``ranked``: the queue in priority
-        order) that wants one and has a finite worst-case start; whether one of them
-        was promised a start now (a pass should grant it)."""
+    def offer(
+        self, ranked: Callable[[Callable[[Request], bool]], Iterable[Request]], now: float
+    ) -> bool:
+        """Promise a start to each waiting request that wants one and has a finite
+        worst-case start (``ranked(keep)``: the waiting requests ``keep`` keeps, in
+        priority order); whether one of them was promised a start now (a pass should
+        grant it)."""
         live = self.broker.book.live
         if self._pending is None:
             self._pending = set()
@@ -127,7 +130,7 @@ class Promises:
         }
         if not self._pending:
             return False
-        fresh = [r for r in ranked() if r.id not in self._bound]
+        fresh = list(ranked(lambda r: r.id not in self._bound))
         starts = self._starts(self._promised() + fresh, now)
         now_due = False
         for r in fresh:
@@ -160,8 +163,9 @@ class Promises:
     def due(self, now: float) -> list[Request]:
         """The promised requests whose worst-case start has come, in promise order."""
         promised = self._promised()
-        if not promised:
-            return []
+        free_for = self.broker.placer.has_free_for
+        if not any(free_for(r.size) for r in promised):
+            return []  # none could be granted now: spare the list-schedule (most passes)
         starts = self._starts(promised, now)
         return [r for r in promised if starts[r.id] <= now + SLACK_S]
 

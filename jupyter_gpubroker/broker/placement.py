@@ -40,6 +40,20 @@ def device_class(d: Device) -> str:
 
 
 @dataclass(frozen=True)
+class Groups:
+    """The devices as a list-schedule (``eta.list_schedule``) walks them."""
+
+    by_class: dict[str, list[str]]
+    """Free-list class -> its devices (not those on ``by_gpu``'s GPUs)."""
+    largest: dict[str, int]
+    """Per class, the memory (MiB) of its largest device, for memory-sized requests."""
+    by_gpu: dict[str, list[tuple[str, int]]]
+    """A MIG GPU seen as its compute slices -> its devices and their slices."""
+    drained: frozenset[str]
+    """The drained devices, and the GPUs drained whole."""
+
+
+@dataclass(frozen=True)
 class MigPlan:
     """Re-cut ``gpu``: destroy the idle ``destroy`` slices, then create ``profile`` at ``start``."""
 
@@ -142,6 +156,8 @@ class Placer:
         """k -> the nodes by the k-th expected free time of their whole GPUs."""
         self._indexed: dict[str, float] = {}
         """The free time each undrained device is filed under in ``_ends``."""
+        self._groups: dict[bool, Groups] = {}
+        """``groups``' answers until a device is added, removed, drained or undrained."""
         self._found: dict[tuple[Size, str, AbstractSet[str]], list[Device] | None] = {}
         """``find``'s answers since the last change: a pass asks the same of every
         candidate of a size that does not fit."""
@@ -151,6 +167,7 @@ class Placer:
     # -- bookkeeping
 
     def add(self, d: Device) -> None:
+        self._groups.clear()
         self.devices[d.uuid] = d
         self._on_gpu[d.gpu_uuid][d.uuid] = d
         self._count[shape(d)] += 1
@@ -162,6 +179,7 @@ class Placer:
         self._refresh(d)
 
     def remove(self, uuid: str) -> None:
+        self._groups.clear()
         d = self.devices.pop(uuid)
         del self._on_gpu[d.gpu_uuid][uuid]
         self._count[shape(d)] -= 1
@@ -214,12 +232,14 @@ class Placer:
     def drain(self, uuid: str) -> None:
         """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
         self.drained.add(uuid)
+        self._groups.clear()
         for d in self.under(uuid):
             self.free[device_class(d)].discard(d.uuid)
             self._refresh(d)
 
     def undrain(self, uuid: str) -> None:
         self.drained.discard(uuid)
+        self._groups.clear()
         for d in self.under(uuid):
             if d.uuid not in self.held and not self.is_drained(d):
                 self.free[device_class(d)].add(d.uuid)
@@ -227,6 +247,28 @@ class Placer:
 
     def is_drained(self, d: Device) -> bool:
         return d.uuid in self.drained or d.gpu_uuid in self.drained
+
+    def groups(self, by_slices: bool) -> Groups:
+        """The devices grouped for a list-schedule; ``by_slices``: every MIG GPU as its
+        compute slices (dynamic MIG re-cuts idle ones). Kept between changes of the
+        devices, since a pass list-schedules several times."""
+        if by_slices not in self._groups:
+            mig = {g.uuid for g in self.gpus.values() if g.mig_enabled} if by_slices else set()
+            by_class: dict[str, list[str]] = defaultdict(list)
+            largest: dict[str, int] = defaultdict(int)
+            by_gpu: dict[str, list[tuple[str, int]]] = {g: [] for g in mig}
+            for d in self.devices.values():
+                if d.kind == "mig" and d.gpu_uuid in mig:
+                    by_gpu[d.gpu_uuid].append((d.uuid, d.compute_slices))
+                else:
+                    c = device_class(d)
+                    by_class[c].append(d.uuid)
+                    largest[c] = max(largest[c], d.memory_mib)
+            drained = {d.uuid for d in self.devices.values() if self.is_drained(d)}
+            self._groups[by_slices] = Groups(
+                dict(by_class), dict(largest), by_gpu, frozenset(drained | self.drained)
+            )
+        return self._groups[by_slices]
 
     def under(self, uuid: str) -> list[Device]:
         """The devices a GPU UUID covers (every one on it), or the one device UUID names."""
