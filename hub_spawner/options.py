@@ -121,6 +121,39 @@ def waiting_message(
     )
 
 
+def _limit_words(limits: dict[str, Any], required: bool) -> list[str]:
+    """A class's or profile's time limits as the form says them: "2 h 00 min if left
+    empty" or "required", and "at most 8 h 00 min" (a year, no rule's: nothing)."""
+    words = []
+    if limits["default_s"] is not None:
+        words.append(f"{duration(limits['default_s'])} if left empty")
+    elif limits.get("required", required):
+        words.append("required")
+    if limits["max_s"] < MAX_DURATION_S:
+        words.append(f"at most {duration(limits['max_s'])}")
+    return words
+
+
+def _profile_words(
+    profile: str,
+    by_class: dict[str, dict[str, Any]],
+    classes: dict[str, list[str]],
+    required: bool,
+) -> list[tuple[str, list[str]]]:
+    """What a profile's limits add to its class's (``classes``: their words): a tighter
+    maximum, its own default. The form says them before the user picks the profile, once
+    where every class gets the same ("a 3g.40gb slice"), else per class ("a 3g.40gb
+    slice (batch)")."""
+    own = {
+        cls: [w for w in _limit_words(limits, required) if w not in classes[cls]]
+        for cls, limits in by_class.items()
+        if cls in classes
+    }
+    if len(own) == len(classes) and len({tuple(w) for w in own.values()}) == 1:
+        return [(f"a {profile} slice", next(iter(own.values())))]
+    return [(f"a {profile} slice ({cls})", words) for cls, words in own.items()]
+
+
 class Choices:
     """What a user may ask for on this machine and within their quota, from the broker's
     ``overview`` and the user's ``quotas``: for refusals and the options form."""
@@ -277,18 +310,17 @@ class Choices:
 
     def limit_note(self) -> str:
         """What the form's "For N hours" field does here, from the broker's time limits:
-        "the server's time limit: it is stopped after it unless you extend it; required for
-        a GPU; at most 8 hours"."""
+        "...; interactive: at most 8 h 00 min; a 3g.40gb slice: at most 4 h 00 min"."""
         limits = self.overview.get("time_limits") or {"required": False, "classes": {}}
+        required = limits["required"]
+        none = {"default_s": None, "max_s": MAX_DURATION_S}
+        classes = {c: _limit_words(limits["classes"].get(c) or none, required) for c in JOB_CLASSES}
         said = ["how long you need the GPU: the server is stopped after that unless you extend it"]
-        for cls in JOB_CLASSES:
-            c = limits["classes"].get(cls) or {"default_s": None, "max_s": MAX_DURATION_S}
-            if c["default_s"] is not None:
-                said.append(f"{cls}: {duration(c['default_s'])} if left empty")
-            elif c.get("required", limits["required"]):
-                said.append(f"{cls}: required")
-            if c["max_s"] < MAX_DURATION_S:
-                said.append(f"{cls}: at most {duration(c['max_s'])}")
+        for cls, words in classes.items():
+            said += [f"{cls}: {w}" for w in words]
+        for profile, by_class in sorted((limits.get("profiles") or {}).items()):
+            for who, words in _profile_words(profile, by_class, classes, required):
+                said += [f"{who}: {w}" for w in words]
         return "; ".join(said)
 
     def text(self) -> str:

@@ -550,12 +550,19 @@ class BrokerAPI(AdminRules, StreamRules):
 
     def time_limits(self, who: Identity) -> dict[str, Any]:
         """The time limit ``who``'s requests get per job class before a size is chosen
-        (from the class's and ``who``'s groups' rules in force): its default (null for
-        none), the longest allowed and whether one is required; what a front's form says
-        before the core refuses."""
-        limits = self.core.limits
-        classes = {c.value: limits.before_size(c, who.groups) for c in JobClass}
-        return {"required": limits.required, "classes": classes}
+        (from the class's and ``who``'s groups' rules in force), and per MIG profile this
+        machine offers and class (the profile's rule too): its default (null for none),
+        the longest allowed and whether one is required; what a front's form says before
+        the core refuses, a profile's own before the user picks it."""
+        limits, groups = self.core.limits, who.groups
+        offered = sorted({d.profile for d in self.core.inventory.devices if d.profile})
+        return {
+            "required": limits.required,
+            "classes": {c.value: limits.for_form(c, groups) for c in JobClass},
+            "profiles": {
+                p: {c.value: limits.for_form(c, groups, p) for c in JobClass} for p in offered
+            },
+        }
 
 
 def _kernel_report(body: dict[str, Any]) -> KernelState | None:

@@ -93,7 +93,8 @@ class Broker:
         self._listeners: list[Callable[[Event], None]] = []
         self.budgets = Budgets(store)
         """Quotas: shares, most GPUs held, GPU-hour budgets."""
-        self.limits = LimitRules(self.config.limit_rules(), self.config.limit_required, store)
+        self.limits = LimitRules(self.config, store, self.clock, self._emit)
+        """Time-limit rules; each change an admin makes sends a ``limits`` event."""
         self.ledger = FairShareLedger(
             self._share,
             half_life_s=self.policy.half_life_s,

@@ -15,21 +15,25 @@ profile's (``profile_names``: "1g.10gb", "gpus=2") and each of its groups'. Of t
 ``c.GPUBroker.*time_limit*``) and those an admin set at run time (the API, the hub's
 admin page), which are kept in the store and replace the configured rule of the same
 class, profile or group until an admin deletes them. A request checked after a change
-gets the new rules; a lease keeps the limit it was granted.
+gets the new rules; a lease keeps the limit it was granted. Each change sends a
+``limits`` event with the rule now in force, so a front that shows limits reads them
+again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..wire.errors import InvalidRequest
 from ..wire.sizes import MAX_DURATION_S, Size, finite_number
 from ..wire.text import duration
-from .models import JobClass, check_name
+from .models import Event, JobClass, check_name
 
 if TYPE_CHECKING:
+    from .clock import Clock
+    from .config import BrokerConfig
     from .store import Store
 
 LIMIT_KINDS = ("class", "profile", "group")
@@ -143,12 +147,13 @@ class LimitRules:
     """The time-limit rules in force (see the module's docstring)."""
 
     def __init__(
-        self, configured: Mapping[LimitKey, LimitRule], required: bool, store: Store
+        self, config: BrokerConfig, store: Store, clock: Clock, emit: Callable[[Event], None]
     ) -> None:
-        self.configured = dict(configured)
-        self.required = required
+        """``emit``: the core's, for the ``limits`` event each change sends."""
+        self.configured = config.limit_rules()
+        self.required = config.limit_required
         """``BrokerConfig.limit_required``: every request needs a limit."""
-        self.store = store
+        self.store, self.clock, self._emit = store, clock, emit
         self._set: dict[LimitKey, LimitRule] = {}
         """The rules admins set at run time, kept in the store (read back here)."""
         for row in self.store.time_limits():
@@ -172,7 +177,7 @@ class LimitRules:
         with self.store.transaction():
             self.store.upsert_time_limits(*key, rule.to_json())
         self._set[key] = rule
-        self._in_force = self._merged()
+        self._changed(key)
         return key
 
     def delete(self, kind: str, name: str) -> bool:
@@ -183,15 +188,29 @@ class LimitRules:
         with self.store.transaction():
             self.store.delete_time_limits(*key)
         del self._set[key]
-        self._in_force = self._merged()
+        self._changed(key)
         return True
+
+    def _changed(self, key: LimitKey) -> None:
+        """Put the change in force and send a ``limits`` event (machine-wide, as a group's
+        quota change) with the rule of ``key`` now in force and its source: after a
+        delete the configured one, or none (all null), so a front never shows stale ones."""
+        self._in_force = self._merged()
+        rule, source = self._in_force.get(key, (LimitRule(), None))
+        detail = {"kind": key[0], "name": key[1], **rule.to_json(), "source": source}
+        self._emit(Event("limits", self.clock.now(), "", detail=detail))
 
     def applying(
         self, job_class: JobClass, size: Size, groups: Iterable[str]
     ) -> list[tuple[LimitKey, LimitRule]]:
         """The rules a request is subject to, most general first (class, profile, groups)."""
-        keys = [("class", job_class.value)]
-        keys += [("profile", p) for p in profile_names(size)]
+        return self._of(job_class, [("profile", p) for p in profile_names(size)], groups)
+
+    def _of(
+        self, job_class: JobClass, profiles: list[LimitKey], groups: Iterable[str]
+    ) -> list[tuple[LimitKey, LimitRule]]:
+        """The rules in force of a class, ``profiles`` and groups, most general first."""
+        keys = [("class", job_class.value), *profiles]
         keys += [("group", g) for g in dict.fromkeys(groups)]
         rules = self._in_force
         return [(k, rules[k][0]) for k in keys if k in rules]
@@ -203,14 +222,23 @@ class LimitRules:
         nobody's)."""
         return _tightest(self.applying(job_class, size, groups))
 
-    def before_size(self, job_class: JobClass, groups: Iterable[str]) -> dict[str, Any]:
-        """What a form can say before the size is chosen: the default, the tightest
-        maximum and whether a limit is required, from the class's and groups' rules."""
-        keys = [("class", job_class.value)] + [("group", g) for g in dict.fromkeys(groups)]
-        applying = [(k, self._in_force[k][0]) for k in keys if k in self._in_force]
+    def for_form(
+        self, job_class: JobClass, groups: Iterable[str], profile: str | None = None
+    ) -> dict[str, Any]:
+        """What a form can say before a request is made, for a class (and a MIG
+        ``profile`` it offers: that profile's rule too): the default (never above the
+        maximum), the tightest maximum and whether a limit is required. ``profile`` is a
+        device's name for it, not a ``Size``: one the catalogue lacks still reads."""
+        profiles = [] if profile is None else [("profile", profile)]
+        return self._stated(self._of(job_class, profiles, groups))
+
+    def _stated(self, applying: list[tuple[LimitKey, LimitRule]]) -> dict[str, Any]:
+        """What ``applying`` gives a request that states no limit, and allows one that does."""
+        most = _tightest(applying)[0]
+        default = _most_specific_default(applying)
         return {
-            "default_s": _most_specific_default(applying),
-            "max_s": _tightest(applying)[0],
+            "default_s": None if default is None else min(default, most),
+            "max_s": most,
             "required": self.required or any(rule.required for _, rule in applying),
         }
 
@@ -221,20 +249,19 @@ class LimitRules:
         else the most specific default (never above that maximum); a clear
         ``InvalidRequest`` for a bad one, or for none where one is required."""
         applying = self.applying(job_class, size, groups)
-        most, whose = _tightest(applying)
         if limit_s is None:
-            default = _most_specific_default(applying)
-            if default is not None:
-                return min(default, most)
-            if self.required or any(rule.required for _, rule in applying):
+            stated = self._stated(applying)
+            default: float | None = stated["default_s"]
+            if default is None and stated["required"]:
                 raise InvalidRequest("a time limit is required here: say how long you need the GPU")
-            return None
+            return default
         if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)):
             raise InvalidRequest(f"the time limit must be a number of seconds, not {limit_s!r}")
         if not finite_number(limit_s) or limit_s <= 0:
             raise InvalidRequest(
                 f"the time limit must be a positive number of seconds, not {limit_s}"
             )
+        most, whose = _tightest(applying)
         if limit_s > most:
             raise InvalidRequest(
                 f"the time limit of {duration(limit_s)} is longer than the {duration(most)} "

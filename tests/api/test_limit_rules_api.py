@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_gpubroker.api.shapes import iso
+from jupyter_gpubroker.events import Published
 from jupyter_gpubroker.wire.errors import Forbidden, InvalidRequest, NotFound
 
 SLICE = {"profile": "1g.10gb"}
@@ -85,6 +87,36 @@ def test_rules_set_at_run_time_outlive_a_restart(start) -> None:
     assert again.submit(alice, SLICE)["limit_s"] == 2 * HOUR  # the profile's default
     with pytest.raises(InvalidRequest, match="a time limit is required here"):
         again.submit(alice, {"min_memory_gb": 5})  # no default for it: required
+
+
+def test_a_change_of_limits_is_an_event_admins_see_in_full_users_barely_kernels_not(
+    start,
+) -> None:
+    """Seen as a group's quota change is: an admin's streams get the rule now in force,
+    a user's only that limits changed (machine-wide: no user), a kernel token's nothing
+    (its streams get its own requests and its user's notices)."""
+    api = start(**TRAITS)
+    alice, carol = api.user_identity("alice"), api.user_identity("carol")
+    kernel = api.token_identity(api.issue_token(alice, {"kernel_id": "k1"})["token"])
+    assert kernel is not None
+    published: list[Any] = []
+    to_kernel: list[Any] = []
+    api.runtime.events.subscribe(published.append)
+    api.runtime.events.subscribe(to_kernel.append, audience=("alice", "k1"))
+    api.set_limits(carol, "profile", "1g.10gb", {"max_s": HOUR})
+    api.delete_limits(carol, "profile", "1g.10gb")
+    events = [p for p in published if isinstance(p, Published)]
+    full = [api.event(carol, p)["data"] for p in events]  # type: ignore[index]
+    assert [(d["kind"], d["name"], d["max_s"], d["default_s"], d["source"]) for d in full] == [
+        ("profile", "1g.10gb", HOUR, None, "admin"),
+        ("profile", "1g.10gb", None, 2 * HOUR, "config"),  # back to the configured one
+    ]
+    assert [api.event(alice, p) for p in events] == [
+        {"v": 1, "id": p.id, "type": "limits", "at": iso(p.event.at), "data": {"user": ""}}
+        for p in events
+    ]
+    assert [api.event(kernel, p) for p in events] == [None, None]
+    assert [p for p in to_kernel if isinstance(p, Published)] == []
 
 
 def test_non_admins_and_kernel_tokens_neither_see_nor_change_limits(start) -> None:

@@ -84,12 +84,14 @@ def test_the_overview_says_each_classs_default_and_most_and_whether_one_is_requi
         time_limit_required=True,
     )
     me = api.user_identity("dana")
+    classes = {
+        "interactive": {"default_s": 7200.0, "max_s": 8 * 3600.0, "required": True},
+        "batch": {"default_s": None, "max_s": 366 * 86400.0, "required": True},
+    }
     assert api.overview(me)["time_limits"] == {
         "required": True,
-        "classes": {
-            "interactive": {"default_s": 7200.0, "max_s": 8 * 3600.0, "required": True},
-            "batch": {"default_s": None, "max_s": 366 * 86400.0, "required": True},
-        },
+        "classes": classes,
+        "profiles": {"1g.10gb": classes},  # no rule of its own: its class's
     }
     with pytest.raises(InvalidRequest, match="a time limit is required here"):
         api.submit(me, {**SLICE, "job_class": "batch"})
@@ -102,3 +104,34 @@ def test_the_overview_says_each_classs_default_and_most_and_whether_one_is_requi
     assert classes["batch"] == {"default_s": 3600.0, "max_s": 4 * 3600.0, "required": True}
     assert classes["interactive"]["max_s"] == 4 * 3600.0
     assert api.overview(me)["time_limits"]["classes"]["interactive"]["max_s"] == 8 * 3600.0
+
+
+def test_the_overview_says_each_offered_profiles_limits_before_one_is_picked(start) -> None:
+    """Per MIG profile this machine offers and class: the profile's rule with the class's
+    and the viewer's groups' (the tightest maximum, the most specific default cut to it),
+    what a request of that profile then gets; profiles the machine lacks are not listed."""
+    hour = 3600.0
+    api = start(
+        default_time_limit={"interactive": "6h"},
+        max_time_limit={"interactive": "8h"},
+        max_time_limit_by_profile={"1g.10gb": "4h", "3g.40gb": "1h"},
+        max_time_limit_by_group={"students": "2h"},
+    )
+    dana, student = api.user_identity("dana"), api.user_identity("ed", groups=["students"])
+    assert api.overview(dana)["time_limits"]["profiles"] == {
+        "1g.10gb": {
+            "interactive": {"default_s": 4 * hour, "max_s": 4 * hour, "required": False},
+            "batch": {"default_s": None, "max_s": 4 * hour, "required": False},
+        }
+    }
+    assert api.submit(dana, SLICE)["limit_s"] == 4 * hour  # the class's 6 h, cut as said
+    mine = api.overview(student)["time_limits"]["profiles"]["1g.10gb"]
+    assert mine["interactive"] == {"default_s": 2 * hour, "max_s": 2 * hour, "required": False}
+    # an admin's profile rule replaces the configured one, in the next overview
+    admin = api.user_identity("carol")
+    api.set_limits(admin, "profile", "1g.10gb", {"default_s": hour, "required": True})
+    mine = api.overview(dana)["time_limits"]["profiles"]["1g.10gb"]
+    assert mine == {
+        "interactive": {"default_s": hour, "max_s": 8 * hour, "required": True},
+        "batch": {"default_s": hour, "max_s": 366 * 86400.0, "required": True},
+    }

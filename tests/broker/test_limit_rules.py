@@ -13,6 +13,7 @@ from broker_helpers import make_inventory, mig_inventory, whole_inventory
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
 from jupyter_gpubroker.broker.limitrules import LimitRule
+from jupyter_gpubroker.broker.models import Event
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.wire.errors import Conflict, InvalidRequest, UnknownProfile
 from jupyter_gpubroker.wire.sizes import Size
@@ -103,6 +104,34 @@ def test_a_rule_set_at_run_time_replaces_the_configured_one_and_outlives_a_resta
     assert not again.limits.delete("group", "students")
     assert again.submit("ann", ONE, groups=["students"]).limit_s == HOUR  # configured again
     again.store.close()
+
+
+def test_each_change_sends_a_limits_event_with_the_rule_now_in_force(
+    make_broker: BrokerFactory,
+) -> None:
+    """As a quota's change does: machine-wide (no user), with the rule in force after it
+    (a delete: the configured one, or none at all)."""
+    broker = make_broker(MIXED, config=RULES)
+    events: list[Event] = []
+    broker.subscribe(events.append)
+    broker.limits.set("group", "students", LimitRule(default_s=HOUR / 2, max_s=HOUR))
+    broker.limits.set("group", "lab", LimitRule(required=True))
+    assert broker.limits.delete("group", "students")
+    assert broker.limits.delete("group", "lab")
+    assert not broker.limits.delete("group", "lab")  # nothing changed: no event
+    assert [(e.kind, e.user, e.request_id, e.lease_id) for e in events] == [
+        ("limits", "", None, None)
+    ] * 4
+    assert [e.detail for e in events] == [
+        {"kind": "group", "name": "students", "default_s": HOUR / 2, "max_s": HOUR}
+        | {"required": False, "source": "admin"},
+        {"kind": "group", "name": "lab", "default_s": None, "max_s": None}
+        | {"required": True, "source": "admin"},
+        {"kind": "group", "name": "students", "default_s": HOUR, "max_s": 3 * HOUR}
+        | {"required": False, "source": "config"},
+        {"kind": "group", "name": "lab", "default_s": None, "max_s": None}
+        | {"required": False, "source": None},
+    ]
 
 
 def test_an_extension_is_held_to_the_tightest_maximum(make_broker: BrokerFactory) -> None:

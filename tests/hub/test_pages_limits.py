@@ -1,7 +1,7 @@
 """The admin page's time-limit section, rendered from a real broker as the page renders it
 (``admin_view``), and its form actions as the page calls them (``ACTIONS``): limits typed
-in words, a bad value refused next to its field with nothing changed. The whole page in a
-real hub and browser: tests/ui/test_hub_pages.py."""
+in words, a bad value refused next to its field with nothing changed, and what the spawn
+form then tells a user. The whole page in a real hub and browser: tests/ui/test_hub_pages.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bs4 import BeautifulSoup
 from hub_pages import render as render_page
 from traitlets.config import Config
 
+from hub_spawner.options import Choices
 from hub_spawner.pages import ACTIONS, _span, admin_view
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.runtime import GPUBroker
@@ -88,3 +89,26 @@ def test_a_bad_limit_is_refused_next_to_its_field_and_nothing_changes(api: Broke
 @pytest.mark.parametrize("seconds", [1.0, 59.0, 60.0, 5400.0, 86400.0, 90061.0, 0.5, 7200.0])
 def test_a_limit_shown_in_its_field_reads_back_as_itself(seconds: float) -> None:
     assert parse_duration(_span(seconds)) == seconds
+
+
+def test_the_spawn_form_says_a_profiles_own_limit_where_it_is_tighter(api: BrokerAPI) -> None:
+    """An admin's profile rule reaches the user's spawn form before they pick the profile,
+    as the form renders from the broker's overview: once where it binds every class, per
+    class where it binds only some, not at all once reset."""
+    admin, user = api.identify(api.runtime.owner), api.user_identity("dana")
+
+    def note() -> str:
+        choices = Choices(api.overview(user), api.quotas(user)["quotas"])
+        form = BeautifulSoup(choices.form(), "html.parser")
+        return form.find(id="gpu-hours").find_next("span").get_text()
+
+    assert "1g.10gb" not in note() and note().endswith("batch: at most 48 h 00 min")
+    profile = {"form_id": "limits-new", "kind": "profile", "name": "1g.10gb"}
+    ACTIONS["admin"]["limits"](api, admin, {**profile, "max_s": "4h"})
+    assert note().endswith("batch: at most 48 h 00 min; a 1g.10gb slice: at most 4 h 00 min")
+    ACTIONS["admin"]["limits"](api, admin, {**profile, "max_s": "3d"})  # above batch's 2 days
+    assert note().endswith("; a 1g.10gb slice (interactive): at most 72 h 00 min")
+    ACTIONS["admin"]["limits"](api, admin, {**profile, "default_s": "1h"})
+    assert note().endswith("48 h 00 min; a 1g.10gb slice: 1 h 00 min if left empty")
+    ACTIONS["admin"]["limits-delete"](api, admin, {"kind": "profile", "name": "1g.10gb"})
+    assert "1g.10gb" not in note()

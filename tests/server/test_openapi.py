@@ -691,6 +691,17 @@ async def _events(check: CheckedApi, port: int, base_url: str, token: str) -> No
             "",
             3,
         )
+        await check("PUT", "limits/group/lab", {"max_s": 3600}, expect=200)
+        limits = (await until("limits"))["data"]
+        assert (limits["kind"], limits["name"], limits["max_s"], limits["source"]) == (
+            "group",
+            "lab",
+            3600,
+            "admin",
+        )
+        await check("DELETE", "limits/group/lab", expect=204)
+        limits = (await until("limits"))["data"]  # none configured: none in force
+        assert (limits["max_s"], limits["required"], limits["source"]) == (None, False, None)
         await check("DELETE", f"requests/{waiting['id']}", expect=200)
         assert (await until("released"))["data"]["request_id"] == waiting["id"]
     finally:

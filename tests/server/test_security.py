@@ -614,9 +614,12 @@ async def test_the_overview_shows_each_caller_what_it_may_see(world: World) -> N
             parts.update(await caller("GET", path, expect=200))
         parts["suspended"] = []  # no kernel is suspended here (tests/suspend has one)
         none = {"default_s": None, "max_s": 366 * 86400.0, "required": False}
+        classes = {"interactive": none, "batch": none}
+        offered = {d.get("profile") for g in parts["gpus"] for d in g["devices"]} - {None}
         parts["time_limits"] = {  # none configured: a year at most, none required
             "required": False,
-            "classes": {"interactive": none, "batch": none},
+            "classes": classes,
+            "profiles": {p: classes for p in offered},  # each MIG profile it offers
         }
         assert overview == parts
 
