@@ -7,7 +7,9 @@ here (``Decision.action == "suspend"``). The processes on the lease's devices th
 from the kernel (its renewals name its pid) are suspended; the lease ends with cause
 ``suspended``; its devices go to the next holder once NVML lists nothing on them, as for
 any lease. When the kernel's own request for as many GPUs of that model is granted later (its
-next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs.
+next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs;
+where they ended (a restart that ``gpubroker-provisioner`` did not report), the kernel
+asking is a new process: its suspension ends as a restart's does and it keeps the grant.
 Where suspending cannot work, the configured fallback is carried out instead, and the lease's
 end (or the log, where the kernel keeps its GPU) says why, once.
 
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.models import DeviceReading, Event, Lease, LeaseState
 from ..monitor.outside import ProcessTable
 from ..nvml.simulated import SimulatedNvml
-from ..wire.text import ENDED_AWAY, ENDED_SHUT_DOWN, suspended_text
+from ..wire.text import ENDED_AWAY, ENDED_RESTARTED, ENDED_SHUT_DOWN, suspended_text
 from .cuda import CudaCheckpointDriver
 from .driver import CheckpointDriver, CheckpointError, ProcessState
 from .simulated import SimulatedCheckpointDriver
@@ -117,11 +119,8 @@ class KernelSuspender:
     def _over(self, suspended: Suspended) -> str | None:
         """Why a suspension is over (None: it is not): a process of it gone, or one the
         driver does not hold checkpointed."""
-        running = ProcessTable().read(suspended.started)
-        for pid, started in suspended.started.items():
-            proc = running.get(pid)
-            if proc is None or started not in (None, proc.started):
-                return ENDED_AWAY
+        if _ended(suspended):
+            return ENDED_AWAY
         for pid in suspended.suspension.pids:
             try:
                 state = self.suspender.driver.state(pid)
@@ -251,6 +250,14 @@ class KernelSuspender:
         task.add_done_callback(self._resumes.discard)
 
     async def _resume(self, holder: str, suspended: Suspended, lease_id: str) -> None:
+        """Restore the suspended processes onto the grant ``lease_id``; where they ended,
+        the kernel asking is a new process (restarted without ``gpubroker-provisioner``
+        telling the broker): its suspension ends as a restart's does, nothing is restored,
+        and the grant stays the new process's, as a new kernel's would."""
+        if _ended(suspended):
+            self.log.info("GPU broker: kernel %s asks to resume from a new process", holder)
+            self.forget(holder, reason=ENDED_RESTARTED)
+            return
         lease = self.core.lease(lease_id)
         if len(lease.devices) != len(suspended.suspension.devices):
             outcome_reason = "the grant has a different number of GPUs than the kernel had"
@@ -275,6 +282,17 @@ class KernelSuspender:
         self.unsubscribe()
         for task in self._resumes:
             task.cancel()
+
+
+def _ended(suspended: Suspended) -> bool:
+    """Whether the kernel's process, or one suspended, ended (or is a later process under
+    its pid, started at another time): its memory on the host went with it."""
+    running = ProcessTable().read(suspended.started)
+    for pid, started in suspended.started.items():
+        proc = running.get(pid)
+        if proc is None or started not in (None, proc.started):
+            return True
+    return False
 
 
 def checkpoint_driver(simulator: SimulatedNvml | None) -> CheckpointDriver:
