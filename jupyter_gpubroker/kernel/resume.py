@@ -8,7 +8,9 @@ the grant the broker restores the kernel onto the granted
 GPUs, and the cell runs with everything as it was. Interrupting the wait withdraws the
 request and leaves the kernel suspended; a restore that fails releases the GPUs and says
 so. Either way the cell does not run (an AST transformer empties it), so no CUDA call of
-the cell waits on a suspended process.
+the cell waits on a suspended process. A kernel restarted without its provisioner (a new
+process, whose environment still names the suspended lease) asks the same way; the broker
+tells it apart, and its cell runs on the grant as a new kernel's does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.display import display
 
 from ..client import BrokerAPIError
-from ..wire.text import SUSPENDED_TEXT, count
+from ..wire.text import ENDED_RESTARTED, SUSPENDED_TEXT, count
 from .session import LEASE_ENV, Tracker
 
 if TYPE_CHECKING:
@@ -109,19 +111,29 @@ class Resume(ast.NodeTransformer):
         while time.monotonic() < deadline:
             # the old lease first: once it is suspended no more, the new one's state is
             # final (a restore that failed released it at the same time)
-            suspended = session.call(session.client.lease(old["id"])).get("suspended")
+            was = session.call(session.client.lease(old["id"]))
             now = session.call(session.client.lease(new["id"]))
             if now["state"] != "active":
                 _say(f"the kernel could not be resumed: {now['reason']}")
                 if session.call(session.client.lease(old["id"])).get("suspended"):
                     self.lease_id = old["id"]  # still on the host: the next cell tries again
                 return
-            if not suspended:
+            if not was.get("suspended"):
                 self.skip = False
-                _say(f"Resumed on {', '.join(new['devices'])}.")
+                _say(_resumed(was["reason"], new["devices"]))
                 return
             time.sleep(0.2)
         _say("the kernel was not resumed in time; run the cell again")
+
+
+def _resumed(reason: str, devices: list[str]) -> str:
+    """What a granted resume says once the old lease is suspended no more: resumed, or,
+    where the broker found this a new process of the kernel (restarted), that the cell
+    runs as a new kernel's does, without the old process's memory."""
+    gpus = ", ".join(devices)
+    if reason.endswith(ENDED_RESTARTED):
+        return f"Not resumed: {ENDED_RESTARTED}. This cell runs on {gpus} as a new kernel's would."
+    return f"Resumed on {gpus}."
 
 
 def _say(text: str) -> None:

@@ -7,7 +7,10 @@ here (``Decision.action == "suspend"``). The processes on the lease's devices th
 from the kernel (its renewals name its pid) are suspended; the lease ends with cause
 ``suspended``; its devices go to the next holder once NVML lists nothing on them, as for
 any lease. When the kernel's own request for as many GPUs of that model is granted later (its
-next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs.
+next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs;
+where the kernel's own process ended (a restart that ``gpubroker-provisioner`` did not
+report), the kernel asking is a new one: its suspension ends as a restart's does and it
+keeps the grant.
 Where suspending cannot work, the configured fallback is carried out instead, and the lease's
 end (or the log, where the kernel keeps its GPU) says why, once.
 
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.models import DeviceReading, Event, Lease, LeaseState
 from ..monitor.outside import ProcessTable
 from ..nvml.simulated import SimulatedNvml
-from ..wire.text import ENDED_AWAY, ENDED_SHUT_DOWN, suspended_text
+from ..wire.text import ENDED_AWAY, ENDED_RESTARTED, ENDED_SHUT_DOWN, suspended_text
 from .cuda import CudaCheckpointDriver
 from .driver import CheckpointDriver, CheckpointError, ProcessState
 from .simulated import SimulatedCheckpointDriver
@@ -54,6 +57,14 @@ class Suspended:
     started: Mapping[int, int | None]
     """The kernel's process and those suspended -> their start times (clock ticks since
     boot; None: not known): what tells them from later processes with their pids."""
+    kernel_pid: int | None = None
+    """The kernel's own process (None: not stored, a suspension from before it was):
+    a resume asked for by another one is a restarted kernel's."""
+
+    def kernel(self) -> Mapping[int, int | None]:
+        """The kernel's own process -> its start time (all of ``started`` when not known)."""
+        pid = self.kernel_pid
+        return self.started if pid is None else {pid: self.started.get(pid)}
 
     def evidence(self, kernel_id: str) -> dict[str, Any]:
         """What is stored with the lease's end (its reclaim's evidence), to take the
@@ -62,6 +73,7 @@ class Suspended:
             "kernel_id": kernel_id,
             "pids": list(self.suspension.pids),
             "processes": [[p, t] for p, t in self.started.items()],
+            "kernel_pid": self.kernel_pid,
         }
 
     @classmethod
@@ -71,7 +83,8 @@ class Suspended:
         pids = tuple(int(p) for p in kept["pids"])
         suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]))
         started = {int(p): t for p, t in kept["processes"]}
-        return str(kept["kernel_id"]), cls(suspension, lease, started)
+        kernel_pid = kept.get("kernel_pid")
+        return str(kept["kernel_id"]), cls(suspension, lease, started, kernel_pid)
 
 
 class KernelSuspender:
@@ -117,11 +130,8 @@ class KernelSuspender:
     def _over(self, suspended: Suspended) -> str | None:
         """Why a suspension is over (None: it is not): a process of it gone, or one the
         driver does not hold checkpointed."""
-        running = ProcessTable().read(suspended.started)
-        for pid, started in suspended.started.items():
-            proc = running.get(pid)
-            if proc is None or started not in (None, proc.started):
-                return ENDED_AWAY
+        if _ended(suspended.started):
+            return ENDED_AWAY
         for pid in suspended.suspension.pids:
             try:
                 state = self.suspender.driver.state(pid)
@@ -233,10 +243,11 @@ class KernelSuspender:
 
     def _suspended(self, suspension: Suspension, lease: Lease) -> Suspended:
         """A suspension with the start times of the kernel's process and those suspended."""
-        pids = {*suspension.pids, self.holder_pid(lease.id) or 0} - {0}
+        kernel_pid = self.holder_pid(lease.id)
+        pids = {*suspension.pids, kernel_pid or 0} - {0}
         running = ProcessTable().read(pids)
         started = {p: running[p].started if p in running else None for p in sorted(pids)}
-        return Suspended(suspension, lease, started)
+        return Suspended(suspension, lease, started, kernel_pid)
 
     def _on_event(self, event: Event) -> None:
         """A grant to a suspended kernel's request restores it there."""
@@ -251,6 +262,15 @@ class KernelSuspender:
         task.add_done_callback(self._resumes.discard)
 
     async def _resume(self, holder: str, suspended: Suspended, lease_id: str) -> None:
+        """Restore the suspended processes onto the grant ``lease_id``; where the kernel's
+        own process ended, the kernel asking is a new process (restarted without
+        ``gpubroker-provisioner`` telling the broker): its suspension ends as a restart's
+        does, nothing is restored, and the grant stays the new process's, as a new
+        kernel's would."""
+        if _ended(suspended.kernel()):
+            self.log.info("GPU broker: kernel %s asks to resume from a new process", holder)
+            self.forget(holder, reason=ENDED_RESTARTED)
+            return
         lease = self.core.lease(lease_id)
         if len(lease.devices) != len(suspended.suspension.devices):
             outcome_reason = "the grant has a different number of GPUs than the kernel had"
@@ -275,6 +295,17 @@ class KernelSuspender:
         self.unsubscribe()
         for task in self._resumes:
             task.cancel()
+
+
+def _ended(processes: Mapping[int, int | None]) -> bool:
+    """Whether one of ``processes`` (pid -> start time) ended, or its pid now names a later
+    process, started at another time: its memory on the host went with it."""
+    running = ProcessTable().read(processes)
+    for pid, started in processes.items():
+        proc = running.get(pid)
+        if proc is None or started not in (None, proc.started):
+            return True
+    return False
 
 
 def checkpoint_driver(simulator: SimulatedNvml | None) -> CheckpointDriver:

@@ -5,12 +5,25 @@ the queue with its position shown, then runs in the same process with its variab
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 import pytest
 from openapi_check import validate
-from suspend_cells import Cell, until
+from suspend_cells import (
+    KERNEL_MIB,
+    Cell,
+    driver_of,
+    ended,
+    granted,
+    queued,
+    start_suspendable,
+    until,
+    use_gpu,
+)
 
+from jupyter_gpubroker.kernelspec import spec_for
 from jupyter_gpubroker.nvml import NvmlBackend
 from jupyter_gpubroker.runtime import inventory
 from jupyter_gpubroker.suspend.simulated import SimulatedCheckpointDriver
@@ -23,38 +36,12 @@ from jupyter_gpubroker.wire.text import (
 )
 
 pytestmark = pytest.mark.slow  # real kernels, seconds-long timeouts
-KERNEL_MIB = 4096
 WIDGET_ENDED = (
     "import time\nw, deadline = _.widget, time.time() + 10\n"
     "while w.state != 'ended' and time.time() < deadline:\n    time.sleep(0.05)\n"
     "print(w.state, '|', w.text())"
 )
 """The ``%gpu status`` widget of the cell before (``_``) once its kernel is resumed."""
-
-
-async def start_suspendable(jp_serverapp: Any, gpu_kernelspec: Any, api: Any) -> Any:
-    """A GPU kernel holding ``KERNEL_MIB`` on its GPU (as CUDA in it would), with a
-    variable set: (kernel id, its pid, its lease, its GPU)."""
-    km = jp_serverapp.kernel_manager
-    kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec("gpu-1", gpus=1))
-    printed = await Cell(
-        km.get_kernel(kernel_id),
-        "import os\nnumbers = [1, 2, 3]\nprint(os.getpid(), os.environ['GPUBROKER_LEASE_ID'])",
-    ).result()
-    pid_text, lease_id = printed.split()
-    _, lease = await api("GET", f"leases/{lease_id}")
-    (gpu,) = lease["devices"]
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
-    simulator.add_process(gpu, int(pid_text), KERNEL_MIB, follow=True)
-    return kernel_id, int(pid_text), lease_id, gpu
-
-
-async def ended(api: Any, lease_id: str) -> dict[str, Any]:
-    async def gone() -> dict[str, Any] | None:
-        _, now = await api("GET", f"leases/{lease_id}")
-        return now if now["state"] != "active" else None
-
-    return await until(f"lease {lease_id} to end", gone)  # type: ignore[no-any-return]
 
 
 def follow(jp_serverapp: Any, user: str) -> tuple[list[dict[str, Any]], Any]:
@@ -125,29 +112,17 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
             "and waits in the queue like any request."
         )
 
-        async def granted(request_id: str) -> dict[str, Any] | None:
-            _, r = await api("GET", f"requests/{request_id}")
-            return r if r["state"] == "granted" else None
-
-        other = await until("the other request to get the GPU", lambda: granted(other["id"]))
+        other = await until("the other request to get the GPU", granted(api, other["id"]))
         assert other["lease"]["devices"] == [gpu]
 
         # The next cell waits in the queue, its position shown in the cell.
         cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers), os.getpid())")
 
-        async def resume_request() -> dict[str, Any] | None:
-            _, listed = await api("GET", "requests")
-            mine = [r for r in listed["requests"] if r["holder"] == kernel_id]
-            return mine[0] if mine and mine[0]["state"] == "queued" else None
-
-        waiting = await until("the kernel to ask for its GPU again", resume_request)
+        waiting = await until("the kernel to ask for its GPU again", queued(api, kernel_id))
         assert waiting["position"] == 1 and waiting["gpus"] == 1
         assert waiting["model"] == "H100-80GB"  # the same chip
 
-        async def shown() -> bool:
-            return "position 1" in cell.text
-
-        await until("the cell to show its place in the queue", shown)
+        await until("the cell to show its place in the queue", lambda: cell.shows("position 1"))
         assert f"This kernel is {SUSPENDED_TEXT}: waiting for one H100-80GB GPU" in cell.text
         assert not cell.task.done()
 
@@ -171,11 +146,6 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
     finally:
         leave()
         await km.shutdown_kernel(kernel_id)
-
-
-def driver_of(jp_serverapp: Any) -> Any:
-    """The simulated checkpoint driver of the server's broker (faults are injected there)."""
-    return jp_serverapp.web_app.settings["gpubroker"].suspender.suspender.driver
 
 
 @pytest.mark.parametrize(
@@ -264,10 +234,7 @@ async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
         await ended(api, lease_id)
         cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers))")
 
-        async def shown() -> bool:
-            return "position 1" in cell.text
-
-        await until("the cell to wait in the queue", shown)
+        await until("the cell to wait in the queue", lambda: cell.shows("position 1"))
         await km.interrupt_kernel(kernel_id)
         out = await cell.result()
         assert f"interrupted: the kernel stays {SUSPENDED_TEXT}" in out
@@ -358,6 +325,85 @@ async def test_a_suspended_kernel_that_is_restarted_runs_its_cells_as_a_new_kern
         assert [e["data"]["reason"] for e in events if e["type"] == "suspension_ended"] == [
             ENDED_RESTARTED
         ]
+    finally:
+        leave()
+        await km.shutdown_kernel(kernel_id)
+
+
+async def start_outside(jp_serverapp: Any, jp_kernel_dir: Any, api: Any) -> Any:
+    """A GPU kernel started as a kernel manager other than ``gpubroker-provisioner``
+    would: it asks for a kernel token and a GPU itself, starts IPython with them in its
+    environment (which a restart keeps), and names the kernel's process in a renewal.
+    Returns what ``use_gpu`` does."""
+    kernel_id = str(uuid.uuid4())
+    _, token = await api("POST", "tokens", {"kernel_id": kernel_id})
+    _, request = await api("POST", "requests", {"gpus": 1, "holder": kernel_id})
+    lease = request["lease"]
+    _, spec = spec_for(None)
+    del spec["metadata"]  # the default provisioner: the broker hears of no restart
+    spec["env"] = {
+        "GPUBROKER_URL": jp_serverapp.web_app.settings["gpubroker"].api_url,
+        "GPUBROKER_TOKEN": token["token"],
+        "GPUBROKER_KERNEL_ID": kernel_id,
+        "GPUBROKER_LEASE_ID": lease["id"],
+        "CUDA_VISIBLE_DEVICES": ",".join(lease["devices"]),
+    }
+    (jp_kernel_dir / "outside").mkdir()
+    (jp_kernel_dir / "outside" / "kernel.json").write_text(json.dumps(spec))
+    km = jp_serverapp.kernel_manager
+    await km.start_kernel(kernel_name="outside", kernel_id=kernel_id)
+    pid = km.get_kernel(kernel_id).provisioner.pid
+    status, _ = await api("POST", f"leases/{lease['id']}/renew", {"holder_pid": pid})
+    assert status == 200
+    return await use_gpu(jp_serverapp, api, kernel_id)
+
+
+async def test_a_suspended_kernel_restarted_without_the_provisioner_runs_as_a_new_kernel(
+    jp_serverapp: Any, jp_kernel_dir: Any, api: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    kernel_id, pid, lease_id, gpu = await start_outside(jp_serverapp, jp_kernel_dir, api)
+    _, first = await api("GET", f"leases/{lease_id}")
+    events, leave = follow(jp_serverapp, first["user"])
+    try:
+        lease = await ended(api, lease_id)
+        assert lease["suspended"]["kernel_id"] == kernel_id
+        await km.restart_kernel(kernel_id)  # nobody tells the broker
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is not None  # not known yet: told apart at its next cell
+
+        # Its next cell asks to resume from a new process: no restore of the old one is
+        # tried, the suspension ends saying why, and the cell runs on the GPU it got.
+        out = await Cell(
+            km.get_kernel(kernel_id),
+            "import os\nprint(os.getpid(), 'numbers' in dir())",
+        ).result()
+        *said, printed = out.splitlines()
+        new_pid, kept = printed.split()
+        assert int(new_pid) != pid and kept == "False"
+        assert said[-1] == (
+            f"Not resumed: {ENDED_RESTARTED}. This cell runs on {gpu} as a new kernel's would."
+        ), out
+        assert "could not be resumed" not in out
+        assert ("restore", pid) not in driver_of(jp_serverapp).calls
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(f"on the host; {ENDED_RESTARTED}")
+        (over,) = await until("the suspension's end", seen(events, "suspension_ended"))
+        assert over["data"]["lease_id"] == lease_id
+        assert over["data"]["reason"] == ENDED_RESTARTED
+        (new,) = (await api("GET", "leases"))[1]["leases"]
+        _, asked = await api("GET", f"requests/{new['request_id']}")
+        assert asked["holder"] == kernel_id and new["devices"] == [gpu]
+
+        async def named() -> bool:  # the new process renews its grant, as a new kernel's
+            _, now = await api("GET", f"leases/{new['id']}")
+            return now["holder_pid"] == int(new_pid)  # type: ignore[no-any-return]
+
+        await until("the new process to renew its lease", named)
+        assert simulator.process_memory(pid) == {} and driver_of(jp_serverapp).held() == {}
+        assert (await overview(api))["suspended"] == []
     finally:
         leave()
         await km.shutdown_kernel(kernel_id)
