@@ -60,14 +60,6 @@ async def until(what: str, predicate: Any, timeout: float = 30.0) -> Any:
     return found
 
 
-async def start_suspendable(jp_serverapp: Any, gpu_kernelspec: Any, api: Any) -> Any:
-    """A GPU kernel holding ``KERNEL_MIB`` on its GPU (as CUDA in it would), with a
-    variable set: (kernel id, its pid, its lease, its GPU)."""
-    km = jp_serverapp.kernel_manager
-    kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec("gpu-1", gpus=1))
-    return await use_gpu(jp_serverapp, api, kernel_id)
-
-
 async def use_gpu(jp_serverapp: Any, api: Any, kernel_id: str) -> Any:
     """Set a variable in a GPU kernel and list its process on its GPU with
     ``KERNEL_MIB``: (kernel id, its pid, its lease, its GPU)."""

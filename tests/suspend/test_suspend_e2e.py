@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -18,7 +20,6 @@ from suspend_cells import (
     ended,
     granted,
     queued,
-    start_suspendable,
     until,
     use_gpu,
 )
@@ -44,9 +45,13 @@ WIDGET_ENDED = (
 """The ``%gpu status`` widget of the cell before (``_``) once its kernel is resumed."""
 
 
-def follow(jp_serverapp: Any, user: str) -> tuple[list[dict[str, Any]], Any]:
-    """``user``'s event stream, as the Lab panel follows it: its messages as they come,
-    each checked against the API's document; and its leave."""
+@asynccontextmanager
+async def following(
+    jp_serverapp: Any, api: Any, lease_id: str
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """The event stream of the lease's user, as the Lab panel follows it: its messages as
+    they come, each checked against the API's document, until the block ends."""
+    _, lease = await api("GET", f"leases/{lease_id}")
     rules = jp_serverapp.web_app.settings["gpubroker_api"]
     seen: list[dict[str, Any]] = []
 
@@ -54,8 +59,11 @@ def follow(jp_serverapp: Any, user: str) -> tuple[list[dict[str, Any]], Any]:
         validate(message, "#/components/schemas/Event", f"event {message['type']}")
         seen.append(message)
 
-    _, leave = rules.follow(rules.user_identity(user), send=send)
-    return seen, leave
+    _, leave = rules.follow(rules.user_identity(lease["user"]), send=send)
+    try:
+        yield seen
+    finally:
+        leave()
 
 
 def seen(events: list[dict[str, Any]], kind: str) -> Any:
@@ -75,14 +83,10 @@ async def overview(api: Any) -> dict[str, Any]:
 
 
 async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    jp_serverapp: Any, api: Any, km: Any, simulator: Any, suspendable: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    _, first = await api("GET", f"leases/{lease_id}")
-    events, leave = follow(jp_serverapp, first["user"])
-    try:
+    kernel_id, pid, lease_id, gpu = suspendable
+    async with following(jp_serverapp, api, lease_id) as events:
         _, other = await api("POST", "requests", {"gpus": 1, "holder": "other-kernel"})
         assert other["state"] == "queued"
 
@@ -143,9 +147,6 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
         # The %gpu status widget shown while suspended says so too, from the kernel's feed.
         status = await Cell(km.get_kernel(kernel_id), WIDGET_ENDED).result()
         assert status == f"ended | This kernel is suspended no more: {why}."
-    finally:
-        leave()
-        await km.shutdown_kernel(kernel_id)
 
 
 @pytest.mark.parametrize(
@@ -171,51 +172,49 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
     ids=["no-api", "lock-timeout", "unsupported", "checkpoint-fails"],
 )
 async def test_a_kernel_that_cannot_be_suspended_gets_the_fallback_with_the_reason(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any, fault: Any, said: str
+    jp_serverapp: Any, api: Any, km: Any, suspendable: Any, fault: Any, said: str
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    try:
-        fault(driver_of(jp_serverapp), pid)
-        lease = await ended(api, lease_id)
-        assert lease["state"] == "reclaimed" and lease["suspended"] is None
-        assert lease["reason"].startswith("idle for") and lease["reason"].endswith(said)
-        (record,) = jp_serverapp.web_app.settings["gpubroker"].core.store.reclaims()
-        assert record["kind"] == "idle"  # the verdict's cause: it was not suspended
+    kernel_id, pid, lease_id, gpu = suspendable
+    fault(driver_of(jp_serverapp), pid)
+    lease = await ended(api, lease_id)
+    assert lease["state"] == "reclaimed" and lease["suspended"] is None
+    assert lease["reason"].startswith("idle for") and lease["reason"].endswith(said)
+    (record,) = jp_serverapp.web_app.settings["gpubroker"].core.store.reclaims()
+    assert record["kind"] == "idle"  # the verdict's cause: it was not suspended
 
-        async def shut_down() -> bool:
-            return kernel_id not in km
+    async def shut_down() -> bool:
+        return kernel_id not in km
 
-        await until("the fallback (shutdown) to stop the kernel", shut_down)
-    finally:
-        if kernel_id in km:
-            await km.shutdown_kernel(kernel_id)
+    await until("the fallback (shutdown) to stop the kernel", shut_down)
 
 
+@pytest.fixture
+def host_without_the_memory(jp_serverapp: Any) -> Any:
+    """The broker's suspender, configured to keep a kernel it cannot suspend, on a host
+    with 1 GiB free for a kernel's 4 GiB."""
+    suspender = jp_serverapp.web_app.settings["gpubroker"].suspender
+    suspender.fallback = "keep"
+    suspender.suspender.host_mib = lambda: 1024.0
+    return suspender
+
+
+@pytest.mark.usefixtures("host_without_the_memory")  # before the kernel starts
 async def test_a_host_without_the_memory_keeps_the_kernel_as_configured(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    jp_serverapp: Any, api: Any, simulator: Any, suspendable: Any
 ) -> None:
     runtime = jp_serverapp.web_app.settings["gpubroker"]
-    runtime.suspender.fallback = "keep"
-    runtime.suspender.suspender.host_mib = lambda: 1024.0  # 1 GiB free for 4 GiB
-    km = jp_serverapp.kernel_manager
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    try:
-        driver = driver_of(jp_serverapp)
+    kernel_id, pid, lease_id, gpu = suspendable
+    driver = driver_of(jp_serverapp)
 
-        async def tried() -> bool:
-            return not runtime.suspender.suspended and ("state", pid) in driver.calls
+    async def tried() -> bool:
+        return not runtime.suspender.suspended and ("state", pid) in driver.calls
 
-        await until("a suspend to be tried", tried)
-        await until("the next idle warning", lambda: _warned(api, lease_id))
-        _, lease = await api("GET", f"leases/{lease_id}")
-        assert lease["state"] == "active"  # kept: the kernel holds its GPU
-        assert ("lock", pid) not in driver.calls  # nothing was touched
-        assert jp_serverapp.web_app.settings["gpubroker"].backend.simulator.process_memory(pid) == {
-            gpu: KERNEL_MIB
-        }
-    finally:
-        await km.shutdown_kernel(kernel_id)
+    await until("a suspend to be tried", tried)
+    await until("the next idle warning", lambda: _warned(api, lease_id))
+    _, lease = await api("GET", f"leases/{lease_id}")
+    assert lease["state"] == "active"  # kept: the kernel holds its GPU
+    assert ("lock", pid) not in driver.calls  # nothing was touched
+    assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
 
 
 async def _warned(api: Any, lease_id: str) -> bool:
@@ -224,45 +223,37 @@ async def _warned(api: Any, lease_id: str) -> bool:
 
 
 async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    api: Any, km: Any, simulator: Any, suspendable: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    try:
-        _, other = await api("POST", "requests", {"gpus": 1, "holder": "other-kernel"})
-        await ended(api, lease_id)
-        cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers))")
+    kernel_id, pid, lease_id, gpu = suspendable
+    _, other = await api("POST", "requests", {"gpus": 1, "holder": "other-kernel"})
+    await ended(api, lease_id)
+    cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers))")
 
-        await until("the cell to wait in the queue", lambda: cell.shows("position 1"))
-        await km.interrupt_kernel(kernel_id)
-        out = await cell.result()
-        assert f"interrupted: the kernel stays {SUSPENDED_TEXT}" in out
-        assert "6" not in out.splitlines()  # the cell did not run
-        _, listed = await api("GET", "requests")
-        assert not [r for r in listed["requests"] if r["holder"] == kernel_id]  # withdrawn
-        _, lease = await api("GET", f"leases/{lease_id}")
-        assert lease["suspended"] is not None and simulator.process_memory(pid) == {}
+    await until("the cell to wait in the queue", lambda: cell.shows("position 1"))
+    await km.interrupt_kernel(kernel_id)
+    out = await cell.result()
+    assert f"interrupted: the kernel stays {SUSPENDED_TEXT}" in out
+    assert "6" not in out.splitlines()  # the cell did not run
+    _, listed = await api("GET", "requests")
+    assert not [r for r in listed["requests"] if r["holder"] == kernel_id]  # withdrawn
+    _, lease = await api("GET", f"leases/{lease_id}")
+    assert lease["suspended"] is not None and simulator.process_memory(pid) == {}
 
-        _, other = await api("GET", f"requests/{other['id']}")
-        await api("DELETE", f"leases/{other['lease']['id']}")
-        out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
-        assert out.endswith(f"Resumed on {gpu}.\n6")  # the next cell resumes it
-    finally:
-        await km.shutdown_kernel(kernel_id)
+    _, other = await api("GET", f"requests/{other['id']}")
+    await api("DELETE", f"leases/{other['lease']['id']}")
+    out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
+    assert out.endswith(f"Resumed on {gpu}.\n6")  # the next cell resumes it
 
 
 async def test_a_suspended_kernel_that_is_shut_down_is_suspended_no_more(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    jp_serverapp: Any, api: Any, km: Any, suspendable: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
     runtime = jp_serverapp.web_app.settings["gpubroker"]
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    try:
-        await ended(api, lease_id)
-        assert driver_of(jp_serverapp).held() == {pid: {gpu: KERNEL_MIB}}
-    finally:
-        await km.shutdown_kernel(kernel_id)
+    kernel_id, pid, lease_id, gpu = suspendable
+    await ended(api, lease_id)
+    assert driver_of(jp_serverapp).held() == {pid: {gpu: KERNEL_MIB}}
+    await km.shutdown_kernel(kernel_id)
     _, lease = await api("GET", f"leases/{lease_id}")
     assert lease["suspended"] is None
     assert lease["reason"].endswith(f"on the host; {ENDED_SHUT_DOWN}")
@@ -272,35 +263,27 @@ async def test_a_suspended_kernel_that_is_shut_down_is_suspended_no_more(
 
 
 async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    jp_serverapp: Any, api: Any, km: Any, suspendable: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    try:
-        await ended(api, lease_id)
-        driver_of(jp_serverapp).breaks[pid] = "unknown error"
-        out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
-        assert out.endswith(
-            "the kernel could not be resumed: its restore failed (unknown error); "
-            "its GPU memory is lost"
-        ), out
-        _, leases = await api("GET", "leases")
-        assert leases["leases"] == []  # the GPU it was granted is released
-        _, lease = await api("GET", f"leases/{lease_id}")
-        assert lease["suspended"] is None  # lost: nothing left to resume
-    finally:
-        await km.shutdown_kernel(kernel_id)
+    kernel_id, pid, lease_id, gpu = suspendable
+    await ended(api, lease_id)
+    driver_of(jp_serverapp).breaks[pid] = "unknown error"
+    out = await Cell(km.get_kernel(kernel_id), "print(sum(numbers))").result()
+    assert out.endswith(
+        "the kernel could not be resumed: its restore failed (unknown error); "
+        "its GPU memory is lost"
+    ), out
+    _, leases = await api("GET", "leases")
+    assert leases["leases"] == []  # the GPU it was granted is released
+    _, lease = await api("GET", f"leases/{lease_id}")
+    assert lease["suspended"] is None  # lost: nothing left to resume
 
 
 async def test_a_suspended_kernel_that_is_restarted_runs_its_cells_as_a_new_kernel(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    jp_serverapp: Any, api: Any, km: Any, simulator: Any, suspendable: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
-    kernel_id, pid, lease_id, gpu = await start_suspendable(jp_serverapp, gpu_kernelspec, api)
-    _, first = await api("GET", f"leases/{lease_id}")
-    events, leave = follow(jp_serverapp, first["user"])
-    try:
+    kernel_id, pid, lease_id, gpu = suspendable
+    async with following(jp_serverapp, api, lease_id) as events:
         await ended(api, lease_id)
         await km.restart_kernel(kernel_id)  # a new process: the old one's memory went with it
         _, lease = await api("GET", f"leases/{lease_id}")
@@ -325,16 +308,24 @@ async def test_a_suspended_kernel_that_is_restarted_runs_its_cells_as_a_new_kern
         assert [e["data"]["reason"] for e in events if e["type"] == "suspension_ended"] == [
             ENDED_RESTARTED
         ]
-    finally:
-        leave()
-        await km.shutdown_kernel(kernel_id)
 
 
-async def start_outside(jp_serverapp: Any, jp_kernel_dir: Any, api: Any) -> Any:
+@pytest.fixture
+def outside(
+    jp_serverapp: Any, jp_kernel_dir: Any, api: Any, km: Any, kernels: Any, jp_asyncio_loop: Any
+) -> Any:
     """A GPU kernel started as a kernel manager other than ``gpubroker-provisioner``
     would: it asks for a kernel token and a GPU itself, starts IPython with them in its
     environment (which a restart keeps), and names the kernel's process in a renewal.
-    Returns what ``use_gpu`` does."""
+    What ``use_gpu`` returns; shut down at the test's end."""
+    return jp_asyncio_loop.run_until_complete(
+        start_outside(jp_serverapp, jp_kernel_dir, api, km, kernels)
+    )
+
+
+async def start_outside(
+    jp_serverapp: Any, jp_kernel_dir: Any, api: Any, km: Any, kernels: Any
+) -> Any:
     kernel_id = str(uuid.uuid4())
     _, token = await api("POST", "tokens", {"kernel_id": kernel_id})
     _, request = await api("POST", "requests", {"gpus": 1, "holder": kernel_id})
@@ -350,8 +341,7 @@ async def start_outside(jp_serverapp: Any, jp_kernel_dir: Any, api: Any) -> Any:
     }
     (jp_kernel_dir / "outside").mkdir()
     (jp_kernel_dir / "outside" / "kernel.json").write_text(json.dumps(spec))
-    km = jp_serverapp.kernel_manager
-    await km.start_kernel(kernel_name="outside", kernel_id=kernel_id)
+    await kernels(kernel_name="outside", kernel_id=kernel_id)
     pid = km.get_kernel(kernel_id).provisioner.pid
     status, _ = await api("POST", f"leases/{lease['id']}/renew", {"holder_pid": pid})
     assert status == 200
@@ -359,14 +349,10 @@ async def start_outside(jp_serverapp: Any, jp_kernel_dir: Any, api: Any) -> Any:
 
 
 async def test_a_suspended_kernel_restarted_without_the_provisioner_runs_as_a_new_kernel(
-    jp_serverapp: Any, jp_kernel_dir: Any, api: Any
+    jp_serverapp: Any, api: Any, km: Any, simulator: Any, outside: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
-    kernel_id, pid, lease_id, gpu = await start_outside(jp_serverapp, jp_kernel_dir, api)
-    _, first = await api("GET", f"leases/{lease_id}")
-    events, leave = follow(jp_serverapp, first["user"])
-    try:
+    kernel_id, pid, lease_id, gpu = outside
+    async with following(jp_serverapp, api, lease_id) as events:
         lease = await ended(api, lease_id)
         assert lease["suspended"]["kernel_id"] == kernel_id
         await km.restart_kernel(kernel_id)  # nobody tells the broker
@@ -404,9 +390,6 @@ async def test_a_suspended_kernel_restarted_without_the_provisioner_runs_as_a_ne
         await until("the new process to renew its lease", named)
         assert simulator.process_memory(pid) == {} and driver_of(jp_serverapp).held() == {}
         assert (await overview(api))["suspended"] == []
-    finally:
-        leave()
-        await km.shutdown_kernel(kernel_id)
 
 
 def extension_of(jp_serverapp: Any) -> Any:
@@ -434,55 +417,48 @@ async def restart_broker(jp_serverapp: Any, monkeypatch: Any, while_down: Any) -
 
 
 async def test_suspended_kernels_and_their_ends_outlive_a_broker_restart(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any, monkeypatch: Any
+    jp_serverapp: Any, api: Any, monkeypatch: Any, km: Any, simulator: Any, suspendables: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
     kernels = []
-    try:
-        for _ in range(4):  # one GPU: each kernel gets it once the one before is suspended
-            kernels.append(await start_suspendable(jp_serverapp, gpu_kernelspec, api))
-            await ended(api, kernels[-1][2])
-        shut, _, shut_lease, _ = kernels[0]  # shut down while the broker runs
-        kept, pid, kept_lease, gpu = kernels[1]  # suspended throughout
-        gone, _, gone_lease, _ = kernels[2]  # shut down while the broker is down
-        _, toggled_pid, toggled_lease, _ = kernels[3]  # resumed by hand meanwhile
-        await km.shutdown_kernel(shut)
+    for _ in range(4):  # one GPU: each kernel gets it once the one before is suspended
+        kernels.append(await suspendables())
+        await ended(api, kernels[-1][2])
+    shut, _, shut_lease, _ = kernels[0]  # shut down while the broker runs
+    kept, pid, kept_lease, gpu = kernels[1]  # suspended throughout
+    gone, _, gone_lease, _ = kernels[2]  # shut down while the broker is down
+    _, toggled_pid, toggled_lease, _ = kernels[3]  # resumed by hand meanwhile
+    await km.shutdown_kernel(shut)
 
-        async def while_down() -> None:
-            await km.shutdown_kernel(gone)  # its process ends, and the broker is not told
-            by_hand = SimulatedCheckpointDriver(simulator)  # as `cuda-checkpoint --toggle`
-            by_hand.restore(toggled_pid, {gpu: gpu})
-            by_hand.unlock(toggled_pid)
+    async def while_down() -> None:
+        await km.shutdown_kernel(gone)  # its process ends, and the broker is not told
+        by_hand = SimulatedCheckpointDriver(simulator)  # as `cuda-checkpoint --toggle`
+        by_hand.restore(toggled_pid, {gpu: gpu})
+        by_hand.unlock(toggled_pid)
 
-        runtime = await restart_broker(jp_serverapp, monkeypatch, while_down)
-        assert runtime.backend.simulator is simulator
+    runtime = await restart_broker(jp_serverapp, monkeypatch, while_down)
+    assert runtime.backend.simulator is simulator
 
-        assert [x["id"] for x in (await overview(api))["suspended"]] == [kept_lease]
-        _, lease = await api("GET", f"leases/{kept_lease}")
-        assert lease["suspended"]["kernel_id"] == kept
-        assert lease["suspended"]["text"] == suspended_text(KERNEL_MIB)
-        _, lease = await api("GET", f"leases/{shut_lease}")
-        assert lease["suspended"] is None
-        assert lease["reason"].endswith(f"on the host; {ENDED_SHUT_DOWN}")
-        _, lease = await api("GET", f"leases/{gone_lease}")
-        assert lease["suspended"] is None
-        assert lease["reason"].endswith(f"on the host; {ENDED_AWAY}")
-        _, lease = await api("GET", f"leases/{toggled_lease}")
-        assert lease["suspended"] is None
-        assert lease["reason"].endswith(
-            f"on the host; the driver no longer holds its GPU memory: the kernel's process "
-            f"{toggled_pid} is running"
-        )
-        simulator.remove_process(gpu, toggled_pid)  # its user stops using the GPU by hand
+    assert [x["id"] for x in (await overview(api))["suspended"]] == [kept_lease]
+    _, lease = await api("GET", f"leases/{kept_lease}")
+    assert lease["suspended"]["kernel_id"] == kept
+    assert lease["suspended"]["text"] == suspended_text(KERNEL_MIB)
+    _, lease = await api("GET", f"leases/{shut_lease}")
+    assert lease["suspended"] is None
+    assert lease["reason"].endswith(f"on the host; {ENDED_SHUT_DOWN}")
+    _, lease = await api("GET", f"leases/{gone_lease}")
+    assert lease["suspended"] is None
+    assert lease["reason"].endswith(f"on the host; {ENDED_AWAY}")
+    _, lease = await api("GET", f"leases/{toggled_lease}")
+    assert lease["suspended"] is None
+    assert lease["reason"].endswith(
+        f"on the host; the driver no longer holds its GPU memory: the kernel's process "
+        f"{toggled_pid} is running"
+    )
+    simulator.remove_process(gpu, toggled_pid)  # its user stops using the GPU by hand
 
-        out = await Cell(km.get_kernel(kept), "print(sum(numbers), os.getpid())").result()
-        assert out.endswith(f"Resumed on {gpu}.\n6 {pid}"), out  # same process, same variables
-        assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
-        _, lease = await api("GET", f"leases/{kept_lease}")
-        assert lease["suspended"] is None
-        assert lease["reason"].endswith(f"resumed, its GPU memory back on the GPU ({gpu})")
-    finally:
-        for kernel_id, *_ in kernels:
-            if kernel_id in km:
-                await km.shutdown_kernel(kernel_id)
+    out = await Cell(km.get_kernel(kept), "print(sum(numbers), os.getpid())").result()
+    assert out.endswith(f"Resumed on {gpu}.\n6 {pid}"), out  # same process, same variables
+    assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
+    _, lease = await api("GET", f"leases/{kept_lease}")
+    assert lease["suspended"] is None
+    assert lease["reason"].endswith(f"resumed, its GPU memory back on the GPU ({gpu})")

@@ -17,29 +17,23 @@ def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_a_mig_slice_is_shut_down_saying_why(
-    jp_serverapp: Any, gpu_kernelspec: Any, api: Any
+    gpu_kernelspec: Any, api: Any, km: Any, kernels: Any
 ) -> None:
-    km = jp_serverapp.kernel_manager
-    kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec())
-    try:
-        _, leases = await api("GET", "leases")
-        (lease,) = leases["leases"]
-        assert lease["profile"] == "1g.10gb"
+    kernel_id = await kernels(kernel_name=gpu_kernelspec())
+    _, leases = await api("GET", "leases")
+    (lease,) = leases["leases"]
+    assert lease["profile"] == "1g.10gb"
 
-        async def gone() -> dict[str, Any] | None:
-            _, now = await api("GET", f"leases/{lease['id']}")
-            return now if now["state"] != "active" else None
+    async def gone() -> dict[str, Any] | None:
+        _, now = await api("GET", f"leases/{lease['id']}")
+        return now if now["state"] != "active" else None
 
-        ended = await until("the lease to end", gone)
-        assert ended["reason"].endswith(
-            "not suspended: a MIG slice cannot be suspended: NVIDIA's checkpoint does not "
-            "support MIG"
-        )
+    ended = await until("the lease to end", gone)
+    assert ended["reason"].endswith(
+        "not suspended: a MIG slice cannot be suspended: NVIDIA's checkpoint does not support MIG"
+    )
 
-        async def shut_down() -> bool:
-            return kernel_id not in km
+    async def shut_down() -> bool:
+        return kernel_id not in km
 
-        await until("the kernel to be shut down", shut_down)
-    finally:
-        if kernel_id in km:
-            await km.shutdown_kernel(kernel_id)
+    await until("the kernel to be shut down", shut_down)
