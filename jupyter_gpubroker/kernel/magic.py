@@ -343,6 +343,13 @@ class GPUMagics(Magics):
 
     def _release(self, _: argparse.Namespace) -> GpuResult:
         tracker = self.session.live()
+        if tracker is None and (suspended := self.resume.suspended()) is not None:
+            # its GPU went back when it was suspended; the memory stays in its process
+            text = (
+                f"This kernel holds no GPU: it is {suspended['suspended']['text']}. "
+                "Restarting the kernel frees that memory."
+            )
+            return GpuResult(suspended, lambda: text)
         if tracker is None:
             return GpuResult({}, lambda: "This kernel holds no GPU and has no request waiting.")
         if lease := self.session.shared(tracker):

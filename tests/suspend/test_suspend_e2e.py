@@ -239,6 +239,11 @@ async def test_interrupting_the_wait_withdraws_the_request_and_stays_suspended(
     assert not [r for r in listed["requests"] if r["holder"] == kernel_id]  # withdrawn
     _, lease = await api("GET", f"leases/{lease_id}")
     assert lease["suspended"] is not None and simulator.process_memory(pid) == {}
+    released = await Cell(km.get_kernel(kernel_id), "%gpu release").result()
+    assert released.strip() == (  # nothing to release, and where its memory is
+        f"This kernel holds no GPU: it is {suspended_text(KERNEL_MIB)}. "
+        "Restarting the kernel frees that memory."
+    )
 
     _, other = await api("GET", f"requests/{other['id']}")
     await api("DELETE", f"leases/{other['lease']['id']}")
