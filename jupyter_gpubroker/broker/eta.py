@@ -82,9 +82,6 @@ class Config(Protocol):
     @property
     def typical_hold_s(self) -> dict[str, float]: ...
 
-    @property
-    def limit_grace_s(self) -> float: ...
-
 
 class View(Context, Protocol):
     """What the estimators read of a broker (``Broker`` has all of it)."""
@@ -111,14 +108,13 @@ def predicted(
 ) -> tuple[Ends, Holds]:
     """A lease's end and a waiting request's hold, (low, median, high) each, each looked
     up once (the list-schedule asks again and again); what each rests on is added to
-    ``bases``. A time limit caps what history says (nothing outlasts its limit and
-    grace: the broker reclaims it). Where the predictor has no history: a warned idle
-    lease ends at its reclaim time; a time limit bounds a lease's end and is a request's
-    hold; else the stated typical hold (``TYPICAL_SPREAD``); else unknown."""
+    ``bases``. Where the predictor has no history: a warned idle lease ends at its
+    reclaim time; a time limit bounds a lease's end and is a request's hold; else the
+    stated typical hold (``TYPICAL_SPREAD``); else unknown."""
     used = set() if bases is None else bases
-    typical, grace = view.config.typical_hold_s, view.config.limit_grace_s
+    typical = view.config.typical_hold_s
     ended: dict[str, Sequence[float] | None] = {}
-    known: dict[tuple[str, str, str, str, float | None], Sequence[float] | None] = {}
+    known: dict[tuple[str, str, str, str], Sequence[float] | None] = {}
 
     def ends(lease: Lease) -> Sequence[float] | None:
         if lease.id not in ended:
@@ -129,7 +125,7 @@ def predicted(
             end: Sequence[float] | None = None
             if est is not None:
                 used.add("history")
-                end = _capped((now + est.low, now + est.median, now + est.high), lease.ends_at)
+                end = (now + est.low, now + est.median, now + est.high)
             elif lease.reclaim_at is not None:
                 used.add("idle reclaim")
                 end = (lease.reclaim_at,) * 3
@@ -143,13 +139,13 @@ def predicted(
         return ended[lease.id]
 
     def holds(r: Request) -> Sequence[float] | None:
-        key = (r.user, r.group, r.job_class.value, request_shape(r.size), r.limit_s)
+        key = (r.user, r.group, r.job_class.value, request_shape(r.size))
         if key not in known:
-            est = predictor.hold(*key[:4])
+            est = predictor.hold(*key)
             hold: Sequence[float] | None = None
             if est is not None:
                 used.add("history")
-                hold = _capped((est.low, est.median, est.high), r.limit_s)
+                hold = (est.low, est.median, est.high)
             elif r.limit_s is not None:
                 used.add("time limits")
                 hold = (r.limit_s,) * 3
@@ -157,9 +153,6 @@ def predicted(
                 used.add("typical hold")
             known[key] = hold
         return known[key]
-
-    def _capped(times: tuple[float, float, float], limit: float | None) -> Sequence[float]:
-        return times if limit is None else tuple(min(t, limit + grace) for t in times)
 
     return ends, holds
 

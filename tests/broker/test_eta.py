@@ -110,25 +110,6 @@ def test_without_history_a_time_limit_ends_the_lease_ahead_at_the_latest(make_br
     assert (eta.low, eta.median, eta.basis) == (now, now + 1800, "time limits")
 
 
-def test_history_longer_than_a_time_limit_is_cut_to_the_limit(make_broker, clock):
-    predictor = Predictor(half_life=1e9)
-    for held in range(1000, 10000, 1000):  # ann's holds: 1,000 s .. 9,000 s, median 5,000
-        predictor.learn("ann", "", "interactive", "gpu:1", float(held))
-    broker = make_broker(whole_inventory(1))
-    broker.submit("ann", Size(gpus=1), limit_s=2000)  # reclaimed at 2,000 s and its grace
-    bob = broker.submit("bob", Size(gpus=1))
-    cy = broker.submit("cy", Size(gpus=1))
-    ann = broker.submit("ann", Size(gpus=1), limit_s=600)
-    now, grace = clock.now(), broker.config.limit_grace_s
-    etas = predicted_starts(broker, queue_of(broker), predictor, now)
-    assert (etas[bob.id].low, etas[bob.id].median) == (now + 1000, now + 2000 + grace)
-    assert etas[bob.id].high == now + 2000 + grace  # not ann's 9,000 s: she cannot hold it
-    # a waiting request holds its GPU for no longer than its limit either
-    _, holds = predicted(broker, predictor, now)
-    assert holds(ann) == (600 + grace,) * 3
-    assert holds(cy) == (1000, 5000, 9000)  # no limit: the interactive holds as they were
-
-
 def test_squeue_start_runs_every_job_to_its_limit(make_broker, clock):
     broker = make_broker(whole_inventory(2))
     t0 = clock.now()
