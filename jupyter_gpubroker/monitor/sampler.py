@@ -49,6 +49,10 @@ class KernelActions(KernelSource, Protocol):
         """``shutdown`` the kernel of a reclaimed lease; ``revoke``: interrupt it."""
         ...
 
+    def handles(self, kernel_id: str) -> bool:
+        """Whether the host starts, restarts or shuts down the kernel now, or runs it."""
+        ...
+
 
 class Sampler:
     def __init__(

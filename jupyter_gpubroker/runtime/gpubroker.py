@@ -213,6 +213,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         """One sampling pass (NVML read on a worker thread), then carry out its decisions."""
         sampler = self.sampler
         assert sampler is not None
+        self._check_suspended()
         try:
             found = await asyncio.to_thread(sampler.read)
             if self._sampling is not None and not self._sampling.is_running():
@@ -245,6 +246,19 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                         "GPU broker: cannot %s kernel %s", self.reclaim_action, d.holder
                     )
         return decisions
+
+    def _check_suspended(self) -> None:
+        """End the suspensions of kernels whose process ended (``KernelSuspender.check``).
+        On the sampling pass, not the tick: the pass is this machine's look at its GPU
+        processes, as the suspender's is (``/proc`` and the checkpoint driver, for a few
+        pids); a dead kernel stays shown suspended for one sampling interval at most."""
+        if self.suspender is None:
+            return
+        kernels = self.kernels
+        try:
+            self.suspender.check(kernels.handles if kernels is not None else lambda _: False)
+        except Exception:
+            self.log.exception("GPU broker: checking the suspended kernels failed")
 
     def stop(self) -> None:
         if self.suspender is not None:

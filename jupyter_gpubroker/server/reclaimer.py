@@ -135,6 +135,18 @@ class ServerKernels:
                 self._busy_until = self.clock.now()
             watch.close()
 
+    def handles(self, kernel_id: str) -> bool:
+        """Whether the kernel manager has the kernel in hand: it starts, restarts or shuts
+        it down now, or runs it in a process that has not exited (polled as jupyter-client
+        polls it, which reaps one that did)."""
+        if kernel_id not in self.kernel_manager:
+            return False
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        if kernel.shutting_down or not kernel.ready.done():
+            return True
+        process = getattr(kernel.provisioner, "process", None)  # a local provisioner's
+        return process is not None and process.poll() is None
+
     async def act(self, kernel_id: str, action: str) -> None:
         """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S`` later."""
         if kernel_id not in self.kernel_manager:

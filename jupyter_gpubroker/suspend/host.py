@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 from ..broker.models import DeviceReading, Event, Lease, LeaseState
 from ..monitor.outside import ProcessTable
 from ..nvml.simulated import SimulatedNvml
-from ..wire.text import ENDED_AWAY, ENDED_RESTARTED, ENDED_SHUT_DOWN, suspended_text
+from ..wire.text import (
+    ENDED_AWAY,
+    ENDED_EXITED,
+    ENDED_RESTARTED,
+    ENDED_SHUT_DOWN,
+    suspended_text,
+)
 from .cuda import CudaCheckpointDriver
 from .driver import CheckpointDriver, CheckpointError, ProcessState
 from .simulated import SimulatedCheckpointDriver
@@ -111,7 +117,8 @@ class KernelSuspender:
         """Kernel id (its requests' holder) -> its suspension."""
         self._procs = ProcessTable()
         self._told: set[str] = set()
-        self._resumes: set[asyncio.Task[None]] = set()
+        self._resumes: dict[asyncio.Task[None], str] = {}
+        """The resumes under way -> the kernel id each resumes."""
         self._take_up()
         self.unsubscribe = core.subscribe(self._on_event)
 
@@ -122,16 +129,33 @@ class KernelSuspender:
             lease = self.core.lease(row["lease_id"])
             kernel_id, suspended = Suspended.stored(lease, row["evidence"])
             self.suspended[kernel_id] = suspended
-            why = self._over(suspended)
+        self.check(gone=ENDED_AWAY)
+
+    def check(
+        self, handled: Callable[[str], bool] = lambda _: False, gone: str = ENDED_EXITED
+    ) -> None:
+        """End the suspensions that are over (``_over``), each with why (``gone`` where a
+        process of it ended). Run on every sampling pass: a kernel whose process ended
+        while suspended (killed, say, by the out-of-memory killer) with nobody restarting
+        it would otherwise be shown suspended, its memory on the host, until the broker
+        restarted. Left alone: a kernel being resumed (its resume ends it), and one the
+        host's kernel manager is starting, restarting or shutting down, or runs in a new
+        process (``handled``: its provisioner, or the new process's first cell, ends it
+        saying so)."""
+        resuming = set(self._resumes.values())
+        for kernel_id, suspended in list(self.suspended.items()):
+            if kernel_id in resuming or handled(kernel_id):
+                continue
+            why = self._over(suspended, gone)
             if why is not None:
                 self.log.info("GPU broker: kernel %s is suspended no more: %s", kernel_id, why)
                 self._end(kernel_id, why)
 
-    def _over(self, suspended: Suspended) -> str | None:
-        """Why a suspension is over (None: it is not): a process of it gone, or one the
-        driver does not hold checkpointed."""
+    def _over(self, suspended: Suspended, gone: str) -> str | None:
+        """Why a suspension is over (None: it is not): a process of it gone (``gone``), or
+        one the driver does not hold checkpointed."""
         if _ended(suspended.started):
-            return ENDED_AWAY
+            return gone
         for pid in suspended.suspension.pids:
             try:
                 state = self.suspender.driver.state(pid)
@@ -258,8 +282,8 @@ class KernelSuspender:
         if suspended is None:
             return
         task = asyncio.ensure_future(self._resume(holder, suspended, event.lease_id))
-        self._resumes.add(task)
-        task.add_done_callback(self._resumes.discard)
+        self._resumes[task] = holder
+        task.add_done_callback(self._resumes.pop)
 
     async def _resume(self, holder: str, suspended: Suspended, lease_id: str) -> None:
         """Restore the suspended processes onto the grant ``lease_id``; where the kernel's

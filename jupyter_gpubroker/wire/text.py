@@ -23,7 +23,10 @@ ENDED_RESTARTED = "the kernel was restarted: its GPU memory on the host went wit
 ENDED_AWAY = (
     "the kernel ended while the GPU broker was down: its GPU memory on the host went with it"
 )
-"""... or gone when the broker started again (its server's restart usually ends it)."""
+"""... or gone when the broker started again (its server's restart usually ends it), ..."""
+ENDED_EXITED = "the kernel's process ended: its GPU memory on the host went with it"
+"""... or gone while the broker runs, with nobody restarting it (killed, say, by the
+out-of-memory killer)."""
 NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

@@ -6,6 +6,8 @@ the queue with its position shown, then runs in the same process with its variab
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +32,7 @@ from jupyter_gpubroker.runtime import inventory
 from jupyter_gpubroker.suspend.simulated import SimulatedCheckpointDriver
 from jupyter_gpubroker.wire.text import (
     ENDED_AWAY,
+    ENDED_EXITED,
     ENDED_RESTARTED,
     ENDED_SHUT_DOWN,
     SUSPENDED_TEXT,
@@ -265,6 +268,34 @@ async def test_a_suspended_kernel_that_is_shut_down_is_suspended_no_more(
     assert (await overview(api))["suspended"] == []
     assert runtime.suspender.suspended == {}
     assert driver_of(jp_serverapp).held() == {}  # its memory on the host went with it
+
+
+async def test_a_suspended_kernel_whose_process_dies_is_suspended_no_more(
+    jp_serverapp: Any, api: Any, km: Any, suspendable: Any
+) -> None:
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    kernel_id, pid, lease_id, gpu = suspendable
+    async with following(jp_serverapp, api, lease_id) as events:
+        await ended(api, lease_id)
+        assert [x["id"] for x in (await overview(api))["suspended"]] == [lease_id]
+        kernel = km.get_kernel(kernel_id)
+        kernel.stop_restarter()  # nobody restarts it, nor tells the broker
+        os.kill(pid, signal.SIGKILL)  # the out-of-memory killer, say
+
+        # A sampling pass finds it gone (8 intervals: a busy machine runs some late).
+        (over,) = await until(
+            "the suspension's end",
+            seen(events, "suspension_ended"),
+            timeout=8 * runtime.sample_interval,
+        )
+        assert over["data"]["lease_id"] == lease_id
+        assert over["data"]["reason"] == ENDED_EXITED
+        _, lease = await api("GET", f"leases/{lease_id}")
+        assert lease["suspended"] is None
+        assert lease["reason"].endswith(f"on the host; {ENDED_EXITED}")
+        assert (await overview(api))["suspended"] == []
+        assert runtime.suspender.suspended == {}
+        assert kernel_id in km and kernel.provisioner.pid == pid  # neither restarted nor shut
 
 
 async def test_a_restore_that_fails_releases_the_gpu_and_says_so_in_the_cell(
