@@ -157,6 +157,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 ),
                 lambda: sampler.latest,
                 self.holder_pid,
+                self.open_devices,
                 self.keep,
                 self.events.publish,
                 self.suspend_fallback,
@@ -343,6 +344,12 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             simulate_kernel_use(
                 self.backend.simulator, self.core.lease(lease_id), pid, self.simulate_kernel_memory
             )
+        self.open_devices(lease_id, pid)
+
+    def open_devices(self, lease_id: str, pid: int) -> None:
+        """Where kernels are confined to their devices (a root broker), let the lease's
+        holder process ``pid`` open the lease's (``.kernel_devices``): on each renewal,
+        and before a suspended kernel is restored onto its new grant."""
         if self._kernel_devices is not None:
             self._kernel_devices.report(lease_id, pid)
 

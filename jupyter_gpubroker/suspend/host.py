@@ -103,6 +103,7 @@ class KernelSuspender:
         suspender: Suspender,
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
+        opens: Callable[[str, int], None],
         keep: Callable[[str], None],
         publish: Callable[[Event], None],
         fallback: str,
@@ -112,6 +113,9 @@ class KernelSuspender:
             raise ValueError(f"suspend_fallback must be one of {', '.join(FALLBACKS)}")
         self.core, self.suspender, self.log = core, suspender, log
         self.readings, self.holder_pid, self.keep = readings, holder_pid, keep
+        self.opens = opens
+        """Lets a kernel process open a lease's devices (where kernels are confined to
+        theirs): a restore runs in the kernel's process, which must open its new GPU."""
         self.publish, self.fallback = publish, fallback
         self.suspended: dict[str, Suspended] = {}
         """Kernel id (its requests' holder) -> its suspension."""
@@ -300,6 +304,8 @@ class KernelSuspender:
             outcome_reason = "the grant has a different number of GPUs than the kernel had"
             lost = False
         else:
+            if suspended.kernel_pid is not None:
+                self.opens(lease_id, suspended.kernel_pid)
             outcome = await asyncio.to_thread(
                 self.suspender.resume, suspended.suspension, lease.devices
             )

@@ -353,3 +353,75 @@ def test_the_root_broker_gives_a_reported_kernel_its_lease_and_takes_it_back_at_
     finally:
         rt.stop()
         box.confinement.release(server)
+
+
+def test_a_suspended_kernel_opens_its_new_gpu_before_it_is_restored_there(
+    make_box: Callable[[str], Box],
+    probes: Callable[[Callable[[], None]], Probe],
+    tmp_path: Path,
+) -> None:
+    """A restore runs in the kernel's own process, and the suspension took its old GPU
+    away from it: the root broker lets it open the new grant's GPU before restoring."""
+    import asyncio
+
+    from traitlets.config import Config
+
+    from jupyter_gpubroker.api.rules import BrokerAPI
+    from jupyter_gpubroker.broker.reclaim import Decision
+    from jupyter_gpubroker.runtime import GPUBroker
+    from jupyter_gpubroker.suspend.host import simulate_kernel_use
+    from jupyter_gpubroker.wire.sizes import Size
+
+    box = make_box("dgx-h100:2")
+    c = Config()
+    c.GPUBroker.simulate = "dgx-h100:2"
+    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    c.GPUBroker.identity = "username"
+    c.DeviceConfinement.cgroup = box.confinement.cgroup
+    c.DeviceConfinement.proc_devices = box.confinement.proc_devices
+    rt = GPUBroker(config=c)
+    rt.start()
+    server = box.confinement.server("carol", "", [])
+    assert server is not None and rt.suspender is not None
+    kernel = probes(box.confinement.joiner(server))
+
+    def node(lease_id: str) -> str:
+        a = nvml_address(rt.backend.handle(rt.core.lease(lease_id).devices[0]))
+        return str(box.dev / f"nvidia{a.gpu_minor}")
+
+    async def suspend_and_resume() -> tuple[str, set[str]]:
+        assert rt.suspender is not None
+        api = BrokerAPI(rt)
+        held = rt.core.submit("carol", Size(gpus=1), holder="kernel-1").lease_id
+        assert held is not None
+        api.renew(api.identify("carol"), held, {"holder_pid": kernel.pid})
+        simulate_kernel_use(rt.backend.simulator, rt.core.lease(held), kernel.pid, 1024)
+        await rt.sample()
+        assert node(held) in allowed(box, kernel.open(box.all_nodes))
+        idle = Decision("suspend", held, "kernel-1", "idle", "idle for 25 min", {})
+        assert await rt.suspender.suspend(idle) is None
+        assert allowed(box, kernel.open(box.all_nodes)) == always(box)
+        seen: set[str] = set()
+        restore = rt.suspender.suspender.resume
+
+        def resume(*args: object) -> object:
+            seen.update(allowed(box, kernel.open(box.all_nodes)))
+            return restore(*args)  # type: ignore[arg-type]
+
+        rt.suspender.suspender.resume = resume  # type: ignore[method-assign]
+        granted = rt.core.submit("carol", Size(gpus=1), holder="kernel-1").lease_id
+        assert granted is not None
+        for _ in range(200):
+            if "kernel-1" not in rt.suspender.suspended:
+                break
+            await asyncio.sleep(0.05)
+        assert rt.core.lease(granted).state.value == "active", "the restore failed"
+        return node(granted), seen
+
+    try:
+        new, opened = asyncio.run(suspend_and_resume())
+        assert new in opened
+        assert new in allowed(box, kernel.open(box.all_nodes))
+    finally:
+        rt.stop()
+        box.confinement.release(server)
