@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cgroup_versions import require
@@ -309,6 +310,24 @@ def test_where_it_cannot_confine_it_says_why_and_require_refuses(
         c.mode = "sometimes"
 
 
+def root_broker(box: Box, simulate: str, tmp_path: Path) -> Any:
+    """A started broker on the box's simulated GPUs, confining kernels as a root one does."""
+    from traitlets.config import Config
+
+    from jupyter_gpubroker.runtime import GPUBroker
+
+    c = Config()
+    c.GPUBroker.simulate = simulate
+    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    c.GPUBroker.identity = "username"
+    c.DeviceConfinement.cgroup = box.confinement.cgroup
+    c.DeviceConfinement.proc_devices = box.confinement.proc_devices
+    c.DeviceConfinement.mig_minors = box.confinement.mig_minors
+    rt = GPUBroker(config=c)
+    rt.start()
+    return rt
+
+
 def test_the_root_broker_gives_a_reported_kernel_its_lease_and_takes_it_back_at_the_end(
     make_box: Callable[[str], Box],
     probes: Callable[[Callable[[], None]], Probe],
@@ -317,22 +336,11 @@ def test_the_root_broker_gives_a_reported_kernel_its_lease_and_takes_it_back_at_
     """The wiring a GPU kernel in a CPU-only server goes through: its renewal names its
     pid (``holder_pid``), the root broker moves it to its lease's devices; the lease's
     end takes them back; a server's own lease is left to the spawner."""
-    from traitlets.config import Config
-
     from jupyter_gpubroker.api.rules import BrokerAPI
-    from jupyter_gpubroker.runtime import GPUBroker
     from jupyter_gpubroker.wire.sizes import Size
 
     box = make_box("dgx-h100-mig:2")
-    c = Config()
-    c.GPUBroker.simulate = "dgx-h100-mig:2"
-    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
-    c.GPUBroker.identity = "username"
-    c.DeviceConfinement.cgroup = box.confinement.cgroup
-    c.DeviceConfinement.proc_devices = box.confinement.proc_devices
-    c.DeviceConfinement.mig_minors = box.confinement.mig_minors
-    rt = GPUBroker(config=c)
-    rt.start()
+    rt = root_broker(box, "dgx-h100-mig:2", tmp_path)
     try:
         api = BrokerAPI(rt)
         server = box.confinement.server("carol", "", [])
@@ -364,23 +372,13 @@ def test_a_suspended_kernel_opens_its_new_gpu_before_it_is_restored_there(
     away from it: the root broker lets it open the new grant's GPU before restoring."""
     import asyncio
 
-    from traitlets.config import Config
-
     from jupyter_gpubroker.api.rules import BrokerAPI
     from jupyter_gpubroker.broker.reclaim import Decision
-    from jupyter_gpubroker.runtime import GPUBroker
     from jupyter_gpubroker.suspend.host import simulate_kernel_use
     from jupyter_gpubroker.wire.sizes import Size
 
     box = make_box("dgx-h100:2")
-    c = Config()
-    c.GPUBroker.simulate = "dgx-h100:2"
-    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
-    c.GPUBroker.identity = "username"
-    c.DeviceConfinement.cgroup = box.confinement.cgroup
-    c.DeviceConfinement.proc_devices = box.confinement.proc_devices
-    rt = GPUBroker(config=c)
-    rt.start()
+    rt = root_broker(box, "dgx-h100:2", tmp_path)
     server = box.confinement.server("carol", "", [])
     assert server is not None and rt.suspender is not None
     kernel = probes(box.confinement.joiner(server))
