@@ -217,8 +217,8 @@ def event_json(event_id: int, e: Event, viewer: str, admin: bool) -> dict[str, A
     under ``data``), others' with only the user it is about."""
     if admin or e.user == viewer:
         data = e.to_json()["data"]
-        for k in ("deadline", "ends_at"):  # a warning's, an extension's
-            if k in data:
+        for k in ("deadline", "ends_at", "broken_bound", "eta_bound"):  # a warning's, ...
+            if data.get(k) is not None:  # ... an extension's, a broken promise's
                 data[k] = iso(data[k])
         if "alert" in data:  # an alert's
             data["alert"] = alert_json(data["alert"])

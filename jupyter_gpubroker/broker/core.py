@@ -115,7 +115,7 @@ class Broker:
         """Scales the start estimates' ranges by how well the past ones covered."""
         self._changes = 0
         """Counts events: every change of leases, queue or devices emits one."""
-        self.promises = Promises(self)
+        self.promises = Promises(self, self._emit)
         """The starts promised from time limits, and the checks that keep them."""
         self.estimates = StartEstimates(self, self.predictor, self.calibration, self.promises.bound)
         self.devices = Devices(

@@ -20,7 +20,11 @@ refused (``broken``: the stretch is not for extensions), and a promised request 
 worst-case start has come is granted after the policy's own grants (``due``). Starts
 only move earlier when leases end sooner than their limits, so a promise holds unless
 an admin intervenes (a drain, a reclaim, a quota, a changed limit, an arbiter keeping
-a lease) or a GPU fails.
+a lease) or a GPU fails. Then the broker says so (``check``): after a drain (a GPU
+taken out of service by an admin or by a fault) it list-schedules the promised requests
+again, and any promised request still waiting past its promise is looked at too; each
+promise that can no longer be kept is replaced by one from the worst case now, with a
+``promise_broken`` event that tells its user why.
 
 Promised only where the list-schedule is how placement really goes: whole GPUs or MIG
 profiles (not memory sizes), several GPUs only on a one-node inventory, no dynamic MIG.
@@ -30,17 +34,18 @@ maximum a request gets (per job class, profile and group) is ``limitrules``'.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..wire.errors import Conflict, InvalidRequest
-from ..wire.text import clock, count, duration
+from ..wire.text import clock, count, duration, promise_broken
 from .config import BrokerConfig
 from .eta import list_schedule
 from .limitrules import rule_words
-from .models import Device, JobClass, Lease, Request, RequestState
+from .models import Device, Event, JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:
     from .core import Broker
@@ -57,8 +62,8 @@ def max_extensions(config: BrokerConfig, job_class: JobClass) -> int:
 class Promises:
     """The start bounds promised to waiting requests, and the checks that keep them."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, broker: Broker, emit: Callable[[Event], None]) -> None:
+        self.broker, self._emit = broker, emit
         self._bound: dict[str, float] = {}
         """Request id -> its promised start, in the order promised."""
         self._worst: dict[str, float] = {}
@@ -67,6 +72,12 @@ class Promises:
         self._pending: set[str] | None = None
         """Waiting requests with a limit and no promise yet (None: not read yet, after a
         start: the waiting requests restored then)."""
+        self._due: list[tuple[float, str]] = []
+        """(promised start, request id) of every promise made, a heap: one whose start
+        passes while its request still waits was broken."""
+        self._drained: str | None = None
+        """Why GPUs were taken out of service since the last check (None: none were)."""
+        broker.subscribe(self._on_event)
 
     def wants(self, r: Request) -> None:
         """``r`` waits: promise it a start once it has a finite worst case."""
@@ -128,6 +139,7 @@ class Promises:
         self._pending = {
             rid for rid in self._pending if rid in live and live[rid].state is RequestState.QUEUED
         }
+        self.check(now)
         if not self._pending:
             return False
         fresh = list(ranked(lambda r: r.id not in self._bound))
@@ -135,12 +147,60 @@ class Promises:
         now_due = False
         for r in fresh:
             if r.id in self._pending and math.isfinite(starts[r.id]):
-                ahead = max(starts[r.id] - now, 0.0)
-                self._bound[r.id] = now + self.broker.config.promise_stretch * ahead
-                self._worst[r.id] = now + ahead
-                self._pending.discard(r.id)
+                self._promise(r.id, starts[r.id], now)
                 now_due = now_due or starts[r.id] <= now + SLACK_S
         return now_due
+
+    def _promise(self, request_id: str, start: float, now: float) -> None:
+        """Promise ``request_id`` a start ``promise_stretch`` times as far off as its
+        worst case, ``start``."""
+        ahead = max(start - now, 0.0)
+        bound = now + self.broker.config.promise_stretch * ahead
+        self._bound[request_id], self._worst[request_id] = bound, now + ahead
+        heapq.heappush(self._due, (bound, request_id))
+        if self._pending is not None:
+            self._pending.discard(request_id)
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == "drained":
+            self._drained = event.detail.get("reason") or "no reason given"
+
+    def check(self, now: float) -> None:
+        """Replace the promises that can no longer be kept (module docstring), saying
+        why; nothing to do on most passes: no GPU drained and no promise overdue."""
+        live, overdue = self.broker.book.live, False
+        while self._due and self._due[0][0] + SLACK_S < now:
+            bound, rid = heapq.heappop(self._due)
+            r = live.get(rid)
+            overdue = overdue or (
+                self._bound.get(rid) == bound and r is not None and r.state is RequestState.QUEUED
+            )
+        drained, self._drained = self._drained, None
+        if not (overdue or drained):
+            return
+        promised = self._promised()
+        starts = self._starts(promised, now)
+        for r in promised:
+            was = self._bound[r.id]
+            if starts[r.id] <= was + SLACK_S:
+                continue
+            del self._bound[r.id], self._worst[r.id]
+            if now + SLACK_S < starts[r.id] < math.inf:
+                self._promise(r.id, starts[r.id], now)
+            elif math.isinf(starts[r.id]) and self._pending is not None:
+                self._pending.add(r.id)  # promised again once it has a worst case
+            # else its worst case is past (a lease held beyond its limit, a quota): a
+            # promise of "now" would break at once, so it waits unpromised
+            why = (
+                f"a GPU was taken out of service ({drained})"
+                if drained
+                else "it is still waiting: an admin's action, a quota or a process still "
+                "on a GPU held it up"
+            )
+            now_by = self._bound.get(r.id)
+            detail = {"reason": why, "broken_bound": was, "eta_bound": now_by}
+            detail["message"] = promise_broken(was, why, now_by)
+            self._emit(Event("promise_broken", now, r.user, r.id, None, detail))
 
     def _modelled(self, r: Request) -> bool:
         """Is the list-schedule how ``r`` is placed (see the module's docstring)?"""

@@ -43,6 +43,8 @@ USER_NOTICES = ("outside_use",)
 """Events about this kernel's user, on no request, that the status widget shows."""
 SUSPENSION_ENDED = "suspension_ended"
 """The event of a suspended kernel's lease once it is suspended no more, with why."""
+PROMISE_BROKEN = "promise_broken"
+"""The event of a waiting request whose promised start cannot be kept, with why."""
 HISTORY = 40
 """Readings kept for a status widget's sparkline."""
 WAITING_HINT = "The cell waits for the grant; interrupt the kernel (■) to withdraw the request."
@@ -369,7 +371,8 @@ class RequestPanel(GpuWidget):
         """The devices' readings and, from a user's stream, the devices as a whole; after
         a (re)connect, the devices read again; a notice about this kernel's user on no
         request (its process using a GPU outside the broker, with
-        ``c.GPUBroker.outside_use = "warn"``), shown in full."""
+        ``c.GPUBroker.outside_use = "warn"``), or that its request's promised start
+        cannot be kept, shown in full."""
         kind, data = event["type"], event["data"]
         with self._lock:
             if kind == "readings":
@@ -383,6 +386,8 @@ class RequestPanel(GpuWidget):
             elif kind == SUSPENSION_ENDED and data.get("request_id") == self.tracker.id:
                 self.tracker.update(data["request"])  # its lease: suspended no more, and why
                 return
+            elif kind == PROMISE_BROKEN and data.get("request_id") == self.tracker.id:
+                self._note = data["message"]  # its new promise comes with its positions
             else:
                 return
             self._update()

@@ -69,6 +69,16 @@ def start_estimate(
     return f"{clock(median)} ({start}{until})"
 
 
+def promise_broken(was: float, why: str, now_by: float | None) -> str:
+    """A promised start the broker can no longer keep, in words, with the new promise."""
+    then = (
+        f"It now starts by {clock(now_by)} at the latest."
+        if now_by is not None
+        else "No start can be promised for now."
+    )
+    return f"The start promised by {clock(was)} cannot be kept: {why}. {then}"
+
+
 def size_text(r: Mapping[str, Any]) -> str:
     """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)")
     or ">= 20 GiB"."""
@@ -90,15 +100,20 @@ past holds, the usual basis (the Lab panel's ``format.ts`` says the same)."""
 
 def eta_text(r: Mapping[str, Any], now: float | None = None) -> str:
     """A waiting request's or queue entry's ETA in words (``eta``, ``eta_range``,
-    ``eta_known``, ``eta_basis`` of the API): "10:40 (10:20-11:30)", "11:00 (now-11:00),
-    by time limits", "unknown"; ``now`` defaults to the wall clock, as the fronts that
-    show it read one."""
+    ``eta_known``, ``eta_basis``, ``eta_bound`` of the API): "10:40 (10:20-11:30)",
+    "11:00 (now-11:00), by time limits", "unknown"; with a promised start, the promise
+    first: "by 14:30 at the latest (likely 13:50)". ``now`` defaults to the wall clock, as
+    the fronts that show it read one."""
     span = r.get("eta_range")
     if not (r.get("eta_known") and span and r.get("eta")):
         return "unknown"
+    now = time.time() if now is None else now
+    median = _instant(r["eta"])
+    if r.get("eta_bound"):
+        latest = f"by {clock(_instant(r['eta_bound']))} at the latest"
+        return f"any moment ({latest})" if median <= now else f"{latest} (likely {clock(median)})"
     high = _instant(span["high"]) if span.get("high") else None
-    estimate = (_instant(span["low"]), _instant(r["eta"]), high)
-    said = start_estimate(estimate, r.get("position"), time.time() if now is None else now)
+    said = start_estimate((_instant(span["low"]), median, high), r.get("position"), now)
     why = ETA_BASIS.get(r.get("eta_basis") or "")
     return f"{said}, {why}" if why else said
 

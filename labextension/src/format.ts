@@ -91,9 +91,16 @@ const ETA_BASIS: Record<string, string> = {
 };
 
 /** "~12 min" until an ETA, with what it rests on unless `basis` is false ("~40 min, by
- * time limits"); "ETA unknown" when the broker cannot know. */
+ * time limits"); "ETA unknown" when the broker cannot know. A start promised from time
+ * limits comes first, always: "by 14:30 at the latest (likely ~40 min)" (as
+ * wire/text.py `eta_text`). */
 export function etaText(
-  e: { eta: string | null; eta_known: boolean; eta_basis?: string | null },
+  e: {
+    eta: string | null;
+    eta_known: boolean;
+    eta_basis?: string | null;
+    eta_bound?: string | null;
+  },
   now: number,
   basis = true
 ): string {
@@ -102,6 +109,10 @@ export function etaText(
   }
   const left = -since(e.eta, now);
   const said = left <= 0 ? 'any moment' : `~${duration(left)}`;
+  if (e.eta_bound) {
+    const latest = `by ${clock(e.eta_bound)} at the latest`;
+    return left <= 0 ? `${said} (${latest})` : `${latest} (likely ${said})`;
+  }
   const why = basis ? etaBasis(e) : undefined;
   return why ? `${said}, ${why}` : said;
 }

@@ -164,7 +164,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         Notification.warning(`GPU reclaimed: ${n.message}`, {
           autoClose: false
         });
-      } else if (n.kind === 'outside') {
+      } else if (n.kind === 'outside' || n.kind === 'promise') {
         Notification.warning(n.message, { autoClose: false });
       } else {
         unwarn(n.leaseId); // a newer warning of the same lease

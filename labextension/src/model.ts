@@ -24,7 +24,14 @@ import {
 } from './types';
 
 export interface INotice {
-  kind: 'granted' | 'warning' | 'cleared' | 'reclaimed' | 'outside' | 'ended';
+  kind:
+    | 'granted'
+    | 'warning'
+    | 'cleared'
+    | 'reclaimed'
+    | 'outside'
+    | 'ended'
+    | 'promise';
   leaseId: string;
   requestId: string | null;
   message: string;
@@ -217,6 +224,9 @@ export class GpuModel {
     if (d.user === me && type === 'outside_use') {
       this._notify('outside', d, d.message, d.deadline ?? null);
     }
+    if (d.user === me && type === 'promise_broken') {
+      this._notify('promise', d, d.message, null);
+    }
     const mine: (IRequest & { lease: ILease | null }) | undefined = d.request;
     if (mine) {
       this._request(o, mine);
@@ -328,7 +338,8 @@ export class GpuModel {
               position: r.position ?? q.position,
               eta: r.eta,
               eta_known: r.eta_known,
-              eta_basis: r.eta_basis
+              eta_basis: r.eta_basis,
+              eta_bound: r.eta_bound
             }
           : q;
       });

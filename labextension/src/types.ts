@@ -58,6 +58,8 @@ export interface IQueueEntry {
   eta_known: boolean;
   /** What the estimate rests on: "history", "time limits", "typical hold", "idle reclaim". */
   eta_basis?: string | null;
+  /** The latest start the broker promised, from time limits (null: none). */
+  eta_bound?: string | null;
   user: string;
   job_class: string;
   profile?: string;
@@ -90,6 +92,7 @@ export interface IRequest {
   eta: string | null;
   eta_known: boolean;
   eta_basis?: string | null;
+  eta_bound?: string | null;
 }
 
 export interface ILease {

@@ -22,6 +22,7 @@ from jupyter_gpubroker.broker.reclaim import Reclaimer
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
 from jupyter_gpubroker.wire.sizes import Size
+from jupyter_gpubroker.wire.text import clock as clock_text
 
 ONE = Size(gpus=1)
 HOUR = 3600.0
@@ -121,6 +122,71 @@ def test_a_request_without_a_limit_does_not_take_a_promised_gpu(
     assert unlimited.state is RequestState.QUEUED
     short = broker.submit("dee", ONE, limit_s=1800)  # ends before the promise: backfills
     assert short.state is RequestState.GRANTED
+
+
+def test_a_drained_gpu_breaks_a_promise_and_its_user_is_told_the_new_one(
+    make_broker: BrokerFactory, clock: VirtualClock
+) -> None:
+    """The GPU a promised start counted on is taken out of service: the broker says the
+    promise cannot be kept, why, and the start it promises now."""
+    broker = make_broker(whole_inventory(2), config=LIMITS)
+    events: list[Event] = []
+    broker.subscribe(events.append)
+    soon = broker.submit("ann", ONE, limit_s=HOUR)
+    broker.submit("bob", ONE, limit_s=4 * HOUR)
+    waiting = broker.submit("cid", ONE, limit_s=HOUR)
+    promised = broker.promises.bound(waiting.id)
+    assert promised == clock.now() + 2 * (HOUR + 60)  # ann's GPU, at her limit
+    clock.advance(60)
+    broker.drain(broker.lease(soon.lease_id or "").devices[0], "drained by ada: maintenance")
+    broker.tick()
+    (event,) = [e for e in events if e.kind == "promise_broken"]
+    now = clock.now()
+    new = now + 2 * (4 * HOUR - 60 + 60)  # bob's GPU, at his limit
+    assert (event.user, event.request_id) == ("cid", waiting.id)
+    assert event.detail["broken_bound"] == promised
+    assert event.detail["eta_bound"] == broker.promises.bound(waiting.id) == new
+    assert event.detail["message"] == (
+        f"The start promised by {clock_text(promised)} cannot be kept: a GPU was taken out "
+        f"of service (drained by ada: maintenance). It now starts by {clock_text(new)} at "
+        "the latest."
+    )
+    (entry,) = broker.queue()
+    assert entry.eta is not None and entry.eta.bound == new
+    broker.tick()
+    assert len([e for e in events if e.kind == "promise_broken"]) == 1  # said once
+
+
+def test_a_promise_overdue_is_said_to_be_broken_once(
+    make_broker: BrokerFactory, clock: VirtualClock
+) -> None:
+    """A lease kept past its limit (nothing reclaims it here, as when an admin's arbiter
+    keeps it) holds the promised request past its promise: the broker says so once, and
+    promises nothing it could not keep."""
+    config = BrokerConfig(
+        limit_warning_s=600, limit_grace_s=60, lease_ttl_s=3e7, request_ttl_s=3e7, promise_stretch=1
+    )
+    broker = make_broker(whole_inventory(1), config=config)
+    events: list[Event] = []
+    broker.subscribe(events.append)
+    broker.submit("ann", ONE, limit_s=HOUR)
+    waiting = broker.submit("bob", ONE, limit_s=HOUR)
+    promised = broker.promises.bound(waiting.id)
+    assert promised == clock.now() + HOUR + 60
+    clock.set(promised)
+    broker.tick()
+    assert not [e for e in events if e.kind == "promise_broken"]  # not late yet
+    clock.advance(1)
+    broker.tick()
+    (event,) = [e for e in events if e.kind == "promise_broken"]
+    assert event.detail["eta_bound"] is None and broker.promises.bound(waiting.id) is None
+    assert event.detail["message"].endswith(
+        "cannot be kept: it is still waiting: an admin's action, a quota or a process still "
+        "on a GPU held it up. No start can be promised for now."
+    )
+    clock.advance(600)
+    broker.tick()
+    assert len([e for e in events if e.kind == "promise_broken"]) == 1
 
 
 def test_the_extensions_of_a_class_are_capped(make_broker: BrokerFactory) -> None:
@@ -242,6 +308,8 @@ def test_no_request_starts_after_the_first_bound_it_was_given(jobs: list[tuple])
     reclaimer = Reclaimer(broker)
     starts: dict[str, float] = {}
     broker.subscribe(lambda e: e.kind == "granted" and starts.setdefault(e.request_id or "", e.at))
+    broken: list[Event] = []
+    broker.subscribe(lambda e: e.kind == "promise_broken" and broken.append(e))
     arrivals, t = [], clock.now()
     for gap, *job in jobs:
         t += gap
@@ -293,6 +361,7 @@ def test_no_request_starts_after_the_first_bound_it_was_given(jobs: list[tuple])
             break
         clock.set(min(later))
     assert set(starts) >= set(bounds)
+    assert broken == []  # nor is a kept promise ever said to be broken
 
 
 def test_promised_requests_are_served_in_policy_order_while_their_promises_hold(

@@ -111,3 +111,31 @@ async def test_an_outside_use_notice_reaches_the_kernels_widget(
     await asyncio.sleep(1)
     nb = await notebook(kid, "print(r.widget._html.value)")
     assert text in nb.stdout(0)
+
+
+async def test_a_broken_promise_shows_in_the_waiting_requests_widget(
+    kernel, notebook, fill, jp_serverapp
+):
+    """The core says a promise broke (tests/broker/test_limits.py); the waiting cell's
+    widget says it, in the broker's words."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    kid = await kernel()
+    await fill(7)
+    nb = await notebook(
+        kid,
+        "r = %gpu request 1g.10gb --no-wait",
+        "import time; time.sleep(1)\nprint(r.widget.tracker.id, r.widget.state)",
+    )
+    request_id, state = nb.stdout(1).split()
+    assert state == "queued"
+    request = runtime.core.request(request_id)
+    text = (
+        "The start promised by 14:30 cannot be kept: a GPU was taken out of service "
+        "(drained by ada: a fan). It now starts by 16:10 at the latest."
+    )
+    detail = {"reason": "…", "broken_bound": 0.0, "eta_bound": None, "message": text}
+    now = runtime.core.clock.now()
+    runtime.events.publish(Event("promise_broken", now, request.user, request_id, None, detail))
+    await asyncio.sleep(1)
+    nb = await notebook(kid, "print(r.widget._html.value)")
+    assert text in nb.stdout(0)

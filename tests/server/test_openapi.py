@@ -157,6 +157,24 @@ def test_error_codes_in_the_document_are_the_brokers() -> None:
     assert set(DOC["components"]["schemas"]["ErrorCode"]["anyOf"][0]["enum"]) == codes
 
 
+def test_a_broken_promise_is_a_documented_event_for_its_user_alone() -> None:
+    """Made by the core only after a drain or an overdue start (tests/broker/test_limits.py),
+    which this server's run does not stage: its shape, as its user and another see it."""
+    from jupyter_gpubroker.api.shapes import event_json
+    from jupyter_gpubroker.broker.models import Event
+
+    at = 1_800_000_000.0
+    detail = {"reason": "a GPU was taken out of service (drained by ada: a fan)"}
+    for now_by in (at + 3600, None):
+        d = {**detail, "broken_bound": at - 60, "eta_bound": now_by, "message": "The start …"}
+        own = event_json(7, Event("promise_broken", at, "ann", "r-1", None, d), "ann", False)
+        validate(own, EVENT, "a broken promise")
+        assert own["data"]["broken_bound"].startswith("2027-01-15T07:59")
+        other = event_json(7, Event("promise_broken", at, "ann", "r-1", None, d), "bob", False)
+        validate(other, EVENT, "another's broken promise")
+        assert other["data"] == {"user": "ann"}
+
+
 def test_validation_catches_a_wrong_body() -> None:
     """The checker itself: a reply missing a field, with a wrong type or an extra
     field fails."""

@@ -11,6 +11,7 @@ from jupyter_gpubroker.wire.text import (
     holder,
     memory,
     period,
+    promise_broken,
     queue_place,
     quota_allows,
     size_text,
@@ -113,3 +114,19 @@ def test_a_request_says_what_it_asks_for_and_when_it_may_start() -> None:
     assert by_limits == f"{eta_text(waiting, now)}, by time limits"
     usual = eta_text({**waiting, "eta_basis": "typical hold"}, now)
     assert usual.endswith(", from the usual session length")
+    # a start promised from time limits comes first, the likely start after it
+    promised = {**waiting, "eta_basis": "time limits", "eta_bound": iso(3600)}
+    latest = f"by {clock(now + 3600)} at the latest"
+    assert eta_text(promised, now) == f"{latest} (likely {clock(now + 1200)})"
+    assert eta_text({**promised, "eta": iso(0)}, now) == f"any moment ({latest})"
+
+
+def test_a_broken_promise_says_why_and_what_is_promised_now() -> None:
+    now = 1_700_000_000.0
+    why = "a GPU was taken out of service (drained by ada: maintenance)"
+    said = promise_broken(now, why, now + 1800)
+    assert said == (
+        f"The start promised by {clock(now)} cannot be kept: {why}. "
+        f"It now starts by {clock(now + 1800)} at the latest."
+    )
+    assert promise_broken(now, why, None).endswith("No start can be promised for now.")

@@ -24,6 +24,19 @@ describe('etaText', () => {
     );
   });
 
+  it('puts a promised start first, in every place an ETA shows', () => {
+    const e = queued('r1', 1, {
+      eta: iso(40 * 60),
+      eta_known: true,
+      eta_basis: 'time limits',
+      eta_bound: iso(90 * 60)
+    });
+    const latest = `by ${clock(iso(90 * 60))} at the latest`;
+    expect(etaText(e, NOW)).toBe(`${latest} (likely ~40 min)`);
+    expect(etaText(e, NOW, false)).toBe(`${latest} (likely ~40 min)`);
+    expect(etaText({ ...e, eta: iso(-5) }, NOW)).toBe(`any moment (${latest})`);
+  });
+
   it('keeps the status bar short: no basis there', () => {
     const waiting = [queued('r1', 1, { eta_basis: 'typical hold' })];
     expect(statusText([], waiting, () => null, NOW)).toBe(

@@ -182,6 +182,19 @@ describe('GpuModel', () => {
     ]);
   });
 
+  it('tells me when a start promised to my request cannot be kept', () => {
+    const { model, notices } = noticed(overview());
+    const message =
+      'The start promised by 14:30 cannot be kept: a GPU was taken out of service ' +
+      '(drained by ada: maintenance). It now starts by 16:10 at the latest.';
+    const about = { request_id: 'r1', lease_id: null, message };
+    model.apply(event(3, 'promise_broken', { user: 'ann', ...about }));
+    model.apply(event(4, 'promise_broken', { user: 'bob' }));
+    expect(notices.map(n => [n.kind, n.message])).toEqual([
+      ['promise', message]
+    ]);
+  });
+
   it("ignores other users' grants for notifications", () => {
     const { model, notices } = noticed(overview());
     model.apply(
