@@ -85,15 +85,17 @@ async def granted(
     request: dict[str, Any],
     timeout: float,
     on_wait: Callable[[dict[str, Any], dict[str, int], int], None],
+    on_notice: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``request`` once granted, waiting in the queue for up to ``timeout`` seconds
-    (``on_wait`` hears each move); a wait cancelled (the hub going down) leaves it queued,
-    for the restarted hub to take up. Giving up or an ended request is ``NotReserved``."""
+    (``on_wait`` hears each move, ``on_notice`` what the broker says to the waiter); a
+    wait cancelled (the hub going down) leaves it queued, for the restarted hub to take
+    up. Giving up or an ended request is ``NotReserved``."""
     if request["state"] != "queued":
         return request
     try:
         return await client.wait_for_grant(
-            request["id"], timeout, on_wait=on_wait, keep_on_cancel=True
+            request["id"], timeout, on_wait=on_wait, keep_on_cancel=True, on_notice=on_notice
         )
     except GrantTimeout as e:
         raise NotReserved(

@@ -316,13 +316,13 @@ class GPUBrokerSpawnerMixin(_Spawner):
                 self._waiting(request, {}, request.get("position") or 0)
                 try:
                     request = await reservation.granted(
-                        client, request, self.gpu_wait_timeout, self._waiting
+                        client, request, self.gpu_wait_timeout, self._waiting, self._report
                     )
                 except NotReserved:
                     self._gpu = None
                     raise
         self._gpu = reservation.held(request)
-        self._report(60, f"Granted {size_text(request)}: {', '.join(self._gpu['devices'])}")
+        self._report(f"Granted {size_text(request)}: {', '.join(self._gpu['devices'])}", 60)
         self._keep_lease()
         try:
             return await super().start()
@@ -559,13 +559,13 @@ class GPUBrokerSpawnerMixin(_Spawner):
 
     # -- progress
 
-    def _report(self, progress: int, message: str) -> None:
+    def _report(self, message: str, progress: int = 20) -> None:
         self._progress.append({"progress": progress, "message": message})
         self._progressed.set()
         self._progressed = asyncio.Event()
 
     def _waiting(self, request: dict[str, Any], ahead: dict[str, int], length: int) -> None:
-        self._report(20, waiting_message(request, ahead, length, self._why_waiting))
+        self._report(waiting_message(request, ahead, length, self._why_waiting))
 
     async def progress(self) -> Any:
         """The broker's story of this start (queue position, ETA, the grant), live, then

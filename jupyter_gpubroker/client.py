@@ -47,6 +47,8 @@ def user_token_from_env() -> str:
 
 
 TERMINAL = ("released", "cancelled", "expired", "reclaimed", "refused")
+NOTICES = ("promise_broken",)
+"""Events about a waiting request whose ``message`` its waiter is told."""
 
 
 class BrokerAPIError(Exception):
@@ -447,13 +449,15 @@ class BrokerClient:
         on_wait: Callable[[dict[str, Any], dict[str, int], int], None] | None = None,
         *,
         keep_on_cancel: bool = False,
+        on_notice: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         """The request once granted (with its ``lease``), following the event stream and
         renewing the request meanwhile (a waiter that dies stops renewing: its request
         expires instead of being granted to nobody). The request is read when the stream
         starts (or restarts from a snapshot) and once granted; positions come with the
         events (``on_wait(request, ahead by class, queue length)`` for each that names
-        it), and a reconnect resumes the stream where it broke.
+        it), and a reconnect resumes the stream where it broke. ``on_notice`` hears what
+        the broker says to the waiter in a sentence (a promised start it cannot keep).
 
         Giving up withdraws the request: after ``timeout`` seconds (``GrantTimeout``) or
         when the wait is cancelled (Ctrl-C, an abandoned kernel start), unless
@@ -468,6 +472,9 @@ class BrokerClient:
             async with contextlib.aclosing(self.follow()) as events:
                 async for message in events:
                     kind, data = message["type"], message["data"]
+                    told = kind in NOTICES and data.get("request_id") == request_id
+                    if on_notice is not None and told and data.get("message"):
+                        on_notice(data["message"])
                     if on_wait is not None and kind in ("hello", "positions"):
                         mine = [r for r in data["requests"] if r["id"] == request_id]
                         if mine:

@@ -179,7 +179,11 @@ async def _granted(broker: BrokerClient, args: argparse.Namespace, holder: str) 
         return r
     print(f"queued at position {r['position']} (request {r['id']})", file=sys.stderr)
     try:
-        return await broker.wait_for_grant(r["id"], args.timeout)
+        return await broker.wait_for_grant(
+            r["id"],
+            args.timeout,
+            on_notice=lambda m: print(f"request {r['id']}: {m}", file=sys.stderr),
+        )
     except BaseException:
         args.withdrawn = f": request {r['id']} withdrawn"
         raise

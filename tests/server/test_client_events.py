@@ -161,3 +161,38 @@ async def test_a_waiting_client_follows_its_positions_without_reading_its_reques
         granted = await asyncio.wait_for(waiting, 10)
     assert granted["state"] == "granted" and granted["lease"]["devices"]
     assert len(reads) <= 3  # the renewal loop's first read, the stream's start, the grant
+
+
+async def test_a_waiter_is_told_when_its_promised_start_cannot_be_kept(jp_serverapp, api):
+    """Six slices held for 4 h and one for 1 h: a waiting request is promised a start from
+    the short one's limit. An admin drains that slice: the waiter hears, in a sentence,
+    that the promise cannot be kept and the start promised now (what the CLI's wait and
+    the hub's spawner pass on)."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    short = (await api("POST", "requests", {**SLICE, "limit_s": 3600}))[1]
+    for _ in range(6):
+        assert (await api("POST", "requests", {**SLICE, "limit_s": 4 * 3600}))[1]["lease"]
+    client = kernel_client(runtime, "k-promised")
+    mine = await client.submit(**SLICE, limit_s=3600)
+    assert mine["state"] == "queued" and mine["eta_bound"]
+    heard: list[str] = []
+    waiting = asyncio.ensure_future(client.wait_for_grant(mine["id"], 60, on_notice=heard.append))
+    try:
+        await asyncio.sleep(0.5)  # the stream is open
+        (device,) = short["lease"]["devices"]
+        status, _ = await api("POST", f"devices/{device}/drain", {"reason": "a fan"})
+        assert status == 200
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.1)
+        (said,) = heard
+        assert said.startswith("The start promised by ")
+        assert "cannot be kept: a GPU was taken out of service (drained by " in said
+        assert said.endswith(" at the latest.")
+        again = await client.request(mine["id"])
+        assert again["eta_bound"] and again["eta_bound"] > mine["eta_bound"]
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
