@@ -2,7 +2,8 @@
 a notification says so and offers "Extend 1 hour" (not "Keep it"); while a waiting
 request was promised the GPU at that end, Extend is refused with the broker's reason and
 the warning stays; once nobody needs it, Extend moves the panel's end time an hour on and
-the warning goes."""
+the warning goes. A request then waiting for the slice shows its promised start first in
+the queue; an admin's drain breaks the promise, and a notification says so."""
 
 from __future__ import annotations
 
@@ -100,3 +101,16 @@ def test_time_limit_warning_extend_refused_then_granted(lab: Lab, page: Any) -> 
     # the broker withdraws the warning at its next look: the row's Extend goes with it
     row.get_by_role("button", name="Extend 1 hour").wait_for(state="detached", timeout=WAIT_MS)
     assert my_lease(lab)["reclaim_at"] is None
+
+    # A request waiting for that slice is promised a start, and the queue says so first;
+    # an admin drains the slice: the promise cannot be kept, and a notification says why.
+    waiting = lab.api("POST", "requests", {"profile": "1g.10gb", "limit_s": 600, "holder": "cli"})
+    bound = hhmm(lab.api("GET", f"requests/{waiting['id']}")["eta_bound"])
+    queued = panel.locator("tr.jp-GpuBroker-mine")
+    queued.get_by_text(f"by {bound} at the latest (likely ").wait_for(timeout=WAIT_MS)
+    (device,) = extended["devices"]
+    lab.api("POST", f"devices/{device}/drain", {"reason": "a fan"})
+    broken = page.locator(".Toastify__toast", has_text=f"The start promised by {bound} cannot")
+    broken.wait_for(timeout=WAIT_MS)
+    assert "a GPU was taken out of service (drained by " in broken.inner_text()
+    assert broken.inner_text().endswith("No start can be promised for now.")
