@@ -162,8 +162,14 @@ class Promises:
             self._pending.discard(request_id)
 
     def _on_event(self, event: Event) -> None:
+        """A drain may break promises: remember why, in words for a waiting user."""
         if event.kind == "drained":
-            self._drained = event.detail.get("reason") or "no reason given"
+            lingering = self.broker.drain_cause(event.detail["device"]) == "vacate"
+            self._drained = (
+                "a process left on a GPU after its lease ended keeps it busy"
+                if lingering  # the drain's own reason tells an admin what to do
+                else f"a GPU was taken out of service ({event.detail['reason']})"
+            )
 
     def check(self, now: float) -> None:
         """Replace the promises that can no longer be kept (module docstring), saying
@@ -191,11 +197,9 @@ class Promises:
                 self._pending.add(r.id)  # promised again once it has a worst case
             # else its worst case is past (a lease held beyond its limit, a quota): a
             # promise of "now" would break at once, so it waits unpromised
-            why = (
-                f"a GPU was taken out of service ({drained})"
-                if drained
-                else "it is still waiting: an admin's action, a quota or a process still "
-                "on a GPU held it up"
+            why = drained or (
+                "it is still waiting: an admin's action, a quota or a process still on a GPU "
+                "held it up"
             )
             now_by = self._bound.get(r.id)
             detail = {"reason": why, "broken_bound": was, "eta_bound": now_by}

@@ -8,7 +8,7 @@ import pytest
 from broker_helpers import whole_inventory
 
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
-from jupyter_gpubroker.broker.models import RequestState
+from jupyter_gpubroker.broker.models import Event, RequestState
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.wire.errors import Conflict
 from jupyter_gpubroker.wire.sizes import Size
@@ -159,6 +159,29 @@ def test_a_device_its_last_holder_does_not_let_go_of_is_drained_naming_the_proce
     del probe.on[device]
     broker.undrain(device, "the process was killed")
     assert broker.request(b.id).state is RequestState.GRANTED
+
+
+def test_a_promise_a_lingering_process_breaks_is_said_in_a_users_words(make_broker, clock):
+    """The drain names the process for the admin; the waiting user reads what it means."""
+    probe = Processes()
+    config = BrokerConfig(lease_ttl_s=600, request_ttl_s=600, vacate_timeout_s=30)
+    broker = make_broker(whole_inventory(1), processes=probe, config=config)
+    seen: list[Event] = []
+    broker.subscribe(seen.append)
+    a = broker.submit("alice", ONE_GPU, limit_s=3600)
+    b = broker.submit("bob", ONE_GPU, limit_s=3600)
+    assert broker.promises.bound(b.id) is not None
+    (device,) = broker.lease(a.lease_id).devices
+    probe.on[device] = (4242,)
+    broker.release(a.lease_id)
+    clock.advance(30)
+    broker.tick()
+    (broken,) = [e for e in seen if e.kind == "promise_broken"]
+    assert broken.user == "bob" and "4242" not in broken.detail["message"]
+    assert broken.detail["message"].endswith(
+        "cannot be kept: a process left on a GPU after its lease ended keeps it busy. "
+        "No start can be promised for now."
+    )
 
 
 def test_a_restarted_broker_grants_no_device_a_process_still_runs_on(state_file, clock):
