@@ -198,8 +198,8 @@ class Promises:
             # else its worst case is past (a lease held beyond its limit, a quota): a
             # promise of "now" would break at once, so it waits unpromised
             why = drained or (
-                "it is still waiting: an admin's action, a quota or a process still on a GPU "
-                "held it up"
+                "it is still waiting, held up by an admin's action, a quota or a process "
+                "still on a GPU"
             )
             now_by = self._bound.get(r.id)
             detail = {"reason": why, "broken_bound": was, "eta_bound": now_by}

@@ -181,8 +181,8 @@ def test_a_promise_overdue_is_said_to_be_broken_once(
     (event,) = [e for e in events if e.kind == "promise_broken"]
     assert event.detail["eta_bound"] is None and broker.promises.bound(waiting.id) is None
     assert event.detail["message"].endswith(
-        "cannot be kept: it is still waiting: an admin's action, a quota or a process still "
-        "on a GPU held it up. No start can be promised for now."
+        "cannot be kept: it is still waiting, held up by an admin's action, a quota or a "
+        "process still on a GPU. No start can be promised for now."
     )
     clock.advance(600)
     broker.tick()
