@@ -22,6 +22,7 @@ from typing import Any
 from ipywidgets import HTML, Button, VBox
 from traitlets import Dict, Float, Int, List, Unicode
 
+from ..client import NOTICES
 from ..wire.text import (
     EXTEND_BY_S,
     EXTEND_LABEL,
@@ -43,8 +44,6 @@ USER_NOTICES = ("outside_use",)
 """Events about this kernel's user, on no request, that the status widget shows."""
 SUSPENSION_ENDED = "suspension_ended"
 """The event of a suspended kernel's lease once it is suspended no more, with why."""
-PROMISE_BROKEN = "promise_broken"
-"""The event of a waiting request whose promised start cannot be kept, with why."""
 HISTORY = 40
 """Readings kept for a status widget's sparkline."""
 WAITING_HINT = "The cell waits for the grant; interrupt the kernel (■) to withdraw the request."
@@ -386,8 +385,8 @@ class RequestPanel(GpuWidget):
             elif kind == SUSPENSION_ENDED and data.get("request_id") == self.tracker.id:
                 self.tracker.update(data["request"])  # its lease: suspended no more, and why
                 return
-            elif kind == PROMISE_BROKEN and data.get("request_id") == self.tracker.id:
-                self._note = data["message"]  # its new promise comes with its positions
+            elif kind in NOTICES and data.get("request_id") == self.tracker.id:
+                self._note = data["message"]  # a broken promise; the new one comes with positions
             else:
                 return
             self._update()
