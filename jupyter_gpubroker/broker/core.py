@@ -517,10 +517,10 @@ class Broker:
         return self.ledger.fairshare(user, group)
 
     def expected_gpu_hours(self, request: Request) -> float:
-        """From the user's history only, never the request's own claim."""
-        return (
-            self.scheduler.gpu_eq(request.size) * self.scheduler.history_duration(request) / 3600.0
-        )
+        """From the user's history, capped by the request's time limit (enforced: a request
+        that declares less to go first ends there), never by its own estimate."""
+        hold = self.scheduler.history_duration(request)
+        return self.scheduler.gpu_eq(request.size) * min(hold, request.limit_s or hold) / 3600.0
 
     def size_fraction(self, request: Request) -> float:
         total = self.placer.total_gpu_equivalents

@@ -29,7 +29,9 @@ implementations):
     Slurm's 7-day usage half-life; class weights come from the time-of-day
     window in force (interactive first by day); ``E`` is the request's expected
     GPU-hours from the median of its kind's past holds, the user's of its shape
-    first (shortest expected service first, as Helios' QSSF). A grant charges
+    first (shortest expected service first, as Helios' QSSF), capped by its time
+    limit where it declares one: the limit is enforced, so short declared work goes
+    first as in Slurm and declaring less than one needs ends the lease. A grant charges
     an entry penalty (``entry_penalty_s`` of its GPU-equivalents) to the user's
     usage at once (as Kueue's admission fair sharing does), so a burst of one
     user's requests cannot take every free device in one pass. Only the user's:

@@ -1,6 +1,6 @@
 """The wait queue: requests in buckets, buckets ranked by their head's priority.
 
-A bucket is one FIFO per (size, user, group, class). Every policy's priority
+A bucket is one FIFO per (size, user, group, class, time limit). Every policy's priority
 grows with age and is otherwise the same for all requests of a bucket, so the
 oldest request of a bucket always ranks first in it and only bucket heads
 need ranking. Each size keeps a heap of its buckets; an entry goes stale when
@@ -24,8 +24,8 @@ from collections.abc import Callable, Generator, Iterator
 from ..wire.sizes import Size
 from .models import Request
 
-BucketKey = tuple[str, str, str, str]
-"""(size key, user, group, job class)."""
+BucketKey = tuple[str, str, str, str, float]
+"""(size key, user, group, job class, time limit or 0)."""
 Entry = tuple[float, float, int, int, int, BucketKey]
 """(-priority, head's submit time, head's arrival rank, version, user epoch, bucket)."""
 
@@ -37,7 +37,7 @@ def stated(r: Request) -> float | None:
 
 
 def bucket_key(r: Request) -> BucketKey:
-    return (r.size.key, r.user, r.group, r.job_class.value)
+    return (r.size.key, r.user, r.group, r.job_class.value, r.limit_s or 0.0)
 
 
 class WaitQueue:

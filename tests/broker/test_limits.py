@@ -124,6 +124,35 @@ def test_a_request_without_a_limit_does_not_take_a_promised_gpu(
     assert short.state is RequestState.GRANTED
 
 
+def test_a_short_declared_limit_goes_ahead_of_a_peer_whose_history_is_long(
+    make_broker: BrokerFactory, clock: VirtualClock
+) -> None:
+    """Expected service is history capped by the limit (issue 27: shorter declared work
+    first, within fair share). The limit is enforced, so declaring 30 minutes to go first
+    ends the lease there; an estimate (``expected_duration_s``) moves nothing, and a
+    limited request does not wait behind the same user's unlimited one."""
+    broker = make_broker(whole_inventory(2), config=LIMITS)
+    for _ in range(3):  # ann and bob alike: each held a GPU for 8 hours, three times
+        past = [broker.submit(user, ONE) for user in ("ann", "bob")]
+        clock.advance(8 * HOUR)
+        for r in past:
+            broker.release(broker.request(r.id).lease_id or "", r.user)
+    for user in ("x", "y"):
+        broker.submit(user, ONE)
+    bob = broker.submit("bob", ONE)
+    clock.advance(60)
+    claim = broker.submit("ann", ONE, expected_duration_s=600)
+    assert [e.request.user for e in broker.queue()] == ["bob", "ann"]
+    assert broker.expected_gpu_hours(claim) == pytest.approx(8.0)
+    ann = broker.submit("ann", ONE, limit_s=HOUR / 2)  # behind her own, in her own queue
+    assert broker.expected_gpu_hours(ann) == pytest.approx(0.5)
+    assert [e.request.id for e in broker.queue()] == [ann.id, bob.id, claim.id]
+    (held, *_) = broker.leases("x")
+    broker.release(held.id, "x")
+    assert broker.request(ann.id).state is RequestState.GRANTED
+    assert broker.request(bob.id).state is RequestState.QUEUED
+
+
 def test_a_drained_gpu_breaks_a_promise_and_its_user_is_told_the_new_one(
     make_broker: BrokerFactory, clock: VirtualClock
 ) -> None:
