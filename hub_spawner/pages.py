@@ -202,6 +202,7 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
                 for r in waiting
             ],
             "leases": overview["leases"],
+            "suspended": overview["suspended"],
             "time_up": {
                 x["id"]: time_limit_text(x, server=False)
                 for x in overview["leases"]

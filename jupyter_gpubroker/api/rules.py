@@ -354,7 +354,7 @@ class BrokerAPI(AdminRules, StreamRules):
 
     def _lease_json(self, lease: Lease) -> dict[str, Any]:
         """A lease with what its holder's server does to the kernel once it is reclaimed
-        (``c.GPUBroker.reclaim_action``: a server in remote mode carries it out) and how
+        (``GPUBroker.on_reclaim``: a server in remote mode carries it out) and how
         long it has been idle and which process holds it (null once ended, or where not
         known); a suspended kernel's, while it stays so, with ``suspended``, and once it
         does not, with why in its reason."""
@@ -365,7 +365,7 @@ class BrokerAPI(AdminRules, StreamRules):
             shown["reason"] = f"{shown['reason']}; {ended}"
         return {
             **shown,
-            "on_reclaim": self.runtime.reclaim_action,
+            "on_reclaim": self.runtime.on_reclaim(lease),
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
             "suspended": self.runtime.suspended(lease.id),

@@ -482,6 +482,13 @@ class Store:
         )
         return [{**r, "evidence": json.loads(r["evidence"])} for r in rows]
 
+    def reclaim_cause(self, lease_id: str) -> str | None:
+        """Why a lease was reclaimed (None: it was not)."""
+        row = self.conn.execute(
+            "SELECT kind FROM reclaims WHERE lease_id=?", (lease_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def suspension_end(self, lease_id: str) -> str | None:
         """Why a suspended kernel's lease is suspended no more (None: it is, or never was)."""
         row = self.conn.execute(

@@ -55,6 +55,8 @@ class Proc:
     """Itself and its ancestors."""
     started: int
     """Its start time (clock ticks since boot): tells it from a later one with its pid."""
+    uid: int
+    """Its owner, as ``user`` names it: what a suspend checks (``suspend.host``)."""
 
 
 @lru_cache(maxsize=4096)
@@ -145,7 +147,7 @@ class ProcessTable:
                 found = _stat(at)
                 parent[at] = 0 if found is None else found[0]
             at = parent[at]
-        return Proc(pid, user_name(uid), frozenset(chain), stat[1])
+        return Proc(pid, user_name(uid), frozenset(chain), stat[1], uid)
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,16 @@ class KernelActions(KernelSource, Protocol):
     """A ``KernelSource`` that also acts on the kernel of a reclaimed lease."""
 
     async def act(self, kernel_id: str, action: str) -> None:
-        """``shutdown`` the kernel of a reclaimed lease; ``revoke``: interrupt it."""
+        """``shutdown`` the kernel of a reclaimed lease; ``revoke``: interrupt it;
+        ``suspend``: nothing (the broker suspended it, it runs on)."""
         ...
 
     def handles(self, kernel_id: str) -> bool:
         """Whether the host starts, restarts or shuts down the kernel now, or runs it."""
+        ...
+
+    def runs(self, kernel_id: str) -> bool:
+        """Whether the kernel is the host's own (its kernel manager's), in any state."""
         ...
 
 

@@ -19,7 +19,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
-from ..broker.models import DeviceReading
+from ..broker.models import DeviceReading, Lease, LeaseState
 from ..broker.reclaim import Decision, KernelState
 from ..broker.store import Store
 from ..engines import ClusterView, InventorySource, NoReadings
@@ -29,8 +29,8 @@ from ..monitor.outside import outside_text
 from ..monitor.sampler import KernelActions, Sampler
 from ..nvml import MigPartitioner, NvmlBackend
 from ..statelock import GpuLocks, StateLock, secure_state_file
-from ..suspend.host import KernelSuspender, checkpoint_driver, simulate_kernel_use
-from ..suspend.suspender import Suspender
+from ..suspend.host import KernelSuspender, carried_out, checkpoint_driver, simulate_kernel_use
+from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, clock, duration
 from .engine import EngineWatch, read_now
@@ -157,15 +157,14 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 ),
                 lambda: sampler.latest,
                 self.holder_pid,
+                lambda kernel_id: self.kernels is not None and self.kernels.runs(kernel_id),
                 self.open_devices,
                 self.keep,
                 self.events.publish,
                 self.suspend_fallback,
                 self.log,
             )
-            sampler.reclaimer.suspends = lambda _: (
-                self.reclaim_action == "suspend" and self.kernels is not None
-            )
+            sampler.reclaimer.suspends = lambda _: self.reclaim_action == "suspend"
         self.metrics = BrokerCollector(
             core,
             lambda: sampler.latest,
@@ -240,12 +239,11 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 if fallback is not None and self.kernels is not None:
                     await self.kernels.act(d.holder, fallback)
             if d.action == "reclaim" and self.kernels is not None:
+                action = self.on_reclaim(self.core.lease(d.lease_id))
                 try:
-                    await self.kernels.act(d.holder, self.reclaim_action)
+                    await self.kernels.act(d.holder, action)
                 except Exception:
-                    self.log.exception(
-                        "GPU broker: cannot %s kernel %s", self.reclaim_action, d.holder
-                    )
+                    self.log.exception("GPU broker: cannot %s kernel %s", action, d.holder)
         return decisions
 
     def _check_suspended(self) -> None:
@@ -360,6 +358,17 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
     def suspended_leases(self) -> list[str]:
         """The ended leases of the kernels suspended now."""
         return [] if self.suspender is None else self.suspender.lease_ids()
+
+    def on_reclaim(self, lease: Lease) -> str:
+        """What the holder's server does to the lease's kernel once it is reclaimed (a
+        server in remote mode carries it out): ``reclaim_action``; where that is
+        ``suspend``, a reclaimed lease says what was done: ``suspend`` where its kernel
+        was suspended (it runs on), else the fallback carried out instead."""
+        if self.reclaim_action != "suspend" or lease.state is not LeaseState.RECLAIMED:
+            return self.reclaim_action
+        if self.core.store.reclaim_cause(lease.id) == SUSPENDED:
+            return "suspend"
+        return carried_out(self.suspend_fallback)
 
     def suspension_ended(self, lease_id: str) -> str | None:
         """Why a suspended kernel's lease is suspended no more (None: it is, or never was);

@@ -92,7 +92,8 @@ class ReclaimSettings(HasTraits):
         "device open until it exits); 'suspend' moves its GPU memory to the host with CUDA's "
         "checkpoint API (NVIDIA driver r570 or later, whole GPUs) and resumes it on its next "
         "cell, falling back to suspend_fallback where it cannot (see docs/suspend.md: not yet "
-        "run on a GPU). Suspending needs the broker beside its kernels (the server extension).",
+        "run on a GPU). A central broker (the hub service) suspends only kernels that run on its "
+        "own machine as their lease's user (an account there), and falls back for the others.",
     ).tag(config=True)
     suspend_fallback = Enum(
         list(SUSPEND_FALLBACKS),

@@ -11,7 +11,8 @@ interaction) count here.
 In remote mode the central broker decides and this server acts: each renewal
 reports the kernel's state (``ServerKernels.state``), and ``carry_out_reclaims``
 hears the central broker's ``reclaimed`` events and shuts down (or interrupts) the
-kernel whose lease it was, provisioned or taken with ``%gpu``.
+kernel whose lease it was, provisioned or taken with ``%gpu``, or leaves it running where
+the central broker suspended it (the lease's ``on_reclaim``).
 
 A server with a GPU of its own (the hub's GPU spawner, ``$GPUBROKER_SERVER_LEASE``) is
 judged as a whole: ``report_server_activity`` renews the server's lease with the state of
@@ -41,6 +42,12 @@ USER_REQUESTS = ("execute_request", "comm_msg")
 NOTICE_S = 2.0
 """How long a reclaimed kernel lives on before it is shut down, so that its widgets can
 show why. Its lease, and so its device, went back to the queue at the reclaim."""
+DOING = {
+    "shutdown": "shutting it down",
+    "revoke": "interrupting it",
+    "suspend": "leaving it running, suspended",
+}
+"""What this server does to a reclaimed lease's kernel (its ``on_reclaim``), for the log."""
 
 
 class _Watch:
@@ -147,9 +154,13 @@ class ServerKernels:
         process = getattr(kernel.provisioner, "process", None)  # a local provisioner's
         return process is not None and process.poll() is None
 
+    def runs(self, kernel_id: str) -> bool:
+        return kernel_id in self.kernel_manager
+
     async def act(self, kernel_id: str, action: str) -> None:
-        """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S`` later."""
-        if kernel_id not in self.kernel_manager:
+        """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S``
+        later; ``suspend``: nothing (a broker suspended it: it runs on, off its GPU)."""
+        if kernel_id not in self.kernel_manager or action == "suspend":
             return
         if action == "revoke":
             await ensure_async(self.kernel_manager.interrupt_kernel(kernel_id))
@@ -194,11 +205,11 @@ async def carry_out_reclaims(broker: BrokerClient, kernels: ServerKernels) -> No
                 if lease is None or kernel_id not in kernels.kernel_manager:
                     continue  # another server's kernel (the same user's), or none
                 log.warning(
-                    "GPU broker: lease %s of kernel %s reclaimed (%s): %s it",
+                    "GPU broker: lease %s of kernel %s reclaimed (%s): %s",
                     lease["id"],
                     kernel_id,
                     lease["reason"],
-                    lease["on_reclaim"],
+                    DOING.get(lease["on_reclaim"], lease["on_reclaim"]),
                 )
                 await kernels.act(kernel_id, lease["on_reclaim"])
     except BrokerAPIError as e:

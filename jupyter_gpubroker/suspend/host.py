@@ -1,6 +1,13 @@
-"""The reclaim action ``suspend`` where the broker runs beside its kernels (the server
-extension's embedded broker): the server process, another process of the kernel's user,
-makes the checkpoint calls on the kernel's processes.
+"""The reclaim action ``suspend``, made by the broker on the kernels of its own host.
+
+Beside its kernels (the server extension's embedded broker) the server process, another
+process of the kernel's user, makes the checkpoint calls on the kernel's processes. A
+central broker (the hub service) suspends the kernel of a server that uses it from
+elsewhere only where that kernel runs on the broker's host as its lease's user: the user
+names the holder process in their own renewals, so the holder and every process suspended
+must be owned by the lease user's local account, or the kernel is not suspended (the
+fallback, with why). Its server leaves a suspended kernel running (the lease's
+``on_reclaim`` says ``suspend``) and carries out a fallback (``on_reclaim``: the action).
 
 At the deadline of an idle (or stalled, or preempted) lease the reclaimer hands the lease
 here (``Decision.action == "suspend"``). The processes on the lease's devices that descend
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pwd
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -103,6 +111,7 @@ class KernelSuspender:
         suspender: Suspender,
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
+        own: Callable[[str], bool],
         opens: Callable[[str, int], None],
         keep: Callable[[str], None],
         publish: Callable[[Event], None],
@@ -113,6 +122,9 @@ class KernelSuspender:
             raise ValueError(f"suspend_fallback must be one of {', '.join(FALLBACKS)}")
         self.core, self.suspender, self.log = core, suspender, log
         self.readings, self.holder_pid, self.keep = readings, holder_pid, keep
+        self.own = own
+        """Whether a kernel is the host's own (its server's, run as the broker's user): the
+        others' processes are suspended only where they are their lease user's (``_owner``)."""
         self.opens = opens
         """Lets a kernel process open a lease's devices (where kernels are confined to
         theirs): a restore runs in the kernel's process, which must open its new GPU."""
@@ -172,9 +184,10 @@ class KernelSuspender:
                 )
         return None
 
-    def processes(self, lease: Lease) -> dict[int, float]:
+    def processes(self, lease: Lease, uid: int | None = None) -> dict[int, float]:
         """The kernel's processes on the lease's devices (pid -> MiB over them all): the
-        holder the renewals named and what it started."""
+        holder the renewals named and what it started (only those owned by ``uid``, when
+        given)."""
         holder = self.holder_pid(lease.id)
         readings = self.readings()
         listed: dict[int, float] = {}
@@ -185,7 +198,31 @@ class KernelSuspender:
         if holder is None:
             return {}
         procs = self._procs.read(listed)
-        return {p: mib for p, mib in listed.items() if p in procs and holder in procs[p].chain}
+        return {
+            p: mib
+            for p, mib in listed.items()
+            if p in procs and holder in procs[p].chain and uid in (None, procs[p].uid)
+        }
+
+    def _owner(self, lease: Lease, kernel_id: str) -> tuple[int | None, str | None]:
+        """(The uid the kernel's processes must be owned by, None for the host's own
+        kernel; why it is not suspended, None where it may be.) Another host's kernel's
+        holder process is named by its user: it must run here, owned by the lease user's
+        local account, or a user could have another's process (or init) suspended."""
+        holder = self.holder_pid(lease.id)
+        if holder is None:
+            return None, "the kernel never named its process"
+        if self.own(kernel_id):
+            return None, None
+        uid = local_uid(lease.user)
+        if uid is None:
+            return None, f"{lease.user} has no account on the GPU broker's machine"
+        proc = ProcessTable().read([holder]).get(holder)
+        if proc is None:
+            return uid, f"its process {holder} does not run on the GPU broker's machine"
+        if proc.uid != uid:
+            return uid, f"its process {holder} is not {lease.user}'s"
+        return uid, None
 
     def shown(self, lease_id: str) -> dict[str, Any] | None:
         """A suspended kernel's ended lease, as the API shows it (None: any other lease)."""
@@ -235,11 +272,12 @@ class KernelSuspender:
         """Suspend the kernel of ``decision``'s lease; returns the action the host still
         carries out on the kernel (the fallback), None when there is none."""
         lease = self.core.lease(decision.lease_id)
-        if self.holder_pid(lease.id) is None:
-            outcome, suspension = Outcome(False, "the kernel never named its process"), None
+        uid, why_not = self._owner(lease, decision.holder)
+        if why_not is not None:
+            outcome, suspension = Outcome(False, why_not), None
         else:
             outcome, suspension = await asyncio.to_thread(
-                self.suspender.suspend, lease.devices, self.processes(lease)
+                self.suspender.suspend, lease.devices, self.processes(lease, uid)
             )
         evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
         if outcome.done and suspension is not None:
@@ -267,7 +305,7 @@ class KernelSuspender:
             return None
         reason = f"{decision.reason}; not suspended: {outcome.reason}"
         self.core.reclaim(lease.id, reason, cause=decision.cause, evidence=evidence)
-        return "revoke" if self.fallback == "keep" else self.fallback
+        return carried_out(self.fallback)
 
     def _suspended(self, suspension: Suspension, lease: Lease) -> Suspended:
         """A suspension with the start times of the kernel's process and those suspended."""
@@ -325,6 +363,21 @@ class KernelSuspender:
         self.unsubscribe()
         for task in self._resumes:
             task.cancel()
+
+
+def carried_out(fallback: str) -> str:
+    """What a kernel whose lease was reclaimed without suspending it gets: the fallback,
+    or ``revoke`` for ``keep`` (which keeps the lease only where the kernel is left as it
+    was)."""
+    return "revoke" if fallback == "keep" else fallback
+
+
+def local_uid(user: str) -> int | None:
+    """The uid of ``user``'s account on this machine (None: it has none)."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
 
 
 def _ended(processes: Mapping[int, int | None]) -> bool:

@@ -260,6 +260,7 @@ async def test_the_overview_shows_a_suspended_kernel_to_its_user_her_kernel_and_
     k1, k2 = (
         api.token_identity(api.issue_token(alice, {"kernel_id": k})["token"]) for k in ("k1", "k2")
     )
+    runtime.suspender.own = lambda _: True  # a kernel of the broker's host (not alice's uid)
     lease = api.submit(k1, {"gpus": 1})["lease"]
     runtime.report_pid(lease["id"], os.getpid())
     runtime.backend.simulator.add_process(lease["devices"][0], os.getpid(), 4096)

@@ -34,7 +34,7 @@ def central_options() -> dict[str, Any]:
 def central(tmp_path: Path, central_options: dict[str, Any]) -> Iterator[LiveServer]:
     home = tmp_path / "central"
     home.mkdir()
-    server = LiveServer(home, home / "state.sqlite", owner="alice", **central_options)
+    server = LiveServer(home, home / "state.sqlite", **{"owner": "alice", **central_options})
     server.start()
     yield server
     server.stop()
