@@ -217,7 +217,7 @@ class KernelSuspender:
         uid = local_uid(lease.user)
         if uid is None:
             return None, f"{lease.user} has no account on the GPU broker's machine"
-        proc = ProcessTable().read([holder]).get(holder)
+        proc = self._procs.read([holder]).get(holder)
         if proc is None:
             return uid, f"its process {holder} does not run on the GPU broker's machine"
         if proc.uid != uid:
