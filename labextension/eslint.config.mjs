@@ -63,12 +63,17 @@ export default defineConfig([
       // notifications follow the event stream from the start: activation needs these.
       'jupyter/prefer-lazy-imports': [
         'warn',
-        { ignoreImports: ['./client', './model', './panel'] }
-      ],
-      // The extension ships in English only: its words are built in format.ts and
-      // render.ts, where this rule does not look, so wrapping the few it sees would
-      // leave a half-translated panel.
-      'jupyter/no-untranslated-string': 'off'
+        {
+          ignoreImports: [
+            './client',
+            './format',
+            './i18n',
+            './model',
+            './panel',
+            './starting'
+          ]
+        }
+      ]
     }
   },
   prettierRecommended

@@ -1,6 +1,8 @@
 """Words for people: the one way durations, start estimates, queue places, holders,
 amounts and memory are written, in the core's reasons, the widgets, the hub's pages, the
-spawner and the CLI (the Lab panel's ``labextension/src/format.ts`` mirrors it)."""
+spawner and the CLI. The Lab panel's ``labextension/src/format.ts`` writes sizes, ETAs,
+durations and memory again in TypeScript; ``tests/wire/formatter_cases.json`` holds both
+to the same texts."""
 
 from __future__ import annotations
 
@@ -37,9 +39,12 @@ def suspended_text(host_mib: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A short human duration: "40 s", "3 min", "2 h 05 min"."""
+    """A short human duration: "40 s", "3 min", "2 h 05 min"; each unit rounded down, as
+    the minutes always were (59.6 s is "59 s", not "60 s"), and none below zero (a
+    deadline just past is "0 s", never "-3 s")."""
+    seconds = max(0.0, seconds)
     if seconds < 60:
-        return f"{seconds:.0f} s"
+        return f"{math.floor(seconds)} s"
     if seconds < 3600:
         return f"{seconds // 60:.0f} min"
     return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"

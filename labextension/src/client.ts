@@ -5,13 +5,16 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { trans } from './i18n';
 import { SseParser } from './sse';
 import { IEnvelope, ILease } from './types';
 
 export const API_PATH = 'gpubroker/api/v1';
 
 /** What the panel says while the broker (or the proxy in front of it) does not answer. */
-export const NOT_ANSWERING = 'The GPU broker is not answering; trying again…';
+function notAnswering(): string {
+  return trans.__('The GPU broker is not answering; trying again…');
+}
 
 /** A proxy's answers for a broker that is away (a restarting hub service). */
 const GATEWAY = [502, 503, 504];
@@ -48,7 +51,7 @@ function refusal(response: Response, text: string): Error {
     return new BrokerUnavailable(said, true);
   }
   if (!said && GATEWAY.includes(response.status)) {
-    return new BrokerUnavailable(NOT_ANSWERING, false);
+    return new BrokerUnavailable(notAnswering(), false);
   }
   return new Error(said || `${response.status} ${response.statusText}`);
 }
@@ -65,7 +68,7 @@ async function request(
     if (init.signal?.aborted) {
       throw e;
     }
-    throw new BrokerUnavailable(NOT_ANSWERING, false);
+    throw new BrokerUnavailable(notAnswering(), false);
   }
 }
 

@@ -1,45 +1,53 @@
-/** Short texts the panel and the status bar show: sizes, durations, ETAs. Pure. */
+/** Short texts the panel and the status bar show: sizes, durations, ETAs, in the words
+ * of wire/text.py (tests/wire/formatter_cases.json holds both to the same texts), each
+ * through the translator. Pure. */
 
-import { ILease, IOutside, IQueueEntry, IRequest } from './types';
+import { trans } from './i18n';
+import { IEtaRange, ILease, IOutside, IQueueEntry, IRequest } from './types';
 
-/** A request's size as the user asked: "1g.10gb", "2 GPUs", "≥ 20 GiB". */
+/** A request's size as every front says it (as wire/text.py `size_text`): "1g.10gb",
+ * "2 GPU(s)", "2 H100-80GB GPU(s)", ">= 20 GiB". */
 export function sizeText(r: {
   profile?: string | null;
   gpus?: number | null;
   min_memory_gb?: number | null;
   model?: string | null;
 }): string {
+  if (r.gpus) {
+    return r.model
+      ? trans.__('%1 %2 GPU(s)', r.gpus, r.model)
+      : trans.__('%1 GPU(s)', r.gpus);
+  }
   if (r.profile) {
     return r.profile;
   }
-  if (r.gpus) {
-    const of = r.model ? ` ${r.model}` : '';
-    return r.gpus === 1 ? `1${of} GPU` : `${r.gpus}${of} GPUs`;
-  }
-  if (r.min_memory_gb) {
-    return `≥ ${r.min_memory_gb} GiB`;
-  }
-  return '?';
+  return trans.__('>= %1 GiB', r.min_memory_gb ?? '?');
 }
 
-/** Seconds as "45 s", "12 min", "2 h 05 min". */
+/** Seconds as "45 s", "12 min", "2 h 05 min", each unit rounded down, none below
+ * zero (as wire/text.py `duration`). */
 export function duration(seconds: number): string {
-  const s = Math.max(0, Math.round(seconds));
+  const s = Math.max(0, seconds);
   if (s < 60) {
-    return `${s} s`;
+    return trans.__('%1 s', Math.floor(s));
   }
-  const m = Math.round(s / 60);
-  if (m < 60) {
-    return `${m} min`;
+  if (s < 3600) {
+    return trans.__('%1 min', Math.floor(s / 60));
   }
-  const h = Math.floor(m / 60);
-  return `${h} h ${String(m % 60).padStart(2, '0')} min`;
+  const minutes = String(Math.floor((s % 3600) / 60)).padStart(2, '0');
+  return trans.__('%1 h %2 min', Math.floor(s / 3600), minutes);
 }
 
 /** "GPU 3: in use outside the broker by bob, pid 4242, for 12 min" (the broker's words,
  * with the time counted on). */
 export function outsideText(label: string, o: IOutside, now: number): string {
-  return `${label}: in use outside the broker by ${o.user}, pid ${o.pid}, for ${duration(since(o.since, now))}`;
+  return trans.__(
+    '%1: in use outside the broker by %2, pid %3, for %4',
+    label,
+    o.user,
+    o.pid,
+    duration(since(o.since, now))
+  );
 }
 
 /** Seconds from `iso` to `now` (ms since the epoch). */
@@ -47,8 +55,9 @@ export function since(iso: string, now: number): number {
   return (now - Date.parse(iso)) / 1000;
 }
 
-/** An instant as the person's wall-clock time: "14:30" (as wire/text.py `clock`). */
-export function clock(iso: string): string {
+/** An instant (ISO, or ms since the epoch) as the person's wall-clock time: "14:30" (as
+ * wire/text.py `clock`). */
+export function clock(iso: string | number): string {
   const t = new Date(iso);
   const two = (n: number) => String(n).padStart(2, '0');
   return `${two(t.getHours())}:${two(t.getMinutes())}`;
@@ -56,14 +65,22 @@ export function clock(iso: string): string {
 
 /** "until 14:30": when a lease's time limit ends; undefined for a lease without one. */
 export function untilText(lease: ILease): string | undefined {
-  return lease.ends_at ? `until ${clock(lease.ends_at)}` : undefined;
+  return lease.ends_at ? trans.__('until %1', clock(lease.ends_at)) : undefined;
 }
 
 /** What one Extend adds to a lease's time limit: an hour, as its label says. */
 export const EXTEND_S = 3600;
-export const EXTEND_LABEL = 'Extend 1 hour';
-export const EXTEND_CAPTION =
-  'Add an hour to its time limit, if no one waiting needs the GPU sooner';
+
+/** The Extend button's label and caption (as wire/text.py `EXTEND_LABEL`). */
+export function extendLabel(): string {
+  return trans.__('Extend 1 hour');
+}
+
+export function extendCaption(): string {
+  return trans.__(
+    'Add an hour to its time limit, if no one waiting needs the GPU sooner'
+  );
+}
 
 /** Is a lease warned for its time limit (kept by Extend, not by using it)? */
 export function limitWarned(lease: ILease): boolean {
@@ -77,44 +94,85 @@ export function limitWarningText(
   deadline: string | null,
   now: number
 ): string {
-  const ends = Date.parse(endsAt) > now ? 'ends' : 'ended';
-  const then = deadline ? ` at ${clock(deadline)}` : '';
-  return `Your GPU's time limit ${ends} at ${clock(endsAt)}; it is reclaimed${then} unless extended`;
+  const ended = Date.parse(endsAt) <= now;
+  const limit = ended
+    ? trans.__("Your GPU's time limit ended at %1", clock(endsAt))
+    : trans.__("Your GPU's time limit ends at %1", clock(endsAt));
+  return deadline
+    ? trans.__(
+        '%1; it is reclaimed at %2 unless extended',
+        limit,
+        clock(deadline)
+      )
+    : trans.__('%1; it is reclaimed unless extended', limit);
 }
 
 /** What a start estimate rests on, in words, where it is not past holds (the usual
  * basis; as wire/text.py `ETA_BASIS`). */
-const ETA_BASIS: Record<string, string> = {
-  'idle reclaim': 'when an idle GPU is reclaimed',
-  'time limits': 'by time limits',
-  'typical hold': 'from the usual session length'
-};
+function basisWords(basis: string): string | undefined {
+  switch (basis) {
+    case 'idle reclaim':
+      return trans.__('when an idle GPU is reclaimed');
+    case 'time limits':
+      return trans.__('by time limits');
+    case 'typical hold':
+      return trans.__('from the usual session length');
+  }
+  return undefined;
+}
 
-/** "~12 min" until an ETA, with what it rests on unless `basis` is false ("~40 min, by
- * time limits"); "ETA unknown" when the broker cannot know. A start promised from time
- * limits comes first, always: "by 14:30 at the latest (likely ~40 min)" (as
- * wire/text.py `eta_text`). */
-export function etaText(
-  e: {
-    eta: string | null;
-    eta_known: boolean;
-    eta_basis?: string | null;
-    eta_bound?: string | null;
-  },
-  now: number,
-  basis = true
-): string {
-  if (!e.eta_known || !e.eta) {
-    return 'ETA unknown';
+/** A start estimate as the API writes it (`eta` its median). */
+export interface IEta {
+  eta: string | null;
+  eta_range?: IEtaRange | null;
+  eta_known: boolean;
+  eta_basis?: string | null;
+  eta_bound?: string | null;
+}
+
+/** A waiting request's start, by the person's clock (as wire/text.py `eta_text`):
+ * "10:40 (10:20-11:30)", "11:00 (now-11:00), by time limits", "any moment (by 11:30)",
+ * "unknown" when the broker cannot know; a start promised from time limits comes first:
+ * "by 14:30 at the latest (likely 13:50)". `basis` false leaves out what it rests on
+ * (where `etaBasis` says it once for many). */
+export function etaText(e: IEta, now: number, basis = true): string {
+  const span = e.eta_range;
+  if (!e.eta_known || !span || !e.eta) {
+    return trans.__('unknown');
   }
-  const left = -since(e.eta, now);
-  const said = left <= 0 ? 'any moment' : `~${duration(left)}`;
+  const median = Date.parse(e.eta);
   if (e.eta_bound) {
-    const latest = `by ${clock(e.eta_bound)} at the latest`;
-    return left <= 0 ? `${said} (${latest})` : `${latest} (likely ${said})`;
+    const latest = clock(e.eta_bound);
+    return median <= now
+      ? trans.__('any moment (by %1 at the latest)', latest)
+      : trans.__('by %1 at the latest (likely %2)', latest, clock(e.eta));
   }
+  const high = span.high ?? null; // absent or null: no bound
+  const said = startEstimate(Date.parse(span.low), e.eta, high, now);
   const why = basis ? etaBasis(e) : undefined;
-  return why ? `${said}, ${why}` : said;
+  return why ? trans.__('%1, %2', said, why) : said;
+}
+
+/** From (low, median, high; null: no bound), as wire/text.py `start_estimate`. */
+function startEstimate(
+  low: number,
+  median: string,
+  high: string | null,
+  now: number
+): string {
+  if (Date.parse(median) <= now) {
+    return high
+      ? trans.__('any moment (by %1)', clock(high))
+      : trans.__('any moment');
+  }
+  const start = low <= now ? trans.__('now') : clock(low);
+  if (high === null) {
+    return trans.__('%1 (%2 or later)', clock(median), start);
+  }
+  if (start === clock(median) && clock(high) === start) {
+    return start;
+  }
+  return trans.__('%1 (%2-%3)', clock(median), start, clock(high));
 }
 
 /** What an estimate rests on in words ("by time limits"), or undefined for past holds
@@ -123,35 +181,37 @@ export function etaBasis(e: {
   eta_known: boolean;
   eta_basis?: string | null;
 }): string | undefined {
-  return e.eta_known && e.eta_basis ? ETA_BASIS[e.eta_basis] : undefined;
+  return e.eta_known && e.eta_basis ? basisWords(e.eta_basis) : undefined;
 }
 
 /** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as
- * jupyter_gpubroker/broker/text.py `memory`). */
+ * wire/text.py `memory`); "?" where not reported. */
 export function mib(m: number | null): string {
   return m === null
     ? '?'
-    : `${(Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1)} GiB`;
+    : trans.__('%1 GiB', (Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1));
 }
 
 /** Who holds a lease, as its user says it (as wire/text.py `holder`): "bob's server",
  * "a `jupyter gpubroker run` command", "kernel 0f3e9a7c". */
 export function holderText(holder: string | null | undefined): string {
   if (!holder) {
-    return 'no kernel';
+    return trans.__('no kernel');
   }
   if (holder.startsWith('server:')) {
     const [user, ...name] = holder.slice('server:'.length).split(':');
-    return `${user}'s server` + (name.length ? ` ${name.join(':')}` : '');
+    return name.length
+      ? trans.__("%1's server %2", user, name.join(':'))
+      : trans.__("%1's server", user);
   }
   if (holder === 'cli-run') {
-    return 'a `jupyter gpubroker run` command';
+    return trans.__('a `jupyter gpubroker run` command');
   }
-  return `kernel ${holder.slice(0, 8)}`;
+  return trans.__('kernel %1', holder.slice(0, 8));
 }
 
 export function percent(p: number | null): string {
-  return p === null ? 'n/a' : `${Math.round(p)}%`;
+  return p === null ? trans.__('n/a') : `${Math.round(p)}%`;
 }
 
 /** The status bar's few characters: my GPU state at a glance, or null when I have none. */
@@ -167,21 +227,29 @@ export function statusText(
   let queue: string | null = null;
   if (first && first.position) {
     const eta = etaText(first, now, false);
-    queue = `queue #${first.position} ${eta === 'ETA unknown' ? '(ETA unknown)' : eta}`;
+    queue =
+      eta === trans.__('unknown')
+        ? trans.__('queue #%1 (ETA unknown)', first.position)
+        : trans.__('queue #%1 %2', first.position, eta);
   }
   let held: string | null = null;
   const warned = leases.find(l => l.reclaim_at);
   if (warned && warned.reclaim_at) {
-    const why = limitWarned(warned) ? 'time limit' : 'idle';
-    held = `GPU ${why}: reclaim in ${duration(-since(warned.reclaim_at, now))}`;
+    const left = duration(-since(warned.reclaim_at, now));
+    held = limitWarned(warned)
+      ? trans.__('GPU time limit: reclaim in %1', left)
+      : trans.__('GPU idle: reclaim in %1', left);
   } else if (leases.length) {
     const l = leases[0];
-    const more = leases.length > 1 ? ` +${leases.length - 1}` : '';
-    const size = l.profile === 'gpu' ? `${l.devices.length} GPU` : l.profile;
-    held = `GPU ${size} ${percent(utilization(l))}${more}`;
+    const size =
+      l.profile === 'gpu' ? trans.__('%1 GPU', l.devices.length) : l.profile;
+    held = trans.__('GPU %1 %2', size, percent(utilization(l)));
+    if (leases.length > 1) {
+      held = trans.__('%1 +%2', held, leases.length - 1);
+    }
   }
   if (held && queue) {
-    return `${held} · ${queue}`;
+    return trans.__('%1 · %2', held, queue);
   }
-  return held ?? (queue ? `GPU ${queue}` : null);
+  return held ?? (queue ? trans.__('GPU %1', queue) : null);
 }

@@ -1,34 +1,43 @@
-/** The JupyterLab front of the GPU broker: a sidebar panel (GPU icon), a status-bar item,
+/** The JupyterLab front of the GPU broker: a sidebar panel (GPU icon; a command and the
+ * palette open it, the layout restorer keeps it open across reloads), a status-bar item,
  * notifications on grant, reclaim warning ("Keep it", or "Extend 1 hour" for a time
  * limit) and reclaim, and for a notebook whose GPU kernel waits in the queue, a
- * notification with its position and Cancel. */
+ * notification with its position and Cancel. Its words go through the translator. */
 
 import {
   ILabShell,
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import gpuSvg from '../style/icons/gpu.svg';
 import { BrokerClient } from './client';
 import {
+  clock,
   etaText,
-  EXTEND_CAPTION,
-  EXTEND_LABEL,
+  extendCaption,
+  extendLabel,
   EXTEND_S,
   limitWarningText,
   sizeText
 } from './format';
+import { trans, useTranslator } from './i18n';
 import { follow, GpuModel, IKernelInfo, INotice } from './model';
 import { GpuPanel, GpuStatus } from './panel';
 import { IShow } from './render';
+import { startingSize } from './starting';
 
 const PLUGIN_ID = 'jupyter-gpubroker:plugin';
+
+/** The command that opens the panel (the palette's, the status bar's). */
+export const OPEN_PANEL = 'jupyter-gpubroker:open-panel';
 
 export const gpuIcon = new LabIcon({
   name: 'jupyter-gpubroker:gpu',
@@ -51,38 +60,37 @@ const DEFAULTS: ISettings = {
   historyLength: 60
 };
 
-/** The size a GPU kernelspec asks for (as `sizeText` writes it), or undefined when the
- * kernelspec does not start through the broker's provisioner. */
-function specSize(spec: any): string | null | undefined {
-  const p = spec?.metadata?.kernel_provisioner;
-  if (p?.provisioner_name !== 'gpubroker-provisioner' || p.config?.on_demand) {
-    return undefined;
-  }
-  const c = p.config ?? {};
-  return sizeText({
-    profile: c.gpu,
-    gpus: c.gpus,
-    min_memory_gb: c.min_memory_gb
-  });
-}
-
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'GPUs, MIG slices, the queue and my leases of the GPU broker.',
   autoStart: true,
-  optional: [ILabShell, IStatusBar, ISettingRegistry, INotebookTracker],
+  requires: [ITranslator],
+  optional: [
+    ILabShell,
+    IStatusBar,
+    ISettingRegistry,
+    INotebookTracker,
+    ICommandPalette,
+    ILayoutRestorer
+  ],
   activate: async (
     app: JupyterFrontEnd,
+    translator: ITranslator,
     labShell: ILabShell | null,
     statusBar: IStatusBar | null,
     settingRegistry: ISettingRegistry | null,
-    notebooks: INotebookTracker | null
+    notebooks: INotebookTracker | null,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null
   ) => {
+    useTranslator(translator);
     const client = new BrokerClient(app.serviceManager.serverSettings);
     const settings: ISettings = { ...DEFAULTS };
     const model = new GpuModel(settings.historyLength);
     const fail = (what: string) => (e: Error) =>
-      Notification.error(`${what}: ${e.message}`, { autoClose: 8000 });
+      Notification.error(trans.__('%1: %2', what, e.message), {
+        autoClose: 8000
+      });
     // A warning's notification by lease: it goes once the warning is withdrawn (an
     // extension, the GPU used again), the lease ends, or a newer warning replaces it.
     const warnings = new Map<string, string>();
@@ -96,22 +104,34 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // what an action changes comes back as events: no fetch after it
     const actions = {
       cancel: (id: string) =>
-        client.cancel(id).then(() => undefined, fail('Cancel')),
+        client.cancel(id).then(() => undefined, fail(trans.__('Cancel'))),
       release: (id: string) =>
-        client.release(id).then(() => undefined, fail('Release')),
+        client.release(id).then(() => undefined, fail(trans.__('Release'))),
       // refused: the broker's sentence says why (and when the GPU is needed)
       extend: (id: string) =>
-        client.extend(id, EXTEND_S).then(() => unwarn(id), fail(EXTEND_LABEL))
+        client.extend(id, EXTEND_S).then(() => unwarn(id), fail(extendLabel()))
     };
 
     const panel = new GpuPanel(model, actions, settings);
     panel.title.icon = gpuIcon;
-    panel.title.caption = 'GPUs and the GPU queue';
+    panel.title.caption = trans.__('GPUs and the GPU queue');
     app.shell.add(panel, 'left', { rank: 900 });
+    // open after a reload if it was open before (the sidebars' idiom: one widget)
+    restorer?.add(panel, 'jupyter-gpubroker:panel');
+
+    app.commands.addCommand(OPEN_PANEL, {
+      label: trans.__('Open the GPU Panel'),
+      caption: trans.__('GPUs, MIG slices, the GPU queue and my GPUs'),
+      icon: args => (args.isPalette ? undefined : gpuIcon),
+      execute: () => app.shell.activateById(panel.id),
+      describedBy: { args: { type: 'object', properties: {} } }
+    });
+    palette?.addItem({ command: OPEN_PANEL, category: trans.__('GPU Broker') });
 
     if (statusBar) {
-      const status = new GpuStatus(model, () =>
-        app.shell.activateById(panel.id)
+      const status = new GpuStatus(
+        model,
+        () => void app.commands.execute(OPEN_PANEL)
       );
       statusBar.registerStatusItem('jupyter-gpubroker:status', {
         item: status,
@@ -161,7 +181,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           Notification.success(n.message, { autoClose: 6000 })
         );
       } else if (n.kind === 'reclaimed') {
-        Notification.warning(`GPU reclaimed: ${n.message}`, {
+        Notification.warning(trans.__('GPU reclaimed: %1', n.message), {
           autoClose: false
         });
       } else if (n.kind === 'outside' || n.kind === 'promise') {
@@ -169,28 +189,31 @@ const plugin: JupyterFrontEndPlugin<void> = {
       } else {
         unwarn(n.leaseId); // a newer warning of the same lease
         const limit = n.cause === 'time_limit' ? n.endsAt : null; // its end
-        const when = n.deadline
-          ? ` at ${new Date(n.deadline).toLocaleTimeString()}`
-          : '';
         const text = limit
           ? limitWarningText(limit, n.deadline, Date.now())
-          : `Your GPU will be reclaimed${when}: ${n.message}`;
+          : n.deadline
+            ? trans.__(
+                'Your GPU will be reclaimed at %1: %2',
+                clock(n.deadline),
+                n.message
+              )
+            : trans.__('Your GPU will be reclaimed: %1', n.message);
         const action = limit
           ? {
-              label: EXTEND_LABEL,
-              caption: EXTEND_CAPTION,
+              label: extendLabel(),
+              caption: extendCaption(),
               callback: (event: MouseEvent) => {
                 event.preventDefault(); // it goes once extended, stays if refused
                 void actions.extend(n.leaseId);
               }
             }
           : {
-              label: 'Keep it',
-              caption: 'Count this as activity: the GPU stays yours',
+              label: trans.__('Keep it'),
+              caption: trans.__('Count this as activity: the GPU stays yours'),
               callback: () =>
                 void client
                   .keep(n.leaseId)
-                  .then(() => undefined, fail('Keep it'))
+                  .then(() => undefined, fail(trans.__('Keep it')))
             };
         warnings.set(
           n.leaseId,
@@ -208,13 +231,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const specs = app.serviceManager.kernelspecs.specs?.kernelspecs ?? {};
       const starting: Array<{ path: string; size: string | null }> = [];
       notebooks.forEach(nb => {
-        const sc = nb.sessionContext as any;
-        const state = sc.kernelDisplayStatus;
+        const state = nb.sessionContext.kernelDisplayStatus;
         if (state !== 'initializing' && state !== 'starting') {
           return;
         }
-        const name = sc._pendingKernelName || sc.kernelPreference?.name;
-        const size = specSize(specs[name]);
+        const size = startingSize(nb.sessionContext, specs);
         if (size !== undefined) {
           starting.push({ path: nb.context.path, size });
         }
@@ -223,9 +244,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       for (const w of model.waitingNotebooks(starting)) {
         const r = w.request;
         seen.add(r.id);
-        const text =
-          `${w.path} waits for a GPU (${sizeText(r)}): ` +
-          `${r.place ?? 'in the queue'}; ${etaText(r, Date.now())}`;
+        const text = trans.__(
+          '%1 waits for a GPU (%2): %3; %4',
+          w.path,
+          sizeText(r),
+          r.place ?? trans.__('in the queue'),
+          etaText(r, Date.now())
+        );
         const known = waitingShown.get(r.id);
         if (known) {
           Notification.update({
@@ -239,8 +264,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
           autoClose: false,
           actions: [
             {
-              label: 'Cancel',
-              caption: "Withdraw this kernel's GPU request",
+              label: trans.__('Cancel'),
+              caption: trans.__("Withdraw this kernel's GPU request"),
               callback: () => actions.cancel(r.id)
             }
           ]
@@ -256,13 +281,29 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
     model.changed.connect(onWaiting);
 
+    // The picture comes from the event stream alone (a snapshot first, then events);
+    // while the broker does not answer, it tries again and the panel says why it waits.
+    // Its controller is kept: a new broker address (the `apiUrl` setting) ends the stream
+    // and follows the new broker's from its own snapshot.
+    let stream: AbortController | null = null;
+    const followBroker = () => {
+      stream?.abort();
+      stream = new AbortController();
+      void follow(model, client, stream.signal);
+    };
+
     // Settings.
     if (settingRegistry) {
       try {
         const loaded = await settingRegistry.load(PLUGIN_ID);
         const apply = () => {
           Object.assign(settings, loaded.composite as unknown as ISettings);
-          client.apiUrl = settings.apiUrl;
+          if (client.apiUrl !== settings.apiUrl) {
+            client.apiUrl = settings.apiUrl;
+            if (stream) {
+              followBroker();
+            }
+          }
           panel.options = settings;
           panel.update();
         };
@@ -274,10 +315,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
     labShell?.currentChanged.connect(onWaiting);
 
-    // The picture comes from the event stream alone (a snapshot first, then events);
-    // while the broker does not answer, it tries again and the panel says why it waits.
     client.onUnavailable = why => (model.away = why);
-    void follow(model, client, new AbortController().signal);
+    followBroker();
   }
 };
 

@@ -12,6 +12,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { BrokerClient } from './client';
 import { sizeText } from './format';
+import { trans } from './i18n';
 import {
   IEnvelope,
   IGpu,
@@ -245,16 +246,23 @@ export class GpuModel {
     }
     if (type === 'granted') {
       const labels = (d.devices ?? []).map((u: string) => this.label(u));
-      this._notify('granted', d, `GPU granted: ${labels.join(', ')}`, null);
+      const text = trans.__('GPU granted: %1', labels.join(', '));
+      this._notify('granted', d, text, null);
     } else if (type === 'warning') {
-      this._notify('warning', d, d.reason ?? 'idle', d.deadline ?? null, {
-        cause: d.cause ?? null,
-        endsAt: d.cause === 'time_limit' ? (lease?.ends_at ?? null) : null
-      });
+      this._notify(
+        'warning',
+        d,
+        d.reason ?? trans.__('idle'),
+        d.deadline ?? null,
+        {
+          cause: d.cause ?? null,
+          endsAt: d.cause === 'time_limit' ? (lease?.ends_at ?? null) : null
+        }
+      );
     } else if (type === 'warning_cleared') {
       this._notify('cleared', d, d.reason ?? '', null);
     } else if (type === 'reclaimed') {
-      this._notify('reclaimed', d, d.reason ?? 'reclaimed', null);
+      this._notify('reclaimed', d, d.reason ?? trans.__('reclaimed'), null);
     }
     if (ENDS.includes(type)) {
       this._notify('ended', d, d.reason ?? type, null);
@@ -272,7 +280,12 @@ export class GpuModel {
       // a queued request keeps its place until `positions` brings the new one
       o.requests.push(
         r.state === 'queued' && known
-          ? { ...request, position: known.position, eta: known.eta }
+          ? {
+              ...request,
+              position: known.position,
+              eta: known.eta,
+              eta_range: known.eta_range
+            }
           : request
       );
     }
@@ -337,6 +350,7 @@ export class GpuModel {
               ...q,
               position: r.position ?? q.position,
               eta: r.eta,
+              eta_range: r.eta_range ?? null,
               eta_known: r.eta_known,
               eta_basis: r.eta_basis,
               eta_bound: r.eta_bound

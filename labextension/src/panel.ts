@@ -1,11 +1,25 @@
 /** The sidebar panel and the status-bar item: Lumino widgets that redraw from the model
- * when it changes and once a second for the clocks (waiting, held, reclaim deadlines). */
+ * when it changes and once a second for the clocks (waiting, held, reclaim deadlines).
+ * The panel updates its DOM in place (morphdom, keyed by `data-key`): what did not
+ * change stays the same element, so a button under the pointer or with the focus
+ * survives each tick. */
 
 import { Widget } from '@lumino/widgets';
+import morphdom from 'morphdom';
 
 import { statusText } from './format';
+import { trans } from './i18n';
 import { GpuModel } from './model';
 import { IActions, IShow, renderPanel } from './render';
+
+/** Match elements by the key render.ts gives them; handlers follow the new drawing. */
+const MORPH = {
+  getNodeKey: (node: Node) => (node as HTMLElement).dataset?.key,
+  onBeforeElUpdated: (from: HTMLElement, to: HTMLElement) => {
+    from.onclick = to.onclick;
+    return true;
+  }
+};
 
 export class GpuPanel extends Widget {
   constructor(
@@ -24,9 +38,18 @@ export class GpuPanel extends Widget {
   }
 
   protected onUpdateRequest(): void {
-    this.node.replaceChildren(
-      renderPanel(this.model, this.options, Date.now(), this.actions)
+    const next = renderPanel(
+      this.model,
+      this.options,
+      Date.now(),
+      this.actions
     );
+    const shown = this.node.firstElementChild;
+    if (shown) {
+      morphdom(shown, next, MORPH);
+    } else {
+      this.node.appendChild(next);
+    }
   }
 
   protected onAfterShow(): void {
@@ -48,7 +71,7 @@ export class GpuStatus extends Widget {
   ) {
     super();
     this.addClass('jp-GpuBroker-status');
-    this.node.title = 'GPU broker: open the GPU panel';
+    this.node.title = trans.__('GPU broker: open the GPU panel');
     this.node.onclick = onClick;
     model.changed.connect(this.update, this);
     this._clock = window.setInterval(() => this.update(), 1000);
@@ -60,7 +83,7 @@ export class GpuStatus extends Widget {
   }
 
   protected onUpdateRequest(): void {
-    this.node.textContent = this.text ?? 'GPU –';
+    this.node.textContent = this.text ?? trans.__('GPU –');
   }
 
   dispose(): void {

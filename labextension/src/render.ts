@@ -1,6 +1,8 @@
 /** The panel's DOM, drawn from the model: devices with their MIG slices as a bar of
  * memory slices, the queue, my leases. Pure functions of their inputs (the time
- * included), so the tests draw them without a Lab. */
+ * included), so the tests draw them without a Lab. Each thing that persists (a lease, a
+ * queue row, a GPU) carries its key in `data-key`, by which the panel updates it in
+ * place (panel.ts). */
 
 import {
   duration,
@@ -8,8 +10,8 @@ import {
   etaText,
   mib,
   outsideText,
-  EXTEND_CAPTION,
-  EXTEND_LABEL,
+  extendCaption,
+  extendLabel,
   holderText,
   limitWarned,
   percent,
@@ -17,6 +19,7 @@ import {
   sizeText,
   untilText
 } from './format';
+import { trans } from './i18n';
 import { GpuModel } from './model';
 import { IDevice, IGpu, ILease, IQueueEntry } from './types';
 
@@ -83,11 +86,18 @@ export function sparkline(
   return svg;
 }
 
-function deviceHolder(d: IDevice, me: string): string {
-  if (!d.holder) {
-    return 'free';
-  }
-  return d.holder.user === me ? 'mine' : d.holder.user || 'in use';
+/** Who holds a device: free, mine, or another's (by name). */
+function deviceHolder(d: IDevice, me: string): 'free' | 'mine' | 'taken' {
+  return !d.holder ? 'free' : d.holder.user === me ? 'mine' : 'taken';
+}
+
+function holderWords(d: IDevice, me: string): string {
+  const who = deviceHolder(d, me);
+  return who === 'free'
+    ? trans.__('free')
+    : who === 'mine'
+      ? trans.__('mine')
+      : d.holder?.user || trans.__('in use');
 }
 
 /** A GPU's memory slices as a bar: each MIG slice spans its memory slices from its start,
@@ -103,10 +113,8 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
       ? Math.max(1, Math.round((d.memory_mib / gpu.memory_mib) * 8))
       : 1;
     const seg = el('div', 'jp-GpuBroker-slice');
-    const who = deviceHolder(d, me);
-    seg.classList.add(
-      `jp-mod-${who === 'free' ? 'free' : who === 'mine' ? 'mine' : 'taken'}`
-    );
+    seg.classList.add(`jp-mod-${deviceHolder(d, me)}`);
+    const who = holderWords(d, me);
     if (d.drained) {
       seg.classList.add('jp-mod-drained');
     }
@@ -116,7 +124,10 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
     seg.textContent = who;
     const util =
       d.utilization_gpu === null ? '' : ` · ${percent(d.utilization_gpu)}`;
-    seg.title = `${d.label}: ${who}${util}${d.drained ? ` · drained: ${d.drained.reason}` : ''}`;
+    const drained = d.drained
+      ? trans.__(' · drained: %1', d.drained.reason)
+      : '';
+    seg.title = `${d.label}: ${who}${util}${drained}`;
     bar.appendChild(seg);
   }
   bar.style.gridTemplateColumns = `repeat(${total}, 1fr)`;
@@ -126,22 +137,43 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
 /** What a GPU is cut into: "7 × 1g.10gb", "2 × 1g.20gb, 1 × 3g.40gb", or "whole". */
 export function profilesText(gpu: IGpu): string {
   if (!gpu.mig_enabled) {
-    return 'whole GPU';
+    return trans.__('whole GPU');
   }
   const counts = new Map<string, number>();
   for (const d of gpu.devices) {
     counts.set(d.profile ?? '?', (counts.get(d.profile ?? '?') ?? 0) + 1);
   }
-  return Array.from(counts, ([p, n]) => `${n} × ${p}`).join(', ');
+  return Array.from(counts, ([p, n]) => trans.__('%1 × %2', n, p)).join(', ');
 }
 
 function healthBadge(gpu: IGpu): HTMLElement {
   if (gpu.drained) {
-    const b = el('span', 'jp-GpuBroker-badge jp-mod-drained', 'drained');
+    const b = el(
+      'span',
+      'jp-GpuBroker-badge jp-mod-drained',
+      trans.__('drained')
+    );
     b.title = gpu.drained.reason;
     return b;
   }
-  return el('span', `jp-GpuBroker-badge jp-mod-${gpu.health}`, gpu.health);
+  return el(
+    'span',
+    `jp-GpuBroker-badge jp-mod-${gpu.health}`,
+    healthWords(gpu.health)
+  );
+}
+
+/** A GPU's health (the API's `Reading.health`), in words. */
+function healthWords(health: string): string {
+  switch (health) {
+    case 'ok':
+      return trans.__('ok');
+    case 'lost':
+      return trans.__('lost');
+    case 'unreachable':
+      return trans.__('unreachable');
+  }
+  return health;
 }
 
 export function renderGpu(
@@ -152,9 +184,14 @@ export function renderGpu(
 ): HTMLElement {
   const me = model.overview?.me.user ?? '';
   const row = el('div', 'jp-GpuBroker-gpu');
+  row.dataset.key = gpu.uuid;
   const head = el('div', 'jp-GpuBroker-gpuHead');
   head.appendChild(
-    el('span', 'jp-GpuBroker-gpuName', `GPU ${gpu.index} · ${gpu.model}`)
+    el(
+      'span',
+      'jp-GpuBroker-gpuName',
+      trans.__('GPU %1 · %2', gpu.index, gpu.model)
+    )
   );
   head.appendChild(healthBadge(gpu));
   row.appendChild(head);
@@ -164,16 +201,22 @@ export function renderGpu(
   const used = gpu.devices.some(d => d.utilization_gpu !== null)
     ? Math.max(...gpu.devices.map(d => d.utilization_gpu ?? 0))
     : gpu.utilization_gpu;
-  readings.textContent =
-    `util ${percent(used)} · mem ${mib(gpu.memory_used_mib)} / ${mib(gpu.memory_mib)}` +
-    ` · ${gpu.temperature_c === null ? 'n/a' : `${gpu.temperature_c} °C`}`;
+  readings.textContent = trans.__(
+    'util %1 · mem %2 / %3 · %4',
+    percent(used),
+    mib(gpu.memory_used_mib),
+    mib(gpu.memory_mib),
+    gpu.temperature_c === null
+      ? trans.__('n/a')
+      : trans.__('%1 °C', gpu.temperature_c)
+  );
   if (show.sparklines) {
     readings.appendChild(sparkline(model.history(gpu.uuid)));
   }
   row.appendChild(readings);
   if (gpu.drained) {
     row.appendChild(
-      el('div', 'jp-GpuBroker-why', `drained: ${gpu.drained.reason}`)
+      el('div', 'jp-GpuBroker-why', trans.__('drained: %1', gpu.drained.reason))
     );
   }
   for (const d of gpu.devices) {
@@ -197,27 +240,39 @@ export function renderQueue(
 ): HTMLElement {
   const table = el('table', 'jp-GpuBroker-queue');
   const head = table.createTHead().insertRow();
-  for (const h of ['#', 'user', 'size, class', 'waiting', 'ETA', '']) {
+  const heads = [
+    trans.__('#'),
+    trans.__('user'),
+    trans.__('size, class'),
+    trans.__('waiting'),
+    trans.__('ETA'),
+    ''
+  ];
+  for (const h of heads) {
     head.appendChild(el('th', '', h));
   }
   const body = table.createTBody();
   for (const q of queue) {
     const tr = body.insertRow();
     tr.className = q.mine ? 'jp-GpuBroker-mine' : '';
+    // others' entries come without ids: their user and submission tell them apart
+    tr.dataset.key = q.id ?? `${q.user} ${q.submitted_at}`;
     tr.appendChild(el('td', '', String(q.position)));
     tr.appendChild(el('td', '', q.user));
     const size = el('td', '', sizeText(q));
     size.appendChild(el('div', 'jp-GpuBroker-class', q.job_class));
     tr.appendChild(size);
     tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
-    tr.appendChild(
-      el('td', '', etaText(q, now, false).replace('ETA unknown', 'unknown'))
-    );
+    tr.appendChild(el('td', '', etaText(q, now, false)));
     const td = el('td', '');
     if (q.mine && q.id) {
       const id = q.id;
-      const b = el('button', 'jp-GpuBroker-cancel jp-mod-styled', 'Cancel');
-      b.title = `Withdraw request ${id}`;
+      const b = el(
+        'button',
+        'jp-GpuBroker-cancel jp-mod-styled',
+        trans.__('Cancel')
+      );
+      b.title = trans.__('Withdraw request %1', id);
       b.onclick = () => actions.cancel(id);
       td.appendChild(b);
     }
@@ -225,14 +280,22 @@ export function renderQueue(
   }
   if (!queue.length) {
     const tr = body.insertRow();
-    const td = el('td', 'jp-GpuBroker-empty', 'The GPU queue is empty.');
+    const td = el(
+      'td',
+      'jp-GpuBroker-empty',
+      trans.__('The GPU queue is empty.')
+    );
     td.colSpan = 6;
     tr.appendChild(td);
   }
   // What the ETAs rest on, said once under them (a column of it would not fit).
   const bases = [...new Set(queue.map(etaBasis).filter(b => b !== undefined))];
   if (bases.length) {
-    const td = el('td', 'jp-GpuBroker-basis', `ETAs ${bases.join('; ')}`);
+    const td = el(
+      'td',
+      'jp-GpuBroker-basis',
+      trans.__('ETAs %1', bases.join('; '))
+    );
     td.colSpan = 6;
     table.createTFoot().insertRow().appendChild(td);
   }
@@ -247,6 +310,7 @@ export function renderLease(
   actions: IActions
 ): HTMLElement {
   const box = el('div', 'jp-GpuBroker-lease');
+  box.dataset.key = lease.id;
   if (lease.reclaim_at) {
     box.classList.add('jp-mod-warned');
   }
@@ -257,13 +321,17 @@ export function renderLease(
   const head = el('div', 'jp-GpuBroker-leaseHead');
   head.appendChild(el('span', 'jp-GpuBroker-leaseWhere', where));
   if (limitWarned(lease)) {
-    const x = el('button', 'jp-GpuBroker-extend jp-mod-styled', EXTEND_LABEL);
-    x.title = EXTEND_CAPTION;
+    const x = el('button', 'jp-GpuBroker-extend jp-mod-styled', extendLabel());
+    x.title = extendCaption();
     x.onclick = () => actions.extend(lease.id);
     head.appendChild(x);
   }
-  const b = el('button', 'jp-GpuBroker-release jp-mod-styled', 'Release');
-  b.title = `Give ${lease.devices.join(', ')} back`;
+  const b = el(
+    'button',
+    'jp-GpuBroker-release jp-mod-styled',
+    trans.__('Release')
+  );
+  b.title = trans.__('Give %1 back', lease.devices.join(', '));
   b.onclick = () => actions.release(lease.id);
   head.appendChild(b);
   box.appendChild(head);
@@ -276,18 +344,24 @@ export function renderLease(
     )
   );
   const facts = [
-    `held ${duration(since(lease.granted_at, now))}`,
-    `util ${percent(model.utilization(lease))}`
+    trans.__('held %1', duration(since(lease.granted_at, now))),
+    trans.__('util %1', percent(model.utilization(lease)))
   ];
   if (lease.idle_s !== undefined && lease.idle_s !== null) {
-    facts.push(lease.idle_s > 0 ? `idle ${duration(lease.idle_s)}` : 'in use');
+    facts.push(
+      lease.idle_s > 0
+        ? trans.__('idle %1', duration(lease.idle_s))
+        : trans.__('in use')
+    );
   }
   const until = untilText(lease);
   if (until) {
     facts.push(until);
   }
   if (lease.reclaim_at) {
-    facts.push(`reclaim in ${duration(-since(lease.reclaim_at, now))}`);
+    facts.push(
+      trans.__('reclaim in %1', duration(-since(lease.reclaim_at, now)))
+    );
   }
   const line = el('div', 'jp-GpuBroker-leaseFacts', facts.join(' · '));
   if (show.sparklines) {
@@ -300,6 +374,7 @@ export function renderLease(
 /** A suspended kernel of mine: which notebook, and the broker's words for its state. */
 export function renderSuspended(lease: ILease, model: GpuModel): HTMLElement {
   const box = el('div', 'jp-GpuBroker-lease jp-mod-suspended');
+  box.dataset.key = lease.id;
   const kernel = lease.suspended?.kernel_id;
   const head = el('div', 'jp-GpuBroker-leaseHead');
   head.appendChild(
@@ -318,12 +393,16 @@ export function renderSuspended(lease: ILease, model: GpuModel): HTMLElement {
       text.charAt(0).toUpperCase() + text.slice(1)
     )
   );
-  box.title = `It held ${lease.devices.map(u => model.label(u)).join(', ')}`;
+  box.title = trans.__(
+    'It held %1',
+    lease.devices.map(u => model.label(u)).join(', ')
+  );
   return box;
 }
 
-function section(title: string): HTMLElement {
+function section(key: string, title: string): HTMLElement {
   const s = el('section', 'jp-GpuBroker-section');
+  s.dataset.key = key;
   s.appendChild(el('h3', 'jp-GpuBroker-title', title));
   return s;
 }
@@ -342,7 +421,7 @@ export function renderPanel(
       el(
         'div',
         'jp-GpuBroker-empty',
-        model.away ?? 'Connecting to the GPU broker…'
+        model.away ?? trans.__('Connecting to the GPU broker…')
       )
     );
     return root;
@@ -352,17 +431,17 @@ export function renderPanel(
       el(
         'div',
         'jp-GpuBroker-offline',
-        model.away ?? 'Reconnecting to the GPU broker…'
+        model.away ?? trans.__('Reconnecting to the GPU broker…')
       )
     );
   }
   if (show.leases) {
-    const s = section(`My GPUs (${model.leases.length})`);
+    const s = section('leases', trans.__('My GPUs (%1)', model.leases.length));
     for (const lease of model.leases) {
       s.appendChild(renderLease(lease, model, now, show, actions));
     }
     if (!model.leases.length) {
-      s.appendChild(el('div', 'jp-GpuBroker-empty', 'No GPU held.'));
+      s.appendChild(el('div', 'jp-GpuBroker-empty', trans.__('No GPU held.')));
     }
     for (const lease of model.suspended) {
       s.appendChild(renderSuspended(lease, model));
@@ -370,7 +449,7 @@ export function renderPanel(
     root.appendChild(s);
   }
   if (show.queue) {
-    const s = section(`Queue (${o.length})`);
+    const s = section('queue', trans.__('Queue (%1)', o.length));
     s.appendChild(renderQueue(o.queue, now, actions));
     root.appendChild(s);
   }
@@ -384,7 +463,13 @@ export function renderPanel(
       0
     );
     const s = section(
-      `GPUs (${o.gpus.length} GPUs, ${slices} MIG slices, ${free} free)`
+      'gpus',
+      trans.__(
+        'GPUs (%1 GPUs, %2 MIG slices, %3 free)',
+        o.gpus.length,
+        slices,
+        free
+      )
     );
     for (const gpu of o.gpus) {
       s.appendChild(renderGpu(gpu, model, show, now));

@@ -54,7 +54,7 @@ export interface IGpu {
 export interface IQueueEntry {
   position: number;
   eta: string | null;
-  eta_range: [string, string] | null;
+  eta_range: IEtaRange | null;
   eta_known: boolean;
   /** What the estimate rests on: "history", "time limits", "typical hold", "idle reclaim". */
   eta_basis?: string | null;
@@ -90,9 +90,16 @@ export interface IRequest {
   /** Where it stands while queued, in the words every front shows (the broker's). */
   place?: string | null;
   eta: string | null;
+  eta_range?: IEtaRange | null;
   eta_known: boolean;
   eta_basis?: string | null;
   eta_bound?: string | null;
+}
+
+/** An estimate's low and high end (`high` null: no bound). */
+export interface IEtaRange {
+  low: string;
+  high: string | null;
 }
 
 export interface ILease {

@@ -112,3 +112,36 @@ def test_panel_queue_cancel_and_grant(lab: Lab, page: Any) -> None:
 def warned_leases(lab: Lab) -> list[str]:
     mine = [x for x in lab.api("GET", "leases")["leases"] if x["user"] not in HOLDERS]
     return [x["id"] for x in mine if x["reclaim_at"]]
+
+
+def test_panel_updates_in_place_opens_by_command_and_stays_open(lab: Lab, page: Any) -> None:
+    panel = open_panel(page)
+    open_notebook(page, lab, "first.ipynb")  # takes the free slice: a lease with Release
+    release = panel.locator(".jp-GpuBroker-lease", has_text="first.ipynb").get_by_role(
+        "button", name="Release"
+    )
+    release.wait_for(timeout=WAIT_MS)
+    # The pointer rests on Release and the keyboard's focus is on it over two ticks: it
+    # is still the same element (it keeps what we set on it) and still has the focus.
+    release.hover()
+    release.focus()
+    release.evaluate("b => { b.marked = 'kept' }")
+    page.wait_for_timeout(2500)
+    assert release.evaluate("b => b.marked") == "kept"
+    assert release.evaluate("b => document.activeElement === b")
+    assert release.evaluate("b => b.matches(':hover')")
+
+    # The panel opens from the command palette once its sidebar is closed.
+    page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").click()  # closes it
+    page.locator("#jp-gpubroker-panel").wait_for(state="hidden", timeout=WAIT_MS)
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill("Open the GPU Panel")
+    page.locator(".lm-CommandPalette-item", has_text="Open the GPU Panel").click()
+    panel.wait_for(timeout=WAIT_MS)
+
+    # Open when the page is reloaded, as the Lab's own sidebars are.
+    page.wait_for_timeout(2000)  # the Lab saves its layout to the workspace
+    page.goto(f"{lab.url}/lab/tree/first.ipynb")
+    page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").wait_for(timeout=WAIT_MS)
+    panel.get_by_text("My GPUs (1)").wait_for(timeout=WAIT_MS)
+    assert panel.is_visible()

@@ -8,8 +8,12 @@ import {
   IQueueEntry,
   IRequest
 } from '../types';
+import { clock } from '../format';
 
 export const NOW = Date.parse('2026-12-01T10:00:00Z');
+
+/** "10:12 (10:06-10:20)": the start `queued` estimates, by the local clock. */
+export const QUEUED_ETA = `${clock(iso(720))} (${clock(iso(360))}-${clock(iso(1200))})`;
 
 export function iso(secondsFromNow: number): string {
   return new Date(NOW + secondsFromNow * 1000).toISOString();
@@ -82,6 +86,7 @@ export function queued(
     lease_id: null,
     position,
     eta: iso(720),
+    eta_range: { low: iso(360), high: iso(1200) },
     eta_known: true,
     ...extra
   };
@@ -91,7 +96,7 @@ export function entry(r: IRequest, mine = true): IQueueEntry {
   return {
     position: r.position ?? 0,
     eta: r.eta,
-    eta_range: null,
+    eta_range: r.eta_range ?? null,
     eta_known: r.eta_known,
     user: r.user,
     job_class: r.job_class,

@@ -5,51 +5,43 @@ import {
   limitWarned,
   limitWarningText,
   mib,
-  sizeText,
   statusText,
   untilText
 } from '../format';
 import { SseParser } from '../sse';
-import { iso, lease, NOW, queued } from './fixtures';
+import { iso, lease, NOW, QUEUED_ETA, queued } from './fixtures';
 
 describe('etaText', () => {
+  const at = (s: number) => clock(iso(s));
+
   it('says what an estimate rests on unless it is past holds', () => {
-    const e = queued('r1', 1, { eta: iso(40 * 60), eta_known: true });
-    expect(etaText({ ...e, eta_basis: 'history' }, NOW)).toBe('~40 min');
+    const e = queued('r1', 1);
+    expect(etaText({ ...e, eta_basis: 'history' }, NOW)).toBe(QUEUED_ETA);
     expect(etaText({ ...e, eta_basis: 'time limits' }, NOW)).toBe(
-      '~40 min, by time limits'
+      `${QUEUED_ETA}, by time limits`
     );
-    expect(etaText({ ...e, eta_basis: 'typical hold' }, NOW)).toBe(
-      '~40 min, from the usual session length'
+    expect(etaText({ ...e, eta_basis: 'typical hold' }, NOW, false)).toBe(
+      QUEUED_ETA
     );
   });
 
   it('puts a promised start first, in every place an ETA shows', () => {
     const e = queued('r1', 1, {
       eta: iso(40 * 60),
-      eta_known: true,
       eta_basis: 'time limits',
       eta_bound: iso(90 * 60)
     });
-    const latest = `by ${clock(iso(90 * 60))} at the latest`;
-    expect(etaText(e, NOW)).toBe(`${latest} (likely ~40 min)`);
-    expect(etaText(e, NOW, false)).toBe(`${latest} (likely ~40 min)`);
+    const latest = `by ${at(90 * 60)} at the latest`;
+    expect(etaText(e, NOW)).toBe(`${latest} (likely ${at(40 * 60)})`);
+    expect(etaText(e, NOW, false)).toBe(`${latest} (likely ${at(40 * 60)})`);
     expect(etaText({ ...e, eta: iso(-5) }, NOW)).toBe(`any moment (${latest})`);
   });
 
   it('keeps the status bar short: no basis there', () => {
     const waiting = [queued('r1', 1, { eta_basis: 'typical hold' })];
     expect(statusText([], waiting, () => null, NOW)).toBe(
-      'GPU queue #1 ~12 min'
+      `GPU queue #1 ${QUEUED_ETA}`
     );
-  });
-});
-
-describe('sizeText', () => {
-  it("names the model of whole GPUs a request asks for (a suspended kernel's resume)", () => {
-    expect(sizeText({ gpus: 1 })).toBe('1 GPU');
-    expect(sizeText({ gpus: 1, model: 'H100-80GB' })).toBe('1 H100-80GB GPU');
-    expect(sizeText({ gpus: 2, model: 'H100-80GB' })).toBe('2 H100-80GB GPUs');
   });
 });
 
@@ -63,7 +55,7 @@ describe('statusText', () => {
   it('shows my best place in the queue and the ETA', () => {
     const waiting = [queued('r2', 3), queued('r1', 2)];
     expect(statusText([], waiting, () => null, NOW)).toBe(
-      'GPU queue #2 ~12 min'
+      `GPU queue #2 ${QUEUED_ETA}`
     );
   });
 
@@ -77,7 +69,7 @@ describe('statusText', () => {
   it('adds my place in the queue to what I hold', () => {
     const held = [lease('l1', 'MIG-0-0'), lease('l2', 'MIG-0-1')];
     expect(statusText(held, [queued('r1', 1)], () => 5, NOW)).toBe(
-      'GPU 1g.10gb 5% +1 · queue #1 ~12 min'
+      `GPU 1g.10gb 5% +1 · queue #1 ${QUEUED_ETA}`
     );
   });
 
@@ -91,7 +83,7 @@ describe('statusText', () => {
   it('keeps my place in the queue beside a reclaim warning', () => {
     const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
     expect(statusText([warned], [queued('r1', 1)], () => 0, NOW)).toBe(
-      'GPU idle: reclaim in 8 min · queue #1 ~12 min'
+      `GPU idle: reclaim in 8 min · queue #1 ${QUEUED_ETA}`
     );
   });
 

@@ -1,6 +1,15 @@
 import { GpuModel } from '../model';
 import { renderPanel, sliceBar, sparkline } from '../render';
-import { entry, h100, iso, lease, NOW, overview, queued } from './fixtures';
+import {
+  entry,
+  h100,
+  iso,
+  lease,
+  NOW,
+  overview,
+  QUEUED_ETA,
+  queued
+} from './fixtures';
 
 const SHOW = { devices: true, queue: true, leases: true, sparklines: true };
 const NONE = {
@@ -92,7 +101,9 @@ describe('renderPanel', () => {
       node.querySelectorAll('.jp-GpuBroker-queue tbody tr')
     );
     expect(rows.map(r => r.className)).toEqual(['', 'jp-GpuBroker-mine']);
-    expect(rows[1].textContent).toContain('2ann1g.10gbinteractive5 min~12 min');
+    expect(rows[1].textContent).toContain(
+      `2ann1g.10gbinteractive5 min${QUEUED_ETA}`
+    );
     expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe(
       'interactive'
     );
@@ -111,7 +122,7 @@ describe('renderPanel', () => {
       })
     );
     const row = node.querySelector('.jp-GpuBroker-queue tbody tr');
-    expect(row?.textContent).toContain('~12 min');
+    expect(row?.textContent).toContain(QUEUED_ETA);
     expect(row?.textContent).not.toContain('usual');
     expect(node.querySelector('.jp-GpuBroker-basis')?.textContent).toBe(
       'ETAs from the usual session length'
