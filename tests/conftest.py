@@ -35,6 +35,32 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+SHARED = {
+    "tests/slurm/": "slurm",
+    "tests/kubernetes/": "kubernetes",
+}
+"""Tests that share one thing of this machine's, by path: the Slurm and Kubernetes test
+clusters (``.ci/slurm-up``, ``.ci/kube-up``: one cluster a checkout, whose inventory every
+test of it reads whole). Each group runs on one worker, one test at a time."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How pytest-xdist (``-n``, ``--dist loadgroup``) shares the tests out: a module's
+    tests go to one worker together (its module-scoped fixture, a hub or a server, is then
+    started once), the tests of a shared cluster (``SHARED``) or a marked
+    ``xdist_group`` to one worker, and the cluster tests last, so that in CI a cluster
+    still being built (``.ci/run`` builds Kubernetes while the other tests run) delays
+    only them. Without xdist the marks change nothing but the order."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.nodeid.split("::")[0]
+        group = next((g for prefix, g in SHARED.items() if path.startswith(prefix)), path)
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.nodeid.startswith(tuple(SHARED)))
+
+
 @pytest.fixture(autouse=True)
 def _own_machine(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every broker a test starts (in process or as a subprocess: servers, the demo, the

@@ -12,12 +12,14 @@ proxy as a browser does. The ``hub`` fixture (tests/hub/conftest.py) starts one 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -36,6 +38,16 @@ EXAMPLE_COMMAND = "jupyterhub -f examples/hub-simulated/jupyterhub_config.py"
 """How the README and the quick start start the example hub, from the checkout."""
 SERVICE = "gpubroker"
 API = f"/services/{SERVICE}/api/v1"
+
+
+@contextlib.contextmanager
+def example_ports() -> Iterator[None]:
+    """The example hub's own ports (the docs' 127.0.0.1:8000, and the service's, the hub's
+    and the proxy's), held by one test at a time on this machine, whichever run or worker
+    it is of: a lock file that the next one waits on."""
+    with open(Path(tempfile.gettempdir(), "gpubroker-example-hub.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def free_port() -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
-import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -64,19 +65,51 @@ def test_install_refuses_a_bad_size(tmp_path, capsys):
     assert e.value.code == 2
 
 
-def test_the_quick_starts_sys_prefix_install_as_written_is_found_by_every_server() -> None:
+def test_the_quick_starts_sys_prefix_install_as_written_is_found_by_every_server(
+    tmp_path: Path,
+) -> None:
     """docs/quickstart.md's command, typed into a shell: the spec lands in the
     environment's own prefix, where every user's server of that environment finds it.
-    The test removes it again unless it was there before."""
+    The environment is one of the test's own (a venv on this one's packages, with its
+    ``jupyter`` commands), so no other test's servers see the spec meanwhile."""
     command = "jupyter gpubroker kernelspec install --gpu 1g.10gb --sys-prefix"
-    target = Path(sys.prefix) / "share/jupyter/kernels/python3-gpu-1g.10gb"
-    existed = target.exists()
-    try:
-        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert "installed Python 3 (GPU 1g.10gb)" in done.stdout
-        spec = KernelSpecManager().get_kernel_spec("python3-gpu-1g.10gb")
-        assert Path(spec.resource_dir) == target
-    finally:
-        if not existed:
-            shutil.rmtree(target, ignore_errors=True)
+    ours = Path(sys.prefix) / "share/jupyter/kernels/python3-gpu-1g.10gb"
+    existed = ours.exists()
+    env_dir = environment_on_these_packages(tmp_path / "env", "jupyter", "jupyter-gpubroker")
+    done = subprocess.run(
+        shlex.split(command),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "installed Python 3 (GPU 1g.10gb)" in done.stdout
+    target = env_dir / "share/jupyter/kernels/python3-gpu-1g.10gb"
+    assert json.loads((target / "kernel.json").read_text())["display_name"] == (
+        "Python 3 (GPU 1g.10gb)"
+    )
+    found = subprocess.run(
+        [env_dir / "bin/python", "-m", "jupyter_client.kernelspecapp", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")},
+    )
+    specs = json.loads(found.stdout)["kernelspecs"]
+    assert Path(specs["python3-gpu-1g.10gb"]["resource_dir"]) == target
+    assert ours.exists() == existed  # this suite's own environment is left alone
+
+
+def environment_on_these_packages(path: Path, *commands: str) -> Path:
+    """A venv at ``path`` that imports this one's packages and has its ``commands`` (their
+    scripts, pointed at its own Python): what a second environment of a site looks like."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True)
+    (site,) = path.glob("lib/python*/site-packages")
+    these = sysconfig.get_paths()["purelib"]  # with its own .pth files (the editable install)
+    (site / "these-packages.pth").write_text(f"import site; site.addsitedir({these!r})\n")
+    for name in commands:
+        script = Path(sys.prefix, "bin", name).read_text().split("\n", 1)[1]
+        (path / "bin" / name).write_text(f"#!{path / 'bin/python'}\n{script}")
+        (path / "bin" / name).chmod(0o755)
+    return path

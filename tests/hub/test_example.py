@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import requests
-from live_hub import EXAMPLE, ROOT, SERVICE, wait_for
+from live_hub import EXAMPLE, ROOT, SERVICE, example_ports, wait_for
 from live_hub import EXAMPLE_COMMAND as COMMAND
 
 URL = "http://127.0.0.1:8000"
@@ -26,6 +26,15 @@ def test_the_example_hub_starts_a_users_server_and_writes_nothing_into_the_check
     run = tmp_path / "run"
     env = {**os.environ, "HOME": str(tmp_path), "GPUBROKER_EXAMPLE_DIR": str(run)}
     log = tmp_path / "hub.log"
+    with example_ports():
+        _run_the_example(env, log)
+    assert {p.name for p in set(ROOT.iterdir()) - before} == set()
+    assert {"jupyterhub.sqlite", "jupyterhub_cookie_secret", "gpubroker.sqlite"} <= {
+        p.name for p in run.iterdir()
+    }
+
+
+def _run_the_example(env: dict[str, str], log: Path) -> None:
     with log.open("ab") as out:
         hub = subprocess.Popen(COMMAND.split(), cwd=ROOT, env=env, stdout=out, stderr=out)
     try:
@@ -51,10 +60,6 @@ def test_the_example_hub_starts_a_users_server_and_writes_nothing_into_the_check
         except subprocess.TimeoutExpired:
             hub.kill()
             hub.wait()
-    assert {p.name for p in set(ROOT.iterdir()) - before} == set()
-    assert {"jupyterhub.sqlite", "jupyterhub_cookie_secret", "gpubroker.sqlite"} <= {
-        p.name for p in run.iterdir()
-    }
 
 
 def _answers(url: str, session: requests.Session | None = None) -> int | None:

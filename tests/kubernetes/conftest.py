@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,20 +41,51 @@ def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubeconfigFac
     return make
 
 
+STARTING_ENV = "GPUBROKER_KUBE_STATUS"
+"""Where ``.ci/run``, which builds and starts the cluster beside the other tests, writes
+how ``.ci/kube-up`` ended (its exit status, then its seconds); its output is beside it."""
+
+
+def started_cluster() -> str:
+    """Wait for a cluster ``.ci/run`` is still building; why it is not there ("" when it
+    is, or nobody is building one)."""
+    status = os.environ.get(STARTING_ENV)
+    if not status:
+        return ""
+    path = Path(status)
+    deadline = time.monotonic() + 60 * 60
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return f".ci/kube-up did not end within an hour ({path} is missing)"
+        time.sleep(2)
+    code = path.read_text().split()[0]
+    if code != "0":
+        log = path.with_suffix(".log")
+        return (
+            f".ci/kube-up failed (exit {code}): {log.read_text()[-2000:] if log.exists() else ''}"
+        )
+    return ""
+
+
+def missing_cluster() -> str:
+    """Why the test cluster is not there to test ("" when it answers)."""
+    if why := started_cluster():
+        return why
+    if not kube_cluster.KUBECONFIG.is_file() or not kube_cluster.KUBECTL.is_file():
+        return (
+            f"no Kubernetes test cluster ({kube_cluster.KUBECONFIG} is missing): {kube_cluster.UP}"
+        )
+    try:
+        kube_cluster.kubectl("get", "--raw", "/readyz")
+    except (AssertionError, subprocess.TimeoutExpired) as e:
+        return f"the Kubernetes test cluster does not answer ({e}): {kube_cluster.UP}"
+    return ""
+
+
 @pytest.fixture(scope="session")
 def kube_nodes() -> None:
     """The test cluster answers; its GPU nodes made afresh once a session."""
-    why = ""
-    if not kube_cluster.KUBECONFIG.is_file() or not kube_cluster.KUBECTL.is_file():
-        why = (
-            f"no Kubernetes test cluster ({kube_cluster.KUBECONFIG} is missing): {kube_cluster.UP}"
-        )
-    else:
-        try:
-            kube_cluster.kubectl("get", "--raw", "/readyz")
-        except (AssertionError, subprocess.TimeoutExpired) as e:
-            why = f"the Kubernetes test cluster does not answer ({e}): {kube_cluster.UP}"
-    if why:
+    if why := missing_cluster():
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STATE = Path("/var/lib/gpubroker-kube")
+STATE = Path("/var/lib", os.environ.get("GPUBROKER_KUBE_NAME", "gpubroker-kube"))
+"""The cluster of ``.ci/kube-up`` (``$GPUBROKER_KUBE_NAME``: the one ``.ci/run`` named)."""
 KUBECONFIG = Path(os.environ.get("GPUBROKER_KUBECONFIG", STATE / "admin.kubeconfig"))
 KUBECTL = STATE / "bin" / "kubectl"
 UP = "run .ci/kube-up as root (it builds Kubernetes and KWOK once, then starts the test cluster)"

@@ -8,15 +8,19 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 NODES = ("gpu-a", "gpu-b")
 UP = "run .ci/slurm-up as root (it installs slurm-wlm and munge and starts the test cluster)"
+CONF = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+"""The test cluster's slurm.conf: the machine's, or the one of the cluster ``.ci/run``
+started for its checkout (``$SLURM_CONF`` as the suite starts)."""
 
 
 def sh(*argv: str, check: bool = True) -> str:
     """A Slurm command on the test cluster (whatever SLURM_CONF a test points the broker at)."""
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env = {**os.environ, "SLURM_CONF": str(CONF)}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip()}")

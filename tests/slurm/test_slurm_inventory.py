@@ -6,10 +6,12 @@ slurmctld leaves the queue as it is and says so."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import slurm_cluster
 from openapi_check import check_response
 from slurm_cluster import sh, until
 
@@ -173,9 +175,9 @@ def test_a_job_still_running_after_its_lease_ended_holds_its_gpu(broker: GPUBrok
 def unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point the real scontrol and squeue at a port where no slurmctld listens."""
     conf = tmp_path / "slurm.conf"
-    text = Path("/etc/slurm/slurm.conf").read_text()
-    conf.write_text(text.replace("SlurmctldPort=6817", "SlurmctldPort=9"))
-    (tmp_path / "gres.conf").write_text(Path("/etc/slurm/gres.conf").read_text())
+    text = slurm_cluster.CONF.read_text()
+    conf.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=9", text))
+    (tmp_path / "gres.conf").write_text(slurm_cluster.CONF.with_name("gres.conf").read_text())
     monkeypatch.setenv("SLURM_CONF", str(conf))
 
 
@@ -226,6 +228,6 @@ def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
     text = render_status({"source": "broker", "gpus": devices["gpus"], "engine": state})
     assert f"{state['error']} since {state['since']}: the broker keeps its queue" in text
     assert "gpu-a GPU 3" in text and "gpu-b GPU 1" in text  # the GPUs named by their node
-    monkeypatch.delenv("SLURM_CONF")
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.CONF))  # the cluster's again
     poll(broker)
     assert BrokerAPI(broker).devices(BrokerAPI(broker).identify("ann"))["engine"]["reachable"]

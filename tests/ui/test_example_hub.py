@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 import requests
-from live_hub import EXAMPLE_COMMAND, ROOT, SERVICE, wait_for
+from live_hub import EXAMPLE_COMMAND, ROOT, SERVICE, example_ports, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.hub]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.hub,
+]
 
 URL = "http://127.0.0.1:8000"
 API = f"{URL}/services/{SERVICE}/api/v1"
@@ -97,11 +100,12 @@ def _status(url: str) -> int | None:
 
 @pytest.fixture
 def example(tmp_path: Path, proxy: None) -> Iterator[Example]:
-    running = Example(tmp_path / "run", tmp_path / "hub.log")
-    try:
-        yield running
-    finally:
-        running.stop()
+    with example_ports():
+        running = Example(tmp_path / "run", tmp_path / "hub.log")
+        try:
+            yield running
+        finally:
+            running.stop()
 
 
 def log_in(browser: Any, name: str) -> Any:
