@@ -4,10 +4,11 @@ On one machine NVML is the inventory and the broker places down to the GPU or
 MIG UUID. On a cluster an engine the deployment already trusts (Slurm,
 Kubernetes) starts the servers and enforces placement; the broker still
 decides who goes next, on which node and which device type. An
-:class:`InventorySource` reads the engine into a :class:`ClusterView` on every
-tick, and :func:`apply_view` makes the broker respect it: devices used by
-work the broker did not grant (jobs started outside the hub) and nodes the
-engine has drained or lost are drained in the broker with the engine's
+:class:`InventorySource` (an inventory of :mod:`jupyter_gpubroker.inventory`'s one
+contract) reads the engine into a :class:`ClusterView` at the start and, through its
+watch (:mod:`.watch`), on every tick, and :func:`apply_view` makes the broker respect
+it: devices used by work the broker did not grant (jobs started outside the hub) and
+nodes the engine has drained or lost are drained in the broker with the engine's
 reason, and given back when the engine frees them. The broker's own grants
 are not "outside": a source leaves them out of its counts (Slurm: by the job's
 comment; Kubernetes: by the pod's label) and lists them by lease, so that the
@@ -17,19 +18,20 @@ work of a lease that has ended still holds its devices until the engine ends it.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar
 
-from traitlets.config import LoggingConfigurable
-
-from ..broker.models import Device, DeviceEvent, DeviceReading, Inventory
+from ..broker.models import Device, Inventory
 from ..broker.placement import device_class
+from ..inventory import BaseInventory, OpenInventory
+from ..wire.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
+    from ..runtime.settings import BrokerSettings
 
 ENGINE = "engine"
 """The drain cause of devices the engine holds back: lifted only by the engine."""
@@ -63,20 +65,38 @@ class ClusterView:
     time-slicing or MPS)."""
 
 
-class InventorySource(LoggingConfigurable):
+class InventorySource(BaseInventory):
     """An engine's reader (the base of an engine's ``c.GPUBroker.inventory_class``),
     awaited on the server's event loop every tick (so a slow ``scontrol`` or API server
     never blocks the API). ``read`` raises :class:`EngineUnavailable` when the engine
     cannot be reached; the broker then keeps its queue and its last view and says so.
     Configured as ``c.<its class>.*``, with the broker as its parent."""
 
-    name: ClassVar[str]
-    """The engine's name, as ``c.GPUBroker.inventory_source`` and logs name it."""
     work: ClassVar[str]
     """What carries out a grant there, as a user reads it: ``job``, ``pod``."""
 
     async def read(self) -> ClusterView:
         raise NotImplementedError
+
+    def open(self, settings: BrokerSettings, api_url: str) -> OpenInventory:
+        """The engine's view, read now, and its watch (:mod:`.watch`), which applies that
+        view first: leases whose work ended while the broker was down end then."""
+        if settings.dynamic_mig:
+            raise InvalidRequest(
+                "c.GPUBroker.dynamic_mig needs the GPUs' NVML: with an engine, MIG slices "
+                "are the engine's (Slurm's gres types); turn dynamic_mig off"
+            )
+        from .watch import EngineWatch, read_now
+
+        view = read_now(self)
+
+        def follow(core: Broker, grace_s: Callable[[], float]) -> EngineWatch:
+            watch = EngineWatch(self, core, grace_s, self.log)
+            watch.apply(view)
+            return watch
+
+        nodes = len({g.node for g in view.inventory.gpus})
+        return OpenInventory(view.inventory, f"{self.name}, {nodes} nodes", follow=follow)
 
 
 class EngineUnavailable(RuntimeError):
@@ -103,17 +123,6 @@ def engine_class(name: str) -> type[InventorySource]:
     module, _, attr = engine_classes()[name].partition(":")
     found: type[InventorySource] = getattr(import_module(module), attr)
     return found
-
-
-class NoReadings:
-    """The sampler's reader under an engine: the broker has no NVML of the cluster's GPUs
-    (the engine's nodes do), so no device readings and no hardware events."""
-
-    def read_all(self, inventory: Inventory | None = None) -> dict[str, DeviceReading]:
-        return {}
-
-    def poll_events(self) -> list[DeviceEvent]:
-        return []
 
 
 def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
