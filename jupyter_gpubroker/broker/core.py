@@ -85,14 +85,9 @@ class Broker:
         self.clock = clock or SystemClock()
         self.policy = policy or BrokerPolicy()
         self.config = config or BrokerConfig()
-        self.partitioner = partitioner
-        self.processes = processes
         if self.config.dynamic_mig and partitioner is None:
             raise InvalidRequest("dynamic MIG needs a partitioner")
-        # The broker's own state first, which the callbacks its parts get (``_emit``,
-        # ``_share``, ``_rank``, ``_grant``) and the view some keep (the broker) read; then
-        # the parts, each given only parts built before it. No callback runs before
-        # ``_restore``, once every part is built.
+        # Its own state, which callbacks read, then each part from parts built before it.
         self._listeners: list[Callable[[Event], None]] = []
         self._changes = 0
         """Counts events: every change of leases, queue or devices emits one."""

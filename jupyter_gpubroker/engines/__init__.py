@@ -132,50 +132,10 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     ended lease still uses; lift the engine's drains it no longer holds. Idempotent: a
     view applied twice changes nothing the second time. An admin's or health's own drain
     is left alone. The devices added."""
-    placer = broker.placer
     added = broker.add_devices(view.inventory.gpus, view.inventory.devices)
-    wanted: dict[str, str] = {}
-    listed = {d.uuid for d in view.inventory.devices}
-    known = {d.node for d in placer.devices.values()}
-    seen = {d.node for d in view.inventory.devices}
-    down = dict(view.down)
-    for node in known - seen:
-        down.setdefault(node, f"node {node} is no longer in the cluster")
-    by_slot: dict[tuple[str, str], list[Device]] = defaultdict(list)
-    for d in placer.devices.values():
-        if d.node in down:
-            wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
-        elif d.uuid not in listed:
-            wanted[d.uuid] = f"{d.node}: the engine no longer lists this {device_class(d)} device"
-        elif (d.node, device_class(d)) in view.withheld:
-            wanted[d.uuid] = f"{d.node}: {view.withheld[(d.node, device_class(d))]}"
-        else:
-            by_slot[(d.node, device_class(d))].append(d)
+    wanted, by_slot = _not_offered(broker, view)
     engine_drained = broker.drained_by(ENGINE)
-    busy: Counter[tuple[str, str]] = Counter(view.outside)
-    lingering: dict[tuple[str, str], str] = {}
-    active = {x.id for x in broker.leases()}
-    for lease_id, slots in sorted(view.grants.items()):
-        if lease_id not in active:  # ended in the broker, still running on the engine
-            for slot, n in slots.items():
-                busy[slot] += n
-                lingering.setdefault(slot, lease_id)
-    for slot, n in busy.items():
-        if n <= 0:
-            continue
-        # Keep the devices already held back first, then the free ones from the top;
-        # a device the broker granted is never taken back (the engine queues the job).
-        cands = sorted(
-            (d for d in by_slot.get(slot, []) if d.uuid not in placer.held),
-            key=lambda d: (d.uuid not in engine_drained, -d.gpu_index, -(d.start or 0)),
-        )
-        node, cls = slot
-        total = len(by_slot.get(slot, []))
-        why = f"{n} of {total} {cls} on {node} in use outside the broker"
-        if slot in lingering:
-            why += f" or by the work of ended lease {lingering[slot]}"
-        for d in cands[:n]:
-            wanted[d.uuid] = why
+    wanted.update(_in_use(broker, view, by_slot, engine_drained))
     drains = broker.drained()
     for uuid, reason in wanted.items():
         if broker.drain_cause(uuid) not in (None, ENGINE, "health"):
@@ -185,6 +145,72 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     for uuid in engine_drained - wanted.keys():
         broker.undrain(uuid, "the engine freed it")
     return added
+
+
+Slot = tuple[str, str]
+"""(node, device class)."""
+
+
+def _not_offered(
+    broker: Broker, view: ClusterView
+) -> tuple[dict[str, str], dict[Slot, list[Device]]]:
+    """The devices the engine does not offer, with why (their node takes no work or left,
+    the engine no longer lists them, or shares them out), and the others by slot."""
+    placer = broker.placer
+    wanted: dict[str, str] = {}
+    listed = {d.uuid for d in view.inventory.devices}
+    known = {d.node for d in placer.devices.values()}
+    seen = {d.node for d in view.inventory.devices}
+    down = dict(view.down)
+    for node in known - seen:
+        down.setdefault(node, f"node {node} is no longer in the cluster")
+    by_slot: dict[Slot, list[Device]] = defaultdict(list)
+    for d in placer.devices.values():
+        if d.node in down:
+            wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
+        elif d.uuid not in listed:
+            wanted[d.uuid] = f"{d.node}: the engine no longer lists this {device_class(d)} device"
+        elif (d.node, device_class(d)) in view.withheld:
+            wanted[d.uuid] = f"{d.node}: {view.withheld[(d.node, device_class(d))]}"
+        else:
+            by_slot[(d.node, device_class(d))].append(d)
+    return wanted, by_slot
+
+
+def _in_use(
+    broker: Broker,
+    view: ClusterView,
+    by_slot: Mapping[Slot, list[Device]],
+    engine_drained: set[str],
+) -> dict[str, str]:
+    """The offered devices that work outside the broker, or of an ended lease, uses, with
+    why: in each slot as many as the engine counts busy."""
+    busy: Counter[Slot] = Counter(view.outside)
+    lingering: dict[Slot, str] = {}
+    active = {x.id for x in broker.leases()}
+    for lease_id, slots in sorted(view.grants.items()):
+        if lease_id not in active:  # ended in the broker, still running on the engine
+            for slot, n in slots.items():
+                busy[slot] += n
+                lingering.setdefault(slot, lease_id)
+    wanted: dict[str, str] = {}
+    for slot, n in busy.items():
+        if n <= 0:
+            continue
+        # Keep the devices already held back first, then the free ones from the top;
+        # a device the broker granted is never taken back (the engine queues the job).
+        cands = sorted(
+            (d for d in by_slot.get(slot, []) if d.uuid not in broker.placer.held),
+            key=lambda d: (d.uuid not in engine_drained, -d.gpu_index, -(d.start or 0)),
+        )
+        node, cls = slot
+        total = len(by_slot.get(slot, []))
+        why = f"{n} of {total} {cls} on {node} in use outside the broker"
+        if slot in lingering:
+            why += f" or by the work of ended lease {lingering[slot]}"
+        for d in cands[:n]:
+            wanted[d.uuid] = why
+    return wanted
 
 
 def release_ended(
