@@ -3,7 +3,7 @@ an API layer that loads without a running broker; fronts that share only the wir
 with the core. Read from each module's own import statements (those under ``if
 TYPE_CHECKING:`` load nothing and are left out; those inside functions load when the
 function runs and count), and checked where it shows: what a process that imports a
-front loads."""
+front loads. And the size of what a newcomer reads: modules, and functions' complexity."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from radon.complexity import cc_visit
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("jupyter_gpubroker", "hub_spawner")
@@ -141,6 +142,42 @@ def test_the_shared_handlers_import_tornado_but_no_host() -> None:
     assert breaches("jupyter_gpubroker.server.handlers", lambda n: not under(n, *refused)) == {}
 
 
+def test_the_event_bus_imports_no_api_module() -> None:
+    """DESIGN: the bus is imported by ``api/`` and the runtime, and imports neither: the
+    envelope it sends is its own, not one of the API layer's shapes."""
+    assert "jupyter_gpubroker.broker.core" in MODULES["jupyter_gpubroker.events"]
+    refused = ("jupyter_gpubroker.api", "jupyter_gpubroker.runtime")
+    assert breaches("jupyter_gpubroker.events", lambda name: not under(name, *refused)) == {}
+
+
+def test_the_running_broker_knows_its_inventory_only_by_the_one_contract() -> None:
+    """``GPUBroker`` is built from what ``inventory_class(...).open()`` returns
+    (``inventory.OpenInventory``, the same shape from every source): it imports neither
+    NVML's modules nor the engines', so it cannot branch on which source it has."""
+    gpubroker = "jupyter_gpubroker.runtime.gpubroker"
+    assert "jupyter_gpubroker.inventory" in MODULES[gpubroker]
+    refused = ("jupyter_gpubroker.nvml", "jupyter_gpubroker.engines")
+    assert breaches(gpubroker, lambda name: not under(name, *refused)) == {}
+
+
+def test_every_inventory_class_implements_the_one_contract() -> None:
+    """Every class ``c.GPUBroker.inventory_source`` names derives from the contract's
+    ``BaseInventory``; the contract imports none of them, and neither it nor they import
+    the running broker (they serve it; it uses them through the contract)."""
+    from jupyter_gpubroker.inventory import BaseInventory
+    from jupyter_gpubroker.runtime.inventory import source_class, source_names
+
+    assert {name: issubclass(source_class(name), BaseInventory) for name in source_names()} == {
+        name: True for name in ("nvml", "kubernetes", "slurm")
+    }
+    sources = ("jupyter_gpubroker.nvml", "jupyter_gpubroker.engines")
+    contract = "jupyter_gpubroker.inventory"
+    assert breaches(contract, lambda name: not under(name, *sources)) == {}
+    hosts = ("jupyter_gpubroker.runtime", "jupyter_gpubroker.server", "hub_spawner")
+    for layer in (contract, *sources):
+        assert breaches(layer, lambda name: not under(name, *hosts)) == {}
+
+
 def front_imports_only_wire(name: str) -> bool:
     return not under(name, "jupyter_gpubroker.broker")
 
@@ -215,3 +252,22 @@ def test_no_module_is_longer_than_600_lines() -> None:
     assert lines["jupyter_gpubroker/broker/core.py"] > 0  # the walk reads the package
     longer = {path: n for path, n in lines.items() if n > MAX_LINES}
     assert {path: n for path, n in longer.items() if path not in LONGER_ALLOWED} == {}
+
+
+MAX_COMPLEXITY = 20
+"""The top of radon's grade C: a function more complex holds more than one job (issue 45)."""
+
+
+def test_no_function_is_more_complex_than_radon_grade_c() -> None:
+    """Each function's and method's cyclomatic complexity, as radon counts it (``radon cc``
+    shows the same figures), is at most 20."""
+    complexity = {
+        f"{p.relative_to(ROOT).as_posix()}:{block.fullname}": block.complexity
+        for package in PACKAGES
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if "labextension" not in p.parts
+        for block in cc_visit(p.read_text())
+        if hasattr(block, "is_method")  # functions and methods; a class sums its own
+    }
+    assert complexity["jupyter_gpubroker/broker/eta.py:list_schedule"] > 1  # the walk counts
+    assert {name: n for name, n in complexity.items() if n > MAX_COMPLEXITY} == {}

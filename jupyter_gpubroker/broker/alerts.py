@@ -23,8 +23,6 @@ from .models import DeviceEvent, DeviceReading, Health, Inventory
 from .store import Store
 
 Severity = Literal["warning", "critical"]
-KINDS = ("temperature", "power_cap", "ecc", "xid", "lost", "unreachable", "memory", "outside")
-SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 XID_NAMES = {
     48: "a double-bit ECC error",
     63: "a page retirement or row remapping that waits for a reset",

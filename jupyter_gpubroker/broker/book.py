@@ -30,6 +30,23 @@ from .queue import WaitQueue
 from .store import Store
 
 
+class Held:
+    """The active leases and the device each holds: the book changes them; the devices
+    (``devices.Devices``) read them to tell a lease what happens to its device. Built
+    before both, so neither needs the other to exist first."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, Lease] = {}
+        """Active leases by id."""
+        self.holder: dict[str, str] = {}
+        """Device UUID -> the id of the active lease holding it."""
+
+    def holding(self, uuids: Iterable[str]) -> list[Lease]:
+        """The active leases holding any of ``uuids``, oldest grant first."""
+        held = {self.holder[u] for u in uuids if u in self.holder}
+        return sorted((self.leases[x] for x in held), key=lambda x: x.granted_at)
+
+
 class Book:
     """The live requests and active leases, and each one's moves."""
 
@@ -39,6 +56,7 @@ class Book:
         clock: Clock,
         config: BrokerConfig,
         *,
+        held: Held,
         placer: Placer,
         ledger: FairShareLedger,
         budgets: Budgets,
@@ -56,10 +74,8 @@ class Book:
         self.live: dict[str, Request] = {}
         """Queued and granted requests by id."""
         self.waiting = WaitQueue(rank)
-        self.leases: dict[str, Lease] = {}
-        """Active leases by id."""
-        self.holder: dict[str, str] = {}
-        """Device UUID -> the id of the active lease holding it."""
+        self.leases, self.holder = held.leases, held.holder
+        """The active leases by id, and the lease holding each device (``Held``)."""
         self._deadlines: list[tuple[float, str]] = []
         """(expires_at, request id) of queued requests, a heap; stale entries (renewed,
         ended) are skipped as they come up."""
@@ -216,11 +232,6 @@ class Book:
         if by:
             detail["by"] = by
         self._emit(Event(state.value, now, lease.user, r.id, lease.id, detail))
-
-    def holding(self, uuids: Iterable[str]) -> list[Lease]:
-        """The active leases holding any of ``uuids``, oldest grant first."""
-        held = {self.holder[u] for u in uuids if u in self.holder}
-        return sorted((self.leases[x] for x in held), key=lambda x: x.granted_at)
 
     # -- time
 

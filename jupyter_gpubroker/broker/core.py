@@ -31,7 +31,7 @@ from typing import Any
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
 from ..wire.sizes import Size
 from . import accounting
-from .book import Book
+from .book import Book, Held
 from .budgets import Budgets, Quota
 from .clock import Clock, SystemClock
 from .config import BrokerConfig as BrokerConfig
@@ -85,12 +85,18 @@ class Broker:
         self.clock = clock or SystemClock()
         self.policy = policy or BrokerPolicy()
         self.config = config or BrokerConfig()
-        self.partitioner = partitioner
-        self.processes = processes
         if self.config.dynamic_mig and partitioner is None:
             raise InvalidRequest("dynamic MIG needs a partitioner")
-        self.placer = Placer(inventory)
+        # Its own state, which callbacks read, then each part from parts built before it.
         self._listeners: list[Callable[[Event], None]] = []
+        self._changes = 0
+        """Counts events: every change of leases, queue or devices emits one."""
+        self._ranked_at = self.clock.now()
+        """The instant priorities are evaluated at (the last fair-share recalculation)."""
+        self._oldest_waiting: float | None = None
+        """Submit time of the oldest waiting request at the last ranking."""
+        self._recalc_due = True
+        self.placer = Placer(inventory)
         self.budgets = Budgets(store)
         """Quotas: shares, most GPUs held, GPU-hour budgets."""
         self.limits = LimitRules(self.config, store, self.clock, self._emit)
@@ -99,25 +105,19 @@ class Broker:
             self._share,
             half_life_s=self.policy.half_life_s,
             entry_penalty_s=self.policy.entry_penalty_s,
-            now=self.clock.now(),
+            now=self._ranked_at,
         )
         """Fair-share usage: what the policy orders by and preemption takes from."""
-        self._ranked_at = self.clock.now()
-        """The instant priorities are evaluated at (the last fair-share recalculation)."""
-        self._oldest_waiting: float | None = None
-        """Submit time of the oldest waiting request at the last ranking."""
-        self._recalc_due = True
         self._ranker = self.policy.ranker(self, self._ranked_at)
         """The policy's priority as of the last ranking (``Policy.ranker``)."""
         self.predictor = Predictor()
         """Hold times of ended leases: expected durations and start estimates."""
         self.calibration = Calibration()
         """Scales the start estimates' ranges by how well the past ones covered."""
-        self._changes = 0
-        """Counts events: every change of leases, queue or devices emits one."""
         self.promises = Promises(self, self._emit)
         """The starts promised from time limits, and the checks that keep them."""
         self.estimates = StartEstimates(self, self.predictor, self.calibration, self.promises.bound)
+        held = Held()
         self.devices = Devices(
             store,
             inventory,
@@ -127,13 +127,14 @@ class Broker:
             partitioner=partitioner,
             processes=processes,
             emit=self._emit,
-            holding=lambda uuids: self.book.holding(uuids),  # the book comes next: it vacates
+            holding=held.holding,
         )
         """Drains, vacating devices, re-cuts and devices that join."""
         self.book = Book(
             store,
             self.clock,
             self.config,
+            held=held,
             placer=self.placer,
             ledger=self.ledger,
             budgets=self.budgets,

@@ -43,7 +43,7 @@ from typing import Protocol
 from ..wire.profiles import CATALOG, COMPUTE_SLICES
 from ..wire.sizes import Size
 from .models import Lease, Request
-from .placement import WHOLE_GPU, Placer
+from .placement import WHOLE_GPU, Groups, Placer
 from .policy import Context, Policy
 from .predictor import Predictor, held_shape, request_shape
 
@@ -245,26 +245,40 @@ def continued(
         return first
     starts = first
     for _ in range(2):  # positions from the starts without them, then with them once
-        entering = {rid for rid, (when, _) in promoted.items() if when < starts[rid] < math.inf}
-        base = [(p, r) for p, r in zip(ranked, queue, strict=True) if r.id not in entering]
-        neg = [-p for p, _ in base]
-        later = [starts[r.id] for _, r in base]
-        for i in range(len(later) - 2, -1, -1):  # the earliest start from each place on
-            later[i] = min(later[i], later[i + 1])
-        tier = [(promoted[r.id][1], promoted[r.id][0], r) for r in queue if r.id in entering]
-        ahead: dict[int, list[tuple[float, Request]]] = defaultdict(list)
-        for p, when, r in moving + tier:
-            i = max(bisect.bisect_right(neg, -p), bisect.bisect_right(later, when))
-            if i < len(base) or r.id in entering:
-                ahead[i].append((-p, r))
-        merged: list[Request] = []
-        for i in range(len(base) + 1):
-            merged += [r for _, r in sorted(ahead.get(i, ()), key=lambda pr: pr[0])]
-            if i < len(base):
-                merged.append(base[i][1])
+        merged = _merged(queue, ranked, starts, moving, promoted)
         got = list_schedule(view, merged, ends, holds, 1, now, lambda r: r.submitted_at)
         starts = {r.id: got[r.id][0] for r in queue}
     return starts
+
+
+def _merged(
+    queue: Sequence[Request],
+    ranked: list[float],
+    starts: dict[str, float],
+    moving: list[tuple[float, float, Request]],
+    promoted: dict[str, tuple[float, float]],
+) -> list[Request]:
+    """The queue in the order it will start in: each arrival and each request that enters
+    the tier (``promoted``: id -> (when, its priority then)) before it starts, by
+    ``starts``, goes before the requests it will outrank that still wait by then."""
+    entering = {rid for rid, (when, _) in promoted.items() if when < starts[rid] < math.inf}
+    base = [(p, r) for p, r in zip(ranked, queue, strict=True) if r.id not in entering]
+    neg = [-p for p, _ in base]
+    later = [starts[r.id] for _, r in base]
+    for i in range(len(later) - 2, -1, -1):  # the earliest start from each place on
+        later[i] = min(later[i], later[i + 1])
+    tier = [(promoted[r.id][1], promoted[r.id][0], r) for r in queue if r.id in entering]
+    ahead: dict[int, list[tuple[float, Request]]] = defaultdict(list)
+    for p, when, r in moving + tier:
+        i = max(bisect.bisect_right(neg, -p), bisect.bisect_right(later, when))
+        if i < len(base) or r.id in entering:
+            ahead[i].append((-p, r))
+    merged: list[Request] = []
+    for i in range(len(base) + 1):
+        merged += [r for _, r in sorted(ahead.get(i, ()), key=lambda pr: pr[0])]
+        if i < len(base):
+            merged.append(base[i][1])
+    return merged
 
 
 def limit_starts(
@@ -293,13 +307,29 @@ def list_schedule(
     ``release``, none starts before its release (a request not yet submitted); ``held``:
     device -> lease, in place of the view's holders (a grant being weighed)."""
     groups = view.placer.groups(by_slices=view.config.dynamic_mig)
-    held = view.holders() if held is None else held
     never = [math.inf] * passes
+    free = _freed_at(groups, view.holders() if held is None else held, ends, never, now)
+    starts = {r.id: [math.inf] * passes for r in queue}
+    lengths = [holds(r) or never for r in queue]
+    for p in range(passes):
+        times = FreeTimes(groups, free, p, now)
+        for r, hold in zip(queue, lengths, strict=True):
+            start = times.take(r.size, hold[p], release(r) if release else now)
+            if start is not None:
+                starts[r.id][p] = start
+    return starts
+
+
+def _freed_at(
+    groups: Groups, held: dict[str, Lease], ends: Ends, never: list[float], now: float
+) -> Callable[[str, int], float]:
+    """When a device frees in a pass: now when nobody holds it, at its lease's end in
+    that pass (never when unknown), never when drained. Each lease's end is asked once."""
     lease_ends: dict[str, Sequence[float]] = {}
     for lease in held.values():
         if lease.id not in lease_ends:
             lease_ends[lease.id] = [max(now, t) for t in ends(lease) or never]
-    drained, largest = groups.drained, groups.largest
+    drained = groups.drained
 
     def free(u: str, p: int) -> float:
         if u in drained:
@@ -307,46 +337,74 @@ def list_schedule(
         lease = held.get(u)
         return now if lease is None else lease_ends[lease.id][p]
 
-    starts = {r.id: [math.inf] * passes for r in queue}
-    lengths = [holds(r) or never for r in queue]
-    for p in range(passes):
-        heaps = {c: [(free(u, p), u) for u in uuids] for c, uuids in groups.by_class.items()}
-        for heap in heaps.values():
+    return free
+
+
+class FreeTimes:
+    """The devices' free times in one pass of the list-schedule, as the three kinds of
+    placement see them: a MIG profile on the compute slices of one GPU (dynamic MIG: any
+    cut will do), whole GPUs or slices of one profile (devices of one class), a memory
+    size (one device of any class large enough). Each placement starts once what it
+    takes is free and holds it for its length."""
+
+    def __init__(
+        self, groups: Groups, free: Callable[[str, int], float], p: int, now: float
+    ) -> None:
+        self.largest = groups.largest
+        self.heaps = {c: [(free(u, p), u) for u in uuids] for c, uuids in groups.by_class.items()}
+        """Device class -> (free at, device), a heap."""
+        for heap in self.heaps.values():
             heapq.heapify(heap)
-        slots: dict[str, list[float]] = {}
+        self.slots: dict[str, list[float]] = {}
+        """MIG GPU -> when each of its compute slices frees, sorted; slices not cut into
+        any device are free to cut now."""
         for g, cut in groups.by_gpu.items():
             s = [t for u, n in cut for t in [free(u, p)] * n]
-            s += [math.inf if g in drained else now] * (COMPUTE_SLICES - len(s))
-            s.sort()  # slices not cut into any device are free to cut now
-            slots[g] = s
-        for r, hold in zip(queue, lengths, strict=True):
-            length, after = hold[p], release(r) if release else now
-            if r.size.profile is not None and slots:
-                need = _compute_slices(r.size.profile)
-                gpu = min(slots, key=lambda g: slots[g][need - 1])
-                s = slots[gpu]
-                start = max(s[need - 1], after)
-                s[:need] = [start + length] * need
-                s.sort()
-            elif r.size.gpus is not None or r.size.profile is not None:
-                heap, k = heaps.get(r.size.profile or WHOLE_GPU, []), r.size.gpus or 1
-                if len(heap) < k:
-                    continue
-                taken = [heapq.heappop(heap) for _ in range(k)]
-                start = max(taken[-1][0], after)
-                for _, u in taken:
-                    heapq.heappush(heap, (start + length, u))
-            else:  # memory-sized: one device of the earliest-free class that is large enough
-                mib = (r.size.min_memory_gb or 0.0) * 1024
-                fits = [c for c, heap in heaps.items() if heap and largest[c] >= mib]
-                if not fits:
-                    continue  # only on slices a re-cut would make: the grant's choice
-                heap = heaps[min(fits, key=lambda c: heaps[c][0][0])]
-                start, u = heapq.heappop(heap)
-                start = max(start, after)
-                heapq.heappush(heap, (start + length, u))
-            starts[r.id][p] = start
-    return starts
+            s += [math.inf if g in groups.drained else now] * (COMPUTE_SLICES - len(s))
+            s.sort()
+            self.slots[g] = s
+
+    def take(self, size: Size, length: float, after: float) -> float | None:
+        """Where ``size`` starts first, not before ``after``, held for ``length`` from
+        there (None: nothing here fits it)."""
+        if size.profile is not None and self.slots:
+            return self._on_slices(_compute_slices(size.profile), length, after)
+        if size.gpus is not None or size.profile is not None:
+            return self._on_devices(size.profile or WHOLE_GPU, size.gpus or 1, length, after)
+        return self._by_memory((size.min_memory_gb or 0.0) * 1024, length, after)
+
+    def _on_slices(self, need: int, length: float, after: float) -> float:
+        """``need`` compute slices of the GPU whose ``need``-th slice frees first."""
+        slots = self.slots
+        s = slots[min(slots, key=lambda g: slots[g][need - 1])]
+        start = max(s[need - 1], after)
+        s[:need] = [start + length] * need
+        s.sort()
+        return start
+
+    def _on_devices(self, cls: str, k: int, length: float, after: float) -> float | None:
+        """The ``k`` devices of class ``cls`` that free first."""
+        heap = self.heaps.get(cls, [])
+        if len(heap) < k:
+            return None
+        taken = [heapq.heappop(heap) for _ in range(k)]
+        start = max(taken[-1][0], after)
+        for _, u in taken:
+            heapq.heappush(heap, (start + length, u))
+        return start
+
+    def _by_memory(self, mib: float, length: float, after: float) -> float | None:
+        """The earliest-free device of a class large enough; None when only slices a
+        re-cut would make are (that is the grant's choice)."""
+        heaps = self.heaps
+        fits = [c for c, heap in heaps.items() if heap and self.largest[c] >= mib]
+        if not fits:
+            return None
+        heap = heaps[min(fits, key=lambda c: heaps[c][0][0])]
+        start, u = heapq.heappop(heap)
+        start = max(start, after)
+        heapq.heappush(heap, (start + length, u))
+        return start
 
 
 @dataclass

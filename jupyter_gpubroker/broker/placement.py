@@ -497,6 +497,25 @@ class Placer:
 
         One node, because the grant will be on one node; one machine is one node."""
         k = self.units(size)
+        found = self._first_to_free(size, k)
+        if found is None:
+            return None
+        per_node, node = found
+        ready = sorted(
+            (max(now, end), end > -math.inf, u)
+            for nodes in per_node
+            for end, u in nodes.get(node, ())
+        )
+        shadow = ready[k - 1][0]
+        by_then = [x for x in ready if x[0] <= shadow]
+        by_then.sort(key=lambda x: (x[0], not x[1], x[2]))  # idle last: taken first
+        return frozenset(u for _, _, u in by_then[-k:]), shadow
+
+    def _first_to_free(
+        self, size: Size, k: int
+    ) -> tuple[list[dict[str, list[tuple[float, str]]]], str] | None:
+        """The node whose ``k``-th device compatible with ``size`` frees first, with the
+        devices' (end, uuid) by node it was chosen from (None: no node has ``k``)."""
         if size.gpus is not None and size.model is not None:  # a resume's: a scan
             ends = {
                 node: [x for x in xs if self._of_model(self.devices[x[1]], size.model)]
@@ -521,18 +540,7 @@ class Placer:
             per_node = [self._ends[s] for s in shapes]
             firsts = [self._soonest[s].first(frozenset()) for s in shapes]
             best = min(((f[0][0], f[1]) for f in firsts if f is not None), default=None)
-        if best is None:
-            return None
-        node = best[1]
-        ready = sorted(
-            (max(now, end), end > -math.inf, u)
-            for nodes in per_node
-            for end, u in nodes.get(node, ())
-        )
-        shadow = ready[k - 1][0]
-        by_then = [x for x in ready if x[0] <= shadow]
-        by_then.sort(key=lambda x: (x[0], not x[1], x[2]))  # idle last: taken first
-        return frozenset(u for _, _, u in by_then[-k:]), shadow
+        return None if best is None else (per_node, best[1])
 
     def plan_mig(
         self, profile_name: str, exclude: AbstractSet[str] = frozenset()
@@ -540,25 +548,49 @@ class Placer:
         """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can."""
         best: tuple[tuple[int, int, int], MigPlan] | None = None
         for gpu in self.gpus.values():
-            if gpu.uuid in self.drained:
-                continue
-            model = CATALOG.get(gpu.model or "")
-            profile = model.profile(profile_name) if model and gpu.mig_enabled else None
-            if model is None or profile is None:
-                continue
-            slices = [d for d in self._on_gpu[gpu.uuid].values() if d.kind == "mig"]
-            for start in profile.starts:
-                span = set(profile.slots(start))
-                overlap = [d for d in slices if span & _memory_slices(model, d)]
-                if any(not self.is_free(d.uuid) or d.uuid in exclude for d in overlap):
-                    continue
-                kept = sum(1 for d in slices if d.profile == profile_name and d not in overlap)
-                if kept >= profile.max_count:
-                    continue
-                cost = (sum(d.compute_slices for d in overlap), -self.busy_slices[gpu.uuid], -start)
-                if best is None or cost < best[0]:
-                    best = (cost, MigPlan(gpu, profile, start, tuple(overlap)))
+            found = self._cheapest_cut(gpu, profile_name, exclude)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
         return best[1] if best else None
+
+    def _cheapest_cut(
+        self, gpu: Gpu, profile_name: str, exclude: AbstractSet[str]
+    ) -> tuple[tuple[int, int, int], MigPlan] | None:
+        """The cheapest cut of ``profile_name`` on ``gpu`` and its cost: the fewest compute
+        slices destroyed, then the busiest GPU, then the highest start."""
+        if gpu.uuid in self.drained:
+            return None
+        model = CATALOG.get(gpu.model or "")
+        profile = model.profile(profile_name) if model and gpu.mig_enabled else None
+        if model is None or profile is None:
+            return None
+        best: tuple[tuple[int, int, int], MigPlan] | None = None
+        slices = [d for d in self._on_gpu[gpu.uuid].values() if d.kind == "mig"]
+        for start in profile.starts:
+            overlap = self._idle_overlap(model, profile, start, slices, exclude)
+            if overlap is None:
+                continue
+            cost = (sum(d.compute_slices for d in overlap), -self.busy_slices[gpu.uuid], -start)
+            if best is None or cost < best[0]:
+                best = (cost, MigPlan(gpu, profile, start, tuple(overlap)))
+        return best
+
+    def _idle_overlap(
+        self,
+        model: GpuModel,
+        profile: MigProfile,
+        start: int,
+        slices: list[Device],
+        exclude: AbstractSet[str],
+    ) -> list[Device] | None:
+        """The slices a new ``profile`` slice at ``start`` would replace; None when one of
+        them is held or excluded, or the GPU has as many of ``profile`` as it may."""
+        span = set(profile.slots(start))
+        overlap = [d for d in slices if span & _memory_slices(model, d)]
+        if any(not self.is_free(d.uuid) or d.uuid in exclude for d in overlap):
+            return None
+        kept = sum(1 for d in slices if d.profile == profile.name and d not in overlap)
+        return None if kept >= profile.max_count else overlap
 
 
 def _memory_slices(model: GpuModel, d: Device) -> set[int]:

@@ -436,9 +436,6 @@ class Store:
         rows = list(self.db.query("SELECT * FROM leases WHERE id=?", [lease_id]))
         return lease_from_row(rows[0]) if rows else None
 
-    def allocations(self) -> dict[str, str]:
-        return {r["device"]: r["lease_id"] for r in self.db["allocations"].rows}
-
     def quotas(self) -> list[dict[str, Any]]:
         return list(self.db["quotas"].rows_where(order_by="kind, name"))
 

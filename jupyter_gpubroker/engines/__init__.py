@@ -4,10 +4,11 @@ On one machine NVML is the inventory and the broker places down to the GPU or
 MIG UUID. On a cluster an engine the deployment already trusts (Slurm,
 Kubernetes) starts the servers and enforces placement; the broker still
 decides who goes next, on which node and which device type. An
-:class:`InventorySource` reads the engine into a :class:`ClusterView` on every
-tick, and :func:`apply_view` makes the broker respect it: devices used by
-work the broker did not grant (jobs started outside the hub) and nodes the
-engine has drained or lost are drained in the broker with the engine's
+:class:`InventorySource` (an inventory of :mod:`jupyter_gpubroker.inventory`'s one
+contract) reads the engine into a :class:`ClusterView` at the start and, through its
+watch (:mod:`.watch`), on every tick, and :func:`apply_view` makes the broker respect
+it: devices used by work the broker did not grant (jobs started outside the hub) and
+nodes the engine has drained or lost are drained in the broker with the engine's
 reason, and given back when the engine frees them. The broker's own grants
 are not "outside": a source leaves them out of its counts (Slurm: by the job's
 comment; Kubernetes: by the pod's label) and lists them by lease, so that the
@@ -17,19 +18,20 @@ work of a lease that has ended still holds its devices until the engine ends it.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar
 
-from traitlets.config import LoggingConfigurable
-
-from ..broker.models import Device, DeviceEvent, DeviceReading, Inventory
+from ..broker.models import Device, Inventory
 from ..broker.placement import device_class
+from ..inventory import BaseInventory, OpenInventory
+from ..wire.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
+    from ..runtime.settings import BrokerSettings
 
 ENGINE = "engine"
 """The drain cause of devices the engine holds back: lifted only by the engine."""
@@ -63,20 +65,38 @@ class ClusterView:
     time-slicing or MPS)."""
 
 
-class InventorySource(LoggingConfigurable):
+class InventorySource(BaseInventory):
     """An engine's reader (the base of an engine's ``c.GPUBroker.inventory_class``),
     awaited on the server's event loop every tick (so a slow ``scontrol`` or API server
     never blocks the API). ``read`` raises :class:`EngineUnavailable` when the engine
     cannot be reached; the broker then keeps its queue and its last view and says so.
     Configured as ``c.<its class>.*``, with the broker as its parent."""
 
-    name: ClassVar[str]
-    """The engine's name, as ``c.GPUBroker.inventory_source`` and logs name it."""
     work: ClassVar[str]
     """What carries out a grant there, as a user reads it: ``job``, ``pod``."""
 
     async def read(self) -> ClusterView:
         raise NotImplementedError
+
+    def open(self, settings: BrokerSettings, api_url: str) -> OpenInventory:
+        """The engine's view, read now, and its watch (:mod:`.watch`), which applies that
+        view first: leases whose work ended while the broker was down end then."""
+        if settings.dynamic_mig:
+            raise InvalidRequest(
+                "c.GPUBroker.dynamic_mig needs the GPUs' NVML: with an engine, MIG slices "
+                "are the engine's (Slurm's gres types); turn dynamic_mig off"
+            )
+        from .watch import EngineWatch, read_now
+
+        view = read_now(self)
+
+        def follow(core: Broker, grace_s: Callable[[], float]) -> EngineWatch:
+            watch = EngineWatch(self, core, grace_s, self.log)
+            watch.apply(view)
+            return watch
+
+        nodes = len({g.node for g in view.inventory.gpus})
+        return OpenInventory(view.inventory, f"{self.name}, {nodes} nodes", follow=follow)
 
 
 class EngineUnavailable(RuntimeError):
@@ -105,17 +125,6 @@ def engine_class(name: str) -> type[InventorySource]:
     return found
 
 
-class NoReadings:
-    """The sampler's reader under an engine: the broker has no NVML of the cluster's GPUs
-    (the engine's nodes do), so no device readings and no hardware events."""
-
-    def read_all(self, inventory: Inventory | None = None) -> dict[str, DeviceReading]:
-        return {}
-
-    def poll_events(self) -> list[DeviceEvent]:
-        return []
-
-
 def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     """Add to ``broker`` the devices ``view`` has that it lacks (a node or gres that
     joined); drain what the engine holds back, shares or no longer lists (a node that
@@ -123,50 +132,10 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     ended lease still uses; lift the engine's drains it no longer holds. Idempotent: a
     view applied twice changes nothing the second time. An admin's or health's own drain
     is left alone. The devices added."""
-    placer = broker.placer
     added = broker.add_devices(view.inventory.gpus, view.inventory.devices)
-    wanted: dict[str, str] = {}
-    listed = {d.uuid for d in view.inventory.devices}
-    known = {d.node for d in placer.devices.values()}
-    seen = {d.node for d in view.inventory.devices}
-    down = dict(view.down)
-    for node in known - seen:
-        down.setdefault(node, f"node {node} is no longer in the cluster")
-    by_slot: dict[tuple[str, str], list[Device]] = defaultdict(list)
-    for d in placer.devices.values():
-        if d.node in down:
-            wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
-        elif d.uuid not in listed:
-            wanted[d.uuid] = f"{d.node}: the engine no longer lists this {device_class(d)} device"
-        elif (d.node, device_class(d)) in view.withheld:
-            wanted[d.uuid] = f"{d.node}: {view.withheld[(d.node, device_class(d))]}"
-        else:
-            by_slot[(d.node, device_class(d))].append(d)
+    wanted, by_slot = _not_offered(broker, view)
     engine_drained = broker.drained_by(ENGINE)
-    busy: Counter[tuple[str, str]] = Counter(view.outside)
-    lingering: dict[tuple[str, str], str] = {}
-    active = {x.id for x in broker.leases()}
-    for lease_id, slots in sorted(view.grants.items()):
-        if lease_id not in active:  # ended in the broker, still running on the engine
-            for slot, n in slots.items():
-                busy[slot] += n
-                lingering.setdefault(slot, lease_id)
-    for slot, n in busy.items():
-        if n <= 0:
-            continue
-        # Keep the devices already held back first, then the free ones from the top;
-        # a device the broker granted is never taken back (the engine queues the job).
-        cands = sorted(
-            (d for d in by_slot.get(slot, []) if d.uuid not in placer.held),
-            key=lambda d: (d.uuid not in engine_drained, -d.gpu_index, -(d.start or 0)),
-        )
-        node, cls = slot
-        total = len(by_slot.get(slot, []))
-        why = f"{n} of {total} {cls} on {node} in use outside the broker"
-        if slot in lingering:
-            why += f" or by the work of ended lease {lingering[slot]}"
-        for d in cands[:n]:
-            wanted[d.uuid] = why
+    wanted.update(_in_use(broker, view, by_slot, engine_drained))
     drains = broker.drained()
     for uuid, reason in wanted.items():
         if broker.drain_cause(uuid) not in (None, ENGINE, "health"):
@@ -176,6 +145,72 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     for uuid in engine_drained - wanted.keys():
         broker.undrain(uuid, "the engine freed it")
     return added
+
+
+Slot = tuple[str, str]
+"""(node, device class)."""
+
+
+def _not_offered(
+    broker: Broker, view: ClusterView
+) -> tuple[dict[str, str], dict[Slot, list[Device]]]:
+    """The devices the engine does not offer, with why (their node takes no work or left,
+    the engine no longer lists them, or shares them out), and the others by slot."""
+    placer = broker.placer
+    wanted: dict[str, str] = {}
+    listed = {d.uuid for d in view.inventory.devices}
+    known = {d.node for d in placer.devices.values()}
+    seen = {d.node for d in view.inventory.devices}
+    down = dict(view.down)
+    for node in known - seen:
+        down.setdefault(node, f"node {node} is no longer in the cluster")
+    by_slot: dict[Slot, list[Device]] = defaultdict(list)
+    for d in placer.devices.values():
+        if d.node in down:
+            wanted[d.gpu_uuid] = f"{d.node}: {down[d.node]}"
+        elif d.uuid not in listed:
+            wanted[d.uuid] = f"{d.node}: the engine no longer lists this {device_class(d)} device"
+        elif (d.node, device_class(d)) in view.withheld:
+            wanted[d.uuid] = f"{d.node}: {view.withheld[(d.node, device_class(d))]}"
+        else:
+            by_slot[(d.node, device_class(d))].append(d)
+    return wanted, by_slot
+
+
+def _in_use(
+    broker: Broker,
+    view: ClusterView,
+    by_slot: Mapping[Slot, list[Device]],
+    engine_drained: set[str],
+) -> dict[str, str]:
+    """The offered devices that work outside the broker, or of an ended lease, uses, with
+    why: in each slot as many as the engine counts busy."""
+    busy: Counter[Slot] = Counter(view.outside)
+    lingering: dict[Slot, str] = {}
+    active = {x.id for x in broker.leases()}
+    for lease_id, slots in sorted(view.grants.items()):
+        if lease_id not in active:  # ended in the broker, still running on the engine
+            for slot, n in slots.items():
+                busy[slot] += n
+                lingering.setdefault(slot, lease_id)
+    wanted: dict[str, str] = {}
+    for slot, n in busy.items():
+        if n <= 0:
+            continue
+        # Keep the devices already held back first, then the free ones from the top;
+        # a device the broker granted is never taken back (the engine queues the job).
+        cands = sorted(
+            (d for d in by_slot.get(slot, []) if d.uuid not in broker.placer.held),
+            key=lambda d: (d.uuid not in engine_drained, -d.gpu_index, -(d.start or 0)),
+        )
+        node, cls = slot
+        total = len(by_slot.get(slot, []))
+        why = f"{n} of {total} {cls} on {node} in use outside the broker"
+        if slot in lingering:
+            why += f" or by the work of ended lease {lingering[slot]}"
+        for d in cands[:n]:
+            wanted[d.uuid] = why
+    return wanted
 
 
 def release_ended(

@@ -204,24 +204,7 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
     ``V1Pod``) say: every GPU node's devices, the devices pods outside ``broker``'s grants
     hold, the broker's pods by lease, the nodes that take no pods and the classes shared
     out. ``pods``: every pod not ended, bound or not."""
-    used: Counter[tuple[str, str]] = Counter()
-    mine: dict[str, Counter[tuple[str, str]]] = {}
-    """Lease -> (node, resource) -> count: what the broker's own pods hold."""
-    holders: dict[str, str] = {}
-    for pod in pods:
-        where = pod.spec.node_name if pod.spec else None
-        phase = pod.status.phase if pod.status else None
-        if phase in ENDED_PHASES:
-            continue
-        labels = pod.metadata.labels or {}
-        lease = labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
-        if lease:
-            holders[lease] = f"{pod.metadata.namespace}/{pod.metadata.name}"
-        if not where or lease == "":
-            continue  # not bound to a node yet, or the broker's without a lease: not counted
-        held = used if lease is None else mine.setdefault(lease, Counter())
-        for resource, n in pod_gpu_requests(pod).items():
-            held[(where, resource)] += n
+    used, mine, holders = pods_use(pods, broker)
     gpus: list[Gpu] = []
     devices: list[Device] = []
     outside: dict[tuple[str, str], int] = {}
@@ -231,25 +214,8 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
     for node in sorted(nodes, key=lambda n: str(n.metadata.name)):
         name = str(node.metadata.name)
         labels = node.metadata.labels or {}
-        allocatable = (node.status.allocatable if node.status else None) or {}
-        single = _SINGLE_PRODUCT.search(labels.get(PRODUCT_LABEL, ""))
-        classes = []
-        for resource, q in sorted(allocatable.items()):
-            base = resource.removesuffix(SHARED_SUFFIX)
-            if base == GPU_RESOURCE:
-                strategy = labels.get(STRATEGY_LABEL)
-                cls = _profile(single.group(1)) if single and strategy == "single" else WHOLE_GPU
-            elif base.startswith(MIG_RESOURCE_PREFIX):
-                cls = _profile(base.removeprefix(MIG_RESOURCE_PREFIX))
-            else:
-                continue
-            n = _count(q)
-            replicas = max(1, _count(labels.get(f"{base}.replicas", 1)))
-            if replicas > 1 or base != resource:
-                n = max(1, n // replicas) if n else 0
-                withheld[(name, cls)] = _shared_reason(cls, replicas, labels)
-            if n > 0:
-                classes.append((base, cls, n))
+        classes, shared = node_classes(node)
+        withheld.update(shared)
         if not classes:
             continue  # no GPUs: not the broker's
         node_gpus, node_devices = _node_devices(name, labels, classes)
@@ -268,6 +234,65 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
     }
     inventory = Inventory(tuple(gpus), tuple(devices))
     return ClusterView(inventory, outside, down, holders=holders, grants=grants, withheld=withheld)
+
+
+PodsUse = tuple[Counter[tuple[str, str]], dict[str, Counter[tuple[str, str]]], dict[str, str]]
+"""What pods hold: (node, resource) -> count outside the broker's grants; lease -> (node,
+resource) -> count of the broker's own pods; lease -> its pod (``namespace/name``)."""
+
+
+def pods_use(pods: Iterable[Any], broker: str) -> PodsUse:
+    """The GPU resources ``pods`` hold on their nodes, outside ``broker``'s grants and in
+    them by lease, and the broker's pods by lease (bound or not)."""
+    used: Counter[tuple[str, str]] = Counter()
+    mine: dict[str, Counter[tuple[str, str]]] = {}
+    holders: dict[str, str] = {}
+    for pod in pods:
+        where = pod.spec.node_name if pod.spec else None
+        phase = pod.status.phase if pod.status else None
+        if phase in ENDED_PHASES:
+            continue
+        labels = pod.metadata.labels or {}
+        lease = labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
+        if lease:
+            holders[lease] = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        if not where or lease == "":
+            continue  # not bound to a node yet, or the broker's without a lease: not counted
+        held = used if lease is None else mine.setdefault(lease, Counter())
+        for resource, n in pod_gpu_requests(pod).items():
+            held[(where, resource)] += n
+    return used, mine, holders
+
+
+def node_classes(
+    node: Any,
+) -> tuple[list[tuple[str, str, int]], dict[tuple[str, str], str]]:
+    """A node's allocatable GPU resources as (resource, device class, count), a shared
+    one counted once per device, and the (node, class) of shared ones with why the
+    broker grants none of them."""
+    name = str(node.metadata.name)
+    labels = node.metadata.labels or {}
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    single = _SINGLE_PRODUCT.search(labels.get(PRODUCT_LABEL, ""))
+    classes: list[tuple[str, str, int]] = []
+    withheld: dict[tuple[str, str], str] = {}
+    for resource, q in sorted(allocatable.items()):
+        base = resource.removesuffix(SHARED_SUFFIX)
+        if base == GPU_RESOURCE:
+            strategy = labels.get(STRATEGY_LABEL)
+            cls = _profile(single.group(1)) if single and strategy == "single" else WHOLE_GPU
+        elif base.startswith(MIG_RESOURCE_PREFIX):
+            cls = _profile(base.removeprefix(MIG_RESOURCE_PREFIX))
+        else:
+            continue
+        n = _count(q)
+        replicas = max(1, _count(labels.get(f"{base}.replicas", 1)))
+        if replicas > 1 or base != resource:
+            n = max(1, n // replicas) if n else 0
+            withheld[(name, cls)] = _shared_reason(cls, replicas, labels)
+        if n > 0:
+            classes.append((base, cls, n))
+    return classes, withheld
 
 
 def _shared_reason(cls: str, replicas: int, labels: Mapping[str, str]) -> str:

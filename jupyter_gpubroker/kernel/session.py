@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from IPython.core.getipython import get_ipython
 
 from ..client import SERVER_LEASE_ENV, BrokerClient, keep_alive, kernel_report
-from ..wire.text import duration, size_text
+from ..wire.text import LIVE, duration, size_text
 from . import NO_GPUS_ENV, GpuError
 from .cuda import cuda_initialised
 from .feed import Clock, EventFeed, Runner
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from .feed import Log
 
 T = TypeVar("T")
-LIVE = ("queued", "granted")
 LEASE_ENV = "GPUBROKER_LEASE_ID"
 """The provisioner's own lease, which it renews itself."""
 KERNEL_ENV = "GPUBROKER_KERNEL_ID"

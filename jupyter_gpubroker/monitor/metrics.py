@@ -100,10 +100,20 @@ class BrokerCollector:
         yield from fams.all()
 
     def _fill(self, f: _Families) -> None:
-        b = self.broker
         readings = self.readings()
+        self._fill_devices(f, readings)
+        self._fill_gpus(f, readings)
+        for (uuid, kind), n in sorted(self.hardware_errors().items()):
+            f.hardware_errors.add_metric([uuid, kind], n)
+        for a in self.alerts():
+            f.alerts.add_metric([a.uuid, a.kind, a.severity], 1)
+        self._fill_queue(f)
+
+    def _fill_devices(self, f: _Families, readings: Mapping[str, DeviceReading]) -> None:
+        """Each device held, drained or free (and a MIG slice's readings), and how many
+        of each class are."""
+        b = self.broker
         holders = b.holders()
-        index = {g.uuid: str(g.index) for g in b.inventory.gpus}
         states: Counter[tuple[str, str]] = Counter()
         for d in b.inventory.devices:
             labels = [d.uuid, str(d.gpu_index), device_class(d)]
@@ -117,26 +127,29 @@ class BrokerCollector:
                 _device_readings(f, labels, r)
         for (profile, state), n in sorted(states.items()):
             f.devices.add_metric([profile, state], n)
+
+    def _fill_gpus(self, f: _Families, readings: Mapping[str, DeviceReading]) -> None:
+        """Each GPU's health, sensors and limits (and a whole GPU's readings)."""
+        b = self.broker
         drained_gpus = b.drained()
         for g in b.inventory.gpus:
-            labels = [g.uuid, index[g.uuid]]
+            labels = [g.uuid, str(g.index)]
             r = readings.get(g.uuid)
             healthy = r is not None and r.health is Health.OK and g.uuid not in drained_gpus
             f.healthy.add_metric(labels, float(healthy))
             if r is None:
                 continue
             if not g.mig_enabled:
-                _device_readings(f, [g.uuid, index[g.uuid], "gpu"], r)
+                _device_readings(f, [*labels, "gpu"], r)
             if r.temperature_c is not None:
                 f.temperature.add_metric(labels, r.temperature_c)
             if r.power_mw is not None:
                 f.power.add_metric(labels, r.power_mw / 1000)
             _gpu_limits(f, labels, r)
-        for (uuid, kind), n in sorted(self.hardware_errors().items()):
-            f.hardware_errors.add_metric([uuid, kind], n)
-        for a in self.alerts():
-            f.alerts.add_metric([a.uuid, a.kind, a.severity], 1)
-        queued = [r for r in b.live_requests() if r.state is RequestState.QUEUED]
+
+    def _fill_queue(self, f: _Families) -> None:
+        """Who waits, how long the granted waited, grants and reclaims."""
+        queued = [r for r in self.broker.live_requests() if r.state is RequestState.QUEUED]
         waiting = Counter(r.job_class.value for r in queued)
         for job_class in JobClass:
             f.queue.add_metric([job_class.value], waiting[job_class.value])

@@ -1,9 +1,11 @@
 """``GPUBroker``: the running broker's lifecycle and the surface its hosts call.
 
-It opens the inventory (:mod:`.inventory`) and the state file, builds the core from
-its settings (:mod:`.settings`, :mod:`.monitoring`, :mod:`.reclaim`), feeds the core's
-events to the bus, and runs the housekeeping tick, the sampling pass and, under an
-engine, the engine's poll (:mod:`.engine`). Tokens (:mod:`.tokens`) and the devices of
+It opens the inventory (``inventory_class``, :mod:`.inventory`) and the state file,
+builds the core from its settings (:mod:`.settings`, :mod:`.monitoring`,
+:mod:`.reclaim`) and from what the inventory opened (the one shape every source gives,
+:class:`~jupyter_gpubroker.inventory.OpenInventory`), feeds the core's events to the
+bus, and runs the housekeeping tick, the sampling pass and the inventory's watch (under
+an engine, its poll: ``engines.watch``). Tokens (:mod:`.tokens`) and the devices of
 confined kernels (:mod:`.kernel_devices`) are kept by their own objects.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado.ioloop import PeriodicCallback
 from traitlets import Int
@@ -22,25 +24,26 @@ from ..broker.core import Broker, BrokerConfig, Event
 from ..broker.models import DeviceReading, Lease, LeaseState
 from ..broker.reclaim import Decision, KernelState
 from ..broker.store import Store
-from ..engines import ClusterView, InventorySource, NoReadings
 from ..events import EventBus
+from ..inventory import InventoryWatch, OpenInventory
 from ..monitor.metrics import BrokerCollector
 from ..monitor.outside import outside_text
 from ..monitor.sampler import KernelActions, Sampler
-from ..nvml import MigPartitioner, NvmlBackend
-from ..statelock import GpuLocks, StateLock, secure_state_file
+from ..statelock import StateLock, secure_state_file
 from ..suspend.host import KernelSuspender, carried_out, checkpoint_driver, simulate_kernel_use
 from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, clock, duration
-from .engine import EngineWatch, read_now
-from .inventory import NvmlInventory
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
 from .monitoring import MonitorSettings
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
 from .tokens import KernelTokens
+
+if TYPE_CHECKING:
+    from ..engines import InventorySource
+    from ..nvml import NvmlBackend
 
 
 class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigurable):
@@ -59,6 +62,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         super().__init__(**kwargs)
         self._core: Broker | None = None
         self.backend: NvmlBackend | None = None
+        """This machine's NVML, where the inventory is its GPUs (``OpenInventory.nvml``)."""
         self._events: EventBus | None = None
         self._tokens: KernelTokens | None = None
         self._kernel_devices: KernelDevices | None = None
@@ -73,8 +77,10 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
         self._lock: StateLock | None = None
-        self._gpu_locks: GpuLocks | None = None
-        self._engine: EngineWatch | None = None
+        self._inventory: OpenInventory | None = None
+        """The opened inventory, until the broker stops (``inventory.OpenInventory``)."""
+        self._watch = InventoryWatch()
+        """What keeps the core in step with its inventory (an engine's poll)."""
 
     # ----------------------------------------------------------- lifecycle
 
@@ -100,25 +106,13 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             self._lock = StateLock(state)
             self._lock.acquire(self.api_url)
             secure_state_file(state, self.log)
-        source = self.inventory_class(parent=self)
-        engine: tuple[InventorySource, ClusterView] | None = None
-        if isinstance(source, NvmlInventory):
-            self.backend, self._gpu_locks = source.open(self, self.api_url)
-            inventory = self.backend.inventory()
-        else:
-            assert isinstance(source, InventorySource)  # the only other kind the trait takes
-            if self.dynamic_mig:
-                raise InvalidRequest(
-                    "c.GPUBroker.dynamic_mig needs the GPUs' NVML: with an engine, MIG slices "
-                    "are the engine's (Slurm's gres types); turn dynamic_mig off"
-                )
-            engine = source, read_now(source)
-            inventory = engine[1].inventory
+        self._inventory = hardware = self.inventory_class(parent=self).open(self, self.api_url)
+        self.backend = hardware.nvml
         store = Store(state)
         try:
             self._core = core = Broker(
                 store,
-                inventory,
+                hardware.devices,
                 policy=policy,
                 config=BrokerConfig(
                     lease_ttl_s=self.lease_ttl,
@@ -127,10 +121,8 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                     vacate_timeout_s=self.vacate_timeout,
                     **self.limit_fields(),
                 ),
-                partitioner=(
-                    MigPartitioner(self.backend) if self.dynamic_mig and self.backend else None
-                ),
-                processes=self.backend,
+                partitioner=hardware.partitioner,
+                processes=hardware.nvml,
             )
         except BaseException:
             store.close()
@@ -140,13 +132,9 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self._tokens = KernelTokens(core)
         self._events = EventBus(core, self.event_buffer)
         core.subscribe(self._events.publish)
-        self._kernel_devices = KernelDevices.where_possible(core, self.backend, self)
-        if engine is not None:  # leases whose jobs ended while the broker was down end now
-            self._engine = EngineWatch(engine[0], core, lambda: self.engine_grace, self.log)
-            self._engine.apply(engine[1])
-        self.sampler = sampler = self.make_sampler(
-            core, self.backend or NoReadings(), self._events.publish, self.log
-        )
+        self._kernel_devices = KernelDevices.where_possible(core, hardware.nvml, self)
+        self._watch = hardware.follow(core, lambda: self.engine_grace)
+        self.sampler = sampler = self.make_sampler(core, hardware, self._events.publish, self.log)
         sampler.on_alert = self._publish_alert
         if self.backend is not None:
             self.suspender = KernelSuspender(
@@ -171,15 +159,11 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             alerts=sampler.alerts.active if sampler.alerts else list,
             hardware_errors=lambda: sampler.hardware_errors,
         )
-        if self.engine is not None:
-            where = f"{self.engine.name}, {len({g.node for g in inventory.gpus})} nodes"
-        else:
-            where = f"simulated {self.simulate}" if self.simulate else "NVIDIA driver"
         self.log.info(
             "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",
             len(core.inventory.devices),
             len(core.inventory.gpus),
-            where,
+            hardware.where,
             self.policy,
             self.state_file,
         )
@@ -198,8 +182,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self._ticker.start()
         self._sampling = PeriodicCallback(self.sample, self.sample_interval * 1000)
         self._sampling.start()
-        if self._engine is not None:
-            self._engine.start(self.tick_interval)
+        self._watch.start(self.tick_interval)
 
     def _tick(self) -> None:
         """The core's housekeeping, then the positions of a queue that aging re-ranked."""
@@ -265,20 +248,21 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             self.suspender = None  # stopping twice is harmless
         if self._events is not None:
             self._events.close()
-        for callback in (self._ticker, self._sampling, self._engine):
+        for callback in (self._ticker, self._sampling):
             if callback is not None:
                 callback.stop()
+        self._watch.stop()
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None  # stopping twice is harmless
         if self._core is not None:
             self._core.store.close()
-        if self.backend is not None:
-            self.backend.close()
-        for lock in (self._gpu_locks, self._lock):
-            if lock is not None:
-                lock.release()
-        self._lock = self._gpu_locks = None
+        if self._inventory is not None:
+            self._inventory.close()
+            self._inventory = None  # stopping twice is harmless
+        if self._lock is not None:
+            self._lock.release()
+        self._lock = None
 
     @property
     def core(self) -> Broker:
@@ -298,16 +282,15 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
     @property
     def engine(self) -> InventorySource | None:
         """The engine the inventory comes from (None: this machine's NVML)."""
-        return self._engine.source if self._engine is not None else None
+        return self._watch.source
 
     async def poll_engine(self) -> None:
         """One read of the engine, applied (``EngineWatch.poll``); every tick runs one."""
-        assert self._engine is not None
-        await self._engine.poll()
+        await self._watch.poll()
 
     def engine_state(self) -> dict[str, Any] | None:
         """The engine the inventory comes from, and whether it answers (None: NVML)."""
-        return self._engine.state() if self._engine is not None else None
+        return self._watch.state()
 
     # ------------------------------------------------------- kernels, tokens
 

@@ -1,7 +1,9 @@
 """Where the inventory comes from: ``c.GPUBroker.inventory_class``, a class as
 jupyter-scheduler swaps its own, or ``inventory_source``, its name.
 
-:class:`NvmlInventory` is this machine's NVML (the default); an engine's reader is an
+Every class it takes is a :class:`~jupyter_gpubroker.inventory.BaseInventory` (the one
+contract: ``open`` returns an ``OpenInventory``). :class:`NvmlInventory` is this
+machine's NVML (the default); an engine's reader is an
 :class:`~jupyter_gpubroker.engines.InventorySource`, found by name in the
 ``jupyter_gpubroker.engines`` entry point group (so a plugin's engine is named as
 Slurm and Kubernetes are).
@@ -13,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traitlets import TraitError, Type
-from traitlets.config import LoggingConfigurable
 
 from ..engines import InventorySource, engine_class, engine_classes
-from ..nvml import NvmlBackend, open_backend
+from ..inventory import BaseInventory, OpenInventory
+from ..nvml import MigPartitioner, open_backend
 from ..statelock import GpuLocks
 
 if TYPE_CHECKING:
@@ -34,28 +36,42 @@ __all__ = [
 ]
 
 
-class NvmlInventory(LoggingConfigurable):
+class NvmlInventory(BaseInventory):
     """This machine's GPUs through NVML, real or simulated (``c.GPUBroker.simulate``),
     placed down to the GPU or MIG UUID. The broker holds each GPU's machine-wide lock
     while it runs, so no other broker on the machine hands it out."""
 
     name = NVML
+    local = True
 
-    def open(self, settings: BrokerSettings, api_url: str) -> tuple[NvmlBackend, GpuLocks]:
-        """The opened driver (or simulator) and the locks of its GPUs, taken; the
-        driver is closed again when a lock is refused."""
+    def open(self, settings: BrokerSettings, api_url: str) -> OpenInventory:
+        """The opened driver (or simulator), its GPUs' locks taken; the driver is closed
+        again when a lock is refused."""
         backend = open_backend(settings.simulate, log=self.log, seed=settings.simulate_seed)
         try:
+            devices = backend.inventory()
             locks = GpuLocks(
                 Path(settings.gpu_lock_dir).expanduser(),
                 Path(settings.user_gpu_lock_dir).expanduser(),
                 self.log,
             )
-            locks.acquire((g.uuid for g in backend.inventory().gpus), api_url)
+            locks.acquire((g.uuid for g in devices.gpus), api_url)
         except BaseException:
             backend.close()
             raise
-        return backend, locks
+
+        def close() -> None:
+            backend.close()
+            locks.release()
+
+        return OpenInventory(
+            devices,
+            f"simulated {settings.simulate}" if settings.simulate else "NVIDIA driver",
+            readings=backend,
+            nvml=backend,
+            partitioner=MigPartitioner(backend) if settings.dynamic_mig else None,
+            close=close,
+        )
 
 
 def source_names() -> list[str]:
@@ -63,28 +79,26 @@ def source_names() -> list[str]:
     return [NVML, *sorted(engine_classes())]
 
 
-def source_class(name: str) -> type[NvmlInventory] | type[InventorySource]:
+def source_class(name: str) -> type[BaseInventory]:
     """The class ``inventory_source = name`` stands for."""
     return NvmlInventory if name == NVML else engine_class(name)
 
 
 class InventoryClass(Type):  # type: ignore[type-arg]
-    """A ``Type`` trait that takes :class:`NvmlInventory`, an engine's
-    :class:`InventorySource` or a subclass of either (a dotted name in config files), and
-    refuses anything else with one sentence."""
+    """A ``Type`` trait that takes a :class:`~jupyter_gpubroker.inventory.BaseInventory`
+    (:class:`NvmlInventory`, an engine's :class:`InventorySource`, a subclass of either;
+    a dotted name in config files), and refuses anything else with one sentence."""
 
     def __init__(self, help: str) -> None:
-        super().__init__("jupyter_gpubroker.runtime.NvmlInventory", LoggingConfigurable, help=help)
+        super().__init__("jupyter_gpubroker.runtime.NvmlInventory", BaseInventory, help=help)
 
     def validate(self, obj: object, value: object) -> type:
         try:
-            cls = super().validate(obj, value)
+            cls: type = super().validate(obj, value)
         except TraitError:
-            cls = None
-        if not (isinstance(cls, type) and issubclass(cls, (NvmlInventory, InventorySource))):
             named = value if isinstance(value, str) else getattr(value, "__qualname__", value)
             raise TraitError(
                 f"c.GPUBroker.inventory_class is jupyter_gpubroker.runtime.NvmlInventory or a "
                 f"subclass of jupyter_gpubroker.engines.InventorySource, not {named!r}"
-            )
+            ) from None
         return cls

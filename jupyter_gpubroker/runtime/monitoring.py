@@ -19,12 +19,11 @@ from ..broker.health import (
     HealthJudge,
 )
 from ..broker.reclaim import Reclaimer
-from ..engines import NoReadings
+from ..inventory import OpenInventory
 from ..monitor.outside import POLICIES as OUTSIDE_POLICIES
 from ..monitor.outside import OutsideWatch
 from ..monitor.sampler import Sampler
 from ..monitor.samples import SampleStore
-from ..nvml import NvmlBackend
 from .reclaim import ReclaimSettings
 from .settings import not_negative, positive
 
@@ -125,12 +124,12 @@ class MonitorSettings(ReclaimSettings):
     def make_sampler(
         self,
         core: Broker,
-        backend: NvmlBackend | NoReadings,
+        hardware: OpenInventory,
         publish: Callable[[Event], None],
         log: logging.Logger,
     ) -> Sampler:
-        """The sampling pass over ``backend``'s devices, with its first readings taken
-        (so ``GET devices`` has readings at once)."""
+        """The sampling pass over the opened inventory's readings, with its first readings
+        taken (so ``GET devices`` has readings at once)."""
         health = HealthConfig(
             max_temperature_c=self.max_temperature or None,
             drain_clock_reasons=DEFAULT_DRAIN_REASONS
@@ -148,14 +147,14 @@ class MonitorSettings(ReclaimSettings):
         )
         sampler = Sampler(
             core,
-            backend,
+            hardware.readings,
             SampleStore(core.store, self.sample_interval, hours_kept_s=self.samples_kept),
             HealthJudge(health),
             Reclaimer(core, self.reclaim_config(), self.arbiter(log)),
             log=log,
             alerts=AlertJudge(core.store, core.clock.now(), alerts),
         )
-        if isinstance(backend, NvmlBackend):  # an engine's nodes are the engine's to watch
+        if hardware.nvml is not None:  # an engine's nodes are the engine's to watch
             sampler.outside = OutsideWatch(
                 core, publish, self.outside_use, self.outside_use_grace, log
             )
@@ -164,5 +163,5 @@ class MonitorSettings(ReclaimSettings):
                     "GPU broker: c.GPUBroker.outside_use is 'stop' but the broker does not run "
                     "as root: it warns the users, and stops no process"
                 )
-        sampler.latest = backend.read_all(core.inventory)
+        sampler.latest = hardware.readings.read_all(core.inventory)
         return sampler

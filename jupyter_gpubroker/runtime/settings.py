@@ -38,7 +38,7 @@ from ..paths import (
     default_user_lock_dir,
 )
 from ..wire.errors import InvalidRequest
-from .inventory import InventoryClass, NvmlInventory, source_class, source_names
+from .inventory import InventoryClass, source_class, source_names
 
 
 def positive(proposal: dict[str, Any]) -> float | None:
@@ -258,7 +258,8 @@ class BrokerSettings(HasTraits):
     @property
     def on_this_machine(self) -> bool:
         """The inventory is this machine's NVML (no engine)."""
-        return issubclass(self.inventory_class, NvmlInventory)
+        local: bool = self.inventory_class.local
+        return local
 
     def make_policy(self) -> Policy:
         """The ordering policy with its parameters, time zone and windows."""

@@ -58,10 +58,10 @@ from ..client import (
     kernel_report,
 )
 from ..runtime import GPUBroker
+from ..wire.text import LIVE
 from . import registry
 from .reclaimer import ServerKernels
 
-LIVE = ("queued", "granted")
 FIRST_RENEWAL_S = 10.0
 """How long a kernel start waits for the renewal that names its process; past it the
 heartbeat names it, as soon as the broker answers."""

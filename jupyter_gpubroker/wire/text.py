@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+LIVE = ("queued", "granted")
+"""A request's states (as the API names them) until it ends: waiting, then held."""
 SERVER_HOLDER = "server:"
 """A hub server's requests and leases are held by ``server:<user>[:<server name>]``."""
 CLI_RUN_HOLDER = "cli-run"

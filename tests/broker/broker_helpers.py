@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from jupyter_gpubroker.broker.models import Device, Gpu, Inventory
+from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.wire.profiles import CATALOG, free_starts
 from jupyter_gpubroker.wire.sizes import Size
 
@@ -17,6 +18,11 @@ WEDNESDAY_10AM = datetime(2024, 5, 15, 10, 0, tzinfo=timezone.utc).timestamp()
 
 Slice = str | tuple[str, int]
 """A MIG slice of a layout: a profile name (lowest free start) or (profile, start)."""
+
+
+def allocations(store: Store) -> dict[str, str]:
+    """The held devices as the state file has them: device UUID -> lease id."""
+    return dict(store.conn.execute("SELECT device, lease_id FROM allocations").fetchall())
 
 
 def gpu_uuid(index: int) -> str:

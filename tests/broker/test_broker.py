@@ -5,7 +5,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
-from broker_helpers import WEDNESDAY_10AM, make_inventory, mig_inventory, whole_inventory
+from broker_helpers import (
+    WEDNESDAY_10AM,
+    allocations,
+    make_inventory,
+    mig_inventory,
+    whole_inventory,
+)
 
 from jupyter_gpubroker.broker import estimates
 from jupyter_gpubroker.broker.core import BrokerConfig
@@ -39,7 +45,7 @@ def test_submit_is_granted_at_once_when_a_device_is_free(make_broker):
     assert lease.devices == (whole_inventory(2).devices[0].uuid,)
     assert lease.expires_at == WEDNESDAY_10AM + 120
     assert lease.profile == "gpu" and lease.gpu_equivalents == 1.0
-    assert broker.store.allocations() == {lease.devices[0]: lease.id}
+    assert allocations(broker.store) == {lease.devices[0]: lease.id}
     assert broker.queue() == []
 
 
@@ -118,7 +124,7 @@ def test_a_multi_gpu_request_takes_all_of_its_gpus_at_once(make_broker):
     broker = make_broker(whole_inventory(4))
     r = broker.submit("alice", Size(gpus=3))
     assert len(broker.lease(r.lease_id).devices) == 3
-    assert len(broker.store.allocations()) == 3
+    assert len(allocations(broker.store)) == 3
     r2 = broker.submit("bob", Size(gpus=2))
     assert r2.state is RequestState.QUEUED  # one GPU free is not two
 
@@ -192,7 +198,7 @@ def test_release_gives_the_freed_device_to_the_waiting_request(make_broker, cloc
     assert holders[1].state is RequestState.RELEASED
     assert waiting.state is RequestState.GRANTED
     assert broker.lease(waiting.lease_id).devices == freed
-    assert broker.store.allocations()[freed[0]] == waiting.lease_id
+    assert allocations(broker.store)[freed[0]] == waiting.lease_id
 
 
 def test_cancel_a_queued_request(make_broker):

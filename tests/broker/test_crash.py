@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from broker_helpers import allocations
 from live_server import LiveServer
 
 from jupyter_gpubroker.broker.store import SCHEMA_VERSION, Store
@@ -72,7 +73,7 @@ def check_file(path: Path, acked: list[str]) -> tuple[int, int]:
     try:
         requests = {r["id"]: r for r in conn.execute("SELECT * FROM requests")}
         leases = {r["id"]: r for r in conn.execute("SELECT * FROM leases")}
-        allocations = dict(conn.execute("SELECT device, lease_id FROM allocations").fetchall())
+        allocated = dict(conn.execute("SELECT device, lease_id FROM allocations").fetchall())
     finally:
         conn.close()
     active = {lid: lease for lid, lease in leases.items() if lease["state"] == "active"}
@@ -80,7 +81,7 @@ def check_file(path: Path, acked: list[str]) -> tuple[int, int]:
     held = [(d, lid) for lid, lease in active.items() for d in json.loads(lease["devices"])]
     devices = [d for d, _ in held]
     assert len(devices) == len(set(devices)), "a device is in two active leases"
-    assert allocations == dict(held), "allocations differ from the active leases' devices"
+    assert allocated == dict(held), "allocations differ from the active leases' devices"
 
     for lid, lease in active.items():
         r = requests[lease["request_id"]]
@@ -94,7 +95,7 @@ def check_file(path: Path, acked: list[str]) -> tuple[int, int]:
             assert all(lease["request_id"] != rid for lease in active.values())
     for lid, lease in leases.items():
         if lease["state"] != "active":
-            assert lid not in allocations.values()
+            assert lid not in allocated.values()
 
     for line in acked:
         kind, ident, *rest = line.split()
@@ -125,7 +126,7 @@ def test_killed_broker_restarts_consistent(tmp_path):
         broker = worker.open_broker(str(path))  # a fresh broker opens it without error
         try:
             holders = {d: lease.id for d, lease in broker.holders().items()}
-            assert holders == broker.store.allocations()
+            assert holders == allocations(broker.store)
             assert len({lease.id for lease in broker.leases()}) == active
         finally:
             broker.store.close()

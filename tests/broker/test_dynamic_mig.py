@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from broker_helpers import FakePartitioner, mig_inventory, mig_uuid, whole_inventory
+from broker_helpers import FakePartitioner, allocations, mig_inventory, mig_uuid, whole_inventory
 
 from jupyter_gpubroker.broker.core import BrokerConfig
 from jupyter_gpubroker.broker.models import RequestState
@@ -94,5 +94,5 @@ def test_a_failed_recut_leaves_the_request_waiting(make_broker):
     broker = make_broker(inv, config=DYNAMIC, partitioner=Failing(inv))
     r = broker.submit("alice", THREE_G)
     assert r.state is RequestState.QUEUED
-    assert broker.store.allocations() == {}
+    assert allocations(broker.store) == {}
     assert broker.queue()[0].request.id == r.id

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import hypothesis.strategies as st
-from broker_helpers import SIZES, make_inventory
+from broker_helpers import SIZES, allocations, make_inventory
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -106,7 +106,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def never_double_granted(self) -> None:
         held = [d for lease in self.broker.leases() for d in lease.devices]
         assert len(held) == len(set(held))
-        assert self.store.allocations() == {
+        assert allocations(self.store) == {
             d: lease.id for lease in self.broker.leases() for d in lease.devices
         }
 

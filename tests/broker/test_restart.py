@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from broker_helpers import make_inventory, whole_inventory, without
+from broker_helpers import allocations, make_inventory, whole_inventory, without
 
 from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.core import Broker, BrokerConfig
@@ -48,7 +48,7 @@ def test_a_restarted_broker_sees_the_same_leases_queue_and_positions(reopen, clo
 
     second = reopen(inv)
     assert snapshot(second) == before
-    assert second.store.allocations() == before[0]
+    assert allocations(second.store) == before[0]
     # and it goes on granting from there, not from scratch
     lease = second.leases("alice")[0]
     second.release(lease.id, "alice")
@@ -98,7 +98,7 @@ def test_a_lease_whose_device_left_the_inventory_is_reclaimed(reopen, clock):
     assert lease.state is LeaseState.RECLAIMED
     assert gone in lease.reason and "no longer in the inventory" in lease.reason
     assert second.request(lost.id).state is RequestState.RECLAIMED
-    assert set(second.store.allocations()) == set(second.lease(kept.lease_id).devices)
+    assert set(allocations(second.store)) == set(second.lease(kept.lease_id).devices)
     assert second.lease(kept.lease_id).state is LeaseState.ACTIVE
     # the surviving GPU of bob's lease goes to the queue at the next pass
     second.tick()

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from broker_helpers import whole_inventory
+from broker_helpers import allocations, whole_inventory
 
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.migrations import MIGRATIONS, SCHEMA_VERSION
@@ -116,7 +116,7 @@ def test_a_failed_transaction_leaves_nothing(store):
         raise RuntimeError("crash in the middle")
     assert store.request("r-1") is None
     assert store.lease("l-1") is None
-    assert store.allocations() == {}
+    assert allocations(store) == {}
     # the connection is usable again afterwards
     with store.transaction():
         store.insert_request(a_request("r-1"), 1)
@@ -131,7 +131,7 @@ def test_allocations_refuse_a_second_lease_on_one_device(store):
     with pytest.raises(sqlite3.IntegrityError), store.transaction():
         store.insert_lease(a_lease("l-2", "r-2", ("GPU-C", "GPU-B")), 500.0)
     # the whole second grant rolled back, not just the clashing row
-    assert store.allocations() == {"GPU-A": "l-1", "GPU-B": "l-1"}
+    assert allocations(store) == {"GPU-A": "l-1", "GPU-B": "l-1"}
     assert store.lease("l-2") is None
     assert store.request("r-2").state is RequestState.QUEUED
 
@@ -146,8 +146,7 @@ def test_the_database_stops_a_core_bug_from_double_granting(make_broker):
     ]
     with pytest.raises(sqlite3.IntegrityError):
         broker.submit("bob", Size(gpus=1))
-    allocations = broker.store.allocations()
-    assert allocations == {held[0]: first.lease_id}
+    assert allocations(broker.store) == {held[0]: first.lease_id}
     bob = [r for r in broker.store.live_requests() if r.user == "bob"]
     assert len(bob) == 1 and bob[0].state is RequestState.QUEUED  # acknowledged, not granted
     assert set(broker.holders()) == {held[0]}
@@ -161,7 +160,7 @@ def test_lease_end_writes_the_ledger_and_frees_devices(store):
     lease.state, lease.ended_at, lease.reason = LeaseState.RELEASED, 3610.0, "done"
     with store.transaction():
         store.end_lease(lease, "interactive")
-    assert store.allocations() == {}
+    assert allocations(store) == {}
     assert store.active_leases() == []
     (row,) = store.ledger()
     assert row["gpu_hours"] == pytest.approx(2.0)  # 2 GPUs for an hour
@@ -317,7 +316,7 @@ def test_a_version_8_file_keeps_its_grants_and_queue_through_the_upgrade(state_f
     conn.close()
     broker = Broker(Store(state_file), inventory, clock=clock)
     assert broker.store.schema_version == SCHEMA_VERSION
-    assert broker.store.allocations() == {held: "l-1"}
+    assert allocations(broker.store) == {held: "l-1"}
     origins = [row[3] for row in broker.store.conn.execute("PRAGMA index_list(allocations)")]
     assert origins == ["pk"]  # rebuilt without its rowid table and lease index
     assert [r.id for r in broker.store.live_requests()] == ["r-held", "r-next"]
@@ -327,7 +326,7 @@ def test_a_version_8_file_keeps_its_grants_and_queue_through_the_upgrade(state_f
     nxt = broker.request("r-next")
     assert nxt.state is RequestState.GRANTED
     broker.release("l-1")
-    assert broker.store.allocations() == {broker.lease(nxt.lease_id).devices[0]: nxt.lease_id}
+    assert allocations(broker.store) == {broker.lease(nxt.lease_id).devices[0]: nxt.lease_id}
 
 
 SUSPENDED_AT = next(i for i, m in enumerate(MIGRATIONS) if "suspension_ends" in m)

@@ -1,5 +1,5 @@
 """The broker under an engine (Slurm, Kubernetes): the engine's view read every tick
-and applied (``engines.apply_view``), and whether the engine answers."""
+and applied (``apply_view``), and whether the engine answers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 from tornado.ioloop import PeriodicCallback
 
 from ..broker.core import Broker
-from ..engines import ClusterView, EngineUnavailable, InventorySource, apply_view, release_ended
+from ..inventory import InventoryWatch
 from ..wire.errors import InvalidRequest
+from . import ClusterView, EngineUnavailable, InventorySource, apply_view, release_ended
 
 
 def read_now(source: InventorySource) -> ClusterView:
@@ -26,7 +27,7 @@ def read_now(source: InventorySource) -> ClusterView:
             raise InvalidRequest(f"{e}: the broker starts once it answers") from None
 
 
-class EngineWatch:
+class EngineWatch(InventoryWatch):
     """Reads ``source`` and makes ``core`` respect it; ``down`` is (since, why) while the
     engine does not answer, its last view standing meanwhile. ``grace_s`` says the
     current ``engine_grace`` (a setting that may change while the broker runs)."""
@@ -38,7 +39,8 @@ class EngineWatch:
         grace_s: Callable[[], float],
         log: logging.Logger,
     ) -> None:
-        self.source, self.core, self.grace_s, self.log = source, core, grace_s, log
+        self.source: InventorySource = source
+        self.core, self.grace_s, self.log = core, grace_s, log
         self.down: tuple[float, str] | None = None
         self._polling: PeriodicCallback | None = None
         self._stopped = False

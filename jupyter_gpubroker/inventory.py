@@ -1,0 +1,107 @@
+"""The one contract of ``c.GPUBroker.inventory_class``: where the broker's devices come from.
+
+jupyter-scheduler swaps each role through one base class (``scheduler_class``); here
+the role is the inventory. Every source, this machine's NVML
+(``runtime.NvmlInventory``) and each engine (``engines.InventorySource``: Slurm,
+Kubernetes, a plugin's), is a :class:`BaseInventory` whose ``open`` returns the same
+:class:`OpenInventory`. The running broker is built from that alone, so it asks which
+source it has nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from traitlets.config import LoggingConfigurable
+
+from .broker.models import DeviceEvent, DeviceReading, Inventory
+
+if TYPE_CHECKING:
+    from .broker.core import Broker
+    from .broker.devices import Partitioner
+    from .engines import InventorySource
+    from .monitor.sampler import Reader
+    from .nvml import NvmlBackend
+    from .runtime.settings import BrokerSettings
+
+
+class NoReadings:
+    """The sampler's reader where the broker has no NVML of the GPUs (an engine's nodes
+    have it): no device readings and no hardware events."""
+
+    def read_all(self, inventory: Inventory | None = None) -> dict[str, DeviceReading]:
+        return {}
+
+    def poll_events(self) -> list[DeviceEvent]:
+        return []
+
+
+class InventoryWatch:
+    """Keeps the core in step with its source while the broker runs. This one follows
+    nothing: NVML's changes reach the core through the sampling pass. An engine's
+    (``engines.watch.EngineWatch``) reads the engine every tick."""
+
+    source: InventorySource | None = None
+    """The engine followed (None: this machine's NVML)."""
+
+    def start(self, interval_s: float) -> None:
+        """Follow every ``interval_s`` seconds on the current IOLoop."""
+
+    def stop(self) -> None:
+        """Follow no more."""
+
+    async def poll(self) -> None:
+        """One read of the source, applied."""
+
+    def state(self) -> dict[str, Any] | None:
+        """The engine's name and whether it answers (None: no engine)."""
+        return None
+
+
+def _follow_nothing(core: Broker, grace_s: Callable[[], float]) -> InventoryWatch:
+    return InventoryWatch()
+
+
+def _close_nothing() -> None:
+    """An opened source that holds nothing open."""
+
+
+@dataclass
+class OpenInventory:
+    """An opened source, the same shape from every one: what the broker is built from,
+    what it reads while it runs, and how to give back what ``open`` took."""
+
+    devices: Inventory
+    """The GPUs and grantable devices at the start."""
+    where: str
+    """The source as the start's log line names it: ``NVIDIA driver``, ``slurm, 2 nodes``."""
+    readings: Reader = field(default_factory=NoReadings)
+    """What each sampling pass reads."""
+    nvml: NvmlBackend | None = None
+    """This machine's driver, where the GPUs are this machine's: the core's process probe,
+    outside use, suspend and device cgroups read it. None: an engine's nodes own them."""
+    partitioner: Partitioner | None = None
+    """What re-cuts MIG GPUs (``c.GPUBroker.dynamic_mig``)."""
+    follow: Callable[[Broker, Callable[[], float]], InventoryWatch] = _follow_nothing
+    """The watch that keeps the core in step, once it is built; ``grace_s`` says the
+    current ``engine_grace`` (a setting that may change while the broker runs)."""
+    close: Callable[[], None] = _close_nothing
+    """Gives back what ``open`` took (the driver, the GPUs' locks)."""
+
+
+class BaseInventory(LoggingConfigurable):
+    """A source of the broker's devices, configured as ``c.<its class>.*`` with the
+    broker as its parent."""
+
+    name: ClassVar[str]
+    """The source's name, as ``c.GPUBroker.inventory_source`` and logs name it."""
+    local: ClassVar[bool] = False
+    """Whether the GPUs are this machine's (the server says so when it has no driver)."""
+
+    def open(self, settings: BrokerSettings, api_url: str) -> OpenInventory:
+        """Open the source for a broker with ``settings`` that kernels reach at
+        ``api_url``. Raises ``InvalidRequest`` for settings the source cannot serve, and
+        leaves nothing open when it raises."""
+        raise NotImplementedError
