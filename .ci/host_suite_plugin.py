@@ -64,21 +64,49 @@ def pytest_configure(config: pytest.Config) -> None:
         if not SHIPPED.exists():
             raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed")
         logging.setLogRecordFactory(TRACEBACKS)
+        if kind := os.environ.get("HOST_SUITE_BREAK"):
+            break_the_extension(kind)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``$HOST_SUITE_FIRST_OF``: a test repeated over that parameter's values keeps its first."""
-    name = os.environ.get("HOST_SUITE_FIRST_OF")
-    if not name:
-        return
-    kept, dropped = [], []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        later = callspec is not None and callspec.indices.get(name, 0) > 0
-        (dropped if later else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+BREAKS = ("load", "kernelspecs", "routes", "stop")
+"""Ways to break the extension on purpose (``$HOST_SUITE_BREAK``), each at a point where it
+meets the host: its start, its hiding of kernelspecs, its routes, its stop. The subset of the
+host's tests ``.ci/host-suite`` runs is honest only if each one fails some test of it."""
+
+
+def break_the_extension(kind: str) -> None:
+    """Break the extension in the servers the tests start in this process, as ``kind`` says."""
+    from jupyter_gpubroker.server import app
+
+    ext = app.GPUBrokerExtension
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the extension broken on purpose (.ci/host-suite --check-subset)")
+
+    if kind == "load":
+        ext.initialize_settings = fail  # type: ignore[method-assign]
+    elif kind == "kernelspecs":  # hides every kernelspec, not only those that wait for a GPU
+
+        def hide_all(self: Any, specs: Any) -> None:
+            specs.allowed_kernelspecs = {"no-such-kernel"}
+
+        ext._hide_gpu_kernelspecs = hide_all  # type: ignore[method-assign]
+    elif kind == "routes":  # the API mounted at the server's own /api: its 404 answers there
+        from jupyter_gpubroker.server.handlers import handlers
+        from jupyter_gpubroker.server.host import JupyterHost
+
+        def everywhere(self: Any) -> None:
+            self.handlers.extend(handlers(JupyterHost, root="/api"))
+
+        ext.initialize_handlers = everywhere  # type: ignore[method-assign]
+    elif kind == "stop":
+
+        async def stop(self: Any) -> None:
+            fail()
+
+        ext.stop_extension = stop  # type: ignore[method-assign]
+    else:
+        raise pytest.UsageError(f"no way to break the extension called {kind!r}: {BREAKS}")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
