@@ -28,8 +28,8 @@ ADMIN_SCOPE = "custom:gpubroker:admin"
 HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 """Our extension of the hub's page.html (the Services menu's titles)."""
 
-SUPERVISOR = [sys.executable, "-m", "hub_spawner.supervisor"]
-"""The start of a supervised service's command: the service's own command follows."""
+SUPERVISOR = "hub_spawner.supervisor"
+"""The module a supervised service runs (``python -m``), with the service's options."""
 
 SERVER_ROLE_DEFAULTS = ["users:activity!user", "access:servers!server"]
 """The scopes of JupyterHub's default 'server' role, which ``server_token_scopes`` replaces."""
@@ -67,7 +67,7 @@ def configure(
     further.
     """
     access = f"access:services!service={name}"
-    command = [*(SUPERVISOR if supervised else []), sys.executable, "-m", "hub_spawner.service"]
+    command = [sys.executable, "-m", SUPERVISOR if supervised else "hub_spawner.service"]
     if broker_config:
         command.append(f"--config={broker_config}")
     command += list(service_args)

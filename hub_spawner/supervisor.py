@@ -1,16 +1,20 @@
-"""The broker service's supervisor: a killed service serves again within seconds, not at
-the hub's next poll.
+"""The broker service's supervisor: a killed service serves again within a second or
+two, not at the hub's next poll.
 
-    python -m hub_spawner.supervisor python -m hub_spawner.service [its options]
+    python -m hub_spawner.supervisor [the service's options]
 
 JupyterHub notices that a managed service died only when it next polls it, every 30 s,
 and offers no setting for that. So ``configure`` makes this the service's command: a
-small process that runs the service as its one child and starts it again at once when
-it dies. It holds the service's listening socket (the port of $JUPYTERHUB_SERVICE_URL)
-and hands it to each child as systemd's socket activation does ($LISTEN_FDS,
-$LISTEN_PID, fd 3). A call made while a new child starts waits in the socket's queue,
-so the hub's proxy answers it a little late instead of with a 503.
+small process that runs the service (``hub_spawner.service``, with the same options) as
+its one child, and starts a new child at once when it dies.
 
+- It holds the service's listening socket (the port of $JUPYTERHUB_SERVICE_URL) and
+  hands it to each child as systemd's socket activation does ($LISTEN_FDS,
+  $LISTEN_PID, fd 3). A call made while a new child starts waits in the socket's
+  queue, so the hub's proxy answers it a little late instead of with a 503.
+- It loads the service's code once and forks each child from itself, as
+  ``gunicorn --preload`` does: a restart skips the seconds that importing JupyterHub
+  and the broker takes. It starts no thread and runs nothing of that code itself.
 - A child killed by a signal (SIGKILL, the OOM killer, a crash) starts again at once.
   One that exits by itself within ``QUICK_S`` of its start cannot start (a wrong
   option): it starts again after a pause that doubles from 1 s to 30 s, the hub's pace.
@@ -19,8 +23,6 @@ so the hub's proxy answers it a little late instead of with a 503.
 - On Linux the child dies with the supervisor (the parent-death signal), so a killed
   supervisor leaves no broker holding the state file and the port: the hub starts both
   again at its next poll.
-
-It imports nothing beyond the standard library: it should never be what crashes.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from types import FrameType
 from urllib.parse import urlsplit
@@ -80,12 +82,13 @@ def listen(url: str) -> socket.socket:
 
 
 class Supervisor:
-    """Run ``command`` with ``listener`` (fd ``LISTEN_FD``), again whenever it dies,
-    until told to stop."""
+    """Run ``service()`` in a child forked with ``listener`` (fd ``LISTEN_FD``), again
+    whenever it dies, until told to stop."""
 
-    def __init__(self, command: list[str], listener: socket.socket) -> None:
-        self.command, self.listener = command, listener
-        self.child: subprocess.Popen[bytes] | None = None
+    def __init__(self, service: Callable[[], int], listener: socket.socket) -> None:
+        self.service, self.listener = service, listener
+        self.child: int | None = None
+        """The running child's pid."""
         self.stopping: int | None = None
         """The signal that told this process to stop."""
         self._prctl = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
@@ -94,16 +97,10 @@ class Supervisor:
         """The child's exit status once a signal stopped it (128 + a signal's number)."""
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        os.environ["LISTEN_FDS"] = "1"
         pause = PAUSE_S
         while self.stopping is None:
             started = time.monotonic()
-            self.child = subprocess.Popen(
-                self.command, pass_fds=(LISTEN_FD,), preexec_fn=self._in_child(os.getpid())
-            )
-            if self.stopping is not None:  # the signal came while it was starting
-                self.child.send_signal(self.stopping)
-            status = self.child.wait()
+            status = self._run_child()
             if self.stopping is not None:
                 return status if status >= 0 else 128 - status
             if status < 0 or time.monotonic() - started >= QUICK_S:
@@ -120,10 +117,47 @@ class Supervisor:
             pause = min(2 * pause, LONGEST_PAUSE_S)
         return 0
 
+    def _run_child(self) -> int:
+        """Fork a child that runs the service; its ``Popen.returncode``-style status."""
+        parent = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(self._in_child(parent))
+        self.child = pid
+        if self.stopping is not None:  # the signal came while it was starting
+            os.kill(pid, self.stopping)
+        _, status = os.waitpid(pid, 0)
+        self.child = None
+        return os.waitstatus_to_exitcode(status)
+
+    def _in_child(self, parent: int) -> int:
+        """The child: it dies with the supervisor, takes the socket as its own and runs
+        the service; its exit status (it never returns into the supervisor's loop)."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the service sets its own
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if self._prctl is not None:
+            self._prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the supervisor died before that took effect
+            return 1
+        os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+        try:
+            status = self.service()
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except BaseException:  # noqa: BLE001 - said in the log, as Python would
+            traceback.print_exc()
+            status = 1
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return status
+
     def _stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = signum
-        if self.child is not None and self.child.returncode is None:
-            os.kill(self.child.pid, signum)
+        if self.child is not None:
+            os.kill(self.child, signum)
 
     def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once to a signal to stop."""
@@ -131,23 +165,9 @@ class Supervisor:
         while self.stopping is None and time.monotonic() < until:
             time.sleep(0.1)
 
-    def _in_child(self, parent: int) -> Callable[[], None]:
-        """What the child does before it becomes the service: take the socket as its
-        own ($LISTEN_PID), and die with the supervisor."""
-        prctl = self._prctl
-
-        def in_child() -> None:
-            os.environ["LISTEN_PID"] = str(os.getpid())  # the exec'd service reads it
-            if prctl is not None:
-                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the supervisor died before that took effect
-                os._exit(1)
-
-        return in_child
-
 
 def _how(status: int) -> str:
-    """How a child ended, from its ``Popen.returncode``."""
+    """How a child ended, from its ``Popen.returncode``-style status."""
     if status >= 0:
         return f"exited with status {status}"
     try:
@@ -157,13 +177,15 @@ def _how(status: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(
-        level=logging.INFO, format="[%(levelname)1.1s %(asctime)s gpubroker-supervisor] %(message)s"
+    """Supervise ``hub_spawner.service`` with ``argv``, its own options."""
+    options = sys.argv[1:] if argv is None else argv
+    said = logging.StreamHandler()  # this logger's alone: the children log their own way
+    said.setFormatter(
+        logging.Formatter("[%(levelname)1.1s %(asctime)s gpubroker-supervisor] %(message)s")
     )
-    if not command:
-        log.critical("Usage: python -m hub_spawner.supervisor COMMAND [ARGS]: the service to run")
-        return 2
+    log.addHandler(said)
+    log.setLevel(logging.INFO)
+    log.propagate = False
     url = os.environ.get("JUPYTERHUB_SERVICE_URL")
     if not url:
         log.critical(
@@ -176,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         log.critical("Cannot listen at %s: %s", url, e.strerror or e)
         return 1
-    return Supervisor(command, listener).run()
+    from hub_spawner import service  # loaded once, run only in the children
+
+    return Supervisor(lambda: service.main(options), listener).run()
 
 
 if __name__ == "__main__":

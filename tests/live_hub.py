@@ -1,5 +1,6 @@
 """A real JupyterHub (``jupyterhub`` + configurable-http-proxy) running the example config
-(``examples/hub-simulated``), whose GPU broker service the hub starts and restarts.
+(``examples/hub-simulated``), whose GPU broker service the hub starts under its
+supervisor, which restarts it.
 
 ``Hub`` listens on free ports under a directory of its own, on the example's machine cut
 to one GPU (seven 1g.10gb slices) so that a few requests fill it. Tests reach the hub's
@@ -132,9 +133,11 @@ c.JupyterHub.cookie_secret_file = "{self.home}/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = "{self.home}/jupyterhub.pid"
 broker = c.JupyterHub.services[0]
 broker["url"] = "{service_url}"
-assert broker["command"][:{len(SUPERVISOR)}] == {SUPERVISOR!r}
+assert broker["command"][1:3] == ["-m", {SUPERVISOR!r}]
 broker["command"] = [
-    *broker["command"][{0 if self.supervised else len(SUPERVISOR)}:-1],
+    *broker["command"][:2],
+    {SUPERVISOR if self.supervised else "hub_spawner.service"!r},
+    *broker["command"][3:-1],
     "--GPUBroker.state_file={self.state_file}",
     *{[f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]!r},
 ]

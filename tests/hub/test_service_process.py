@@ -43,10 +43,9 @@ def start(
     }
     return subprocess.Popen(
         [
-            *(SUPERVISOR if supervised else []),
             sys.executable,
             "-m",
-            "hub_spawner.service",
+            SUPERVISOR if supervised else "hub_spawner.service",
             f"--GPUBroker.state_file={tmp_path / 'state.sqlite'}",
             "--GPUBroker.simulate=dgx-h100-mig:1",
             *options,
