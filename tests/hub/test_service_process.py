@@ -21,6 +21,7 @@ from live_hub import ROOT, free_port, wait_for
 
 from hub_spawner.hubconfig import SUPERVISOR
 from hub_spawner.service import GPUBrokerService
+from hub_spawner.supervisor import passed_socket
 from jupyter_gpubroker.statelock import StateLock
 from jupyter_gpubroker.wire.errors import StateFileError
 
@@ -141,6 +142,25 @@ def test_a_service_that_cannot_start_is_tried_again_less_and_less_often(tmp_path
     assert pauses == ["1", "2"], lines
     assert "no config file /nowhere.py" in "".join(lines)
     assert proc.returncode == 0 and "Traceback" not in "".join(lines) + out
+
+
+def test_a_socket_is_taken_only_when_passed_to_this_process_and_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """systemd's protocol: $LISTEN_PID names the process the sockets are for (never its
+    children, so both variables go); a unit that passes two is told to pass one."""
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    monkeypatch.setenv("LISTEN_PID", str(os.getppid()))  # another process's
+    assert passed_socket() is None
+    assert "LISTEN_FDS" not in os.environ and "LISTEN_PID" not in os.environ
+    monkeypatch.setenv("LISTEN_FDS", "2")
+    monkeypatch.setenv("LISTEN_PID", str(os.getpid()))
+    with pytest.raises(ValueError) as refused:
+        passed_socket()
+    assert str(refused.value) == (
+        "2 sockets were passed to the service ($LISTEN_FDS), which listens on one: give its "
+        "socket unit one ListenStream="
+    )
 
 
 def test_a_service_the_hub_started_wrongly_says_why_in_one_line(tmp_path: Path) -> None:
