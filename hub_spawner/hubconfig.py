@@ -6,7 +6,8 @@
     configure(c, broker_config="/etc/gpubroker/gpubroker_config.py", admin_users=["alice"])
 
 fills ``c`` with everything the docs' long form (docs/hub.md, *Permissions*)
-spells out by hand: the broker service's entry in ``c.JupyterHub.services``, its custom
+spells out by hand: the broker service's entry in ``c.JupyterHub.services`` (run by its
+supervisor, which starts it again at once if it dies), its custom
 scopes, the roles that grant them, the scopes of single-user servers' tokens, the
 servers' ``$GPUBROKER_URL``, the GPU spawner and the idle-server announcement. Each part
 is an argument; anything set on ``c`` after the call wins, as usual in a config file.
@@ -27,6 +28,9 @@ ADMIN_SCOPE = "custom:gpubroker:admin"
 HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 """Our extension of the hub's page.html (the Services menu's titles)."""
 
+SUPERVISOR = "hub_spawner.supervisor"
+"""The module a supervised service runs (``python -m``), with the service's options."""
+
 SERVER_ROLE_DEFAULTS = ["users:activity!user", "access:servers!server"]
 """The scopes of JupyterHub's default 'server' role, which ``server_token_scopes`` replaces."""
 
@@ -44,6 +48,7 @@ def configure(
     announcement: bool = True,
     display: bool = True,
     title: str | None = "GPUs",
+    supervised: bool = True,
 ) -> dict[str, Any]:
     """Fill the hub config ``c`` for one GPU broker service shared by every user.
 
@@ -55,11 +60,14 @@ def configure(
     ``spawner_class`` (``None`` leaves it); ``service_args``: more command-line options of
     the service (``--GPUBroker.simulate=dgx-h100-mig``). ``announcement``: the hub's
     pages warn of an idle GPU server and say why one was stopped. ``title``: what the
-    hub's Services menu calls the service (JupyterHub itself shows its URL name). Returns
-    the service's entry (also in ``c.JupyterHub.services``), to change further.
+    hub's Services menu calls the service (JupyterHub itself shows its URL name).
+    ``supervised``: the service runs under ``hub_spawner.supervisor``, which starts it
+    again at once if it dies (``False``: the hub does, at its next poll, up to 30 s
+    later). Returns the service's entry (also in ``c.JupyterHub.services``), to change
+    further.
     """
     access = f"access:services!service={name}"
-    command = [sys.executable, "-m", "hub_spawner.service"]
+    command = [sys.executable, "-m", SUPERVISOR if supervised else "hub_spawner.service"]
     if broker_config:
         command.append(f"--config={broker_config}")
     command += list(service_args)

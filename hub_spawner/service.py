@@ -22,13 +22,15 @@ Who is calling, and what they may do (``HubHost``), all from the hub:
   on its own kernel's requests; its user's hub groups are read from the hub.
 
 SIGTERM or SIGINT (how the hub stops it) closes the connections, stops the broker and
-releases the state file; a killed service restarts from the file (the hub starts it
-again) with its leases and the kernels' tokens intact. A service whose broker cannot run
-(a config error, another broker on the file, no driver) does not exit, which would take
-the hub down at its start: it logs why, answers every call with a 503 that says it (to
-users of the broker; as the embedded server does), and tries again every
-``retry_interval`` seconds with its config file read anew, so it recovers by itself once
-the cause is gone. Only a service the hub started wrongly (no service URL) exits 1.
+releases the state file; a killed service restarts from the file with its leases and
+the kernels' tokens intact, started again at once by its supervisor (``supervisor``,
+whose socket it then serves on; without one, by the hub at its next poll). A service
+whose broker cannot run (a config error, another broker on the file, no driver) does
+not exit, which would take the hub down at its start: it logs why, answers every call
+with a 503 that says it (to users of the broker; as the embedded server does), and
+tries again every ``retry_interval`` seconds with its config file read anew, so it
+recovers by itself once the cause is gone. Only a service the hub started wrongly (no
+service URL) exits 1.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from copy import deepcopy
@@ -77,6 +80,7 @@ from .hubauth import (
     require_use,
 )
 from .pages import page_handlers
+from .supervisor import passed_socket
 
 METRICS_SCOPE = "read:metrics"
 
@@ -288,6 +292,9 @@ class GPUBrokerService(Application):
         "c.JupyterHub.authenticate_prometheus); False serves it to anyone who reaches it.",
     ).tag(config=True)
 
+    _listener: socket.socket | None = None
+    """The listening socket passed by socket activation (``supervisor``), if any."""
+
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         if self.config_file and not Path(self.config_file).is_file():
@@ -312,6 +319,10 @@ class GPUBrokerService(Application):
 
     async def serve(self) -> None:
         url, prefix = _from_hub("JUPYTERHUB_SERVICE_URL"), _from_hub("JUPYTERHUB_SERVICE_PREFIX")
+        try:
+            self._listener = passed_socket()
+        except ValueError as e:
+            raise ServiceError(str(e)) from None
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -375,11 +386,17 @@ class GPUBrokerService(Application):
     async def _listen(
         self, app: web.Application, url: str, stopping: asyncio.Event, for_s: float | None = None
     ) -> None:
-        """Serve ``app`` at ``url`` until ``stopping`` (or ``for_s`` seconds), then close
-        the open connections (event streams) within ``stop_timeout``."""
-        where = urlsplit(url)
+        """Serve ``app`` at ``url`` (on the socket the supervisor or systemd passed, if
+        any) until ``stopping`` (or ``for_s`` seconds), then close the open connections
+        (event streams) within ``stop_timeout``."""
         server = HTTPServer(app, xheaders=True)
-        server.listen(where.port or 80, where.hostname or "127.0.0.1")
+        if self._listener is not None:  # a copy: stopping this server leaves the socket open
+            listener = socket.socket(fileno=os.dup(self._listener.fileno()))
+            listener.setblocking(False)
+            server.add_socket(listener)
+        else:
+            where = urlsplit(url)
+            server.listen(where.port or 80, where.hostname or "127.0.0.1")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stopping.wait(), for_s)
         server.stop()

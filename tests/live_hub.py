@@ -1,5 +1,6 @@
 """A real JupyterHub (``jupyterhub`` + configurable-http-proxy) running the example config
-(``examples/hub-simulated``), whose GPU broker service the hub starts and restarts.
+(``examples/hub-simulated``), whose GPU broker service the hub starts under its
+supervisor, which restarts it.
 
 ``Hub`` listens on free ports under a directory of its own, on the example's machine cut
 to one GPU (seven 1g.10gb slices) so that a few requests fill it. Tests reach the hub's
@@ -30,6 +31,7 @@ from typing import Any
 import requests
 import websocket
 
+from hub_spawner.hubconfig import SUPERVISOR
 from jupyter_gpubroker.api import TOKEN_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +87,20 @@ class Hub:
     """One running hub, its broker service and the users the tests made."""
 
     def __init__(
-        self, home: Path, spawner: str = "", extra_config: str = "", **broker: Any
+        self,
+        home: Path,
+        spawner: str = "",
+        extra_config: str = "",
+        supervised: bool = True,
+        **broker: Any,
     ) -> None:
         """``spawner``: the hub's ``spawner_class`` instead of the example's; ``extra_config``:
-        lines appended to the hub's config; ``broker``: ``c.GPUBroker`` options of the
-        service beyond the example's."""
+        lines appended to the hub's config; ``supervised``: the service under its
+        supervisor, as ``configure`` runs it (``False``: the service alone, which the hub
+        restarts at its next poll); ``broker``: ``c.GPUBroker`` options of the service
+        beyond the example's."""
         self.home, self.spawner, self.extra_config = home, spawner, extra_config
+        self.supervised = supervised
         self.broker = {
             "simulate": "dgx-h100-mig:1",
             "tick_interval": 0.5,
@@ -135,8 +145,11 @@ c.JupyterHub.cookie_secret_file = "{self.home}/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = "{self.home}/jupyterhub.pid"
 broker = c.JupyterHub.services[0]
 broker["url"] = "{service_url}"
+assert broker["command"][1:3] == ["-m", {SUPERVISOR!r}]
 broker["command"] = [
-    *broker["command"][:-1],
+    *broker["command"][:2],
+    {SUPERVISOR if self.supervised else "hub_spawner.service"!r},
+    *broker["command"][3:-1],
     "--GPUBroker.state_file={self.state_file}",
     *{[f"--GPUBroker.{k}={v}" for k, v in self.broker.items()]!r},
 ]
@@ -202,8 +215,19 @@ c.JupyterHub.load_roles.append(
             return None
         return pid if Path(f"/proc/{pid}").exists() else None
 
+    def supervisor_pid(self) -> int:
+        """The pid of the process the hub started for the service: the broker service's
+        supervisor (the service itself when not ``supervised``)."""
+        pid = self.service_pid()
+        assert pid is not None, "no broker service runs"
+        if not self.supervised:
+            return pid
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
+
     def kill_service(self) -> int:
-        """SIGKILL the broker service and wait until the hub started a new one; its pid."""
+        """SIGKILL the broker service (the process holding its state file) and wait until a
+        new one answers (its supervisor's, or the hub's); its pid."""
         before = self.service_pid()
         assert before is not None, "no broker service runs"
         os.kill(before, signal.SIGKILL)

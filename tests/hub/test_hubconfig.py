@@ -94,3 +94,14 @@ def test_arguments_and_later_settings_win_and_earlier_ones_are_kept() -> None:
     assert service["name"] == "gpus" and service["url"] == "http://10.0.0.2:9000"
     assert "--GPUBroker.simulate=dgx-h100" in service["command"] and not service["display"]
     assert SimpleGPUBrokerSpawner(config=c).gpubroker_service == "gpus"
+
+
+def test_the_service_runs_under_its_supervisor_unless_told_not_to() -> None:
+    supervised, alone = Config(), Config()
+    configure(supervised, broker_config="/etc/b.py")
+    configure(alone, broker_config="/etc/b.py", supervised=False)
+    commands = [c.JupyterHub.services[0]["command"] for c in (supervised, alone)]
+    assert commands == [
+        [sys.executable, "-m", "hub_spawner.supervisor", "--config=/etc/b.py"],
+        [sys.executable, "-m", "hub_spawner.service", "--config=/etc/b.py"],
+    ]

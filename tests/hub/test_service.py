@@ -1,5 +1,5 @@
 """The broker as a JupyterHub service, end to end: a real hub and proxy, the service the
-hub starts (and restarts), users with hub API tokens and a browser login, on the
+hub starts (and its supervisor restarts), users with hub API tokens and a browser login, on the
 example's simulated machine (one H100 in seven 1g.10gb slices here)."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +163,38 @@ def test_a_killed_service_comes_back_with_its_leases_and_kernel_tokens(hub: Hub)
         assert ok(hub, frank, "GET", f"requests/{waiting['id']}")["state"] == "queued"
     finally:
         release_all(hub, erin, frank)
+
+
+async def test_a_killed_service_answers_through_the_proxy_within_5_s(hub: Hub) -> None:
+    """SIGKILL the process that holds the state file: its supervisor starts it again at
+    once, on the socket it keeps open, so calls made while it starts wait instead of
+    failing, through the proxy: a bare fetch (a page, the panel's first try) and a
+    client's submit, neither of them retried."""
+    token = hub.user("kim")
+    client = BrokerClient(hub.api_url, token=token, retry_for=0)
+    supervisor = hub.supervisor_pid()
+    for _ in range(2):
+        killed = hub.service_pid()
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        at = time.monotonic()
+        gone = Path(f"/proc/{killed}")
+        await asyncio.to_thread(
+            wait_for, "the kill", lambda p=gone: not p.exists(), interval_s=0.01
+        )
+        assert hub.service_pid() is None  # no broker runs: the calls below wait for one
+        bare = asyncio.to_thread(
+            requests.get, f"{hub.api_url}/me", headers={"Authorization": f"token {token}"}
+        )
+        me, taken = await asyncio.gather(bare, client.submit(**SLICE, holder="crash"))
+        took = time.monotonic() - at
+        try:
+            assert me.status_code == 200 and me.json()["user"] == "kim"
+            assert taken["state"] == "granted"
+            assert took <= 5.0, f"answered {took:.1f} s after the kill"
+        finally:
+            await client.release(taken["lease"]["id"])
+    assert hub.supervisor_pid() == supervisor  # the hub had nothing to start again
 
 
 async def test_an_event_stream_that_reconnects_with_last_event_id_misses_nothing(

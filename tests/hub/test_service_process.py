@@ -1,13 +1,17 @@
 """The service process on its own, as the hub starts and stops it (no hub needed): it
-serves under its prefix, stops cleanly on SIGTERM, and refuses to start with a sentence."""
+serves under its prefix, stops cleanly on SIGTERM, and refuses to start with a sentence;
+under its supervisor, it stops with it and a service that cannot start does not spin."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +19,9 @@ import pytest
 import requests
 from live_hub import ROOT, free_port, wait_for
 
+from hub_spawner.hubconfig import SUPERVISOR
 from hub_spawner.service import GPUBrokerService
+from hub_spawner.supervisor import passed_socket
 from jupyter_gpubroker.statelock import StateLock
 from jupyter_gpubroker.wire.errors import StateFileError
 
@@ -23,8 +29,9 @@ PREFIX = "/services/gpubroker/"
 
 
 def start(
-    tmp_path: Path, *options: str, env: dict[str, str] | None = None
+    tmp_path: Path, *options: str, env: dict[str, str] | None = None, supervised: bool = False
 ) -> subprocess.Popen[str]:
+    """The service as the hub starts it (``supervised``: under its supervisor)."""
     paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
     environment = {
         **os.environ,
@@ -39,7 +46,7 @@ def start(
         [
             sys.executable,
             "-m",
-            "hub_spawner.service",
+            SUPERVISOR if supervised else "hub_spawner.service",
             f"--GPUBroker.state_file={tmp_path / 'state.sqlite'}",
             "--GPUBroker.simulate=dgx-h100-mig:1",
             *options,
@@ -68,6 +75,92 @@ def test_sigterm_stops_the_service_and_frees_its_state_file(tmp_path: Path) -> N
     assert "Traceback" not in out
     lock.acquire()  # given back
     lock.release()
+
+
+def test_sigterm_to_the_supervisor_stops_its_service_cleanly(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start(tmp_path, "--log-level=INFO", env={"JUPYTERHUB_SERVICE_URL": url}, supervised=True)
+    try:
+        me = f"{url}{PREFIX}api/v1/me"
+        wait_for("the service", lambda: requests.get(me, timeout=5).status_code == 403)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "GPU broker service: stopping" in out and "Traceback" not in out
+    lock = StateLock(tmp_path / "state.sqlite")
+    lock.acquire()  # given back
+    lock.release()
+
+
+def test_a_killed_supervisor_takes_its_service_along(tmp_path: Path) -> None:
+    """Nothing is left holding the state file or the port when the hub starts the
+    supervisor again at its next poll."""
+    port = free_port()
+    proc = start(
+        tmp_path, env={"JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}"}, supervised=True
+    )
+    lock = StateLock(tmp_path / "state.sqlite")
+    try:
+        wait_for("the service", lambda: _status(f"http://127.0.0.1:{port}{PREFIX}", {}))
+        with pytest.raises(StateFileError):  # held by the service
+            lock.acquire()
+        proc.kill()
+        proc.communicate(timeout=60)
+        wait_for("the state file", lambda: _acquired(lock), timeout_s=10)
+        lock.release()
+        with socket.create_server(("127.0.0.1", port)):  # and the port is free
+            pass
+    finally:
+        proc.kill()
+
+
+def test_a_service_that_cannot_start_is_tried_again_less_and_less_often(tmp_path: Path) -> None:
+    """It exits at once (a config file that is not there): the supervisor starts it again
+    after 1 s, then 2 s, says so, and stops at once when told to, even during a pause."""
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start(
+        tmp_path, "--config=/nowhere.py", env={"JUPYTERHUB_SERVICE_URL": url}, supervised=True
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        while not any("again in 2 s" in line for line in lines):
+            lines.append(proc.stdout.readline())
+        proc.send_signal(signal.SIGTERM)  # in the 2 s pause
+        stopped = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - stopped < 1.5
+    pauses = re.findall(
+        r"The GPU broker service exited with status 1 \d+ s after its start; starting it "
+        r"again in (\d+) s",
+        "".join(lines),
+    )
+    assert pauses == ["1", "2"], lines
+    assert "no config file /nowhere.py" in "".join(lines)
+    assert proc.returncode == 0 and "Traceback" not in "".join(lines) + out
+
+
+def test_a_socket_is_taken_only_when_passed_to_this_process_and_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """systemd's protocol: $LISTEN_PID names the process the sockets are for (never its
+    children, so both variables go); a unit that passes two is told to pass one."""
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    monkeypatch.setenv("LISTEN_PID", str(os.getppid()))  # another process's
+    assert passed_socket() is None
+    assert "LISTEN_FDS" not in os.environ and "LISTEN_PID" not in os.environ
+    monkeypatch.setenv("LISTEN_FDS", "2")
+    monkeypatch.setenv("LISTEN_PID", str(os.getpid()))
+    with pytest.raises(ValueError) as refused:
+        passed_socket()
+    assert str(refused.value) == (
+        "2 sockets were passed to the service ($LISTEN_FDS), which listens on one: give its "
+        "socket unit one ListenStream="
+    )
 
 
 def test_a_service_the_hub_started_wrongly_says_why_in_one_line(tmp_path: Path) -> None:
@@ -115,6 +208,14 @@ def test_a_broker_that_cannot_run_is_a_503_saying_why_until_its_config_is_fixed(
         "user: remove it, the service always names callers by their hub user name; every call "
         "is answered with this, and the service tries again in 1 s"
     ) in out
+
+
+def _acquired(lock: StateLock) -> bool:
+    try:
+        lock.acquire()
+    except StateFileError:
+        return False
+    return True
 
 
 def _status(url: str, headers: dict[str, str]) -> int | None:

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -285,7 +286,8 @@ def test_a_start_still_queued_when_the_hub_restarts_keeps_its_request_and_starts
 def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_back(
     hub: Hub,
 ) -> None:
-    """The service dies, the user's server stops meanwhile (its give-back finds no broker):
+    """The service's supervisor dies, and the service with it, so none runs until the
+    hub's next poll; the user's server stops meanwhile (its give-back finds no broker):
     the restarted service releases its lease within seconds of starting, charged no later
     than the stop (up to the last renewal, at most a third of the TTL before)."""
     token = hub.user("ida")
@@ -294,9 +296,7 @@ def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_ba
         lease_id = hub.ready_server_env("ida")[LEASE_ENV]
         ttl_s = ok(hub, token, "GET", f"leases/{lease_id}")["ttl_s"]
         starts = hub.log.read_text().count(SERVICE_STARTED)
-        killed = hub.service_pid()
-        assert killed is not None
-        os.kill(killed, signal.SIGKILL)
+        os.kill(hub.supervisor_pid(), signal.SIGKILL)
         stopped_at = time.time()
         hub.stop_server("ida")  # its give-back fails: no broker
         wait_for("ida's stop", lambda: hub.hub_api("GET", "users/ida")["servers"] == {})
@@ -325,6 +325,40 @@ def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_ba
         assert ended <= stopped_at + ttl_s / 3, (lease, stopped_at)
     finally:
         hub.stop_server("ida")
+
+
+def test_a_killed_service_costs_a_waiting_start_and_the_spawn_page_nothing(hub: Hub) -> None:
+    """The service is SIGKILLed while a GPU server waits in its queue: the spawn page,
+    loaded while the service starts again, shows the form within 5 s of the kill, and
+    the waiting start goes on to the next free slice with no error on its progress."""
+    filler, token = hub.user("filler"), hub.user("jo")
+    held = [ok(hub, filler, "POST", "requests", SLICE) for _ in range(7)]
+    browser = login(hub, "kai")
+    progress = None
+    try:
+        assert spawn(hub, token, "jo", SLICE).status_code == 202
+        progress = Progress(hub, token, "jo")
+        wait_for("jo's place", lambda: any("position" in m for m in progress.messages()))
+        killed = hub.service_pid()
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        at = time.monotonic()
+        wait_for("the kill", lambda: not Path(f"/proc/{killed}").exists(), interval_s=0.01)
+        page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
+        took = time.monotonic() - at
+        assert page.status_code == 200 and "1g.10gb: 0 of 7 free" in page.text
+        assert took <= 5.0, f"the spawn page came {took:.1f} s after the kill"
+
+        freed = ok(hub, filler, "DELETE", f"leases/{held.pop()['lease']['id']}")
+        env = hub.ready_server_env("jo")
+        assert env["CUDA_VISIBLE_DEVICES"] == freed["devices"][0]
+        assert not any(e.get("failed") for e in progress.events), progress.messages()
+    finally:
+        if progress is not None:
+            progress.close()
+        hub.stop_server("jo")
+        for r in held:
+            hub.api(filler, "DELETE", f"leases/{r['lease']['id']}")
 
 
 def login(hub: Hub, name: str) -> requests.Session:

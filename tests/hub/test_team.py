@@ -4,8 +4,8 @@ remote mode (the example's ``c.Spawner.environment``), and real kernels of those
 on GPU kernelspecs, driven through the proxy as JupyterLab drives them.
 
 The simulated H100 is cut into only two 1g.10gb slices, so that alice's GPU kernel and one
-more lease fill it. Leases live 90 s: the hub polls its services every 30 s, so a killed
-service is back well within one lease; batch leases are reclaimed after 2 s idle."""
+more lease fill it. Leases live 90 s: a killed service is back well within one lease
+(its supervisor starts it again at once); batch leases are reclaimed after 2 s idle."""
 
 from __future__ import annotations
 
