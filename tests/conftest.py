@@ -38,10 +38,14 @@ def pytest_configure(config: pytest.Config) -> None:
 SHARED = {
     "tests/slurm/": "slurm",
     "tests/kubernetes/": "kubernetes",
+    "tests/confine/": "device-cgroups",
+    "tests/hub/test_confine_hub.py": "device-cgroups",
 }
 """Tests that share one thing of this machine's, by path: the Slurm and Kubernetes test
 clusters (``.ci/slurm-up``, ``.ci/kube-up``: one cluster a checkout, whose inventory every
-test of it reads whole). Each group runs on one worker, one test at a time."""
+test of it reads whole) and the machine's device cgroups (each test checks that it left
+none of its own, which another's would spoil). Each group runs on one worker, one test at
+a time."""
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -58,7 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.nodeid.split("::")[0]
         group = next((g for prefix, g in SHARED.items() if path.startswith(prefix)), path)
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.nodeid.startswith(tuple(SHARED)))
+    clusters = ("tests/slurm/", "tests/kubernetes/")
+    items.sort(key=lambda item: item.nodeid.startswith(clusters))
 
 
 @pytest.fixture(autouse=True)
