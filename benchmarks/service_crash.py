@@ -96,7 +96,7 @@ class Probe:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                good = (await self.client.fetch("GET", "me")).code == 200
+                good = (await self.client.fetch("GET", "me")).status_code == 200
             except Exception:  # noqa: BLE001 - no answer at all
                 good = False
             now = time.monotonic()
