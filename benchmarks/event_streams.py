@@ -1,4 +1,5 @@
-"""Event streams opened and closed in rounds: does the server keep anything of them?
+"""Event streams opened and closed in rounds: does the server keep anything of them? And
+with ``--windows``: what writing a window to every open stream costs the server.
 
 A real ``jupyter server`` with the extension (``tests/live_server.py``) on a simulated
 ``dgx-h100-mig:1``, with this file loaded into it as a second server extension that
@@ -11,12 +12,23 @@ cancellations through them, closes every stream and waits until the broker has n
 subscriber left.
 
     python benchmarks/event_streams.py [--rounds 10] [--streams 200] [--events 20]
-                                       [--viewer user|kernel] [--event-buffer 1000] [--json]
+                                       [--hold 0] [--viewer user|kernel]
+                                       [--event-buffer 1000] [--json]
+    python benchmarks/event_streams.py --windows 20 [--streams 1000] [--events 20]
 
 A leak grows the traced memory every round; the allocator's high-water mark (RSS that
 stays up once the first round's buffers were freed) does not, nor does the broker's ring
 of recent events (``event_buffer``, kept for streams that reconnect), which grows until
 it holds that many events (about three per submission and cancellation) and then stays.
+``--hold S`` keeps each round's streams open S seconds (the devices' readings go to them
+every 5 s, keepalives every 15 s) before they close; ``kept_mib``: each round's RSS after
+its streams closed (and a full collection) less round 1's, the warm-up.
+
+``--windows W``: ``--streams`` user streams read as fast as they come, then W windows of
+``--events`` submissions and cancellations each (about 1.5 kB a message); the server
+process's CPU time per window (from ``/proc``) with those streams and with one, so
+``per_stream_window_us`` is what one more stream costs a window. Set ``PYTHONPATH`` to
+another checkout to measure its server (the load generator is this one's).
 """
 
 from __future__ import annotations
@@ -99,10 +111,83 @@ async def _memory(conn: Any, first: bool = False) -> dict[str, Any]:
     return dict(body)
 
 
+async def _submit_and_cancel(api: Any, n: int) -> None:
+    from api_load import SLICE
+
+    for _ in range(n):
+        status, r = await api.call("POST", "requests", SLICE)
+        assert status == 201, r
+        status, _ = await api.call("DELETE", f"requests/{r['id']}")
+        assert status == 200
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _windows(server: Any, api: Any, n_streams: int, args: argparse.Namespace) -> float:
+    """The server's CPU seconds per window with ``n_streams`` user streams open: each
+    window is over once every stream has the same bytes and got none for a second."""
+    from api_load import open_stream
+    from live_server import TOKEN
+
+    from jupyter_gpubroker.api import API_PREFIX
+
+    counts = [[0] for _ in range(n_streams)]
+    auth = f"Authorization: token {TOKEN}"
+    streams = [await open_stream(server.port, auth, c, f"/{API_PREFIX}") for c in counts]
+    await asyncio.sleep(1.0)
+    try:
+        cpu = _cpu_s(server.proc.pid)
+        for _ in range(args.windows):
+            before = [c[0] for c in counts]
+            await _submit_and_cancel(api, args.events)
+            while True:
+                now = [c[0] for c in counts]
+                await asyncio.sleep(1.0)
+                if now != before and now == [c[0] for c in counts] and len(set(now)) == 1:
+                    break
+        return (_cpu_s(server.proc.pid) - cpu) / args.windows
+    finally:
+        for s in streams:
+            s.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+
+
+async def fanout(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from api_load import Connection
+    from live_server import TOKEN, LiveServer
+
+    from jupyter_gpubroker.api import API_PREFIX
+
+    with tempfile.TemporaryDirectory() as home:
+        server = LiveServer(
+            Path(home), Path(home) / "state.sqlite", simulate="dgx-h100-mig:1", lease_ttl=600
+        )
+        server.start()
+        try:
+            api = Connection(server.port, {"Authorization": f"token {TOKEN}"}, f"/{API_PREFIX}")
+            await _windows(server, api, 1, args)  # warm-up
+            one = await _windows(server, api, 1, args)
+            many = await _windows(server, api, args.streams, args)
+        finally:
+            server.stop()
+    return {
+        "streams": args.streams,
+        "events_per_window": args.events,
+        "server_cpu_ms_per_window_1_stream": round(1000 * one, 2),
+        f"server_cpu_ms_per_window_{args.streams}_streams": round(1000 * many, 2),
+        "per_stream_window_us": round(1e6 * (many - one) / max(1, args.streams - 1), 1),
+    }
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from api_load import SLICE, Connection, open_stream
+    from api_load import Connection, open_stream
     from live_server import TOKEN, LiveServer
 
     from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
@@ -136,11 +221,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         assert status == 201, t
                         auth = f"{TOKEN_HEADER}: {t['token']}"
                     streams.append(await open_stream(server.port, auth, [0], f"/{API_PREFIX}"))
-                for _ in range(args.events):
-                    status, r = await api.call("POST", "requests", SLICE)
-                    assert status == 201, r
-                    status, _ = await api.call("DELETE", f"requests/{r['id']}")
-                    assert status == 200
+                await _submit_and_cancel(api, args.events)
+                await asyncio.sleep(args.hold)
                 opened = await _memory(probe)
                 for s in streams:
                     s.cancel()
@@ -154,6 +236,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 rounds.append(
                     {
                         "round": n,
+                        "kept_mib": round(
+                            closed["rss_mib"] - (rounds[1:] or [closed])[0]["rss_mib"], 2
+                        ),
                         "rss_open_mib": opened["rss_mib"],
                         "subscribers_open": opened["subscribers"],
                         "rss_mib": closed["rss_mib"],
@@ -180,12 +265,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--events", type=int, default=20)
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds the streams stay open")
+    parser.add_argument("--windows", type=int, default=0, help="measure W windows' cost")
     parser.add_argument("--viewer", choices=("user", "kernel"), default="user")
     parser.add_argument(
         "--event-buffer", type=int, default=1000, help="c.GPUBroker.event_buffer (its default)"
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.windows:
+        print(json.dumps(asyncio.run(fanout(args)), indent=1))
+        return
     rounds = asyncio.run(run(args))
     if args.json:
         print(json.dumps(rounds, indent=1))

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -286,37 +285,15 @@ class View(Protocol):
     def window(self, batch: list[Message]) -> list[tuple[Key, Message]]: ...
 
 
-class Chunk(bytes):
-    """A window's messages encoded once for every stream of an audience, and (made
-    once, for the first stream that asks) framed as one chunk of an HTTP/1.1 chunked
-    response: a thousand streams then cost a thousand writes of the same bytes, with no
-    copy of them each."""
+Chunk = bytes
+"""A window's messages encoded once for every stream of an audience: a thousand streams
+then cost a thousand writes of the same bytes and one encoding."""
 
-    @functools.cached_property
-    def http_chunk(self) -> bytes:
-        return b"%x\r\n%b\r\n" % (len(self), self)
-
-    @functools.cached_property
-    def file(self) -> int | None:
-        """``http_chunk`` in a file in memory, for ``os.sendfile``: every stream's socket
-        then takes the same pages, copied for none (Linux; ``None`` elsewhere). It is
-        never written again, so pages a socket still holds keep what they were sent."""
-        if not hasattr(os, "memfd_create"):
-            return None
-        fd = os.memfd_create("gpubroker-window", os.MFD_CLOEXEC)
-        os.write(fd, self.http_chunk)
-        return fd
-
-    def __del__(self) -> None:
-        if self.__dict__.get("file") is not None:
-            os.close(self.__dict__["file"])
-
-
-KEEPALIVE = Chunk(b": keepalive\n\n")
+KEEPALIVE: Chunk = b": keepalive\n\n"
 
 
 def _frames(messages: list[Message]) -> Chunk:
-    return Chunk("".join(map(frame, messages)).encode())
+    return "".join(map(frame, messages)).encode()
 
 
 def frame(message: Message) -> str:
