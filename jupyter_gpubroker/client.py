@@ -95,7 +95,8 @@ def _no_answer(e: httpx.TransportError, timeout: float) -> Exception:
     while cause is not None and not (isinstance(cause, OSError) and cause.errno is not None):
         group = getattr(cause, "exceptions", None)  # each address tried failed: the first's
         cause = group[0] if group else cause.__cause__ or cause.__context__
-    if isinstance(cause, OSError):  # its words, not asyncio's "Connect call failed"
+    if isinstance(cause, OSError) and cause.errno is not None:
+        # the system's words for it, not asyncio's "Connect call failed ('host', port)"
         words = os.strerror(cause.errno) if cause.errno > 0 else cause.strerror
         return OSError(cause.errno, words or str(cause))
     if isinstance(e, httpx.TimeoutException):
