@@ -25,11 +25,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .api.shapes import envelope
 from .broker.core import Broker, Event, QueueEntry
 from .broker.eta import Eta
 from .broker.models import Lease, Request
 from .wire.errors import NotFound
+from .wire.times import iso
 
 WINDOW_S = 0.25
 """How long a group of streams gathers messages before it writes them (the latest about
@@ -41,6 +41,15 @@ USER_NOTICES = ("outside_use",)
 kernels' ``%gpu`` included (kernel tokens' streams otherwise get only their requests')."""
 KEEPALIVE_S = 15.0
 """A comment line to every stream this often, so proxies keep idle streams open."""
+
+EVENT_VERSION = 1
+"""The version of the event envelope ``{v, id, type, at, data}``."""
+
+
+def envelope(event_id: int, kind: str, at: float, data: dict[str, Any]) -> dict[str, Any]:
+    """One message of the event stream: versioned, with its stream id (for resume)."""
+    return {"v": EVENT_VERSION, "id": event_id, "type": kind, "at": iso(at), "data": data}
+
 
 Audience = tuple[str, str]
 """(user, kernel id): the one kernel whose requests a listener may see."""
