@@ -5,7 +5,6 @@ the queue; another user's request that waits arrives live, as an event."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,6 @@ SECONDS_MS = 15_000
 LIVE_MS = 5_000
 """How soon an event shows: well under the streams' 15 s keepalive, so a relay that passed
 events on only with its next write would fail."""
-
-
-@pytest.fixture
-def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
-    running = Hub(
-        tmp_path / "hub",
-        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
-        extra_config="c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600",
-        lease_ttl=900,  # the filler's leases, never renewed, outlive the test
-    )
-    running.home.mkdir()
-    with running.running():
-        yield running
 
 
 def test_the_panel_of_a_hub_users_gpu_server_shows_its_slice_and_the_queue_live(
