@@ -406,9 +406,9 @@ class BrokerClient:
         the API takes it (``snapshot=true``: start with the whole picture).
 
         Closing the iterator (or cancelling the task that reads it) closes the connection
-        at once, so the server drops the subscription: a response left unread is never
-        kept for another call. Between messages it may stay quiet (keepalives come every
-        15 s), so only connecting is timed.
+        at once (the stream's own client goes with it), so the server drops the
+        subscription. Between messages it may stay quiet (keepalives come every 15 s),
+        so only connecting is timed.
         """
         headers = {**self._headers(), "Accept": "text/event-stream"}
         if last_event_id is not None:
