@@ -96,7 +96,7 @@ async def back_after(raw: BrokerClient, pid: int, service: int) -> tuple[float, 
         await asyncio.sleep(0.001)
     while time.monotonic() - killed < BACK_LIMIT_S:
         try:
-            if (await raw.fetch("GET", "me")).code == 200:
+            if (await raw.fetch("GET", "me")).status_code == 200:
                 return time.monotonic() - killed, failed
         except Exception:  # noqa: BLE001 - no answer at all
             pass

@@ -32,7 +32,6 @@ from tornado import web
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
-from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.server.handlers import broker_error, broker_errors
 from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest
 from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS, parse_duration
@@ -45,6 +44,7 @@ from jupyter_gpubroker.wire.text import (
     period,
     size_text,
 )
+from jupyter_gpubroker.wire.times import iso
 
 from .culling import EXTEND_S, time_extended_text, time_limit_text, time_limit_warned
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use

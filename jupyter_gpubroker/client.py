@@ -6,12 +6,17 @@ server or runs as a JupyterHub service: the API is the same.
 
 Auth: a Jupyter token (``Authorization: token ...``) acts as its user; a
 kernel-scoped token (``X-GPUBroker-Token``) acts only on its kernel's requests.
+
+Transport: httpx, under any asyncio loop (tornado's, in a server), so calls and event
+streams alike take the environment's proxies (``HTTP_PROXY``, ``HTTPS_PROXY``,
+``NO_PROXY``) and CA bundle (``SSL_CERT_FILE``, ``SSL_CERT_DIR``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -20,15 +25,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
-from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
-from tornado.httputil import HTTPHeaders, RequestStartLine
-from tornado.tcpclient import TCPClient
+import httpx
 
 from .api import TOKEN_HEADER
-from .sse import StreamedResponse, parse_message
+from .sse import messages
 from .wire.text import duration, size_text
 
 URL_ENV = "GPUBROKER_URL"
@@ -62,8 +64,8 @@ class BrokerAPIError(Exception):
 
 
 NO_REPLY = 599
-"""tornado's status for a call that got no reply at all (a timeout, a dropped connection);
-``NoReply`` names it."""
+"""The status of a call that got no reply at all (a timeout, a dropped connection), as
+tornado's HTTP client gives it too; ``NoReply`` names it."""
 
 
 class NoReply(BrokerAPIError):
@@ -71,6 +73,35 @@ class NoReply(BrokerAPIError):
 
     def __init__(self, message: str) -> None:
         super().__init__(NO_REPLY, "no_reply", message, answered=False)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The system's CA bundle, or the one ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` names
+    (OpenSSL reads them), made once for every call (loading it costs milliseconds)."""
+    return ssl.create_default_context()
+
+
+def _http() -> httpx.AsyncClient:
+    """A client for one call or stream, closed with it, in the loop that runs it (a CLI
+    runs several loops in turn): the environment's proxies apply to it."""
+    return httpx.AsyncClient(verify=_tls(), trust_env=True, follow_redirects=True)
+
+
+def _no_answer(e: httpx.TransportError, timeout: float) -> Exception:
+    """What a call that got no answer raises: the system's error where there was one (a
+    refused connection, an unknown host), else ``NoReply`` in words."""
+    cause: BaseException | None = e
+    while cause is not None and not (isinstance(cause, OSError) and cause.errno is not None):
+        group = getattr(cause, "exceptions", None)  # each address tried failed: the first's
+        cause = group[0] if group else cause.__cause__ or cause.__context__
+    if isinstance(cause, OSError) and cause.errno is not None:
+        # the system's words for it, not asyncio's "Connect call failed ('host', port)"
+        words = os.strerror(cause.errno) if cause.errno > 0 else cause.strerror
+        return OSError(cause.errno, words or str(cause))
+    if isinstance(e, httpx.TimeoutException):
+        return NoReply(f"the GPU broker did not answer within {duration(timeout)}")
+    return NoReply(f"the connection to the GPU broker broke ({str(e).rstrip('.') or 'no reply'})")
 
 
 class GrantTimeout(Exception):
@@ -230,14 +261,12 @@ class BrokerClient:
         while True:
             try:
                 response = await self.fetch(method, path + (f"?{urlencode(q)}" if q else ""), data)
-            except HTTPClientError as e:  # no reply (a timeout)
-                error: Exception = _api_error(e)
-            except OSError as e:
-                error = e
+            except (NoReply, OSError) as e:
+                error: Exception = e
             else:
-                if response.code < 400:
-                    return json.loads(response.body) if response.body else None
-                error = _error_of(response.code, response.body or b"", response.reason)
+                if response.status_code < 400:
+                    return response.json() if response.content else None
+                error = _error_of(response.status_code, response.content, response.reason_phrase)
             if not transient(error) or loop.time() + pause > deadline:
                 raise error
             if not retried and self.on_retry is not None:
@@ -245,18 +274,20 @@ class BrokerClient:
             await asyncio.sleep(pause)
             pause, retried = min(2 * pause, 5.0), True
 
-    async def fetch(self, method: str, path: str, body: bytes | None = None) -> HTTPResponse:
+    async def fetch(self, method: str, path: str, body: bytes | None = None) -> httpx.Response:
         """One call's raw response, whatever its status (``path`` may carry a query); raises
-        ``OSError`` or ``HTTPClientError`` (``NO_REPLY``) when no answer came."""
-        request = HTTPRequest(
-            self.url + path,
-            method=method,
-            headers=self._headers(),
-            body=body,
-            request_timeout=self.timeout,
-            allow_nonstandard_methods=True,
-        )
-        return await AsyncHTTPClient().fetch(request, raise_error=False)
+        ``OSError`` or ``NoReply`` when no answer came."""
+        try:
+            async with _http() as http:
+                return await http.request(
+                    method,
+                    self.url + path,
+                    headers=self._headers(),
+                    content=body,
+                    timeout=self.timeout,
+                )
+        except httpx.TransportError as e:
+            raise _no_answer(e, self.timeout) from e
 
     # -- the API, one method an endpoint
 
@@ -367,52 +398,36 @@ class BrokerClient:
         await self.call("DELETE", f"tokens/{kernel_id}")
 
     async def events(
-        self, last_event_id: int | str | None = None
+        self, last_event_id: int | str | None = None, query: str = ""
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The server-sent event stream, one decoded message (``{v, id, type, at, data}``)
         at a time; from after ``last_event_id`` when given (what a reconnect missed, or a
-        ``snapshot`` when the broker no longer has it).
+        ``snapshot`` when the broker no longer has it). ``query``: the stream's query as
+        the API takes it (``snapshot=true``: start with the whole picture).
 
         Closing the iterator (or cancelling the task that reads it) closes the connection
-        at once, so the server drops the subscription. Tornado's HTTP client cannot abort
-        a streaming fetch, hence a connection of our own.
+        at once (the stream's own client goes with it), so the server drops the
+        subscription. Between messages it may stay quiet (keepalives come every 15 s),
+        so only connecting is timed.
         """
-        url = urlsplit(self.url + "events")
-        tls = url.scheme == "https"
-        stream = await TCPClient().connect(
-            url.hostname or "localhost",
-            url.port or (443 if tls else 80),
-            ssl_options=ssl.create_default_context() if tls else None,
-            timeout=self.timeout,
-        )
-        response, reading = StreamedResponse(), None
+        headers = {**self._headers(), "Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        url = self.url + "events" + (f"?{query}" if query else "")
+        timeout = httpx.Timeout(self.timeout, read=None)
         try:
-            connection = HTTP1Connection(
-                stream, True, HTTP1ConnectionParameters(no_keep_alive=True)
-            )
-            headers = HTTPHeaders({**self._headers(), "Host": url.netloc})
-            headers["Accept"] = "text/event-stream"
-            if last_event_id is not None:
-                headers["Last-Event-ID"] = str(last_event_id)
-            await connection.write_headers(RequestStartLine("GET", url.path, "HTTP/1.1"), headers)
-            connection.finish()
-            reading = asyncio.ensure_future(response.read(connection))
-            buffer = b""
-            while (chunk := await response.chunks.get()) is not None:
-                buffer += chunk
-                while response.code is not None and response.code < 400 and b"\n\n" in buffer:
-                    frame, buffer = buffer.split(b"\n\n", 1)
-                    message = parse_message(frame.decode())
-                    if message is not None:
+            async with (
+                _http() as http,
+                http.stream("GET", url, headers=headers, timeout=timeout) as response,
+            ):
+                if response.status_code >= 400:
+                    body = await response.aread()
+                    raise _error_of(response.status_code, body, response.reason_phrase)
+                async with contextlib.aclosing(messages(response)) as stream:
+                    async for message in stream:
                         yield message
-            if response.code is not None and response.code >= 400:
-                raise _error_of(response.code, buffer, response.reason)
-            if response.error is not None:
-                raise response.error
-        finally:
-            stream.close()
-            if reading is not None:
-                reading.cancel()
+        except httpx.TransportError as e:
+            raise _no_answer(e, self.timeout) from e
 
     async def follow(
         self, pause: float = RETRY_S, opened: Callable[[], Awaitable[None]] | None = None
@@ -526,10 +541,6 @@ def _why(error: Exception) -> str:
     if isinstance(error, OSError):
         return error.strerror or str(error)
     return getattr(error, "message", None) or str(error)
-
-
-def _api_error(e: HTTPClientError) -> BrokerAPIError:
-    return _error_of(e.code, e.response.body if e.response is not None else b"", str(e))
 
 
 def _error_of(code: int, body: bytes, fallback: str) -> BrokerAPIError:

@@ -20,17 +20,16 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .api.shapes import envelope
 from .broker.core import Broker, Event, QueueEntry
 from .broker.eta import Eta
 from .broker.models import Lease, Request
 from .wire.errors import NotFound
+from .wire.times import iso
 
 WINDOW_S = 0.25
 """How long a group of streams gathers messages before it writes them (the latest about
@@ -42,6 +41,15 @@ USER_NOTICES = ("outside_use",)
 kernels' ``%gpu`` included (kernel tokens' streams otherwise get only their requests')."""
 KEEPALIVE_S = 15.0
 """A comment line to every stream this often, so proxies keep idle streams open."""
+
+EVENT_VERSION = 1
+"""The version of the event envelope ``{v, id, type, at, data}``."""
+
+
+def envelope(event_id: int, kind: str, at: float, data: dict[str, Any]) -> dict[str, Any]:
+    """One message of the event stream: versioned, with its stream id (for resume)."""
+    return {"v": EVENT_VERSION, "id": event_id, "type": kind, "at": iso(at), "data": data}
+
 
 Audience = tuple[str, str]
 """(user, kernel id): the one kernel whose requests a listener may see."""
@@ -286,37 +294,15 @@ class View(Protocol):
     def window(self, batch: list[Message]) -> list[tuple[Key, Message]]: ...
 
 
-class Chunk(bytes):
-    """A window's messages encoded once for every stream of an audience, and (made
-    once, for the first stream that asks) framed as one chunk of an HTTP/1.1 chunked
-    response: a thousand streams then cost a thousand writes of the same bytes, with no
-    copy of them each."""
+Chunk = bytes
+"""A window's messages encoded once for every stream of an audience: a thousand streams
+then cost a thousand writes of the same bytes and one encoding."""
 
-    @functools.cached_property
-    def http_chunk(self) -> bytes:
-        return b"%x\r\n%b\r\n" % (len(self), self)
-
-    @functools.cached_property
-    def file(self) -> int | None:
-        """``http_chunk`` in a file in memory, for ``os.sendfile``: every stream's socket
-        then takes the same pages, copied for none (Linux; ``None`` elsewhere). It is
-        never written again, so pages a socket still holds keep what they were sent."""
-        if not hasattr(os, "memfd_create"):
-            return None
-        fd = os.memfd_create("gpubroker-window", os.MFD_CLOEXEC)
-        os.write(fd, self.http_chunk)
-        return fd
-
-    def __del__(self) -> None:
-        if self.__dict__.get("file") is not None:
-            os.close(self.__dict__["file"])
-
-
-KEEPALIVE = Chunk(b": keepalive\n\n")
+KEEPALIVE: Chunk = b": keepalive\n\n"
 
 
 def _frames(messages: list[Message]) -> Chunk:
-    return Chunk("".join(map(frame, messages)).encode())
+    return "".join(map(frame, messages)).encode()
 
 
 def frame(message: Message) -> str:

@@ -136,6 +136,14 @@ def test_the_api_layer_loads_without_runtime_or_a_host() -> None:
     assert breaches("jupyter_gpubroker.api", lambda name: not under(name, *refused)) == {}
 
 
+def test_the_event_bus_imports_no_api_runtime_or_host() -> None:
+    """``api/`` and the runtime import the bus (``events``), never the reverse: the
+    envelope of its messages is its own, so the layers form no cycle."""
+    refused = ("jupyter_gpubroker.api", "jupyter_gpubroker.runtime", *HOSTS_AND_FRONTS)
+    assert "jupyter_gpubroker.broker.core" in MODULES["jupyter_gpubroker.events"]
+    assert breaches("jupyter_gpubroker.events", lambda name: not under(name, *refused)) == {}
+
+
 def test_the_shared_handlers_import_tornado_but_no_host() -> None:
     """The API's handlers, bound by both hosts, import neither host's framework."""
     refused = ("jupyter_server", "jupyterhub", "hub_spawner")

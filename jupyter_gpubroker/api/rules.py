@@ -42,10 +42,11 @@ from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
 from ..wire.sizes import QUOTA_BOUNDS, Size
 from ..wire.text import SERVER_HOLDER
+from ..wire.times import iso
 from .admin import AdminRules
 from .identity import Identity
 from .parse import holder_of, only, parse_int, parse_time, reason_text
-from .shapes import devices_json, iso, lease_json, queue_json, request_json, samples_json
+from .shapes import devices_json, lease_json, queue_json, request_json, samples_json
 from .streams import StreamRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]

@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from ..broker.core import Event, QueueEntry, Vacating
 from ..broker.eta import Eta
 from ..broker.models import DeviceReading, Inventory, Lease, Request
+from ..events import envelope
 from ..wire.text import queue_place
-
-
-def iso(t: float | None) -> str | None:
-    """UTC seconds -> ISO 8601 (``None`` stays ``None``)."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def parse_iso(text: str) -> float:
-    """ISO 8601 (a naive time is UTC) -> UTC seconds; ValueError if malformed."""
-    dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+from ..wire.times import iso
+from ..wire.times import parse_iso as parse_iso  # the API's, as its callers name it
 
 
 def request_json(
@@ -201,15 +188,6 @@ def devices_json(
         }
         for g in inventory.gpus
     ]
-
-
-EVENT_VERSION = 1
-"""The version of the event envelope ``{v, id, type, at, data}``."""
-
-
-def envelope(event_id: int, kind: str, at: float, data: dict[str, Any]) -> dict[str, Any]:
-    """One message of the event stream: versioned, with its stream id (for resume)."""
-    return {"v": EVENT_VERSION, "id": event_id, "type": kind, "at": iso(at), "data": data}
 
 
 def event_json(event_id: int, e: Event, viewer: str, admin: bool) -> dict[str, Any]:

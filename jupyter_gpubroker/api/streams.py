@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..events import USER_NOTICES, Chunk, Key, Message, Positions, Published, Stream
+from ..events import USER_NOTICES, Chunk, Key, Message, Positions, Published, Stream, envelope
 from .base import Rules
 from .identity import Identity
-from .shapes import envelope, event_json, queue_json, reading_json, request_json
+from .shapes import event_json, queue_json, reading_json, request_json
 
 DEVICE_CHANGES = ("drained", "undrained", "vacating", "vacated", "repartitioned", "outside_use")
 """Events after which a user's streams get the ``devices`` (grants and lease ends carry

@@ -18,27 +18,20 @@ on its own kernel's requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import json
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
-from tornado.http1connection import HTTP1Connection
-from tornado.iostream import IOStream, SSLIOStream, StreamClosedError
+from tornado.iostream import StreamClosedError
 
 from ..api import API_PREFIX, TOKEN_HEADER
 from ..api.identity import Identity
 from ..api.rules import BrokerAPI, only
 from ..events import Chunk, frame
 from ..wire.errors import BrokerError, InvalidRequest, NotFound
-
-SENDFILE_MIN = 16384
-"""Chunks from this size on go to the streams with ``sendfile`` (``EventsHandler._send``);
-below it a copy costs less than the file."""
 
 if TYPE_CHECKING:  # the handlers are mixins of a host's request handler
     _Handler = web.RequestHandler
@@ -391,43 +384,14 @@ class EventsHandler(BrokerHandler):
             leave()
 
     def _write(self, chunk: Chunk) -> None:
-        """A window's messages (or a keepalive), encoded once for the stream's audience,
-        straight to the connection (its headers went with the start). An HTTP/1.1
-        response is chunked (no length): the chunk goes as its audience's streams share
-        it, framed once for all (``Chunk.http_chunk``; tornado's ``connection.write``
-        would copy it to frame it, once per stream). Where the host compresses its
-        responses, through the handler's own output (its transforms)."""
+        """A window's messages (or a keepalive), encoded once for the stream's audience
+        (all its streams share the bytes), through the handler's own output: tornado
+        frames and compresses it as the host's settings say. A connection that closed
+        meanwhile takes nothing (``on_connection_close`` ends the stream)."""
         if self._closed.done():
             return
-        settings = self.application.settings
-        connection = self.request.connection
-        if connection is None or settings.get("compress_response") or settings.get("gzip"):
-            self.write(chunk)
-            self.flush()
-        elif self.request.version == "HTTP/1.1" and isinstance(connection, HTTP1Connection):
-            self._send(connection.stream, chunk)
-        else:
-            connection.write(chunk)
-
-    @staticmethod
-    def _send(stream: IOStream, chunk: Chunk) -> None:
-        """``chunk`` to ``stream`` after all it has written (the start's flush too): with
-        ``sendfile`` from the chunk's file when nothing waits before it and the socket is
-        plain (TLS encrypts in the stream), else (and what the socket does not take at
-        once) through the stream's buffer."""
-        sent, data = 0, chunk.http_chunk
-        if (
-            len(data) >= SENDFILE_MIN
-            and not isinstance(stream, SSLIOStream)
-            and not stream.closed()
-            and not stream.writing()
-            and chunk.file is not None
-        ):
-            with contextlib.suppress(OSError):  # full (or gone: the write below tells)
-                sent = os.sendfile(stream.socket.fileno(), chunk.file, 0, len(data))
-        if sent < len(data):
-            with contextlib.suppress(StreamClosedError):  # on_connection_close follows
-                stream.write(memoryview(data)[sent:])
+        self.write(chunk)
+        self.flush()
 
     def _flag(self, name: str) -> bool:
         value = self.get_argument(name, "false")

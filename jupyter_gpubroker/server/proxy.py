@@ -23,11 +23,10 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
-from tornado.httpclient import HTTPClientError
 from tornado.iostream import StreamClosedError
 
 from ..api import API_PREFIX
-from ..client import BrokerAPIError, BrokerClient
+from ..client import BrokerAPIError, BrokerClient, NoReply
 from ..events import frame
 from .registry import unreachable_text
 
@@ -79,31 +78,33 @@ class ProxyHandler(APIHandler):
             response = await self.broker.fetch(
                 self.request.method or "GET", self._path(), self.request.body or None
             )
-        except (OSError, HTTPClientError) as e:
+        except (OSError, NoReply) as e:
             self._unreachable(e)
             return
-        self.set_status(response.code)
-        if response.body:
+        self.set_status(response.status_code)
+        if response.content:
             self.set_header(
                 "Content-Type", response.headers.get("Content-Type", "application/json")
             )
-            self.write(response.body)
+            self.write(response.content)
         self.finish()
 
     async def _stream(self) -> None:
         """The central broker's event stream, message by message; a keepalive comment
-        when it is quiet. Its first message (a ``hello`` or what a reconnect missed)
-        decides the answer: until then a refusal is relayed as the JSON error it is."""
+        when it is quiet. The query goes on as it came (``snapshot=true``: the panel's
+        first stream starts with the whole picture). Its first message (a ``hello``, a
+        ``snapshot`` or what a reconnect missed) decides the answer: until then a refusal
+        is relayed as the JSON error it is."""
         last = self.request.headers.get("Last-Event-ID") or self.get_argument("last_event_id", None)
-        events = self.broker.events(last or None)
+        events = self.broker.events(last or None, self.request.query)
         try:
             try:
                 first = await self._next(events, keepalive=False)
+            except (NoReply, OSError) as e:
+                self._unreachable(e)
+                return
             except BrokerAPIError as e:
                 self._error(e.status, e.code, e.message)
-                return
-            except OSError as e:
-                self._unreachable(e)
                 return
             self.set_header("Content-Type", "text/event-stream")
             self.set_header("Cache-Control", "no-cache")

@@ -1,6 +1,7 @@
 """What the fronts share with the core, and nothing else of it: sizes and the bounds of
 every amount (``sizes``), the API's errors with their codes and statuses (``errors``),
-the words people read (``text``) and the MIG profiles a size may name (``profiles``).
+the words people read (``text``), the API's instants as ISO 8601 text (``times``) and
+the MIG profiles a size may name (``profiles``).
 
 The core imports these, and so do the fronts (the kernel's ``%gpu``, the client, the
 CLI, the hub's spawner and pages), which import no module of ``broker`` (DESIGN: "a

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.events import Published
 from jupyter_gpubroker.wire.errors import Forbidden, InvalidRequest, NotFound
+from jupyter_gpubroker.wire.times import iso
 
 SLICE = {"profile": "1g.10gb"}
 HOUR = 3600.0

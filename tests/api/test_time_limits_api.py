@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpubroker.api.rules import BrokerAPI
-from jupyter_gpubroker.api.shapes import iso
 from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
+from jupyter_gpubroker.wire.times import iso
 
 SLICE = {"profile": "1g.10gb"}
 

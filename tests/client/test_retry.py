@@ -5,13 +5,11 @@ and a submit tried again is queued once."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from typing import Any
 
+import httpx
 import pytest
-from tornado.httpclient import HTTPRequest, HTTPResponse
-from tornado.simple_httpclient import HTTPTimeoutError
 
 from jupyter_gpubroker.client import BrokerAPIError, BrokerClient, NoReply
 
@@ -29,13 +27,13 @@ class Flaky(BrokerClient):
 
     retries: list[str] = []
 
-    async def fetch(self, method: str, path: str, body: bytes | None = None) -> HTTPResponse:
+    async def fetch(self, method: str, path: str, body: bytes | None = None) -> httpx.Response:
         self.sent.append(json.loads(body) if body else None)
         answer = self.script[min(len(self.sent) - 1, len(self.script) - 1)]
         if isinstance(answer, BaseException):
             raise answer
         code, data = answer
-        return HTTPResponse(HTTPRequest(self.url + path), code, buffer=io.BytesIO(data))
+        return httpx.Response(code, content=data)
 
 
 @pytest.fixture(autouse=True)
@@ -67,12 +65,12 @@ def test_a_broker_down_for_good_is_given_up_after_retry_for() -> None:
 
 
 def test_a_call_that_gets_no_reply_is_tried_again_and_then_named_so() -> None:
-    client = Flaky(HTTPTimeoutError("Timeout"), (200, b'{"user": "ada"}'))
+    client = Flaky(NoReply("no answer in 30 s"), (200, b'{"user": "ada"}'))
     assert asyncio.run(client.me()) == {"user": "ada"} and len(client.sent) == 2
-    silent = Flaky(HTTPTimeoutError("Timeout while connecting"), retry_for=0.05)
+    silent = Flaky(NoReply("no answer in 30 s"), retry_for=0.05)
     with pytest.raises(NoReply) as e:
         asyncio.run(silent.me())
-    assert e.value.code == "no_reply" and "Timeout while connecting" in e.value.message
+    assert e.value.code == "no_reply" and "no answer in 30 s" in e.value.message
 
 
 def test_a_submit_tried_again_names_the_same_request() -> None:
@@ -80,3 +78,35 @@ def test_a_submit_tried_again_names_the_same_request() -> None:
     asyncio.run(client.submit(gpus=1))
     first, again = client.sent
     assert first == again and first["id"].startswith("r-")
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_refused_connection_is_the_systems_error() -> None:
+    """Through the real transport: nothing listens, so the caller gets the system's words
+    (what the CLI and the relay say), not a transport library's exception."""
+    client = BrokerClient(f"http://127.0.0.1:{closed_port()}/api/v1", retry_for=0)
+    with pytest.raises(ConnectionRefusedError) as e:
+        asyncio.run(client.me())
+    assert e.value.strerror == "Connection refused"
+
+
+def test_a_broker_that_never_answers_is_no_reply_in_words() -> None:
+    async def silent() -> str:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = BrokerClient(f"http://127.0.0.1:{port}/api/v1", timeout=1, retry_for=0)
+        try:
+            with pytest.raises(NoReply) as e:
+                await client.me()
+            return e.value.message
+        finally:
+            server.close()
+
+    assert asyncio.run(silent()) == "the GPU broker did not answer within 1 s"

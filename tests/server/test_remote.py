@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -127,6 +128,29 @@ async def test_the_servers_event_stream_relays_the_central_one(
         await api("DELETE", f"requests/{r['id']}")
         resumed = await anext(events)  # what this reconnect missed, after the last id it saw
         assert (resumed["type"], resumed["data"]["request_id"]) == ("released", r["id"])
+
+
+async def test_the_relayed_stream_starts_with_the_snapshot_the_panel_asks_for(
+    jp_serverapp: Any, jp_http_port: int, central: LiveServer
+) -> None:
+    """The Lab panel's first stream, as its browser asks for it (``?snapshot=true``):
+    through the user's server it starts with the whole picture, as the central broker
+    shows it to the user, not with a ``hello`` the panel cannot render from."""
+    held = await central_api(central).submit(profile="1g.10gb", holder="training")
+    reader, writer = await asyncio.open_connection("127.0.0.1", jp_http_port)
+    path = url_path_join(jp_serverapp.base_url, API_PREFIX, "events")
+    writer.write(
+        f"GET {path}?snapshot=true HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: token {jp_serverapp.identity_provider.token}\r\n\r\n".encode()
+    )
+    try:
+        await asyncio.wait_for(reader.readuntil(b"data: "), 10)
+        first = json.loads(await asyncio.wait_for(reader.readline(), 10))
+    finally:
+        writer.close()
+    assert first["type"] == "snapshot"
+    assert [r["id"] for r in first["data"]["requests"]] == [held["id"]]
+    assert first["data"]["me"]["user"] == "alice"
 
 
 async def test_the_cli_in_a_hub_users_terminal_uses_the_central_broker_as_that_user(

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import pytest
 from lab_server import BUILT, CHROMIUM, ROOT, TOKEN, Lab
+from live_hub import Hub
 
 
 def _unavailable(why: str) -> NoReturn:
@@ -46,6 +47,21 @@ def lab(tmp_path: Path, built_extension: Path, lab_config: dict[str, Any]) -> It
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
+    """A real hub with its proxy whose users' servers are GPU servers (the GPU spawner);
+    leases nobody renews outlive a test."""
+    running = Hub(
+        tmp_path / "hub",
+        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
+        extra_config="c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600",
+        lease_ttl=900,
+    )
+    running.home.mkdir()
+    with running.running():
+        yield running
 
 
 @pytest.fixture
