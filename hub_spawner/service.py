@@ -62,12 +62,12 @@ from traitlets.config import Application
 
 from jupyter_gpubroker import __version__
 from jupyter_gpubroker.api import TOKEN_HEADER
+from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.server.handlers import broker_errors, handlers
 from jupyter_gpubroker.wire.errors import BrokerError
-from jupyter_gpubroker.wire.text import SERVER_HOLDER
 
 from .hubauth import (
     ADMIN_SCOPE,
@@ -163,69 +163,87 @@ class MetricsHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler)
         self.write(generate_latest(self.settings["metrics_registry"]))
 
 
+SERVICE_ACTOR = "services/{name}"
+"""How the audit log names the service when it acts on leases itself: the hub's own name
+for it (a '/' no hub user name holds)."""
+
+
 async def release_stopped_servers(
-    broker: GPUBroker, hub_auth: HubOAuth, log: Any, tries: int = 30
+    api: BrokerAPI, service: Identity, hub_auth: HubOAuth, log: Any, tries: int = 30
 ) -> list[str]:
     """Release the leases of hub servers that do not run (a hub stops its service before
-    its servers, whose give-back then finds no broker), at once rather than a TTL later.
-    Each is charged up to its last renewal: the hub tells no server's stop time, and a
-    running server renews every third of the TTL. The hub is asked with the service's
-    token (``read:servers``); a user the hub does not answer for keeps the lease, to
-    expire as before. Under an engine (Slurm, Kubernetes) the engine's own view of its
+    its servers, whose give-back then finds no broker), at once rather than a TTL later,
+    through the API as ``service`` (``service_identity``): each release is audited with
+    its reason (``AdminRules.release_stopped_server``). The hub is asked with the service's
+    token (``read:servers``), each user up to ``tries`` times a second apart while it
+    starts; a user it never answers for, or refuses, keeps the lease, to expire as before,
+    and the log says so. Under an engine (Slurm, Kubernetes) the engine's own view of its
     jobs and pods releases them, with that cause, so nothing is done here. Returns the
     released lease ids."""
-    if broker.engine is not None:
+    if api.runtime.engine is not None:
         return []
-    core = broker.core
-    held = {
-        lease.id: lease
-        for lease in core.leases()
-        if core.request(lease.request_id).holder.startswith(SERVER_HOLDER)
-    }
+    held = api.server_leases(service)
     released = []
-    for user in sorted({lease.user for lease in held.values()}):
-        url = url_path_join(hub_auth.api_url, "users", quote(user, safe=""))
-        for _ in range(tries):  # the hub may still be starting
-            try:
-                response = await AsyncHTTPClient().fetch(
-                    url,
-                    headers={"Authorization": f"token {hub_auth.api_token}"},
-                    raise_error=False,
-                )
-            except OSError:
-                await asyncio.sleep(1)
-                continue
-            break
-        else:
-            continue
-        if response.code == 404:
-            running: set[str] | None = set()
-        elif response.code == 200:
-            servers = json.loads(response.body).get("servers")
-            running = None if servers is None else {f"{user}:{n}" if n else user for n in servers}
-        else:
-            running = None
+    for user in sorted({x["user"] for x in held}):
+        running = await _running_servers(hub_auth, user, log, tries)
         if running is None:
-            log.warning(
-                "GPU broker service: cannot read %s's servers from the hub (%s): grant the "
-                "service read:servers; their GPUs are released only as their leases expire",
-                user,
-                response.code,
-            )
             continue
-        for lease in held.values():
-            server = core.request(lease.request_id).holder[len(SERVER_HOLDER) :]
-            if lease.user == user and server not in running:
-                core.release(
-                    lease.id,
-                    reason=f"server {server} is not running",
-                    charged_until=lease.expires_at - lease.ttl_s,
-                )
+        for x in held:
+            if x["user"] == user and x["server"] not in running:
+                try:
+                    api.release_stopped_server(service, x["lease_id"])
+                except BrokerError as e:  # ended meanwhile (its server gave it back)
+                    log.info("GPU broker service: %s not released: %s", x["lease_id"], e.message)
+                    continue
                 log.info(
-                    "GPU broker service: released %s of server %s (not running)", lease.id, server
+                    "GPU broker service: released %s of server %s (not running)",
+                    x["lease_id"],
+                    x["server"],
                 )
-                released.append(lease.id)
+                released.append(x["lease_id"])
     return released
+
+
+async def _running_servers(hub_auth: HubOAuth, user: str, log: Any, tries: int) -> set[str] | None:
+    """The names of ``user``'s running servers (``user``, ``user:name``), as the hub says;
+    None, with a log line naming the user, where the hub does not tell."""
+    url = url_path_join(hub_auth.api_url, "users", quote(user, safe=""))
+    for _ in range(tries):  # the hub may still be starting
+        try:
+            response = await AsyncHTTPClient().fetch(
+                url, headers={"Authorization": f"token {hub_auth.api_token}"}, raise_error=False
+            )
+        except OSError:
+            await asyncio.sleep(1)
+            continue
+        break
+    else:
+        log.warning(
+            "GPU broker service: the hub did not answer for %s's servers (%d tries): their "
+            "GPUs are released only as their leases expire",
+            user,
+            tries,
+        )
+        return None
+    if response.code == 404:
+        return set()
+    servers = json.loads(response.body).get("servers") if response.code == 200 else None
+    if servers is None:
+        log.warning(
+            "GPU broker service: cannot read %s's servers from the hub (%s): grant the "
+            "service read:servers; their GPUs are released only as their leases expire",
+            user,
+            response.code,
+        )
+        return None
+    return {f"{user}:{n}" if n else user for n in servers}
+
+
+def service_identity(api: BrokerAPI) -> Identity:
+    """The service itself, as the API sees its own routines: an admin, named in the
+    audit log as the hub names it (``SERVICE_ACTOR``)."""
+    name = os.environ.get("JUPYTERHUB_SERVICE_NAME") or "gpubroker"
+    return api.identify(SERVICE_ACTOR.format(name=name), admin=True)
 
 
 class HubGroups:
@@ -365,7 +383,9 @@ class GPUBrokerService(Application):
                 ADMIN_SCOPE,
             )
         try:
-            broker = GPUBroker(parent=self, identity="username")
+            # its users' servers run as their own accounts unless the config says otherwise
+            account = self.config.GPUBroker.get("holder_account", "user")
+            broker = GPUBroker(parent=self, identity="username", holder_account=account)
             broker.api_url = url_path_join(url, prefix, API_PATH)
             broker.start()
         except (BrokerError, NvmlUnavailable, TopologyError) as e:
@@ -424,8 +444,9 @@ class GPUBrokerService(Application):
         app.settings["hub_groups"] = HubGroups(app.settings["hub_auth"], self.log)
         broker.start_ticking()
         self.log.info("GPU broker service: the API at %s", broker.api_url)
+        api: BrokerAPI = app.settings["gpubroker_api"]
         reconciling = asyncio.ensure_future(
-            release_stopped_servers(broker, app.settings["hub_auth"], self.log)
+            release_stopped_servers(api, service_identity(api), app.settings["hub_auth"], self.log)
         )
         try:
             await self._listen(app, url, stopping)

@@ -492,7 +492,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
             pid = (
                 self.pid if isinstance(self, LocalProcessSpawner) and (self.pid or 0) > 1 else None
             )
-            return await client.renew(lease_id, holder_pid=pid)
+            return await client.renew(lease_id, holder_pid=pid, log=self.log)
 
         async def renew() -> None:
             lost = await keep_alive(renew_lease, held, now=now)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import secrets
 import ssl
@@ -31,6 +32,7 @@ import httpx
 
 from .api import TOKEN_HEADER
 from .sse import messages
+from .wire.errors import NotYourProcess
 from .wire.text import duration, size_text
 
 URL_ENV = "GPUBROKER_URL"
@@ -229,6 +231,8 @@ class BrokerClient:
         if retry_for is None:
             retry_for = float(os.environ.get(RETRY_ENV) or RETRY_FOR_S)
         self.retry_for, self.on_retry = retry_for, on_retry
+        self._foreign_holders: set[str] = set()
+        """Leases whose renewals the broker refused to name this holder process for."""
 
     @classmethod
     def from_env(cls) -> BrokerClient:
@@ -340,16 +344,35 @@ class BrokerClient:
         return await self.call("GET", f"leases/{lease_id}")  # type: ignore[no-any-return]
 
     async def renew(
-        self, lease_id: str, kernel: dict[str, Any] | None = None, holder_pid: int | None = None
+        self,
+        lease_id: str,
+        kernel: dict[str, Any] | None = None,
+        holder_pid: int | None = None,
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     ) -> dict[str, Any]:
         """Renew a lease; ``kernel``: its kernel's execution state (``execution_state``,
         ``last_activity``), for a broker that does not run the kernel to judge it idle;
         ``holder_pid``: the process holding it on the broker's machine (the kernel, the
-        server), whose children on its devices are the lease's, not outside use."""
+        server), whose children on its devices are the lease's, not outside use. Where
+        the broker refuses that process as not the lease user's (a broker on another
+        machine, or one whose users have no account there), the lease is renewed without
+        it from then on, and ``log`` says why, once."""
         body: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
-        if holder_pid is not None:
-            body["holder_pid"] = holder_pid
-        return await self.call("POST", f"leases/{lease_id}/renew", body or None)  # type: ignore[no-any-return]
+        path = f"leases/{lease_id}/renew"
+        if holder_pid is not None and lease_id not in self._foreign_holders:
+            try:
+                return await self.call("POST", path, {**body, "holder_pid": holder_pid})  # type: ignore[no-any-return]
+            except BrokerAPIError as e:
+                if e.code != NotYourProcess.code:
+                    raise
+                self._foreign_holders.add(lease_id)
+                if log is not None:
+                    log.warning(
+                        "GPU lease %s is renewed without naming its process: %s",
+                        lease_id,
+                        e.message,
+                    )
+        return await self.call("POST", path, body or None)  # type: ignore[no-any-return]
 
     async def extend(self, lease_id: str, seconds: float) -> dict[str, Any]:
         """More time on a lease's time limit: the lease as extended; refused (409, with
@@ -391,11 +414,16 @@ class BrokerClient:
         return await self.call("GET", "alerts", **query)  # type: ignore[no-any-return]
 
     async def issue_kernel_token(self, kernel_id: str) -> dict[str, Any]:
-        """``{token, user, kernel_id}``: a token for one kernel, acting for ``user``."""
+        """``{token, user, kernel_id, max_age_s}``: a token for one kernel, acting for
+        ``user``, that ends ``max_age_s`` after its last renewal."""
         return await self.call("POST", "tokens", {"kernel_id": kernel_id})  # type: ignore[no-any-return]
 
     async def revoke_kernel_token(self, kernel_id: str) -> None:
         await self.call("DELETE", f"tokens/{kernel_id}")
+
+    async def renew_kernel_token(self, kernel_id: str) -> None:
+        """The kernel still runs: its tokens (this credential's user's) live on."""
+        await self.call("POST", f"tokens/{kernel_id}/renew")
 
     async def events(
         self, last_event_id: int | str | None = None, query: str = ""

@@ -35,12 +35,18 @@ def free_port() -> int:
 
 class LiveServer:
     """``jupyter server`` on ``state_file`` (one H100 in seven 1g.10gb slices unless
-    ``GPUBroker`` options say otherwise), its Jupyter dirs under ``home``."""
+    ``GPUBroker`` options say otherwise), its Jupyter dirs under ``home``; ``args``: more
+    of its command line (a server in remote mode: ``--GPUBrokerExtension.broker_url=``)."""
 
     def __init__(
-        self, home: Path, state_file: Path, extensions: dict[str, bool] | None = None, **broker: Any
+        self,
+        home: Path,
+        state_file: Path,
+        extensions: dict[str, bool] | None = None,
+        args: tuple[str, ...] = (),
+        **broker: Any,
     ) -> None:
-        self.home, self.state_file = home, state_file
+        self.home, self.state_file, self.args = home, state_file, args
         self.extensions = {**EXTENSIONS, **(extensions or {})}
         self.broker = {"simulate": "dgx-h100-mig:1", **broker}
         self.port = 0
@@ -84,6 +90,7 @@ class LiveServer:
                     f"--ServerApp.jpserver_extensions={self.extensions}",
                     f"--GPUBroker.state_file={self.state_file}",
                     *options,
+                    *self.args,
                 ],
                 env=env,
                 cwd=self.home,

@@ -1,4 +1,5 @@
-"""An admin's rules: drains and undrains, and the reclaim records, audit log and health
+"""An admin's rules: drains and undrains, the release of servers a hub says are not
+running (a host routine's, as an admin), and the reclaim records, audit log and health
 alerts, which only admins read. Each change writes its audit record in the same
 transaction (``Rules._audited``)."""
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from ..broker.models import check_name
 from ..wire.errors import Conflict, InvalidRequest, NotFound
+from ..wire.text import SERVER_HOLDER
 from .base import Rules
 from .identity import Identity
 from .parse import parse_int, parse_time, reason_text
@@ -110,6 +112,36 @@ class AdminRules(Rules):
     def _drain_state(self, uuid: str, message: str) -> dict[str, Any]:
         core = self.core
         return drain_json(uuid, core.drained().get(uuid), core.drain_cause(uuid), message)
+
+    # ------------------------------------- servers that do not run (a host routine)
+
+    def server_leases(self, who: Identity) -> list[dict[str, str]]:
+        """The active leases of single-user servers (holder ``server:<name>``): each
+        ``lease_id``, ``user`` and ``server`` (``user`` or ``user:name``)."""
+        self._require_admin(who, "list the leases of every user's server")
+        core = self.core
+        held = ((x, core.request(x.request_id).holder) for x in core.leases())
+        return [
+            {"lease_id": x.id, "user": x.user, "server": holder[len(SERVER_HOLDER) :]}
+            for x, holder in held
+            if holder.startswith(SERVER_HOLDER)
+        ]
+
+    def release_stopped_server(self, who: Identity, lease_id: str) -> None:
+        """Give back the lease of a server its hub says does not run, charged up to its
+        last renewal (the hub tells no stop time, and a running server renews every third
+        of the TTL); audited with the reason, ``who`` (the hub service) as the actor."""
+        self._require_admin(who, "release the leases of servers that are not running")
+        core = self.core
+        lease = core.lease(lease_id)
+        holder = core.request(lease.request_id).holder
+        if not holder.startswith(SERVER_HOLDER):
+            raise Conflict(f"lease {lease_id} is not a server's: its holder is {holder!r}")
+        server = holder[len(SERVER_HOLDER) :]
+        reason = f"server {server} is not running"
+        detail = {"user": lease.user, "server": server, "reason": reason}
+        with self._audited(who, "release_stopped_server", lease.id, detail):
+            core.release(lease.id, reason=reason, charged_until=lease.expires_at - lease.ttl_s)
 
     # --------------------------------------------- reclaims and audit (admins)
 

@@ -9,7 +9,7 @@ nor the running broker's module: it takes one (``runtime.GPUBroker``) as an argu
 
 The rules: a user sees and acts on their own requests and leases; an admin on everyone's;
 a kernel-scoped token only on its own kernel's requests (never as an admin, and it
-cannot issue or revoke tokens). Other users' objects are shown without ids, holders
+cannot issue, renew or revoke tokens). Other users' objects are shown without ids, holders
 or tokens (``api.shapes``). Only admins change quotas, see or change time limits, or see
 usage by anything but their own user.
 
@@ -22,7 +22,6 @@ are for admins only.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,15 +38,23 @@ from ..broker.models import (
 )
 from ..broker.reclaim import KernelState
 from ..events import Positions
-from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
+from ..wire.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unsatisfiable,
+)
 from ..wire.sizes import QUOTA_BOUNDS, Size
 from ..wire.text import SERVER_HOLDER
 from ..wire.times import iso
 from .admin import AdminRules
+from .holders import check_holder, holder_pid
 from .identity import Identity
 from .parse import holder_of, only, parse_int, parse_time, reason_text
 from .shapes import devices_json, lease_json, queue_json, request_json, samples_json
 from .streams import StreamRules
+from .tokens import TokenRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
@@ -63,17 +70,14 @@ REQUEST_FIELDS = {
     "id",
 }
 LIMIT_FIELDS = ("default_s", "max_s", "required")
-KERNEL_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
-MAX_PID = 4194304
-"""Linux's largest pid (``/proc/sys/kernel/pid_max`` at most)."""
 KERNEL_STATES = ("idle", "busy")
 """A kernel's execution state as a renewal reports it (``server.reclaimer`` watches them)."""
 
 
-class BrokerAPI(AdminRules, StreamRules):
+class BrokerAPI(AdminRules, StreamRules, TokenRules):
     """Every operation of the API for a running broker (``runtime``): the requests and
     leases here, an admin's drains and logs (``api.admin``), the event streams
-    (``api.streams``)."""
+    (``api.streams``), kernel tokens (``api.tokens``)."""
 
     # ------------------------------------------------------------ identity
 
@@ -117,7 +121,7 @@ class BrokerAPI(AdminRules, StreamRules):
         return self.identify(named, groups=groups)
 
     def token_identity(self, token: str) -> Identity | None:
-        """Whom a kernel token speaks for; ``None`` when unknown or revoked."""
+        """Whom a kernel token speaks for; ``None`` when unknown, revoked or past its age."""
         held = self.runtime.token_holder(token)
         return None if held is None else self.identify(*held)
 
@@ -324,7 +328,9 @@ class BrokerAPI(AdminRules, StreamRules):
 
     def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
-        return self._with_lease(self.core.renew_request(r.id))
+        renewed = self._with_lease(self.core.renew_request(r.id))
+        self._kernel_lives(who, r.user, r.holder)
+        return renewed
 
     # --------------------------------------------------------------- leases
 
@@ -385,13 +391,17 @@ class BrokerAPI(AdminRules, StreamRules):
         """The holder's heartbeat; ``body``'s ``kernel`` reports the holding kernel's
         execution state, which idle reclaim judges when the broker does not run it, and
         its ``holder_pid`` the holding process (the kernel's or the server's), whose
-        descendants on the lease's devices are the lease's, not outside use."""
+        descendants on the lease's devices are the lease's, not outside use: a process
+        of the lease's user only (``api.holders``)."""
         lease = self._own_lease(who, lease_id)
         body = body or {}
         only(body, {"kernel", "holder_pid"})
         kernel = _kernel_report(body)
-        pid = _holder_pid(body)
+        pid = holder_pid(body)
+        if pid is not None:
+            check_holder(self.runtime, lease, pid)
         renewed = self._lease_json(self.core.renew(lease.id))
+        self._kernel_lives(who, lease.user, self.core.request(lease.request_id).holder)
         if kernel is not None:
             self.runtime.report_kernel(lease.id, kernel)
         if pid is not None:
@@ -511,28 +521,6 @@ class BrokerAPI(AdminRules, StreamRules):
             if not self.core.limits.delete(kind, name):
                 raise NotFound(f"no time limits were set here for {kind} {name!r}")
 
-    # --------------------------------------------------------------- tokens
-
-    @staticmethod
-    def _require_user(who: Identity) -> None:
-        if who.kernel_id is not None:
-            raise Forbidden("a kernel token cannot issue or revoke tokens")
-
-    def issue_token(self, who: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        """A kernel-scoped token of ``who`` for one of its kernels; the reply names the
-        user it acts for, whom its kernel's requests are charged to."""
-        self._require_user(who)
-        only(body, {"kernel_id"})
-        kernel_id = body.get("kernel_id")
-        if not isinstance(kernel_id, str) or not KERNEL_ID.fullmatch(kernel_id):
-            raise InvalidRequest("'kernel_id' must be a kernel id (letters, digits, '-')")
-        token = self.runtime.issue_token(who.user, kernel_id)
-        return {"token": token, "user": who.user, "kernel_id": kernel_id}
-
-    def revoke_tokens(self, who: Identity, kernel_id: str) -> None:
-        self._require_user(who)
-        self.runtime.revoke_tokens(kernel_id, who.user)
-
     # ------------------------------------------------------------- overview
 
     def overview(self, who: Identity) -> dict[str, Any]:
@@ -585,14 +573,3 @@ def _kernel_report(body: dict[str, Any]) -> KernelState | None:
     since = parse_time("last_activity", kernel["last_activity"])
     assert since is not None
     return KernelState(kernel["execution_state"], since)
-
-
-def _holder_pid(body: dict[str, Any]) -> int | None:
-    """A renewal's ``holder_pid``, checked: a process id above 1 (init would make every
-    process on the lease's devices its own), at most Linux's largest."""
-    pid = body.get("holder_pid")
-    if pid is None:
-        return None
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid <= MAX_PID:
-        raise InvalidRequest(f"'holder_pid' must be a process id from 2 to {MAX_PID}, not {pid!r}")
-    return pid

@@ -217,5 +217,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (kind, name)
     );
     """,
+    # 14: a kernel token ends once it goes unused for the broker's maximum age: its last
+    # renewal (its issue, for those issued before)
+    """
+    ALTER TABLE kernel_tokens ADD COLUMN renewed_at REAL NOT NULL DEFAULT 0;
+    UPDATE kernel_tokens SET renewed_at = issued_at;
+    CREATE INDEX kernel_tokens_renewed ON kernel_tokens(renewed_at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,10 +40,12 @@ class AuditRecord:
     action: str
     """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``,
     ``set_time_limits``, ``delete_time_limits``;
-    ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was)."""
+    ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was);
+    ``release_stopped_server`` (its actor the hub service, a host routine)."""
     target: str
     """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>`` (quotas),
-    ``class:<name>`` / ``profile:<name>`` / ``group:<name>`` (time limits)."""
+    ``class:<name>`` / ``profile:<name>`` / ``group:<name>`` (time limits), a lease id
+    (``release_stopped_server``)."""
     detail: dict[str, Any]
 
 
@@ -397,18 +399,36 @@ class Store:
 
     def insert_kernel_token(self, token_hash: str, user: str, kernel_id: str, at: float) -> None:
         self.conn.execute(
-            "INSERT INTO kernel_tokens (hash, user, kernel_id, issued_at) VALUES (?,?,?,?)",
-            (token_hash, user, kernel_id, at),
+            "INSERT INTO kernel_tokens (hash, user, kernel_id, issued_at, renewed_at)"
+            " VALUES (?,?,?,?,?)",
+            (token_hash, user, kernel_id, at, at),
         )
+
+    def renew_kernel_tokens(
+        self, user: str, kernel_id: str, at: float, before: float, expired: float
+    ) -> int:
+        """``user``'s tokens of a kernel renewed ``at``: those last renewed before ``before``
+        and not before ``expired`` (an ended token is not brought back); how many."""
+        return self.conn.execute(
+            "UPDATE kernel_tokens SET renewed_at=? WHERE user=? AND kernel_id=?"
+            " AND renewed_at<? AND renewed_at>=?",
+            (at, user, kernel_id, before, expired),
+        ).rowcount
+
+    def expire_kernel_tokens(self, renewed_before: float) -> int:
+        """Forget the kernel tokens last renewed before ``renewed_before``; how many."""
+        return self.conn.execute(
+            "DELETE FROM kernel_tokens WHERE renewed_at < ?", (renewed_before,)
+        ).rowcount
 
     # -- reads
 
-    def kernel_token(self, token_hash: str) -> tuple[str, str] | None:
-        """The (user, kernel id) a kernel token's hash stands for."""
+    def kernel_token(self, token_hash: str) -> tuple[str, str, float] | None:
+        """The (user, kernel id, last renewal) a kernel token's hash stands for."""
         row = self.conn.execute(
-            "SELECT user, kernel_id FROM kernel_tokens WHERE hash=?", (token_hash,)
+            "SELECT user, kernel_id, renewed_at FROM kernel_tokens WHERE hash=?", (token_hash,)
         ).fetchone()
-        return None if row is None else (str(row[0]), str(row[1]))
+        return None if row is None else (str(row[0]), str(row[1]), float(row[2]))
 
     def next_seq(self) -> int:
         return int(

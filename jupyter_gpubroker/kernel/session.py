@@ -338,7 +338,7 @@ class Session:
 
         async def renew_lease(lease_id: str) -> dict[str, Any]:
             report = self.activity.report() if self.activity is not None else None
-            return await self.client.renew(lease_id, report, holder_pid=os.getpid())
+            return await self.client.renew(lease_id, report, holder_pid=os.getpid(), log=self.log)
 
         renew = renew_lease if kind == "lease" else self.client.renew_request
         # a lease's first renewal at once: it names this kernel's process (outside use)

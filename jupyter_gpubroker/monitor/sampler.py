@@ -54,8 +54,14 @@ class KernelActions(KernelSource, Protocol):
         """Whether the host starts, restarts or shuts down the kernel now, or runs it."""
         ...
 
-    def runs(self, kernel_id: str) -> bool:
-        """Whether the kernel is the host's own (its kernel manager's), in any state."""
+    def running(self) -> list[tuple[str, str]]:
+        """The host's kernels that run now, each (its user, its id), where the user is
+        known: their tokens live on (``runtime.tokens``)."""
+        ...
+
+    def user_of(self, kernel_id: str) -> str | None:
+        """The user a kernel of the host's own (its kernel manager's, in any state) is
+        charged to; None: not the host's, or its user is not known."""
         ...
 
 

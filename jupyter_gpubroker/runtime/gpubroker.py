@@ -12,6 +12,7 @@ confined kernels (:mod:`.kernel_devices`) are kept by their own objects.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +28,17 @@ from ..broker.store import Store
 from ..events import EventBus
 from ..inventory import InventoryWatch, OpenInventory
 from ..monitor.metrics import BrokerCollector
-from ..monitor.outside import outside_text
+from ..monitor.outside import ProcessTable, outside_text
 from ..monitor.sampler import KernelActions, Sampler
 from ..statelock import StateLock, secure_state_file
-from ..suspend.host import KernelSuspender, carried_out, checkpoint_driver, simulate_kernel_use
+from ..suspend.host import (
+    KernelKey,
+    KernelSuspender,
+    carried_out,
+    checkpoint_driver,
+    local_uid,
+    simulate_kernel_use,
+)
 from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, clock, duration
@@ -129,7 +137,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             raise
         if self.quotas_file:
             apply_quotas_file(core, Path(self.quotas_file).expanduser())
-        self._tokens = KernelTokens(core)
+        self._tokens = KernelTokens(core, self.kernel_token_max_age)
         self._events = EventBus(core, self.event_buffer)
         core.subscribe(self._events.publish)
         self._kernel_devices = KernelDevices.where_possible(core, hardware.nvml, self)
@@ -143,14 +151,14 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                     checkpoint_driver(self.backend.simulator),
                     lock_timeout_s=self.suspend_lock_timeout,
                 ),
-                lambda: sampler.latest,
-                self.holder_pid,
-                lambda kernel_id: self.kernels is not None and self.kernels.runs(kernel_id),
-                self.open_devices,
-                self.keep,
-                self.events.publish,
-                self.suspend_fallback,
-                self.log,
+                readings=lambda: sampler.latest,
+                holder_pid=self.holder_pid,
+                owner_uid=self.holder_uid,
+                opens=self.open_devices,
+                keep=self.keep,
+                publish=self.events.publish,
+                fallback=self.suspend_fallback,
+                log=self.log,
             )
             sampler.reclaimer.suspends = lambda _: self.reclaim_action == "suspend"
         self.metrics = BrokerCollector(
@@ -185,10 +193,20 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self._watch.start(self.tick_interval)
 
     def _tick(self) -> None:
-        """The core's housekeeping, then the positions of a queue that aging re-ranked."""
+        """The core's housekeeping, then the positions of a queue that aging re-ranked,
+        and the kernel tokens no kernel renewed in time ended."""
         try:
             self.core.tick()
             self.events.after_tick()
+            running = self.kernels.running() if self.kernels is not None else ()
+            ended = self.tokens.sweep(running)
+            if ended:
+                self.log.info(
+                    "GPU broker: %d kernel tokens ended, not renewed for %s (their kernels are "
+                    "gone)",
+                    ended,
+                    duration(self.kernel_token_max_age),
+                )
         except Exception:
             self.log.exception("GPU broker tick failed")
 
@@ -219,15 +237,25 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             )
             if d.action == "suspend" and self.suspender is not None:
                 fallback = await self.suspender.suspend(d)
-                if fallback is not None and self.kernels is not None:
-                    await self.kernels.act(d.holder, fallback)
-            if d.action == "reclaim" and self.kernels is not None:
+                if fallback is not None and self._hosts_kernel_of(d.lease_id):
+                    await self.kernels.act(d.holder, fallback)  # type: ignore[union-attr]
+            if d.action == "reclaim" and self._hosts_kernel_of(d.lease_id):
                 action = self.on_reclaim(self.core.lease(d.lease_id))
                 try:
-                    await self.kernels.act(d.holder, action)
+                    await self.kernels.act(d.holder, action)  # type: ignore[union-attr]
                 except Exception:
                     self.log.exception("GPU broker: cannot %s kernel %s", action, d.holder)
         return decisions
+
+    def _hosts_kernel_of(self, lease_id: str) -> bool:
+        """Whether the lease's holder is a kernel of the host's own, its user's: what a
+        reclaim may act on. Any user may name any kernel id as a request's holder; the
+        reclaim of their lease must not shut down another user's kernel."""
+        kernels = self.kernels
+        if kernels is None:
+            return False
+        lease = self.core.lease(lease_id)
+        return kernels.user_of(self.core.request(lease.request_id).holder) == lease.user
 
     def _check_suspended(self) -> None:
         """End the suspensions of kernels whose process ended (``KernelSuspender.check``).
@@ -237,8 +265,13 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         if self.suspender is None:
             return
         kernels = self.kernels
+
+        def handled(key: KernelKey) -> bool:
+            own = kernels is not None and kernels.user_of(key.kernel_id) == key.user
+            return own and kernels.handles(key.kernel_id)  # type: ignore[union-attr]
+
         try:
-            self.suspender.check(kernels.handles if kernels is not None else lambda _: False)
+            self.suspender.check(handled)
         except Exception:
             self.log.exception("GPU broker: checking the suspended kernels failed")
 
@@ -363,6 +396,19 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         watch = self.sampler.outside if self.sampler is not None else None
         return None if watch is None else watch.holder_pids.get(lease_id)
 
+    def holder_uid(self, lease: Lease) -> int | None:
+        """The uid whose processes may hold ``lease`` on this machine (None: none may, its
+        user has no account here): this broker's own (``holder_account = 'broker'``), or
+        the lease user's own account (``'user'``)."""
+        return os.geteuid() if self.holder_account == "broker" else local_uid(lease.user)
+
+    @staticmethod
+    def process_uid(pid: int) -> int | None:
+        """A process's owner, read as the outside-use check reads it (``ProcessTable``);
+        None: no such process in this broker's pid namespace."""
+        proc = ProcessTable().read([pid]).get(pid)
+        return None if proc is None else proc.uid
+
     @property
     def tokens(self) -> KernelTokens:
         if self._tokens is None:
@@ -373,21 +419,22 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         """A kernel token acting as ``user`` on ``kernel_id``'s requests (``.tokens``)."""
         return self.tokens.issue(user, kernel_id)
 
-    def revoke_tokens(self, kernel_id: str, user: str | None = None) -> None:
-        """Revoke a kernel's tokens (only ``user``'s, when given): at its shutdown, when
-        its suspension, if any, ends too."""
+    def revoke_tokens(self, kernel_id: str, user: str) -> None:
+        """Revoke ``user``'s tokens of a kernel: at its shutdown, when its suspension, if
+        any (``user``'s), ends too."""
         self.tokens.revoke(kernel_id, user)
         if self.suspender is not None:
-            self.suspender.forget(kernel_id, user)
+            self.suspender.forget(KernelKey(user, kernel_id))
 
-    def kernel_restarted(self, kernel_id: str, user: str | None = None) -> None:
-        """A kernel restarted (``user``'s, when given): its new process asks for a GPU as a
-        new kernel does; a suspension of the old one, whose memory went with it, is over."""
+    def kernel_restarted(self, kernel_id: str, user: str) -> None:
+        """``user``'s kernel restarted: its new process asks for a GPU as a new kernel
+        does; a suspension of the old one, whose memory went with it, is over."""
         if self.suspender is not None:
-            self.suspender.forget(kernel_id, user, ENDED_RESTARTED)
+            self.suspender.forget(KernelKey(user, kernel_id), ENDED_RESTARTED)
 
     def token_holder(self, token: str) -> tuple[str, str] | None:
-        """The (user, kernel id) a kernel token acts for; ``None``: unknown or revoked."""
+        """The (user, kernel id) a kernel token acts for; ``None``: unknown, revoked or
+        past its age."""
         return self.tokens.holder(token)
 
     # ------------------------------------------------------------- readings

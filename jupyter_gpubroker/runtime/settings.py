@@ -216,6 +216,26 @@ class BrokerSettings(HasTraits):
         "server's owner is one too (the single user of that server); with "
         "identity='username' only the users named here are.",
     ).tag(config=True)
+    holder_account = Enum(
+        ["broker", "user"],
+        default_value="broker",
+        help="Which local account runs each user's kernels and single-user servers on this "
+        "machine, so whose process a lease's renewal may name as its holder (holder_pid), "
+        "and whose processes a suspend may touch. 'broker': this broker's own account, for "
+        "every user (the default of a Jupyter server's own broker, whose kernels all run as "
+        "the server's account; a demo hub whose spawner starts every server as the hub's "
+        "user). 'user': the user's own account, of the same name (the default of the hub "
+        "service, whose spawner starts servers as their users; a user with no account "
+        "here can name no process).",
+    ).tag(config=True)
+    kernel_token_max_age = Float(
+        6 * 3600.0,
+        help="Seconds a kernel token lives after its kernel's server last said the kernel "
+        "runs (the embedded broker's tick, for the kernels its server runs; a server using "
+        "a central broker renews its kernels' leases, and their tokens every third of "
+        "this): the token of a kernel that is gone (its server killed, say) stops working "
+        "at most this long after. Its own use renews nothing.",
+    ).tag(config=True)
     user_groups = Dict(
         key_trait=Unicode(),
         value_trait=List(Unicode()),
@@ -223,7 +243,7 @@ class BrokerSettings(HasTraits):
         "the first group it names, which must be one of its user's (default: the first listed).",
     ).tag(config=True)
 
-    @validate("lease_ttl", "request_ttl", "tick_interval")
+    @validate("lease_ttl", "request_ttl", "tick_interval", "kernel_token_max_age")
     def _broker_positive(self, proposal: dict[str, Any]) -> float | None:
         return positive(proposal)
 

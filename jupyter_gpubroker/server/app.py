@@ -179,7 +179,8 @@ class GPUBrokerExtension(ExtensionApp):
         registry.set_current(gpubroker)
         self.settings["gpubroker"] = gpubroker
         self.settings["gpubroker_api"] = BrokerAPI(gpubroker)
-        self.kernels = ServerKernels(serverapp.kernel_manager, core.clock, self.log)
+        single = gpubroker.owner if gpubroker.identity == "owner" else None  # every caller
+        self.kernels = ServerKernels(serverapp.kernel_manager, core.clock, self.log, single)
         gpubroker.attach_kernels(self.kernels)
         if gpubroker.metrics is not None:  # served by the server's own /metrics
             try:

@@ -93,7 +93,7 @@ class BrokerHandler(_Handler):
             return None
         who = self.api.token_identity(token)
         if who is None:
-            raise web.HTTPError(403, "unknown or revoked GPU broker token")
+            raise web.HTTPError(403, "unknown or revoked GPU broker token (or its kernel is gone)")
         return who
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
@@ -350,6 +350,17 @@ class TokenHandler(BrokerHandler):
         self.finish()
 
 
+class TokenRenewHandler(BrokerHandler):
+    """The kernel's server says it runs: the caller's tokens for it live on."""
+
+    @web.authenticated
+    @authorized
+    def post(self, kernel_id: str) -> None:
+        self.api.renew_tokens(self.who, kernel_id)
+        self.set_status(204)
+        self.finish()
+
+
 class OverviewHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -463,6 +474,7 @@ def handlers(host: type[web.RequestHandler], root: str = f"/{API_PREFIX}") -> li
         ("events", EventsHandler),
         ("tokens", TokensHandler),
         (f"tokens/{ident}", TokenHandler),
+        (f"tokens/{ident}/renew", TokenRenewHandler),
     ]
     root = root.rstrip("/")
     found = [(f"{root}/{path}", _bind(handler, host)) for path, handler in routes]

@@ -119,7 +119,10 @@ class GPUProvisioner(LocalProvisioner):
     _kernel_token: str | None = None
     charged_to = ""
     """The user this kernel's requests are charged to (its token acts for)."""
+    token_max_age = 0.0
+    """How long the broker keeps the kernel's token without a renewal (0: not known)."""
     _heartbeat: asyncio.Task[None] | None = None
+    _token_heartbeat: asyncio.Task[None] | None = None
 
     # -- jupyter_client hooks
 
@@ -141,6 +144,9 @@ class GPUProvisioner(LocalProvisioner):
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
         self._stop_heartbeat()
+        self._stop_token_heartbeat()
+        if self.broker_url and self._kernel_token and self.token_max_age > 0:
+            self._token_heartbeat = asyncio.ensure_future(self._keep_token())
         if self.lease is not None:
             client = self._client()
             # the first renewal before the kernel is handed over: it names the kernel's
@@ -158,12 +164,13 @@ class GPUProvisioner(LocalProvisioner):
         await super().cleanup(restart=restart)
         if not restart:
             self._stop_heartbeat()
+            self._stop_token_heartbeat()
             kernels = self._server_kernels()
             if kernels is not None:
                 kernels.forget(self.kernel_id)
         runtime = None if self.broker_url else registry.current()
-        if restart and runtime is not None:  # before the new process asks for its GPU
-            runtime.kernel_restarted(self.kernel_id, self.charged_to or None)
+        if restart and runtime is not None and self.charged_to:  # before its new process asks
+            runtime.kernel_restarted(self.kernel_id, self.charged_to)
         if not self.broker_url and runtime is None and self._kernel_token:
             self.log.info(  # a server stopping stops its broker before its kernels
                 "Kernel %s: its GPU comes back when its lease expires (the GPU broker of this "
@@ -185,6 +192,7 @@ class GPUProvisioner(LocalProvisioner):
             # token is as secret as the connection file's key, persisted beside it)
             gpubroker_token=self._kernel_token,
             gpubroker_charged_to=self.charged_to,
+            gpubroker_token_max_age=self.token_max_age,
         )
         return info
 
@@ -194,6 +202,7 @@ class GPUProvisioner(LocalProvisioner):
         self.lease = provisioner_info.get("gpubroker_lease")
         self._kernel_token = provisioner_info.get("gpubroker_token")
         self.charged_to = provisioner_info.get("gpubroker_charged_to", "")
+        self.token_max_age = float(provisioner_info.get("gpubroker_token_max_age") or 0)
 
     # -- the broker
 
@@ -233,6 +242,7 @@ class GPUProvisioner(LocalProvisioner):
             login = getattr(getattr(handler, "current_user", None), "username", None)
             issued = api.issue_token(api.user_identity(login), {"kernel_id": self.kernel_id})
         self._kernel_token, self.charged_to = issued["token"], str(issued["user"])
+        self.token_max_age = float(issued.get("max_age_s") or 0)  # an older broker: none
         self.log.info("Kernel %s: its GPUs are charged to %s", self.kernel_id, self.charged_to)
 
     async def _remote_token(self) -> dict[str, Any]:
@@ -348,7 +358,7 @@ class GPUProvisioner(LocalProvisioner):
         report = (
             None if state is None else kernel_report(state.execution_state, state.last_activity)
         )
-        return await client.renew(lease_id, report, holder_pid=self.pid)
+        return await client.renew(lease_id, report, holder_pid=self.pid, log=self.log)
 
     async def _renew_while_alive(self, client: BrokerClient, now: bool) -> None:
         """Renew the lease (``keep_alive``; the first time at once when ``now``) for as
@@ -386,7 +396,27 @@ class GPUProvisioner(LocalProvisioner):
                 "Kernel %s lost its GPU lease %s: %s", self.kernel_id, lease_id, lost.message
             )
 
+    async def _keep_token(self) -> None:
+        """Renew the kernel's token, with this server's credential, every third of its
+        maximum age while the kernel process runs: a live kernel's token never ends,
+        however idle, and a dead one's ends that long after (``runtime.tokens``). Only
+        through ``broker_url``: the embedded broker renews the kernels its server runs."""
+        client = self._client()
+        while True:
+            await asyncio.sleep(self.token_max_age / 3)
+            if await self.poll() is not None:
+                return
+            try:
+                await client.renew_kernel_token(self.kernel_id)
+            except (BrokerAPIError, OSError) as e:  # the next beat tries again
+                self.log.warning("Kernel %s: its GPU token was not renewed: %s", self.kernel_id, e)
+
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             self._heartbeat = None
+
+    def _stop_token_heartbeat(self) -> None:
+        if self._token_heartbeat is not None:
+            self._token_heartbeat.cancel()
+            self._token_heartbeat = None

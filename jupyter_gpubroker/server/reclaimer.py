@@ -93,8 +93,13 @@ class _Watch:
 class ServerKernels:
     """The ``KernelActions`` of a jupyter-server: its ``kernel_manager``'s kernels."""
 
-    def __init__(self, kernel_manager: Any, clock: Clock, log: logging.Logger) -> None:
+    def __init__(
+        self, kernel_manager: Any, clock: Clock, log: logging.Logger, owner: str | None = None
+    ) -> None:
         self.kernel_manager, self.clock, self.log = kernel_manager, clock, log
+        self.owner = owner
+        """The user of every kernel here that names none (a single-user server's owner);
+        None where several users share the server."""
         self._watches: dict[str, _Watch] = {}
         self._shutdowns: set[asyncio.Task[None]] = set()
         self._busy_until = 0.0
@@ -154,8 +159,16 @@ class ServerKernels:
         process = getattr(kernel.provisioner, "process", None)  # a local provisioner's
         return process is not None and process.poll() is None
 
-    def runs(self, kernel_id: str) -> bool:
-        return kernel_id in self.kernel_manager
+    def running(self) -> list[tuple[str, str]]:
+        found = ((self.user_of(k), k) for k in self.kernel_manager.list_kernel_ids())
+        return [(user, k) for user, k in found if user is not None]
+
+    def user_of(self, kernel_id: str) -> str | None:
+        """The user the kernel is charged to: its GPU provisioner's, else ``owner``."""
+        if kernel_id not in self.kernel_manager:
+            return None
+        provisioner = self.kernel_manager.get_kernel(kernel_id).provisioner
+        return getattr(provisioner, "charged_to", "") or self.owner
 
     async def act(self, kernel_id: str, action: str) -> None:
         """``revoke``: interrupt the kernel now; ``shutdown``: shut it down ``NOTICE_S``

@@ -5,16 +5,19 @@ process of the kernel's user, makes the checkpoint calls on the kernel's process
 central broker (the hub service) suspends the kernel of a server that uses it from
 elsewhere only where that kernel runs on the broker's host as its lease's user: the user
 names the holder process in their own renewals, so the holder and every process suspended
-must be owned by the lease user's local account, or the kernel is not suspended (the
-fallback, with why). Its server leaves a suspended kernel running (the lease's
+must be owned by the account that runs that user's kernels (``GPUBroker.holder_uid``: the
+lease user's local account there), or the kernel is not suspended (the fallback, with
+why). Its server leaves a suspended kernel running (the lease's
 ``on_reclaim`` says ``suspend``) and carries out a fallback (``on_reclaim``: the action).
 
 At the deadline of an idle (or stalled, or preempted) lease the reclaimer hands the lease
 here (``Decision.action == "suspend"``). The processes on the lease's devices that descend
 from the kernel (its renewals name its pid) are suspended; the lease ends with cause
 ``suspended``; its devices go to the next holder once NVML lists nothing on them, as for
-any lease. When the kernel's own request for as many GPUs of that model is granted later (its
-next cell asks, ``kernel/resume.py``), its processes are restored onto the granted GPUs;
+any lease. When the kernel's own request (its user's) for as many GPUs of that model is
+granted later (its next cell asks, ``kernel/resume.py``), its processes are restored onto
+the granted GPUs; a grant to another user's request naming the same kernel id is theirs
+alone (suspensions are keyed by user and kernel id, ``KernelKey``);
 where the kernel's own process ended (a restart that ``gpubroker-provisioner`` did not
 report), the kernel asking is a new one: its suspension ends as a restart's does and it
 keeps the grant.
@@ -34,7 +37,7 @@ import logging
 import pwd
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..broker.models import DeviceReading, Event, Lease, LeaseState
 from ..monitor.outside import ProcessTable
@@ -59,6 +62,16 @@ FALLBACKS = ("shutdown", "revoke", "keep")
 ENDED = "suspension_ended"
 """The event of a suspended kernel's lease once the kernel is suspended no more (resumed,
 its memory lost, or the kernel shut down or restarted), with the reason."""
+
+
+class KernelKey(NamedTuple):
+    """A suspended kernel as the suspender keys it: its lease's user and its id. A kernel
+    id is no secret (URLs, logs and the kernel's environment show it) and any user may
+    name it as a request's holder, so no path resumes, ends or shows a suspension on the
+    id alone: another user's request naming it is another kernel."""
+
+    user: str
+    kernel_id: str
 
 
 @dataclass(frozen=True)
@@ -91,14 +104,15 @@ class Suspended:
         }
 
     @classmethod
-    def stored(cls, lease: Lease, evidence: Mapping[str, Any]) -> tuple[str, Suspended]:
-        """A stored suspension: (its kernel id, it); ``evidence`` is its reclaim's."""
+    def stored(cls, lease: Lease, evidence: Mapping[str, Any]) -> tuple[KernelKey, Suspended]:
+        """A stored suspension: (its kernel, it); ``evidence`` is its reclaim's."""
         kept = evidence["suspension"]
         pids = tuple(int(p) for p in kept["pids"])
         suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]))
         started = {int(p): t for p, t in kept["processes"]}
         kernel_pid = kept.get("kernel_pid")
-        return str(kept["kernel_id"]), cls(suspension, lease, started, kernel_pid)
+        key = KernelKey(lease.user, str(kept["kernel_id"]))
+        return key, cls(suspension, lease, started, kernel_pid)
 
 
 class KernelSuspender:
@@ -109,32 +123,37 @@ class KernelSuspender:
         self,
         core: Broker,
         suspender: Suspender,
+        *,
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
-        own: Callable[[str], bool],
+        owner_uid: Callable[[Lease], int | None],
         opens: Callable[[str, int], None],
         keep: Callable[[str], None],
         publish: Callable[[Event], None],
         fallback: str,
         log: logging.Logger,
     ) -> None:
+        """Keyword-only past ``suspender``: several of these are callables of a lease id,
+        which a positional call could swap unnoticed."""
         if fallback not in FALLBACKS:
             raise ValueError(f"suspend_fallback must be one of {', '.join(FALLBACKS)}")
         self.core, self.suspender, self.log = core, suspender, log
-        self.readings, self.holder_pid, self.keep = readings, holder_pid, keep
-        self.own = own
-        """Whether a kernel is the host's own (its server's, run as the broker's user): the
-        others' processes are suspended only where they are their lease user's (``_owner``)."""
+        self.readings, self.keep = readings, keep
+        self.holder_pid = holder_pid
+        """The holder process a lease's last renewal named (None: none)."""
+        self.owner_uid = owner_uid
+        """The uid whose processes may be a lease's kernel's (None: its user has no
+        account here): only those are suspended (``_owner``)."""
         self.opens = opens
         """Lets a kernel process open a lease's devices (where kernels are confined to
         theirs): a restore runs in the kernel's process, which must open its new GPU."""
         self.publish, self.fallback = publish, fallback
-        self.suspended: dict[str, Suspended] = {}
-        """Kernel id (its requests' holder) -> its suspension."""
+        self.suspended: dict[KernelKey, Suspended] = {}
+        """(Lease user, kernel id) -> its suspension."""
         self._procs = ProcessTable()
         self._told: set[str] = set()
-        self._resumes: dict[asyncio.Task[None], str] = {}
-        """The resumes under way -> the kernel id each resumes."""
+        self._resumes: dict[asyncio.Task[None], KernelKey] = {}
+        """The resumes under way -> the kernel each resumes."""
         self._take_up()
         self.unsubscribe = core.subscribe(self._on_event)
 
@@ -143,12 +162,12 @@ class KernelSuspender:
         while its processes run, checkpointed; the others end, with why."""
         for row in self.core.store.suspensions():
             lease = self.core.lease(row["lease_id"])
-            kernel_id, suspended = Suspended.stored(lease, row["evidence"])
-            self.suspended[kernel_id] = suspended
+            key, suspended = Suspended.stored(lease, row["evidence"])
+            self.suspended[key] = suspended
         self.check(gone=ENDED_AWAY)
 
     def check(
-        self, handled: Callable[[str], bool] = lambda _: False, gone: str = ENDED_EXITED
+        self, handled: Callable[[KernelKey], bool] = lambda _: False, gone: str = ENDED_EXITED
     ) -> None:
         """End the suspensions that are over (``_over``), each with why (``gone`` where a
         process of it ended). Run on every sampling pass: a kernel whose process ended
@@ -159,13 +178,13 @@ class KernelSuspender:
         process (``handled``: its provisioner, or the new process's first cell, ends it
         saying so)."""
         resuming = set(self._resumes.values())
-        for kernel_id, suspended in list(self.suspended.items()):
-            if kernel_id in resuming or handled(kernel_id):
+        for key, suspended in list(self.suspended.items()):
+            if key in resuming or handled(key):
                 continue
             why = self._over(suspended, gone)
             if why is not None:
-                self.log.info("GPU broker: kernel %s is suspended no more: %s", kernel_id, why)
-                self._end(kernel_id, why)
+                self.log.info("GPU broker: kernel %s is suspended no more: %s", key.kernel_id, why)
+                self._end(key, why)
 
     def _over(self, suspended: Suspended, gone: str) -> str | None:
         """Why a suspension is over (None: it is not): a process of it gone (``gone``), or
@@ -204,19 +223,18 @@ class KernelSuspender:
             if p in procs and holder in procs[p].chain and uid in (None, procs[p].uid)
         }
 
-    def _owner(self, lease: Lease, kernel_id: str) -> tuple[int | None, str | None]:
-        """(The uid the kernel's processes must be owned by, None for the host's own
-        kernel; why it is not suspended, None where it may be.) Another host's kernel's
-        holder process is named by its user: it must run here, owned by the lease user's
-        local account, or a user could have another's process (or init) suspended."""
-        holder = self.holder_pid(lease.id)
-        if holder is None:
-            return None, "the kernel never named its process"
-        if self.own(kernel_id):
-            return None, None
-        uid = local_uid(lease.user)
+    def _owner(self, lease: Lease) -> tuple[int | None, str | None]:
+        """(The uid the kernel's processes must be owned by; why it is not suspended, None
+        where it may be.) The holder process is named by the lease's user: it must run
+        here, owned by the account that runs that user's kernels (``owner_uid``), or a user
+        could have another's process (or init) suspended. The renewal that named it was
+        checked so already (``api.rules``); the process may have changed hands since."""
+        uid = self.owner_uid(lease)
         if uid is None:
             return None, f"{lease.user} has no account on the GPU broker's machine"
+        holder = self.holder_pid(lease.id)
+        if holder is None:
+            return uid, "the kernel never named its process"
         proc = self._procs.read([holder]).get(holder)
         if proc is None:
             return uid, f"its process {holder} does not run on the GPU broker's machine"
@@ -226,13 +244,13 @@ class KernelSuspender:
 
     def shown(self, lease_id: str) -> dict[str, Any] | None:
         """A suspended kernel's ended lease, as the API shows it (None: any other lease)."""
-        for kernel_id, s in self.suspended.items():
+        for key, s in self.suspended.items():
             if s.lease.id == lease_id:
                 mib = s.suspension.host_mib
                 return {
                     "host_mib": round(mib, 1),
                     "text": suspended_text(mib),
-                    "kernel_id": kernel_id,
+                    "kernel_id": key.kernel_id,
                     "model": self.model(s.lease),
                 }
         return None
@@ -248,31 +266,29 @@ class KernelSuspender:
         """The ended leases of the kernels suspended now, oldest first."""
         return [s.lease.id for s in self.suspended.values()]
 
-    def forget(
-        self, kernel_id: str, user: str | None = None, reason: str = ENDED_SHUT_DOWN
-    ) -> None:
-        """A kernel whose process ended (``user``'s, when given): shut down (its token
-        revoked), or restarted (a new process); its memory on the host went with the old
-        one, so its suspension is over, for ``reason``."""
-        s = self.suspended.get(kernel_id)
-        if s is not None and user in (None, s.lease.user):
-            self._end(kernel_id, reason)
+    def forget(self, key: KernelKey, reason: str = ENDED_SHUT_DOWN) -> None:
+        """A kernel whose process ended: shut down (its token revoked), or restarted (a new
+        process); its memory on the host went with the old one, so its suspension is
+        over, for ``reason``. Only its own user's word ends it (``key``)."""
+        if key in self.suspended:
+            self._end(key, reason)
 
-    def _end(self, holder: str, reason: str) -> None:
+    def _end(self, key: KernelKey, reason: str) -> None:
         """A kernel suspended no more: the state file, then its lease, says why, and its
         fronts are told."""
-        lease = self.suspended[holder].lease
+        lease = self.suspended[key].lease
         now = self.core.clock.now()
         with self.core.store.transaction():
             self.core.store.end_suspension(lease.id, now, reason)
-        del self.suspended[holder]
+        del self.suspended[key]
         self.publish(Event.of_lease(ENDED, now, lease, {"reason": reason}))
 
     async def suspend(self, decision: Decision) -> str | None:
         """Suspend the kernel of ``decision``'s lease; returns the action the host still
         carries out on the kernel (the fallback), None when there is none."""
         lease = self.core.lease(decision.lease_id)
-        uid, why_not = self._owner(lease, decision.holder)
+        key = KernelKey(lease.user, decision.holder)
+        uid, why_not = self._owner(lease)
         if why_not is not None:
             outcome, suspension = Outcome(False, why_not), None
         else:
@@ -285,11 +301,11 @@ class KernelSuspender:
             evidence["host_mib"] = round(suspension.host_mib, 1)
             evidence["suspension"] = suspended.evidence(decision.holder)
             reason = f"{decision.reason}; {outcome.reason}"
-            self.suspended[decision.holder] = suspended  # the lease's end shows it
+            self.suspended[key] = suspended  # the lease's end shows it
             try:
                 self.core.reclaim(lease.id, reason, cause=SUSPENDED, evidence=evidence)
             except BaseException:
-                del self.suspended[decision.holder]
+                del self.suspended[key]
                 raise
             self.log.info("GPU broker: kernel %s %s", decision.holder, outcome.reason)
             return None
@@ -316,26 +332,29 @@ class KernelSuspender:
         return Suspended(suspension, lease, started, kernel_pid)
 
     def _on_event(self, event: Event) -> None:
-        """A grant to a suspended kernel's request restores it there."""
+        """A grant to a suspended kernel's request, its own user's, restores it there; a
+        grant to another user's request naming the same holder is that user's alone."""
         if event.kind != "granted" or event.request_id is None or event.lease_id is None:
             return
-        holder = self.core.request(event.request_id).holder
-        suspended = self.suspended.get(holder)
+        request = self.core.request(event.request_id)
+        key = KernelKey(request.user, request.holder)
+        suspended = self.suspended.get(key)
         if suspended is None:
             return
-        task = asyncio.ensure_future(self._resume(holder, suspended, event.lease_id))
-        self._resumes[task] = holder
+        task = asyncio.ensure_future(self._resume(key, suspended, event.lease_id))
+        self._resumes[task] = key
         task.add_done_callback(self._resumes.pop)
 
-    async def _resume(self, holder: str, suspended: Suspended, lease_id: str) -> None:
+    async def _resume(self, key: KernelKey, suspended: Suspended, lease_id: str) -> None:
         """Restore the suspended processes onto the grant ``lease_id``; where the kernel's
         own process ended, the kernel asking is a new process (restarted without
         ``gpubroker-provisioner`` telling the broker): its suspension ends as a restart's
         does, nothing is restored, and the grant stays the new process's, as a new
         kernel's would."""
+        holder = key.kernel_id
         if _ended(suspended.kernel()):
             self.log.info("GPU broker: kernel %s asks to resume from a new process", holder)
-            self.forget(holder, reason=ENDED_RESTARTED)
+            self.forget(key, reason=ENDED_RESTARTED)
             return
         lease = self.core.lease(lease_id)
         if len(lease.devices) != len(suspended.suspension.devices):
@@ -348,7 +367,7 @@ class KernelSuspender:
                 self.suspender.resume, suspended.suspension, lease.devices
             )
             if outcome.done:
-                self._end(holder, f"{outcome.reason} ({', '.join(lease.devices)})")
+                self._end(key, f"{outcome.reason} ({', '.join(lease.devices)})")
                 self.log.info("GPU broker: kernel %s %s", holder, outcome.reason)
                 return
             outcome_reason, lost = outcome.reason, outcome.lost
@@ -357,7 +376,7 @@ class KernelSuspender:
         # never see the old one no longer suspended while the new one still stands
         self.core.release(lease_id, reason=outcome_reason)
         if lost:
-            self._end(holder, outcome_reason)
+            self._end(key, outcome_reason)
 
     def close(self) -> None:
         self.unsubscribe()

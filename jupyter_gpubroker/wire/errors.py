@@ -33,6 +33,13 @@ class InvalidRequest(BrokerError):
         self.fields = fields or {}
 
 
+class NotYourProcess(InvalidRequest):
+    """A renewal named as its lease's holder a process that is not its user's: refused,
+    so that no user's process escapes outside-use checks by another's naming it."""
+
+    code = "not_your_process"
+
+
 class ConfigError(BrokerError):
     """The broker's configuration cannot be used as it is (a ``c.GPUBroker`` value, the
     quotas file, the inventory source): the broker does not start, and says why in one

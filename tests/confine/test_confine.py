@@ -320,6 +320,7 @@ def root_broker(box: Box, simulate: str, tmp_path: Path) -> Any:
     c.GPUBroker.simulate = simulate
     c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
     c.GPUBroker.identity = "username"
+    c.GPUBroker.holder_account = "user"  # as the hub service: each user's kernels their own
     c.DeviceConfinement.cgroup = box.confinement.cgroup
     c.DeviceConfinement.proc_devices = box.confinement.proc_devices
     c.DeviceConfinement.mig_minors = box.confinement.mig_minors
@@ -343,17 +344,17 @@ def test_the_root_broker_gives_a_reported_kernel_its_lease_and_takes_it_back_at_
     rt = root_broker(box, "dgx-h100-mig:2", tmp_path)
     try:
         api = BrokerAPI(rt)
-        server = box.confinement.server("carol", "", [])
+        server = box.confinement.server("nobody", "", [])
         assert server is not None
         kernel = probes(box.confinement.joiner(server))
-        lease = rt.core.lease(rt.core.submit("carol", Size(profile="1g.10gb")).lease_id)
+        lease = rt.core.lease(rt.core.submit("nobody", Size(profile="1g.10gb")).lease_id)
         a = nvml_address(rt.backend.handle(lease.devices[0]))
         mine = {str(box.dev / f"nvidia{a.gpu_minor}")}
         assert allowed(box, kernel.open(box.all_nodes)) == always(box)
-        api.renew(api.identify("carol"), lease.id, {"holder_pid": kernel.pid})
+        api.renew(api.identify("nobody"), lease.id, {"holder_pid": kernel.pid})
         assert mine < allowed(box, kernel.open(box.all_nodes))
-        held = rt.core.submit("carol", Size(profile="1g.10gb"), holder="server:carol")
-        api.renew(api.identify("carol"), held.lease_id, {"holder_pid": kernel.pid})
+        held = rt.core.submit("nobody", Size(profile="1g.10gb"), holder="server:nobody")
+        api.renew(api.identify("nobody"), held.lease_id, {"holder_pid": kernel.pid})
         assert f"{kernel.pid}" not in (server / "cgroup.procs").read_text().split()
         rt.core.release(lease.id)
         assert allowed(box, kernel.open(box.all_nodes)) == always(box)
@@ -374,12 +375,12 @@ def test_a_suspended_kernel_opens_its_new_gpu_before_it_is_restored_there(
 
     from jupyter_gpubroker.api.rules import BrokerAPI
     from jupyter_gpubroker.broker.reclaim import Decision
-    from jupyter_gpubroker.suspend.host import simulate_kernel_use
+    from jupyter_gpubroker.suspend.host import KernelKey, simulate_kernel_use
     from jupyter_gpubroker.wire.sizes import Size
 
     box = make_box("dgx-h100:2")
     rt = root_broker(box, "dgx-h100:2", tmp_path)
-    server = box.confinement.server("carol", "", [])
+    server = box.confinement.server("nobody", "", [])
     assert server is not None and rt.suspender is not None
     kernel = probes(box.confinement.joiner(server))
 
@@ -389,11 +390,10 @@ def test_a_suspended_kernel_opens_its_new_gpu_before_it_is_restored_there(
 
     async def suspend_and_resume() -> tuple[str, set[str]]:
         assert rt.suspender is not None
-        rt.suspender.own = lambda _: True  # a kernel of the broker's host (carol: no account)
         api = BrokerAPI(rt)
-        held = rt.core.submit("carol", Size(gpus=1), holder="kernel-1").lease_id
+        held = rt.core.submit("nobody", Size(gpus=1), holder="kernel-1").lease_id
         assert held is not None
-        api.renew(api.identify("carol"), held, {"holder_pid": kernel.pid})
+        api.renew(api.identify("nobody"), held, {"holder_pid": kernel.pid})
         simulate_kernel_use(rt.backend.simulator, rt.core.lease(held), kernel.pid, 1024)
         await rt.sample()
         assert node(held) in allowed(box, kernel.open(box.all_nodes))
@@ -408,10 +408,10 @@ def test_a_suspended_kernel_opens_its_new_gpu_before_it_is_restored_there(
             return restore(*args)  # type: ignore[arg-type]
 
         rt.suspender.suspender.resume = resume  # type: ignore[method-assign]
-        granted = rt.core.submit("carol", Size(gpus=1), holder="kernel-1").lease_id
+        granted = rt.core.submit("nobody", Size(gpus=1), holder="kernel-1").lease_id
         assert granted is not None
         for _ in range(200):
-            if "kernel-1" not in rt.suspender.suspended:
+            if KernelKey("nobody", "kernel-1") not in rt.suspender.suspended:
                 break
             await asyncio.sleep(0.05)
         assert rt.core.lease(granted).state.value == "active", "the restore failed"

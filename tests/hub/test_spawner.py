@@ -289,8 +289,9 @@ def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_ba
     """The service's supervisor dies, and the service with it, so none runs until the
     hub's next poll; the user's server stops meanwhile (its give-back finds no broker):
     the restarted service releases its lease within seconds of starting, charged no later
-    than the stop (up to the last renewal, at most a third of the TTL before)."""
-    token = hub.user("ida")
+    than the stop (up to the last renewal, at most a third of the TTL before), through the
+    API: the audit log records the release, the service as its actor, with its reason."""
+    token, admin = hub.user("ida"), hub.user("admin")
     try:
         assert spawn(hub, token, "ida", SLICE).status_code in (201, 202)
         lease_id = hub.ready_server_env("ida")[LEASE_ENV]
@@ -323,6 +324,17 @@ def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_ba
         assert "not running" in lease["reason"]
         ended = parse_iso(lease["ended_at"])
         assert ended <= stopped_at + ttl_s / 3, (lease, stopped_at)
+        records = ok(hub, admin, "GET", "audit", None)["audit"]
+        (record,) = [a for a in records if a["target"] == lease_id]
+        assert (record["actor"], record["action"]) == (
+            "services/gpubroker",
+            "release_stopped_server",
+        )
+        assert record["detail"] == {
+            "user": "ida",
+            "server": "ida",
+            "reason": "server ida is not running",
+        }
     finally:
         hub.stop_server("ida")
 

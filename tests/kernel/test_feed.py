@@ -17,7 +17,7 @@ async def follow(jp_serverapp: Any, kernel_id: str, revoked: bool) -> tuple[Even
     runtime = jp_serverapp.web_app.settings["gpubroker"]
     token = runtime.issue_token(runtime.owner, kernel_id)
     if revoked:
-        runtime.revoke_tokens(kernel_id)
+        runtime.revoke_tokens(kernel_id, runtime.owner)
     client = BrokerClient(runtime.api_url, kernel_token=token)
     feed = EventFeed(Runner(), client, logging.getLogger())
     heard: list[dict[str, Any]] = []

@@ -474,6 +474,10 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
 
     me = await check("GET", "me", headers=kernel, expect=200)
     assert me["kernel_id"] == "k1" and me["admin"] is False
+    await check("POST", "tokens/k1/renew", expect=204)  # its server: the kernel still runs
+    gone = await check("POST", "tokens/k-none/renew", expect=404)
+    assert gone["message"] == f"{issued['user']} has no live token for kernel k-none"
+    await check("POST", "tokens/k1/renew", headers=kernel, expect=403)  # never itself
     mine = await check(
         "POST",
         "requests",

@@ -139,3 +139,46 @@ async def test_the_kernel_is_named_before_its_start_returns(
         assert named_at_start == [km.get_kernel(kernel_id).provisioner.pid]
     finally:
         await km.shutdown_kernel(kernel_id)
+
+
+async def test_a_renewal_naming_another_users_process_is_refused_and_it_stays_outside_use(
+    jp_serverapp: Any, api: Any
+) -> None:
+    """The server's owner (root) names as its lease's holder a process of ``nobody`` that
+    computes on the lease's slice: a 400 that says whose the process is, and the process
+    stays outside use, seen, reported and stopped, as any other."""
+    runtime = jp_serverapp.web_app.settings["gpubroker"]
+    status, request = await api("POST", "requests", {"profile": "1g.10gb", "holder": "script"})
+    assert status == 201
+    lease, (device,) = request["lease"], request["lease"]["devices"]
+    stray = subprocess.Popen(["sleep", "600"], user=NOBODY)
+    try:
+        runtime.backend.simulator.add_process(device, stray.pid, follow=True)
+        status, reply = await api("POST", f"leases/{lease['id']}/renew", {"holder_pid": stray.pid})
+        validate(reply, "#/components/schemas/Error", "the refused renewal")
+        assert (status, reply) == (
+            400,
+            {
+                "error": "not_your_process",
+                "message": f"process {stray.pid} belongs to nobody, not to root",
+            },
+        )
+        _, now = await api("GET", f"leases/{lease['id']}")
+        assert now["holder_pid"] is None and now["expires_at"] == lease["expires_at"]
+
+        async def outside() -> Any:
+            _, devices = await api("GET", "devices")
+            found = [d for g in devices["gpus"] for d in g["devices"] if d["uuid"] == device]
+            return found[0]["outside"]
+
+        assert [o["pid"] for o in await until("the outside use to show", outside)] == [stray.pid]
+
+        async def stopped() -> bool:
+            return stray.poll() is not None
+
+        await until("the process to be stopped", stopped)
+        assert stray.returncode == -signal.SIGTERM
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+        stray.wait()

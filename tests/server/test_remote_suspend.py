@@ -25,6 +25,7 @@ from jupyter_gpubroker.wire.text import ENDED_EXITED, suspended_text
 pytestmark = pytest.mark.slow  # real kernels, seconds-long timeouts
 KERNEL_MIB = 4096
 SUSPENDING = {
+    "holder_account": "user",  # as the hub service: each user's kernels run as their account
     "simulate": "dgx-h100:1",
     "reclaim_action": "suspend",
     "simulate_kernel_memory": KERNEL_MIB,  # each kernel listed on its GPU, as CUDA lists it
@@ -141,12 +142,13 @@ async def test_a_remote_kernel_whose_process_is_not_its_users_is_not_suspended(
     jp_serverapp: Any, gpu_kernelspec: Any, run_in_kernel: Any, central: LiveServer
 ) -> None:
     """The lease's user, nobody, has an account here, but the process the renewals name
-    (the kernel, run as the test's user) is not nobody's: it is not touched; the fallback,
+    (the kernel, run as the test's user) is not nobody's: the central broker refuses it as
+    the lease's holder (the server renews without it), so it is not touched; the fallback,
     revoke, is carried out by the server (the kernel is interrupted and runs on)."""
     mkm = jp_serverapp.kernel_manager
     kid, pid, lease = await idle_gpu_kernel(jp_serverapp, gpu_kernelspec, run_in_kernel, central)
     assert lease["state"] == "reclaimed" and lease["suspended"] is None, lease
-    assert lease["reason"].endswith(f"; not suspended: its process {pid} is not nobody's")
+    assert lease["reason"].endswith("; not suspended: the kernel never named its process")
     assert lease["on_reclaim"] == "revoke"
     await asyncio.sleep(3)  # longer than a reclaimed kernel's notice before its shutdown
     assert await run_in_kernel(mkm.get_kernel(kid), "print(sum(numbers))") == "6"
