@@ -63,6 +63,10 @@ from . import registry
 from .reclaimer import ServerKernels
 
 FIRST_RENEWAL_S = 10.0
+GIVE_BACK_RETRY_S = 10.0
+"""How long a kernel's shutdown keeps trying a broker that does not answer before it leaves
+its GPU to come back when the lease expires: long enough for the hub to restart a killed
+service (about a second), short enough that a server stopping is not held for minutes."""
 """How long a kernel start waits for the renewal that names its process; past it the
 heartbeat names it, as soon as the broker answers."""
 
@@ -179,7 +183,7 @@ class GPUProvisioner(LocalProvisioner):
             )
             return
         try:
-            await self._give_back(self._client(), keep_own=restart)
+            await self._give_back(self._client(GIVE_BACK_RETRY_S), keep_own=restart)
         except Exception as e:  # the server is going down with its broker
             self.log.info("Kernel %s: GPU left to expire with its lease (%s)", self.kernel_id, e)
 
@@ -223,12 +227,14 @@ class GPUProvisioner(LocalProvisioner):
         remote = registry.remote()
         return remote.kernels if remote is not None and remote.url == self.broker_url else None
 
-    def _client(self) -> BrokerClient:
+    def _client(self, retry_for: float | None = None) -> BrokerClient:
         """The embedded broker through this kernel's own token (it acts only on this
-        kernel's requests), or ``broker_url`` as the user of ``jupyter_token``."""
+        kernel's requests), or ``broker_url`` as the user of ``jupyter_token``; calls
+        retried for ``retry_for`` seconds (``BrokerClient``'s default: a lease's TTL)."""
         if self.broker_url:
-            return BrokerClient(self.broker_url, token=self.jupyter_token)
-        return BrokerClient(self._embedded().api_url, kernel_token=self._kernel_token or "")
+            return BrokerClient(self.broker_url, token=self.jupyter_token, retry_for=retry_for)
+        url, token = self._embedded().api_url, self._kernel_token or ""
+        return BrokerClient(url, kernel_token=token, retry_for=retry_for)
 
     async def _issue_token(self) -> None:
         """This kernel's token, for the user it is charged to: on the embedded broker the
