@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import COMPUTE_SLICES
-from ..wire.sizes import DURATIONS, Size, expected_duration
+from ..wire.sizes import Size, hold_seconds
 
 # ---------------------------------------------------------------- inventory
 
@@ -223,10 +223,8 @@ def check_submission(
     cls = parse_job_class(job_class)
     if not isinstance(holder, str) or len(holder) > MAX_HOLDER:
         raise InvalidRequest(f"'holder' must be text of at most {MAX_HOLDER} characters")
-    if expected_duration_s is not None and not expected_duration(expected_duration_s):
-        raise InvalidRequest(
-            f"expected_duration_s must be {DURATIONS}, not {expected_duration_s!r}"
-        )
+    if expected_duration_s is not None:
+        hold_seconds(expected_duration_s, "expected_duration_s")
     return cls
 
 
