@@ -355,3 +355,25 @@ async def test_a_query_number_out_of_range_is_said_shortly(api: Api) -> None:
     )
     message = await refused(api, "GET", "alerts", limit="1e400")
     assert message == "'limit' must be an integer from 1 to 1000, not '1e400'"
+
+
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+"""The controls that make text read in another direction (embeddings, overrides, isolates)."""
+
+
+@pytest.mark.parametrize("control", BIDI, ids=lambda c: f"U+{ord(c):04X}")
+async def test_a_name_holding_a_control_that_reverses_text_is_refused_and_never_audited(
+    api: Api, control: str
+) -> None:
+    """A name like "ann\\u202egro" reads as "annorg": a quota or a time limit for it would
+    show another name on the admin page and in the audit log. Refused where a name is
+    given, the name quoted with its escape; nothing set, nothing recorded."""
+    name = f"ann{control}gro"
+    shown = f"'ann\\u{ord(control):04x}gro' holds '\\u{ord(control):04x}'"
+    for kind in ("user", "group"):  # the name as it is: jp_fetch percent-encodes a path
+        message = await refused(api, "PUT", f"quotas/{kind}/{name}", body={"share": 2})
+        assert message.startswith(f"{kind} name {shown}: a name may hold any character but")
+    message = await refused(api, "PUT", f"limits/group/{name}", body={"max_s": 3600})
+    assert message.startswith(f"group name {shown}")
+    assert (await api("GET", "audit"))[1]["audit"] == []
+    await nothing_written(api)
