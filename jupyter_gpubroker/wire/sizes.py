@@ -27,7 +27,8 @@ MAX_GPUS = 1024
 MAX_MEMORY_GB = 4096.0
 MAX_DURATION_S = 366 * 86400.0
 DURATIONS = f"seconds, at least {RESOLUTION:g} and at most a year"
-"""What ``expected_duration`` takes, in words."""
+"""What a hold time takes (``hold_seconds``: an expected duration, a limit, an
+extension), in words."""
 QUOTA_BOUNDS = {
     "share": (1e-3, 1e6),
     "max_gpus": (0.0, 1e6),
@@ -73,6 +74,7 @@ def seconds_between(lo: float, hi: float) -> str:
 
 
 def _span_words(seconds: float) -> str:
+    """A bound in seconds as a person says it: "a year", "10 years", "an hour", else "90"."""
     for size, one, many in _SPANS:
         n = seconds / size
         if n == int(n) and n >= 1:
@@ -144,11 +146,6 @@ def number(
         raise InvalidRequest(f"{what} must be {taken}, not {said(value)}")
     assert isinstance(value, (int, float))
     return int(value) if whole else float(value) + 0.0  # -0.0 is 0
-
-
-def expected_duration(value: object) -> bool:
-    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
-    return quantity(value, RESOLUTION, MAX_DURATION_S)
 
 
 def hold_seconds(value: object, what: str) -> float:
