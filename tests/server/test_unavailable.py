@@ -4,6 +4,7 @@ another broker) serves on and says why, everywhere."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 import socket
@@ -173,25 +174,22 @@ async def test_cli_status_says_it(
 
 
 @pytest.fixture
-def jp_server_config(jp_server_config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """The extension's log also written to ``tmp_path/extension.log`` (its traitlets
-    logging config replaces any handler a test would add)."""
-    handler = {"class": "logging.FileHandler", "filename": str(tmp_path / "extension.log")}
-    logging_config = {
-        "handlers": {"file": handler},
-        "loggers": {"GPUBrokerExtension": {"handlers": ["console", "file"]}},
-    }
-    return {**jp_server_config, "GPUBrokerExtension": {"logging_config": logging_config}}
+def jp_server_config(
+    jp_server_config: dict[str, Any], extension_log: list[logging.LogRecord]
+) -> dict[str, Any]:
+    """The server's config, its extension's log kept from before the server starts."""
+    return jp_server_config
 
 
 @pytest.mark.parametrize("broker_config", [truncated], indirect=True)
 async def test_the_servers_log_says_it_once(
-    jp_serverapp: Any, broker_config: dict[str, Any], tmp_path: Path
+    api: Any, broker_config: dict[str, Any], extension_log: list[logging.LogRecord]
 ) -> None:
     """A damaged file's log line gives the advice a damaged file needs, a backup, not its
     permissions (it is readable: SQLite cannot read it as a database)."""
     sentence = expected(broker_config["state_file"], truncated)
-    log = (tmp_path / "extension.log").read_text().splitlines()
-    logged = [line for line in log if "GPU broker" in line]
-    assert len(logged) == 1 and logged[0].startswith(f"GPU broker not started: {sentence}")
-    assert "access" not in logged[0] and "permission" not in logged[0]
+    assert (await api("GET", "devices"))[0] == 503
+    logged = [(r.levelname, r.getMessage()) for r in extension_log if "GPU broker" in r.msg]
+    assert len(logged) == 1 and logged[0][0] == "ERROR", logged
+    assert logged[0][1].startswith(f"GPU broker not started: {sentence}")
+    assert "access" not in sentence and "permission" not in sentence
