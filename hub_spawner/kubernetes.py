@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import ClientError
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
-from traitlets import Enum, Float, Unicode
+from traitlets import Enum, Unicode
 
 from jupyter_gpubroker.engines.kubernetes import (
     BROKER_LABEL,
@@ -42,6 +42,8 @@ from jupyter_gpubroker.engines.kubernetes import (
     parse_device_uuid,
     resource_name,
 )
+from jupyter_gpubroker.wire.sizes import RESOLUTION
+from jupyter_gpubroker.wire.traits import Seconds
 
 from .spawner import GPUBrokerSpawnerMixin, SpawnError
 
@@ -147,8 +149,11 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
         help="The version of Kueue's visibility API (visibility.kueue.x-k8s.io) to ask for "
         "positions; v1beta1 for a Kueue that serves only that.",
     ).tag(config=True)
-    kueue_poll_interval = Float(
-        5.0, help="Seconds between two readings of Kueue's positions while it holds a pod."
+    kueue_poll_interval = Seconds(
+        5.0,
+        RESOLUTION,
+        3600.0,
+        help="Seconds between two readings of Kueue's positions while it holds a pod.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:

@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from jupyter_gpubroker.wire.errors import BrokerError
-from jupyter_gpubroker.wire.sizes import DURATIONS, MAX_DURATION_S, Size, expected_duration
+from jupyter_gpubroker.wire.sizes import MAX_DURATION_S, Size, hold_seconds
 from jupyter_gpubroker.wire.text import (
     count,
     devices_held,
@@ -45,21 +45,14 @@ def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
         raise ValueError(f"job_class must be 'interactive' or 'batch', not {job_class!r}")
     if not size:
         return None
+    request: dict[str, Any] = {**size, "job_class": job_class}
     try:
         Size(**size)
+        for field, what in (("limit_s", "limit_s (the time limit)"), ("expected_duration_s", "")):
+            if options.get(field) not in (None, ""):
+                request[field] = hold_seconds(options[field], what or field)
     except BrokerError as e:
         raise ValueError(e.message) from None
-    request = {**size, "job_class": job_class}
-    limit = options.get("limit_s")
-    if limit not in (None, ""):
-        if not expected_duration(limit):
-            raise ValueError(f"limit_s (the time limit) must be {DURATIONS}, not {limit!r}")
-        request["limit_s"] = float(limit)
-    hold = options.get("expected_duration_s")
-    if hold not in (None, ""):
-        if not expected_duration(hold):
-            raise ValueError(f"expected_duration_s must be {DURATIONS}, not {hold!r}")
-        request["expected_duration_s"] = float(hold)
     return request
 
 

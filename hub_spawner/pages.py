@@ -28,6 +28,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.services.auth import HubOAuthenticated
 from jupyterhub.utils import url_path_join
+from markupsafe import Markup
 from tornado import web
 
 from jupyter_gpubroker.api.identity import Identity
@@ -43,6 +44,7 @@ from jupyter_gpubroker.wire.text import (
     holder,
     period,
     size_text,
+    visible,
 )
 from jupyter_gpubroker.wire.times import iso
 
@@ -62,7 +64,18 @@ PERIODS = {str(s): period(s) for s in (3600, 86400, 604800, 2592000)}
 """The budget periods the quota form offers (any other one set through the API is kept)."""
 FLASH = "gpubroker-flash"
 
-_env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape())
+
+def _shown(value: Any) -> Any:
+    """Every value a page writes: text with its bidirectional controls escaped (no name
+    holds one, but a reason or a value typed into a refused form may), so nothing on a
+    page reads reversed; HTML escaping is autoescape's, and markup (a macro's, the XSRF
+    field) was built from values shown so already."""
+    return visible(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
+_env = Environment(
+    loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(), finalize=_shown
+)
 
 
 def _when(value: str | None) -> str:

@@ -57,7 +57,7 @@ from prometheus_client.registry import CollectorRegistry
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Float, TraitError, Unicode
+from traitlets import Bool, TraitError, Unicode
 from traitlets.config import Application
 
 from jupyter_gpubroker import __version__
@@ -68,6 +68,8 @@ from jupyter_gpubroker.nvml import NvmlUnavailable, TopologyError
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.server.handlers import broker_errors, handlers
 from jupyter_gpubroker.wire.errors import BrokerError
+from jupyter_gpubroker.wire.sizes import RESOLUTION
+from jupyter_gpubroker.wire.traits import Seconds
 
 from .hubauth import (
     ADMIN_SCOPE,
@@ -296,11 +298,13 @@ class GPUBrokerService(Application):
         help="File holding the secret that signs the service's login cookies, created (mode "
         "0600) if missing, so logins outlive a restart; default <state file>.cookie_secret.",
     ).tag(config=True)
-    stop_timeout = Float(
-        10.0, help="Seconds open connections (event streams) get to close on SIGTERM."
+    stop_timeout = Seconds(
+        10.0, 0.0, 3600.0, help="Seconds open connections (event streams) get to close on SIGTERM."
     ).tag(config=True)
-    retry_interval = Float(
+    retry_interval = Seconds(
         30.0,
+        RESOLUTION,
+        86400.0,
         help="Seconds between tries to start a broker that could not run (its config file "
         "is read again before each), meanwhile every call is answered with a 503 saying why.",
     ).tag(config=True)

@@ -46,13 +46,14 @@ from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from jupyterhub.utils import url_escape_path, url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-from traitlets import Float, TraitError, Unicode, default, validate
+from traitlets import Unicode, default
 from traitlets.config import Configurable
 
 from jupyter_gpubroker.client import NO_REPLY, BrokerAPIError, BrokerClient, Lost, keep_alive
 from jupyter_gpubroker.confine import ConfinementError, DeviceConfinement
-from jupyter_gpubroker.wire.sizes import DURATIONS, expected_duration
+from jupyter_gpubroker.wire.sizes import MAX_DURATION_S, RESOLUTION
 from jupyter_gpubroker.wire.text import size_text
+from jupyter_gpubroker.wire.traits import Seconds
 
 from . import reservation
 from ._compat import SpawnException
@@ -120,15 +121,19 @@ class GPUBrokerSpawnerMixin(_Spawner):
         help="The broker API's URL as the hub reaches it; default: the service's own url "
         "and prefix (c.JupyterHub.services), plus api/v1.",
     ).tag(config=True)
-    gpu_wait_timeout = Float(
+    gpu_wait_timeout = Seconds(
         3600.0,
+        0.0,
+        MAX_DURATION_S,
         help="Seconds a server waits in the broker's queue before its request is withdrawn "
         "(the user is told their position). It comes on top of start_timeout, which "
         "stays the time the server itself has to start once its GPU is granted.",
     ).tag(config=True)
 
-    gpu_expected_duration = Float(
+    gpu_expected_duration = Seconds(
         None,
+        RESOLUTION,
+        MAX_DURATION_S,
         allow_none=True,
         help="Seconds a GPU server is expected to hold its GPU, sent with its request "
         "(expected_duration_s) so that the queue's ETA for those waiting behind it has a "
@@ -136,13 +141,6 @@ class GPUBrokerSpawnerMixin(_Spawner):
         "wins, and a time limit (limit_s, the form's 'For N hours') supersedes both. None: "
         "the broker's own estimate.",
     ).tag(config=True)
-
-    @validate("gpu_expected_duration")
-    def _check_expected_duration(self, proposal: dict[str, Any]) -> float | None:
-        value: float | None = proposal["value"]
-        if value is not None and not expected_duration(value):
-            raise TraitError(f"gpu_expected_duration must be {DURATIONS}, not {value!r}")
-        return value
 
     start_timeout: int
     """The hub's (``Spawner.start_timeout``), which a GPU server's start extends."""

@@ -105,11 +105,14 @@ def test_the_core_imports_no_host_front_or_backend() -> None:
     backend's package (NVML, the engines, Jupyter, tornado, JupyterHub)."""
 
     def allowed(name: str) -> bool:
+        if under(name, "jupyter_gpubroker.wire.traits"):  # the settings' traits: traitlets
+            return False
         if under(name, *PACKAGES):
             return under(name, "jupyter_gpubroker.broker", "jupyter_gpubroker.wire")
         return not under(name, *HOSTS_AND_FRONTS)
 
     assert breaches("jupyter_gpubroker.broker", allowed) == {}
+    assert "traitlets" in MODULES["jupyter_gpubroker.wire.traits"]
 
 
 def test_the_wire_types_import_nothing_else_of_the_package() -> None:

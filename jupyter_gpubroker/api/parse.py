@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..wire.errors import InvalidRequest
+from ..wire.sizes import said
 from .shapes import parse_iso
 
 MAX_REASON = 500
@@ -52,7 +53,9 @@ def parse_int(name: str, value: str | None, lo: int, hi: int, default: int) -> i
     except ValueError:
         n = lo - 1
     if not lo <= n <= hi:
-        raise InvalidRequest(f"'{name}' must be an integer from {lo} to {hi}, not {value!r}")
+        raise InvalidRequest(
+            f"'{name}' must be an integer from {said(lo)} to {said(hi)}, not {said(value)}"
+        )
     return n
 
 
@@ -63,4 +66,4 @@ def parse_time(name: str, value: str | None) -> float | None:
     try:
         return parse_iso(value)
     except ValueError:
-        raise InvalidRequest(f"'{name}' must be an ISO 8601 time, not {value!r}") from None
+        raise InvalidRequest(f"'{name}' must be an ISO 8601 time, not {said(value)}") from None

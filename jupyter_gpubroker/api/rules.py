@@ -502,12 +502,12 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         from now on get them; granted leases keep theirs."""
         self._require_admin(who, "see and change time limits")
         only(body, LIMIT_FIELDS)
-        if not body.get("required") and body.get("default_s") is None and body.get("max_s") is None:
+        rule = LimitRule(**body)
+        if rule == LimitRule():
             raise InvalidRequest(
                 "time limits set at least one of default_s, max_s or required; DELETE them "
                 "to go back to the configured ones"
             )
-        rule = LimitRule(**body)
         kind, name = check_key(kind, name)
         with self._audited(who, "set_time_limits", f"{kind}:{name}", rule.to_json()):
             self.core.limits.set(kind, name, rule)

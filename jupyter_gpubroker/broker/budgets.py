@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..wire.errors import InvalidRequest, QuotaExceeded
-from ..wire.sizes import QUOTA_BOUNDS, amounts, quantity
+from ..wire.sizes import QUOTA_BOUNDS, number, seconds_between
 from .fairshare import Entity, entities
 from .models import Lease, Request
 from .store import Store
@@ -55,8 +55,12 @@ def quota_problems(values: Mapping[str, object]) -> dict[str, str]:
     problems = {}
     for name, (lo, hi) in QUOTA_BOUNDS.items():
         v = values.get(name)
-        if v is not None and not quantity(v, lo, hi):
-            problems[name] = f"quota {name} must be {amounts(lo, hi)}, not {v!r}"
+        words = seconds_between(lo, hi) if name == "period_s" else ""
+        try:
+            if v is not None:
+                number(v, f"quota {name}", lo, hi, words=words)
+        except InvalidRequest as e:
+            problems[name] = e.message
     budget = [values.get(k) is None for k in ("gpu_hours", "period_s")]
     if budget[0] != budget[1] and not problems:
         missing = "period_s" if budget[1] else "gpu_hours"

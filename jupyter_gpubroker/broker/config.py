@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..wire.errors import InvalidRequest
-from ..wire.sizes import MAX_DURATION_S
+from ..wire.sizes import MAX_DURATION_S, number
 from .limitrules import LimitKey, LimitRule, check_key
 from .models import JobClass
 
+MAX_EXTENSIONS = 1000
+"""The most extensions a class's leases may be allowed: more is "no bound" in disguise."""
 ASSUMED_HOLD_S = {"interactive": 2 * 3600.0, "batch": 4 * 3600.0}
 """The hold the scheduler assumes per job class before any history, where the admin
 stated no typical hold."""
@@ -90,8 +92,7 @@ class BrokerConfig:
             )
         for k, n in self.max_extensions.items():
             _check_class(k, "max_extensions")
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise InvalidRequest(f"max_extensions of class {k!r} must be a whole number >= 0")
+            number(n, f"max_extensions of class {k!r}", 0, MAX_EXTENSIONS, whole=True)
 
     def limit_rules(self) -> dict[LimitKey, LimitRule]:
         """The configured time-limit rules, keyed as ``limitrules`` keeps them; a clear

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..wire.errors import InvalidRequest
-from ..wire.sizes import MAX_DURATION_S, Size, finite_number
+from ..wire.sizes import MAX_DURATION_S, Size, hold_seconds, number, said, seconds_between
 from ..wire.text import duration
 from .models import Event, JobClass, check_name
 
@@ -42,6 +42,7 @@ LimitKey = tuple[str, str]
 """(kind, name): ``("class", "interactive")``, ``("profile", "1g.10gb")``,
 ``("group", "students")``."""
 MIN_LIMIT_S = 1.0
+LIMIT_WORDS = seconds_between(MIN_LIMIT_S, MAX_DURATION_S)
 
 
 def profile_name(size: Size) -> str:
@@ -91,10 +92,10 @@ def _seconds(value: object, what: str) -> str | None:
     """What is wrong with ``value`` as a time limit (None: nothing)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"the {what} time limit must be a number of seconds, not {value!r}"
-    if not (finite_number(value) and MIN_LIMIT_S <= value <= MAX_DURATION_S):
-        return f"the {what} time limit must be between 1 s and a year, not {value!r}"
+    try:
+        number(value, f"the {what} time limit", MIN_LIMIT_S, MAX_DURATION_S, words=LIMIT_WORDS)
+    except InvalidRequest as e:
+        return e.message
     return None
 
 
@@ -120,7 +121,7 @@ class LimitRule:
             if p
         }
         if not isinstance(self.required, bool):
-            problems["required"] = f"'required' is true or false, not {self.required!r}"
+            problems["required"] = f"'required' is true or false, not {said(self.required)}"
         default, most = self.default_s, self.max_s
         if not problems and default is not None and most is not None and default > most:
             problems["default_s"] = (
@@ -255,19 +256,14 @@ class LimitRules:
             if default is None and stated["required"]:
                 raise InvalidRequest("a time limit is required here: say how long you need the GPU")
             return default
-        if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)):
-            raise InvalidRequest(f"the time limit must be a number of seconds, not {limit_s!r}")
-        if not finite_number(limit_s) or limit_s <= 0:
-            raise InvalidRequest(
-                f"the time limit must be a positive number of seconds, not {limit_s}"
-            )
+        limit_s = hold_seconds(limit_s, "the time limit")
         most, whose = _tightest(applying)
         if limit_s > most:
             raise InvalidRequest(
                 f"the time limit of {duration(limit_s)} is longer than the {duration(most)} "
                 f"allowed for {rule_words(whose)}"
             )
-        return float(limit_s)
+        return limit_s
 
 
 def _tightest(applying: list[tuple[LimitKey, LimitRule]]) -> tuple[float, LimitKey | None]:

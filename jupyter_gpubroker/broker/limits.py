@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..wire.errors import Conflict, InvalidRequest
+from ..wire.errors import Conflict
+from ..wire.sizes import hold_seconds
 from ..wire.text import clock, count, duration, promise_broken
 from .config import BrokerConfig
 from .eta import list_schedule
@@ -253,10 +254,7 @@ class Promises:
         of its request's class, profile and groups); ``Conflict`` saying why not."""
         b, now = self.broker, self.broker.clock.now()
         r = b.book.live[lease.request_id]
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            raise InvalidRequest(f"an extension is a number of seconds, not {seconds!r}")
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise InvalidRequest(f"an extension must be more than 0 seconds, not {seconds}")
+        seconds = hold_seconds(seconds, "an extension")
         end = lease.ends_at
         if end is None:
             raise Conflict("this lease has no time limit to extend")

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import COMPUTE_SLICES
-from ..wire.sizes import DURATIONS, Size, expected_duration
+from ..wire.sizes import Size, hold_seconds
+from ..wire.text import BIDI_CONTROLS
 
 # ---------------------------------------------------------------- inventory
 
@@ -145,9 +146,11 @@ class DeviceEvent:
 MAX_NAME = 255
 """The longest user or group name, in characters: JupyterHub's own bound (its user and
 group names are columns of 255)."""
-UNSAFE_IN_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+UNSAFE_IN_NAME = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029{BIDI_CONTROLS}\ud800-\udfff]")
 """What a name may not hold: control characters and line separators (they would break a
-log line, a table row, a header) and half a UTF-16 pair (it cannot be stored as UTF-8)."""
+log line, a table row, a header), the controls that reverse text (a name would read as
+another on the admin page and in the audit log, and in every front that shows it) and
+half a UTF-16 pair (it cannot be stored as UTF-8)."""
 
 
 class RequestState(str, Enum):
@@ -223,10 +226,8 @@ def check_submission(
     cls = parse_job_class(job_class)
     if not isinstance(holder, str) or len(holder) > MAX_HOLDER:
         raise InvalidRequest(f"'holder' must be text of at most {MAX_HOLDER} characters")
-    if expected_duration_s is not None and not expected_duration(expected_duration_s):
-        raise InvalidRequest(
-            f"expected_duration_s must be {DURATIONS}, not {expected_duration_s!r}"
-        )
+    if expected_duration_s is not None:
+        hold_seconds(expected_duration_s, "expected_duration_s")
     return cls
 
 

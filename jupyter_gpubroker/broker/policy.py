@@ -62,12 +62,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone, tzinfo
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..wire.errors import InvalidRequest
+from ..wire.sizes import number, said
 from .models import JobClass, Request
 
 STARVING_TIER = 1e9
@@ -120,9 +121,15 @@ class Window:
         try:
             name = str(d["name"])
             start, end = _hour(d["start"]), _hour(d["end"])
-            weights = {str(k): float(v) for k, v in dict(d.get("weights", {})).items()}  # type: ignore[call-overload]
+            given = dict(d.get("weights", {}))  # type: ignore[call-overload]
         except (KeyError, TypeError, ValueError) as e:
-            raise InvalidRequest(f"bad policy window {d!r}: {e}") from None
+            raise InvalidRequest(f"bad policy window {said(d)}: {e}") from None
+        weights = {
+            str(k): number(
+                v, f"window {name!r}: the weight of {k!r}", -MAX_PARAMETER, MAX_PARAMETER
+            )
+            for k, v in given.items()
+        }
         return cls(name, start, end, _days(str(d.get("days", "mon-sun"))), weights)
 
 
@@ -279,6 +286,10 @@ class BrokerPolicy(Policy):
             raise InvalidRequest(f"tier_fraction must be in (0, 1], not {self.tier_fraction!r}")
         if not self.head_fraction > 0:
             raise InvalidRequest(f"head_fraction must be positive, not {self.head_fraction!r}")
+        if not self.reference_gpu_hours > 0:
+            raise InvalidRequest(
+                f"reference_gpu_hours must be positive, not {self.reference_gpu_hours!r}"
+            )
         try:
             self._tz: tzinfo = timezone.utc if self.timezone == "UTC" else ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
@@ -356,7 +367,31 @@ def make_policy(name: str, **params: object) -> Policy:
         raise InvalidRequest(
             f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}"
         ) from None
-    try:
-        return cls(**params)  # type: ignore[arg-type]
-    except TypeError as e:
-        raise InvalidRequest(f"bad parameter for policy {name!r}: {e}") from None
+    kinds = {f.name: f.type for f in fields(cls) if f.init}
+    unknown = sorted(set(params) - set(kinds))
+    if unknown:
+        raise InvalidRequest(
+            f"policy {name!r} has no parameter {', '.join(unknown)}; its parameters: "
+            f"{', '.join(sorted(kinds))}"
+        )
+    for key, value in params.items():
+        _check_parameter(f"the {name} policy's {key}", str(kinds[key]), value)
+    return cls(**params)  # type: ignore[arg-type]
+
+
+MAX_PARAMETER = 1e9
+"""The largest number a policy parameter (a weight, seconds, a fraction) may be: beyond
+``STARVING_TIER``'s reach, priorities would lose the tier, or overflow."""
+
+
+def _check_parameter(what: str, kind: str, value: object) -> None:
+    """Refuse a parameter that is not of its field's kind (``kind``, its annotation) in one
+    sentence: a number from 0 to ``MAX_PARAMETER``, true or false, or text."""
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"{what} is true or false, not {said(value)}")
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise InvalidRequest(f"{what} must be text, not {said(value)}")
+    elif kind in ("int", "float") or (kind == "float | None" and value is not None):
+        number(value, what, 0.0, MAX_PARAMETER, whole=kind == "int")

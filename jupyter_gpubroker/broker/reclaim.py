@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
+from ..wire.sizes import MAX_DURATION_S, number, seconds_between
 from ..wire.text import SERVER_HOLDER, duration, limit_reason
 from .models import JobClass, Lease, Request, RequestState
 
@@ -111,8 +112,7 @@ class ReclaimConfig:
         if self.server_idle_timeout_s is not None:
             timeouts["server_idle_timeout_s"] = self.server_idle_timeout_s
         for name, v in timeouts.items():
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise InvalidRequest(f"{name} must be zero or more seconds, not {v!r}")
+            number(v, name, 0.0, MAX_DURATION_S, words=seconds_between(0.0, MAX_DURATION_S))
         unknown = set(self.idle_timeout_by_class) - {c.value for c in JobClass}
         if unknown:
             raise InvalidRequest(f"unknown job class(es) {', '.join(sorted(unknown))}")

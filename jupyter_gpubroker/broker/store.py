@@ -13,6 +13,7 @@ fsync per change (``Store(path, synchronous="FULL")``).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,14 @@ from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .models import Lease, Request
 from .rows import lease_from_row, request_from_row
 
+DAMAGED = {
+    "SQLITE_NOTADB": "not a SQLite database",
+    "SQLITE_CORRUPT": "the database in it is damaged (cut short or overwritten)",
+}
+"""SQLite's error codes for a file it cannot read as a database, and the cause in words."""
+RESTORE = "restore it from a backup, or move it aside (the broker then starts with an empty state)"
+DENIED = ("SQLITE_PERM", "SQLITE_READONLY", "SQLITE_AUTH")
+"""SQLite's error codes for a file this user may not open as the broker does."""
 UNBROKERED = "unbrokered"
 """The job class of GPU use outside the broker in usage: no request, no group."""
 
@@ -93,23 +102,35 @@ class Store:
 
     def _unusable(self, e: Exception) -> StateFileError:
         """The one-sentence error for a state file that cannot be opened: its name, the
-        cause and what to do."""
+        cause and what to do. SQLite's error code tells a file that is no database, or a
+        damaged one (cut short, overwritten), which only a backup mends, from one this
+        user may not open, which its permissions mend."""
         if isinstance(e, StateFileError):
             return e
         text = getattr(e, "strerror", None) or str(e)
         access = "read" if self.read_only else "read and write"
-        if isinstance(e, sqlite3.DatabaseError) and "not a database" in text:
-            cause = "not a SQLite database"
-            todo = "move it aside (the broker then starts with an empty state) or restore a backup"
-        elif isinstance(e, PermissionError) or "readonly" in text or "permission" in text.lower():
-            cause = f"permission denied ({text})"
-            todo = f"give this user {access} access to it and its directory"
+        code = getattr(e, "sqlite_errorname", "")
+        if code in DAMAGED:
+            cause, todo = DAMAGED[code], RESTORE
+        elif code in DENIED or isinstance(e, PermissionError) or not self._permitted():
+            cause = "permission denied"
+            todo = f"give this user {access} access to it and to its directory"
         else:
             cause = f"cannot be opened ({text})"
             todo = f"check that it is a file (not a directory) this user can {access}"
         return StateFileError(
             f"{self.path}: {cause}; {todo}, or set c.GPUBroker.state_file (or $GPUBROKER_STATE) "
             "to another file"
+        )
+
+    def _permitted(self) -> bool:
+        """May this user open the file (and, to write it, its directory) as the broker
+        does? SQLite says only "unable to open" when it may not."""
+        path = Path(self.path)
+        mode = os.R_OK if self.read_only else os.R_OK | os.W_OK
+        folder = path.parent if path.parent.is_dir() else None
+        return (not path.exists() or os.access(path, mode)) and (
+            self.read_only or folder is None or os.access(folder, os.W_OK | os.X_OK)
         )
 
     def close(self) -> None:

@@ -34,11 +34,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from traitlets import Float, Unicode
+from traitlets import Unicode
 
 from ..broker.models import Device, Gpu, Inventory
 from ..broker.placement import WHOLE_GPU
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
+from ..wire.sizes import RESOLUTION
+from ..wire.traits import Seconds
 from . import ClusterView, EngineUnavailable, InventorySource
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -331,9 +333,9 @@ class KubernetesInventory(InventorySource):
         help="A kubeconfig file for a broker outside the cluster; empty: the pod's service "
         "account inside a cluster, else $KUBECONFIG or ~/.kube/config.",
     ).tag(config=True)
-    request_timeout = Float(10.0, help="Seconds the API server has to answer one list call.").tag(
-        config=True
-    )
+    request_timeout = Seconds(
+        10.0, RESOLUTION, 3600.0, help="Seconds the API server has to answer one list call."
+    ).tag(config=True)
 
     _configuration: Any = None
 

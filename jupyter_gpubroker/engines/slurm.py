@@ -29,11 +29,15 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from traitlets import Dict, Float, Unicode
+from traitlets import Dict, TraitError, Unicode, validate
 
 from ..broker.models import Device, Gpu, Inventory
+from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES, GpuModel
+from ..wire.sizes import MAX_MEMORY_GB, RESOLUTION, number
+from ..wire.traits import Seconds
 from . import ClusterView, EngineUnavailable, InventorySource
 
 COMMENT_PREFIX = "gpubroker-lease="
@@ -315,17 +319,28 @@ class SlurmInventory(InventorySource):
         config=True
     )
     squeue = Unicode("squeue", help="Slurm's squeue command (a path, or on PATH).").tag(config=True)
-    timeout = Float(
+    timeout = Seconds(
         30.0,
+        RESOLUTION,
+        3600.0,
         help="Seconds scontrol and squeue may take before slurmctld counts as unreachable.",
     ).tag(config=True)
     gpu_memory_gb = Dict(
         key_trait=Unicode(),
-        value_trait=Float(),
         help="Memory (GB) of a whole GPU of each gres type, e.g. {'a100': 80}; default: the "
         "catalog's model of that name (h100: 80 GB), else 0 (never offered to a request by "
         "memory).",
     ).tag(config=True)
+
+    @validate("gpu_memory_gb")
+    def _check_memory(self, proposal: dict[str, Any]) -> dict[str, float]:
+        try:
+            return {
+                k: number(v, f"the memory of gres type {k!r} (GB)", 0.0, MAX_MEMORY_GB)
+                for k, v in proposal["value"].items()
+            }
+        except InvalidRequest as e:
+            raise TraitError(f"SlurmInventory.gpu_memory_gb: {e.message}") from None
 
     async def read(self) -> ClusterView:
         # both to their end, even when one fails: no subprocess outlives the read

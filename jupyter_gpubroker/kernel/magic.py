@@ -19,13 +19,14 @@ from typing import Any, NoReturn
 from IPython.core.getipython import get_ipython
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
-from traitlets import Float, observe
+from traitlets import observe
 from traitlets.log import get_logger
 
 from ..client import BrokerAPIError, NoReply
 from ..wire.errors import BrokerError
-from ..wire.sizes import Size, extension, time_limit
+from ..wire.sizes import RESOLUTION, Size, extension, time_limit
 from ..wire.text import duration, limit_extended, sentence, size_text
+from ..wire.traits import Seconds
 from . import GpuError
 from .cuda import cuda_initialised
 from .feed import why
@@ -209,8 +210,10 @@ class GpuResult(dict[str, Any]):
 class GPUMagics(Magics):
     """``%gpu``: this kernel's GPU from the broker (``%gpu --help``)."""
 
-    refresh_interval = Float(
+    refresh_interval = Seconds(
         3.0,
+        RESOLUTION,
+        3600.0,
         help="Seconds between redraws of an open %gpu status widget: its time held, idle "
         "time and recent-load line. The readings themselves come with the broker's event "
         "stream (every few seconds, as they change).",

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tornado.ioloop import PeriodicCallback
-from traitlets import Int
 from traitlets.config import LoggingConfigurable
 
 from ..broker.alerts import AlertChange
@@ -42,6 +41,7 @@ from ..suspend.host import (
 from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, clock, duration
+from ..wire.traits import Whole
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
 from .monitoring import MonitorSettings
@@ -60,8 +60,10 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
     # A trait of its own, not only its settings mixins': traitlets' Application leaves a
     # class that owns no config trait out of its command line's classes, and then parses
     # `--GPUBroker.reclaim_exempt_users={'vip'}` as one string instead of a set.
-    event_buffer = Int(
+    event_buffer = Whole(
         1000,
+        1,
+        1_000_000,
         help="Recent events kept for event streams that reconnect (SSE Last-Event-ID); a "
         "client further behind gets a snapshot of the whole picture instead.",
     ).tag(config=True)

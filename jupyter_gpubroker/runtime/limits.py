@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from traitlets import Bool, Dict, HasTraits, Int, TraitError, Unicode, Union, validate
-from traitlets import Float as FloatTrait
+from traitlets import Bool, Dict, HasTraits, TraitError, Unicode, validate
 
 from ..broker.config import BrokerConfig
 from ..wire.errors import InvalidRequest
 from ..wire.sizes import parse_duration
+from ..wire.traits import Duration, Number
 
 _FIELDS = {
     "default_time_limit": "default_limit_s",
@@ -44,14 +44,12 @@ PRECEDENCE = (
 )
 
 
-def _duration_trait(default: float, help: str) -> Union:
-    return Union([FloatTrait(), Unicode()], default_value=default, help=help).tag(config=True)
+def _duration_trait(default: float, help: str) -> Duration:
+    return Duration(default_value=default, help=help).tag(config=True)
 
 
 def _durations(help: str) -> Dict:
-    return Dict(key_trait=Unicode(), value_trait=Union([FloatTrait(), Unicode()]), help=help).tag(
-        config=True
-    )
+    return Dict(key_trait=Unicode(), help=help).tag(config=True)  # each value: _limit_setting
 
 
 class LimitSettings(HasTraits):
@@ -95,13 +93,14 @@ class LimitSettings(HasTraits):
     )
     max_extensions = Dict(
         key_trait=Unicode(),
-        value_trait=Int(),
         help="How often a lease's time limit may be extended, per job class, e.g. "
         "{'interactive': 2}; a class not named: 3.",
     ).tag(config=True)
 
-    promise_stretch = FloatTrait(
+    promise_stretch = Number(
         2.0,
+        1.0,
+        100.0,
         help="Where every lease ahead of a waiting request has a time limit, the broker "
         "promises it a start ('starts by 14:30 at the latest') and keeps the promise: "
         "this many times as far off as its worst case (1 to 100). 1 promises the earliest "

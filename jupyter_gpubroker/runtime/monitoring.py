@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Int, List, TraitError, validate
+from traitlets import Bool, Enum, Int, List, TraitError, validate
 
 from ..broker.alerts import AlertConfig, AlertJudge
 from ..broker.core import Broker, Event
@@ -24,30 +24,46 @@ from ..monitor.outside import POLICIES as OUTSIDE_POLICIES
 from ..monitor.outside import OutsideWatch
 from ..monitor.sampler import Sampler
 from ..monitor.samples import SampleStore
+from ..wire.errors import InvalidRequest
+from ..wire.sizes import MAX_DURATION_S, RESOLUTION, number
+from ..wire.traits import Number, Seconds
 from .reclaim import ReclaimSettings
-from .settings import not_negative, positive
+
+MAX_XID = 65535
+"""The largest Xid number: NVIDIA's are far below it."""
+MAX_TEMPERATURE_C = 200.0
+"""Above any temperature a GPU reports: a threshold beyond it could never be reached."""
 
 
 class MonitorSettings(ReclaimSettings):
     """How often the devices are read, when a GPU is unhealthy or alerting, and what is
     done about GPU use outside the broker."""
 
-    sample_interval = Float(
+    sample_interval = Seconds(
         5.0,
+        RESOLUTION,
+        3600.0,
         help="Seconds between samples of every GPU and MIG slice (utilization, memory, "
         "temperature, power, clock-event reasons, Xid and ECC events), kept in the state file "
         "and driving health checks and idle reclaim.",
     ).tag(config=True)
-    samples_kept = Float(
+    samples_kept = Seconds(
         365 * 86400.0,
+        RESOLUTION,
+        10 * MAX_DURATION_S,
         help="Seconds hourly samples are kept (raw samples are kept an hour, minute averages a "
         "week).",
     ).tag(config=True)
-    healthy_for = Float(
-        300.0, help="Seconds a drained GPU must show no fault before it takes grants again."
+    healthy_for = Seconds(
+        300.0,
+        0.0,
+        MAX_DURATION_S,
+        help="Seconds a drained GPU must show no fault before it takes grants again.",
     ).tag(config=True)
-    max_temperature = Float(
+    max_temperature = Number(
         85.0,
+        0.0,
+        MAX_TEMPERATURE_C,
         help="GPU temperature (C) at which the GPU is drained; 0: only its own thermal slowdown.",
     ).tag(config=True)
     drain_on_power_cap = Bool(
@@ -61,29 +77,37 @@ class MonitorSettings(ReclaimSettings):
         "are the program's). Double-bit ECC errors always drain.",
     ).tag(config=True)
 
-    alert_temperature = Float(
+    alert_temperature = Number(
         85.0,
+        RESOLUTION,
+        MAX_TEMPERATURE_C,
         help="GPU temperature (C) that raises a warning alert on a GPU for which NVML gives "
         "no slowdown temperature (where it does, that one is used).",
     ).tag(config=True)
-    alert_temperature_critical = Float(
+    alert_temperature_critical = Number(
         90.0,
+        RESOLUTION,
+        MAX_TEMPERATURE_C,
         help="GPU temperature (C) that raises a critical alert on a GPU for which NVML gives "
         "no shutdown temperature (where it does, that one is used).",
     ).tag(config=True)
-    alert_memory_percent = Float(
+    alert_memory_percent = Number(
         95.0,
+        RESOLUTION,
+        100.0,
         help="Share of a GPU's or MIG slice's memory in use (percent) that raises a "
         "'memory nearly full' alert.",
     ).tag(config=True)
-    alert_clear_after = Float(
+    alert_clear_after = Seconds(
         60.0,
+        0.0,
+        MAX_DURATION_S,
         help="Seconds an alert's condition must stay clear before the alert ends (so a "
         "reading at a threshold does not make it flap).",
     ).tag(config=True)
-    alert_history_days = Float(90.0, help="Days ended alerts are kept in the state file.").tag(
-        config=True
-    )
+    alert_history_days = Number(
+        90.0, RESOLUTION, 3660.0, help="Days ended alerts are kept in the state file."
+    ).tag(config=True)
     outside_use = Enum(
         list(OUTSIDE_POLICIES),
         default_value="report",
@@ -95,31 +119,19 @@ class MonitorSettings(ReclaimSettings):
         "outside_use_grace send the process SIGTERM, and SIGKILL 10 s later (only a broker "
         "running as root; a lease holder's processes on its own devices are never touched).",
     ).tag(config=True)
-    outside_use_grace = Float(
+    outside_use_grace = Seconds(
         300.0,
+        0.0,
+        MAX_DURATION_S,
         help="Seconds between the notice of outside use and the signal, with outside_use='stop'.",
     ).tag(config=True)
 
-    @validate("healthy_for", "max_temperature", "alert_clear_after", "outside_use_grace")
-    def _monitor_not_negative(self, proposal: dict[str, Any]) -> float:
-        return not_negative(proposal)
-
-    @validate(
-        "sample_interval",
-        "samples_kept",
-        "alert_temperature",
-        "alert_temperature_critical",
-        "alert_history_days",
-    )
-    def _monitor_positive(self, proposal: dict[str, Any]) -> float | None:
-        return positive(proposal)
-
-    @validate("alert_memory_percent")
-    def _memory_percent(self, proposal: dict[str, Any]) -> float:
-        value = float(proposal["value"])
-        if not 0 < value <= 100:
-            raise TraitError(f"alert_memory_percent is a percent above 0 to 100, not {value}")
-        return value
+    @validate("drain_xids")
+    def _check_xids(self, proposal: dict[str, Any]) -> list[int]:
+        try:
+            return [number(x, "an Xid", 0, MAX_XID, whole=True) for x in proposal["value"]]  # type: ignore[misc]
+        except InvalidRequest as e:
+            raise TraitError(f"GPUBroker.drain_xids: {e.message}") from None
 
     def make_sampler(
         self,

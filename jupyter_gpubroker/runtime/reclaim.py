@@ -17,9 +17,7 @@ from traitlets import (
     Callable,
     Dict,
     Enum,
-    Float,
     HasTraits,
-    Int,
     TraitError,
     Unicode,
     validate,
@@ -29,8 +27,11 @@ from traitlets import Set as SetTrait
 from ..broker.reclaim import Arbiter, Candidate, ReclaimConfig
 from ..suspend.host import FALLBACKS as SUSPEND_FALLBACKS
 from ..wire.errors import InvalidRequest
-from .settings import not_negative
+from ..wire.sizes import MAX_DURATION_S, RESOLUTION
+from ..wire.traits import Number, Seconds, Whole
 
+MAX_KERNEL_MIB = 1 << 20
+"""The most memory a simulated kernel may list (1 TiB): more than any GPU has."""
 KEPT_BY_HOOK = "kept by the site's reclaim policy"
 """Why a lease the hook kept is not warned (its warning withdrawn), when it gives no reason."""
 
@@ -38,8 +39,10 @@ KEPT_BY_HOOK = "kept by the site's reclaim policy"
 class ReclaimSettings(HasTraits):
     """When a lease counts as idle or stalled, and what reclaiming it does."""
 
-    idle_timeout = Float(
+    idle_timeout = Seconds(
         1200.0,
+        0.0,
+        MAX_DURATION_S,
         help="Seconds a lease may sit idle (its kernel ran nothing and its GPU stayed under "
         "idle_utilization_threshold) before its holder is warned; 0 disables idle reclaim. "
         "Leases of kernels that neither this server runs nor their own server reports with "
@@ -47,17 +50,17 @@ class ReclaimSettings(HasTraits):
     ).tag(config=True)
     idle_timeout_by_class = Dict(
         key_trait=Unicode(),
-        value_trait=Float(),
         help="idle_timeout per job class, e.g. {'batch': 14400}.",
     ).tag(config=True)
     idle_timeout_by_profile = Dict(
         key_trait=Unicode(),
-        value_trait=Float(),
         help="idle_timeout per MIG profile ('gpu:N' for N whole GPUs, 'gpu' for any number), "
         "e.g. {'7g.80gb': 1800, 'gpu:8': 900}; wins over the class's.",
     ).tag(config=True)
-    server_idle_timeout = Float(
+    server_idle_timeout = Seconds(
         None,
+        0.0,
+        MAX_DURATION_S,
         allow_none=True,
         help="Seconds a GPU server (the reservation of the hub's GPU spawner) may sit idle "
         "(none of its kernels ran anything and its GPU stayed under "
@@ -68,21 +71,25 @@ class ReclaimSettings(HasTraits):
     ).tag(config=True)
     server_idle_timeout_by_profile = Dict(
         key_trait=Unicode(),
-        value_trait=Float(),
         help="server_idle_timeout per MIG profile ('gpu:N' for N whole GPUs, 'gpu' for any "
         "number), e.g. {'1g.10gb': 7200, 'gpu:8': 1800}.",
     ).tag(config=True)
-    grace = Float(600.0, help="Seconds between the idle (or stalled) warning and the reclaim.").tag(
-        config=True
-    )
-    stalled_timeout = Float(
+    grace = Seconds(
+        600.0,
+        0.0,
+        MAX_DURATION_S,
+        help="Seconds between the idle (or stalled) warning and the reclaim.",
+    ).tag(config=True)
+    stalled_timeout = Seconds(
         7200.0,
+        0.0,
+        MAX_DURATION_S,
         help="Seconds a kernel may stay busy while its GPU stays under "
         "idle_utilization_threshold before it counts as stalled and is warned; only where the "
         "GPU reports utilization (whole GPUs, MIG slices with GPM). 0 disables.",
     ).tag(config=True)
-    idle_utilization_threshold = Float(
-        5.0, help="GPU utilization (percent) under which a GPU counts as unused."
+    idle_utilization_threshold = Number(
+        5.0, 0.0, 100.0, help="GPU utilization (percent) under which a GPU counts as unused."
     ).tag(config=True)
     reclaim_action = Enum(
         ["shutdown", "revoke", "suspend"],
@@ -103,13 +110,17 @@ class ReclaimSettings(HasTraits):
         "GPU work that does not pause): 'shutdown', 'revoke', or 'keep' (the kernel keeps its "
         "GPU until its next idle timeout). The reason is said once.",
     ).tag(config=True)
-    suspend_lock_timeout = Float(
+    suspend_lock_timeout = Seconds(
         10.0,
+        RESOLUTION,
+        3600.0,
         help="Seconds a kernel's submitted GPU work may take to finish before a suspend gives "
         "up and falls back (the kernel is left running).",
     ).tag(config=True)
-    simulate_kernel_memory = Int(
+    simulate_kernel_memory = Whole(
         0,
+        0,
+        MAX_KERNEL_MIB,
         help="On a simulated machine (simulate), list each kernel that names its process on "
         "its lease's devices with this many MiB, as NVML lists a kernel that used CUDA "
         "(the demo's --suspend sets it, so that there is GPU memory to suspend). 0: off.",
@@ -136,17 +147,6 @@ class ReclaimSettings(HasTraits):
         "True or None to let the broker go on. It runs on the broker's event loop: keep it "
         "quick. One that raises is logged and the broker's own decision stands.",
     ).tag(config=True)
-
-    @validate("idle_timeout", "grace", "stalled_timeout")
-    def _reclaim_not_negative(self, proposal: dict[str, Any]) -> float:
-        return not_negative(proposal)
-
-    @validate("idle_utilization_threshold")
-    def _reclaim_percent(self, proposal: dict[str, Any]) -> float:
-        value = float(proposal["value"])
-        if not 0 <= value <= 100:
-            raise TraitError(f"idle_utilization_threshold is a percent from 0 to 100, not {value}")
-        return value
 
     @validate(
         "idle_timeout_by_class",

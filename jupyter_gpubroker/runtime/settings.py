@@ -16,7 +16,6 @@ from traitlets import (
     Bool,
     Dict,
     Enum,
-    Float,
     HasTraits,
     List,
     TraitError,
@@ -38,24 +37,9 @@ from ..paths import (
     default_user_lock_dir,
 )
 from ..wire.errors import InvalidRequest
+from ..wire.sizes import MAX_DURATION_S, RESOLUTION
+from ..wire.traits import Seconds
 from .inventory import InventoryClass, source_class, source_names
-
-
-def positive(proposal: dict[str, Any]) -> float | None:
-    """A trait's value that must be above zero (None passes: "as another setting")."""
-    if proposal["value"] is None:
-        return None
-    value = float(proposal["value"])
-    if not value > 0:
-        raise TraitError(f"{proposal['trait'].name} must be positive, not {value}")
-    return value
-
-
-def not_negative(proposal: dict[str, Any]) -> float:
-    value = float(proposal["value"])
-    if not value >= 0:
-        raise TraitError(f"{proposal['trait'].name} must be zero or more, not {value}")
-    return value
 
 
 class BrokerSettings(HasTraits):
@@ -129,23 +113,33 @@ class BrokerSettings(HasTraits):
     timezone = Unicode("UTC", help="Time zone the windows are read in (IANA name).").tag(
         config=True
     )
-    lease_ttl = Float(
-        120.0, help="Seconds a lease lives without a heartbeat from its holder before it expires."
+    lease_ttl = Seconds(
+        120.0,
+        1.0,
+        MAX_DURATION_S,
+        help="Seconds a lease lives without a heartbeat from its holder before it expires.",
     ).tag(config=True)
-    request_ttl = Float(
+    request_ttl = Seconds(
         None,
+        1.0,
+        MAX_DURATION_S,
         allow_none=True,
         help="Seconds a request waiting in the queue lives without a heartbeat from its holder "
         "(the client waiting for it) before it expires; None: lease_ttl.",
     ).tag(config=True)
-    vacate_timeout = Float(
+    vacate_timeout = Seconds(
         60.0,
+        0.0,
+        MAX_DURATION_S,
         help="Seconds the devices of an ended lease wait for its processes to exit (as NVML "
         "lists them) before they are drained with the lingering pid as the reason; until "
         "then nobody is granted them.",
     ).tag(config=True)
-    tick_interval = Float(
-        2.0, help="Seconds between the broker's housekeeping passes (expiry, scheduling)."
+    tick_interval = Seconds(
+        2.0,
+        RESOLUTION,
+        3600.0,
+        help="Seconds between the broker's housekeeping passes (expiry, scheduling).",
     ).tag(config=True)
     inventory_class = InventoryClass(
         help="Where the inventory comes from, as a class (a dotted name in config files): "
@@ -177,8 +171,10 @@ class BrokerSettings(HasTraits):
             )
         return str(name)
 
-    engine_grace = Float(
+    engine_grace = Seconds(
         60.0,
+        0.0,
+        MAX_DURATION_S,
         help="With an engine: seconds after a grant in which its job (Slurm) may still be "
         "missing from the engine's queue; a lease whose job is missing after that (ended, "
         "cancelled outside the hub, or gone while the broker was down) is released.",
@@ -228,8 +224,10 @@ class BrokerSettings(HasTraits):
         "service, whose spawner starts servers as their users; a user with no account "
         "here can name no process).",
     ).tag(config=True)
-    kernel_token_max_age = Float(
+    kernel_token_max_age = Seconds(
         6 * 3600.0,
+        1.0,
+        MAX_DURATION_S,
         help="Seconds a kernel token lives after its kernel's server last said the kernel "
         "runs (the embedded broker's tick, for the kernels its server runs; a server using "
         "a central broker renews its kernels' leases, and their tokens every third of "
@@ -242,14 +240,6 @@ class BrokerSettings(HasTraits):
         help="Groups each user belongs to, e.g. {'alice': ['lab-a']}: a request is charged to "
         "the first group it names, which must be one of its user's (default: the first listed).",
     ).tag(config=True)
-
-    @validate("lease_ttl", "request_ttl", "tick_interval", "kernel_token_max_age")
-    def _broker_positive(self, proposal: dict[str, Any]) -> float | None:
-        return positive(proposal)
-
-    @validate("vacate_timeout")
-    def _broker_not_negative(self, proposal: dict[str, Any]) -> float:
-        return not_negative(proposal)
 
     @validate("admin_users", "user_groups")
     def _check_names(self, proposal: dict[str, Any]) -> Any:

@@ -36,7 +36,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from tornado.ioloop import IOLoop
-from traitlets import Float, TraitError, Unicode, default, validate
+from traitlets import TraitError, Unicode, default
 
 from .. import __version__
 from ..api import API_PREFIX
@@ -47,6 +47,8 @@ from ..kernel import NO_GPUS_ENV
 from ..nvml import SIMULATE_ENV, NvmlUnavailable, TopologyError
 from ..runtime import GPUBroker
 from ..wire.errors import BrokerError
+from ..wire.sizes import RESOLUTION
+from ..wire.traits import Seconds
 from . import registry
 from .handlers import handlers
 from .host import JupyterHost
@@ -83,19 +85,14 @@ class GPUBrokerExtension(ExtensionApp):
     def _default_jupyter_token(self) -> str:
         return user_token_from_env()
 
-    server_report_interval = Float(
+    server_report_interval = Seconds(
         30.0,
+        RESOLUTION,
+        3600.0,
         help=f"Seconds between this server's reports of its kernels' activity to the central "
         f"broker, when it holds a GPU of its own (${SERVER_LEASE_ENV}, set by the hub's GPU "
         "spawner): how soon the broker sees a server go idle or become busy again.",
     ).tag(config=True)
-
-    @validate("server_report_interval")
-    def _positive(self, proposal: dict[str, Any]) -> float:
-        value = float(proposal["value"])
-        if not value > 0:
-            raise TraitError(f"server_report_interval must be positive, not {value}")
-        return value
 
     host_root = Unicode(
         "/",

@@ -45,7 +45,7 @@ from typing import Any
 
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_server.base.call_context import CallContext
-from traitlets import Bool, Enum, Float, Int, Unicode, default, observe
+from traitlets import Bool, Enum, Unicode, default, observe
 
 from ..api.rules import BrokerAPI
 from ..client import (
@@ -58,7 +58,9 @@ from ..client import (
     kernel_report,
 )
 from ..runtime import GPUBroker
+from ..wire.sizes import MAX_DURATION_S, MAX_GPUS, MAX_MEMORY_GB, RESOLUTION
 from ..wire.text import LIVE
+from ..wire.traits import Number, Seconds, Whole
 from . import registry
 from .reclaimer import ServerKernels
 
@@ -73,18 +75,21 @@ heartbeat names it, as soon as the broker answers."""
 
 class GPUProvisioner(LocalProvisioner):
     gpu = Unicode("", help="MIG profile to request, e.g. '1g.10gb'.").tag(config=True)
-    gpus = Int(0, help="Number of whole GPUs to request.").tag(config=True)
-    min_memory_gb = Float(0.0, help="Any GPU or MIG slice with at least this memory.").tag(
-        config=True
-    )
+    gpus = Whole(0, 0, MAX_GPUS, help="Number of whole GPUs to request.").tag(config=True)
+    min_memory_gb = Number(
+        0.0, 0.0, MAX_MEMORY_GB, help="Any GPU or MIG slice with at least this memory."
+    ).tag(config=True)
     on_demand = Bool(
         False, help="Start without a GPU (none visible); the notebook asks with %gpu request."
     ).tag(config=True)
     job_class = Enum(
         ["interactive", "batch"], default_value="interactive", help="Job class of the request."
     ).tag(config=True)
-    wait_timeout = Float(
-        600.0, help="Seconds a kernel start may wait in the queue before it fails."
+    wait_timeout = Seconds(
+        600.0,
+        RESOLUTION,
+        MAX_DURATION_S,
+        help="Seconds a kernel start may wait in the queue before it fails.",
     ).tag(config=True)
     broker_url = Unicode(
         help="API URL of a broker outside this server (default: the central broker of a "

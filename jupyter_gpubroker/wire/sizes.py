@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 
@@ -25,7 +27,8 @@ MAX_GPUS = 1024
 MAX_MEMORY_GB = 4096.0
 MAX_DURATION_S = 366 * 86400.0
 DURATIONS = f"seconds, at least {RESOLUTION:g} and at most a year"
-"""What ``expected_duration`` takes, in words."""
+"""What a hold time takes (``hold_seconds``: an expected duration, a limit, an
+extension), in words."""
 QUOTA_BOUNDS = {
     "share": (1e-3, 1e6),
     "max_gpus": (0.0, 1e6),
@@ -63,9 +66,92 @@ def amounts(lo: float, hi: float) -> str:
     return f"{lo_text} to {hi:.15g}"
 
 
-def expected_duration(value: object) -> bool:
-    """Is ``value`` an expected hold time the broker takes (seconds, up to a year)?"""
-    return quantity(value, RESOLUTION, MAX_DURATION_S)
+def seconds_between(lo: float, hi: float) -> str:
+    """The words for a number of seconds from ``lo`` to ``hi``: "seconds, at least 1 and at
+    most a year" (a bound of whole years, days, hours or minutes said so)."""
+    zero = f"0 or at least {RESOLUTION:g}" if lo == 0 else f"at least {lo:g}"
+    return f"seconds, {zero} and at most {_span_words(hi)}"
+
+
+def _span_words(seconds: float) -> str:
+    """A bound in seconds as a person says it: "a year", "10 years", "an hour", else "90"."""
+    for size, one, many in _SPANS:
+        n = seconds / size
+        if n == int(n) and n >= 1:
+            return one if n == 1 else f"{n:g} {many}"
+    return f"{seconds:g}"
+
+
+_SPANS = (
+    (MAX_DURATION_S, "a year", "years"),
+    (86400.0, "a day", "days"),
+    (3600.0, "an hour", "hours"),
+    (60.0, "a minute", "minutes"),
+)
+
+
+def said(value: object) -> str:
+    """``value`` as a refusal quotes it: a number as a person writes it (``1e+400``, not
+    its 400 digits, also inside a list), anything else as Python shows it, cut short."""
+    return _SAID.repr(value)
+
+
+class _Said(reprlib.Repr):
+    """``reprlib``'s short forms, with a number of more than 15 digits shortened: an
+    integer in scientific notation, a float to 6 significant digits, a run of digits in
+    text to its ends ("922337...775808")."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        shown = super().repr_str(x, level)
+        return _LONG_DIGITS.sub(lambda m: f"{m[0][:6]}...{m[0][-6:]}", shown)
+
+    def repr_int(self, x: int, level: int) -> str:
+        return str(x) if abs(x) < 10**15 else _scientific(Decimal(x))
+
+    def repr_float(self, x: float, level: int) -> str:
+        exact = repr(x)
+        return exact if sum(c.isdigit() for c in exact) <= 15 else f"{x:.6g}"
+
+
+_LONG_DIGITS = re.compile(r"\d{16,}")
+
+
+def _scientific(x: Decimal) -> str:
+    """Three significant digits and the exponent: "1e+400", "9.22e+18"."""
+    mantissa, _, exponent = f"{x:.2e}".partition("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+
+
+_SAID = _Said()
+_SAID.maxstring = _SAID.maxother = 30
+_SAID.maxlevel = 3
+
+
+def number(
+    value: object, what: str, lo: float, hi: float, *, whole: bool = False, words: str = ""
+) -> float:
+    """``value`` if it is a JSON number from ``lo`` to ``hi`` (``whole``: an integer; else
+    0 or at least ``RESOLUTION``, the finest amount anyone means), as a float (an int if
+    ``whole``); otherwise an ``InvalidRequest`` in one sentence: "{what} must be {words},
+    not {value}" (``words``: by default the range, as ``amounts`` says it). The one check
+    of every number the broker takes: a request's, a quota's, a time limit's, a setting's."""
+    if whole:
+        fits = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+    else:
+        fits = quantity(value, lo, hi)
+    if not fits:
+        taken = words or (
+            f"a whole number from {lo:.15g} to {hi:.15g}" if whole else amounts(lo, hi)
+        )
+        raise InvalidRequest(f"{what} must be {taken}, not {said(value)}")
+    assert isinstance(value, (int, float))
+    return int(value) if whole else float(value) + 0.0  # -0.0 is 0
+
+
+def hold_seconds(value: object, what: str) -> float:
+    """A hold time as the API takes it (an expected duration, a time limit, an extension):
+    ``number``'s check, from ``RESOLUTION`` to a year, said as ``DURATIONS``."""
+    return number(value, what, RESOLUTION, MAX_DURATION_S, words=DURATIONS)
 
 
 DURATION_WORDS = "a number of seconds or a duration like '90s', '30min', '2h' or '1h30m'"
@@ -85,10 +171,10 @@ def parse_duration(value: object, what: str = "the time limit") -> float:
         except ValueError:
             parts = _PART.findall(text)
             if not parts or _PART.sub("", text).strip():
-                raise InvalidRequest(f"{what} must be {DURATION_WORDS}, not {text!r}") from None
+                raise InvalidRequest(f"{what} must be {DURATION_WORDS}, not {said(text)}") from None
             value = sum(float(n) * _UNIT_S[unit.lower()] for n, unit in parts)
-    if not quantity(value, RESOLUTION, MAX_DURATION_S) or value == 0:
-        raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {given!r}")
+    if not quantity(value, RESOLUTION, MAX_DURATION_S):
+        raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {said(given)}")
     return float(value)  # type: ignore[arg-type]
 
 
@@ -131,10 +217,7 @@ class Size:
                 + (f" (got {', '.join(given)})" if given else "")
             )
         if self.gpus is not None:
-            if isinstance(self.gpus, bool) or not isinstance(self.gpus, int):
-                raise InvalidRequest(f"'gpus' must be a whole number, not {self.gpus!r}")
-            if not 1 <= self.gpus <= MAX_GPUS:
-                raise InvalidRequest(f"'gpus' must be between 1 and {MAX_GPUS}, not {self.gpus}")
+            number(self.gpus, "'gpus'", 1, MAX_GPUS, whole=True)
         if self.profile is not None and not isinstance(self.profile, str):
             raise InvalidRequest(f"'profile' must be a MIG profile name, not {self.profile!r}")
         if self.profile is not None and self.profile not in ALL_PROFILE_NAMES:
@@ -143,11 +226,7 @@ class Size:
                 + ", ".join(sorted(ALL_PROFILE_NAMES))
             )
         if self.min_memory_gb is not None:
-            m = self.min_memory_gb
-            if not quantity(m, RESOLUTION, MAX_MEMORY_GB):
-                raise InvalidRequest(
-                    f"'min_memory_gb' must be {amounts(RESOLUTION, MAX_MEMORY_GB)}, not {m!r}"
-                )
+            number(self.min_memory_gb, "'min_memory_gb'", RESOLUTION, MAX_MEMORY_GB)
         if self.model is not None:
             if self.gpus is None:
                 raise InvalidRequest("'model' goes with 'gpus' only: it picks whole GPUs")

@@ -7,6 +7,7 @@ to the same texts."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -31,6 +32,19 @@ ENDED_AWAY = (
 ENDED_EXITED = "the kernel's process ended: its GPU memory on the host went with it"
 """... or gone while the broker runs, with nobody restarting it (killed, say, by the
 out-of-memory killer)."""
+BIDI_CONTROLS = "\u202a-\u202e\u2066-\u2069"
+"""The characters that make text read in another direction (embeddings, overrides and
+isolates; a regex class's body): "ann\u202egro" reads as "annorg". No name holds one
+(``broker.models.check_name``), and the hub's pages show any other text's escaped."""
+_BIDI = re.compile(f"[{BIDI_CONTROLS}]")
+
+
+def visible(text: str) -> str:
+    """``text`` as a page shows it: a bidirectional control written as its escape
+    (``\u202e``), so that nothing reads reversed."""
+    return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

@@ -52,9 +52,7 @@ def test_the_tightest_maximum_applies_whoever_sets_it(make_broker: BrokerFactory
 
 def test_without_rules_a_year_is_the_most(make_broker: BrokerFactory) -> None:
     broker = make_broker()
-    with pytest.raises(
-        InvalidRequest, match="longer than the 8784 h 00 min allowed for any request"
-    ):
+    with pytest.raises(InvalidRequest, match="at most a year, not 31622401"):
         broker.submit("ann", ONE, limit_s=366 * 24 * HOUR + 1)
     assert broker.submit("ann", ONE, limit_s=366 * 24 * HOUR).limit_s == 366 * 24 * HOUR
 
@@ -145,13 +143,16 @@ def test_an_extension_is_held_to_the_tightest_maximum(make_broker: BrokerFactory
     assert broker.extend(lease_id, HOUR).ends_at == broker.lease(lease_id).granted_at + 4 * HOUR
 
 
+LIMITS = "seconds, at least 1 and at most a year"
+
+
 @pytest.mark.parametrize(
     ("rule", "message"),
     [
-        ({"default_s": 0}, "the default time limit must be between 1 s and a year, not 0"),
-        ({"max_s": "2h"}, "the maximum time limit must be a number of seconds, not '2h'"),
-        ({"max_s": float("nan")}, "the maximum time limit must be between 1 s and a year"),
-        ({"max_s": 10**400}, "the maximum time limit must be between 1 s and a year"),
+        ({"default_s": 0}, f"the default time limit must be {LIMITS}, not 0"),
+        ({"max_s": "2h"}, f"the maximum time limit must be {LIMITS}, not '2h'"),
+        ({"max_s": float("nan")}, f"the maximum time limit must be {LIMITS}, not nan"),
+        ({"max_s": 10**400}, f"the maximum time limit must be {LIMITS}, not 1e+400"),
         ({"default_s": 2 * HOUR, "max_s": HOUR}, "the default time limit of 2 h 00 min is above"),
         ({"required": "yes"}, "'required' is true or false, not 'yes'"),
     ],

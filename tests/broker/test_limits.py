@@ -21,7 +21,7 @@ from jupyter_gpubroker.broker.models import Event, LeaseState, RequestState
 from jupyter_gpubroker.broker.reclaim import Reclaimer
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest
-from jupyter_gpubroker.wire.sizes import Size
+from jupyter_gpubroker.wire.sizes import DURATIONS, Size
 from jupyter_gpubroker.wire.text import clock as clock_text
 
 ONE = Size(gpus=1)
@@ -236,13 +236,14 @@ def test_the_extensions_of_a_class_are_capped(make_broker: BrokerFactory) -> Non
 @pytest.mark.parametrize(
     ("limit", "message"),
     [
-        (0, "the time limit must be a positive number of seconds, not 0"),
-        (-5.0, "the time limit must be a positive number of seconds, not -5.0"),
-        (math.nan, "the time limit must be a positive number of seconds, not nan"),
-        (math.inf, "the time limit must be a positive number of seconds, not inf"),
-        (10**400, "the time limit must be a positive number of seconds, not 1000"),
-        ("2h", "the time limit must be a number of seconds, not '2h'"),
-        (True, "the time limit must be a number of seconds, not True"),
+        (0, f"the time limit must be {DURATIONS}, not 0"),
+        (-5.0, f"the time limit must be {DURATIONS}, not -5.0"),
+        (math.nan, f"the time limit must be {DURATIONS}, not nan"),
+        (math.inf, f"the time limit must be {DURATIONS}, not inf"),
+        (10**400, f"the time limit must be {DURATIONS}, not 1e+400"),
+        (5e-324, f"the time limit must be {DURATIONS}, not 5e-324"),
+        ("2h", f"the time limit must be {DURATIONS}, not '2h'"),
+        (True, f"the time limit must be {DURATIONS}, not True"),
         (9 * HOUR, "the time limit of 9 h 00 min is longer than the 8 h 00 min allowed for"),
     ],
 )
@@ -271,10 +272,12 @@ def test_defaults_required_limits_and_bad_settings(make_broker: BrokerFactory) -
         match="class 'batch': the default time limit of 2 h 00 min is above the maximum",
     ):
         BrokerConfig(default_limit_s={"batch": 2 * HOUR}, max_limit_s={"batch": HOUR})
-    with pytest.raises(InvalidRequest, match="max_extensions of class 'batch' must be a whole"):
+    with pytest.raises(
+        InvalidRequest, match="max_extensions of class 'batch' must be a whole number from 0"
+    ):
         BrokerConfig(max_extensions={"batch": -1})
     lease_id = broker.live_requests()[0].lease_id or ""
-    with pytest.raises(InvalidRequest, match="an extension must be more than 0 seconds"):
+    with pytest.raises(InvalidRequest, match="an extension must be seconds, at least 0.001"):
         broker.extend(lease_id, 0)
 
 

@@ -164,6 +164,8 @@ HUB_NAMES = [
     "élodie",
     "🦊 fox",
     "x" * 255,
+    "👩\u200d🔬 ada",  # an emoji joined by a zero-width joiner, a format character too
+    "\u05d3\u05e0\u05d4",  # Hebrew: read right to left by itself, no control needed
 ]
 
 
@@ -186,6 +188,9 @@ def test_check_name_accepts_every_name_jupyterhub_takes(name):
         ("a\x85b", "holds '\\x85'"),
         ("a\u2028b", "holds '\\u2028'"),
         ("a\ud800", "holds '\\ud800'"),  # half a UTF-16 pair: SQLite cannot store it
+        ("ann\u202egro", "holds '\\u202e'"),  # reads "annorg": a right-to-left override
+        ("a\u202ab", "holds '\\u202a'"),  # the embeddings, overrides and isolates
+        ("a\u2069b", "holds '\\u2069'"),
     ],
 )
 def test_check_name_refuses_only_what_is_unsafe_saying_why(name, says):

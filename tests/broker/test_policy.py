@@ -313,8 +313,13 @@ def test_make_policy_names_the_choices_for_an_unknown_policy():
 @pytest.mark.parametrize(
     ("name", "params", "match"),
     [
-        ("fcfs", {"weight_age": 1.0}, "bad parameter"),
-        ("slurm", {"windows": ()}, "bad parameter"),
+        ("fcfs", {"weight_age": 1.0}, "policy 'fcfs' has no parameter weight_age"),
+        ("slurm", {"windows": ()}, "policy 'slurm' has no parameter windows"),
+        ("broker", {"half_life_s": "7d"}, "the broker policy's half_life_s must be 0 or a"),
+        ("broker", {"weight_service": 10**400}, "weight_service must be .*, not 1e\\+400"),
+        ("slurm", {"favor_small": 1}, "the slurm policy's favor_small is true or false"),
+        ("slurm", {"backfill_depth": 2.5}, "backfill_depth must be a whole number"),
+        ("broker", {"reference_gpu_hours": 0}, "reference_gpu_hours must be positive"),
         ("broker", {"placement": "worst_fit"}, "placement"),
         ("broker", {"half_life_s": 0}, "half_life_s"),
         ("slurm", {"recalc_interval_s": -1}, "recalc_interval_s"),

@@ -73,9 +73,29 @@ def test_a_file_that_is_not_a_database_is_named_with_its_cause(tmp_path):
     with pytest.raises(StateFileError) as info:
         Store(garbage)
     msg = info.value.message
-    assert msg.startswith(f"{garbage}: not a SQLite database; move it aside")
+    assert msg.startswith(f"{garbage}: not a SQLite database; restore it from a backup")
     assert info.value.status == 503
     assert garbage.read_bytes() == b"\x00not sqlite at all\xff" * 100  # left as it was
+
+
+@pytest.mark.parametrize("keep", [50, 5000], ids=["inside its header", "after its header"])
+def test_a_file_cut_short_is_named_damaged_with_a_backups_advice_not_its_permissions(
+    tmp_path, keep
+):
+    """A truncated file (a full disk, a copy cut off) is readable: what mends it is a
+    backup, and the sentence says so, read and write or read-only."""
+    state = tmp_path / "state.sqlite"
+    Store(state).close()
+    state.write_bytes(state.read_bytes()[:keep])
+    for read_only in (False, True):
+        with pytest.raises(StateFileError) as info:
+            Store(state, read_only=read_only)
+        assert info.value.message == (
+            f"{state}: the database in it is damaged (cut short or overwritten); restore it "
+            "from a backup, or move it aside (the broker then starts with an empty state), or "
+            "set c.GPUBroker.state_file (or $GPUBROKER_STATE) to another file"
+        )
+    assert len(state.read_bytes()) == keep  # left as it was
 
 
 def test_a_directory_in_place_of_the_file_is_named_with_its_cause(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -147,8 +148,24 @@ def test_a_corrupt_state_file_is_one_line(capsys, tmp_path) -> None:
     garbage.write_bytes(b"not a database" * 100)
     assert main(["status", "--simulate", "dgx-h100-mig", "--state", str(garbage)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {garbage}: not a SQLite database; move it aside")
+    assert err.startswith(f"error: {garbage}: not a SQLite database; restore it from a backup")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["status", "usage"])
+def test_a_state_file_cut_short_is_one_line_saying_to_restore_it(capsys, tmp_path, command) -> None:
+    """Read offline, a truncated file is a damaged one (a backup mends it), not one this
+    user may not read: the advice is not about its permissions."""
+    state = tmp_path / "empty.sqlite"
+    state.write_bytes(Path(empty_state(tmp_path)).read_bytes()[:5000])
+    args = ["--simulate", "dgx-h100-mig"] if command == "status" else []
+    assert main([command, *args, "--state", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {state}: the database in it is damaged (cut short or overwritten); restore it "
+        "from a backup, or move it aside (the broker then starts with an empty state), or set "
+        "c.GPUBroker.state_file (or $GPUBROKER_STATE) to another file\n"
+    )
 
 
 def test_the_table_says_what_it_read(capsys, tmp_path) -> None:

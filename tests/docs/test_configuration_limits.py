@@ -69,5 +69,7 @@ def test_the_promise_stretch_line_sets_it_and_a_bad_one_is_refused_in_a_sentence
     c = Config()
     exec(line, {"c": c})
     assert GPUBroker(config=c).limit_fields()["promise_stretch"] == 2.0
-    with pytest.raises(TraitError, match="promise_stretch must be between 1 and 100, not 0.5"):
+    with pytest.raises(
+        TraitError, match="GPUBroker.promise_stretch must be a number from 1 to 100, not 0.5"
+    ):
         GPUBroker(promise_stretch=0.5)

@@ -5,6 +5,7 @@ XSRF token the page carries."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -316,3 +317,48 @@ def test_the_usage_csv_shows_a_name_a_spreadsheet_would_run_as_text() -> None:
         "user,alice,2.000000",
         "group,'@staff,1.000000",
     ]
+
+
+BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
+"""The controls that make text read in another direction."""
+
+
+def reads_reversed_anywhere(doc: BeautifulSoup) -> list[str]:
+    """Every text and attribute of the page that holds a control reversing text."""
+    texts = [str(t) for t in doc.find_all(string=True)]
+    values = [str(v) for tag in doc.find_all(True) for v in tag.attrs.values()]
+    return [t for t in texts + values if BIDI.search(t)]
+
+
+def test_a_hub_name_holding_a_control_that_reverses_text_never_reads_reversed(
+    hub: Hub, full: dict[str, str]
+) -> None:
+    """The hub takes "ann\\u202egro" (it reads as "annorg"): the broker refuses it as it
+    refuses control characters, in a user's name, a group's and a quota the admin types,
+    with the name escaped; the admin page and the audit log never show it reversed."""
+    name = "ann\u202egro"
+    refusal = (
+        "user name 'ann\\u202egro' holds '\\u202e': a name may hold any character but "
+        "control characters and line breaks"
+    )
+    token = hub.user(name)
+    status, body = hub.api(token, "GET", "me")
+    assert (status, body["message"]) == (403, f"the GPU broker cannot serve this caller: {refusal}")
+    gus = hub.user("gus")
+    hub.hub_api("POST", "groups/lab\u2067x", {"users": ["gus"]}, expect=None)
+    hub.hub_api("POST", "groups/lab\u2067x/users", {"users": ["gus"]})
+    status, body = hub.api(gus, "POST", "requests", SLICE)
+    assert status == 403 and "group name 'lab\\u2067x' holds '\\u2067'" in body["message"]
+
+    admin = hub.login("admin")
+    form = {"form_id": "quota-new", "kind": "user", "name": name, "share": "2"}
+    r = post(hub, admin, "admin/quota", form, xsrf(page(hub, admin, "admin")))
+    assert r.status_code == 400 and error(r) == refusal
+    doc = BeautifulSoup(r.text, "html.parser")
+    assert reads_reversed_anywhere(doc) == []  # the name it re-offers to fix, escaped too
+    assert doc.find("input", attrs={"name": "name", "form": "quota-new"})["value"] == (
+        "ann\\u202egro"
+    )
+    assert quota(hub, full["admin"], name) is None
+    assert not [a for a in hub.ok(full["admin"], "GET", "audit")["audit"] if name in str(a)]
+    assert reads_reversed_anywhere(page(hub, admin, "admin")) == []

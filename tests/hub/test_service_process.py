@@ -22,6 +22,7 @@ from live_hub import ROOT, free_port, wait_for
 from hub_spawner.hubconfig import SUPERVISOR
 from hub_spawner.service import GPUBrokerService
 from hub_spawner.supervisor import passed_socket
+from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.statelock import StateLock
 from jupyter_gpubroker.wire.errors import StateFileError
 
@@ -198,11 +199,9 @@ def test_a_broker_that_cannot_run_is_a_503_saying_why_until_its_config_is_fixed(
         assert requests.get(me, timeout=5).status_code == 403  # no credential: nothing said
         config.write_text('c.GPUBroker.identity = "username"\n')
         wait_for("the broker", lambda: _status(me, kernel) == 403)  # the token is checked
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out = stopped(proc)
     finally:
         proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in out, out
     assert (
         "the broker cannot run: c.GPUBroker.identity = 'owner' would make every hub user one "
         "user: remove it, the service always names callers by their hub user name; every call "
@@ -216,6 +215,37 @@ def _acquired(lock: StateLock) -> bool:
     except StateFileError:
         return False
     return True
+
+
+def test_a_state_file_cut_short_is_a_503_whose_log_says_to_restore_it(tmp_path: Path) -> None:
+    """The hub service's broker on a truncated state file: its log gives the advice a
+    damaged file needs (a backup), not the one an unreadable file needs (permissions)."""
+    state = tmp_path / "state.sqlite"
+    Store(state).close()
+    state.write_bytes(state.read_bytes()[:5000])
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start(tmp_path, env={"JUPYTERHUB_SERVICE_URL": url})
+    me = f"{url}{PREFIX}api/v1/me"
+    try:
+        wait_for("the service", lambda: _status(me, {"X-GPUBroker-Token": "k-x"}) == 503)
+        out = stopped(proc)
+    finally:
+        proc.kill()
+    assert (
+        f"the broker cannot run: {state}: the database in it is damaged (cut short or "
+        "overwritten); restore it from a backup, or move it aside (the broker then starts "
+        "with an empty state), or set c.GPUBroker.state_file (or $GPUBROKER_STATE) to another "
+        "file; every call is answered with this"
+    ) in out
+    assert "permission" not in out and "access to it" not in out
+
+
+def stopped(proc: subprocess.Popen[str]) -> str:
+    """The service's log once SIGTERM ended it cleanly (status 0, no traceback)."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    return out
 
 
 def _status(url: str, headers: dict[str, str]) -> int | None:

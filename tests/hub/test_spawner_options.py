@@ -7,7 +7,10 @@ import importlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
+from bad_values import JSON, reads_as_a_sentence
+from hypothesis import given, settings
 from traitlets import TraitError
 
 from hub_spawner.options import Choices, gpu_request, options_from_form, waiting_message
@@ -66,7 +69,7 @@ def test_options_name_the_request_in_the_apis_own_fields(options, request_body) 
     ("options", "says"),
     [
         ({"gpus": 1, "profile": "1g.10gb"}, "exactly one of"),
-        ({"gpus": 0}, "'gpus' must be between 1"),
+        ({"gpus": 0}, "'gpus' must be a whole number from 1 to 1024, not 0"),
         ({"profile": "9g.99gb"}, "unknown MIG profile '9g.99gb'"),
         ({"gpus": 1, "job_class": "urgent"}, "job_class must be 'interactive' or 'batch'"),
         ({"gpus": 1, "owner": "bob"}, "unknown server option(s) owner"),
@@ -273,3 +276,22 @@ def test_a_servers_time_limit_warning_reads_as_when_it_ends_with_extend_on_the_h
     )
     spawner.gpu_extend = ""  # an idle warning, or why it stopped: the text alone
     assert gpu_announcement(user) == escape(text)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    field=st.sampled_from(["gpus", "min_memory_gb", "limit_s", "expected_duration_s"]), value=JSON
+)
+def test_any_value_of_a_numeric_server_option_is_taken_or_refused_in_a_sentence(
+    field: str, value: object
+) -> None:
+    """Users can POST any ``user_options`` to the hub's REST API: a numeric one is taken
+    as the broker would take it, or refused in one sentence, never with an exception of
+    its own (a huge integer, NaN, a list)."""
+    options = {"gpus": 1, field: value}
+    if field == "min_memory_gb":
+        del options["gpus"]
+    try:
+        gpu_request(options)
+    except ValueError as e:
+        assert reads_as_a_sentence(str(e)), str(e)

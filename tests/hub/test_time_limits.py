@@ -134,3 +134,18 @@ def test_a_limit_given_as_a_server_option_through_the_rest_api_is_checked(hub: H
     assert r.status_code == 400
     assert "the time limit of 5 h 00 min is longer than the 3 h 00 min" in r.json()["message"]
     assert hub.hub_api("GET", "users/ann")["servers"] == {}
+
+
+def test_an_extension_by_a_number_no_hold_has_is_a_400_through_the_hub(hub: Hub) -> None:
+    """A 400-digit integer was a 500 through the hub as embedded, and 1e308 a refusal
+    counting 300-digit hours: both are the same 400 sentence, and the lease is as it was."""
+    gil = hub.user("gil")
+    lease = ok(hub, gil, "POST", "requests", {**SLICE, "holder": "nb", "limit_s": 3600})["lease"]
+    for seconds, shown in ((10**400, "1e+400"), (1e308, "1e+308"), (5e-324, "5e-324")):
+        status, body = hub.api(gil, "POST", f"leases/{lease['id']}/extend", {"seconds": seconds})
+        assert (status, body["error"]) == (400, "invalid_request"), body
+        assert body["message"] == (
+            f"an extension must be seconds, at least 0.001 and at most a year, not {shown}"
+        )
+    assert ok(hub, gil, "GET", f"leases/{lease['id']}")["ends_at"] == lease["ends_at"]
+    ok(hub, gil, "DELETE", f"leases/{lease['id']}")

@@ -75,7 +75,7 @@ def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
         ("max_time_limit", {"gpu": "2h"}, "job classes are 'interactive' and 'batch'"),
         ("time_limit_warning", "-5min", "a duration like"),
         ("time_limit_grace", 10 * 366 * 86400.0, "up to a year"),
-        ("max_extensions", {"interactive": -1}, "whole number >= 0"),
+        ("max_extensions", {"interactive": -1}, "a whole number from 0 to 1000, not -1"),
         ("default_time_limit_by_profile", {"1g.10gb": "soon"}, "a duration like '90s'"),
         ("max_time_limit_by_profile", {"9g.99gb": "2h"}, "'9g.99gb' is not a profile"),
         ("max_time_limit_by_profile", {"2": "2h", "gpus=2": "3h"}, "'gpus=2' are set twice"),

@@ -4,13 +4,16 @@ state file is a JSON 4xx (507 for storage) that says what is wrong, with nothing
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
+from bad_values import LONG_NUMBER
 from openapi_check import check_response, fill_state_file, free_state_file, until_full
 
 from jupyter_gpubroker.api import TOKEN_HEADER
+from jupyter_gpubroker.wire.sizes import DURATIONS
 
 Api = Any
 BODY_ROUTES = [
@@ -249,3 +252,128 @@ async def test_a_full_state_file_is_a_507_that_names_it_and_writes_nothing(
     free_state_file(store, pages)  # space freed: it works again
     assert (await api("POST", "requests", body))[0] == 201
     assert (await api("PUT", f"quotas/user/{names[len(quotas)]}", {"share": 2}))[0] == 200
+
+
+# ----------------------------------------------------- every number the API takes
+
+JUNK = {
+    "a 400-digit integer": 10**400,
+    "2**64": 2**64,
+    "1e308": 1e308,
+    "-1e308": -1e308,
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "a subnormal": 5e-324,
+    "text": "60",
+    "a list": [60],
+    "an object nested in a list": [{"seconds": [60]}],
+    "true": True,
+}
+"""Values no number field takes: too large for a float, at a float's edges, not numbers."""
+SLICE = {"profile": "1g.10gb"}
+NUMBERS = {
+    # field: (method, path, body with the value, the words its refusal starts with)
+    "gpus": ("POST", "requests", lambda v: {"gpus": v}, "'gpus' must be"),
+    "min_memory_gb": ("POST", "requests", lambda v: {"min_memory_gb": v}, "'min_memory_gb'"),
+    "expected_duration_s": (
+        "POST",
+        "requests",
+        lambda v: {**SLICE, "holder": "x", "expected_duration_s": v},
+        "expected_duration_s must be",
+    ),
+    "limit_s": (
+        "POST",
+        "requests",
+        lambda v: {**SLICE, "holder": "x", "limit_s": v},
+        "the time limit must be",
+    ),
+    "seconds": ("POST", "leases/{lease}/extend", lambda v: {"seconds": v}, "an extension must"),
+    "holder_pid": ("POST", "leases/{lease}/renew", lambda v: {"holder_pid": v}, "'holder_pid'"),
+    "share": ("PUT", "quotas/user/{user}", lambda v: {"share": v}, "quota share must be"),
+    "max_gpus": ("PUT", "quotas/user/{user}", lambda v: {"max_gpus": v}, "quota max_gpus must"),
+    "gpu_hours": (
+        "PUT",
+        "quotas/user/{user}",
+        lambda v: {"gpu_hours": v, "period_s": 3600},
+        "quota gpu_hours must be",
+    ),
+    "period_s": (
+        "PUT",
+        "quotas/user/{user}",
+        lambda v: {"gpu_hours": 1, "period_s": v},
+        "quota period_s must be",
+    ),
+    "default_s": ("PUT", "limits/group/lab", lambda v: {"default_s": v}, "the default time"),
+    "max_s": ("PUT", "limits/group/lab", lambda v: {"max_s": v}, "the maximum time limit"),
+    "required": ("PUT", "limits/group/lab", lambda v: {"required": v}, "'required' is true"),
+}
+
+
+@pytest.mark.parametrize("field", NUMBERS)
+async def test_every_number_field_refuses_what_is_no_number_it_takes_in_a_sentence(
+    api: Api, field: str
+) -> None:
+    """A huge integer was a 500 in ``seconds`` (an OverflowError) and 1e308 a refusal
+    counting 300-digit hours: every field is held to one check, and says so in a sentence
+    that quotes the value as a person would write it. Nothing is written."""
+    method, path, body, words = NUMBERS[field]
+    held = (await api("POST", "requests", {**SLICE, "holder": "held", "limit_s": 3600}))[1]
+    user = (await api("GET", "me"))[1]["user"]
+    where = path.format(lease=held["lease"]["id"], user=user)
+    for name, value in JUNK.items():
+        if field == "required" and value is True:
+            continue  # the one value it takes
+        message = await refused(api, method, where, body=body(value))
+        assert message.startswith(words), (name, message)
+        if field != "holder_pid":  # its check is another change's
+            assert not LONG_NUMBER.search(message), (name, message)
+    lease = (await api("GET", f"leases/{held['lease']['id']}"))[1]
+    assert (lease["ends_at"], lease["extensions"]) == (held["lease"]["ends_at"], 0)
+    assert [r["id"] for r in (await api("GET", "requests"))[1]["requests"]] == [held["id"]]
+    assert (await api("GET", "quotas"))[1] == {"quotas": []}
+    assert (await api("GET", "limits"))[1]["rules"] == []
+
+
+async def test_an_extension_beyond_a_year_is_refused_saying_a_year(api: Api) -> None:
+    """Extending by 1e308 was refused with a 300-digit count of hours, and by 5e-324
+    seconds granted (using up an extension): both are refused with what is taken."""
+    lease = (await api("POST", "requests", {**SLICE, "limit_s": 3600}))[1]["lease"]
+    extend = f"leases/{lease['id']}/extend"
+    for seconds, shown in ((1e308, "1e+308"), (2**63, "9.22e+18"), (5e-324, "5e-324")):
+        message = await refused(api, "POST", extend, body={"seconds": seconds})
+        assert message == f"an extension must be {DURATIONS}, not {shown}"
+    assert DURATIONS == "seconds, at least 0.001 and at most a year"
+    status, longer = await api("POST", extend, {"seconds": 600})
+    assert (status, longer["extensions"], longer["extended_s"]) == (200, 1, 600)
+
+
+async def test_a_query_number_out_of_range_is_said_shortly(api: Api) -> None:
+    message = await refused(api, "GET", "audit", after="9" * 4000)
+    assert (
+        message
+        == "'after' must be an integer from 0 to 4.61e+18, not '999999999999...9999999999999'"
+    )
+    message = await refused(api, "GET", "alerts", limit="1e400")
+    assert message == "'limit' must be an integer from 1 to 1000, not '1e400'"
+
+
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+"""The controls that make text read in another direction (embeddings, overrides, isolates)."""
+
+
+@pytest.mark.parametrize("control", BIDI, ids=lambda c: f"U+{ord(c):04X}")
+async def test_a_name_holding_a_control_that_reverses_text_is_refused_and_never_audited(
+    api: Api, control: str
+) -> None:
+    """A name like "ann\\u202egro" reads as "annorg": a quota or a time limit for it would
+    show another name on the admin page and in the audit log. Refused where a name is
+    given, the name quoted with its escape; nothing set, nothing recorded."""
+    name = f"ann{control}gro"
+    shown = f"'ann\\u{ord(control):04x}gro' holds '\\u{ord(control):04x}'"
+    for kind in ("user", "group"):  # the name as it is: jp_fetch percent-encodes a path
+        message = await refused(api, "PUT", f"quotas/{kind}/{name}", body={"share": 2})
+        assert message.startswith(f"{kind} name {shown}: a name may hold any character but")
+    message = await refused(api, "PUT", f"limits/group/{name}", body={"max_s": 3600})
+    assert message.startswith(f"group name {shown}")
+    assert (await api("GET", "audit"))[1]["audit"] == []
+    await nothing_written(api)

@@ -97,7 +97,10 @@ async def test_a_bad_setting_is_one_sentence(
     api: Any, extension_log: list[logging.LogRecord]
 ) -> None:
     status, reply = await api("GET", "devices")
-    assert (status, reply["message"]) == (503, "lease_ttl must be positive, not -1.0")
+    assert (status, reply["message"]) == (
+        503,
+        "GPUBroker.lease_ttl must be seconds, at least 1 and at most a year, not -1",
+    )
     assert [(r.levelname, r.getMessage()) for r in extension_log] == [
         ("ERROR", f"GPU broker not started: {reply['message']}")
     ]

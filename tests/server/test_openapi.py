@@ -301,7 +301,9 @@ async def _requests_and_leases(check: CheckedApi, owner: str) -> dict[str, Any]:
     assert longer["extensions"] == 1 and longer["extended_s"] == 1800
     assert parse(longer["ends_at"]) - parse(lease["ends_at"]) == timedelta(seconds=1800)
     bad = await check("POST", extend, {"seconds": 0}, expect=400)
-    assert bad["message"] == "an extension must be more than 0 seconds, not 0"
+    assert bad["message"] == (
+        "an extension must be seconds, at least 0.001 and at most a year, not 0"
+    )
     kept = await check("POST", f"requests/{waiting['id']}/renew", expect=200)
     assert kept["state"] == "queued" and kept["position"] == 1 and kept["ttl_s"] > 0
     assert parse(kept["expires_at"]) > parse(waiting["expires_at"])

@@ -26,6 +26,7 @@ USERS = {
     "carol-token": "carol",
     "fox-token": "🦊 fox",  # any name the hub allows
     "bell-token": "bell\x07",  # a control character: no name holds one
+    "rlo-token": "ann\u202egro",  # reads "annorg": a control that reverses text
 }
 HUB_GROUPS = ["ML Team", "/staff", "org:team"]
 
@@ -570,6 +571,12 @@ async def test_a_name_is_held_to_one_rule_on_every_call_whatever_it_holds(
         assert await bell.refused(method, path, body) == (
             "the GPU broker cannot serve this caller: user name 'bell\\x07' holds '\\x07': "
             "a name may hold any character but control characters and line breaks"
+        )
+    reversed_name = world.user("ann\u202egro")  # it would read as "annorg" in a list
+    for method, path, body in (("GET", "me", None), ("POST", "requests", {"profile": "1g.10gb"})):
+        assert await reversed_name.refused(method, path, body) == (
+            "the GPU broker cannot serve this caller: user name 'ann\\u202egro' holds "
+            "'\\u202e': a name may hold any character but control characters and line breaks"
         )
 
 

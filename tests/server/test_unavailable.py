@@ -4,6 +4,7 @@ another broker) serves on and says why, everywhere."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 import socket
@@ -27,6 +28,17 @@ def garbage(state: Path) -> None:
     state.write_bytes(b"this is not a database\n" * 200)
 
 
+def truncated(state: Path) -> None:
+    """A real state file cut short, as a full disk or a copy cut off leaves one."""
+    broker = GPUBroker(simulate="dgx-h100-mig:1", state_file=str(state), simulate_seed="cut")
+    broker.start()
+    broker.stop()
+    state.write_bytes(state.read_bytes()[:5000])
+    for side in ("-wal", "-shm"):
+        state.with_name(state.name + side).unlink(missing_ok=True)
+
+
+RESTORE = "restore it from a backup, or move it aside (the broker then starts with an empty state)"
 ME = pwd.getpwuid(os.geteuid()).pw_name
 
 
@@ -71,7 +83,9 @@ def broker_config(broker_config: dict[str, Any], request: Any) -> Iterator[dict[
 
 def expected(state: str, spoil: Callable[[Path], Any]) -> str:
     if spoil is garbage:
-        return f"{state}: not a SQLite database; move it aside"
+        return f"{state}: not a SQLite database; {RESTORE}"
+    if spoil is truncated:
+        return f"{state}: the database in it is damaged (cut short or overwritten); {RESTORE}"
     if spoil is other_broker:
         with open_backend("dgx-h100-mig:1", seed=seed_for(state)) as machine:
             gpu = machine.inventory().gpus[0].uuid
@@ -95,7 +109,7 @@ def expected(state: str, spoil: Callable[[Path], Any]) -> str:
 
 
 CASES = pytest.mark.parametrize(
-    "broker_config", [garbage, too_new, locked, other_broker], indirect=True
+    "broker_config", [garbage, truncated, too_new, locked, other_broker], indirect=True
 )
 
 
@@ -157,3 +171,25 @@ async def test_cli_status_says_it(
     assert proc.returncode == 1 and out == b""
     assert err.decode().startswith(f"error: {sentence}")
     assert err.decode().count("\n") == 1
+
+
+@pytest.fixture
+def jp_server_config(
+    jp_server_config: dict[str, Any], extension_log: list[logging.LogRecord]
+) -> dict[str, Any]:
+    """The server's config, its extension's log kept from before the server starts."""
+    return jp_server_config
+
+
+@pytest.mark.parametrize("broker_config", [truncated], indirect=True)
+async def test_the_servers_log_says_it_once(
+    api: Any, broker_config: dict[str, Any], extension_log: list[logging.LogRecord]
+) -> None:
+    """A damaged file's log line gives the advice a damaged file needs, a backup, not its
+    permissions (it is readable: SQLite cannot read it as a database)."""
+    sentence = expected(broker_config["state_file"], truncated)
+    assert (await api("GET", "devices"))[0] == 503
+    logged = [(r.levelname, r.getMessage()) for r in extension_log if "GPU broker" in r.msg]
+    assert len(logged) == 1 and logged[0][0] == "ERROR", logged
+    assert logged[0][1].startswith(f"GPU broker not started: {sentence}")
+    assert "access" not in sentence and "permission" not in sentence
