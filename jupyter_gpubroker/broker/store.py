@@ -13,7 +13,6 @@ fsync per change (``Store(path, synchronous="FULL")``).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,15 +26,8 @@ from ..wire.errors import InvalidRequest, StateFileError, StorageFull
 from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .models import Lease, Request
 from .rows import lease_from_row, request_from_row
+from .statefile import out_of_storage, unusable
 
-DAMAGED = {
-    "SQLITE_NOTADB": "not a SQLite database",
-    "SQLITE_CORRUPT": "the database in it is damaged (cut short or overwritten)",
-}
-"""SQLite's error codes for a file it cannot read as a database, and the cause in words."""
-RESTORE = "restore it from a backup, or move it aside (the broker then starts with an empty state)"
-DENIED = ("SQLITE_PERM", "SQLITE_READONLY", "SQLITE_AUTH")
-"""SQLite's error codes for a file this user may not open as the broker does."""
 UNBROKERED = "unbrokered"
 """The job class of GPU use outside the broker in usage: no request, no group."""
 
@@ -84,7 +76,7 @@ class Store:
                     self.path, isolation_level=None, check_same_thread=False
                 )
         except (OSError, sqlite3.Error) as e:
-            raise self._unusable(e) from None
+            raise unusable(self.path, self.read_only, e) from None
         try:
             self.db = sqlite_utils.Database(self.conn)
             if read_only:
@@ -98,40 +90,7 @@ class Store:
             self._migrate()
         except (OSError, sqlite3.Error, StateFileError) as e:
             self.conn.close()
-            raise self._unusable(e) from None
-
-    def _unusable(self, e: Exception) -> StateFileError:
-        """The one-sentence error for a state file that cannot be opened: its name, the
-        cause and what to do. SQLite's error code tells a file that is no database, or a
-        damaged one (cut short, overwritten), which only a backup mends, from one this
-        user may not open, which its permissions mend."""
-        if isinstance(e, StateFileError):
-            return e
-        text = getattr(e, "strerror", None) or str(e)
-        access = "read" if self.read_only else "read and write"
-        code = getattr(e, "sqlite_errorname", "")
-        if code in DAMAGED:
-            cause, todo = DAMAGED[code], RESTORE
-        elif code in DENIED or isinstance(e, PermissionError) or not self._permitted():
-            cause = "permission denied"
-            todo = f"give this user {access} access to it and to its directory"
-        else:
-            cause = f"cannot be opened ({text})"
-            todo = f"check that it is a file (not a directory) this user can {access}"
-        return StateFileError(
-            f"{self.path}: {cause}; {todo}, or set c.GPUBroker.state_file (or $GPUBROKER_STATE) "
-            "to another file"
-        )
-
-    def _permitted(self) -> bool:
-        """May this user open the file (and, to write it, its directory) as the broker
-        does? SQLite says only "unable to open" when it may not."""
-        path = Path(self.path)
-        mode = os.R_OK if self.read_only else os.R_OK | os.W_OK
-        folder = path.parent if path.parent.is_dir() else None
-        return (not path.exists() or os.access(path, mode)) and (
-            self.read_only or folder is None or os.access(folder, os.W_OK | os.X_OK)
-        )
+            raise unusable(self.path, self.read_only, e) from None
 
     def close(self) -> None:
         self.conn.close()
@@ -162,7 +121,7 @@ class Store:
                     self.conn.execute("ROLLBACK")
                 raise
         except sqlite3.OperationalError as e:
-            if not _out_of_storage(e):
+            if not out_of_storage(e):
                 raise
             raise StorageFull(
                 f"the state file {self.path} could not be written ({e}): free disk space "
@@ -607,11 +566,3 @@ def _low(since: float | None) -> float:
 
 def _high(until: float | None) -> float:
     return until if until is not None else float("inf")
-
-
-def _out_of_storage(e: sqlite3.OperationalError) -> bool:
-    """SQLITE_FULL (a full disk, or the file at its page limit) or SQLITE_IOERR."""
-    code = getattr(e, "sqlite_errorcode", None)  # Python >= 3.11
-    if code is not None:
-        return code & 0xFF in (13, 10)
-    return str(e).startswith(("database or disk is full", "disk I/O error"))
