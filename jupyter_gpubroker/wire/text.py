@@ -101,12 +101,19 @@ def promise_broken(was: float, why: str, now_by: float | None) -> str:
 
 
 def size_text(r: Mapping[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)")
-    or ">= 20 GiB"."""
+    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)"),
+    ">= 20 GiB" (a device with at least that much), or "8 GiB of a shared GPU" ("..., at
+    most 50% of its compute"): a device of a size and part of a shared GPU never read
+    alike."""
     if r.get("gpus"):
         return f"{r['gpus']} {r['model']} GPU(s)" if r.get("model") else f"{r['gpus']} GPU(s)"
     if r.get("profile"):
         return str(r["profile"])
+    if r.get("share_gb"):
+        cap = r.get("compute_percent")
+        return f"{r['share_gb']:g} GiB of a shared GPU" + (
+            f", at most {cap}% of its compute" if cap else ""
+        )
     return f">= {r.get('min_memory_gb')} GiB"
 
 
