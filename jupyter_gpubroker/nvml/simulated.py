@@ -1010,7 +1010,10 @@ class SimulatedNvml:
     # -------------------------------------------------------------- C symbols: MIG devices
 
     def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> None:
-        mode = int(self._whole_gpu(handle).mig_enabled)
+        gpu = self._whole_gpu(handle)
+        if not gpu.model.profiles:  # a GPU without MIG (an L40S, an RTX card)
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(gpu.mig_enabled)
         _set(current, mode)
         _set(pending, mode)
 
