@@ -225,7 +225,8 @@ class Scheduler:
     def _check_share(self, size: Size) -> None:
         """``Unsatisfiable``, saying why, for a share no GPU here could ever take: none is
         shared (MIG on, or lent whole only), or none has that much memory."""
-        if self.placer.compatible(size):
+        largest = self.placer.shares.largest()
+        if largest >= share_mib(size):
             return
         gpus = self.placer.gpus.values()
         alternative = (
@@ -237,7 +238,6 @@ class Scheduler:
                 "no GPU here is shared: each is cut into MIG slices, and a slice is never "
                 f"shared; ask for a slice ({', '.join(offered)}) instead"
             )
-        largest = self.placer.shares.largest()
         if not largest:
             raise Unsatisfiable(
                 f"no GPU here is shared: the admin lends them whole only; {alternative}"
