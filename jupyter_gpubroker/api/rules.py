@@ -58,7 +58,7 @@ from .tokens import TokenRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "model")
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "model", "share_gb", "compute_percent")
 REQUEST_FIELDS = {
     *SIZE_FIELDS,
     "job_class",
@@ -274,8 +274,8 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         if held is not None:
             raise Conflict(
                 f"this kernel already has request {held.id} for {held.size.key}: a kernel with "
-                "a MIG slice holds nothing beside it (CUDA shows a process only one MIG "
-                "device); release that request first"
+                "a MIG slice or a share holds nothing beside it (CUDA shows a process one MIG "
+                "device, and MPS one GPU's daemon); release that request first"
             )
 
     @staticmethod
@@ -376,6 +376,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
             "suspended": self.runtime.suspended(lease.id),
+            "share": self.runtime.share_of(lease),
         }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:

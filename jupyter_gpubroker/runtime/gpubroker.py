@@ -47,6 +47,7 @@ from .limits import LimitSettings
 from .monitoring import MonitorSettings
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
+from .sharing import ShareEnforcement, SharingSettings
 from .tokens import KernelTokens
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ if TYPE_CHECKING:
     from ..nvml import NvmlBackend
 
 
-class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigurable):
+class GPUBroker(
+    BrokerSettings, MonitorSettings, LimitSettings, SharingSettings, LoggingConfigurable
+):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
 
     # A trait of its own, not only its settings mixins': traitlets' Application leaves a
@@ -82,6 +85,8 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self.metrics: BrokerCollector | None = None
         self.kernels: KernelActions | None = None
         """The host's kernels, when it runs them (the server extension's ``ServerKernels``)."""
+        self.shares: ShareEnforcement | None = None
+        """What holds each GPU's shares here (``.sharing``)."""
         self.suspender: KernelSuspender | None = None
         """Carries out the reclaim action ``suspend`` (where NVML is read here)."""
         self.api_url = ""
@@ -118,6 +123,10 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             secure_state_file(state, self.log)
         self._inventory = hardware = self.inventory_class(parent=self).open(self, self.api_url)
         self.backend = hardware.nvml
+        as_users = os.geteuid() == 0 or self.holder_account == "broker"
+        self.shares = shares = ShareEnforcement.open(
+            self, hardware.devices, hardware.nvml is not None, self._share_uid, as_users, self.log
+        )
         store = Store(state)
         try:
             self._core = core = Broker(
@@ -129,6 +138,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                     request_ttl_s=self.request_ttl,
                     dynamic_mig=self.dynamic_mig,
                     vacate_timeout_s=self.vacate_timeout,
+                    sharing=self.make_sharing(shares.whole_only(), self.timezone),
                     **self.limit_fields(),
                 ),
                 partitioner=hardware.partitioner,
@@ -146,6 +156,8 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         self._watch = hardware.follow(core, lambda: self.engine_grace)
         self.sampler = sampler = self.make_sampler(core, hardware, self._events.publish, self.log)
         sampler.on_alert = self._publish_alert
+        shares.attach(core)
+        sampler.reclaimer.watched = shares.watched
         if self.backend is not None:
             self.suspender = KernelSuspender(
                 core,
@@ -199,6 +211,8 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         and the kernel tokens no kernel renewed in time ended."""
         try:
             self.core.tick()
+            if self.shares is not None:
+                self.shares.check()
             self.events.after_tick()
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
@@ -278,6 +292,9 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
             self.log.exception("GPU broker: checking the suspended kernels failed")
 
     def stop(self) -> None:
+        if self.shares is not None:
+            self.shares.close()
+            self.shares = None  # stopping twice is harmless
         if self.suspender is not None:
             self.suspender.close()
             self.suspender = None  # stopping twice is harmless
@@ -361,6 +378,18 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 self.backend.simulator, self.core.lease(lease_id), pid, self.simulate_kernel_memory
             )
         self.open_devices(lease_id, pid)
+        if self.shares is not None:
+            self.shares.report_pid(self.core.lease(lease_id), pid)
+
+    def share_of(self, lease: Lease) -> dict[str, Any] | None:
+        """A share as the API shows it: its memory, GPU, what holds it, its kernel's
+        environment (None: the lease holds whole devices)."""
+        return None if self.shares is None else self.shares.share_json(lease)
+
+    def _share_uid(self, user: str) -> int | None:
+        """The account a user's MPS daemon runs as: the broker's own where kernels run as
+        the broker's account, else the user's."""
+        return os.geteuid() if self.holder_account == "broker" else local_uid(user)
 
     def open_devices(self, lease_id: str, pid: int) -> None:
         """Where kernels are confined to their devices (a root broker), let the lease's

@@ -341,3 +341,27 @@ def reclaim_warning(reason: str, deadline: float, cause: str) -> str:
 def limit_extended(ends_at: float) -> str:
     """An extension, said to its holder."""
     return f"time limit extended: it now ends at {clock(ends_at)}"
+
+
+# -------------------------------------------------------------------- shares of GPUs
+
+SHARE_HOLDS = {
+    "driver": "enforced by the driver",
+    "mps": "enforced by MPS",
+    "watched": "not enforced: a kernel that goes over is stopped",
+}
+"""What holds a share to its memory (``enforce``), as every front says it."""
+SHARE_NOT_SUSPENDED = (
+    "a share of a GPU is not suspended: an MPS client's memory is its MPS server's, which "
+    "CUDA's checkpoint of one process does not move, and no resume onto a shared GPU exists yet"
+)
+
+
+def share_text(mib: float, label: str, mechanism: str) -> str:
+    """A share as its holder reads it: "8.0 GiB of GPU 2, enforced by the driver"."""
+    return f"{memory(mib)} of {label}, {SHARE_HOLDS.get(mechanism, 'not enforced')}"
+
+
+def over_share(used_mib: float, mib: float, label: str) -> str:
+    """Why a share is warned: "uses 12.0 GiB of GPU 2, over its share of 8.0 GiB"."""
+    return f"uses {memory(used_mib)} of {label}, over its share of {memory(mib)}"
