@@ -153,14 +153,10 @@ def test_shares_come_back_after_a_restart(make_broker):
 def test_the_state_file_refuses_a_share_beyond_its_gpu(make_broker, store):
     b = make_broker(whole_inventory(1, L40S), config=SHARED)
     lease = b.lease(b.submit("ann", share(40)).lease_id)
-    with pytest.raises(sqlite3.IntegrityError, match="does not fit"):
-        with store.transaction() as c:
-            c.execute(
-                "INSERT INTO shares VALUES (?,?,?,?)", ("l-x", lease.devices[0], 8192, 46068)
-            )
-    with pytest.raises(sqlite3.IntegrityError, match="shared"):
-        with store.transaction() as c:
-            c.execute("INSERT INTO allocations VALUES (?,?)", (lease.devices[0], "l-y"))
+    with pytest.raises(sqlite3.IntegrityError, match="does not fit"), store.transaction() as c:
+        c.execute("INSERT INTO shares VALUES (?,?,?,?)", ("l-x", lease.devices[0], 8192, 46068))
+    with pytest.raises(sqlite3.IntegrityError, match="shared"), store.transaction() as c:
+        c.execute("INSERT INTO allocations VALUES (?,?)", (lease.devices[0], "l-y"))
 
 
 def test_a_blocked_share_is_reserved_the_gpu_that_frees_first(make_broker, clock):
