@@ -15,8 +15,10 @@ import pynvml
 import pytest
 
 from jupyter_gpubroker.enforce import HostFacts, choose
+from jupyter_gpubroker.enforce.limits import CgroupLimits, nvml_set_limit
 from jupyter_gpubroker.enforce.mps import MpsDaemons, MpsError
-from jupyter_gpubroker.runtime.sharing import SIMULATED_MPS
+from jupyter_gpubroker.nvml import NvmlBackend, SimulatedNvml, load_topology
+from jupyter_gpubroker.runtime.sharing import SIMULATED_MPS, read_facts
 
 DEFAULT = pynvml.NVML_COMPUTEMODE_DEFAULT
 NEW = HostFacts("615.20.01", 13040, True, True, "/sys/fs/cgroup/kernels", "/usr/bin/mps", True)
@@ -131,3 +133,36 @@ def test_a_directory_another_user_could_write_is_not_used(mps_root):
     daemons = MpsDaemons(shlex.split(SIMULATED_MPS), mps_root, lambda user: None)
     with pytest.raises(MpsError, match="may be written by others"):
         daemons.ensure("GPU-a", "ann", 8192, None)
+
+
+def test_under_the_driver_each_share_s_kernel_gets_a_capped_cgroup(tmp_path):
+    """Driver r615: the kernel moves into a cgroup of its own, which NVML caps at the
+    share's memory; the cap is lifted and the cgroup removed when the share ends."""
+    sim = SimulatedNvml(load_topology("l40s-4"), privilege="root")
+    sim.driver_version = "615.20.01"
+    backend = NvmlBackend(sim).open()
+    try:
+        gpu = backend.inventory().gpus[0].uuid
+        limits = CgroupLimits(tmp_path)  # a cgroup v2 tree stands in: the kernel's files
+        limits.hold("l-1", gpu, 4242, 8192)
+        cgroup = tmp_path / "gpubroker-l-1"
+        assert (cgroup / "cgroup.procs").read_text() == "4242\n"
+        assert sim.memory_limit(gpu, str(cgroup)) == (8192 << 20, 8192 << 20)
+        (cgroup / "cgroup.procs").unlink()  # the kernel left it
+        limits.end("l-1")
+        assert sim.memory_limit(gpu, str(cgroup)) is None and not cgroup.exists()
+    finally:
+        backend.close()
+
+
+def test_an_older_driver_has_no_memory_limits_to_set():
+    sim = SimulatedNvml(load_topology("l40s-4"), privilege="root")
+    backend = NvmlBackend(sim).open()
+    try:
+        gpu = backend.inventory().gpus[0].uuid
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            nvml_set_limit(gpu, "/sys/fs/cgroup/x", 1 << 30, 1 << 30)
+        facts = read_facts("", "", True)
+        assert (facts.driver, facts.cuda, facts.memory_limits) == ("570.86.15", 12080, False)
+    finally:
+        backend.close()
