@@ -22,10 +22,10 @@ from jupyter_gpubroker.wire.text import (
     size_text,
 )
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "share_gb")
 GPU_KINDS = ("cpu", *SIZE_FIELDS)
 """The options form's choices (its ``gpu_kind``): CPU only, or one of the sizes."""
-OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "limit_s", "expected_duration_s")
+OPTION_FIELDS = (*SIZE_FIELDS, "compute_percent", "job_class", "limit_s", "expected_duration_s")
 JOB_CLASSES = ("interactive", "batch")
 
 
@@ -40,6 +40,8 @@ def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
             "limit_s and expected_duration_s"
         )
     size = {k: options[k] for k in SIZE_FIELDS if options.get(k) not in (None, "")}
+    if options.get("compute_percent") not in (None, ""):
+        size["compute_percent"] = options["compute_percent"]
     job_class = options.get("job_class") or "interactive"
     if job_class not in JOB_CLASSES:
         raise ValueError(f"job_class must be 'interactive' or 'batch', not {job_class!r}")
@@ -74,6 +76,11 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         options["profile"] = value
     elif kind == "min_memory_gb":
         options["min_memory_gb"] = _number(value)
+    elif kind == "share_gb":
+        options["share_gb"] = _number(value)
+        percent = field.get("compute_percent", "")
+        if percent:
+            options["compute_percent"] = int(percent) if percent.isdigit() else _number(percent)
     hours = field.get("hours", "")
     if kind != "cpu" and hours:
         options["limit_s"] = _hours(hours)
@@ -154,7 +161,9 @@ class Choices:
     def __init__(self, overview: dict[str, Any], quotas: list[dict[str, Any]]) -> None:
         self.overview = overview
         devices = [d for g in overview["gpus"] for d in g["devices"]]
-        self.whole = [d for d in devices if d["kind"] != "mig"]
+        self.whole = [d for d in devices if d["kind"] != "mig" and d.get("lent") != "shared"]
+        self.shared = [g for g in overview["gpus"] if (g.get("sharing") or {}).get("shares_now")]
+        """The GPUs that take shares now, with what holds them."""
         self.profiles: dict[str, list[dict[str, Any]]] = {}
         for d in devices:
             if d["kind"] == "mig":
@@ -176,7 +185,10 @@ class Choices:
 
     @staticmethod
     def free(devices: list[dict[str, Any]]) -> int:
-        return sum(not d["holder"] and not d["drained"] and not d["vacating"] for d in devices)
+        return sum(
+            not d["holder"] and not d["drained"] and not d["vacating"] and not d.get("shares")
+            for d in devices
+        )
 
     def waits(self, **size: Any) -> str:
         """The expected wait for one choice: at once when a device is free, else how many
@@ -197,6 +209,8 @@ class Choices:
     def blocked(self, request: dict[str, Any]) -> str:
         """Why a request waits, in words: the user's own quota, or every fitting device
         being in use."""
+        if request.get("share_gb"):
+            return f"no GPU shared here has {request['share_gb']:g} GiB free now"
         if request.get("profile"):
             fits = self.profiles.get(request["profile"], [])
         elif request.get("gpus"):
@@ -271,6 +285,8 @@ class Choices:
                     note="",
                 )
             )
+        if self.shared:
+            rows.append(self._share_row(row))
         if self.largest_gb:
             rows.append(
                 row.format(
@@ -299,6 +315,23 @@ class Choices:
             f'can extend it) <span class="form-text">{escape(self.limit_note())}</span></div>'
             f'<p class="form-text">You hold {devices_held(self.mine)} now; {quota}; '
             f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
+        )
+
+    def _share_row(self, row: str) -> str:
+        """The choice of a share: its memory, an optional compute cap, the room free now
+        and what holds a share on these GPUs ("enforced by MPS")."""
+        room = max(g["sharing"]["room_mib"] for g in self.shared)
+        largest = max(g["memory_mib"] for g in self.shared)
+        holds = sorted({g["sharing"]["text"] for g in self.shared})
+        return row.format(
+            kind="share_gb",
+            checked="",
+            label="Part of a shared GPU:",
+            field='<input type="number" name="share_gb" min="1" step="any" '
+            f'max="{math.floor(largest / 102.4) / 10:g}" value="8" aria-label="GiB of a shared '
+            'GPU"> GiB, at most <input type="number" name="compute_percent" min="1" max="100" '
+            'step="1" aria-label="percent of its compute"> % of its compute',
+            note=escape(f"{memory(room)} free on a shared GPU now; {'; '.join(holds)}"),
         )
 
     def limit_note(self) -> str:

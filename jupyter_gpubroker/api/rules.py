@@ -167,6 +167,10 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             vacating=core.vacating(),
             causes=core.drain_causes(),
             outside=self.runtime.outside_now(),
+            shared=core.sharers(),
+            sharing={
+                g.uuid: s for g in core.inventory.gpus if (s := self.runtime.sharing_of(g.uuid))
+            },
         )
         engine = self.runtime.engine_state()
         if engine is None:

@@ -121,6 +121,8 @@ def devices_json(
     vacating: Mapping[str, Vacating] | None = None,
     causes: Mapping[str, str] | None = None,
     outside: Mapping[str, list[dict[str, Any]]] | None = None,
+    shared: Mapping[str, list[Lease]] | None = None,
+    sharing: Mapping[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
@@ -130,8 +132,17 @@ def devices_json(
     ``causes``: who drained each (``health``, ``vacate``, ``admin``; default ``health``).
     ``vacating``: devices of ended leases still waiting for their processes to exit.
     ``outside``: device UUID -> the processes using it outside the broker (``user``,
-    ``pid``, ``since`` in UTC seconds, ``text``)."""
+    ``pid``, ``since`` in UTC seconds, ``text``). ``shared``: GPU UUID -> its shares;
+    ``sharing``: GPU UUID -> how it is lent and what holds its shares (``GPUBroker.sharing_of``)."""
     drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
+    shared, sharing = shared or {}, sharing or {}
+
+    def lent(uuid: str) -> dict[str, Any] | None:
+        how = sharing.get(uuid)
+        if how is None:
+            return None
+        shares = [{**(holder(x) or {}), "memory_mib": x.share_mib} for x in shared.get(uuid, [])]
+        return {**how, "shares": shares}
 
     def left(uuid: str) -> dict[str, Any] | None:
         v = vacating.get(uuid)
@@ -166,6 +177,7 @@ def devices_json(
             "memory_mib": g.memory_mib,
             "mig_enabled": g.mig_enabled,
             "drained": drained(g.uuid),
+            "sharing": lent(g.uuid),
             **reading_json(readings.get(g.uuid)),
             "devices": [
                 {
@@ -177,6 +189,8 @@ def devices_json(
                     "memory_mib": d.memory_mib,
                     "gpu_equivalents": round(d.gpu_equivalents, 4),
                     "holder": holder(holders.get(d.uuid)),
+                    "lent": (sharing.get(d.uuid) or {}).get("mode", "whole"),
+                    "shares": len(shared.get(d.uuid, [])),
                     "drained": drained(d.uuid, g.uuid),
                     "vacating": left(d.uuid),
                     "outside": [{**o, "since": iso(o["since"])} for o in outside.get(d.uuid, [])],

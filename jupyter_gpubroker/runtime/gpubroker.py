@@ -40,7 +40,7 @@ from ..suspend.host import (
 )
 from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.errors import ConfigError, InvalidRequest
-from ..wire.text import ENDED_RESTARTED, clock, duration
+from ..wire.text import ENDED_RESTARTED, SHARE_HOLDS, clock, duration
 from ..wire.traits import Whole
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
@@ -384,7 +384,41 @@ class GPUBroker(
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's
         environment (None: the lease holds whole devices)."""
-        return None if self.shares is None else self.shares.share_json(lease)
+        shown = None if self.shares is None else self.shares.share_json(lease)
+        if shown is not None:
+            used = (
+                self.sampler.share_processes(lease, self.sampler.latest) if self.sampler else None
+            )
+            shown["used_mib"] = None if used is None else sum(used.values())
+        return shown
+
+    def sharing_of(self, gpu_uuid: str) -> dict[str, Any] | None:
+        """How a GPU is lent now and what holds its shares (None: it is never shared and
+        nothing here says why not)."""
+        enforcement = None if self.shares is None else self.shares.chosen.get(gpu_uuid)
+        pool = self.core.placer.shares
+        if gpu_uuid not in pool.capacity:
+            if enforcement is None or enforcement.mechanism != "none":
+                return None
+            return {
+                "mode": "whole",
+                "shares_now": False,
+                "room_mib": 0,
+                "mechanism": "none",
+                "enforced": False,
+                "why": enforcement.why,
+                "text": enforcement.why,
+            }
+        mechanism = enforcement.mechanism if enforcement is not None else "watched"
+        return {
+            "mode": pool.mode[gpu_uuid],
+            "shares_now": pool.is_open(gpu_uuid),
+            "room_mib": pool.room(gpu_uuid),
+            "mechanism": mechanism,
+            "enforced": enforcement is not None and enforcement.enforced,
+            "why": enforcement.why if enforcement is not None else "",
+            "text": f"shares {SHARE_HOLDS[mechanism]}",
+        }
 
     def _share_uid(self, user: str) -> int | None:
         """The account a user's MPS daemon runs as: the broker's own where kernels run as
