@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -61,15 +62,14 @@ class Daemon:
         return None if self.uid is None or self.uid == os.geteuid() else self.uid
 
     def alive(self) -> bool:
+        """Whether its process runs (one that exited and awaits its reaping does not)."""
         if self.pid is None:
             return False
         try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{self.pid}/stat").read_bytes()
+        except OSError:
             return False
-        except PermissionError:  # another user's process: it runs
-            return True
-        return True
+        return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
 
 
 class MpsError(RuntimeError):
@@ -113,11 +113,19 @@ class MpsDaemons:
         d = self.daemons.pop((gpu, user), None)
         if d is None:
             return
-        with contextlib.suppress(MpsError):
+        try:
             self.command(d, "quit")
-        deadline = time.monotonic() + START_S
+            deadline = time.monotonic() + START_S
+        except MpsError:  # it does not answer (its pipes were removed): end it
+            deadline = time.monotonic()
         while d.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if d.alive() and d.pid is not None:
+            self.log.warning(
+                "GPU broker: the MPS daemon %d of %s did not quit: ending it", d.pid, user
+            )
+            with contextlib.suppress(OSError):
+                os.kill(d.pid, signal.SIGTERM)
         shutil.rmtree(d.home, ignore_errors=True)
 
     def check(self) -> list[Daemon]:

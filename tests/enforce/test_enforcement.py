@@ -166,3 +166,15 @@ def test_an_older_driver_has_no_memory_limits_to_set():
         assert (facts.driver, facts.cuda, facts.memory_limits) == ("570.86.15", 12080, False)
     finally:
         backend.close()
+
+
+def test_a_daemon_that_no_longer_answers_is_ended_at_its_stop(mps_root):
+    daemons = MpsDaemons(shlex.split(SIMULATED_MPS), mps_root, lambda user: None)
+    d = daemons.ensure("GPU-a", "ann", 8192, None)
+    (d.home / "pipe" / "control").unlink()  # its pipes gone: the front end cannot reach it
+    daemons.stop("GPU-a", "ann")
+    for _ in range(100):
+        if not d.alive():
+            break
+        subprocess.run(["sleep", "0.05"], check=True)
+    assert not d.alive() and not d.home.exists()
