@@ -77,9 +77,7 @@ async def test_two_users_kernels_share_one_gpu_each_held_to_its_share(
     alice = await start_kernel(jp_fetch, "alice", name)
     bob = await start_kernel(jp_fetch, "bob", name)
     mkm = jp_serverapp.kernel_manager
-    env = {
-        k: json.loads(await run_in_kernel(mkm.get_kernel(k), ENV)) for k in (alice, bob)
-    }
+    env = {k: json.loads(await run_in_kernel(mkm.get_kernel(k), ENV)) for k in (alice, bob)}
     assert env[alice]["CUDA_VISIBLE_DEVICES"] == env[bob]["CUDA_VISIBLE_DEVICES"]
     assert env[alice]["CUDA_MPS_PIPE_DIRECTORY"] != env[bob]["CUDA_MPS_PIPE_DIRECTORY"]
     for k in (alice, bob):
@@ -87,7 +85,10 @@ async def test_two_users_kernels_share_one_gpu_each_held_to_its_share(
 
     # alice's kernel goes over its 20 GB: its allocation fails, bob's runs on
     out = await run_in_kernel(mkm.get_kernel(alice), OVER)
-    assert out.splitlines() == ["refused: CUDA error: out of memory", "still running with 16000 MiB"]
+    assert out.splitlines() == [
+        "refused: CUDA error: out of memory",
+        "still running with 16000 MiB",
+    ]
     ok = "from jupyter_gpubroker.enforce.mpsim import cuda_malloc\nprint(cuda_malloc(19000))"
     assert await run_in_kernel(mkm.get_kernel(bob), ok) == "19000"
 
