@@ -168,6 +168,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             causes=core.drain_causes(),
             outside=self.runtime.outside_now(),
             shared=core.sharers(),
+            share_use=self.runtime.share_use(),
             sharing={
                 g.uuid: s for g in core.inventory.gpus if (s := self.runtime.sharing_of(g.uuid))
             },

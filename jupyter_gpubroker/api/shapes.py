@@ -123,6 +123,7 @@ def devices_json(
     outside: Mapping[str, list[dict[str, Any]]] | None = None,
     shared: Mapping[str, list[Lease]] | None = None,
     sharing: Mapping[str, dict[str, Any]] | None = None,
+    share_use: Mapping[str, int | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
@@ -133,15 +134,19 @@ def devices_json(
     ``vacating``: devices of ended leases still waiting for their processes to exit.
     ``outside``: device UUID -> the processes using it outside the broker (``user``,
     ``pid``, ``since`` in UTC seconds, ``text``). ``shared``: GPU UUID -> its shares;
-    ``sharing``: GPU UUID -> how it is lent and what holds its shares (``GPUBroker.sharing_of``)."""
+    ``sharing``: GPU UUID -> how it is lent and what holds its shares (``GPUBroker.sharing_of``);
+    ``share_use``: lease id -> what a share's processes use of its GPU (MiB; None: not known)."""
     drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
-    shared, sharing = shared or {}, sharing or {}
+    shared, sharing, share_use = shared or {}, sharing or {}, share_use or {}
 
     def lent(uuid: str) -> dict[str, Any] | None:
         how = sharing.get(uuid)
         if how is None:
             return None
-        shares = [{**(holder(x) or {}), "memory_mib": x.share_mib} for x in shared.get(uuid, [])]
+        shares = [
+            {**(holder(x) or {}), "memory_mib": x.share_mib, "used_mib": share_use.get(x.id)}
+            for x in shared.get(uuid, [])
+        ]
         return {**how, "shares": shares}
 
     def left(uuid: str) -> dict[str, Any] | None:

@@ -386,11 +386,17 @@ class GPUBroker(
         environment (None: the lease holds whole devices)."""
         shown = None if self.shares is None else self.shares.share_json(lease)
         if shown is not None:
-            used = (
-                self.sampler.share_processes(lease, self.sampler.latest) if self.sampler else None
-            )
-            shown["used_mib"] = None if used is None else sum(used.values())
+            shown["used_mib"] = self._share_used(lease)
         return shown
+
+    def share_use(self) -> dict[str, int | None]:
+        """Each active share's memory in use (its processes', at the last sample)."""
+        return {x.id: self._share_used(x) for x in self.core.leases() if x.shared}
+
+    def _share_used(self, lease: Lease) -> int | None:
+        sampler = self.sampler
+        used = None if sampler is None else sampler.share_processes(lease, sampler.latest)
+        return None if used is None else sum(used.values())
 
     def sharing_of(self, gpu_uuid: str) -> dict[str, Any] | None:
         """How a GPU is lent now and what holds its shares (None: it is never shared and
