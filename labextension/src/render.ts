@@ -504,7 +504,8 @@ export function renderPanel(
       0
     );
     const free = o.gpus.reduce(
-      (n, g) => n + g.devices.filter(d => !d.holder && !d.drained).length,
+      (n, g) =>
+        n + g.devices.filter(d => !d.holder && !d.drained && !d.shares).length,
       0
     );
     const s = section(

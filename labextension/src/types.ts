@@ -28,6 +28,8 @@ export interface IDevice {
   start: number | null;
   memory_mib: number;
   holder: IHolder | null;
+  /** How many shares of it are held (absent from older brokers). */
+  shares?: number;
   drained: IDrain | null;
   outside?: IOutside[];
   health: string;
