@@ -45,7 +45,15 @@ from ..wire.text import SERVER_HOLDER
 from .admin import AdminRules
 from .identity import Identity
 from .parse import holder_of, only, parse_int, parse_time, reason_text
-from .shapes import devices_json, iso, lease_json, queue_json, request_json, samples_json
+from .shapes import (
+    devices_json,
+    held_back_text,
+    iso,
+    lease_json,
+    queue_json,
+    request_json,
+    samples_json,
+)
 from .streams import StreamRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
@@ -187,7 +195,7 @@ class BrokerAPI(AdminRules, StreamRules):
         return {"queue": queue, "length": len(entries)}
 
     def _with_lease(
-        self, r: Request, changed: bool = False, lease: Lease | None = None
+        self, who: Identity, r: Request, changed: bool = False, lease: Lease | None = None
     ) -> dict[str, Any]:
         """The request with its lease (``lease``, when the caller has it) and queue entry;
         ``changed``: right after a change the broker announced (submit, cancel), whose
@@ -199,7 +207,8 @@ class BrokerAPI(AdminRules, StreamRules):
             mine = p.by_holder.get((r.user, r.holder), [])
             entry = next((e for e in mine if e.request.id == r.id), None)
             length, ahead = p.length, p.ahead.get(r.id)
-        d = request_json(r, entry, length, ahead)
+        held = held_back_text(self.core, r, who.user) if entry is not None else None
+        d = request_json(r, entry, length, ahead, held)
         if r.lease_id and lease is None:
             lease = self.core.lease(r.lease_id)
         d["lease"] = self._lease_json(lease) if lease is not None else None
@@ -211,7 +220,13 @@ class BrokerAPI(AdminRules, StreamRules):
         entries = {e.request.id: e for e in p.entries}
         return {
             "requests": [
-                request_json(r, entries.get(r.id), p.length, p.ahead.get(r.id))
+                request_json(
+                    r,
+                    entries.get(r.id),
+                    p.length,
+                    p.ahead.get(r.id),
+                    held_back_text(self.core, r, who.user) if r.id in entries else None,
+                )
                 for r in self.core.live_requests(self._viewer(who))
                 if self._kernel_may(who, r.holder)
             ]
@@ -252,7 +267,7 @@ class BrokerAPI(AdminRules, StreamRules):
             request_id=body.get("id"),
             limit_s=limit_s,
         )
-        return self._with_lease(r, changed=True)
+        return self._with_lease(who, r, changed=True)
 
     def _one_slice_per_kernel(self, who: Identity, size: Size) -> None:
         """CUDA shows a process one MIG device: a kernel never gets a MIG slice beside
@@ -288,7 +303,7 @@ class BrokerAPI(AdminRules, StreamRules):
         return asked or list(who.groups)
 
     def request(self, who: Identity, request_id: str) -> dict[str, Any]:
-        return self._with_lease(self._own_request(who, request_id))
+        return self._with_lease(who, self._own_request(who, request_id))
 
     def cancel(self, who: Identity, request_id: str, reason: str | None = None) -> dict[str, Any]:
         """Withdraw (or release) one's own request; an admin's cancel of another user's
@@ -297,11 +312,11 @@ class BrokerAPI(AdminRules, StreamRules):
         r = self._own_request(who, request_id)
         lease = self.core.lease(r.lease_id) if r.lease_id else None  # ended in place
         if r.user == who.user:
-            return self._with_lease(self.core.cancel(r.id), changed=True, lease=lease)
+            return self._with_lease(who, self.core.cancel(r.id), changed=True, lease=lease)
         detail = {"user": r.user, "state": r.state.value, "reason": why}
         with self._audited(who, "cancel", r.id, detail):
             done = self.core.cancel(r.id, by=who.user, reason=why)
-        return self._with_lease(done, changed=True, lease=lease)
+        return self._with_lease(who, done, changed=True, lease=lease)
 
     def change_request(
         self, who: Identity, request_id: str, body: dict[str, Any]
@@ -319,11 +334,11 @@ class BrokerAPI(AdminRules, StreamRules):
         detail["reason"] = reason_text(body.get("reason"))
         with self._audited(who, "set_class", r.id, detail):
             changed = self.core.set_job_class(r.id, body["job_class"], by=who.user)
-        return self._with_lease(changed, changed=True)
+        return self._with_lease(who, changed, changed=True)
 
     def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
-        return self._with_lease(self.core.renew_request(r.id))
+        return self._with_lease(who, self.core.renew_request(r.id))
 
     # --------------------------------------------------------------- leases
 

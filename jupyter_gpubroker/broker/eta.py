@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..wire.profiles import CATALOG, COMPUTE_SLICES
-from ..wire.sizes import Size
+from ..wire.sizes import Size, gb_to_mib
 from .models import Lease, Request
 from .placement import WHOLE_GPU, Placer
 from .policy import Context, Policy
@@ -337,7 +337,7 @@ def list_schedule(
                 for _, u in taken:
                     heapq.heappush(heap, (start + length, u))
             else:  # memory-sized: one device of the earliest-free class that is large enough
-                mib = (r.size.min_memory_gb or 0.0) * 1024
+                mib = gb_to_mib(r.size.min_memory_gb or 0.0)
                 fits = [c for c, heap in heaps.items() if heap and largest[c] >= mib]
                 if not fits:
                     continue  # only on slices a re-cut would make: the grant's choice

@@ -39,6 +39,7 @@ from traitlets import Float, Unicode
 from ..broker.models import Device, Gpu, Inventory
 from ..broker.placement import WHOLE_GPU
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
+from ..wire.sizes import gb_to_mib
 from . import ClusterView, EngineUnavailable, InventorySource
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -195,7 +196,7 @@ def _size(
     if known is not None:
         return known.memory_mib, known.compute_slices, cls
     label = MEMORY_LABEL if strategy == "single" else f"{resource}.memory"
-    memory = _count(labels.get(label, 0)) or int(profile_memory_gb(cls) * 1024)
+    memory = _count(labels.get(label, 0)) or int(gb_to_mib(profile_memory_gb(cls)))
     return memory, int(cls.split("g", 1)[0]), cls
 
 

@@ -34,6 +34,7 @@ from traitlets import Dict, Float, Unicode
 
 from ..broker.models import Device, Gpu, Inventory
 from ..wire.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES, GpuModel
+from ..wire.sizes import gb_to_mib
 from . import ClusterView, EngineUnavailable, InventorySource
 
 COMMENT_PREFIX = "gpubroker-lease="
@@ -213,7 +214,7 @@ def node_inventory(
             continue
         model = whole_gpu_model(gres_type)
         if gres_type in memory_gb:
-            mib = int(memory_gb[gres_type] * 1024)
+            mib = int(gb_to_mib(memory_gb[gres_type]))
         else:
             mib = model.memory_mib if model is not None else 0
         key = model.key if model is not None and model.memory_mib == mib else None

@@ -64,10 +64,13 @@ class Activity:
     def _finished(self, *_: Any) -> None:
         self.busy, self.since = False, time.time()
 
-    def text(self) -> str:
-        return (
-            "kernel busy" if self.busy else f"kernel idle for {duration(time.time() - self.since)}"
-        )
+    def text(self, granted_at: float) -> str:
+        """Busy, or idle since its last cell but never since before the grant (a kernel
+        that waited in the queue for half an hour was not idle on its GPU): the time idle
+        reclaim counts, and the Lab panel shows."""
+        if self.busy:
+            return "kernel busy"
+        return f"kernel idle for {duration(time.time() - max(self.since, granted_at))}"
 
     def report(self) -> dict[str, Any]:
         """As a lease renewal reports it (a central broker cannot watch this kernel)."""

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from .sizes import mib_to_gb
+
 SERVER_HOLDER = "server:"
 """A hub server's requests and leases are held by ``server:<user>[:<server name>]``."""
 CLI_RUN_HOLDER = "cli-run"
@@ -85,13 +87,14 @@ def promise_broken(was: float, why: str, now_by: float | None) -> str:
 
 
 def size_text(r: Mapping[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)")
-    or ">= 20 GiB"."""
+    """What a request asks for, in words: "1g.10gb", "1 GPU", "2 GPUs" ("2 H100-80GB
+    GPUs") or "at least 20 GB"."""
     if r.get("gpus"):
-        return f"{r['gpus']} {r['model']} GPU(s)" if r.get("model") else f"{r['gpus']} GPU(s)"
+        n = r["gpus"]
+        return f"{n} {r['model'] + ' ' if r.get('model') else ''}GPU{'' if n == 1 else 's'}"
     if r.get("profile"):
         return str(r["profile"])
-    return f">= {r.get('min_memory_gb')} GiB"
+    return f"at least {r.get('min_memory_gb'):g} GB"
 
 
 ETA_BASIS = {
@@ -168,15 +171,16 @@ def holder(holder_id: str | None, kernel_name: str | None = None) -> str:
     return f"kernel {kernel_name}" if kernel_name else f"kernel {holder_id[:8]}"
 
 
-def memory(mib: float) -> str:
-    """A device's memory in GiB, one decimal, rounded down (a size shown fits): "9.7 GiB".
+def gigabytes(mib: float) -> str:
+    """NVML's MiB as GB (``sizes.MIB_PER_GB``), one decimal, rounded down so that a size
+    shown fits: "10.4" for a 1g.10gb slice of an H100 (9984 MiB)."""
+    return f"{math.floor(mib_to_gb(mib) * 10 + 1e-9) / 10:.1f}"
 
-    NVML reports memory in MiB (bytes / 2**20) and nvidia-smi shows it so; the broker
-    compares ``min_memory_gb`` with MiB / 1024. GiB is that same binary unit, so what a
-    user reads here is what the broker compares and what nvidia-smi shows, divided by
-    1024. (MIG profile names, "1g.10gb", are NVIDIA's names, not sizes: a 1g.10gb slice
-    has 9.7 GiB.)"""
-    return f"{math.floor(mib / 102.4 + 1e-9) / 10:.1f} GiB"
+
+def memory(mib: float) -> str:
+    """A device's memory in GB, as NVIDIA names its cards and profiles and as
+    ``min_memory_gb`` is compared: "10.4 GB" (a 1g.10gb slice), "85.5 GB" (an H100 80GB)."""
+    return f"{gigabytes(mib)} GB"
 
 
 def devices_held(held: Iterable[Mapping[str, object]]) -> str:
@@ -215,18 +219,43 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
     return f"up to {', '.join(options[:-1])} or {options[-1]} at a time"
 
 
+def held_back(
+    kind: str,
+    name: str,
+    mine: bool,
+    *,
+    allows: str = "",
+    holds: str = "",
+    budget: str = "",
+    renews_at: float | None = None,
+) -> str:
+    """Why a quota keeps a request waiting, naming whose quota it is (``mine``: the
+    reader's own): "group ML Team's quota allows one 1g.10gb slice at a time and its
+    members hold one 1g.10gb slice: it starts once they give one back"; a spent budget
+    (``budget``: "10 GPU-hours per day"): "..., it starts when it renews at 00:00"."""
+    if kind == "group":
+        whose, holder, back = f"group {name}'s", "its members hold", "they give"
+    elif mine:
+        whose, holder, back = "your", "you hold", "you give"
+    else:
+        whose, holder, back = f"{name}'s", f"{name} holds", f"{name} gives"
+    if renews_at is not None:
+        renews = clock(renews_at)
+        return f"{whose} budget of {budget} is spent: it starts when it renews at {renews}"
+    return f"{whose} quota allows {allows} and {holder} {holds}: it starts once {back} one back"
+
+
 def gpu_hours(hours: float) -> str:
-    """GPU-hours as a chart's label says them, so that bars of clearly different length
-    never read the same: "120 h", "2.5 h", "36 min", "45 s", "under a second"."""
+    """GPU-hours as a chart's label says them, in hours as its title does, two
+    significant digits below one, so that bars of clearly different length never read the
+    same: "120 h", "2.5 h", "0.25 h", "0.0067 h"; "under 0.001 h" (four seconds of a GPU)."""
     if hours >= 10:
         return f"{hours:,.0f} h"
     if hours >= 1:
         return f"{hours:.1f} h"
-    if hours * 60 >= 1:
-        return f"{hours * 60:.0f} min"
-    if hours * 3600 >= 1:
-        return f"{hours * 3600:.0f} s"
-    return "under a second" if hours > 0 else "none"
+    if hours >= 0.001:
+        return f"{float(f'{hours:.2g}'):.6f}".rstrip("0").rstrip(".") + " h"
+    return "under 0.001 h" if hours > 0 else "none"
 
 
 def period(seconds: float) -> str:

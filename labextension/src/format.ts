@@ -6,7 +6,7 @@ import { trans } from './i18n';
 import { IEtaRange, ILease, IOutside, IQueueEntry, IRequest } from './types';
 
 /** A request's size as every front says it (as wire/text.py `size_text`): "1g.10gb",
- * "2 GPU(s)", "2 H100-80GB GPU(s)", ">= 20 GiB". */
+ * "1 GPU", "2 GPUs", "2 H100-80GB GPUs", "at least 20 GB". */
 export function sizeText(r: {
   profile?: string | null;
   gpus?: number | null;
@@ -15,13 +15,13 @@ export function sizeText(r: {
 }): string {
   if (r.gpus) {
     return r.model
-      ? trans.__('%1 %2 GPU(s)', r.gpus, r.model)
-      : trans.__('%1 GPU(s)', r.gpus);
+      ? trans._n('%1 %2 GPU', '%1 %2 GPUs', r.gpus, r.model)
+      : trans._n('%1 GPU', '%1 GPUs', r.gpus);
   }
   if (r.profile) {
     return r.profile;
   }
-  return trans.__('>= %1 GiB', r.min_memory_gb ?? '?');
+  return trans.__('at least %1 GB', r.min_memory_gb ?? '?');
 }
 
 /** Seconds as "45 s", "12 min", "2 h 05 min", each unit rounded down, none below
@@ -184,12 +184,16 @@ export function etaBasis(e: {
   return e.eta_known && e.eta_basis ? basisWords(e.eta_basis) : undefined;
 }
 
-/** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as
- * wire/text.py `memory`); "?" where not reported. */
+/** NVML's MiB in GB (10^9 bytes, as NVIDIA names its cards and MIG profiles), one
+ * decimal, rounded down: "10.4" (as wire/text.py `gigabytes`). */
+export function gigabytes(m: number): string {
+  return (Math.floor(((m * 2 ** 20) / 1e9) * 10 + 1e-9) / 10).toFixed(1);
+}
+
+/** Memory in GB: "10.4 GB" for a 1g.10gb slice (as wire/text.py `memory`); "?" where
+ * not reported. */
 export function mib(m: number | null): string {
-  return m === null
-    ? '?'
-    : trans.__('%1 GiB', (Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1));
+  return m === null ? '?' : trans.__('%1 GB', gigabytes(m));
 }
 
 /** Who holds a lease, as its user says it (as wire/text.py `holder`): "bob's server",
