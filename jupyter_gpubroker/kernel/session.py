@@ -37,8 +37,9 @@ LIVE = ("queued", "granted")
 LEASE_ENV = "GPUBROKER_LEASE_ID"
 """The provisioner's own lease, which it renews itself."""
 KERNEL_ENV = "GPUBROKER_KERNEL_ID"
-PLACE = ("position", "place", "eta", "eta_range", "eta_known", "eta_basis")
-"""A waiting request's place in the queue, which ``positions`` events bring."""
+PLACE = ("position", "place", "eta", "eta_range", "eta_known", "eta_basis", "held_back")
+"""A waiting request's place in the queue (and a quota's hold on it), which ``positions``
+events bring."""
 
 NO_BROKER = (
     "no GPU broker for this kernel: start it with a GPU kernelspec (e.g. "

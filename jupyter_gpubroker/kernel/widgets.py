@@ -180,6 +180,8 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
     if tracker.state == "queued":
         ahead = ", ".join(f"{n} {cls}" for cls, n in sorted(tracker.ahead.items())) or "none"
         title = f"Waiting for {size}: position {r.get('position')} of {tracker.queue_length}"
+        if r.get("held_back"):  # it says when it starts: no estimate from the queue
+            return title, [f"{sentence(r['held_back'])} Ahead: {ahead}."]
         return title, [f"ETA {eta_text(r)} · ahead: {ahead}"]
     lease = tracker.lease
     if tracker.state == "granted" and lease is not None:

@@ -39,7 +39,7 @@ def mib_to_gb(mib: float) -> float:
     return mib / MIB_PER_GB
 
 
-MEMORY_WORDS = "a size in GB such as '20GB' or '20' (GiB if it says so: '20GiB')"
+MEMORY_WORDS = "a size in GB such as 20GB (or, said so, 18.6GiB)"
 """What ``parse_memory`` takes, in words."""
 _MEMORY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(gb|gib)?", re.IGNORECASE)
 

@@ -308,11 +308,11 @@ async def test_terminal_ipython_gets_the_text_forms(broker_env, api, fill):
     assert "Holding 1g.10gb (interactive)\nGPU 0 / 1g.10gb@" in out
     # A simulated H100 has GPM: its slice's utilization is known once two samples exist.
     readings = (
-        rf", 9.7 GiB \({re.escape(device)}\)\n  utilization (0%|n/a on MIG) · memory 0.0 / 9.7 GiB"
+        rf", 10.4 GB \({re.escape(device)}\)\n  utilization (0%|n/a on MIG) · memory 0.0 / 10.4 GB"
     )
     assert re.search(readings, out)
     assert "The GPU queue is empty." in out
-    assert re.search(r"My GPU-hours, last 2 days: (\d+ s|under a second)\n", out)
+    assert re.search(r"My GPU-hours, last 2 days: (0\.0\d+ h|under 0\.001 h)\n", out)
     assert f"Released {device} (1g.10gb) after 0 s." in out
 
 
