@@ -560,6 +560,10 @@ class GPUBrokerSpawnerMixin(_Spawner):
     # -- progress
 
     def _report(self, message: str, progress: int = 20) -> None:
+        """Tell the spawn page, once: a queue change that leaves this start's words as
+        they were adds no line to its event log."""
+        if self._progress and self._progress[-1]["message"] == message:
+            return
         self._progress.append({"progress": progress, "message": message})
         self._progressed.set()
         self._progressed = asyncio.Event()

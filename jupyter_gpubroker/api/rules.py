@@ -134,7 +134,12 @@ class BrokerAPI(AdminRules, StreamRules):
         return self.core.clock.now()
 
     def me(self, who: Identity) -> dict[str, Any]:
-        return {"user": who.user, "admin": who.admin, "kernel_id": who.kernel_id}
+        return {
+            "user": who.user,
+            "groups": list(who.groups),
+            "admin": who.admin,
+            "kernel_id": who.kernel_id,
+        }
 
     # ---------------------------------------------------------- visibility
 
@@ -444,8 +449,9 @@ class BrokerAPI(AdminRules, StreamRules):
         return {"by": by, "gpu_hours": usage}
 
     def quotas(self, who: Identity) -> dict[str, Any]:
-        """The quotas in force (a non-admin: their own), each with its budget's spend so
-        far in the current period (``spent_gpu_hours``, null without a budget)."""
+        """The quotas in force (a non-admin: their own and their groups', which hold back
+        their requests too), each with what it holds now (``held_gpus``) and its budget's
+        spend so far in the current period (``spent_gpu_hours``, null without a budget)."""
         core = self.core
         return {
             "quotas": [
@@ -453,10 +459,13 @@ class BrokerAPI(AdminRules, StreamRules):
                     "kind": kind,
                     "name": name,
                     **q.to_json(),
+                    "held_gpus": core.held_gpus(kind, name),
                     "spent_gpu_hours": core.budget_spent(kind, name),
                 }
                 for (kind, name), q in core.quotas().items()
-                if who.admin or (kind, name) == ("user", who.user)
+                if who.admin
+                or (kind, name) == ("user", who.user)
+                or (kind == "group" and name in who.groups)
             ]
         }
 

@@ -183,6 +183,14 @@ def memory(mib: float) -> str:
     return f"{gigabytes(mib)} GB"
 
 
+def lease_size(lease: Mapping[str, Any]) -> str:
+    """What a lease holds, as its request's size reads: "1g.10gb", "1 GPU", "2 GPUs" (a
+    lease's ``profile`` is ``gpu`` for whole GPUs)."""
+    if lease.get("profile") and lease["profile"] != "gpu":
+        return str(lease["profile"])
+    return size_text({"gpus": len(lease.get("devices") or ()) or 1})
+
+
 def devices_held(held: Iterable[Mapping[str, object]]) -> str:
     """What a user holds, in things: "one 1g.10gb slice", "two whole GPUs and one 2g.20gb
     slice", "nothing"; from the API's devices (``kind``, ``profile``)."""
@@ -198,6 +206,20 @@ def devices_held(held: Iterable[Mapping[str, object]]) -> str:
     if not parts:
         return "nothing"
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def worth(gpus: float, profiles: Mapping[str, float]) -> str:
+    """GPU-equivalents held, in things: "nothing", "two whole GPUs", "one 1g.10gb slice"
+    (in the smallest profile they make up), else "0.3 GPUs' worth"."""
+    if gpus <= 1e-9:
+        return "nothing"
+    if abs(gpus - round(gpus)) < 1e-6:
+        return count(round(gpus), "whole GPU")
+    for p, e in sorted(profiles.items(), key=lambda x: x[1]):
+        n = round(gpus / e)
+        if abs(n * e - gpus) < 1e-3:
+            return count(n, f"{p} slice")
+    return f"{gpus:.2g} GPUs' worth"
 
 
 def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
@@ -217,6 +239,14 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
     if len(options) == 1:
         return f"{options[0]} at a time"
     return f"up to {', '.join(options[:-1])} or {options[-1]} at a time"
+
+
+def request_ended(state: str, reason: str) -> str:
+    """A request that ended before its grant, its state said once: "request cancelled by
+    admin1: nightly run", "request expired: its holder stopped renewing it"."""
+    if not reason:
+        return f"request {state}"
+    return f"request {reason}" if reason.startswith(state) else f"request {state}: {reason}"
 
 
 def held_back(

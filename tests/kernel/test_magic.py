@@ -13,6 +13,8 @@ import re
 import sys
 from datetime import datetime
 
+from kernel_cells import one_line_error
+
 PIN = "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
 
 
@@ -21,15 +23,6 @@ async def queued_request(api, holder: str) -> dict:  # type: ignore[no-untyped-d
     _, q = await api("GET", "queue")
     head = q["queue"][0] if q["length"] == 1 else None
     return head if head and head["position"] == 1 and head["holder"] == holder else None
-
-
-def one_line_error(executed, cell: int) -> str:  # type: ignore[no-untyped-def]
-    """The cell failed with exactly one readable line, no traceback."""
-    errors = [o for o in executed.outputs(cell) if o["output_type"] == "error"]
-    assert len(errors) == 1, executed.outputs(cell)
-    (line,) = errors[0]["traceback"]
-    assert "\n" not in line and "Traceback" not in line and "File " not in line
-    return str(line)
 
 
 async def test_request_waits_in_the_queue_then_pins_the_granted_slice(

@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from test_magic import one_line_error
+from kernel_cells import one_line_error
 
 
 @pytest.fixture
