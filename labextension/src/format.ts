@@ -24,6 +24,17 @@ export function sizeText(r: {
   return trans.__('at least %1 GB', r.min_memory_gb ?? '?');
 }
 
+/** What a lease holds, as its request's size reads (as wire/text.py `lease_size`):
+ * "1g.10gb", "1 GPU", "2 GPUs" (a lease's `profile` is `gpu` for whole GPUs). */
+export function leaseSize(lease: {
+  profile: string;
+  devices: string[];
+}): string {
+  return lease.profile && lease.profile !== 'gpu'
+    ? lease.profile
+    : sizeText({ gpus: lease.devices.length || 1 });
+}
+
 /** Seconds as "45 s", "12 min", "2 h 05 min", each unit rounded down, none below
  * zero (as wire/text.py `duration`). */
 export function duration(seconds: number): string {
@@ -218,12 +229,16 @@ export function percent(p: number | null): string {
   return p === null ? trans.__('n/a') : `${Math.round(p)}%`;
 }
 
-/** The status bar's few characters: my GPU state at a glance, or null when I have none. */
+/** The status bar's few characters: my GPU state at a glance, or null when I have none;
+ * `length` the queue's, so that a place reads as the notebook's widget says it
+ * ("queue 2 of 2"). The caller passes the current notebook's lease and request where it
+ * has them, so the bar says what that notebook's widget says. */
 export function statusText(
   leases: ILease[],
   waiting: Array<IRequest | IQueueEntry>,
   utilization: (lease: ILease) => number | null,
-  now: number
+  now: number,
+  length = 0
 ): string | null {
   const first = [...waiting].sort(
     (a, b) => (a.position ?? Infinity) - (b.position ?? Infinity)
@@ -231,10 +246,12 @@ export function statusText(
   let queue: string | null = null;
   if (first && first.position) {
     const eta = etaText(first, now, false);
-    queue =
-      eta === trans.__('unknown')
-        ? trans.__('queue #%1 (ETA unknown)', first.position)
-        : trans.__('queue #%1 %2', first.position, eta);
+    queue = trans.__(
+      'queue %1 of %2, ETA %3',
+      first.position,
+      Math.max(length, first.position),
+      eta
+    );
   }
   let held: string | null = null;
   const warned = leases.find(l => l.reclaim_at);
@@ -245,9 +262,11 @@ export function statusText(
       : trans.__('GPU idle: reclaim in %1', left);
   } else if (leases.length) {
     const l = leases[0];
-    const size =
-      l.profile === 'gpu' ? trans.__('%1 GPU', l.devices.length) : l.profile;
-    held = trans.__('GPU %1 %2', size, percent(utilization(l)));
+    const use = percent(utilization(l));
+    held =
+      l.profile === 'gpu' // "1 GPU 0%", not "GPU 1 GPU 0%"
+        ? trans.__('%1 %2', leaseSize(l), use)
+        : trans.__('GPU %1 %2', l.profile, use);
     if (leases.length > 1) {
       held = trans.__('%1 +%2', held, leases.length - 1);
     }

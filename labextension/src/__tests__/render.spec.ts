@@ -1,3 +1,4 @@
+import { leaseSize } from '../format';
 import { GpuModel } from '../model';
 import { renderPanel, sliceBar, sparkline } from '../render';
 import {
@@ -102,7 +103,7 @@ describe('renderPanel', () => {
     );
     expect(rows.map(r => r.className)).toEqual(['', 'jp-GpuBroker-mine']);
     expect(rows[1].textContent).toContain(
-      `2ann1g.10gbinteractive5 min${QUEUED_ETA}`
+      `2ann1g.10gbinteractive${QUEUED_ETA}waiting 5 min`
     );
     expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe(
       'interactive'
@@ -153,6 +154,8 @@ describe('renderPanel', () => {
     expect(box.classList).toContain('jp-mod-warned');
     expect(box.textContent).toContain('train.ipynb');
     expect(box.textContent).toContain('1g.10gb · GPU 0 / 1g.10gb@0');
+    const whole = leaseSize({ profile: 'gpu', devices: ['GPU-1'] });
+    expect(whole).toBe('1 GPU'); // a whole GPU's card: "1 GPU · GPU 1", not "gpu · GPU 1"
     expect(box.textContent).toContain(
       'held 30 min · util 73% · idle 1 h 00 min · reclaim in 8 min'
     );
