@@ -34,6 +34,9 @@ GPU_KINDS = ("cpu", *SIZE_FIELDS)
 """The options form's choices (its ``gpu_kind``): CPU only, or one of the sizes."""
 OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "limit_s", "expected_duration_s")
 JOB_CLASSES = ("interactive", "batch")
+SLACK = 1e-3
+"""How far a sum of GPU-equivalents may pass a quota and still fit it: the API rounds a
+slice's share of a GPU to four digits (1/7 to 0.1429), where a quota may be exact."""
 
 
 def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -193,18 +196,18 @@ class Choices:
         """Whether a device this large is ever allowed: by the user's quota and by their
         group's."""
         caps = [self.max_gpus, (self.group_quota or {}).get("max_gpus")]
-        return all(cap is None or gpu_equivalents <= cap + 1e-9 for cap in caps)
+        return all(cap is None or gpu_equivalents <= cap + SLACK for cap in caps)
 
     def quota_wait(self, gpu_equivalents: float) -> str:
         """Why a quota would keep a new request of this size waiting now ("" if none does):
         the user's, or their group's, naming the group."""
-        if self.max_gpus is not None and self.held + gpu_equivalents > self.max_gpus + 1e-9:
+        if self.max_gpus is not None and self.held + gpu_equivalents > self.max_gpus + SLACK:
             return f"waits: you hold what your quota allows ({self.quota()})"
         q = self.group_quota
         if q is None:
             return ""
         whose = f"group {self.group}"
-        if q["max_gpus"] is not None and q["held_gpus"] + gpu_equivalents > q["max_gpus"] + 1e-9:
+        if q["max_gpus"] is not None and q["held_gpus"] + gpu_equivalents > q["max_gpus"] + SLACK:
             allows = quota_allows(q["max_gpus"], self.profile_equivalents)
             return f"waits: {whose}'s members hold what its quota allows ({allows})"
         if q["gpu_hours"] is not None and (q["spent_gpu_hours"] or 0) >= q["gpu_hours"]:

@@ -206,7 +206,8 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
         quotas = api.quotas(who)["quotas"]
         choices = Choices(overview, quotas)
         waiting = [r for r in overview["requests"] if r["state"] == "queued"]
-        quota = quotas[0] if quotas else None
+        # their own; their group's comes with the choices (``group_text``)
+        quota = next((q for q in quotas if (q["kind"], q["name"]) == ("user", who.user)), None)
         budget_left = None
         if quota and quota["gpu_hours"] is not None:
             budget_left = max(0.0, quota["gpu_hours"] - (quota["spent_gpu_hours"] or 0.0))

@@ -232,7 +232,8 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
         return "no limit at a time"
     whole = int(max_gpus + 1e-9)
     options = [count(whole, "whole GPU")] if whole >= 1 else []
-    fits = {p: int(max_gpus / e + 1e-9) for p, e in sorted(profiles.items(), key=lambda x: x[1])}
+    # 1e-3: the API rounds a slice's share of a GPU (1/7 to 0.1429), a quota may be exact
+    fits = {p: int(max_gpus / e + 1e-3) for p, e in sorted(profiles.items(), key=lambda x: x[1])}
     options += [count(n, f"{p} slice") for p, n in fits.items() if n >= 1]
     if not options:
         return f"{max_gpus:g} GPUs' worth at a time, less than any device here"

@@ -293,3 +293,17 @@ def test_a_members_form_shows_the_groups_quota_and_that_it_holds_a_start_back() 
     )
     assert "1g.10gb: 7 of 7 free; waits: group ML Team" in choices.form()
     assert "your group ML Team: share 2;" in choices.form()
+
+
+def test_the_spawn_pages_log_says_a_wait_once_however_often_the_queue_moves() -> None:
+    """Every move of the queue added the same "Waiting for ..." line to the page's log."""
+    spawner = SimpleGPUBrokerSpawner()
+    request = {"profile": "1g.10gb", "job_class": "interactive", "position": 2, "eta_known": False}
+    for _ in range(3):
+        spawner._waiting(request, {"interactive": 1}, 2)
+    spawner._waiting({**request, "position": 1}, {}, 1)
+    assert [e["message"] for e in spawner._progress] == [
+        "Waiting for 1g.10gb (interactive): position 2 of 2, one request ahead (interactive); "
+        "ETA unknown",
+        "Waiting for 1g.10gb (interactive): position 1 of 1, nothing ahead; ETA unknown",
+    ]

@@ -215,7 +215,7 @@ async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
     await carol("PUT", "quotas/group/lab", {"share": 5}, expect=200)
 
     me = await bob("GET", "me", expect=200)
-    assert me == {"user": "bob", "admin": False, "kernel_id": None}
+    assert me == {"user": "bob", "groups": [], "admin": False, "kernel_id": None}
 
     queue = (await bob("GET", "queue", expect=200))["queue"]
     assert sorted((e["user"], e["mine"]) for e in queue) == [("alice", False), ("bob", True)]

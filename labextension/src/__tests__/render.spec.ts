@@ -194,7 +194,7 @@ describe('renderPanel', () => {
     const { model } = draw();
     model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
     const text =
-      'suspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it';
+      'suspended, its 4.2 GB of GPU memory on the host: its next cell resumes it';
     const suspended = { kernel_id: 'k-1', host_mib: 4096, text };
     const ended = (type: string, id: number, more: object) => ({
       v: 1,
@@ -217,7 +217,7 @@ describe('renderPanel', () => {
     model.apply(ended('reclaimed', 5, { suspended }));
     const box = panel().querySelector('.jp-mod-suspended') as HTMLElement;
     expect(box.textContent).toBe(
-      'train.ipynbSuspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it'
+      'train.ipynbSuspended, its 4.2 GB of GPU memory on the host: its next cell resumes it'
     );
     expect(box.title).toBe('It held GPU 0 / 1g.10gb@0');
     expect(box.querySelector('button')).toBeNull(); // nothing to release
