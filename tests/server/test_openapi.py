@@ -204,7 +204,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     owner = runtime.owner
 
     me = await check("GET", "me", expect=200)
-    assert me == {"user": owner, "groups": [], "admin": True, "kernel_id": None}
+    assert me == {"user": owner, "groups": ["lab"], "admin": True, "kernel_id": None}
     (gpu,) = (await check("GET", "devices", expect=200))["gpus"]
     assert gpu["mig_enabled"] and len(gpu["devices"]) == 7
     assert all(d["holder"] is None and d["profile"] == "1g.10gb" for d in gpu["devices"])
