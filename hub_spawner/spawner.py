@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from html import escape
 from pathlib import Path
@@ -595,6 +596,12 @@ class GPUBrokerSpawner(GPUBrokerSpawnerMixin, LocalProcessSpawner):
 class SimpleGPUBrokerSpawner(GPUBrokerSpawnerMixin, SimpleLocalProcessSpawner):
     """SimpleLocalProcessSpawner (every server as the hub's OS user: demos and tests)
     with a GPU reserved at the broker (``"gpubroker-simple"``)."""
+
+    @default("args")
+    def _as_root(self) -> list[str]:
+        """A hub run as root (a container, CI) runs these servers as root too, which
+        jupyter-server refuses unless told."""
+        return ["--allow-root"] if os.geteuid() == 0 else []
 
 
 __all__ = [
