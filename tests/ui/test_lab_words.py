@@ -89,6 +89,10 @@ def test_a_reclaimed_kernel_says_so_in_its_notebook_and_starts_again_from_a_butt
     assert " and its kernel shut down; start it again to get a GPU back." in toast.inner_text()
     bar.get_by_role("button", name="Start the kernel again").click()
     bar.wait_for(state="detached", timeout=WAIT_MS)
+    # a cell run now waits for the new kernel and keeps it busy: not reclaimed again
+    page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+    page.keyboard.type("import time; time.sleep(120)")
+    page.keyboard.press("Shift+Enter")
     # a new kernel, which asked for its GPU again: the freed slice is its lease
     lease = panel.locator(".jp-GpuBroker-lease", has_text="train.ipynb")
     lease.wait_for(timeout=WAIT_MS)
@@ -117,19 +121,20 @@ def test_the_status_bar_speaks_of_the_notebook_in_front_and_the_queue_wraps_whol
         kernels = wait_for_kernels(lab, ["first.ipynb", "second.ipynb"])
         for name in ("first.ipynb", "second.ipynb"):  # as %gpu request would, in order
             lab.api("POST", "requests", {"profile": "1g.10gb", "holder": kernels[name]})
-        page.locator(".lm-TabBar-tab", has_text="second.ipynb").click()
-        status = page.locator(".jp-GpuBroker-status")
-        status.get_by_text("GPU queue 2 of 2, ETA").wait_for(timeout=WAIT_MS)
-        page.locator(".lm-TabBar-tab", has_text="first.ipynb").click()
-        status.get_by_text("GPU queue 1 of 2, ETA").wait_for(timeout=WAIT_MS)
-
         table = panel.locator("table.jp-GpuBroker-queue")
         table.locator("tr.jp-GpuBroker-mine").nth(1).wait_for(timeout=WAIT_MS)
+        assert table.evaluate(SPLIT_WORDS) == []  # at the sidebar's default width
         box, cancel = panel.bounding_box(), table.get_by_role("button", name="Cancel").first
         button = cancel.bounding_box()
         assert box is not None and button is not None
         assert button["x"] + button["width"] <= box["x"] + box["width"]  # still inside
         panel.screenshot(path=str(shots / "lab-panel-queue.png"))
+
+        page.locator(".lm-TabBar-tab", has_text="second.ipynb").click()
+        status = page.locator(".jp-GpuBroker-status")
+        status.get_by_text("GPU queue 2 of 2, ETA").wait_for(timeout=WAIT_MS)
+        page.locator(".lm-TabBar-tab", has_text="first.ipynb").click()
+        status.get_by_text("GPU queue 1 of 2, ETA").wait_for(timeout=WAIT_MS)
         page.screenshot(path=str(shots / "lab-status-bar-queue.png"))
     finally:
         lab.stop()
