@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from html import escape
 from pathlib import Path
@@ -310,10 +309,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
             self._gpu = reservation.held(request)
             self._save_state()
             if request["state"] == "queued":
-                try:
-                    self._why_waiting = (await reservation.choices(client)).blocked(request)
-                except (BrokerAPIError, OSError):
-                    self._why_waiting = ""
+                self._why_waiting = await reservation.why_waiting(client, request)
                 self._waiting(request, {}, request.get("position") or 0)
                 try:
                     request = await reservation.granted(
@@ -561,10 +557,8 @@ class GPUBrokerSpawnerMixin(_Spawner):
     # -- progress
 
     def _report(self, message: str, progress: int = 20) -> None:
-        """Tell the spawn page, once: a queue change that leaves this start's words as
-        they were adds no line to its event log."""
         if self._progress and self._progress[-1]["message"] == message:
-            return
+            return  # the queue moved, this start's words did not: no second line in its log
         self._progress.append({"progress": progress, "message": message})
         self._progressed.set()
         self._progressed = asyncio.Event()
@@ -596,12 +590,6 @@ class GPUBrokerSpawner(GPUBrokerSpawnerMixin, LocalProcessSpawner):
 class SimpleGPUBrokerSpawner(GPUBrokerSpawnerMixin, SimpleLocalProcessSpawner):
     """SimpleLocalProcessSpawner (every server as the hub's OS user: demos and tests)
     with a GPU reserved at the broker (``"gpubroker-simple"``)."""
-
-    @default("args")
-    def _as_root(self) -> list[str]:
-        """A hub run as root (a container, CI) runs these servers as root too, which
-        jupyter-server refuses unless told."""
-        return ["--allow-root"] if os.geteuid() == 0 else []
 
 
 __all__ = [

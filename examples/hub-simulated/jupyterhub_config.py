@@ -52,3 +52,5 @@ c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"admin"}
+if os.geteuid() == 0:  # as root (a container, CI) the servers run as root too
+    c.Spawner.args = ["--allow-root"]

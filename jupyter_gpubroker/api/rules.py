@@ -26,7 +26,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..broker.budgets import Quota
 from ..broker.limitrules import LIMIT_KINDS, LimitRule, check_key
 from ..broker.models import (
     JobClass,
@@ -40,7 +39,7 @@ from ..broker.models import (
 from ..broker.reclaim import KernelState
 from ..events import Positions
 from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
-from ..wire.sizes import QUOTA_BOUNDS, Size
+from ..wire.sizes import Size
 from ..wire.text import SERVER_HOLDER
 from .admin import AdminRules
 from .identity import Identity
@@ -459,7 +458,7 @@ class BrokerAPI(AdminRules, StreamRules):
                     "kind": kind,
                     "name": name,
                     **q.to_json(),
-                    "held_gpus": core.held_gpus(kind, name),
+                    "held_gpus": core.budgets.held(kind, name),
                     "spent_gpu_hours": core.budget_spent(kind, name),
                 }
                 for (kind, name), q in core.quotas().items()
@@ -468,26 +467,6 @@ class BrokerAPI(AdminRules, StreamRules):
                 or (kind == "group" and name in who.groups)
             ]
         }
-
-    def set_quota(
-        self, who: Identity, kind: str, name: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        self._require_admin(who)
-        only(body, QUOTA_BOUNDS)
-        if all(v is None for v in body.values()):
-            raise InvalidRequest(
-                "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
-                "DELETE it to go back to the defaults"
-            )
-        quota = Quota(**body)
-        with self._audited(who, "set_quota", f"{kind}:{name}", quota.to_json()):
-            self.core.set_quota(kind, name, quota)
-        return {"kind": kind, "name": name, **quota.to_json()}
-
-    def delete_quota(self, who: Identity, kind: str, name: str) -> None:
-        self._require_admin(who)
-        with self._audited(who, "delete_quota", f"{kind}:{name}", {}):
-            self.core.delete_quota(kind, name)
 
     # ---------------------------------------------------------- time limits
 

@@ -58,9 +58,9 @@ def request_json(
 
 
 def held_back_text(core: Broker, r: Request, viewer: str) -> str | None:
-    """Why a quota keeps a waiting request from a grant now (``Broker.held_back``), in
-    words for ``viewer``, in things of this machine; None where no quota does."""
-    hb = core.held_back(r)
+    """Why a quota keeps a waiting request from a grant now (``Budgets.holding_back``),
+    in words for ``viewer``, in things of this machine; None where no quota does."""
+    hb = core.budgets.holding_back(r, core.scheduler.gpu_eq(r.size), core.clock.now())
     if hb is None:
         return None
     profiles = {d.profile: d.gpu_equivalents for d in core.inventory.devices if d.profile}

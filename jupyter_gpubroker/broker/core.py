@@ -32,7 +32,7 @@ from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatis
 from ..wire.sizes import Size
 from . import accounting
 from .book import Book
-from .budgets import Budgets, HeldBack, Quota
+from .budgets import Budgets, Quota
 from .clock import Clock, SystemClock
 from .config import BrokerConfig as BrokerConfig
 from .devices import Devices, Partitioner, ProcessProbe
@@ -495,14 +495,6 @@ class Broker:
 
     def quotas(self) -> dict[Entity, Quota]:
         return self.budgets.quotas()
-
-    def held_back(self, r: Request) -> HeldBack | None:
-        """The quota that keeps a waiting request from a grant now, if one does."""
-        return self.budgets.holding_back(r, self.scheduler.gpu_eq(r.size), self.clock.now())
-
-    def held_gpus(self, kind: str, name: str) -> float:
-        """The GPU-equivalents a user or group holds now."""
-        return self.budgets.held(kind, name)
 
     def budget_spent(self, kind: str, name: str) -> float | None:
         """GPU-hours a user or group used in its budget's current period (None: no budget)."""

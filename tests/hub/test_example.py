@@ -8,8 +8,8 @@ import ast
 import io
 import os
 import signal
-import tokenize
 import subprocess
+import tokenize
 from pathlib import Path
 
 import requests
