@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import pytest
 from lab_server import BUILT, CHROMIUM, ROOT, TOKEN, Lab
+from live_hub import Hub
 
 
 def _unavailable(why: str) -> NoReturn:
@@ -46,6 +47,29 @@ def lab(tmp_path: Path, built_extension: Path, lab_config: dict[str, Any]) -> It
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where a test's screenshots go: ``$GPUBROKER_SCREENSHOTS`` (``docs`` for the docs'
+    pictures), else the test's own directory."""
+    where = Path(os.environ.get("GPUBROKER_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+@pytest.fixture
+def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
+    """A real hub on one H100 in seven slices, servers from the simple GPU spawner."""
+    running = Hub(
+        tmp_path / "hub",
+        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
+        extra_config="c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600",
+        lease_ttl=900,  # the holders' leases, never renewed, outlive the test
+    )
+    running.home.mkdir()
+    with running.running():
+        yield running
 
 
 @pytest.fixture

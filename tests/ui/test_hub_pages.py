@@ -8,8 +8,6 @@ The screenshots of the docs' hub page come from this test: set
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +19,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.hub]  # a real hub and a browser
 WAIT_MS = 120_000
 SLICE = {"profile": "1g.10gb"}
 PAGES = "/services/gpubroker"
-
-
-@pytest.fixture
-def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
-    running = Hub(
-        tmp_path / "hub",
-        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
-        extra_config="c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600",
-        lease_ttl=900,  # the holders' leases, never renewed, outlive the test
-    )
-    running.home.mkdir()
-    with running.running():
-        yield running
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("GPUBROKER_SCREENSHOTS") or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
 
 
 def log_in(browser: Any, hub: Hub, name: str) -> Any:

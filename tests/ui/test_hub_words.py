@@ -10,8 +10,6 @@ Screenshots go to ``$GPUBROKER_SCREENSHOTS`` (default: the test's temporary dir)
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,26 +25,6 @@ HELD_BACK = (
     "group ML Team's quota allows one 1g.10gb slice at a time and its members hold one "
     "1g.10gb slice: it starts once they give one back"
 )
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("GPUBROKER_SCREENSHOTS") or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
-
-
-@pytest.fixture
-def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
-    running = Hub(
-        tmp_path / "hub",
-        spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
-        extra_config="c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600",
-        lease_ttl=900,  # the leases taken here, never renewed, outlive the test
-    )
-    running.home.mkdir()
-    with running.running():
-        yield running
 
 
 def test_a_groups_quota_is_shown_to_its_member_and_named_as_why_her_server_waits(

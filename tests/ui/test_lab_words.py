@@ -10,7 +10,6 @@ Screenshots go to ``$GPUBROKER_SCREENSHOTS`` (default: the test's temporary dir)
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -49,13 +48,6 @@ SPLIT_WORDS = """table => {
   }
   return cut;
 }"""
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("GPUBROKER_SCREENSHOTS") or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
 
 
 @pytest.fixture
