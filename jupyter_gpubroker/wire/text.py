@@ -68,8 +68,8 @@ def start_estimate(
         return "unknown"
     low, median, high = estimate
     until = f"-{clock(high)}" if high is not None else " or later"
-    if median <= now:
-        return "any moment" + (f" (by {clock(high)})" if high is not None else "")
+    if median <= now:  # a bound already past promises nothing: not "by 19:18" at 19:28
+        return "any moment" + (f" (by {clock(high)})" if high is not None and high > now else "")
     start = "now" if low <= now else clock(low)
     if start == clock(median) and high is not None and clock(high) == start:
         return start

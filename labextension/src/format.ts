@@ -172,7 +172,8 @@ function startEstimate(
   now: number
 ): string {
   if (Date.parse(median) <= now) {
-    return high
+    // a bound already past promises nothing: not "by 19:18" at 19:28
+    return high && Date.parse(high) > now
       ? trans.__('any moment (by %1)', clock(high))
       : trans.__('any moment');
   }
