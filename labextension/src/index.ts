@@ -356,7 +356,13 @@ function reclaimedKernel(
   const start = async () => {
     bar.dispose();
     Notification.dismiss(toast);
-    await notebook.sessionContext.changeKernel({ name: kernelName });
+    const context = notebook.sessionContext;
+    if (context.session) {
+      // the server ends the reclaimed kernel's session, maybe not yet seen here: end it
+      // first, so that the start makes a new one rather than change a gone one's kernel
+      await context.shutdown().catch(() => undefined);
+    }
+    await context.changeKernel({ name: kernelName });
   };
   const said = document.createElement('span');
   said.textContent = text;

@@ -81,6 +81,9 @@ def test_a_reclaimed_kernel_says_so_in_its_notebook_and_starts_again_from_a_butt
     assert " and its kernel shut down; start it again to get a GPU back." in toast.inner_text()
     bar.get_by_role("button", name="Start the kernel again").click()
     bar.wait_for(state="detached", timeout=WAIT_MS)
+    page.wait_for_timeout(1000)
+    dialog = page.locator(".jp-Dialog")
+    assert not dialog.count(), dialog.first.inner_text()  # no error, no "Select Kernel"
     # a cell run now waits for the new kernel and keeps it busy: not reclaimed again
     page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
     page.keyboard.type("import time; time.sleep(120)")
