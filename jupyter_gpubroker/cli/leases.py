@@ -22,6 +22,7 @@ from ..wire.text import (
     limit_extended,
     limit_until,
     reclaim_warning,
+    size_text,
 )
 from .common import (
     client,
@@ -138,9 +139,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     queue = asyncio.run(client(args).queue())
     rows = [("POS", "USER", "SIZE", "CLASS", "SUBMITTED", "ETA")]
     for e in queue:
-        size = e.get("profile") or (
-            f"{e['gpus']} GPU" if e.get("gpus") else f">={e['min_memory_gb']}GB"
-        )
+        size = size_text(e)
         rows.append(
             (
                 str(e["position"]),

@@ -79,7 +79,7 @@ def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
         ("default_time_limit_by_profile", {"1g.10gb": "soon"}, "a duration like '90s'"),
         ("max_time_limit_by_profile", {"9g.99gb": "2h"}, "'9g.99gb' is not a profile"),
         ("max_time_limit_by_profile", {"2": "2h", "gpus=2": "3h"}, "'gpus=2' are set twice"),
-        ("default_time_limit_by_group", {"students": 0}, "up to a year, not 0"),
+        ("default_time_limit_by_group", {"students": 0}, "more than zero, such as .2h., not 0"),
         ("max_time_limit_by_group", {"a\nb": "2h"}, "but control characters and line breaks"),
         ("typical_hold", {"interactive": "0s"}, "typical_hold\\['interactive'\\] must be"),
         ("typical_hold", {"notebook": "2h"}, "job classes are 'interactive' and 'batch'"),
