@@ -35,6 +35,8 @@ from .common import (
 
 STOP_GRACE_S = 5.0
 """Seconds ``run`` gives its command after SIGTERM before it kills it."""
+NEWS_WAIT_S = 2.0
+"""Seconds ``run`` waits, once a renewal is refused, for the broker's event saying why."""
 
 
 def add_queue(p: argparse.ArgumentParser) -> None:
@@ -333,9 +335,12 @@ async def _hold(
             if watching in done and watching.exception() is None:  # a refused stream: no news
                 why = watching.result()
                 break
-            if renewing in done:
+            if renewing in done:  # the event that says why is often a moment behind
                 lost = renewing.result()
                 why = f"lost lease {lease['id']} ({lost.message if lost else 'no longer renewed'})"
+                told, _ = await asyncio.wait({watching}, timeout=NEWS_WAIT_S)
+                if told and watching.exception() is None:
+                    why = watching.result()
                 break
         print(f"error: {why}: stopping the command", file=sys.stderr)
         return 1

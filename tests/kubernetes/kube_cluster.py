@@ -20,8 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STATE = Path("/var/lib", os.environ.get("GPUBROKER_KUBE_NAME", "gpubroker-kube"))
+NAME = os.environ.get("GPUBROKER_KUBE_NAME", "gpubroker-kube")
 """The cluster of ``.ci/kube-up`` (``$GPUBROKER_KUBE_NAME``: the one ``.ci/run`` named)."""
+STATE = Path("/var/lib", NAME)
+RUN = Path("/run", NAME)
+"""Its daemons' pid files."""
 KUBECONFIG = Path(os.environ.get("GPUBROKER_KUBECONFIG", STATE / "admin.kubeconfig"))
 KUBECTL = STATE / "bin" / "kubectl"
 

@@ -30,6 +30,7 @@ from kube_cluster import (  # noqa: E402
     NAMESPACE,
     NODES,
     PAUSE,
+    RUN,
     api_server,
     get,
     gone,
@@ -61,7 +62,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
-RUN = Path("/run/gpubroker-kube")
 
 
 def make_broker(state: Path, kubeconfig: Path = KUBECONFIG, **traits: Any) -> GPUBroker:

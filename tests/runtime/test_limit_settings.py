@@ -74,7 +74,7 @@ def test_a_required_limit_refuses_requests_without_one(tmp_path) -> None:
         ("default_time_limit", {"interactive": "2 fortnights"}, "a duration like '90s'"),
         ("max_time_limit", {"gpu": "2h"}, "job classes are 'interactive' and 'batch'"),
         ("time_limit_warning", "-5min", "a duration like"),
-        ("time_limit_grace", 10 * 366 * 86400.0, "up to a year"),
+        ("time_limit_grace", 10 * 366 * 86400.0, "at most a year"),
         ("max_extensions", {"interactive": -1}, "a whole number from 0 to 1000, not -1"),
         ("default_time_limit_by_profile", {"1g.10gb": "soon"}, "a duration like '90s'"),
         ("max_time_limit_by_profile", {"9g.99gb": "2h"}, "'9g.99gb' is not a profile"),
