@@ -20,7 +20,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire.sizes import Size
+from ..wire.sizes import Size, gb_to_mib
 from .lazyheap import LazyHeap
 from .migplan import MigPlan as MigPlan
 from .migplan import plan
@@ -410,7 +410,7 @@ class Placer:
             return [s for s in self._count if s[0] == WHOLE_GPU]
         if size.profile is not None:
             return [s for s in self._count if s[0] == size.profile]
-        need = (size.min_memory_gb or 0) * 1024
+        need = gb_to_mib(size.min_memory_gb or 0)
         return [s for s in self._count if s[1] >= need]
 
     def _of_model(self, d: Device, model: str | None) -> bool:
@@ -438,7 +438,7 @@ class Placer:
             mib, pool = share_mib(size), self.shares.capacity
             return [self.devices[u] for u, room in pool.items() if room >= mib]
         assert size.min_memory_gb is not None
-        need = size.min_memory_gb * 1024
+        need = gb_to_mib(size.min_memory_gb)
         return [d for d in self.devices.values() if d.memory_mib >= need]
 
     def nodes(self) -> set[str]:

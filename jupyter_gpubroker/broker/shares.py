@@ -22,19 +22,17 @@ import math
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
-from ..wire.sizes import Size
+from ..wire.sizes import Size, gb_to_mib
 from .lazyheap import LazyHeap
 from .models import Device
 from .sharing import SHARES_ALLOWED
 
-MIB_PER_GB = 1024
-"""A share's GB in MiB, as ``min_memory_gb`` is compared with a device's MiB."""
-
 
 def share_mib(size: Size) -> int:
-    """The MiB a share asks for (``share_gb`` in MiB, rounded up: never less)."""
+    """The MiB a share asks for: ``share_gb`` (10^9 bytes each, as ``min_memory_gb``) in
+    NVML's MiB, rounded up (never less)."""
     assert size.share_gb is not None
-    return math.ceil(size.share_gb * MIB_PER_GB - 1e-9)
+    return math.ceil(gb_to_mib(size.share_gb) - 1e-9)
 
 
 def share_fraction(size: Size, device: Device) -> float:

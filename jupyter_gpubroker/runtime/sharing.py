@@ -119,6 +119,8 @@ class ShareEnforcement:
         self.daemons, self.limits, self.log = daemons, limits, log
         self.fallen: dict[str, Enforcement] = {}
         """Lease id -> the weaker mechanism it fell to (its MPS daemon would not start)."""
+        self.held: dict[str, Lease] = {}
+        """Lease id -> each live share, known from its grant."""
         self.core: Broker | None = None
 
     @classmethod
@@ -232,17 +234,19 @@ class ShareEnforcement:
     # -- internals
 
     def _on_event(self, e: Event) -> None:
-        if self.core is None or e.lease_id is None or e.kind not in ("granted", *ENDED):
-            return
-        lease = self.core.lease(e.lease_id)
-        if not lease.shared:
+        if self.core is None or e.lease_id is None:
             return
         if e.kind == "granted":
-            self._started(lease)
-        else:
-            self._ended(lease)
+            lease = self.core.lease(e.lease_id)  # live: the core's own, never the state file
+            if lease.shared:
+                self._started(lease)
+        elif e.kind in ENDED:
+            ended = self.held.pop(e.lease_id, None)  # an end reads nothing back either
+            if ended is not None:
+                self._ended(ended)
 
     def _started(self, lease: Lease) -> None:
+        self.held[lease.id] = lease
         if self.of(lease).mechanism != "mps" or self.daemons is None:
             return
         gpu, mine = lease.devices[0], self._user_shares(lease)

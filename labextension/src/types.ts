@@ -104,6 +104,8 @@ export interface IRequest {
   position: number | null;
   /** Where it stands while queued, in the words every front shows (the broker's). */
   place?: string | null;
+  /** Why a quota keeps it waiting, naming whose (the broker's words); null if none does. */
+  held_back?: string | null;
   eta: string | null;
   eta_range?: IEtaRange | null;
   eta_known: boolean;
@@ -137,6 +139,8 @@ export interface ILease {
   idle_s?: number | null;
   /** Why it ended, in the broker's words (ended leases). */
   reason?: string | null;
+  /** What its holder's server does to the kernel once the lease is reclaimed. */
+  on_reclaim?: string;
   /** A lease that ended because its kernel was suspended, while the kernel stays so. */
   suspended?: ISuspended | null;
   /** A share of a GPU: what holds it to its memory, in the broker's words. */
@@ -150,7 +154,7 @@ export interface IShare {
   gpu: string;
   mechanism: string;
   enforced: boolean;
-  /** "8.0 GiB of GPU 2, enforced by MPS". */
+  /** "8.5 GB of GPU 2, enforced by MPS". */
   text: string;
 }
 

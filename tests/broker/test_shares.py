@@ -17,7 +17,7 @@ from jupyter_gpubroker.wire.errors import InvalidRequest, Unsatisfiable
 from jupyter_gpubroker.wire.sizes import Size
 
 SHARED = BrokerConfig(sharing=Sharing("both"))
-L40S = "L40S-48GB"  # 46068 MiB, 44.9 GiB
+L40S = "L40S-48GB"  # 46068 MiB, 48.3 GB
 
 
 def share(gb: float, compute: int | None = None) -> Size:
@@ -32,14 +32,14 @@ def test_shares_pack_onto_one_gpu_and_never_over_its_memory(make_broker):
     leases = {x.request_id: x for x in b.leases()}
     a, c = leases[first.id], leases[second.id]
     assert a.devices == c.devices, "best fit packs the second share beside the first"
-    assert leases[third.id].devices != a.devices, "a third 20 GB would overflow 44.9 GiB"
-    assert a.shared and a.share_mib == 20 * 1024 and a.profile == "share"
-    assert a.gpu_equivalents == pytest.approx(20 * 1024 / 46068)
+    assert leases[third.id].devices != a.devices, "a third 20 GB would overflow 48.3 GB"
+    assert a.shared and a.share_mib == 19074 and a.profile == "share"
+    assert a.gpu_equivalents == pytest.approx(19074 / 46068)
 
 
 def test_a_share_that_does_not_fit_waits_in_the_queue_with_its_position(make_broker):
     b = make_broker(whole_inventory(1, L40S), config=SHARED)
-    b.submit("ann", share(24))
+    b.submit("ann", share(26))
     b.submit("bob", share(16))
     waiting = b.submit("cat", share(8))
     assert waiting.state is RequestState.QUEUED
@@ -69,7 +69,7 @@ def test_a_share_counts_as_its_fraction_in_quotas_and_usage(make_broker, clock):
     assert first.state is RequestState.GRANTED
     assert second.state is RequestState.QUEUED
     clock.advance(3600)
-    assert b.usage()["ann"] == pytest.approx(20 * 1024 / 46068)
+    assert b.usage()["ann"] == pytest.approx(19074 / 46068)
 
 
 def test_sharing_rules_lend_gpus_whole_shared_or_both(make_broker):
@@ -105,14 +105,14 @@ def test_a_time_of_day_rule_switches_a_gpu_without_taking_back_its_shares(make_b
             whole_inventory(2, L40S),
             SHARED,
             share(60),
-            "asks for 60 GiB of a shared GPU, but the largest GPU shared here has 44.9 GiB",
+            "asks for 60 GB of a shared GPU, but the largest GPU shared here has 48.3 GB",
         ),
         (
             whole_inventory(2, L40S),
             BrokerConfig(),
             share(8),
             "no GPU here is shared: the admin lends them whole only; ask for a whole GPU, or "
-            "for a GPU of at least 8 GiB, instead",
+            "for a GPU of at least 8 GB, instead",
         ),
         (
             make_inventory([("1g.10gb",) * 7]),
@@ -145,7 +145,7 @@ def test_shares_come_back_after_a_restart(make_broker):
     kept = b.submit("ann", Size(share_gb=20, compute_percent=50))
     again = make_broker(whole_inventory(1, L40S), config=SHARED)
     lease = again.lease(kept.lease_id)
-    assert (lease.share_mib, lease.compute_percent) == (20 * 1024, 50)
+    assert (lease.share_mib, lease.compute_percent) == (19074, 50)
     assert again.submit("bob", share(20)).state is RequestState.GRANTED
     assert again.submit("cat", share(20)).state is RequestState.QUEUED, "the room is as it was"
 
@@ -174,10 +174,10 @@ def test_a_blocked_share_is_reserved_the_gpu_that_frees_first(make_broker, clock
 
 def test_a_waiting_share_starts_when_enough_of_its_gpu_frees(make_broker):
     b = make_broker(whole_inventory(1, L40S), config=SHARED)
-    b.submit("ann", share(24), limit_s=3600)
+    b.submit("ann", share(26), limit_s=3600)
     b.submit("bob", share(16), limit_s=7200)
     b.submit("cat", share(8), limit_s=600)
-    b.submit("dan", share(30), limit_s=600)
+    b.submit("dan", share(34), limit_s=600)
     cat, dan = b.queue()
-    assert cat.eta is not None and cat.eta.median == WEDNESDAY_10AM + 3600  # ann's 24 GB
+    assert cat.eta is not None and cat.eta.median == WEDNESDAY_10AM + 3600  # ann's 26 GB
     assert dan.eta is not None and dan.eta.median == WEDNESDAY_10AM + 7200  # and bob's

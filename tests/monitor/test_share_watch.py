@@ -39,7 +39,7 @@ def test_a_watched_share_over_its_memory_is_warned_then_reclaimed(machine):
     lease_id = kernel_share(machine, 8, "k1", 12 * 1024)
     (warned,) = machine.run(5)
     assert (warned.action, warned.cause) == ("warn", "over_share")
-    assert warned.reason == "uses 12.0 GiB of GPU 0, over its share of 8.0 GiB"
+    assert warned.reason == "uses 12.8 GB of GPU 0, over its share of 8.0 GB"
     assert machine.run(55) == []  # the grace
     (reclaimed,) = machine.run(5)
     assert (reclaimed.action, reclaimed.cause) == ("reclaim", "over_share")

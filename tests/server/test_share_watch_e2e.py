@@ -18,7 +18,7 @@ def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
         "simulate": "l40s-4:1",
         "sharing": "shared",
         "mps_control": "",  # no MPS here: only the watch holds a share
-        "simulate_kernel_memory": 12 * 1024,  # NVML lists the kernel with 12 GB
+        "simulate_kernel_memory": 12 * 1024,  # NVML lists the kernel with 12 GiB, 12.8 GB
         "sample_interval": 0.25,
         "over_share_grace": 1.0,
         "lease_ttl": 60.0,
@@ -31,7 +31,7 @@ async def test_a_kernel_over_its_share_is_warned_then_reclaimed(jp_serverapp, gp
     _, leases = await api("GET", "leases")
     (lease,) = leases["leases"]
     assert lease["share"]["text"] == (
-        "8.0 GiB of GPU 0, not enforced: a kernel that goes over is stopped"
+        "8.0 GB of GPU 0, not enforced: a kernel that goes over is stopped"
     )
     assert "no nvidia-cuda-mps-control on this host" in lease["share"]["why"]
     assert lease["share"]["env"] == {}
@@ -51,7 +51,7 @@ async def test_a_kernel_over_its_share_is_warned_then_reclaimed(jp_serverapp, gp
         await asyncio.sleep(0.1)
         seen = await state()
     assert seen["state"] == "reclaimed"
-    assert seen["reason"] == "uses 12.0 GiB of GPU 0, over its share of 8.0 GiB"
+    assert seen["reason"] == "uses 12.8 GB of GPU 0, over its share of 8.0 GB"
     while kid in mkm:
         assert asyncio.get_running_loop().time() < deadline, "the kernel was not shut down"
         await asyncio.sleep(0.1)

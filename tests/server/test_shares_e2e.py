@@ -81,7 +81,7 @@ async def test_two_users_kernels_share_one_gpu_each_held_to_its_share(
     assert env[alice]["CUDA_VISIBLE_DEVICES"] == env[bob]["CUDA_VISIBLE_DEVICES"]
     assert env[alice]["CUDA_MPS_PIPE_DIRECTORY"] != env[bob]["CUDA_MPS_PIPE_DIRECTORY"]
     for k in (alice, bob):
-        assert env[k]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+        assert env[k]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=19074M"  # 20 GB in MiB
 
     # alice's kernel goes over its 20 GB: its allocation fails, bob's runs on
     out = await run_in_kernel(mkm.get_kernel(alice), OVER)
@@ -92,13 +92,13 @@ async def test_two_users_kernels_share_one_gpu_each_held_to_its_share(
     ok = "from jupyter_gpubroker.enforce.mpsim import cuda_malloc\nprint(cuda_malloc(19000))"
     assert await run_in_kernel(mkm.get_kernel(bob), ok) == "19000"
 
-    # a third 20 GB share would pass the GPU's 44.9 GiB: it waits, and says where
+    # a third 20 GB share would pass the GPU's 48.3 GB: it waits, and says where
     status, waiting = await api("POST", "requests", SHARE, headers=as_user("carol"))
     assert status == 201 and waiting["state"] == "queued"
     assert waiting["place"] == "position 1 of 1, nothing ahead"
     _, mine = await api("GET", "leases", headers=as_user("alice"))
     (lease,) = mine["leases"]
-    assert lease["share"]["text"] == "20.0 GiB of GPU 0, enforced by MPS"
+    assert lease["share"]["text"] == "20.0 GB of GPU 0, enforced by MPS"
 
     await mkm.shutdown_kernel(alice)  # its share frees: carol's is granted
     _, after = await api("GET", f"requests/{waiting['id']}", headers=as_user("carol"))

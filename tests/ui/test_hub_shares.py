@@ -39,27 +39,27 @@ def test_the_spawn_page_my_gpus_and_the_admin_page_say_what_holds_a_share(
 ) -> None:
     tokens = {name: hub.user(name) for name in ("ann", "admin")}
     share = hub.ok(tokens["ann"], "POST", "requests", {"share_gb": 8, "holder": "train.ipynb"})
-    assert share["lease"]["share"]["text"] == "8.0 GiB of GPU 0, enforced by MPS"
+    assert share["lease"]["share"]["text"] == "8.0 GB of GPU 0, enforced by MPS"
 
     ann = log_in(browser, hub, "ann")
     ann.goto(f"{hub.url}/hub/spawn")
     form = ann.locator("fieldset.gpubroker-options")
     form.wait_for(timeout=WAIT_MS)
     assert "Part of a shared GPU" in form.inner_text()
-    assert "36.9 GiB free on a shared GPU now; shares enforced by MPS" in form.inner_text()
+    assert "40.3 GB free on a shared GPU now; shares enforced by MPS" in form.inner_text()
     ann.check("#gpu-share_gb")
     ann.screenshot(path=str(tmp_path / "hub-share-form.png"), full_page=True)
     ann.goto(f"{hub.url}{PAGES}/")
     mine = ann.locator(".gpubroker-share-text")
     mine.wait_for(timeout=WAIT_MS)
-    assert mine.inner_text() == "8.0 GiB of GPU 0, enforced by MPS"
+    assert mine.inner_text() == "8.0 GB of GPU 0, enforced by MPS"
 
     admin = log_in(browser, hub, "admin")
     admin.goto(f"{hub.url}{PAGES}/admin")
     shared = admin.locator("tr.gpubroker-shared")
     shared.wait_for(timeout=WAIT_MS)
-    assert "shares enforced by MPS: 36.9 GiB free" in shared.inner_text()
+    assert "shares enforced by MPS: 40.3 GB free" in shared.inner_text()
     assert "the driver is 570.86.15" in shared.inner_text()  # why not the driver
     (row,) = admin.locator("tr.gpubroker-share").all()
-    assert row.inner_text().split("\t")[:2] == ["8.0 GiB share", "ann"]
+    assert row.inner_text().split("\t")[:2] == ["8.0 GB share", "ann"]
     admin.screenshot(path=str(tmp_path / "hub-admin-shares.png"), full_page=True)

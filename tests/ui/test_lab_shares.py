@@ -47,8 +47,10 @@ def lab(tmp_path: Path, built_extension: Path) -> Iterator[Lab]:
             built_extension,
             config,
             scene=SCENE,
-            ready=lambda overview: any(g.get("sharing") for g in overview["gpus"])
-            and bool(overview["gpus"][0]["sharing"]["shares"]),
+            ready=lambda overview: (
+                any(g.get("sharing") for g in overview["gpus"])
+                and bool(overview["gpus"][0]["sharing"]["shares"])
+            ),
             simulate="l40s-4",
         )
         server.start()
@@ -60,11 +62,11 @@ def lab(tmp_path: Path, built_extension: Path) -> Iterator[Lab]:
 
 def test_the_panel_shows_shares_and_what_holds_them(lab: Lab, page: Any, tmp_path: Path) -> None:
     mine = lab.api("POST", "requests", {"share_gb": 8, "holder": "cli"})
-    assert mine["lease"]["share"]["text"] == "8.0 GiB of GPU 0, enforced by MPS"
+    assert mine["lease"]["share"]["text"] == "8.0 GB of GPU 0, enforced by MPS"
     page.locator(".jp-SideBar [data-id='jp-gpubroker-panel']").click()
     panel = page.locator("#jp-gpubroker-panel")
     panel.wait_for(timeout=WAIT_MS)
-    lease = panel.locator(".jp-GpuBroker-lease", has_text="8.0 GiB of GPU 0, enforced by MPS")
+    lease = panel.locator(".jp-GpuBroker-lease", has_text="8.0 GB of GPU 0, enforced by MPS")
     lease.wait_for(timeout=WAIT_MS)
     gpu = panel.locator(".jp-GpuBroker-gpu").first
     gpu.get_by_text("shared · shares enforced by MPS").wait_for(timeout=WAIT_MS)

@@ -30,8 +30,8 @@ def test_a_share_and_a_device_of_that_size_are_two_things():
     share, device = Size.parse("share=20GB"), Size.parse("20GB")
     assert share != device and share.key != device.key
     assert share.shared and not device.shared
-    assert size_text(share.to_json()) == "20 GiB of a shared GPU"
-    assert size_text(Size(min_memory_gb=20).to_json()) == ">= 20 GiB"
+    assert size_text(share.to_json()) == "20 GB of a shared GPU"
+    assert size_text(Size(min_memory_gb=20).to_json()) == "at least 20 GB"
 
 
 @pytest.mark.parametrize(
