@@ -240,8 +240,7 @@ class Scheduler:
                 f"no GPU here is shared: the admin lends them whole only; {alternative}"
             )
         raise Unsatisfiable(
-            f"asks for {size.share_gb:g} GB of a shared GPU, but the largest GPU shared here "
-            f"has {memory(largest)}"
+            f"no GPU shared here has {size.share_gb:g} GB; the largest has {memory(largest)}"
         )
 
     def _mig_capable(self, profile: str) -> bool:

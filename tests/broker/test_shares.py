@@ -105,7 +105,7 @@ def test_a_time_of_day_rule_switches_a_gpu_without_taking_back_its_shares(make_b
             whole_inventory(2, L40S),
             SHARED,
             share(60),
-            "asks for 60 GB of a shared GPU, but the largest GPU shared here has 48.3 GB",
+            "no GPU shared here has 60 GB; the largest has 48.3 GB",
         ),
         (
             whole_inventory(2, L40S),
