@@ -60,7 +60,8 @@ def test_the_pages_hub_config_is_one_jupyterhub_accepts() -> None:
     hub = JupyterHub(config=c)  # the traits validate
     (service,) = c.JupyterHub.services
     assert "--config=/etc/gpubroker/gpubroker_config.py" in service["command"]
-    assert hub.authenticator_class is not None and c.Authenticator.allow_all is True
+    authenticator = hub.authenticator_class(config=c)  # the hub's default: PAM
+    assert authenticator.allow_all and authenticator.admin_users == {"alice"}
     admins = [r for r in c.JupyterHub.load_roles if r["name"] == "gpubroker-admin"]
     assert admins[0]["users"] == ["alice"]
 
