@@ -48,14 +48,18 @@ none of its own, which another's would spoil). Each group runs on one worker, on
 a time."""
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Any:
     """How pytest-xdist (``-n``, ``--dist loadgroup``) shares the tests out: a module's
     tests go to one worker together (its module-scoped fixture, a hub or a server, is then
     started once), the tests of a shared cluster (``SHARED``) or a marked
     ``xdist_group`` to one worker, and the cluster tests last, so that in CI a cluster
     still being built (``.ci/run`` builds Kubernetes while the other tests run) delays
-    only them. Without xdist the marks change nothing but the order."""
+    only them. Without xdist the marks change nothing but the order.
+
+    Once pytest-xdist has written each group into its test's node id (``@group``), a
+    worker checks that it did: pytest 9.2 with pytest-xdist 3.8 groups nothing
+    (pytest-xdist#1386), and tests that share a cluster would run at once."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
@@ -64,6 +68,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
     clusters = ("tests/slurm/", "tests/kubernetes/")
     items.sort(key=lambda item: item.nodeid.startswith(clusters))
+    result = yield
+    grouping = hasattr(config, "workerinput") and config.getvalue("loadgroup")
+    if grouping and items and "@" not in items[0].nodeid.rpartition("]")[2]:
+        raise pytest.UsageError(
+            f"pytest-xdist does not group tests with pytest {pytest.__version__}: "
+            "install a pytest this project supports (pip install -e '.[test]')"
+        )
+    return result
 
 
 @pytest.fixture(autouse=True)

@@ -154,6 +154,8 @@ def empty(cgroup: Path, within_s: float = 10.0) -> None:
         try:
             cgroup.rmdir()
             return
+        except FileNotFoundError:
+            return  # the broker removed it meanwhile
         except OSError as e:
             if e.errno != errno.EBUSY or time.monotonic() > deadline:
                 raise

@@ -20,7 +20,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 def section() -> str:
     text = PAGE.read_text()
-    return text[text.index("**Time limits.**") : text.index("**ETAs on day one.**")]
+    return text[text.index("\n## Time limits\n") : text.index("\n## ETAs on day one\n")]
 
 
 def example() -> str:
