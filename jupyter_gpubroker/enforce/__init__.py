@@ -11,7 +11,8 @@ Three levels, strongest first (NVIDIA's MPS documentation, release 615; see
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; the broker runs one control daemon per shared
   GPU and user (``mps``), since one daemon serves one user's server at a time, and sets
   each client's limits in the kernel's environment. A process that leaves MPS (unsets
-  its pipe directory before CUDA starts) escapes it: the broker watches too.
+  its pipe directory before CUDA starts) escapes it, and only ``watched`` shares are
+  checked against their memory.
 - ``watched``: nothing holds a share: the broker reads each share's memory from NVML's
   per-process use and treats going over like idleness (warning, grace, the action).
 
