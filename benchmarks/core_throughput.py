@@ -178,17 +178,22 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "state.sqlite")
         broker = Broker(store, inventory, config=config)
+
+        def tenant_request(schedule: bool) -> None:
+            """One of 2,000 users' requests, of the sizes drawn."""
+            user = rng.randrange(2000)
+            broker.submit(
+                f"user{user}",
+                rng.choices(sizes, weights)[0],
+                groups=[f"group{user % 100}"],
+                job_class=rng.choice(("interactive", "batch")),
+                expected_duration_s=rng.choice(DURATIONS_S),
+                schedule=schedule,
+            )
+
         for _ in range(slices + queued):
             if cluster or shares:
-                user = rng.randrange(2000)
-                broker.submit(
-                    f"user{user}",
-                    rng.choices(sizes, weights)[0],
-                    groups=[f"group{user % 100}"],
-                    job_class=rng.choice(("interactive", "batch")),
-                    expected_duration_s=rng.choice(DURATIONS_S),
-                    schedule=False,
-                )
+                tenant_request(schedule=False)
                 continue
             broker.submit(
                 f"user{rng.randrange(50)}",
@@ -201,14 +206,7 @@ def run(
             pass
         while shares and len(broker.live_requests()) - len(broker.leases()) < queued:
             # shares of 9 GB on average: about 5 a GPU; more until ``queued`` wait
-            user = rng.randrange(2000)
-            broker.submit(
-                f"user{user}",
-                rng.choices(sizes, weights)[0],
-                groups=[f"group{user % 100}"],
-                job_class=rng.choice(("interactive", "batch")),
-                expected_duration_s=rng.choice(DURATIONS_S),
-            )
+            tenant_request(schedule=True)
         if not cluster and not shares:
             assert len(broker.leases()) == slices, "the first pass must fill every slice"
         setup_rss = rss_mib() - rss0

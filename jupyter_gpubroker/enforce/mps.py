@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 START_S = 10.0
@@ -154,9 +155,7 @@ class MpsDaemons:
                 capture_output=True,
                 text=True,
                 timeout=START_S,
-                user=d.run_as,
-                group=None if d.run_as is None else _gid(d.run_as),
-                extra_groups=None if d.run_as is None else [],
+                **_as(d),
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsError(f"the MPS control daemon of {d.user} did not answer ({e})") from None
@@ -164,7 +163,7 @@ class MpsDaemons:
             raise MpsError(
                 f"the MPS control daemon of {d.user} refused {text!r}: {done.stderr.strip()}"
             )
-        return done.stdout
+        return str(done.stdout)
 
     # -- internals
 
@@ -184,9 +183,7 @@ class MpsDaemons:
                 capture_output=True,
                 timeout=START_S,
                 check=True,
-                user=d.run_as,
-                group=None if d.run_as is None else _gid(d.run_as),
-                extra_groups=None if d.run_as is None else [],
+                **_as(d),
             )
         except (OSError, subprocess.SubprocessError) as e:
             raise MpsError(
@@ -208,6 +205,14 @@ class MpsDaemons:
     def _env(self, d: Daemon) -> dict[str, str]:
         keep = {k: os.environ[k] for k in ("PATH", "LANG", "PYTHONPATH") if k in os.environ}
         return {**keep, **d.env, "CUDA_VISIBLE_DEVICES": d.gpu}
+
+
+def _as(d: Daemon) -> dict[str, Any]:
+    """``subprocess.run``'s arguments that run a program as the daemon's account, with
+    that account's group and none of the broker's other groups."""
+    if d.run_as is None:
+        return {}
+    return {"user": d.run_as, "group": _gid(d.run_as), "extra_groups": []}
 
 
 def _gid(uid: int) -> int:
