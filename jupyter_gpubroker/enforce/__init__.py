@@ -119,7 +119,7 @@ def _driver_lacks(host: HostFacts) -> str:
     """Why the driver cannot hold shares here ('' when it can)."""
     if host.branch < DRIVER_FROM or host.cuda < CUDA_FROM:
         driver = host.driver or "unknown"
-        return f"the driver is {driver}, and r{DRIVER_FROM} with CUDA 13.4 is the first to"
+        return f"the driver is {driver}, and r{DRIVER_FROM} with CUDA 13.4 is the first that can"
     if not host.memory_limits:
         return "its NVML sets no memory limits"
     if not host.root:

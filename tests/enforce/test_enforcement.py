@@ -178,3 +178,11 @@ def test_a_daemon_that_no_longer_answers_is_ended_at_its_stop(mps_root):
             break
         subprocess.run(["sleep", "0.05"], check=True)
     assert not d.alive() and not d.home.exists()
+
+
+def test_why_the_driver_does_not_hold_a_share_is_a_whole_sentence():
+    """The admin page shows this reason as it is: it once ended '... is the first to'."""
+    assert choose(OLD, "GPU 0", pynvml.NVML_COMPUTEMODE_DEFAULT).why == (
+        "MPS holds each share of GPU 0 to its memory; the driver does not: the driver is "
+        "570.86.15, and r615 with CUDA 13.4 is the first that can"
+    )
