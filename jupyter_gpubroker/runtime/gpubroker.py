@@ -180,6 +180,7 @@ class GPUBroker(
             lambda: sampler.latest,
             alerts=sampler.alerts.active if sampler.alerts else list,
             hardware_errors=lambda: sampler.hardware_errors,
+            share_use=self.share_use,
         )
         self.log.info(
             "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @pytest.fixture
@@ -25,7 +26,9 @@ def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def test_a_kernel_over_its_share_is_warned_then_reclaimed(jp_serverapp, gpu_kernelspec, api):
+async def test_a_kernel_over_its_share_is_warned_then_reclaimed(
+    jp_serverapp, jp_fetch, gpu_kernelspec, api
+):
     mkm = jp_serverapp.kernel_manager
     kid = await mkm.start_kernel(kernel_name=gpu_kernelspec("gpu-share", share_gb=8))
     _, leases = await api("GET", "leases")
@@ -46,6 +49,17 @@ async def test_a_kernel_over_its_share_is_warned_then_reclaimed(jp_serverapp, gp
         await asyncio.sleep(0.1)
         seen = await state()
     assert seen["share"]["used_mib"] == 12 * 1024
+    scraped = (await jp_fetch("metrics")).body.decode()
+    shares = {
+        (x.name, x.labels["lease_id"], x.labels["gpu"]): x.value
+        for family in text_string_to_metric_families(scraped)
+        for x in family.samples
+        if x.name.startswith("gpubroker_share_")
+    }
+    assert shares == {
+        ("gpubroker_share_memory_bytes", lease["id"], "0"): lease["share"]["memory_mib"] * 2**20,
+        ("gpubroker_share_memory_used_bytes", lease["id"], "0"): 12 * 2**30,
+    }
     while seen["state"] == "active":
         assert asyncio.get_running_loop().time() < deadline, seen
         await asyncio.sleep(0.1)
