@@ -5,7 +5,8 @@ host and its lease ended, shown with ``suspended`` set. Before a cell runs, this
 the same number of GPUs of the same model (CUDA restores onto the same chip only) and
 waits in the queue like any request, the ``%gpu`` panel showing its position and ETA; on
 the grant the broker restores the kernel onto the granted
-GPUs, and the cell runs with everything as it was. Interrupting the wait withdraws the
+GPUs, and the cell runs with everything as it was (once the granted GPUs have the memory
+free: until then the cell says why it waits). Interrupting the wait withdraws the
 request and leaves the kernel suspended; a restore that fails releases the GPUs and says
 so. Either way the cell does not run (an AST transformer empties it), so no CUDA call of
 the cell waits on a suspended process. A kernel restarted without its provisioner (a new
@@ -108,6 +109,7 @@ class Resume(ast.NodeTransformer):
             return
         self.lease_id = new["id"]
         deadline = time.monotonic() + RESTORE_WAIT_S
+        told = None
         while time.monotonic() < deadline:
             # the old lease first: once it is suspended no more, the new one's state is
             # final (a restore that failed released it at the same time)
@@ -122,6 +124,10 @@ class Resume(ast.NodeTransformer):
                 self.skip = False
                 _say(_resumed(was["reason"], new["devices"]))
                 return
+            waits = was["suspended"].get("waiting")
+            if waits and waits != told:  # the GPU granted lacks the memory: said once
+                told = waits
+                _say(f"This kernel is granted {', '.join(new['devices'])}; {waits}.")
             time.sleep(0.2)
         _say("the kernel was not resumed in time; run the cell again")
 

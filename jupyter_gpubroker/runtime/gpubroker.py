@@ -152,6 +152,7 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
                 Suspender(
                     checkpoint_driver(self.backend.simulator),
                     lock_timeout_s=self.suspend_lock_timeout,
+                    room=self.free_mib,
                 ),
                 readings=lambda: sampler.latest,
                 holder_pid=self.holder_pid,
@@ -392,6 +393,15 @@ class GPUBroker(BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigura
         """Why a suspended kernel's lease is suspended no more (None: it is, or never was);
         the state file keeps it."""
         return self.core.store.suspension_end(lease_id)
+
+    def free_mib(self, uuid: str) -> float | None:
+        """A device's free memory now, read from NVML (None: NVML cannot say): a restore
+        starts only onto devices with the memory free (``Suspender.no_room``)."""
+        if self.backend is None:
+            return None
+        reading = self.backend.read(uuid)
+        total, used = reading.memory_total_mib, reading.memory_used_mib
+        return None if total is None or used is None else float(total - used)
 
     def holder_pid(self, lease_id: str) -> int | None:
         """The holder process a lease's last renewal named (None: none, or no NVML here)."""

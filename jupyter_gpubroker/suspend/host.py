@@ -101,6 +101,7 @@ class Suspended:
             "pids": list(self.suspension.pids),
             "processes": [[p, t] for p, t in self.started.items()],
             "kernel_pid": self.kernel_pid,
+            "device_mib": list(self.suspension.device_mib),
         }
 
     @classmethod
@@ -108,7 +109,8 @@ class Suspended:
         """A stored suspension: (its kernel, it); ``evidence`` is its reclaim's."""
         kept = evidence["suspension"]
         pids = tuple(int(p) for p in kept["pids"])
-        suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]))
+        per_device = tuple(float(m) for m in kept.get("device_mib", ()))
+        suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]), per_device)
         started = {int(p): t for p, t in kept["processes"]}
         kernel_pid = kept.get("kernel_pid")
         key = KernelKey(lease.user, str(kept["kernel_id"]))
@@ -154,6 +156,9 @@ class KernelSuspender:
         self._told: set[str] = set()
         self._resumes: dict[asyncio.Task[None], KernelKey] = {}
         """The resumes under way -> the kernel each resumes."""
+        self.waiting: dict[KernelKey, tuple[str, str]] = {}
+        """Kernels granted GPUs without the memory free for their restore -> (the grant's
+        lease id, why): tried again at each sampling pass while the grant stands."""
         self._take_up()
         self.unsubscribe = core.subscribe(self._on_event)
 
@@ -178,6 +183,7 @@ class KernelSuspender:
         process (``handled``: its provisioner, or the new process's first cell, ends it
         saying so)."""
         resuming = set(self._resumes.values())
+        self._retry_waiting(resuming)
         for key, suspended in list(self.suspended.items()):
             if key in resuming or handled(key):
                 continue
@@ -185,6 +191,16 @@ class KernelSuspender:
             if why is not None:
                 self.log.info("GPU broker: kernel %s is suspended no more: %s", key.kernel_id, why)
                 self._end(key, why)
+
+    def _retry_waiting(self, resuming: set[KernelKey]) -> None:
+        """Try again each restore that waited for memory, while its grant stands (given
+        back, expired or withdrawn: the kernel's next cell asks again)."""
+        for key, (lease_id, _) in list(self.waiting.items()):
+            suspended = self.suspended.get(key)
+            if suspended is None or self.core.lease(lease_id).state is not LeaseState.ACTIVE:
+                del self.waiting[key]
+            elif key not in resuming:
+                self._start_resume(key, suspended, lease_id)
 
     def _over(self, suspended: Suspended, gone: str) -> str | None:
         """Why a suspension is over (None: it is not): a process of it gone (``gone``), or
@@ -207,19 +223,31 @@ class KernelSuspender:
         """The kernel's processes on the lease's devices (pid -> MiB over them all): the
         holder the renewals named and what it started (only those owned by ``uid``, when
         given)."""
+        return {p: sum(on.values()) for p, on in self._kernel_use(lease, uid).items()}
+
+    def on_devices(self, lease: Lease, uid: int | None = None) -> dict[str, float]:
+        """The kernel's MiB on each of the lease's devices (``processes``' per device)."""
+        found = dict.fromkeys(lease.devices, 0.0)
+        for on in self._kernel_use(lease, uid).values():
+            for uuid, mib in on.items():
+                found[uuid] += mib
+        return found
+
+    def _kernel_use(self, lease: Lease, uid: int | None) -> dict[int, dict[str, float]]:
+        """pid -> device -> MiB of the kernel's processes on the lease's devices."""
         holder = self.holder_pid(lease.id)
         readings = self.readings()
-        listed: dict[int, float] = {}
+        listed: dict[int, dict[str, float]] = {}
         for uuid in lease.devices:
             reading = readings.get(uuid)
             for p in reading.processes if reading is not None else ():
-                listed[p.pid] = listed.get(p.pid, 0.0) + (p.used_memory_mib or 0)
+                listed.setdefault(p.pid, {})[uuid] = float(p.used_memory_mib or 0)
         if holder is None:
             return {}
         procs = self._procs.read(listed)
         return {
-            p: mib
-            for p, mib in listed.items()
+            p: on
+            for p, on in listed.items()
             if p in procs and holder in procs[p].chain and uid in (None, procs[p].uid)
         }
 
@@ -247,11 +275,13 @@ class KernelSuspender:
         for key, s in self.suspended.items():
             if s.lease.id == lease_id:
                 mib = s.suspension.host_mib
+                waiting = self.waiting.get(key)
                 return {
                     "host_mib": round(mib, 1),
                     "text": suspended_text(mib),
                     "kernel_id": key.kernel_id,
                     "model": self.model(s.lease),
+                    "waiting": None if waiting is None else waiting[1],
                 }
         return None
 
@@ -293,7 +323,10 @@ class KernelSuspender:
             outcome, suspension = Outcome(False, why_not), None
         else:
             outcome, suspension = await asyncio.to_thread(
-                self.suspender.suspend, lease.devices, self.processes(lease, uid)
+                self.suspender.suspend,
+                lease.devices,
+                self.processes(lease, uid),
+                self.on_devices(lease, uid),
             )
         evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
         if outcome.done and suspension is not None:
@@ -341,7 +374,10 @@ class KernelSuspender:
         suspended = self.suspended.get(key)
         if suspended is None:
             return
-        task = asyncio.ensure_future(self._resume(key, suspended, event.lease_id))
+        self._start_resume(key, suspended, event.lease_id)
+
+    def _start_resume(self, key: KernelKey, suspended: Suspended, lease_id: str) -> None:
+        task = asyncio.ensure_future(self._resume(key, suspended, lease_id))
         self._resumes[task] = key
         task.add_done_callback(self._resumes.pop)
 
@@ -367,9 +403,16 @@ class KernelSuspender:
                 self.suspender.resume, suspended.suspension, lease.devices
             )
             if outcome.done:
+                self.waiting.pop(key, None)
                 self._end(key, f"{outcome.reason} ({', '.join(lease.devices)})")
                 self.log.info("GPU broker: kernel %s %s", holder, outcome.reason)
                 return
+            if outcome.waiting:  # nothing tried: the grant stands, tried again next pass
+                if self.waiting.get(key) != (lease_id, outcome.reason):
+                    self.log.info("GPU broker: kernel %s: %s", holder, outcome.reason)
+                self.waiting[key] = (lease_id, outcome.reason)
+                return
+            self.waiting.pop(key, None)
             outcome_reason, lost = outcome.reason, outcome.lost
         self.log.warning("GPU broker: kernel %s: %s", holder, outcome_reason)
         # the new lease ends first: the kernel, which reads it before the old one, must

@@ -102,6 +102,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
             "text": text,
             "kernel_id": kernel_id,
             "model": "H100-80GB",  # what its resume asks for: CUDA restores onto that chip
+            "waiting": None,
         }
         assert lease["reason"].startswith("idle for")
         assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
