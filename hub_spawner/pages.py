@@ -400,7 +400,10 @@ def _release(api: BrokerAPI, who: Identity, form: Form) -> str:
 
 
 def _drain(api: BrokerAPI, who: Identity, form: Form) -> str:
-    return str(api.drain(who, form.get("uuid", ""), {"reason": form.get("reason", "")})["message"])
+    body: dict[str, Any] = {"reason": form.get("reason", "")}
+    if form.get("move"):
+        body["move"] = True
+    return str(api.drain(who, form.get("uuid", ""), body)["message"])
 
 
 def _undrain(api: BrokerAPI, who: Identity, form: Form) -> str:

@@ -7,10 +7,10 @@ NVIDIA's driver (r570 and later) keeps a state per CUDA process:
 
 A lock that times out leaves the process running; an error during checkpoint or restore may
 leave it ``failed`` (NVIDIA does not keep it in a good state), and a restore that runs out of
-GPU memory leaves it checkpointed but never restorable again (NVIDIA/cuda-checkpoint#44). ``docs/suspend.md`` cites the
-documentation this follows. :class:`CheckpointDriver` is that API; ``cuda.py`` calls the
-driver through ``cuda-bindings``, ``simulated.py`` follows the same states on the simulated
-NVML.
+GPU memory leaves it checkpointed but never restorable again (NVIDIA/cuda-checkpoint#44).
+``docs/suspend.md`` cites the documentation this follows. :class:`CheckpointDriver` is that
+API; ``cuda.py`` calls the driver through ``cuda-bindings``, ``simulated.py`` follows the
+same states on the simulated NVML.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class ProcessState(enum.Enum):
 class CheckpointError(Exception):
     """A checkpoint call the driver refused or failed; ``reason`` is a plain sentence."""
 
-    def __init__(self, reason: str, *, timed_out: bool = False, out_of_memory: bool = False) -> None:
+    def __init__(
+        self, reason: str, *, timed_out: bool = False, out_of_memory: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.timed_out = timed_out

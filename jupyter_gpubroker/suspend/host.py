@@ -129,7 +129,7 @@ class KernelSuspender:
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
         owner_uid: Callable[[Lease], int | None],
-        opens: Callable[[str, int], None],
+        opens: Callable[[str, int, list[str] | None], None],
         keep: Callable[[str], None],
         publish: Callable[[Event], None],
         fallback: str,
@@ -145,10 +145,11 @@ class KernelSuspender:
         """The holder process a lease's last renewal named (None: none)."""
         self.owner_uid = owner_uid
         """The uid whose processes may be a lease's kernel's (None: its user has no
-        account here): only those are suspended (``_owner``)."""
+        account here): only those are suspended (``owner``)."""
         self.opens = opens
-        """Lets a kernel process open a lease's devices (where kernels are confined to
-        theirs): a restore runs in the kernel's process, which must open its new GPU."""
+        """Lets a kernel process open a lease's devices, or the ones given (where kernels
+        are confined to theirs): a restore runs in the kernel's process, which must open
+        its new GPU, and so must every process of the kernel that was suspended with it."""
         self.publish, self.fallback = publish, fallback
         self.suspended: dict[KernelKey, Suspended] = {}
         """(Lease user, kernel id) -> its suspension."""
@@ -251,7 +252,7 @@ class KernelSuspender:
             if p in procs and holder in procs[p].chain and uid in (None, procs[p].uid)
         }
 
-    def _owner(self, lease: Lease) -> tuple[int | None, str | None]:
+    def owner(self, lease: Lease) -> tuple[int | None, str | None]:
         """(The uid the kernel's processes must be owned by; why it is not suspended, None
         where it may be.) The holder process is named by the lease's user: it must run
         here, owned by the account that runs that user's kernels (``owner_uid``), or a user
@@ -318,7 +319,7 @@ class KernelSuspender:
         carries out on the kernel (the fallback), None when there is none."""
         lease = self.core.lease(decision.lease_id)
         key = KernelKey(lease.user, decision.holder)
-        uid, why_not = self._owner(lease)
+        uid, why_not = self.owner(lease)
         if why_not is not None:
             outcome, suspension = Outcome(False, why_not), None
         else:
@@ -398,7 +399,7 @@ class KernelSuspender:
             lost = False
         else:
             if suspended.kernel_pid is not None:
-                self.opens(lease_id, suspended.kernel_pid)
+                self.opens(lease_id, suspended.kernel_pid, None)
             outcome = await asyncio.to_thread(
                 self.suspender.resume, suspended.suspension, lease.devices
             )
