@@ -141,7 +141,6 @@ class Resume(ast.NodeTransformer):
             time.sleep(0.2)
         _say("the kernel was not resumed in time; run the cell again")
 
-
     def _moved(self, lease: dict[str, Any]) -> None:
         """Say once that the kernel moved off a drained GPU (or why it did not), and name
         its new GPUs to what the kernel starts from now on (a data loader's workers)."""
