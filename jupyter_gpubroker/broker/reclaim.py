@@ -89,10 +89,11 @@ class ReclaimConfig:
     grace_s: float = 600.0
     """Time between the warning and the reclaim."""
     suspend_idle_timeout_s: float | None = None
-    """The idle timeout of a lease whose kernel the host suspends (None: ``idle_timeout_s``):
-    a suspend loses nothing, so it may come sooner; per-class and per-profile timeouts win."""
+    """The idle timeout of a lease whose kernel the host suspends, where shorter than
+    ``idle_timeout_s`` (None: that one): a suspend loses nothing, so it may come sooner,
+    never later than a shutdown would; per-class and per-profile timeouts win."""
     suspend_grace_s: float | None = None
-    """The grace before such a suspend (None: ``grace_s``)."""
+    """The grace before such a suspend, where shorter than ``grace_s`` (None: that one)."""
     stalled_timeout_s: float = 7200.0
     """How long a busy kernel may leave its GPU under the threshold; 0 disables."""
     utilization_threshold: float = 5.0
@@ -146,8 +147,8 @@ class ReclaimConfig:
         kernel the host suspends."""
         keys = (f"gpu:{gpus}", "gpu") if profile == "gpu" else (profile,)
         base = self.idle_timeout_s
-        if suspend and self.suspend_idle_timeout_s is not None:
-            base = self.suspend_idle_timeout_s
+        if suspend and self.suspend_idle_timeout_s is not None and base:
+            base = min(base, self.suspend_idle_timeout_s)
         kernel = next(
             (self.idle_timeout_by_profile[k] for k in keys if k in self.idle_timeout_by_profile),
             self.idle_timeout_by_class.get(job_class, base),
@@ -242,8 +243,8 @@ class Reclaimer:
         canary passed on its GPUs); None: not known yet (the canary has not run), the
         deadline waits for the answer."""
         self.not_suspended: Callable[[Lease], str | None] | None = None
-        """Why a lease the reclaimer reclaims itself is not suspended, where the host
-        says (``auto``: the canary's verdict on its GPUs); the end of its reason."""
+        """Why the host does not suspend a lease the reclaimer reclaims itself, where it
+        says (a MIG slice, a GPU model the canary did not pass): the end of its reason."""
         self._tracks: dict[str, _Track] = {}
 
     def step(self, observations: Mapping[str, Observation]) -> list[Decision]:
@@ -459,9 +460,10 @@ class Reclaimer:
         if _fresh(track.warning, verdict):
             deadline = verdict.deadline
             if deadline is None:
-                grace = self.config.suspend_grace_s
-                if grace is None or self.suspended_at_deadline(lease) is not True:
-                    grace = self.config.grace_s
+                grace = self.config.grace_s
+                shorter = self.config.suspend_grace_s
+                if shorter is not None and self.suspended_at_deadline(lease) is True:
+                    grace = min(grace, shorter)
                 deadline = now + grace
             track.warning = (verdict.cause, now, deadline)
             self.broker.warn(lease.id, verdict.reason, deadline, verdict.cause)

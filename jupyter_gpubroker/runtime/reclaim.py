@@ -115,18 +115,18 @@ class ReclaimSettings(HasTraits):
         MAX_DURATION_S,
         allow_none=True,
         help="Seconds a lease whose kernel will be suspended (reclaim_action 'suspend', or "
-        "'auto' where the canary passed) may sit idle before it is warned, instead of "
-        "idle_timeout: a suspend loses no kernel, so it may come sooner (chosen on the "
-        "notebook trace, benchmarks/README.md). None: idle_timeout. Per-class and "
-        "per-profile timeouts still win.",
+        "'auto' where the canary passed) may sit idle before it is warned, where shorter than "
+        "idle_timeout: a suspend loses no kernel, so it may come sooner, never later than a "
+        "shutdown would (chosen on the notebook trace, benchmarks/README.md). None: "
+        "idle_timeout. Per-class and per-profile timeouts still win.",
     ).tag(config=True)
     suspend_grace = Seconds(
         SUSPEND_GRACE_S,
         0.0,
         MAX_DURATION_S,
         allow_none=True,
-        help="Seconds between the idle warning and the suspend of such a lease, instead of "
-        "grace. None: grace.",
+        help="Seconds between the idle warning and the suspend of such a lease, where shorter "
+        "than grace. None: grace.",
     ).tag(config=True)
     suspend_fallback = Enum(
         list(SUSPEND_FALLBACKS),

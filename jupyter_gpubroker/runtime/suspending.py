@@ -17,7 +17,7 @@ from ..broker.alerts import AlertChange
 from ..broker.models import Inventory, Lease, LeaseState
 from ..suspend.canary import MIG_TEXT, Canaries, Verdict, simulated_or_real
 from ..suspend.host import KernelSuspender, carried_out, checkpoint_driver
-from ..suspend.move import KernelMover
+from ..suspend.move import HEALTH, KernelMover
 from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.times import iso
 
@@ -117,20 +117,22 @@ class SuspendHost:
     # ------------------------------------------------------ idle reclaim, per GPU
 
     def _suspends(self, lease: Lease) -> bool | None:
-        """Whether idle reclaim suspends the lease's kernel (None: not known yet)."""
-        actions = {self.idle_reclaim_of(d).action for d in lease.devices}
-        if "pending" in actions:
-            return None
-        return actions == {"suspend"}
+        """Whether idle reclaim suspends the lease's kernel (None: not known yet, and a
+        canary may answer soon; where none can, no free GPU of its model, it is shut down)."""
+        actions = {d: self.idle_reclaim_of(d).action for d in lease.devices}
+        pending = [d for d, a in actions.items() if a == "pending"]
+        if pending:
+            assert self.canaries is not None
+            return None if all(map(self.canaries.may_prove, pending)) else False
+        return set(actions.values()) == {"suspend"}
 
     def _not_suspended(self, lease: Lease) -> str | None:
-        """Why ``auto`` does not suspend the lease's kernel (None: not ``auto``)."""
-        if self.reclaim_action != "auto":
+        """Why the lease's kernel is shut down rather than suspended (None: it would be,
+        or shutting down is the chosen action)."""
+        if self.reclaim_action not in ("suspend", "auto"):
             return None
-        return next(
-            (v.reason for v in map(self.idle_reclaim_of, lease.devices) if v.action != "suspend"),
-            None,
-        )
+        verdicts = map(self.idle_reclaim_of, lease.devices)
+        return next((v.reason for v in verdicts if v.action != "suspend"), None)
 
     def idle_reclaim_of(self, device_uuid: str) -> Verdict:
         """What idle reclaim does to the kernel of a GPU or device, and why."""
@@ -197,7 +199,7 @@ class SuspendHost:
     def _health_drained(self, gpu: str, kinds: tuple[str, ...], reason: str) -> None:
         """A GPU its health check drained: its kernels move where ``move_on_drain`` says."""
         if self.move_on_drain:
-            self.move_off(gpu, drain_words(self.core.inventory, gpu, kinds, reason), "health")
+            self.move_off(gpu, drain_words(self.core.inventory, gpu, kinds, reason), HEALTH)
 
     def _alert_changed(self, change: AlertChange) -> None:
         """An alert of a kind ``move_on_alerts`` names drains its GPU and moves its kernels
@@ -211,11 +213,9 @@ class SuspendHost:
         if change.state == "started":
             core.drain(gpu, alert.message, cause="alert")
             label = alert.label.split(" / ")[0]
-            self.move_off(
-                gpu,
-                ALERT_WORDS.get(alert.kind, f"{label}: {alert.message}").format(label=label),
-                "health",
-            )
+            words = ALERT_WORDS.get(alert.kind)
+            why = f"{label}: {alert.message}" if words is None else words.format(label=label)
+            self.move_off(gpu, why, HEALTH)
         elif change.state == "ended" and core.drain_cause(gpu) == "alert":
             core.undrain(gpu, f"alert ended: {alert.message}")
 

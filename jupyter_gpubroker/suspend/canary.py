@@ -218,6 +218,17 @@ class Canaries:
     def due(self) -> bool:
         return any(m not in self.verdicts for m in self.models())
 
+    def may_prove(self, device_uuid: str) -> bool:
+        """Whether a verdict on a pending device may still come soon: a canary runs now, or
+        a GPU of its model is free for one (else a kernel due there is shut down as today)."""
+        if self.running is not None and not self.running.done():
+            return True
+        inventory, placer = self.core.inventory, self.core.placer
+        device = inventory.device(device_uuid)
+        gpu = inventory.gpu(device.gpu_uuid if device is not None else device_uuid)
+        model = None if gpu is None else gpu.model or gpu.name
+        return any(placer.is_free(u) for u in self.models().get(model or "", ()))
+
     def kick(self) -> None:
         """Prove the models still pending, on the event loop (once at a time)."""
         if self.due() and (self.running is None or self.running.done()):

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from .host import KernelSuspender
 
 
+HEALTH = "health"
+"""The actor of the moves a GPU's health check (or an alert) asks for."""
+NO_ROOM = "no free GPU of its model has the room"
+
+
 class KernelMover:
     """Moves the kernels of a drained GPU's leases (``move_off``), one lease at a time each."""
 
@@ -114,8 +119,10 @@ class KernelMover:
                 plan[lease.id] = "moving already"
                 continue
             stays = self.why_not(lease)
+            if stays is None and self.targets(lease) is None:
+                stays = NO_ROOM
             if stays is not None:
-                plan[lease.id] = self._stays(lease, why, stays, actor)
+                plan[lease.id] = self._stays(lease, why, stays, actor, tried=False)
                 continue
             plan[lease.id] = "moving"
             self._moving.add(lease.id)
@@ -137,7 +144,7 @@ class KernelMover:
     async def _move(self, lease: Lease, why: str, actor: str) -> str:
         targets = self.targets(lease)
         if targets is None:
-            return self._stays(lease, why, "no free GPU of its model has the room", actor)
+            return self._stays(lease, why, NO_ROOM, actor)
         devices = self.core.devices
         devices.reserve(targets)
         try:
@@ -177,13 +184,16 @@ class KernelMover:
         self.log.warning("GPU broker: lease %s of %s %s", lease.id, lease.user, text)
         return text
 
-    def _stays(self, lease: Lease, why: str, because: str, actor: str) -> str:
-        """A kernel that does not move: audited, and its lease says why (so its notebook
-        does, before its next cell)."""
+    def _stays(self, lease: Lease, why: str, because: str, actor: str, tried: bool = True) -> str:
+        """A kernel that does not move: its lease says why (so its notebook does, before its
+        next cell); audited where a move was tried, or an admin asked for one (a health
+        drain of a MIG GPU tries none)."""
         text = f"{why}; this kernel cannot move: {because}"
         detail = {"user": lease.user, "from": list(lease.devices), "to": [], "reason": why}
-        with self.core.store.audited(self._record(actor, lease, {**detail, "not_moved": because})):
-            pass
+        if tried or actor != HEALTH:
+            record = self._record(actor, lease, {**detail, "not_moved": because})
+            with self.core.store.audited(record):
+                pass
         self.log.warning("GPU broker: lease %s of %s stays: %s", lease.id, lease.user, because)
         self.moved[lease.id] = {**detail, "text": text, "at": self.core.clock.now()}
         return text
