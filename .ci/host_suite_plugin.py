@@ -59,7 +59,15 @@ def _gpubroker_installed(request: pytest.FixtureRequest) -> None:
     shutil.copy(SHIPPED, config_d)
 
 
+CONTROLLER = False
+"""This process hands the tests to pytest-xdist's workers and runs none itself."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    global CONTROLLER
+    CONTROLLER = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
     if os.environ.get("HOST_SUITE_GPUBROKER") == "1":
         if not SHIPPED.exists():
             raise pytest.UsageError(f"{SHIPPED} is missing: jupyter-gpubroker is not installed")
@@ -83,8 +91,8 @@ def break_the_extension(kind: str) -> None:
     def fail(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the extension broken on purpose (.ci/host-suite --check-subset)")
 
-    if kind == "load":
-        ext.initialize_settings = fail  # type: ignore[method-assign]
+    if kind == "load":  # the broker it makes cannot be made
+        app.GPUBroker = fail  # type: ignore[assignment,misc]
     elif kind == "kernelspecs":  # hides every kernelspec, not only those that wait for a GPU
 
         def hide_all(self: Any, specs: Any) -> None:
@@ -99,20 +107,18 @@ def break_the_extension(kind: str) -> None:
             self.handlers.extend(handlers(JupyterHost, root="/api"))
 
         ext.initialize_handlers = everywhere  # type: ignore[method-assign]
-    elif kind == "stop":
-
-        async def stop(self: Any) -> None:
-            fail()
-
-        ext.stop_extension = stop  # type: ignore[method-assign]
+    elif kind == "stop":  # the broker it made fails to stop
+        app.GPUBroker.stop = fail  # type: ignore[method-assign]
     else:
         raise pytest.UsageError(f"no way to break the extension called {kind!r}: {BREAKS}")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """One line per test: its worst phase (an error in setup or teardown counts)."""
+    """One line per test: its worst phase (an error in setup or teardown counts). Under
+    pytest-xdist each worker records its own tests (the tracebacks are seen there), the
+    controller, which is told of them again, nothing."""
     path = os.environ.get("HOST_SUITE_OUTCOMES")
-    if not path:
+    if not path or CONTROLLER:
         return
     if report.when == "call" or report.outcome != "passed":
         outcome = report.outcome

@@ -27,7 +27,7 @@ job() {  # NAME COMMAND...: run it now
 background() {  # NAME COMMAND...: start it beside what follows
     local name=$1
     shift
-    : "${CI_LOGS:?the directory of background jobs' output}"
+    : "${CI_LOGS:?the directory of the background jobs output}"
     echo "=== $name (beside the next jobs; its output: $CI_LOGS/$name.log)"
     (
         t0=$SECONDS

@@ -40,6 +40,7 @@ def configure(
     *,
     broker_config: str | None = None,
     state_file: str | None = None,
+    run_dir: str | None = None,
     admin_users: Iterable[str] = (),
     name: str = "gpubroker",
     url: str = "http://127.0.0.1:10101",
@@ -54,8 +55,11 @@ def configure(
 
     ``broker_config``: the service's ``c.GPUBroker.*`` file (``--config``); ``state_file``:
     its state (default: the service's own, in the Jupyter data dir of the hub's user);
-    ``admin_users``: who administers the broker (``custom:gpubroker:admin``: everyone's
-    requests, leases and quotas); every user may use it (``custom:gpubroker:use``).
+    ``run_dir``: a directory (made if missing) for what the hub and the broker write: its
+    database, cookie secret, the proxy's pid file and the broker's state (default: the hub
+    writes into the directory it starts in, as JupyterHub does). ``admin_users``: who
+    administers the broker (``custom:gpubroker:admin``: everyone's requests, leases and
+    quotas); every user may use it (``custom:gpubroker:use``).
     ``name`` and ``url``: the service's name and where it listens. ``spawner``: the hub's
     ``spawner_class`` (``None`` leaves it); ``service_args``: more command-line options of
     the service (``--GPUBroker.simulate=dgx-h100-mig``). ``announcement``: the hub's
@@ -67,6 +71,13 @@ def configure(
     further.
     """
     access = f"access:services!service={name}"
+    if run_dir:
+        run = Path(run_dir)
+        run.mkdir(parents=True, exist_ok=True)
+        c.JupyterHub.db_url = f"sqlite:///{run / 'jupyterhub.sqlite'}"
+        c.JupyterHub.cookie_secret_file = str(run / "jupyterhub_cookie_secret")
+        c.ConfigurableHTTPProxy.pid_file = str(run / "jupyterhub-proxy.pid")
+        state_file = state_file or str(run / "gpubroker.sqlite")
     command = [sys.executable, "-m", SUPERVISOR if supervised else "hub_spawner.service"]
     if broker_config:
         command.append(f"--config={broker_config}")

@@ -5,21 +5,27 @@ Tested without a hub."""
 
 from __future__ import annotations
 
-import math
 from html import escape
 from typing import Any
 
 from jupyter_gpubroker.wire.errors import BrokerError
-from jupyter_gpubroker.wire.sizes import MAX_DURATION_S, Size, hold_seconds
+from jupyter_gpubroker.wire.sizes import (
+    MAX_DURATION_S,
+    Size,
+    gb_to_mib,
+    hold_seconds,
+)
 from jupyter_gpubroker.wire.text import (
     count,
     devices_held,
     duration,
     eta_text,
-    memory,
+    gigabytes,
+    period,
     queue_place,
     quota_allows,
     size_text,
+    worth,
 )
 
 SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
@@ -27,6 +33,9 @@ GPU_KINDS = ("cpu", *SIZE_FIELDS)
 """The options form's choices (its ``gpu_kind``): CPU only, or one of the sizes."""
 OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "limit_s", "expected_duration_s")
 JOB_CLASSES = ("interactive", "batch")
+SLACK = 1e-3
+"""How far a sum of GPU-equivalents may pass a quota and still fit it: the API rounds a
+slice's share of a GPU to four digits (1/7 to 0.1429), where a quota may be exact."""
 
 
 def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -105,13 +114,13 @@ def waiting_message(
 ) -> str:
     """Where a waiting server's request is and why: "Waiting for 1g.10gb (interactive):
     every 1g.10gb is in use; position 2 of 5, one request ahead (interactive); ETA 10:40
-    (10:20-11:30)": the position once (``queue_place``)."""
-    why = f"{reason}; " if reason else ""
+    (10:20-11:30)": the position once (``queue_place``). A quota's hold (the request's
+    ``held_back``) is the reason, and says when it starts: no ETA from the queue then."""
+    held = request.get("held_back")
+    why = f"{held or reason}; " if held or reason else ""
     place = queue_place(request.get("position"), length, ahead)
-    return (
-        f"Waiting for {size_text(request)} ({request['job_class']}): {why}{place}; "
-        f"ETA {eta_text(request)}"
-    )
+    eta = "" if held else f"; ETA {eta_text(request)}"
+    return f"Waiting for {size_text(request)} ({request['job_class']}): {why}{place}{eta}"
 
 
 def _limit_words(limits: dict[str, Any], required: bool) -> list[str]:
@@ -159,28 +168,73 @@ class Choices:
         for d in devices:
             if d["kind"] == "mig":
                 self.profiles.setdefault(d["profile"], []).append(d)
-        user = overview["me"]["user"]
-        mine = [q for q in quotas if (q["kind"], q["name"]) == ("user", user)]
-        self.max_gpus: float | None = mine[0]["max_gpus"] if mine else None
-        self.share: float | None = mine[0]["share"] if mine else None
+        user, groups = overview["me"]["user"], overview["me"].get("groups") or []
+        by = {(q["kind"], q["name"]): q for q in quotas}
+        own = by.get(("user", user)) or {}
+        self.max_gpus: float | None = own.get("max_gpus")
+        self.share: float | None = own.get("share")
+        self.group = groups[0] if groups else None
+        """The group a request is charged to, as the broker charges it (the first)."""
+        self.group_quota: dict[str, Any] | None = by.get(("group", self.group or ""))
+        self.profile_equivalents = {p: ds[0]["gpu_equivalents"] for p, ds in self.profiles.items()}
         sizes = [d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])]
-        # GiB as the broker compares them (MiB / 1024), rounded down: a size shown fits
-        self.largest_gb = math.floor(max(sizes, default=0) / 102.4) / 10
-        self.smallest_gb = math.floor(min(sizes, default=0) / 102.4) / 10
+        # GB as the broker compares them, rounded down: a size shown fits
+        self.largest_gb = float(gigabytes(max(sizes, default=0)))
+        self.smallest_gb = float(gigabytes(min(sizes, default=0)))
         self.mine = [d for d in devices if (d["holder"] or {}).get("user") == user]
         self.held = sum(d["gpu_equivalents"] for d in self.mine)
-        self.profile_equivalents = {p: ds[0]["gpu_equivalents"] for p, ds in self.profiles.items()}
 
     def within_quota(self, gpu_equivalents: float) -> bool:
-        return self.max_gpus is None or gpu_equivalents <= self.max_gpus + 1e-9
+        """Whether a device this large is ever allowed: by the user's quota and by their
+        group's."""
+        caps = [self.max_gpus, (self.group_quota or {}).get("max_gpus")]
+        return all(cap is None or gpu_equivalents <= cap + SLACK for cap in caps)
+
+    def quota_wait(self, gpu_equivalents: float) -> str:
+        """Why a quota would keep a new request of this size waiting now ("" if none does):
+        the user's, or their group's, naming the group."""
+        if self.max_gpus is not None and self.held + gpu_equivalents > self.max_gpus + SLACK:
+            return f"waits: you hold what your quota allows ({self.quota()})"
+        q = self.group_quota
+        if q is None:
+            return ""
+        whose = f"group {self.group}"
+        if q["max_gpus"] is not None and q["held_gpus"] + gpu_equivalents > q["max_gpus"] + SLACK:
+            allows = quota_allows(q["max_gpus"], self.profile_equivalents)
+            return f"waits: {whose}'s members hold what its quota allows ({allows})"
+        if q["gpu_hours"] is not None and (q["spent_gpu_hours"] or 0) >= q["gpu_hours"]:
+            return f"waits: {whose} has spent its GPU-hour budget for this period"
+        return ""
+
+    def group_text(self) -> str:
+        """The group's share, cap and budget, as its members read them ("" without one)."""
+        q = self.group_quota
+        if q is None:
+            return ""
+        said = [f"share {q['share']:g}" if q["share"] is not None else "the default share"]
+        if q["max_gpus"] is not None:
+            held = worth(q["held_gpus"], self.profile_equivalents)
+            allows = quota_allows(q["max_gpus"], self.profile_equivalents)
+            said.append(f"its quota allows {allows} and its members hold {held} now")
+        if q["gpu_hours"] is not None:
+            spent = q["spent_gpu_hours"] or 0.0
+            said.append(
+                f"a budget of {q['gpu_hours']:g} GPU-hours per {period(q['period_s'])}, "
+                f"{spent:.2f} spent"
+            )
+        return f"your group {self.group}: " + "; ".join(said)
 
     @staticmethod
     def free(devices: list[dict[str, Any]]) -> int:
         return sum(not d["holder"] and not d["drained"] and not d["vacating"] for d in devices)
 
     def waits(self, **size: Any) -> str:
-        """The expected wait for one choice: at once when a device is free, else how many
-        wait for the same and when the last of them is expected to start."""
+        """The expected wait for one choice: at once when a device is free and no quota
+        holds it back, else why it waits, or how many wait for the same and when the last
+        of them is expected to start."""
+        held_back = self.quota_wait(self._equivalents(**size))
+        if held_back:
+            return held_back
         same = [e for e in self.overview["queue"] if all(e.get(k) == v for k, v in size.items())]
         if not same:
             return "starts at once" if self._free_for(**size) else "waits for a device to free"
@@ -195,28 +249,31 @@ class Choices:
         return quota_allows(self.max_gpus, self.profile_equivalents)
 
     def blocked(self, request: dict[str, Any]) -> str:
-        """Why a request waits, in words: the user's own quota, or every fitting device
-        being in use."""
-        if request.get("profile"):
-            fits = self.profiles.get(request["profile"], [])
-        elif request.get("gpus"):
-            fits = self.whole
-        else:
-            fits = [
-                d
-                for g in self.overview["gpus"]
-                for d in g["devices"]
-                if d["memory_mib"] >= 1024 * request["min_memory_gb"]
-            ]
-        eq = min((d["gpu_equivalents"] for d in fits), default=0.0)
-        if request.get("gpus"):
-            eq = float(request["gpus"])
-        if self.max_gpus is not None and self.held + eq > self.max_gpus + 1e-9:
-            return (
-                f"you hold {devices_held(self.mine)}; your quota allows {self.quota()}: "
-                "it starts once you give some back"
-            )
-        return f"every {size_text(request)} is in use"
+        """Why a request waits, in words: the broker's when a quota holds it back (its
+        user's or its group's, ``held_back``), else every fitting device being in use, or
+        the requests ahead of it."""
+        if request.get("held_back"):
+            return str(request["held_back"])
+        if self.free(self._fits(request)) == 0:
+            return f"every {size_text(request)} is in use"
+        if (request.get("position") or 1) > 1:
+            return "the requests ahead of it come first"
+        return "it is next: a free device is about to be granted"
+
+    def _fits(self, size: dict[str, Any]) -> list[dict[str, Any]]:
+        """The devices that could take one unit of ``size``."""
+        if size.get("profile"):
+            return self.profiles.get(size["profile"], [])
+        if size.get("gpus"):
+            return self.whole
+        need = gb_to_mib(size["min_memory_gb"])
+        return [d for g in self.overview["gpus"] for d in g["devices"] if d["memory_mib"] >= need]
+
+    def _equivalents(self, **size: Any) -> float:
+        """The GPU-equivalents a grant of ``size`` would hold (the smallest fitting device)."""
+        if size.get("gpus"):
+            return float(size["gpus"])
+        return min((d["gpu_equivalents"] for d in self._fits(size)), default=0.0)
 
     def _free_for(self, **size: Any) -> bool:
         if "profile" in size:
@@ -278,8 +335,9 @@ class Choices:
                     checked="",
                     label="Any device with at least",
                     field='<input type="number" name="min_memory_gb" min="1" step="any" '
-                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GiB"> GiB',
-                    note=f"the largest has {memory(self.largest_gb * 1024)}",
+                    f'max="{self.largest_gb:g}" value="{self.smallest_gb:g}" aria-label="GB"> GB',
+                    note=f"the largest has {self.largest_gb:.1f} GB, as NVIDIA names sizes (a "
+                    "3g.20gb slice has 20 GB)",
                 )
             )
         classes = "".join(f'<option value="{c}">{c}</option>' for c in JOB_CLASSES)
@@ -289,6 +347,7 @@ class Choices:
             else "no quota of your own"
         )
         share = f"your share: {self.share:g}" if self.share is not None else "the default share"
+        group = f"; {escape(self.group_text())}" if self.group_quota else ""
         return (
             '<fieldset class="gpubroker-options"><legend>GPU</legend>'
             + "".join(rows)
@@ -298,7 +357,8 @@ class Choices:
             'name="hours" id="gpu-hours" min="0" step="any" aria-label="hours"> hours (you '
             f'can extend it) <span class="form-text">{escape(self.limit_note())}</span></div>'
             f'<p class="form-text">You hold {devices_held(self.mine)} now; {quota}; '
-            f"{share}; {self.overview['length']} request(s) in the queue.</p></fieldset>"
+            f"{share}{group}; {count(self.overview['length'], 'request')} in the queue.</p>"
+            "</fieldset>"
         )
 
     def limit_note(self) -> str:
@@ -332,4 +392,8 @@ class Choices:
         if self.largest_gb:
             offers.append(f"min_memory_gb up to {self.largest_gb:g}")
         quota = f"; your quota allows {self.quota()}" if self.max_gpus is not None else ""
-        return f"you may ask for {', '.join(offers)}, with job_class interactive or batch{quota}"
+        group = f"; {self.group_text()}" if self.group_quota else ""
+        return (
+            f"you may ask for {', '.join(offers)}, with job_class interactive or batch{quota}"
+            f"{group}"
+        )

@@ -35,14 +35,19 @@ from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI, parse_int
 from jupyter_gpubroker.server.handlers import broker_error, broker_errors
 from jupyter_gpubroker.wire.errors import BrokerError, InvalidRequest
-from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS, parse_duration
+from jupyter_gpubroker.wire.sizes import QUOTA_BOUNDS, parse_duration, quantity
 from jupyter_gpubroker.wire.text import (
     audit_detail,
     devices_held,
+    duration,
     eta_text,
+    gigabytes,
     gpu_hours,
     holder,
+    lease_size,
+    memory,
     period,
+    sentence,
     size_text,
     visible,
 )
@@ -86,8 +91,14 @@ def _when(value: str | None) -> str:
 
 
 def _num(value: float | None) -> str:
-    """A number as a form shows it (none: empty)."""
-    return "" if value is None else f"{value:.15g}"
+    """A number as a form shows it (none: empty), sevenths as the fractions typed ("1/7",
+    a 1g.10gb slice's share of a GPU)."""
+    if value is None:
+        return ""
+    sevenths = value * 7
+    if abs(sevenths - round(sevenths)) < 1e-9 and round(sevenths) % 7:
+        return f"{round(sevenths)}/7"
+    return f"{value:.15g}"
 
 
 SPANS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
@@ -111,6 +122,10 @@ def _span(seconds: float | None) -> str:
 _env.filters.update(
     when=_when,
     num=_num,
+    duration=duration,
+    memory=memory,
+    gb=gigabytes,
+    lease_size=lease_size,
     span=_span,
     size=size_text,
     eta=eta_text,
@@ -204,7 +219,8 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
         quotas = api.quotas(who)["quotas"]
         choices = Choices(overview, quotas)
         waiting = [r for r in overview["requests"] if r["state"] == "queued"]
-        quota = quotas[0] if quotas else None
+        # their own; their group's comes with the choices (``group_text``)
+        quota = next((q for q in quotas if (q["kind"], q["name"]) == ("user", who.user)), None)
         budget_left = None
         if quota and quota["gpu_hours"] is not None:
             budget_left = max(0.0, quota["gpu_hours"] - (quota["spent_gpu_hours"] or 0.0))
@@ -225,6 +241,7 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
             "quota": quota,
             "held": devices_held(choices.mine),
             "allows": choices.quota(),
+            "group": sentence(choices.group_text()) if choices.group_quota else "",
             "budget_left": budget_left,
             "periods": PERIODS,
             "used": api.usage(who, "user")["gpu_hours"].get(who.user, 0.0),
@@ -274,6 +291,27 @@ def admin_view(
         "audit_next": audit["next_after"],
         "audit_paged": after is not None,
     }
+
+
+class UnavailablePage(PageHandler):
+    """Every page while the broker cannot run: the reason the API and the spawn form give,
+    on the hub's look, to a logged-in user of the broker (a browser logs in first, as on
+    any page; no page a user reaches says a bare "Forbidden")."""
+
+    async def prepare(self) -> None:
+        model = await self.hub_auth.get_user(self, sync=False)
+        if not model:
+            self.redirect(self.get_login_url())
+            return
+        check_user(model, self.hub_scopes)
+        require_use(model)
+        self.current_user = model
+
+    def get(self, *_: str) -> None:
+        why = self.settings["unavailable"]
+        raise web.HTTPError(503, f"The GPU broker cannot run now: {why.rstrip('.')}.")
+
+    post = get
 
 
 class MyPage(PageHandler):
@@ -327,20 +365,50 @@ Form = dict[str, str]
 Action = Callable[[BrokerAPI, Identity, Form], str]
 
 
-def _number(value: str) -> float | str | None:
-    """A form's number (empty: none); text that is no number is left for the rule to
-    refuse with its own message."""
-    value = value.strip()
-    if not value:
+QUOTA_FIELDS = {
+    "share": ("Share", "a weight such as 1 or 2.5"),
+    "max_gpus": ("Most at once", "GPU-equivalents such as 2, 0.5 or 1/7 (a 1g.10gb slice), or 0"),
+    "gpu_hours": ("Budget", "GPU-hours such as 100, or 0"),
+    "period_s": ("Period", "one of the periods offered"),
+}
+"""Each quota field as the admin page names it (its column), and what it takes."""
+
+
+def _quota_number(form: Form, field: str) -> float | None:
+    """A quota's field as typed (empty: none): a number or a fraction ("1/7"), within the
+    bounds the broker keeps (``QUOTA_BOUNDS``), else the sentence saying what is wrong,
+    named as the page names the field, next to it."""
+    text = form.get(field, "").strip()
+    if not text:
         return None
+    top, _, bottom = text.partition("/")
     try:
-        return float(value)
-    except ValueError:
-        return value
+        value: float | None = float(top) / float(bottom) if bottom else float(top)
+    except (ValueError, ZeroDivisionError):
+        value = None
+    lo, hi = QUOTA_BOUNDS[field]
+    if value is None or not quantity(value, lo, hi):
+        label, takes = QUOTA_FIELDS[field]
+        upper = f" up to {hi:,.0f}" if value is not None and value > hi else ""
+        message = f"{label} must be {takes}{upper}, not {text!r}"
+        raise InvalidRequest(message, fields={field: message})
+    return value
 
 
 def _set_quota(api: BrokerAPI, who: Identity, form: Form) -> str:
-    body = {k: _number(form.get(k, "")) for k in QUOTA_BOUNDS}
+    body, problems = {}, {}
+    for field in QUOTA_BOUNDS:
+        try:
+            body[field] = _quota_number(form, field)
+        except InvalidRequest as e:
+            problems.update(e.fields)
+    if not problems and (body.get("gpu_hours") is None) != (body.get("period_s") is None):
+        if body.get("period_s") is None:
+            problems["period_s"] = "A budget needs a period: choose one, or empty its GPU-hours"
+        else:
+            problems["gpu_hours"] = "A budget needs its GPU-hours, or choose no budget"
+    if problems:
+        raise InvalidRequest("; ".join(problems.values()), fields=problems)
     kind, name = form.get("kind", ""), form.get("name", "").strip()
     api.set_quota(who, kind, name, body)
     return f"The quota of {kind} {name} is set."

@@ -36,6 +36,14 @@ async def choices(client: BrokerClient) -> Choices:
     return Choices(overview, quotas)
 
 
+async def why_waiting(client: BrokerClient, request: dict[str, Any]) -> str:
+    """Why a start waits, in words (``Choices.blocked``); "" where the broker cannot say."""
+    try:
+        return (await choices(client)).blocked(request)
+    except (BrokerAPIError, OSError):
+        return ""
+
+
 async def refusal(client: BrokerClient, why: str) -> NotReserved:
     """A refused request in one sentence: why, and what the user may ask for."""
     try:

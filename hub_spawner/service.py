@@ -81,7 +81,7 @@ from .hubauth import (
     hub_identity,
     require_use,
 )
-from .pages import page_handlers
+from .pages import UnavailablePage, page_handlers
 from .supervisor import passed_socket
 
 METRICS_SCOPE = "read:metrics"
@@ -361,7 +361,11 @@ class GPUBrokerService(Application):
                 )
                 app = self._app(
                     prefix,
-                    [(url_path_join(prefix, ".*"), UnavailableHost)],
+                    [
+                        (url_path_join(prefix, API_PATH, ".*"), UnavailableHost),
+                        (url_path_join(prefix, "metrics"), UnavailableHost),
+                        (url_path_join(prefix, ".*"), UnavailablePage),
+                    ],
                     unavailable=str(e),
                     cookie_secret=secrets.token_bytes(32),  # a login of these minutes only
                 )

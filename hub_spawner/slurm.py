@@ -78,6 +78,13 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
     def _device_env(self, devices: list[str] | None) -> dict[str, str]:
         return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the job's gres
 
+    @default("env_keep")
+    def _env_keep(self) -> list[str]:
+        """The hub's ``$SLURM_CONF`` kept too: batchspawner runs ``sbatch`` with the
+        server's environment but ``squeue`` and ``scancel`` with the hub's, so a hub whose
+        cluster's config is not ``/etc/slurm`` would submit to one cluster and ask another."""
+        return [*SlurmSpawner.env_keep.default_value, "SLURM_CONF"]
+
     def get_req_subvars(self) -> dict[str, Any]:
         """The job's substitutions, with a GPU server's gres, node and lease."""
         subvars: dict[str, Any] = super().get_req_subvars()

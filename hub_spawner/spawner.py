@@ -307,10 +307,7 @@ class GPUBrokerSpawnerMixin(_Spawner):
             self._gpu = reservation.held(request)
             self._save_state()
             if request["state"] == "queued":
-                try:
-                    self._why_waiting = (await reservation.choices(client)).blocked(request)
-                except (BrokerAPIError, OSError):
-                    self._why_waiting = ""
+                self._why_waiting = await reservation.why_waiting(client, request)
                 self._waiting(request, {}, request.get("position") or 0)
                 try:
                     request = await reservation.granted(
@@ -558,6 +555,8 @@ class GPUBrokerSpawnerMixin(_Spawner):
     # -- progress
 
     def _report(self, message: str, progress: int = 20) -> None:
+        if self._progress and self._progress[-1]["message"] == message:
+            return  # the queue moved, this start's words did not: no second line in its log
         self._progress.append({"progress": progress, "message": message})
         self._progressed.set()
         self._progressed = asyncio.Event()

@@ -33,7 +33,7 @@ import httpx
 from .api import TOKEN_HEADER
 from .sse import messages
 from .wire.errors import NotYourProcess
-from .wire.text import duration, size_text
+from .wire.text import duration, request_ended, size_text
 
 URL_ENV = "GPUBROKER_URL"
 TOKEN_ENV = "GPUBROKER_TOKEN"
@@ -531,10 +531,10 @@ class BrokerClient:
                             return r
                         if r["state"] != "queued":
                             raise BrokerAPIError(
-                                409, r["state"], f"request {r['state']}: {r['reason']}"
+                                409, r["state"], request_ended(r["state"], r["reason"])
                             )
                     elif kind in TERMINAL and data.get("request_id") == request_id:
-                        raise BrokerAPIError(409, kind, f"request {kind}: {data['reason']}")
+                        raise BrokerAPIError(409, kind, request_ended(kind, data["reason"]))
             raise AssertionError("follow() ends only with an error")
 
         renewing = asyncio.ensure_future(self._keep_queued(request_id))

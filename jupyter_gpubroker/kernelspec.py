@@ -16,6 +16,7 @@ from pathlib import Path
 from jupyter_client.kernelspec import KernelSpecManager
 
 from .wire.sizes import Size
+from .wire.text import size_text
 
 
 def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, dict[str, object]]:
@@ -23,15 +24,14 @@ def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, di
     ``None``: one that starts at once with no GPU and asks with ``%gpu request``."""
     if size is None:
         config: dict[str, object] = {"on_demand": True}
-        label, slug = "on demand", "on-demand"
-    elif size.gpus is not None:
-        config = {"gpus": size.gpus}
-        label, slug = f"{size.gpus} GPU{'s' if size.gpus > 1 else ''}", f"{size.gpus}gpu"
+        label, slug = "GPU on demand", "on-demand"
+    elif size.gpus is not None:  # "1 GPU", not "GPU 1 GPU"
+        config, label, slug = {"gpus": size.gpus}, size_text(size.to_json()), f"{size.gpus}gpu"
     elif size.profile is not None:
-        config, label, slug = {"gpu": size.profile}, size.profile, size.profile
+        config, label, slug = {"gpu": size.profile}, f"GPU {size.profile}", size.profile
     else:
         config = {"min_memory_gb": size.min_memory_gb}
-        label = slug = f"{size.min_memory_gb:g}GB"
+        label, slug = f"GPU of {size_text(size.to_json())}", f"{size.min_memory_gb:g}GB"
     if job_class != "interactive":
         config["job_class"] = job_class
         label, slug = f"{label}, {job_class}", f"{slug}-{job_class}"
@@ -46,7 +46,7 @@ def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, di
             "--ext",
             "jupyter_gpubroker",
         ],
-        "display_name": f"Python 3 (GPU {label})",
+        "display_name": f"Python 3 ({label})",
         "language": "python",
         "metadata": {
             "kernel_provisioner": {"provisioner_name": "gpubroker-provisioner", "config": config}

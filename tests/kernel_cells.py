@@ -23,3 +23,12 @@ async def execute(
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return
         hook(msg)
+
+
+def one_line_error(executed: Any, cell: int) -> str:
+    """The cell failed with exactly one readable line, no traceback."""
+    errors = [o for o in executed.outputs(cell) if o["output_type"] == "error"]
+    assert len(errors) == 1, executed.outputs(cell)
+    (line,) = errors[0]["traceback"]
+    assert "\n" not in line and "Traceback" not in line and "File " not in line
+    return str(line)

@@ -38,24 +38,15 @@ from hub_spawner import configure
 
 c = get_config()  # noqa: F821 - defined by the config loader
 
-# what the example writes goes here, never into the directory it is started in
-RUN = Path(
-    os.environ.get("GPUBROKER_EXAMPLE_DIR") or Path(jupyter_data_dir(), "gpubroker-hub-example")
-)
-RUN.mkdir(parents=True, exist_ok=True)
-c.JupyterHub.db_url = f"sqlite:///{RUN / 'jupyterhub.sqlite'}"
-c.JupyterHub.cookie_secret_file = str(RUN / "jupyterhub_cookie_secret")
-c.ConfigurableHTTPProxy.pid_file = str(RUN / "jupyterhub-proxy.pid")
-
-# the broker service, its scopes and roles, the GPU spawner; "admin" administers the broker
 configure(
     c,
-    broker_config=str(Path(__file__).resolve().parent / "gpubroker_config.py"),
-    state_file=str(RUN / "gpubroker.sqlite"),
-    admin_users=["admin"],
+    broker_config=str(Path(__file__).with_name("gpubroker_config.py")),
+    # what the hub and the broker write goes here, never into the directory it starts in
+    run_dir=os.environ.get("GPUBROKER_EXAMPLE_DIR")
+    or str(Path(jupyter_data_dir(), "gpubroker-hub-example")),
+    admin_users=["admin"],  # custom:gpubroker:admin; every user gets custom:gpubroker:use
     spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",  # every server as this OS user
 )
-
 # the hub, for a demo only: any user name, any password, on 127.0.0.1 only
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.authenticator_class = "dummy"
@@ -63,5 +54,3 @@ c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"admin"}
 if os.geteuid() == 0:  # as root (a container, CI) the servers run as root too
     c.Spawner.args = ["--allow-root"]
-c.Spawner.start_timeout = 120  # once the GPU is granted; the queue's wait comes on top
-c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 1800

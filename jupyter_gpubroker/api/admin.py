@@ -1,5 +1,5 @@
-"""An admin's rules: drains and undrains, the release of servers a hub says are not
-running (a host routine's, as an admin), and the reclaim records, audit log and health
+"""An admin's rules: quotas, drains and undrains, the release of servers a hub says are
+not running (a host routine's, as an admin), and the reclaim records, audit log and health
 alerts, which only admins read. Each change writes its audit record in the same
 transaction (``Rules._audited``)."""
 
@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..broker.budgets import Quota
 from ..broker.models import check_name
 from ..wire.errors import Conflict, InvalidRequest, NotFound
+from ..wire.sizes import QUOTA_BOUNDS
 from ..wire.text import SERVER_HOLDER
 from .base import Rules
 from .identity import Identity
-from .parse import parse_int, parse_time, reason_text
+from .parse import only, parse_int, parse_time, reason_text
 from .shapes import alert_json, audit_json, drain_json, reclaim_json
 
 AUDIT_PAGE = 100
@@ -22,7 +24,29 @@ MAX_AUDIT_PAGE = 1000
 
 
 class AdminRules(Rules):
-    """Drains, reclaim records, the audit log and alerts."""
+    """Quotas, drains, reclaim records, the audit log and alerts."""
+
+    # -------------------------------------------------------- quotas (admins)
+
+    def set_quota(
+        self, who: Identity, kind: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._require_admin(who)
+        only(body, QUOTA_BOUNDS)
+        if all(v is None for v in body.values()):
+            raise InvalidRequest(
+                "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
+                "DELETE it to go back to the defaults"
+            )
+        quota = Quota(**body)
+        with self._audited(who, "set_quota", f"{kind}:{name}", quota.to_json()):
+            self.core.set_quota(kind, name, quota)
+        return {"kind": kind, "name": name, **quota.to_json()}
+
+    def delete_quota(self, who: Identity, kind: str, name: str) -> None:
+        self._require_admin(who)
+        with self._audited(who, "delete_quota", f"{kind}:{name}", {}):
+            self.core.delete_quota(kind, name)
 
     # ------------------------------------------------------- drains (admins)
 

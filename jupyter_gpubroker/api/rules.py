@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..broker.budgets import Quota
 from ..broker.limitrules import LIMIT_KINDS, LimitRule, check_key
 from ..broker.models import (
     JobClass,
@@ -38,21 +37,22 @@ from ..broker.models import (
 )
 from ..broker.reclaim import KernelState
 from ..events import Positions
-from ..wire.errors import (
-    Conflict,
-    Forbidden,
-    InvalidRequest,
-    NotFound,
-    Unsatisfiable,
-)
-from ..wire.sizes import QUOTA_BOUNDS, Size
+from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
+from ..wire.sizes import Size
 from ..wire.text import SERVER_HOLDER
 from ..wire.times import iso
 from .admin import AdminRules
 from .holders import check_holder, holder_pid
 from .identity import Identity
 from .parse import holder_of, only, parse_int, parse_time, reason_text
-from .shapes import devices_json, lease_json, queue_json, request_json, samples_json
+from .shapes import (
+    devices_json,
+    held_back_text,
+    lease_json,
+    queue_json,
+    request_json,
+    samples_json,
+)
 from .streams import StreamRules
 from .tokens import TokenRules
 
@@ -131,7 +131,12 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         return self.core.clock.now()
 
     def me(self, who: Identity) -> dict[str, Any]:
-        return {"user": who.user, "admin": who.admin, "kernel_id": who.kernel_id}
+        return {
+            "user": who.user,
+            "groups": list(who.groups),
+            "admin": who.admin,
+            "kernel_id": who.kernel_id,
+        }
 
     # ---------------------------------------------------------- visibility
 
@@ -193,7 +198,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         return {"queue": queue, "length": len(entries)}
 
     def _with_lease(
-        self, r: Request, changed: bool = False, lease: Lease | None = None
+        self, who: Identity, r: Request, changed: bool = False, lease: Lease | None = None
     ) -> dict[str, Any]:
         """The request with its lease (``lease``, when the caller has it) and queue entry;
         ``changed``: right after a change the broker announced (submit, cancel), whose
@@ -205,7 +210,8 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             mine = p.by_holder.get((r.user, r.holder), [])
             entry = next((e for e in mine if e.request.id == r.id), None)
             length, ahead = p.length, p.ahead.get(r.id)
-        d = request_json(r, entry, length, ahead)
+        held = held_back_text(self.core, r, who.user) if entry is not None else None
+        d = request_json(r, entry, length, ahead, held)
         if r.lease_id and lease is None:
             lease = self.core.lease(r.lease_id)
         d["lease"] = self._lease_json(lease) if lease is not None else None
@@ -217,7 +223,13 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         entries = {e.request.id: e for e in p.entries}
         return {
             "requests": [
-                request_json(r, entries.get(r.id), p.length, p.ahead.get(r.id))
+                request_json(
+                    r,
+                    entries.get(r.id),
+                    p.length,
+                    p.ahead.get(r.id),
+                    held_back_text(self.core, r, who.user) if r.id in entries else None,
+                )
                 for r in self.core.live_requests(self._viewer(who))
                 if self._kernel_may(who, r.holder)
             ]
@@ -258,7 +270,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             request_id=body.get("id"),
             limit_s=limit_s,
         )
-        return self._with_lease(r, changed=True)
+        return self._with_lease(who, r, changed=True)
 
     def _one_slice_per_kernel(self, who: Identity, size: Size) -> None:
         """CUDA shows a process one MIG device: a kernel never gets a MIG slice beside
@@ -294,7 +306,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         return asked or list(who.groups)
 
     def request(self, who: Identity, request_id: str) -> dict[str, Any]:
-        return self._with_lease(self._own_request(who, request_id))
+        return self._with_lease(who, self._own_request(who, request_id))
 
     def cancel(self, who: Identity, request_id: str, reason: str | None = None) -> dict[str, Any]:
         """Withdraw (or release) one's own request; an admin's cancel of another user's
@@ -303,11 +315,11 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         r = self._own_request(who, request_id)
         lease = self.core.lease(r.lease_id) if r.lease_id else None  # ended in place
         if r.user == who.user:
-            return self._with_lease(self.core.cancel(r.id), changed=True, lease=lease)
+            return self._with_lease(who, self.core.cancel(r.id), changed=True, lease=lease)
         detail = {"user": r.user, "state": r.state.value, "reason": why}
         with self._audited(who, "cancel", r.id, detail):
             done = self.core.cancel(r.id, by=who.user, reason=why)
-        return self._with_lease(done, changed=True, lease=lease)
+        return self._with_lease(who, done, changed=True, lease=lease)
 
     def change_request(
         self, who: Identity, request_id: str, body: dict[str, Any]
@@ -325,11 +337,11 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         detail["reason"] = reason_text(body.get("reason"))
         with self._audited(who, "set_class", r.id, detail):
             changed = self.core.set_job_class(r.id, body["job_class"], by=who.user)
-        return self._with_lease(changed, changed=True)
+        return self._with_lease(who, changed, changed=True)
 
     def renew_request(self, who: Identity, request_id: str) -> dict[str, Any]:
         r = self._own_request(who, request_id)
-        renewed = self._with_lease(self.core.renew_request(r.id))
+        renewed = self._with_lease(who, self.core.renew_request(r.id))
         self._kernel_lives(who, r.user, r.holder)
         return renewed
 
@@ -442,8 +454,9 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         return {"by": by, "gpu_hours": usage}
 
     def quotas(self, who: Identity) -> dict[str, Any]:
-        """The quotas in force (a non-admin: their own), each with its budget's spend so
-        far in the current period (``spent_gpu_hours``, null without a budget)."""
+        """The quotas in force (a non-admin: their own and their groups', which hold back
+        their requests too), each with what it holds now (``held_gpus``) and its budget's
+        spend so far in the current period (``spent_gpu_hours``, null without a budget)."""
         core = self.core
         return {
             "quotas": [
@@ -451,32 +464,15 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
                     "kind": kind,
                     "name": name,
                     **q.to_json(),
+                    "held_gpus": core.budgets.held(kind, name),
                     "spent_gpu_hours": core.budget_spent(kind, name),
                 }
                 for (kind, name), q in core.quotas().items()
-                if who.admin or (kind, name) == ("user", who.user)
+                if who.admin
+                or (kind, name) == ("user", who.user)
+                or (kind == "group" and name in who.groups)
             ]
         }
-
-    def set_quota(
-        self, who: Identity, kind: str, name: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        self._require_admin(who)
-        only(body, QUOTA_BOUNDS)
-        if all(v is None for v in body.values()):
-            raise InvalidRequest(
-                "a quota sets at least one of share, max_gpus or gpu_hours with period_s; "
-                "DELETE it to go back to the defaults"
-            )
-        quota = Quota(**body)
-        with self._audited(who, "set_quota", f"{kind}:{name}", quota.to_json()):
-            self.core.set_quota(kind, name, quota)
-        return {"kind": kind, "name": name, **quota.to_json()}
-
-    def delete_quota(self, who: Identity, kind: str, name: str) -> None:
-        self._require_admin(who)
-        with self._audited(who, "delete_quota", f"{kind}:{name}", {}):
-            self.core.delete_quota(kind, name)
 
     # ---------------------------------------------------------- time limits
 

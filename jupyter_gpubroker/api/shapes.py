@@ -12,11 +12,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..broker.core import Event, QueueEntry, Vacating
+from ..broker.core import Broker, Event, QueueEntry, Vacating
 from ..broker.eta import Eta
 from ..broker.models import DeviceReading, Inventory, Lease, Request
 from ..events import envelope
-from ..wire.text import queue_place
+from ..wire.text import devices_held, held_back, period, queue_place, quota_allows
 from ..wire.times import iso
 from ..wire.times import parse_iso as parse_iso  # the API's, as its callers name it
 
@@ -26,10 +26,12 @@ def request_json(
     entry: QueueEntry | None = None,
     length: int = 0,
     ahead: Mapping[str, int] | None = None,
+    held: str | None = None,
 ) -> dict[str, Any]:
     """A request; while it waits (``entry``), its position, ETA and ``place``: where it
     stands in the words every front shows (``wire.text.queue_place``, with the queue's
-    ``length`` and the requests ``ahead`` by class)."""
+    ``length`` and the requests ``ahead`` by class), and ``held_back``: why a quota
+    keeps it waiting (``held``, ``held_back_text``), null when none does."""
     d = r.to_json()
     d["owner"] = r.holder  # the old name of "holder", answered for one release
     d["submitted_at"] = iso(r.submitted_at)
@@ -37,8 +39,31 @@ def request_json(
     d["expires_at"] = iso(d["expires_at"])
     d["position"] = entry.position if entry else None
     d["place"] = queue_place(entry.position, length, ahead) if entry else None
+    d["held_back"] = held if entry else None
     d.update(eta_json(entry.eta if entry else None))
     return d
+
+
+def held_back_text(core: Broker, r: Request, viewer: str) -> str | None:
+    """Why a quota keeps a waiting request from a grant now (``Budgets.holding_back``),
+    in words for ``viewer``, in things of this machine; None where no quota does."""
+    hb = core.budgets.holding_back(r, core.scheduler.gpu_eq(r.size), core.clock.now())
+    if hb is None:
+        return None
+    profiles = {d.profile: d.gpu_equivalents for d in core.inventory.devices if d.profile}
+    (kind, name), q = hb.entity, hb.quota
+    mine = kind == "user" and name == viewer
+    if hb.renews_at is not None:
+        assert q.gpu_hours is not None and q.period_s is not None
+        budget = f"{q.gpu_hours:g} GPU-hours per {period(q.period_s)}"
+        return held_back(kind, name, mine, budget=budget, renews_at=hb.renews_at)
+    held = [
+        {"kind": "gpu" if x.profile == "gpu" else "mig", "profile": x.profile}
+        for x in hb.held
+        for _ in x.devices
+    ]
+    allows = quota_allows(q.max_gpus, profiles)
+    return held_back(kind, name, mine, allows=allows, holds=devices_held(held))
 
 
 def eta_json(eta: Eta | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..events import USER_NOTICES, Chunk, Key, Message, Positions, Published, Stream, envelope
 from .base import Rules
 from .identity import Identity
-from .shapes import event_json, queue_json, reading_json, request_json
+from .shapes import event_json, held_back_text, queue_json, reading_json, request_json
 
 DEVICE_CHANGES = ("drained", "undrained", "vacating", "vacated", "repartitioned", "outside_use")
 """Events after which a user's streams get the ``devices`` (grants and lease ends carry
@@ -174,7 +174,14 @@ class StreamRules(Rules):
         data: dict[str, Any] = {
             "queue_length": p.length,
             "requests": [
-                request_json(e.request, e, p.length, p.ahead[e.request.id]) for e in entries
+                request_json(
+                    e.request,
+                    e,
+                    p.length,
+                    p.ahead[e.request.id],
+                    held_back_text(self.core, e.request, who.user),
+                )
+                for e in entries
             ],
             "ahead": {e.request.id: p.ahead[e.request.id] for e in entries},
         }

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from ..wire.errors import InvalidRequest
+from ..wire.text import gigabytes, memory
 from .health import CRITICAL_XIDS, HW_POWER_BRAKE, SW_POWER_CAP
 from .models import DeviceEvent, DeviceReading, Health, Inventory
 from .store import Store
@@ -36,7 +37,6 @@ XID_NAMES = {
     120: "a GSP error",
 }
 """What each Xid of ``CRITICAL_XIDS`` means, after NVIDIA's Xid catalog."""
-_MIB_PER_GIB = 1024
 
 
 @dataclass(frozen=True)
@@ -229,10 +229,10 @@ class AlertJudge:
         limit = self.config.memory_full_percent
         if percent < limit:
             return None
-        used, total = r.memory_used_mib / _MIB_PER_GIB, r.memory_total_mib / _MIB_PER_GIB
+        used, total = gigabytes(r.memory_used_mib), memory(r.memory_total_mib)
         return _Finding(
             "warning",
-            f"{name} has {used:.1f} of {total:.1f} GiB of memory in use ({percent:.0f}%, alert "
+            f"{name} has {used} of {total} of memory in use ({percent:.0f}%, alert "
             f"at {limit:g}%): its next allocation may fail.",
         )
 

@@ -68,6 +68,17 @@ def quota_problems(values: Mapping[str, object]) -> dict[str, str]:
     return problems
 
 
+@dataclass(frozen=True)
+class HeldBack:
+    """Why a quota keeps a request waiting: whose quota (``entity``), and either the
+    leases that fill its most at once, or when its spent GPU-hour budget renews."""
+
+    entity: Entity
+    quota: Quota
+    held: tuple[Lease, ...]
+    renews_at: float | None = None
+
+
 class Budgets:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -153,17 +164,26 @@ class Budgets:
     def blocks(self, r: Request, eq: float, now: float) -> bool:
         """Would granting ``r`` ``eq`` GPU-equivalents now break its user's or group's
         quota?"""
-        if not self._quotas:
-            return False
+        return bool(self._quotas) and self.holding_back(r, eq, now) is not None
+
+    def holding_back(self, r: Request, eq: float, now: float) -> HeldBack | None:
+        """The quota that a grant of ``r`` (``eq`` GPU-equivalents) now would break, with
+        what its user or group holds, or when its spent budget renews; None if none."""
         for entity in entities(r.user, r.group):
             q = self._quotas.get(entity)
             if q is None:
                 continue
             if q.max_gpus is not None and self._held_eq[entity] + eq > q.max_gpus + 1e-9:
-                return True
+                return HeldBack(entity, q, tuple(self._leases.get(entity, {}).values()))
             if q.gpu_hours is not None and self._budget_spent(entity, q, now) >= q.gpu_hours:
-                return True
-        return False
+                assert q.period_s is not None
+                renews_at = (now // q.period_s + 1) * q.period_s
+                return HeldBack(entity, q, (), renews_at)
+        return None
+
+    def held(self, kind: str, name: str) -> float:
+        """The GPU-equivalents ``(kind, name)`` holds now."""
+        return max(0.0, self._held_eq.get((kind, name), 0.0))
 
     def spent(self, entity: Entity, now: float) -> float | None:
         """The GPU-hours ``entity`` used in its budget's current period, running leases

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..wire.profiles import CATALOG, COMPUTE_SLICES
-from ..wire.sizes import Size
+from ..wire.sizes import Size, gb_to_mib
 from .models import Lease, Request
 from .placement import WHOLE_GPU, Groups, Placer
 from .policy import Context, Policy
@@ -371,7 +371,7 @@ class FreeTimes:
             return self._on_slices(_compute_slices(size.profile), length, after)
         if size.gpus is not None or size.profile is not None:
             return self._on_devices(size.profile or WHOLE_GPU, size.gpus or 1, length, after)
-        return self._by_memory((size.min_memory_gb or 0.0) * 1024, length, after)
+        return self._by_memory(gb_to_mib(size.min_memory_gb or 0.0), length, after)
 
     def _on_slices(self, need: int, length: float, after: float) -> float:
         """``need`` compute slices of the GPU whose ``need``-th slice frees first."""

@@ -59,10 +59,6 @@ class Device:
         return self.compute_slices / COMPUTE_SLICES
 
     @property
-    def memory_gb(self) -> float:
-        return self.memory_mib / 1024
-
-    @property
     def label(self) -> str:
         """What a person calls it: ``GPU 3``, ``GPU 3 / 1g.10gb@2``, on a cluster
         prefixed by the node (``node-a GPU 3``)."""

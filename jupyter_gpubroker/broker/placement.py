@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..wire.profiles import CATALOG, GpuModel, MigProfile
-from ..wire.sizes import Size
+from ..wire.sizes import Size, gb_to_mib
 from .models import Device, Gpu, Inventory
 
 WHOLE_GPU = "gpu"
@@ -372,7 +372,7 @@ class Placer:
             return [s for s in self._count if s[0] == WHOLE_GPU]
         if size.profile is not None:
             return [s for s in self._count if s[0] == size.profile]
-        need = (size.min_memory_gb or 0) * 1024
+        need = gb_to_mib(size.min_memory_gb or 0)
         return [s for s in self._count if s[1] >= need]
 
     def _of_model(self, d: Device, model: str | None) -> bool:
@@ -397,7 +397,7 @@ class Placer:
         if size.profile is not None:
             return [d for d in self.devices.values() if d.profile == size.profile]
         assert size.min_memory_gb is not None
-        need = size.min_memory_gb * 1024
+        need = gb_to_mib(size.min_memory_gb)
         return [d for d in self.devices.values() if d.memory_mib >= need]
 
     def nodes(self) -> set[str]:

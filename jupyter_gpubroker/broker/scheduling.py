@@ -192,8 +192,8 @@ class Scheduler:
             where = "this machine has" if self.placer.nodes() <= {""} else "the largest node has"
             of = f" {size.model}" if size.model else ""
             raise Unsatisfiable(
-                f"asks for {size.gpus} whole{of} GPU(s) but {where} {have}{of} GPU(s) with "
-                "MIG disabled"
+                f"asks for {size.gpus} whole{of} GPU{_s(size.gpus)} but {where} {have}{of} "
+                f"GPU{_s(have)} with MIG disabled"
             )
         if size.profile is not None:
             offered = sorted({d.profile for d in devices if d.profile})
@@ -201,10 +201,9 @@ class Scheduler:
                 f"no GPU here offers MIG profile {size.profile!r}"
                 + (f"; available profiles: {', '.join(offered)}" if offered else "")
             )
-        biggest = max((d.memory_gb for d in devices), default=0.0)
+        biggest = max((d.memory_mib for d in devices), default=0)
         raise Unsatisfiable(
-            f"no device here has {size.min_memory_gb:g} GiB; the largest has "
-            f"{memory(biggest * 1024)}"
+            f"no device here has {size.min_memory_gb:g} GB; the largest has {memory(biggest)}"
         )
 
     def _mig_capable(self, profile: str) -> bool:
@@ -327,3 +326,8 @@ class _Pass:
         if self.reservation is not None and self.s.may_backfill(r.size, self.reservation, self.now):
             return _Step.NEXT  # a shorter request of this size may still backfill
         return _Step.DROP
+
+
+def _s(n: int) -> str:
+    """A plural's ending: "1 GPU", "2 GPUs"."""
+    return "" if n == 1 else "s"

@@ -29,7 +29,7 @@ def unusable(path: str, read_only: bool, e: Exception) -> StateFileError:
         return e
     text = getattr(e, "strerror", None) or str(e)
     access = "read" if read_only else "read and write"
-    code = getattr(e, "sqlite_errorname", "")
+    code = error_name(e)
     if code in DAMAGED:
         cause, todo = DAMAGED[code], RESTORE
     elif code in DENIED or isinstance(e, PermissionError) or not permitted(path, read_only):
@@ -42,6 +42,28 @@ def unusable(path: str, read_only: bool, e: Exception) -> StateFileError:
         f"{path}: {cause}; {todo}, or set c.GPUBroker.state_file (or $GPUBROKER_STATE) "
         "to another file"
     )
+
+
+SAID = {
+    "SQLITE_NOTADB": "file is not a database",
+    "SQLITE_CORRUPT": "database disk image is malformed",
+    "SQLITE_READONLY": "attempt to write a readonly database",
+    "SQLITE_PERM": "access permission denied",
+    "SQLITE_AUTH": "authorization denied",
+}
+"""SQLite's own words for those codes (``sqlite3_errstr``), for Python 3.10, whose errors
+carry no code."""
+
+
+def error_name(e: Exception) -> str:
+    """SQLite's name for the error (``SQLITE_NOTADB``, ...; "" when it is none of SQLite's)."""
+    name = getattr(e, "sqlite_errorname", None)  # Python >= 3.11
+    if name is not None:
+        return str(name)
+    if isinstance(e, sqlite3.Error):
+        text = str(e)
+        return next((code for code, words in SAID.items() if text.startswith(words)), "")
+    return ""
 
 
 def permitted(path_name: str, read_only: bool) -> bool:

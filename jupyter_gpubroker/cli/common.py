@@ -23,6 +23,9 @@ from ..client import (
 )
 
 T = TypeVar("T")
+BY_HAND_RETRY_S = 10.0
+"""How long a call keeps trying a broker at an address typed with ``--url``: a typo there
+is likelier than a hub service restarting."""
 
 
 def seconds(text: str) -> float:
@@ -55,7 +58,8 @@ def connection_args(p: argparse.ArgumentParser, *, json_output: bool = True) -> 
         default=None,
         metavar="SECONDS",
         help=f"how long to keep trying a broker that does not answer, e.g. a hub service "
-        f"restarting (default ${RETRY_ENV}, else {RETRY_FOR_S:g})",
+        f"restarting (default ${RETRY_ENV}, else {BY_HAND_RETRY_S:g} with --url and "
+        f"{RETRY_FOR_S:g} without)",
     )
     if json_output:
         p.add_argument("--json", action="store_true", help="print JSON")
@@ -66,17 +70,21 @@ def client(args: argparse.Namespace) -> BrokerClient:
     kernel, else the user's own token: ``user_token_from_env``, the JupyterHub API token
     in a hub user's terminal), or else the first running Jupyter server."""
     url = args.url or os.environ.get(URL_ENV)
+    retry_for = getattr(args, "retry_for", None)
+    if retry_for is None and args.url and not os.environ.get(RETRY_ENV):
+        retry_for = BY_HAND_RETRY_S
     found = (
         BrokerClient(
             url,
             token=args.token or user_token_from_env(),
             kernel_token=os.environ.get(TOKEN_ENV, ""),
-            retry_for=getattr(args, "retry_for", None),
-            on_retry=_retrying,
+            retry_for=retry_for,
         )
         if url
         else next(server_clients(args.token), None)
     )
+    if found is not None and found.retry_for:
+        found.on_retry = _retrying(found.url.rstrip("/"), found.retry_for)
     if found is None:
         raise BrokerAPIError(
             0,
@@ -87,8 +95,17 @@ def client(args: argparse.Namespace) -> BrokerClient:
     return found
 
 
-def _retrying(why: str) -> None:
-    print(f"the GPU broker does not answer ({why}): trying again", file=sys.stderr)
+def _retrying(url: str, retry_for: float) -> Callable[[str], None]:
+    """What a call says when it first tries again: that it does, where, and how long."""
+
+    def say(why: str) -> None:
+        print(
+            f"the GPU broker at {url} does not answer ({why}): trying again for up to "
+            f"{retry_for:g} s (--retry-for)",
+            file=sys.stderr,
+        )
+
+    return say
 
 
 def server_clients(token: str | None) -> Iterator[BrokerClient]:

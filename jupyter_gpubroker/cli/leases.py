@@ -22,6 +22,7 @@ from ..wire.text import (
     limit_extended,
     limit_until,
     reclaim_warning,
+    size_text,
 )
 from .common import (
     client,
@@ -34,6 +35,8 @@ from .common import (
 
 STOP_GRACE_S = 5.0
 """Seconds ``run`` gives its command after SIGTERM before it kills it."""
+NEWS_WAIT_S = 2.0
+"""Seconds ``run`` waits, once a renewal is refused, for the broker's event saying why."""
 
 
 def add_queue(p: argparse.ArgumentParser) -> None:
@@ -138,9 +141,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     queue = asyncio.run(client(args).queue())
     rows = [("POS", "USER", "SIZE", "CLASS", "SUBMITTED", "ETA")]
     for e in queue:
-        size = e.get("profile") or (
-            f"{e['gpus']} GPU" if e.get("gpus") else f">={e['min_memory_gb']}GB"
-        )
+        size = size_text(e)
         rows.append(
             (
                 str(e["position"]),
@@ -334,9 +335,12 @@ async def _hold(
             if watching in done and watching.exception() is None:  # a refused stream: no news
                 why = watching.result()
                 break
-            if renewing in done:
+            if renewing in done:  # the event that says why is often a moment behind
                 lost = renewing.result()
                 why = f"lost lease {lease['id']} ({lost.message if lost else 'no longer renewed'})"
+                told, _ = await asyncio.wait({watching}, timeout=NEWS_WAIT_S)
+                if told and watching.exception() is None:
+                    why = watching.result()
                 break
         print(f"error: {why}: stopping the command", file=sys.stderr)
         return 1

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+
+from ..wire.sizes import memory_option
 
 
 def add_kernelspec(p: argparse.ArgumentParser) -> None:
@@ -17,7 +20,9 @@ def add_kernelspec(p: argparse.ArgumentParser) -> None:
     what = install.add_mutually_exclusive_group(required=True)
     what.add_argument("--gpu", metavar="PROFILE", help="a MIG profile, e.g. 1g.10gb")
     what.add_argument("--gpus", type=int, help="a number of whole GPUs")
-    what.add_argument("--min-memory", type=float, metavar="GB", help="any device this large")
+    what.add_argument(
+        "--min-memory", type=memory_option, metavar="GB", help="any device with this much memory"
+    )
     what.add_argument(
         "--on-demand",
         action="store_true",
@@ -36,16 +41,28 @@ def add_kernelspec(p: argparse.ArgumentParser) -> None:
 
 
 def add_demo(p: argparse.ArgumentParser) -> None:
-    p.description = (
+    from ..nvml.presets import PRESETS  # this command's only: it starts the simulation
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the machines' lines as written
+    p.description = textwrap.fill(
         "Start JupyterLab with the embedded broker on a simulated machine, in a "
         "temporary directory holding the GPU kernelspecs, the state file and a copy of the "
         "tour, which it opens. Ctrl-C or SIGTERM stops it and removes that directory."
+    )
+    machines = [(name, topology.describe()) for name, topology in PRESETS.items()]
+    machines += [
+        ("NAME:N", "any of them with N GPUs, e.g. dgx-h100-mig:2"),
+        ("FILE.yaml", "a topology file of your own (docs/hardware.md)"),
+    ]
+    p.epilog = "simulated machines (--simulate):\n" + "\n".join(
+        textwrap.fill(said, 79, initial_indent=f"  {name:<19} ", subsequent_indent=" " * 22)
+        for name, said in machines
     )
     p.add_argument(
         "--simulate",
         default="dgx-h100-mig",
         metavar="TOPOLOGY",
-        help="the simulated machine (default dgx-h100-mig)",
+        help="the simulated machine, one of those below (default dgx-h100-mig)",
     )
     p.add_argument(
         "--port", type=int, help="default: $JUPYTER_PORT, else 8888 or the next free port"

@@ -110,7 +110,7 @@ def render_status(report: dict[str, Any]) -> str:
             (
                 _gpu_label(g),
                 f"{g['name']}" + (" [MIG]" if g["mig_enabled"] else ""),
-                f"{g['memory_mib'] / 1024:.0f} GiB",
+                memory(g["memory_mib"]),
                 _pct(g.get("utilization_gpu")),
                 _num(g.get("temperature_c"), "C"),
                 _num(g.get("power_w"), "W"),

@@ -39,7 +39,7 @@ from traitlets import Unicode
 from ..broker.models import Device, Gpu, Inventory
 from ..broker.placement import WHOLE_GPU
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
-from ..wire.sizes import RESOLUTION
+from ..wire.sizes import RESOLUTION, gb_to_mib
 from ..wire.traits import Seconds
 from . import ClusterView, EngineUnavailable, InventorySource
 
@@ -197,7 +197,7 @@ def _size(
     if known is not None:
         return known.memory_mib, known.compute_slices, cls
     label = MEMORY_LABEL if strategy == "single" else f"{resource}.memory"
-    memory = _count(labels.get(label, 0)) or int(profile_memory_gb(cls) * 1024)
+    memory = _count(labels.get(label, 0)) or int(gb_to_mib(profile_memory_gb(cls)))
     return memory, int(cls.split("g", 1)[0]), cls
 
 

@@ -36,7 +36,7 @@ from traitlets import Dict, TraitError, Unicode, validate
 from ..broker.models import Device, Gpu, Inventory
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES, GpuModel
-from ..wire.sizes import MAX_MEMORY_GB, RESOLUTION, number
+from ..wire.sizes import MAX_MEMORY_GB, RESOLUTION, gb_to_mib, number
 from ..wire.traits import Seconds
 from . import ClusterView, EngineUnavailable, InventorySource
 
@@ -217,7 +217,7 @@ def node_inventory(
             continue
         model = whole_gpu_model(gres_type)
         if gres_type in memory_gb:
-            mib = int(memory_gb[gres_type] * 1024)
+            mib = int(gb_to_mib(memory_gb[gres_type]))
         else:
             mib = model.memory_mib if model is not None else 0
         key = model.key if model is not None and model.memory_mib == mib else None

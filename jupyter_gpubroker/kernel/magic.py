@@ -23,8 +23,8 @@ from traitlets import observe
 from traitlets.log import get_logger
 
 from ..client import BrokerAPIError, NoReply
-from ..wire.errors import BrokerError
-from ..wire.sizes import RESOLUTION, Size, extension, time_limit
+from ..wire.errors import BrokerError, UnknownProfile
+from ..wire.sizes import RESOLUTION, Size, extension, memory_option, time_limit
 from ..wire.text import duration, limit_extended, sentence, size_text
 from ..wire.traits import Seconds
 from . import GpuError
@@ -77,11 +77,6 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown
 
 
-def gigabytes(text: str) -> float:
-    """``20GB`` or ``20`` -> 20.0."""
-    return float(text.strip().lower().removesuffix("gb"))
-
-
 def build_parser() -> _Parser:
     parser = _Parser(
         prog="%gpu",
@@ -97,7 +92,11 @@ def build_parser() -> _Parser:
     )
     request.add_argument("--gpus", type=int, metavar="N", help="N whole GPUs")
     request.add_argument(
-        "--min-memory", type=gigabytes, metavar="GB", help="any GPU or slice with this memory"
+        "--min-memory",
+        type=memory_option,
+        metavar="GB",
+        help="any GPU or slice with at least this memory, in GB as NVIDIA names them (a "
+        "3g.20gb slice has 20 GB)",
     )
     request.add_argument(
         "--class",
@@ -154,6 +153,8 @@ def requested_size(args: argparse.Namespace) -> dict[str, Any]:
             size = Size(gpus=args.gpus)
         else:
             size = Size(min_memory_gb=args.min_memory)
+    except UnknownProfile:
+        raise  # the magic names this machine's profiles
     except BrokerError as e:
         raise GpuError(e.message) from None
     return size.to_json()
@@ -291,7 +292,10 @@ class GPUMagics(Magics):
         return self._panel(tracker, lease or tracker.request, cancellable=True)
 
     def _request(self, args: argparse.Namespace) -> GpuResult:
-        size = requested_size(args)
+        try:
+            size = requested_size(args)
+        except UnknownProfile:
+            raise GpuError(self._unknown_profile(args.size.strip())) from None
         held = self.session.live()
         if held is not None and (lease := self.session.shared(held)):  # a second device: never
             r = held.request
@@ -321,6 +325,18 @@ class GPUMagics(Magics):
         except KeyboardInterrupt:  # the kernel was interrupted: leave nothing queued
             self.session.withdraw(tracker)
             raise GpuError(withdrawn) from None
+
+    def _unknown_profile(self, name: str) -> str:
+        """A profile no GPU has, with the profiles this machine offers (not NVIDIA's whole
+        catalogue)."""
+        session = self.session
+        gpus = session.call(session.client.devices())
+        here = sorted({d["profile"] for g in gpus for d in g["devices"] if d["kind"] == "mig"})
+        offered = f"this machine offers {', '.join(here)}" if here else "no GPU here is in MIG mode"
+        return (
+            f"unknown MIG profile {name.removeprefix('profile=')!r}: {offered}; or ask for "
+            "--gpus N, or --min-memory 20GB"
+        )
 
     def _wait(self, tracker: Tracker, timeout: float | None) -> None:
         try:

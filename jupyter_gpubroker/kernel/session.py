@@ -36,8 +36,9 @@ T = TypeVar("T")
 LEASE_ENV = "GPUBROKER_LEASE_ID"
 """The provisioner's own lease, which it renews itself."""
 KERNEL_ENV = "GPUBROKER_KERNEL_ID"
-PLACE = ("position", "place", "eta", "eta_range", "eta_known", "eta_basis")
-"""A waiting request's place in the queue, which ``positions`` events bring."""
+PLACE = ("position", "place", "eta", "eta_range", "eta_known", "eta_basis", "held_back")
+"""A waiting request's place in the queue (and a quota's hold on it), which ``positions``
+events bring."""
 
 NO_BROKER = (
     "no GPU broker for this kernel: start it with a GPU kernelspec (e.g. "
@@ -63,10 +64,13 @@ class Activity:
     def _finished(self, *_: Any) -> None:
         self.busy, self.since = False, time.time()
 
-    def text(self) -> str:
-        return (
-            "kernel busy" if self.busy else f"kernel idle for {duration(time.time() - self.since)}"
-        )
+    def text(self, granted_at: float) -> str:
+        """Busy, or idle since its last cell but never since before the grant (a kernel
+        that waited in the queue for half an hour was not idle on its GPU): the time idle
+        reclaim counts, and the Lab panel shows."""
+        if self.busy:
+            return "kernel busy"
+        return f"kernel idle for {duration(time.time() - max(self.since, granted_at))}"
 
     def report(self) -> dict[str, Any]:
         """As a lease renewal reports it (a central broker cannot watch this kernel)."""

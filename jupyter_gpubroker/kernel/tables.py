@@ -130,7 +130,7 @@ def usage_text(days: list[dict[str, Any]]) -> str:
 def usage_html(days: list[dict[str, Any]]) -> str:
     top = usage_scale(days)
     rows = "".join(
-        table_row(day, bar(100 * h / top, "var(--jp-brand-color1,#1976d2)"), gpu_hours(h))
+        table_row(day, bar(100 * h / top, "var(--jp-brand-color1,#1976d2)", False), gpu_hours(h))
         for day, h in usage_rows(days)
     )
     total = sum(d["gpu_hours"] for d in days)

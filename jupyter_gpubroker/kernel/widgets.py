@@ -29,6 +29,7 @@ from ..wire.text import (
     count,
     duration,
     eta_text,
+    gigabytes,
     limit_reason,
     limit_until,
     memory,
@@ -107,7 +108,7 @@ class Held:
 
     @property
     def memory_text(self) -> str:
-        used = "?" if self.used_mib is None else f"{self.used_mib / 1024:.1f}"
+        used = "?" if self.used_mib is None else gigabytes(self.used_mib)
         return f"{used} / {memory(self.memory_mib)}"
 
     @property
@@ -179,10 +180,13 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
     if tracker.state == "queued":
         ahead = ", ".join(f"{n} {cls}" for cls, n in sorted(tracker.ahead.items())) or "none"
         title = f"Waiting for {size}: position {r.get('position')} of {tracker.queue_length}"
+        if r.get("held_back"):  # it says when it starts: no estimate from the queue
+            return title, [f"{sentence(r['held_back'])} Ahead: {ahead}."]
         return title, [f"ETA {eta_text(r)} · ahead: {ahead}"]
     lease = tracker.lease
     if tracker.state == "granted" and lease is not None:
-        details = f"held {duration(time.time() - when(lease['granted_at']))} · {activity.text()}"
+        granted_at = when(lease["granted_at"])
+        details = f"held {duration(time.time() - granted_at)} · {activity.text(granted_at)}"
         if lease.get("ends_at"):
             details += f" · {limit_until(when(lease['ends_at']))}"
         warning = limit_warning(tracker)
@@ -485,14 +489,16 @@ def table_row(label: str, graphic: str, value: str) -> str:
     )
 
 
-def bar(percent: float | None, color: str = "#2e9d4f") -> str:
-    """A horizontal bar filled to ``percent`` (nothing if unknown)."""
+def bar(percent: float | None, color: str = "#2e9d4f", track: bool = True) -> str:
+    """A horizontal bar filled to ``percent`` (nothing if unknown) on a grey track, or
+    on none (``track``: a chart's bars, where a grey track reads as a bar of its own)."""
     if percent is None:
         return ""
     fill = max(0.0, min(100.0, percent))
+    behind = "var(--jp-layout-color3,#e0e0e0)" if track else "transparent"
     return (
         '<div style="display:inline-block;width:160px;height:10px;border-radius:3px;'
-        'vertical-align:middle;background:var(--jp-layout-color3,#e0e0e0)">'
+        f'vertical-align:middle;background:{behind}">'
         f'<div style="width:{fill:.1f}%;height:100%;border-radius:3px;background:{color}">'
         "</div></div>"
     )

@@ -53,6 +53,7 @@ seeds it from its state file (see ``GPUBroker.simulate_seed``).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -98,6 +99,28 @@ class Topology:
     def __post_init__(self) -> None:
         if not self.seed:
             object.__setattr__(self, "seed", self.name)
+
+    def describe(self) -> str:
+        """The machine in words: "8 H100-80GB GPUs, each cut into 7 1g.10gb slices",
+        "an A100-40GB cut into 3g.20gb, 2g.10gb and 2 1g.5gb slices, and an A100-40GB
+        with MIG off"."""
+        runs: list[tuple[GpuSpec, int]] = []
+        for gpu in self.gpus:
+            if runs and runs[-1][0] == gpu:
+                runs[-1] = (gpu, runs[-1][1] + 1)
+            else:
+                runs.append((gpu, 1))
+        said = []
+        for gpu, n in runs:
+            what = f"{n} {gpu.model} GPUs" if n > 1 else f"one {gpu.model}"
+            cut = Counter(profile for profile, _ in gpu.instances)
+            if not gpu.mig_enabled:
+                said.append(f"{what} with MIG off")
+                continue
+            parts = [f"{k} {p}" if k > 1 else p for p, k in cut.items()]
+            slices = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+            said.append(f"{what}, {'each ' if n > 1 else ''}cut into {slices} slices")
+        return "; ".join(said)
 
     def scaled(self, count: int) -> Topology:
         """The same machine with ``count`` GPUs, repeating its GPU list in order."""

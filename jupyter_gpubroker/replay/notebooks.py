@@ -64,7 +64,7 @@ from ..monitor.samples import SampleStore
 from ..nvml import NvmlBackend, open_backend
 from ..suspend import SUSPENDED, Suspender, Suspension
 from ..suspend.simulated import SimulatedCheckpointDriver
-from ..wire.sizes import Size
+from ..wire.sizes import MIB_PER_GB, Size  # the trace's ``vram``: GB, as every size
 
 TICK_S = 60.0
 """The trace's tick: one minute."""
@@ -75,8 +75,6 @@ HEARTBEAT_S = 1800.0
 NO_WAIT_S = 1.0
 """A GPU cell that waited less than this started without waiting (a modelled restore
 of the trace's largest memory takes 0.6 s at the bound used)."""
-MIB_PER_GB = 1000**3 / 2**20
-"""The trace's ``vram`` is in GB (10^9 bytes)."""
 
 
 @dataclass(frozen=True)

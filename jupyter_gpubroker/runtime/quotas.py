@@ -3,6 +3,8 @@ every start (the entities it names are reset to it)."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from pathlib import Path
 
 import yaml
@@ -29,8 +31,21 @@ def apply_quotas_file(core: Broker, path: Path) -> None:
             check_name(str(name), kind)
             if not isinstance(values, dict):
                 raise InvalidRequest(f"quotas file {path}: {kind} {name!r} needs a mapping")
-            try:
-                quota = Quota(**values)
-            except TypeError as e:
-                raise InvalidRequest(f"quotas file {path}: {kind} {name!r}: {e}") from None
-            core.set_quota(kind, str(name), quota)
+            if unknown := sorted(set(map(str, values)) - SETTINGS):
+                raise InvalidRequest(
+                    f"quotas file {path}: {kind} {name!r}: {_unknown(unknown)}; "
+                    f"a quota's settings are {', '.join(sorted(SETTINGS))}"
+                )
+            core.set_quota(kind, str(name), Quota(**values))
+
+
+SETTINGS = {f.name for f in dataclasses.fields(Quota)}
+
+
+def _unknown(names: list[str]) -> str:
+    """The unknown settings in words, with the known one each may be a typo of."""
+    said = []
+    for name in names:
+        close = difflib.get_close_matches(name, SETTINGS, n=1)
+        said.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return f"no setting {' or '.join(said)}"

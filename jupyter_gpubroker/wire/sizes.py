@@ -25,6 +25,37 @@ GPU-hours, shares, seconds): a smaller one, a subnormal like 5e-324 above all, i
 or a probe, never a size or a limit anyone means (a 1e-320 GPU quota refuses everything)."""
 MAX_GPUS = 1024
 MAX_MEMORY_GB = 4096.0
+MIB_PER_GB = 1e9 / 2**20
+"""A GB is 10^9 bytes, as NVIDIA names its cards and MIG profiles: every device NVIDIA
+calls N GB has at least N of them (a 1g.10gb slice of an H100: 9984 MiB, 10.4 GB), so a
+request for ``min_memory_gb`` 20 takes a 3g.20gb slice. NVML counts MiB (2^20 bytes)."""
+
+
+def gb_to_mib(gb: float) -> float:
+    """``min_memory_gb`` in the MiB NVML reports devices' memory in."""
+    return gb * MIB_PER_GB
+
+
+def mib_to_gb(mib: float) -> float:
+    """A device's memory (NVML's MiB) in GB."""
+    return mib / MIB_PER_GB
+
+
+MEMORY_WORDS = "a size in GB such as 20GB (or, said so, 18.6GiB)"
+"""What ``parse_memory`` takes, in words."""
+_MEMORY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(gb|gib)?", re.IGNORECASE)
+
+
+def parse_memory(text: str) -> float:
+    """GB from what a person types: "20GB", "20 GB", "20" or, said so, "18.6GiB"
+    (converted exactly); a clear ``InvalidRequest`` otherwise."""
+    match = _MEMORY.fullmatch(text.strip())
+    if match is None:
+        raise InvalidRequest(f"the memory must be {MEMORY_WORDS}, not {text.strip()!r}")
+    number, unit = float(match.group(1)), (match.group(2) or "gb").lower()
+    return number * 2**30 / 1e9 if unit == "gib" else number
+
+
 MAX_DURATION_S = 366 * 86400.0
 DURATIONS = f"seconds, at least {RESOLUTION:g} and at most a year"
 """What a hold time takes (``hold_seconds``: an expected duration, a limit, an
@@ -173,28 +204,39 @@ def parse_duration(value: object, what: str = "the time limit") -> float:
             if not parts or _PART.sub("", text).strip():
                 raise InvalidRequest(f"{what} must be {DURATION_WORDS}, not {said(text)}") from None
             value = sum(float(n) * _UNIT_S[unit.lower()] for n, unit in parts)
-    if not quantity(value, RESOLUTION, MAX_DURATION_S):
+    if not quantity(value, RESOLUTION, MAX_DURATION_S) or value == 0:
+        if finite_number(value) and value <= 0:  # type: ignore[operator]
+            raise InvalidRequest(f"{what} must be more than zero, such as '2h', not {said(given)}")
+        if finite_number(value) and value > MAX_DURATION_S:  # type: ignore[operator]
+            raise InvalidRequest(f"{what} must be at most a year, not {said(given)}")
         raise InvalidRequest(f"{what} must be {DURATION_WORDS}, up to a year, not {said(given)}")
     return float(value)  # type: ignore[arg-type]
 
 
-def duration_option(what: str) -> Callable[[str], float]:
-    """A duration as a command-line option takes it: ``parse_duration``'s, its refusal
-    (naming ``what``) in argparse's terms."""
+def option(parse: Callable[[str], float]) -> Callable[[str], float]:
+    """``parse`` as a command-line option's type: its refusal in argparse's terms."""
 
-    def parse(text: str) -> float:
+    def parsed(text: str) -> float:
         try:
-            return parse_duration(text, what)
+            return parse(text)
         except InvalidRequest as e:
             raise argparse.ArgumentTypeError(e.message) from None
 
-    return parse
+    return parsed
+
+
+def duration_option(what: str) -> Callable[[str], float]:
+    """A duration as a command-line option takes it: ``parse_duration``'s, its refusal
+    naming ``what``."""
+    return option(lambda text: parse_duration(text, what))
 
 
 time_limit = duration_option("the time")
 """A time limit: ``--time``, ``%gpu request ... --for``."""
 extension = duration_option("the extension")
 """More time on a lease's limit: ``extend --by``, ``%gpu extend``."""
+memory_option = option(parse_memory)
+"""A memory size: ``--min-memory 20GB`` of ``%gpu request`` and the CLI."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +293,7 @@ class Size:
     @classmethod
     def parse(cls, text: str) -> Size:
         """Parse the short form a person types: ``2`` or ``gpus=2`` (``2@H100-80GB``),
-        ``1g.10gb``, ``20GB`` or ``min_memory_gb=20``."""
+        ``1g.10gb``, ``20GB`` (``20GiB``) or ``min_memory_gb=20``."""
         t = text.strip()
         if "=" in t:
             k, _, v = t.partition("=")
@@ -265,8 +307,8 @@ class Size:
             raise InvalidRequest(f"unknown size field {k!r} in {text!r}")
         if t.partition("@")[0].isdigit():
             return cls._gpus(t)
-        if t.lower().endswith("gb") and t[:-2].replace(".", "", 1).isdigit():
-            return cls(min_memory_gb=_float(t[:-2]))
+        if _MEMORY.fullmatch(t) and t[-1:].lower() == "b":
+            return cls(min_memory_gb=parse_memory(t))
         return cls(profile=t)
 
     @classmethod

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from .sizes import mib_to_gb
+
 LIVE = ("queued", "granted")
 """A request's states (as the API names them) until it ends: waiting, then held."""
 SERVER_HOLDER = "server:"
@@ -82,8 +84,8 @@ def start_estimate(
         return "unknown"
     low, median, high = estimate
     until = f"-{clock(high)}" if high is not None else " or later"
-    if median <= now:
-        return "any moment" + (f" (by {clock(high)})" if high is not None else "")
+    if median <= now:  # a bound already past promises nothing: not "by 19:18" at 19:28
+        return "any moment" + (f" (by {clock(high)})" if high is not None and high > now else "")
     start = "now" if low <= now else clock(low)
     if start == clock(median) and high is not None and clock(high) == start:
         return start
@@ -101,13 +103,14 @@ def promise_broken(was: float, why: str, now_by: float | None) -> str:
 
 
 def size_text(r: Mapping[str, Any]) -> str:
-    """What a request asks for, in words: "1g.10gb", "2 GPU(s)" ("2 H100-80GB GPU(s)")
-    or ">= 20 GiB"."""
+    """What a request asks for, in words: "1g.10gb", "1 GPU", "2 GPUs" ("2 H100-80GB
+    GPUs") or "at least 20 GB"."""
     if r.get("gpus"):
-        return f"{r['gpus']} {r['model']} GPU(s)" if r.get("model") else f"{r['gpus']} GPU(s)"
+        n = r["gpus"]
+        return f"{n} {r['model'] + ' ' if r.get('model') else ''}GPU{'' if n == 1 else 's'}"
     if r.get("profile"):
         return str(r["profile"])
-    return f">= {r.get('min_memory_gb')} GiB"
+    return f"at least {r.get('min_memory_gb'):g} GB"
 
 
 ETA_BASIS = {
@@ -184,15 +187,24 @@ def holder(holder_id: str | None, kernel_name: str | None = None) -> str:
     return f"kernel {kernel_name}" if kernel_name else f"kernel {holder_id[:8]}"
 
 
-def memory(mib: float) -> str:
-    """A device's memory in GiB, one decimal, rounded down (a size shown fits): "9.7 GiB".
+def gigabytes(mib: float) -> str:
+    """NVML's MiB as GB (``sizes.MIB_PER_GB``), one decimal, rounded down so that a size
+    shown fits: "10.4" for a 1g.10gb slice of an H100 (9984 MiB)."""
+    return f"{math.floor(mib_to_gb(mib) * 10 + 1e-9) / 10:.1f}"
 
-    NVML reports memory in MiB (bytes / 2**20) and nvidia-smi shows it so; the broker
-    compares ``min_memory_gb`` with MiB / 1024. GiB is that same binary unit, so what a
-    user reads here is what the broker compares and what nvidia-smi shows, divided by
-    1024. (MIG profile names, "1g.10gb", are NVIDIA's names, not sizes: a 1g.10gb slice
-    has 9.7 GiB.)"""
-    return f"{math.floor(mib / 102.4 + 1e-9) / 10:.1f} GiB"
+
+def memory(mib: float) -> str:
+    """A device's memory in GB, as NVIDIA names its cards and profiles and as
+    ``min_memory_gb`` is compared: "10.4 GB" (a 1g.10gb slice), "85.5 GB" (an H100 80GB)."""
+    return f"{gigabytes(mib)} GB"
+
+
+def lease_size(lease: Mapping[str, Any]) -> str:
+    """What a lease holds, as its request's size reads: "1g.10gb", "1 GPU", "2 GPUs" (a
+    lease's ``profile`` is ``gpu`` for whole GPUs)."""
+    if lease.get("profile") and lease["profile"] != "gpu":
+        return str(lease["profile"])
+    return size_text({"gpus": len(lease.get("devices") or ()) or 1})
 
 
 def devices_held(held: Iterable[Mapping[str, object]]) -> str:
@@ -212,6 +224,20 @@ def devices_held(held: Iterable[Mapping[str, object]]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def worth(gpus: float, profiles: Mapping[str, float]) -> str:
+    """GPU-equivalents held, in things: "nothing", "two whole GPUs", "one 1g.10gb slice"
+    (in the smallest profile they make up), else "0.3 GPUs' worth"."""
+    if gpus <= 1e-9:
+        return "nothing"
+    if abs(gpus - round(gpus)) < 1e-6:
+        return count(round(gpus), "whole GPU")
+    for p, e in sorted(profiles.items(), key=lambda x: x[1]):
+        n = round(gpus / e)
+        if abs(n * e - gpus) < 1e-3:
+            return count(n, f"{p} slice")
+    return f"{gpus:.2g} GPUs' worth"
+
+
 def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
     """What a quota of ``max_gpus`` GPU-equivalents lets a user hold at once, in things:
     "one 1g.10gb slice at a time", "two whole GPUs at a time", "up to two 1g.10gb slices
@@ -222,7 +248,8 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
         return "no limit at a time"
     whole = int(max_gpus + 1e-9)
     options = [count(whole, "whole GPU")] if whole >= 1 else []
-    fits = {p: int(max_gpus / e + 1e-9) for p, e in sorted(profiles.items(), key=lambda x: x[1])}
+    # 1e-3: the API rounds a slice's share of a GPU (1/7 to 0.1429), a quota may be exact
+    fits = {p: int(max_gpus / e + 1e-3) for p, e in sorted(profiles.items(), key=lambda x: x[1])}
     options += [count(n, f"{p} slice") for p, n in fits.items() if n >= 1]
     if not options:
         return f"{max_gpus:g} GPUs' worth at a time, less than any device here"
@@ -231,18 +258,51 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
     return f"up to {', '.join(options[:-1])} or {options[-1]} at a time"
 
 
+def request_ended(state: str, reason: str) -> str:
+    """A request that ended before its grant, its state said once: "request cancelled by
+    admin1: nightly run", "request expired: its holder stopped renewing it"."""
+    if not reason:
+        return f"request {state}"
+    return f"request {reason}" if reason.startswith(state) else f"request {state}: {reason}"
+
+
+def held_back(
+    kind: str,
+    name: str,
+    mine: bool,
+    *,
+    allows: str = "",
+    holds: str = "",
+    budget: str = "",
+    renews_at: float | None = None,
+) -> str:
+    """Why a quota keeps a request waiting, naming whose quota it is (``mine``: the
+    reader's own): "group ML Team's quota allows one 1g.10gb slice at a time and its
+    members hold one 1g.10gb slice: it starts once they give one back"; a spent budget
+    (``budget``: "10 GPU-hours per day"): "..., it starts when it renews at 00:00"."""
+    if kind == "group":
+        whose, holder, back = f"group {name}'s", "its members hold", "they give"
+    elif mine:
+        whose, holder, back = "your", "you hold", "you give"
+    else:
+        whose, holder, back = f"{name}'s", f"{name} holds", f"{name} gives"
+    if renews_at is not None:
+        renews = clock(renews_at)
+        return f"{whose} budget of {budget} is spent: it starts when it renews at {renews}"
+    return f"{whose} quota allows {allows} and {holder} {holds}: it starts once {back} one back"
+
+
 def gpu_hours(hours: float) -> str:
-    """GPU-hours as a chart's label says them, so that bars of clearly different length
-    never read the same: "120 h", "2.5 h", "36 min", "45 s", "under a second"."""
+    """GPU-hours as a chart's label says them, in hours as its title does, two
+    significant digits below one, so that bars of clearly different length never read the
+    same: "120 h", "2.5 h", "0.25 h", "0.0067 h"; "under 0.001 h" (four seconds of a GPU)."""
     if hours >= 10:
         return f"{hours:,.0f} h"
     if hours >= 1:
         return f"{hours:.1f} h"
-    if hours * 60 >= 1:
-        return f"{hours * 60:.0f} min"
-    if hours * 3600 >= 1:
-        return f"{hours * 3600:.0f} s"
-    return "under a second" if hours > 0 else "none"
+    if hours >= 0.001:
+        return f"{float(f'{hours:.2g}'):.6f}".rstrip("0").rstrip(".") + " h"
+    return "under 0.001 h" if hours > 0 else "none"
 
 
 def period(seconds: float) -> str:

@@ -6,7 +6,7 @@ import { trans } from './i18n';
 import { IEtaRange, ILease, IOutside, IQueueEntry, IRequest } from './types';
 
 /** A request's size as every front says it (as wire/text.py `size_text`): "1g.10gb",
- * "2 GPU(s)", "2 H100-80GB GPU(s)", ">= 20 GiB". */
+ * "1 GPU", "2 GPUs", "2 H100-80GB GPUs", "at least 20 GB". */
 export function sizeText(r: {
   profile?: string | null;
   gpus?: number | null;
@@ -15,13 +15,24 @@ export function sizeText(r: {
 }): string {
   if (r.gpus) {
     return r.model
-      ? trans.__('%1 %2 GPU(s)', r.gpus, r.model)
-      : trans.__('%1 GPU(s)', r.gpus);
+      ? trans._n('%1 %2 GPU', '%1 %2 GPUs', r.gpus, r.model)
+      : trans._n('%1 GPU', '%1 GPUs', r.gpus);
   }
   if (r.profile) {
     return r.profile;
   }
-  return trans.__('>= %1 GiB', r.min_memory_gb ?? '?');
+  return trans.__('at least %1 GB', r.min_memory_gb ?? '?');
+}
+
+/** What a lease holds, as its request's size reads (as wire/text.py `lease_size`):
+ * "1g.10gb", "1 GPU", "2 GPUs" (a lease's `profile` is `gpu` for whole GPUs). */
+export function leaseSize(lease: {
+  profile: string;
+  devices: string[];
+}): string {
+  return lease.profile && lease.profile !== 'gpu'
+    ? lease.profile
+    : sizeText({ gpus: lease.devices.length || 1 });
 }
 
 /** Seconds as "45 s", "12 min", "2 h 05 min", each unit rounded down, none below
@@ -161,7 +172,8 @@ function startEstimate(
   now: number
 ): string {
   if (Date.parse(median) <= now) {
-    return high
+    // a bound already past promises nothing: not "by 19:18" at 19:28
+    return high && Date.parse(high) > now
       ? trans.__('any moment (by %1)', clock(high))
       : trans.__('any moment');
   }
@@ -184,12 +196,16 @@ export function etaBasis(e: {
   return e.eta_known && e.eta_basis ? basisWords(e.eta_basis) : undefined;
 }
 
-/** Memory in GiB as NVML counts it (MiB / 1024), rounded down: "9.7 GiB" (as
- * wire/text.py `memory`); "?" where not reported. */
+/** NVML's MiB in GB (10^9 bytes, as NVIDIA names its cards and MIG profiles), one
+ * decimal, rounded down: "10.4" (as wire/text.py `gigabytes`). */
+export function gigabytes(m: number): string {
+  return (Math.floor(((m * 2 ** 20) / 1e9) * 10 + 1e-9) / 10).toFixed(1);
+}
+
+/** Memory in GB: "10.4 GB" for a 1g.10gb slice (as wire/text.py `memory`); "?" where
+ * not reported. */
 export function mib(m: number | null): string {
-  return m === null
-    ? '?'
-    : trans.__('%1 GiB', (Math.floor(m / 102.4 + 1e-9) / 10).toFixed(1));
+  return m === null ? '?' : trans.__('%1 GB', gigabytes(m));
 }
 
 /** Who holds a lease, as its user says it (as wire/text.py `holder`): "bob's server",
@@ -214,12 +230,16 @@ export function percent(p: number | null): string {
   return p === null ? trans.__('n/a') : `${Math.round(p)}%`;
 }
 
-/** The status bar's few characters: my GPU state at a glance, or null when I have none. */
+/** The status bar's few characters: my GPU state at a glance, or null when I have none;
+ * `length` the queue's, so that a place reads as the notebook's widget says it
+ * ("queue 2 of 2"). The caller passes the current notebook's lease and request where it
+ * has them, so the bar says what that notebook's widget says. */
 export function statusText(
   leases: ILease[],
   waiting: Array<IRequest | IQueueEntry>,
   utilization: (lease: ILease) => number | null,
-  now: number
+  now: number,
+  length = 0
 ): string | null {
   const first = [...waiting].sort(
     (a, b) => (a.position ?? Infinity) - (b.position ?? Infinity)
@@ -227,10 +247,12 @@ export function statusText(
   let queue: string | null = null;
   if (first && first.position) {
     const eta = etaText(first, now, false);
-    queue =
-      eta === trans.__('unknown')
-        ? trans.__('queue #%1 (ETA unknown)', first.position)
-        : trans.__('queue #%1 %2', first.position, eta);
+    queue = trans.__(
+      'queue %1 of %2, ETA %3',
+      first.position,
+      Math.max(length, first.position),
+      eta
+    );
   }
   let held: string | null = null;
   const warned = leases.find(l => l.reclaim_at);
@@ -241,9 +263,11 @@ export function statusText(
       : trans.__('GPU idle: reclaim in %1', left);
   } else if (leases.length) {
     const l = leases[0];
-    const size =
-      l.profile === 'gpu' ? trans.__('%1 GPU', l.devices.length) : l.profile;
-    held = trans.__('GPU %1 %2', size, percent(utilization(l)));
+    const use = percent(utilization(l));
+    held =
+      l.profile === 'gpu' // "1 GPU 0%", not "GPU 1 GPU 0%"
+        ? trans.__('%1 %2', leaseSize(l), use)
+        : trans.__('GPU %1 %2', l.profile, use);
     if (leases.length > 1) {
       held = trans.__('%1 +%2', held, leases.length - 1);
     }

@@ -11,11 +11,12 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette, Notification } from '@jupyterlab/apputils';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
 
 import gpuSvg from '../style/icons/gpu.svg';
 import { BrokerClient } from './client';
@@ -131,7 +132,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (statusBar) {
       const status = new GpuStatus(
         model,
-        () => void app.commands.execute(OPEN_PANEL)
+        () => void app.commands.execute(OPEN_PANEL),
+        () =>
+          notebooks?.currentWidget?.sessionContext.session?.kernel?.id ?? null
       );
       statusBar.registerStatusItem('jupyter-gpubroker:status', {
         item: status,
@@ -140,13 +143,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
 
-    // Which notebook each running kernel belongs to.
+    // Which notebook each running kernel belongs to; and each kernel seen (its notebook
+    // and kernelspec), to say which notebook a reclaim shut down and start it again.
     const sessions = app.serviceManager.sessions;
+    const seen = new Map<string, { path: string; name: string }>();
     const onSessions = () => {
       const kernels = new Map<string, IKernelInfo>();
       for (const s of sessions.running()) {
         if (s.kernel) {
           kernels.set(s.kernel.id, { path: s.path });
+          seen.set(s.kernel.id, { path: s.path, name: s.kernel.name });
         }
       }
       model.setKernels(kernels);
@@ -181,9 +187,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
           Notification.success(n.message, { autoClose: 6000 })
         );
       } else if (n.kind === 'reclaimed') {
-        Notification.warning(trans.__('GPU reclaimed: %1', n.message), {
-          autoClose: false
-        });
+        const kernel = n.holder ? seen.get(n.holder) : undefined;
+        const notebook = kernel
+          ? notebooks?.find(nb => nb.context.path === kernel.path)
+          : undefined;
+        if (notebook && kernel && n.shutDown) {
+          reclaimedKernel(notebook, kernel.name, n.message);
+        } else {
+          Notification.warning(trans.__('GPU reclaimed: %1', n.message), {
+            autoClose: false
+          });
+        }
       } else if (n.kind === 'outside' || n.kind === 'promise') {
         Notification.warning(n.message, { autoClose: false });
       } else {
@@ -244,12 +258,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       for (const w of model.waitingNotebooks(starting)) {
         const r = w.request;
         seen.add(r.id);
+        // a quota's hold says when it starts: no ETA from the queue then
         const text = trans.__(
           '%1 waits for a GPU (%2): %3; %4',
           w.path,
           sizeText(r),
           r.place ?? trans.__('in the queue'),
-          etaText(r, Date.now())
+          r.held_back ?? etaText(r, Date.now())
         );
         const known = waitingShown.get(r.id);
         if (known) {
@@ -319,5 +334,69 @@ const plugin: JupyterFrontEndPlugin<void> = {
     followBroker();
   }
 };
+
+/** A notebook whose kernel a reclaim shut down: says so in the notebook (a bar above its
+ * cells) and in a notification, each with the button that starts its kernel again (a GPU
+ * kernel asks for its GPU again and waits in the queue like any request); the bar goes
+ * once a kernel runs there again. */
+function reclaimedKernel(
+  notebook: NotebookPanel,
+  kernelName: string,
+  why: string
+): void {
+  const text = trans.__(
+    'Its GPU was reclaimed (%1), and its kernel shut down: its variables are gone. Start the kernel again: it asks for its GPU again and waits in the queue like any request.',
+    why
+  );
+  const label = trans.__('Start the kernel again');
+  let toast = '';
+  const bar = new Widget();
+  bar.addClass('jp-GpuBroker-reclaimed');
+  bar.node.setAttribute('role', 'alert');
+  const start = async () => {
+    bar.dispose();
+    Notification.dismiss(toast);
+    const context = notebook.sessionContext;
+    if (context.session) {
+      // the server ends the reclaimed kernel's session, maybe not yet seen here: end it
+      // first, so that the start makes a new one rather than change a gone one's kernel
+      await context.shutdown().catch(() => undefined);
+    }
+    await context.changeKernel({ name: kernelName });
+  };
+  const said = document.createElement('span');
+  said.textContent = text;
+  const button = document.createElement('button');
+  button.className = 'jp-mod-styled jp-mod-accept';
+  button.textContent = label;
+  button.onclick = () => void start();
+  bar.node.append(said, button);
+  notebook.contentHeader.addWidget(bar);
+  const gone = (_: unknown, change: { newValue: unknown }) => {
+    if (change.newValue) {
+      bar.dispose(); // a kernel runs there again, however it was started
+      notebook.sessionContext.kernelChanged.disconnect(gone);
+    }
+  };
+  notebook.sessionContext.kernelChanged.connect(gone);
+  // a toast shows 140 characters: the reclaim's cause, not its evidence
+  toast = Notification.warning(
+    trans.__(
+      '%1: its GPU was reclaimed (%2) and its kernel shut down; start it again to get a GPU back.',
+      notebook.context.path,
+      why.split(':')[0]
+    ),
+    {
+      autoClose: false,
+      actions: [
+        {
+          label,
+          caption: trans.__('Start its kernel again'),
+          callback: () => void start()
+        }
+      ]
+    }
+  );
+}
 
 export default plugin;

@@ -41,6 +41,9 @@ export interface INotice {
   cause?: string | null;
   /** A time-limit warning's: when the lease's limit ends. */
   endsAt?: string | null;
+  /** A reclaim's: the kernel that held the lease, and whether its server shuts it down. */
+  holder?: string | null;
+  shutDown?: boolean;
 }
 
 /** My events that end a lease (a "GPU granted" notice about it is then stale). */
@@ -125,6 +128,37 @@ export class GpuModel {
     );
   }
 
+  /** The kernel (or server) that holds a lease: its request's holder. */
+  holderOf(lease: ILease): string | null {
+    return (
+      this._overview?.requests.find(r => r.id === lease.request_id)?.holder ??
+      null
+    );
+  }
+
+  /** My leases and waiting requests of one kernel (the current notebook's), or all of
+   * mine where that kernel has none: what the status bar speaks of. */
+  mineFor(kernelId: string | null): {
+    leases: ILease[];
+    waiting: IRequest[];
+  } {
+    const leases = this.leases.filter(l => this.holderOf(l) === kernelId);
+    const waiting = this.waiting.filter(r => r.holder === kernelId);
+    return kernelId && (leases.length || waiting.length)
+      ? { leases, waiting }
+      : { leases: this.leases, waiting: this.waiting };
+  }
+
+  /** How long a lease has been idle now: the broker's figure when it was read, counted
+   * on since (0: in use at that look; null: not known). */
+  idle(lease: ILease, now: number): number | null {
+    const s = lease.idle_s;
+    if (s === undefined || s === null || s <= 0) {
+      return s ?? null;
+    }
+    return s + Math.max(0, now - (this._read.get(lease.id) ?? now)) / 1000;
+  }
+
   /** My suspended kernels' leases: ended, their kernels' GPU memory on the host. */
   get suspended(): ILease[] {
     const o = this._overview;
@@ -183,6 +217,10 @@ export class GpuModel {
 
   setOverview(overview: IOverview): void {
     this._overview = overview;
+    this._read.clear();
+    for (const l of overview.leases) {
+      this._read.set(l.id, Date.now());
+    }
     for (const gpu of overview.gpus) {
       for (const d of gpu.devices) {
         this._sample(d.uuid, d.utilization_gpu);
@@ -262,7 +300,12 @@ export class GpuModel {
     } else if (type === 'warning_cleared') {
       this._notify('cleared', d, d.reason ?? '', null);
     } else if (type === 'reclaimed') {
-      this._notify('reclaimed', d, d.reason ?? trans.__('reclaimed'), null);
+      const ended = d.request?.lease as ILease | undefined;
+      this._notify('reclaimed', d, d.reason ?? trans.__('reclaimed'), null, {
+        holder: d.request?.holder ?? null,
+        shutDown:
+          (ended?.on_reclaim ?? 'shutdown') === 'shutdown' && !ended?.suspended
+      });
     }
     if (ENDS.includes(type)) {
       this._notify('ended', d, d.reason ?? type, null);
@@ -299,6 +342,7 @@ export class GpuModel {
       const active = lease.state === 'active';
       if (active) {
         o.leases.push(lease);
+        this._read.set(lease.id, Date.now());
       }
       this._hold(
         o,
@@ -392,6 +436,8 @@ export class GpuModel {
   private _away: string | null = null;
   private _kernels = new Map<string, IKernelInfo>();
   private _history = new Map<string, Array<number | null>>();
+  /** When each lease (its `idle_s`) was last read, in ms since the epoch. */
+  private _read = new Map<string, number>();
   private _changed = new Signal<this, void>(this);
   private _notice = new Signal<this, INotice>(this);
 }

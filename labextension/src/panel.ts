@@ -65,9 +65,11 @@ export class GpuPanel extends Widget {
 }
 
 export class GpuStatus extends Widget {
+  /** `current`: the kernel of the notebook in front, whose GPU the bar speaks of. */
   constructor(
     readonly model: GpuModel,
-    readonly onClick: () => void
+    readonly onClick: () => void,
+    readonly current: () => string | null = () => null
   ) {
     super();
     this.addClass('jp-GpuBroker-status');
@@ -79,7 +81,15 @@ export class GpuStatus extends Widget {
 
   get text(): string | null {
     const m = this.model;
-    return statusText(m.leases, m.waiting, l => m.utilization(l), Date.now());
+    const { leases, waiting } = m.mineFor(this.current());
+    const length = m.overview?.length ?? 0;
+    return statusText(
+      leases,
+      waiting,
+      l => m.utilization(l),
+      Date.now(),
+      length
+    );
   }
 
   protected onUpdateRequest(): void {

@@ -13,6 +13,7 @@ import {
   extendCaption,
   extendLabel,
   holderText,
+  leaseSize,
   limitWarned,
   percent,
   since,
@@ -240,11 +241,12 @@ export function renderQueue(
 ): HTMLElement {
   const table = el('table', 'jp-GpuBroker-queue');
   const head = table.createTHead().insertRow();
+  // five columns that fit the sidebar's default width with their words whole: how long
+  // a request has waited goes under its ETA, as its class under its size
   const heads = [
     trans.__('#'),
     trans.__('user'),
     trans.__('size, class'),
-    trans.__('waiting'),
     trans.__('ETA'),
     ''
   ];
@@ -262,8 +264,15 @@ export function renderQueue(
     const size = el('td', '', sizeText(q));
     size.appendChild(el('div', 'jp-GpuBroker-class', q.job_class));
     tr.appendChild(size);
-    tr.appendChild(el('td', '', duration(since(q.submitted_at, now))));
-    tr.appendChild(el('td', '', etaText(q, now, false)));
+    const eta = el('td', '', etaText(q, now, false));
+    eta.appendChild(
+      el(
+        'div',
+        'jp-GpuBroker-class',
+        trans.__('waiting %1', duration(since(q.submitted_at, now)))
+      )
+    );
+    tr.appendChild(eta);
     const td = el('td', '');
     if (q.mine && q.id) {
       const id = q.id;
@@ -285,7 +294,7 @@ export function renderQueue(
       'jp-GpuBroker-empty',
       trans.__('The GPU queue is empty.')
     );
-    td.colSpan = 6;
+    td.colSpan = 5;
     tr.appendChild(td);
   }
   // What the ETAs rest on, said once under them (a column of it would not fit).
@@ -296,7 +305,7 @@ export function renderQueue(
       'jp-GpuBroker-basis',
       trans.__('ETAs %1', bases.join('; '))
     );
-    td.colSpan = 6;
+    td.colSpan = 5;
     table.createTFoot().insertRow().appendChild(td);
   }
   return table;
@@ -340,18 +349,17 @@ export function renderLease(
     el(
       'div',
       'jp-GpuBroker-leaseDevice',
-      `${lease.profile} · ${labels.join(', ')}`
+      `${leaseSize(lease)} · ${labels.join(', ')}`
     )
   );
   const facts = [
     trans.__('held %1', duration(since(lease.granted_at, now))),
     trans.__('util %1', percent(model.utilization(lease)))
   ];
-  if (lease.idle_s !== undefined && lease.idle_s !== null) {
+  const idle = model.idle(lease, now); // the broker's, counted on since it was read
+  if (idle !== null) {
     facts.push(
-      lease.idle_s > 0
-        ? trans.__('idle %1', duration(lease.idle_s))
-        : trans.__('in use')
+      idle > 0 ? trans.__('idle %1', duration(idle)) : trans.__('in use')
     );
   }
   const until = untilText(lease);

@@ -89,6 +89,8 @@ export interface IRequest {
   position: number | null;
   /** Where it stands while queued, in the words every front shows (the broker's). */
   place?: string | null;
+  /** Why a quota keeps it waiting, naming whose (the broker's words); null if none does. */
+  held_back?: string | null;
   eta: string | null;
   eta_range?: IEtaRange | null;
   eta_known: boolean;
@@ -122,6 +124,8 @@ export interface ILease {
   idle_s?: number | null;
   /** Why it ended, in the broker's words (ended leases). */
   reason?: string | null;
+  /** What its holder's server does to the kernel once the lease is reclaimed. */
+  on_reclaim?: string;
   /** A lease that ended because its kernel was suspended, while the kernel stays so. */
   suspended?: ISuspended | null;
 }

@@ -237,16 +237,23 @@ def test_deleting_a_quota_tells_its_user_the_defaults_are_back(team: BrokerAPI) 
     }
 
 
-def test_quotas_show_their_budgets_spend_so_far_and_a_user_only_their_own(
+def test_quotas_show_their_budgets_spend_so_far_and_a_user_only_their_own_and_groups(
     team: BrokerAPI,
 ) -> None:
+    """A member sees her group's quota (it holds her requests back too), with what its
+    members hold now; never another user's or another group's."""
     carol, alice = team.user_identity("carol"), team.user_identity("alice")
     team.set_quota(carol, "user", "alice", {"gpu_hours": 10, "period_s": 86400})
     team.set_quota(carol, "group", "lab", {"share": 2})
+    team.set_quota(carol, "group", "elsewhere", {"share": 3})
+    team.set_quota(carol, "user", "carol", {"share": 3})
     team.submit(alice, SLICE)
-    (mine,) = team.quotas(alice)["quotas"]
+    assert alice.groups == ("lab",)
+    mine, group = sorted(team.quotas(alice)["quotas"], key=lambda q: q["kind"] != "user")
     assert (mine["name"], mine["gpu_hours"]) == ("alice", 10)
     assert 0 <= mine["spent_gpu_hours"] < 0.01  # a slice held for a moment
+    assert (group["kind"], group["name"], group["share"]) == ("group", "lab", 2)
+    assert group["held_gpus"] == pytest.approx(1 / 7)  # alice's slice, charged to lab
     spent = {q["name"]: q["spent_gpu_hours"] for q in team.quotas(carol)["quotas"]}
     assert spent["lab"] is None  # no budget, nothing to spend
 
@@ -280,3 +287,28 @@ def test_an_admins_drain_takes_over_a_lingering_processs(team: BrokerAPI) -> Non
     state = team.drain(carol, device["uuid"], {"reason": "checking it"})
     assert state["drained"]["cause"] == "admin"
     assert team.undrain(carol, device["uuid"])["drained"] is None
+
+
+def test_a_request_a_quota_holds_back_says_whose_quota_naming_the_group(team: BrokerAPI) -> None:
+    """A server held back by its group's quota was told "every 1g.10gb is in use" while
+    six of the seven slices were free: the broker now says which quota, and whose."""
+    carol, alice = team.user_identity("carol"), team.user_identity("alice")
+    team.set_quota(carol, "group", "lab", {"max_gpus": 1 / 7})
+    team.submit(alice, {**SLICE, "holder": "first"})
+    waiting = team.submit(alice, {**SLICE, "holder": "second"})
+    assert waiting["state"] == "queued"
+    held = (
+        "group lab's quota allows one 1g.10gb slice at a time and its members hold one "
+        "1g.10gb slice: it starts once they give one back"
+    )
+    assert waiting["held_back"] == held
+    (shown,) = [r for r in team.requests(alice)["requests"] if r["state"] == "queued"]
+    assert shown["held_back"] == held
+
+    team.set_quota(carol, "user", "alice", {"gpu_hours": 0.0, "period_s": 86400})  # spent
+    (now_held,) = [r for r in team.requests(alice)["requests"] if r["state"] == "queued"]
+    assert now_held["held_back"].startswith(
+        "your budget of 0 GPU-hours per day is spent: it starts when it renews at "
+    )
+    admins = next(r for r in team.requests(carol)["requests"] if r["id"] == now_held["id"])
+    assert admins["held_back"].startswith("alice's budget of 0 GPU-hours per day is spent")

@@ -163,7 +163,7 @@ def test_malformed_submits_are_refused_and_write_nothing(make_broker, kwargs, ma
         (mig_inventory(gpus=2), Size(gpus=1), "has 0 GPU"),
         (whole_inventory(4), Size(gpus=5), "asks for 5 whole GPU"),
         (whole_inventory(4), Size(profile="1g.10gb"), "no GPU here offers"),
-        (whole_inventory(2), Size(min_memory_gb=100), "largest has 79.6 GiB"),
+        (whole_inventory(2), Size(min_memory_gb=100), "largest has 85.5 GB"),
     ],
 )
 def test_unsatisfiable_requests_are_refused_and_write_nothing(make_broker, inventory, size, match):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,9 +29,23 @@ def test_an_unreachable_broker_says_what_to_check(capsys) -> None:
     code, err = run(capsys, "queue", "--url", NOWHERE, "--retry-for", "1")
     assert code == 1
     assert err == (
-        "the GPU broker does not answer (Connection refused): trying again\n"
+        f"the GPU broker at {NOWHERE} does not answer (Connection refused): trying again for "
+        "up to 1 s (--retry-for)\n"
         f"error: could not reach the GPU broker at {NOWHERE} (Connection refused): check --url "
         "(or $GPUBROKER_URL) and that the Jupyter server is running\n"
+    )
+
+
+def test_a_wrong_url_typed_by_hand_says_it_retries_and_gives_up_soon(capsys, monkeypatch) -> None:
+    """It tried a mistyped --url for two minutes, saying once "trying again": it looked
+    hung. A URL given by hand is tried for ten seconds, and the command says so."""
+    monkeypatch.delenv("GPUBROKER_RETRY_S", raising=False)
+    started = time.monotonic()
+    code, err = run(capsys, "queue", "--url", NOWHERE)
+    assert code == 1 and time.monotonic() - started < 30
+    assert err.startswith(
+        f"the GPU broker at {NOWHERE} does not answer (Connection refused): trying again for "
+        "up to 10 s (--retry-for)\n"
     )
 
 
@@ -103,20 +118,28 @@ def test_run_retries_an_unreachable_broker_until_the_ttl_then_stops_the_command(
     )
 
 
-@pytest.mark.parametrize("limit", ["0", "2 weeks", "-1h", "2y"])
-def test_a_bad_time_limit_is_one_line(capsys, limit: str) -> None:
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [
+        ("0", "the time must be more than zero, such as '2h', not '0'"),
+        ("2 weeks", "the time must be a number of seconds or a duration like"),
+        ("-1h", "the time must be a number of seconds or a duration like"),
+        ("2y", "the time must be a number of seconds or a duration like"),
+    ],
+)
+def test_a_bad_time_limit_is_one_line(capsys, limit: str, said: str) -> None:
     code, err = run(capsys, "request", "--url", NOWHERE, "--time", limit, "1g.10gb")
     assert code == 2
-    assert "argument --time: the time must be a number of seconds or a duration like" in err
+    assert f"argument --time: {said}" in err
 
 
 @pytest.mark.parametrize(
     ("by", "said"),
     [
-        ("0", "the extension must be a number of seconds or a duration like"),
+        ("0", "the extension must be more than zero, such as '2h', not '0'"),
         ("soon", "the extension must be a number of seconds or a duration like"),
         ("-1h", "the extension must be a number of seconds or a duration like"),
-        ("400d", "the extension must be a number of seconds or a duration like"),
+        ("400d", "the extension must be at most a year, not '400d'"),
     ],
 )
 def test_a_bad_extension_is_one_line(capsys, by: str, said: str) -> None:

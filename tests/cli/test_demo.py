@@ -228,3 +228,19 @@ def test_the_suspend_demo_as_docs_suspend_shows_it(tmp_path: Path) -> None:
             time.sleep(0.5)
         running.stop(signal.SIGINT)
     assert running.proc.returncode == 0
+
+
+def test_demo_help_lists_and_describes_the_simulated_machines(capsys) -> None:
+    """It named only its default (dgx-h100-mig), with no word of the others."""
+    from jupyter_gpubroker.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    shown = capsys.readouterr().out
+    assert (
+        "simulated machines (--simulate):\n  dgx-h100            8 H100-80GB GPUs with MIG off\n"
+        in shown
+    )
+    assert "  dgx-h100-mig        8 H100-80GB GPUs, each cut into 7 1g.10gb slices\n" in shown
+    assert "  workstation-a100    one A100-40GB, cut into 3g.20gb, 2g.10gb and 2 1g.5gb\n" in shown
+    assert "  NAME:N              any of them with N GPUs, e.g. dgx-h100-mig:2\n" in shown

@@ -20,7 +20,7 @@ from jupyter_gpubroker.cli import main
     ("args", "name", "display", "config"),
     [
         (["--gpu", "1g.10gb"], "python3-gpu-1g.10gb", "Python 3 (GPU 1g.10gb)", {"gpu": "1g.10gb"}),
-        (["--gpus", "2"], "python3-gpu-2gpu", "Python 3 (GPU 2 GPUs)", {"gpus": 2}),
+        (["--gpus", "2"], "python3-gpu-2gpu", "Python 3 (2 GPUs)", {"gpus": 2}),
         (
             ["--on-demand"],
             "python3-gpu-on-demand",
@@ -30,7 +30,7 @@ from jupyter_gpubroker.cli import main
         (
             ["--min-memory", "20", "--class", "batch"],
             "python3-gpu-20gb-batch",
-            "Python 3 (GPU 20GB, batch)",
+            "Python 3 (GPU of at least 20 GB, batch)",
             {"min_memory_gb": 20.0, "job_class": "batch"},
         ),
     ],

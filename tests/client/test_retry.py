@@ -99,7 +99,8 @@ def test_a_refused_connection_is_the_systems_error() -> None:
 
 def test_a_broker_that_never_answers_is_no_reply_in_words() -> None:
     async def silent() -> str:
-        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        held = []  # its connections kept open (a writer nobody holds closes its connection)
+        server = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         client = BrokerClient(f"http://127.0.0.1:{port}/api/v1", timeout=1, retry_for=0)
         try:

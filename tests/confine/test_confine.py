@@ -7,12 +7,16 @@ blocks EPERM, before any driver is asked."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +138,26 @@ def make_box(request: pytest.FixtureRequest, scratch: Path) -> Iterator[Callable
     for box in made:
         box.backend.close()
     for left in {p for p in root.root.glob("*") if p.is_dir()} - before:
-        left.rmdir()
+        empty(left)
+
+
+def empty(cgroup: Path, within_s: float = 10.0) -> None:
+    """Kill what is left in ``cgroup`` and remove it: the kernel empties a cgroup a
+    moment after its last process is reaped (EBUSY until then), later under load."""
+    deadline = time.monotonic() + within_s
+    while True:
+        for name in ("cgroup.procs", "tasks"):
+            with contextlib.suppress(FileNotFoundError):
+                for pid in (cgroup / name).read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+        try:
+            cgroup.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 class Probe:

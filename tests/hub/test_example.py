@@ -4,9 +4,12 @@ checkout is left as it was."""
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import signal
 import subprocess
+import tokenize
 from pathlib import Path
 
 import requests
@@ -67,3 +70,28 @@ def _answers(url: str, session: requests.Session | None = None) -> int | None:
         return (session or requests).get(url, timeout=10).status_code
     except requests.ConnectionError:
         return None
+
+
+def code_lines(path: Path) -> int:
+    """Lines that hold code: not blank, not only a comment, not the docstring."""
+    tree = ast.parse(path.read_text())
+    doc = tree.body[0]
+    skip = set(range(doc.lineno, doc.end_lineno + 1)) if isinstance(doc, ast.Expr) else set()
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if token.type not in (
+            tokenize.COMMENT,
+            tokenize.NL,
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.ENDMARKER,
+        ):
+            lines.add(token.start[0])
+    return len(lines - skip)
+
+
+def test_the_example_config_is_as_short_as_the_readmes_way_of_writing_one() -> None:
+    """It took 27 lines of code where a config written the README's way takes 15: a
+    newcomer copies the example."""
+    assert code_lines(EXAMPLE) <= 20

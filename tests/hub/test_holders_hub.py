@@ -115,7 +115,7 @@ def test_another_users_request_naming_my_suspended_kernel_leaves_it_suspended(
     time.sleep(2)  # the old broker restored nobody's kernel onto eve's GPU at once
     now = hub.ok(mine, "GET", f"leases/{lease_id}")
     assert now["suspended"] is not None, now  # still suspended, its memory on the host
-    assert now["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host"), now
+    assert now["reason"].endswith("suspended, its 4.2 GB of GPU memory on the host"), now
     assert [x["id"] for x in hub.ok(mine, "GET", "overview")["suspended"]] == [lease_id]
     assert hub.ok(eve, "GET", "overview")["suspended"] == []
     assert hub.ok(eve, "GET", f"leases/{theirs['lease']['id']}")["state"] == "active"

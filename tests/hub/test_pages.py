@@ -158,14 +158,19 @@ def test_a_form_without_xsrf_or_with_bad_values_changes_nothing(
         for td in row.find_all("td")
         if td.select_one(".invalid-feedback")
     }
-    assert "must be a number from 0.001" in messages["share"] and "'lots'" in messages["share"]
-    assert "must be 0 or a number from 0.001" in messages["max_gpus"]
+    # named as the page names its columns, not by the API's field names
+    assert messages["share"] == "Share must be a weight such as 1 or 2.5, not 'lots'"
+    assert messages["max_gpus"] == (
+        "Most at once must be GPU-equivalents such as 2, 0.5 or 1/7 (a 1g.10gb slice), or 0, "
+        "not '-1'"
+    )
     assert row.find("input", attrs={"name": "share"})["value"] == "lots"  # kept to fix
     assert quota(hub, full["admin"], "carol") == before
 
     budget = {**form, "share": "2", "gpu_hours": "10", "period_s": ""}
     r = post(hub, admin, "admin/quota", budget, xsrf(page(hub, admin, "admin")))
-    assert r.status_code == 400 and "needs both gpu_hours and period_s" in error(r)
+    assert r.status_code == 400
+    assert error(r) == "A budget needs a period: choose one, or empty its GPU-hours"
     assert quota(hub, full["admin"], "carol") == before
 
     budget["period_s"] = "86400"
@@ -177,6 +182,15 @@ def test_a_form_without_xsrf_or_with_bad_values_changes_nothing(
         "period_s": 86400.0,
         "spent_gpu_hours": 0.0,
     }
+
+    # the help's own example: a 1g.10gb slice is 1/7, typed so and shown so
+    r = post(
+        hub, admin, "admin/quota", {**budget, "max_gpus": "1/7"}, xsrf(page(hub, admin, "admin"))
+    )
+    assert r.status_code == 200, error(r)
+    assert quota(hub, full["admin"], "carol")["max_gpus"] == pytest.approx(1 / 7)
+    row = page(hub, admin, "admin").select_one('tr[data-quota="user:carol"]')
+    assert row.find("input", attrs={"name": "max_gpus"})["value"] == "1/7"
 
 
 def test_a_non_admin_is_refused_the_admin_page_its_forms_and_its_api(

@@ -53,7 +53,7 @@ async def test_my_gpus_shows_a_suspended_kernel_and_its_memory_on_the_host(
     (shown,) = BeautifulSoup(pages[user], "html.parser").select(".gpubroker-suspended")
     assert shown["data-lease"] == lease_id
     assert shown.get_text(" ", strip=True) == (
-        f"A kernel that held {gpu}: suspended, its 4.0 GiB of GPU memory on the host: "
+        f"A kernel that held {gpu}: suspended, its 4.2 GB of GPU memory on the host: "
         "its next cell resumes it."
     )
     assert BeautifulSoup(pages["bob"], "html.parser").select(".gpubroker-suspended") == []

@@ -93,7 +93,12 @@ def test_a_users_slice_is_theirs_and_nobody_else_sees_or_touches_it(hub: Hub) ->
         quota = {"max_gpus": 1}
         status, refused = hub.api(bob, "PUT", "quotas/user/bob", quota)
         assert (status, refused["error"]) == (403, "forbidden")
-        assert ok(hub, admin, "GET", "me") == {"user": "admin", "admin": True, "kernel_id": None}
+        assert ok(hub, admin, "GET", "me") == {
+            "user": "admin",
+            "groups": [],
+            "admin": True,
+            "kernel_id": None,
+        }
         assert ok(hub, admin, "PUT", "quotas/user/bob", quota)["max_gpus"] == 1
         status, refused = hub.api(bob, "GET", "alerts")  # and sees the health alerts
         assert (status, refused["error"]) == (403, "forbidden")
@@ -277,7 +282,7 @@ def test_a_users_server_reaches_the_service_with_its_own_token(hub: Hub) -> None
         assert env["GPUBROKER_URL"] == hub.service_url
         headers = {"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}
         me = requests.get(f"{env['GPUBROKER_URL']}/me", headers=headers, timeout=30)
-        assert me.json() == {"user": "ivan", "admin": False, "kernel_id": None}
+        assert me.json() == {"user": "ivan", "groups": [], "admin": False, "kernel_id": None}
         taken = requests.post(
             f"{env['GPUBROKER_URL']}/requests", json=SLICE, headers=headers, timeout=30
         )

@@ -191,7 +191,7 @@ def test_options_the_user_may_not_ask_for_are_refused_at_once_with_what_they_may
         assert "may hold at most 0.1" in message
         assert "you may ask for a CPU-only server" in message and "1g.10gb" not in message
         for options, says in (
-            ({"gpus": 1}, "0 GPU(s) with MIG disabled"),
+            ({"gpus": 1}, "0 GPUs with MIG disabled"),
             ({"profile": "7g.80gb"}, "no GPU here offers MIG profile '7g.80gb'"),
             ({"profile": "1g.10gb", "user": "alice"}, "unknown server option(s) user"),
             ({"profile": "1g.10gb", "groups": ["lab"]}, "unknown server option(s) groups"),
@@ -394,7 +394,7 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         assert 'name="gpu_kind" id="gpu-cpu" value="cpu" checked' in page.text
         assert "1g.10gb: 5 of 7 free; starts at once" in page.text
         assert "You hold nothing now; no quota of your own; the default" in page.text
-        assert "largest has 9.7 GiB" in page.text and "Whole GPUs" not in page.text
+        assert "largest has 10.4 GB" in page.text and "Whole GPUs" not in page.text
 
         choice = {"gpu_kind": "profile", "profile": "1g.10gb", "job_class": "batch"}
         choice["_xsrf"] = browser.cookies.get("_xsrf", path="/hub/")

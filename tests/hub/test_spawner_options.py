@@ -168,20 +168,21 @@ def overview(user: str, held: int) -> dict:
 def test_a_wait_and_a_refusal_say_what_the_quota_allows() -> None:
     quota = [{"kind": "user", "name": "ann", "max_gpus": 0.3, "share": None}]
     choices = Choices(overview("ann", 2), quota)
-    assert choices.blocked({"profile": "1g.10gb"}) == (
-        "you hold two 1g.10gb slices; your quota allows two 1g.10gb slices at a time: it "
-        "starts once you give some back"
+    held = "your quota allows two 1g.10gb slices at a time and you hold two 1g.10gb slices"
+    assert choices.blocked({"profile": "1g.10gb", "held_back": held}) == held  # the broker's
+    assert choices.waits(profile="1g.10gb") == (
+        "waits: you hold what your quota allows (two 1g.10gb slices at a time)"
     )
-    assert Choices(overview("ann", 1), quota).blocked({"profile": "1g.10gb"}) == (
+    assert Choices(overview("ann", 7), quota).blocked({"profile": "1g.10gb"}) == (
         "every 1g.10gb is in use"
     )
     assert choices.text() == (
         "you may ask for a CPU-only server (no options), a MIG profile (1g.10gb), "
-        "min_memory_gb up to 9.6, with job_class interactive or batch; your quota allows two "
+        "min_memory_gb up to 10.3, with job_class interactive or batch; your quota allows two "
         "1g.10gb slices at a time"
     )
-    # sizes shown are ones that fit: 9856 MiB is 9.625 GB, offered as 9.6
-    assert 'max="9.6" value="9.6"' in choices.form()
+    # sizes shown are ones that fit: 9856 MiB is 10.33 GB (10^9 bytes), offered as 10.3
+    assert 'max="10.3" value="10.3"' in choices.form()
 
 
 def test_a_configured_expected_hold_goes_with_every_gpu_request_unless_the_user_gives_one() -> None:
@@ -295,3 +296,36 @@ def test_any_value_of_a_numeric_server_option_is_taken_or_refused_in_a_sentence(
         gpu_request(options)
     except ValueError as e:
         assert reads_as_a_sentence(str(e)), str(e)
+
+
+def test_a_members_form_shows_the_groups_quota_and_that_it_holds_a_start_back() -> None:
+    """The form said "starts at once" and "no quota of your own; the default share" to a
+    member of a group whose quota was full."""
+    view = overview("ann", 0)
+    view["me"]["groups"] = ["ML Team"]
+    group = {"kind": "group", "name": "ML Team", "share": 2.0, "max_gpus": 0.1429}
+    group.update(gpu_hours=None, period_s=None, held_gpus=0.1429, spent_gpu_hours=None)
+    choices = Choices(view, [group])
+    assert choices.waits(profile="1g.10gb") == (
+        "waits: group ML Team's members hold what its quota allows (one 1g.10gb slice at a time)"
+    )
+    assert choices.group_text() == (
+        "your group ML Team: share 2; its quota allows one 1g.10gb slice at a time and its "
+        "members hold one 1g.10gb slice now"
+    )
+    assert "1g.10gb: 7 of 7 free; waits: group ML Team" in choices.form()
+    assert "your group ML Team: share 2;" in choices.form()
+
+
+def test_the_spawn_pages_log_says_a_wait_once_however_often_the_queue_moves() -> None:
+    """Every move of the queue added the same "Waiting for ..." line to the page's log."""
+    spawner = SimpleGPUBrokerSpawner()
+    request = {"profile": "1g.10gb", "job_class": "interactive", "position": 2, "eta_known": False}
+    for _ in range(3):
+        spawner._waiting(request, {"interactive": 1}, 2)
+    spawner._waiting({**request, "position": 1}, {}, 1)
+    assert [e["message"] for e in spawner._progress] == [
+        "Waiting for 1g.10gb (interactive): position 2 of 2, one request ahead (interactive); "
+        "ETA unknown",
+        "Waiting for 1g.10gb (interactive): position 1 of 1, nothing ahead; ETA unknown",
+    ]

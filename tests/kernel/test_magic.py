@@ -13,6 +13,8 @@ import re
 import sys
 from datetime import datetime
 
+from kernel_cells import one_line_error
+
 PIN = "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
 
 
@@ -21,15 +23,6 @@ async def queued_request(api, holder: str) -> dict:  # type: ignore[no-untyped-d
     _, q = await api("GET", "queue")
     head = q["queue"][0] if q["length"] == 1 else None
     return head if head and head["position"] == 1 and head["holder"] == holder else None
-
-
-def one_line_error(executed, cell: int) -> str:  # type: ignore[no-untyped-def]
-    """The cell failed with exactly one readable line, no traceback."""
-    errors = [o for o in executed.outputs(cell) if o["output_type"] == "error"]
-    assert len(errors) == 1, executed.outputs(cell)
-    (line,) = errors[0]["traceback"]
-    assert "\n" not in line and "Traceback" not in line and "File " not in line
-    return str(line)
 
 
 async def test_request_waits_in_the_queue_then_pins_the_granted_slice(
@@ -308,11 +301,11 @@ async def test_terminal_ipython_gets_the_text_forms(broker_env, api, fill):
     assert "Holding 1g.10gb (interactive)\nGPU 0 / 1g.10gb@" in out
     # A simulated H100 has GPM: its slice's utilization is known once two samples exist.
     readings = (
-        rf", 9.7 GiB \({re.escape(device)}\)\n  utilization (0%|n/a on MIG) · memory 0.0 / 9.7 GiB"
+        rf", 10.4 GB \({re.escape(device)}\)\n  utilization (0%|n/a on MIG) · memory 0.0 / 10.4 GB"
     )
     assert re.search(readings, out)
     assert "The GPU queue is empty." in out
-    assert re.search(r"My GPU-hours, last 2 days: (\d+ s|under a second)\n", out)
+    assert re.search(r"My GPU-hours, last 2 days: (0\.0\d+ h|under 0\.001 h)\n", out)
     assert f"Released {device} (1g.10gb) after 0 s." in out
 
 

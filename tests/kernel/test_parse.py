@@ -8,6 +8,7 @@ import pytest
 
 from jupyter_gpubroker.kernel import GpuError
 from jupyter_gpubroker.kernel.magic import PARSER, _HelpShown, requested_size
+from jupyter_gpubroker.wire.errors import UnknownProfile
 
 
 @pytest.mark.parametrize(
@@ -29,7 +30,6 @@ def test_sizes_reach_the_api_as_one_field(line, size):
     [
         ("request 1g.10gb --gpus 2", "name one size: a MIG profile (1g.10gb), --gpus N"),
         ("request --gpus 0", "'gpus' must be"),
-        ("request 8g.1tb", "unknown MIG profile '8g.1tb'"),
     ],
 )
 def test_bad_sizes_are_one_line(line, message):
@@ -38,11 +38,34 @@ def test_bad_sizes_are_one_line(line, message):
     assert e.value._render_traceback_() == [str(e.value)]
 
 
+def test_an_unknown_profile_is_left_for_the_magic_to_name_this_machines():
+    with pytest.raises(UnknownProfile):
+        requested_size(PARSER.parse_args(["request", "8g.1tb"]))
+
+
 def test_bad_options_name_the_subcommand():
     with pytest.raises(GpuError) as e:
         PARSER.parse_args(["request", "--min-memory", "lots"])
     assert str(e.value) == (
-        "%gpu request: argument --min-memory: invalid gigabytes value: 'lots' "
+        "%gpu request: argument --min-memory: the memory must be a size in GB such as 20GB "
+        "(or, said so, 18.6GiB), not 'lots' (see %gpu request --help)"
+    )
+
+
+def test_memory_is_typed_in_gb_or_said_gib():
+    assert requested_size(PARSER.parse_args(["request", "--min-memory", "20 GB"])) == {
+        "min_memory_gb": 20.0
+    }
+    (size,) = requested_size(PARSER.parse_args(["request", "--min-memory", "18.6GiB"])).values()
+    assert round(size, 2) == 19.97
+
+
+def test_a_time_limit_of_zero_says_it_must_be_more_than_zero():
+    """It said "up to a year, not '0'", as if 0 were too long."""
+    with pytest.raises(GpuError) as e:
+        PARSER.parse_args(shlex.split("request 1g.10gb --for 0"))
+    assert str(e.value) == (
+        "%gpu request: argument --for: the time must be more than zero, such as '2h', not '0' "
         "(see %gpu request --help)"
     )
 

@@ -126,15 +126,15 @@ def test_queue_and_usage_tables():
     later = f"{local_clock(60)} or later"
     assert queue_text(queue).splitlines() == [
         "GPU queue: 2 waiting",
-        "#  user       class        size      waiting  ETA",
-        "1  ada (you)  interactive  1g.10gb   3 min    unknown",
-        f"2  bob        batch        2 GPU(s)  30 s     {local_clock(90)} ({later})",
+        "#  user       class        size     waiting  ETA",
+        "1  ada (you)  interactive  1g.10gb  3 min    unknown",
+        f"2  bob        batch        2 GPUs   30 s     {local_clock(90)} ({later})",
     ]
     days = [{"date": "2026-11-27", "gpu_hours": 2.0}, {"date": "2026-11-28", "gpu_hours": 0.5}]
     assert usage_text(days).splitlines() == [
         "My GPU-hours, last 2 days: 2.5 h",
         "Fri 27 Nov  ████████████████████  2.0 h",
-        "Sat 28 Nov  █████                 30 min",
+        "Sat 28 Nov  █████                 0.5 h",
     ]
 
 
@@ -144,11 +144,11 @@ def test_a_held_slice_names_its_profile_once_beside_the_title():
     held = Held("MIG-x", "GPU 0 / 1g.10gb@3", 10048, 512, None, True, 40.0)
     assert request_text(tracker, Activity(), [held]).splitlines()[:2] == [  # type: ignore[arg-type]
         "Holding 1g.10gb (interactive)",
-        "GPU 0 / 1g.10gb@3, 9.8 GiB (MIG-x)",
+        "GPU 0 / 1g.10gb@3, 10.5 GB (MIG-x)",
     ]
-    assert "<b>GPU 0 / 1g.10gb@3, 9.8 GiB</b>" in request_html(tracker, Activity(), [held], [], "")  # type: ignore[arg-type]
+    assert "<b>GPU 0 / 1g.10gb@3, 10.5 GB</b>" in request_html(tracker, Activity(), [held], [], "")  # type: ignore[arg-type]
     whole = Held("GPU-y", "GPU 1", 81559, 0, 0.0, False, 40.0)
-    assert whole.headline() == "GPU 1 (whole GPU), 79.6 GiB"
+    assert whole.headline() == "GPU 1 (whole GPU), 85.5 GB"
 
 
 def bar_widths(html: str) -> list[float]:
@@ -160,7 +160,37 @@ def test_a_few_minutes_of_usage_draw_as_a_sliver_not_a_full_bar():
     days = [{"date": f"2026-11-{d}", "gpu_hours": 0.0} for d in range(23, 29)]
     days.append({"date": "2026-11-29", "gpu_hours": 0.003})  # 11 s on a whole GPU
     assert bar_widths(usage_html(days)) == [0.0] * 6 + [0.3]
-    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  11 s"
+    assert usage_text(days).splitlines()[-1] == f"Sun 29 Nov  {' ' * 20}  0.003 h"
     assert usage_text(days).splitlines()[1] == f"Mon 23 Nov  {' ' * 20}  none"
     busy = [{"date": "2026-11-28", "gpu_hours": 0.5}, {"date": "2026-11-29", "gpu_hours": 4.0}]
     assert bar_widths(usage_html(busy)) == [12.5, 100.0]  # the busiest day fills its bar
+
+
+def test_a_kernel_granted_a_moment_ago_after_a_long_wait_is_not_idle_for_the_wait():
+    """Its kernel started half an hour ago and waited in the queue: it said "kernel idle
+    for 30 min" a moment after the grant, where idle reclaim and the Lab panel count from
+    the grant."""
+    activity = Activity()
+    activity.since -= 1800  # the kernel's start, before its wait in the queue
+    lease = {"granted_at": iso(-0.1), "devices": ["MIG-x"]}
+    _, (details,) = request_facts(held_tracker(lease), activity)  # type: ignore[arg-type]
+    assert details == "held 6 s · kernel idle for 6 s"
+
+
+def test_a_request_a_quota_holds_back_says_whose_quota_and_when_it_starts():
+    held = "group ML Team's quota allows one 1g.10gb slice at a time and its members hold one"
+    tracker = waiting(eta=iso(-1), eta_range={"low": iso(-2), "high": iso(-1)}, eta_known=True)
+    tracker.request["held_back"] = f"{held} 1g.10gb slice: it starts once they give one back"
+    title, (line,) = request_facts(tracker, Activity())  # type: ignore[arg-type]
+    assert title == "Waiting for 1g.10gb (interactive): position 3 of 5"
+    assert line == (  # no "ETA any moment (by ...)" for a start the quota decides
+        "Group ML Team's quota allows one 1g.10gb slice at a time and its members hold one "
+        "1g.10gb slice: it starts once they give one back. Ahead: 1 batch, 1 interactive."
+    )
+
+
+def test_days_without_use_draw_no_bar_at_all():
+    """Empty days were drawn as full grey bars (the bar's track)."""
+    days = [{"date": "2026-11-28", "gpu_hours": 0.0}, {"date": "2026-11-29", "gpu_hours": 2.0}]
+    chart = usage_html(days)
+    assert "var(--jp-layout-color3" not in chart and bar_widths(chart) == [0.0, 100.0]

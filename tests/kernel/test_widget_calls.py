@@ -75,7 +75,7 @@ async def test_the_widgets_make_no_call_while_queue_events_and_readings_arrive(
         runtime.events.fanout.send_readings()  # what the stream's timer does every 5 s
         await asyncio.sleep(1)
     nb = await notebook(kid, SHOWN.format(mib=5120), "print(json.dumps(calls))")
-    assert " · memory 5.0 / 9.7 GiB · " in nb.stdout(0)  # 5120 MiB of the slice's 9.7 GiB
+    assert " · memory 5.3 / 10.4 GB · " in nb.stdout(0)  # 5120 MiB of the slice's 9984 MiB
     # the grant's devices read once for their names; the readings came with the stream
     assert json.loads(nb.stdout(1)) == {"GET devices": 1}
 
@@ -89,7 +89,7 @@ async def test_the_widgets_make_no_call_while_queue_events_and_readings_arrive(
     await runtime.sample()
     runtime.events.fanout.send_readings()  # to no stream of the kernel's
     nb = await notebook(kid, SHOWN.format(mib=6144), "print(json.dumps(calls))")
-    assert " · memory 6.0 / 9.7 GiB · " in nb.stdout(0)
+    assert " · memory 6.4 / 10.4 GB · " in nb.stdout(0)
     assert json.loads(nb.stdout(1)) == {"GET devices": 2}
 
 

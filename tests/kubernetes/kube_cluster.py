@@ -13,16 +13,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STATE = Path("/var/lib", os.environ.get("GPUBROKER_KUBE_NAME", "gpubroker-kube"))
+NAME = os.environ.get("GPUBROKER_KUBE_NAME", "gpubroker-kube")
 """The cluster of ``.ci/kube-up`` (``$GPUBROKER_KUBE_NAME``: the one ``.ci/run`` named)."""
+STATE = Path("/var/lib", NAME)
+RUN = Path("/run", NAME)
+"""Its daemons' pid files."""
 KUBECONFIG = Path(os.environ.get("GPUBROKER_KUBECONFIG", STATE / "admin.kubeconfig"))
 KUBECTL = STATE / "bin" / "kubectl"
+
+
+def api_server() -> str:
+    """The API server's URL, as the admin's kubeconfig says (``.ci/kube-up`` chooses its
+    port when it first starts it; in CI, while the tests are collected, it may not yet)."""
+    return re.search(r'server: "([^"]+)"', KUBECONFIG.read_text())[1]  # type: ignore[index]
+
+
 UP = "run .ci/kube-up as root (it builds Kubernetes and KWOK once, then starts the test cluster)"
 NAMESPACE = "gpubroker-test"
 PAUSE = "registry.k8s.io/pause:3.10"

@@ -30,6 +30,8 @@ from kube_cluster import (  # noqa: E402
     NAMESPACE,
     NODES,
     PAUSE,
+    RUN,
+    api_server,
     get,
     gone,
     kubectl,
@@ -60,7 +62,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
-RUN = Path("/run/gpubroker-kube")
 
 
 def make_broker(state: Path, kubeconfig: Path = KUBECONFIG, **traits: Any) -> GPUBroker:
@@ -399,7 +400,7 @@ def test_an_api_server_that_hangs_keeps_the_queue_and_says_so(broker: GPUBroker)
     state = broker.engine_state()
     assert state is not None and state["reachable"] is False
     assert state["error"].startswith(
-        "the Kubernetes API server at https://127.0.0.1:16443 does not answer ("
+        f"the Kubernetes API server at {api_server()} does not answer ("
     )
     assert state["error"].endswith("): the broker keeps its queue and its last view")
     assert [core.request(r.id).state.value for r in waiting] == ["granted", "queued"]
@@ -410,7 +411,7 @@ def test_an_api_server_that_hangs_keeps_the_queue_and_says_so(broker: GPUBroker)
 
 def test_a_broker_cannot_start_without_an_api_server_and_says_why(tmp_path: Path) -> None:
     elsewhere = tmp_path / "kubeconfig"
-    elsewhere.write_text(KUBECONFIG.read_text().replace("127.0.0.1:16443", "127.0.0.1:9"))
+    elsewhere.write_text(KUBECONFIG.read_text().replace(api_server(), "https://127.0.0.1:9"))
     broker = make_broker(tmp_path / "state.sqlite", elsewhere)
     with pytest.raises(ConfigError) as refused:
         broker.start()

@@ -91,11 +91,11 @@ def test_a_gpu_server_is_a_pod_on_the_brokers_node_and_the_next_user_sees_the_qu
     assert ann["metadata"]["labels"]["gpubroker.jupyter.org/lease"] == lease["id"]
     # bob waits in the broker's queue, not at the scheduler: no pod of his yet
     waiting = messages(hub, tokens["bob"], "bob", "position 1 of 1")
-    assert "Waiting for 4 GPU(s)" in waiting[-1] and "ETA" in waiting[-1]
+    assert "Waiting for 4 GPUs" in waiting[-1] and "ETA" in waiting[-1]
     assert pod("bob") is None
     # nothing answers in ann's pod: the hub gives up, her pod goes, bob's is bound
     story = messages(hub, tokens["bob"], "bob", "Successfully assigned")
-    assert any("Granted 4 GPU(s)" in m for m in story), story
+    assert any("Granted 4 GPUs" in m for m in story), story
     assert f"Successfully assigned {NAMESPACE}/jupyter-bob to gpu-h100" in story[-1]
     until("ann's pod to go", lambda: pod("ann") is None, timeout_s=60)
     status, ended = hub.api(tokens["ann"], "GET", f"leases/{lease['id']}")

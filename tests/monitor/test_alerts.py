@@ -72,7 +72,7 @@ CONDITIONS = {
         fill_memory,
         "memory",
         "warning",
-        "GPU 0 has 77.3 of 79.6 GiB of memory in use (97%, alert at 95%): its next allocation "
+        "GPU 0 has 82.9 of 85.5 GB of memory in use (97%, alert at 95%): its next allocation "
         "may fail.",
     ),
 }

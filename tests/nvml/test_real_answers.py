@@ -78,13 +78,13 @@ def test_h100_slices_in_the_broker_read_as_the_gpu_has_them(open_sim):
     got = {
         d.profile: (d.memory_mib, text.memory(d.memory_mib)) for d in backend.inventory().devices
     }
-    assert got == {"3g.40gb": (40448, "39.5 GiB"), "4g.40gb": (40448, "39.5 GiB")}
+    assert got == {"3g.40gb": (40448, "42.4 GB"), "4g.40gb": (40448, "42.4 GB")}
     whole = open_sim(Topology("h100-7g", (gpu_spec("H100-80GB", {"7g.80gb": 1}),)))
     (device,) = whole.inventory().devices
     assert (device.profile, device.memory_mib, text.memory(device.memory_mib)) == (
         "7g.80gb",
         81152,
-        "79.2 GiB",
+        "85.0 GB",
     )
 
 

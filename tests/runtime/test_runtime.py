@@ -47,7 +47,7 @@ def test_quotas_file_is_applied_at_start(tmp_path) -> None:
     [
         ("users: [alice]\n", "needs a mapping|'users'"),
         ("people: {}\n", "top-level keys are 'users' and 'groups'"),
-        ("users:\n  alice: {max_gpu: 1}\n", "unexpected keyword argument 'max_gpu'"),
+        ("users:\n  alice: {max_gpu: 1}\n", r"no setting 'max_gpu' \(did you mean 'max_gpus'\?\)"),
         ('users:\n  "bad\\tname": {share: 1}\n', "user name .+ holds .+ but control characters"),
         ("groups:\n  lab: {gpu_hours: 5}\n", "needs both gpu_hours and period_s"),
         ("users: {alice: {share: -1}}\n", "share must be a number from 0.001 to 1000000"),

@@ -147,7 +147,7 @@ async def test_an_alert_starts_and_ends_in_the_api_the_stream_and_the_metrics(
         slice_["uuid"],
         slice_["label"],
     )
-    assert alerts["memory"]["message"].startswith(f"{slice_['label']} has 9.8 of 9.8 GiB")
+    assert alerts["memory"]["message"].startswith(f"{slice_['label']} has 10.4 of 10.4 GB")
     gpu_labels = (("gpu", "0"), ("uuid", gpu["uuid"]))
     power_cap = (("gpu", "0"), ("reason", "power_cap"), ("uuid", gpu["uuid"]))
     assert metrics[("gpubroker_gpu_clocks_event_reason", power_cap)] == 1

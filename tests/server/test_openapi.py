@@ -178,11 +178,11 @@ def test_a_broken_promise_is_a_documented_event_for_its_user_alone() -> None:
 def test_validation_catches_a_wrong_body() -> None:
     """The checker itself: a reply missing a field, with a wrong type or an extra
     field fails."""
-    good = {"user": "ann", "admin": False, "kernel_id": None}
+    good = {"user": "ann", "groups": [], "admin": False, "kernel_id": None}
     check_response("GET", "me", 200, good)
     for bad in (
         {"user": "ann", "admin": False},
-        {"user": "ann", "admin": "no", "kernel_id": None},
+        {"user": "ann", "groups": [], "admin": "no", "kernel_id": None},
         {**good, "token": "gpb_x"},
     ):
         with pytest.raises(AssertionError, match="does not match"):
@@ -204,7 +204,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     owner = runtime.owner
 
     me = await check("GET", "me", expect=200)
-    assert me == {"user": owner, "admin": True, "kernel_id": None}
+    assert me == {"user": owner, "groups": ["lab"], "admin": True, "kernel_id": None}
     (gpu,) = (await check("GET", "devices", expect=200))["gpus"]
     assert gpu["mig_enabled"] and len(gpu["devices"]) == 7
     assert all(d["holder"] is None and d["profile"] == "1g.10gb" for d in gpu["devices"])

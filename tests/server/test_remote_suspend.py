@@ -73,7 +73,7 @@ async def test_an_idle_remote_kernel_is_suspended_by_the_central_broker_and_resu
     mkm = jp_serverapp.kernel_manager
     kid, pid, lease = await idle_gpu_kernel(jp_serverapp, gpu_kernelspec, run_in_kernel, central)
     assert lease["state"] == "reclaimed", lease
-    assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
+    assert lease["reason"].endswith("suspended, its 4.2 GB of GPU memory on the host")
     assert lease["suspended"]["kernel_id"] == kid
     assert lease["suspended"]["text"] == suspended_text(KERNEL_MIB)
     assert lease["on_reclaim"] == "suspend"  # its server leaves it running

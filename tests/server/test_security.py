@@ -199,7 +199,12 @@ async def test_every_operation_refuses_a_caller_without_a_valid_credential(world
     assert held["state"] == "granted"
     assert held["lease"] == state["held"]["lease"]  # neither released nor renewed
     me = await world.kernel(state["token"])("GET", "me", expect=200)
-    assert me == {"user": "alice", "admin": False, "kernel_id": "k1"}  # not revoked
+    assert me == {
+        "user": "alice",
+        "groups": ["lab"],
+        "admin": False,
+        "kernel_id": "k1",
+    }  # not revoked
     assert len((await world.user("carol")("GET", "queue", expect=200))["queue"]) == 2
 
 
@@ -216,7 +221,7 @@ async def test_a_user_never_sees_another_users_ids_owners_or_tokens(
     await carol("PUT", "quotas/group/lab", {"share": 5}, expect=200)
 
     me = await bob("GET", "me", expect=200)
-    assert me == {"user": "bob", "admin": False, "kernel_id": None}
+    assert me == {"user": "bob", "groups": ["physics", "lab-b"], "admin": False, "kernel_id": None}
 
     queue = (await bob("GET", "queue", expect=200))["queue"]
     assert sorted((e["user"], e["mine"]) for e in queue) == [("alice", False), ("bob", True)]
@@ -440,7 +445,12 @@ async def test_a_kernel_token_acts_only_on_its_own_kernels_requests(
     k1 = world.kernel(state["token"], "k1")
     held, in_k1 = state["held"], state["in_k1"]
 
-    assert await k1("GET", "me", expect=200) == {"user": "alice", "admin": False, "kernel_id": "k1"}
+    assert await k1("GET", "me", expect=200) == {
+        "user": "alice",
+        "groups": ["lab"],
+        "admin": False,
+        "kernel_id": "k1",
+    }
     assert in_k1["holder"] == "k1" and in_k1["user"] == "alice"
     # Whatever owner it names, its requests are its kernel's: k1 holds a MIG slice, so
     # a second one is refused as k1's.

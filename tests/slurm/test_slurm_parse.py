@@ -45,7 +45,7 @@ def test_an_idle_cluster_is_whole_gpus_on_one_node_and_mig_slices_on_the_other()
     # a site's own size for a type (an H100 NVL's 94 GB): no longer the catalog's model
     sized = cluster_view(parse_nodes(captured("scontrol-nodes-idle.txt")), [], {"h100": 94})
     assert {(g.memory_mib, g.model) for g in sized.inventory.gpus if g.node == "gpu-a"} == {
-        (96256, None)
+        (89645, None)  # 94 GB of 10^9 bytes, in NVML's MiB
     }
 
 

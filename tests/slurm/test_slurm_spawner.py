@@ -156,14 +156,14 @@ def test_each_job_lands_on_the_node_and_gres_the_broker_chose_and_the_next_waits
         # position and an ETA on her spawn page, and no job in Slurm's queue yet
         assert spawn(hub, tokens["cat"], "cat", {"gpus": 4}) == 202
         waiting = events(hub, tokens["cat"], "cat", "position 1 of 1")
-        assert "Waiting for 4 GPU(s) (interactive)" in waiting[-1] and "ETA" in waiting[-1]
+        assert "Waiting for 4 GPUs (interactive)" in waiting[-1] and "ETA" in waiting[-1]
         assert len(jobs()) == 2
 
         # ann's job cancelled from outside the hub: her lease is released, cat starts
         sh("scancel", state["ann"]["job_id"])
         until("ann's lease to end", lambda: not leases(hub, tokens["ann"]))
         story = events(hub, tokens["cat"], "cat", "waiting for the server to start")
-        assert any("Granted 4 GPU(s)" in m for m in story), story
+        assert any("Granted 4 GPUs" in m for m in story), story
         assert "runs on gpu-a" in story[-1]
         cat = ready(hub, "cat")
         assert "TresPerNode=gres:gpu:h100:4" in job_details(cat["job_id"])

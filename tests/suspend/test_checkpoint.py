@@ -157,7 +157,7 @@ def test_suspend_and_resume_onto_another_gpu(sim, driver):
     sim.add_process(gpu0, KERNEL, 10 * 1024)
     s = suspender(driver)
     outcome, suspension = s.suspend([gpu0], {KERNEL: 10 * GIB})
-    assert outcome.done and outcome.reason == "suspended, its 10.0 GiB of GPU memory on the host"
+    assert outcome.done and outcome.reason == "suspended, its 10.7 GB of GPU memory on the host"
     assert sim.process_memory(KERNEL) == {}
     assert suspension is not None
     resumed = s.resume(suspension, [gpu1])
@@ -192,7 +192,7 @@ def test_a_host_without_the_memory_is_not_suspended(sim, driver):
     outcome, _ = suspender(driver, host_gib=32).suspend([gpu0], {KERNEL: 40 * GIB})
     assert not outcome.done
     assert outcome.reason == (
-        "the machine has 32.0 GiB of memory free, not enough to hold the kernel's 40.0 GiB "
+        "the machine has 34.3 GB of memory free, not enough to hold the kernel's 42.9 GB "
         "of GPU memory"
     )
     assert ("lock", KERNEL) not in driver.calls

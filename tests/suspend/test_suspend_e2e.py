@@ -95,7 +95,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
 
         lease = await ended(api, lease_id)
         assert lease["state"] == "reclaimed"
-        text = "suspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it"
+        text = "suspended, its 4.2 GB of GPU memory on the host: its next cell resumes it"
         assert suspended_text(KERNEL_MIB) == text
         assert lease["suspended"] == {
             "host_mib": KERNEL_MIB,
@@ -105,7 +105,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
             "waiting": None,
         }
         assert lease["reason"].startswith("idle for")
-        assert lease["reason"].endswith("suspended, its 4.0 GiB of GPU memory on the host")
+        assert lease["reason"].endswith("suspended, its 4.2 GB of GPU memory on the host")
         assert simulator.process_memory(pid) == {}  # NVML lists nothing on the GPU
         assert kernel_id in km  # the kernel runs on, on the CPU
 
@@ -141,9 +141,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
         _, resumed = await api("GET", f"leases/{lease_id}")
         assert resumed["suspended"] is None
         why = f"resumed, its GPU memory back on the GPU ({gpu})"
-        assert resumed["reason"].endswith(
-            f"suspended, its 4.0 GiB of GPU memory on the host; {why}"
-        )
+        assert resumed["reason"].endswith(f"suspended, its 4.2 GB of GPU memory on the host; {why}")
         assert (await overview(api))["suspended"] == []
         (over,) = await until("the suspension's end", seen(events, "suspension_ended"))
         assert over["data"]["lease_id"] == lease_id and over["data"]["reason"] == why

@@ -50,14 +50,23 @@ def lab(tmp_path: Path, built_extension: Path, lab_config: dict[str, Any]) -> It
 
 
 @pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where a test's screenshots go: ``$GPUBROKER_SCREENSHOTS`` (``docs`` for the docs'
+    pictures), else the test's own directory."""
+    where = Path(os.environ.get("GPUBROKER_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+@pytest.fixture
 def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
-    """A real hub with its proxy whose users' servers are GPU servers (the GPU spawner);
-    leases nobody renews outlive a test."""
+    """A real hub on one H100 in seven slices whose users' servers are GPU servers (the
+    simple GPU spawner); leases nobody renews outlive a test."""
     running = Hub(
         tmp_path / "hub",
         spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
         extra_config="c.SimpleGPUBrokerSpawner.gpu_wait_timeout = 600",
-        lease_ttl=900,
+        lease_ttl=900,  # the holders' leases, never renewed, outlive the test
     )
     running.home.mkdir()
     with running.running():

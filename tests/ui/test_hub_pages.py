@@ -8,7 +8,6 @@ The screenshots of the docs' hub page come from this test: set
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.hub]  # a real hub and a browser
 WAIT_MS = 120_000
 SLICE = {"profile": "1g.10gb"}
 PAGES = "/services/gpubroker"
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("GPUBROKER_SCREENSHOTS") or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
 
 
 def log_in(browser: Any, hub: Hub, name: str) -> Any:

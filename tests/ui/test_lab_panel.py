@@ -53,7 +53,7 @@ def test_panel_queue_cancel_and_grant(lab: Lab, page: Any) -> None:
     mine = panel.locator("tr.jp-GpuBroker-mine")
     mine.wait_for(timeout=WAIT_MS)
     assert mine.locator("td").first.inner_text() == "1"
-    status.get_by_text("queue #1").wait_for(timeout=WAIT_MS)
+    status.get_by_text("queue 1 of 1").wait_for(timeout=WAIT_MS)
     # where it stands, in the words every front uses (the broker's, wire/text.py)
     page.locator(
         ".Toastify__toast",

@@ -1,5 +1,5 @@
 """wire/text.py against the table of cases the Lab panel's format.ts is tested against too
-(``formatter_cases.json``): the two formatters of sizes, durations, memory and ETAs say
+(``formatter_cases.json``): the two formatters of sizes, lease sizes, durations, memory and ETAs say
 the same words, row by row."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from jupyter_gpubroker.api.shapes import parse_iso
-from jupyter_gpubroker.wire.text import duration, eta_text, memory, size_text
+from jupyter_gpubroker.wire.text import duration, eta_text, lease_size, memory, size_text
 
 CASES = json.loads((Path(__file__).parent / "formatter_cases.json").read_text())
 
@@ -35,6 +35,11 @@ def table_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @rows("sizes")
 def test_sizes(row: dict[str, Any]) -> None:
     assert size_text(row["request"]) == row["text"]
+
+
+@rows("lease_sizes")
+def test_lease_sizes(row: dict[str, Any]) -> None:
+    assert lease_size(row["lease"]) == row["text"]
 
 
 @rows("durations")

@@ -13,6 +13,8 @@ from jupyter_gpubroker.wire.profiles import (
     model_for_name,
     profile_memory_gb,
 )
+from jupyter_gpubroker.wire.sizes import Size, gb_to_mib, mib_to_gb, parse_memory
+from jupyter_gpubroker.wire.text import memory
 
 PROFILES = [(m, p) for m in CATALOG.values() for p in m.profiles]
 IDS = [f"{m.key}:{p.name}" for m, p in PROFILES]
@@ -64,6 +66,25 @@ def test_profile_memory_matches_its_name_and_fits_the_gpu(model, profile):
     assert abs(profile.memory_mib / 1024 - nominal) / nominal < 0.1
     assert profile.memory_mib <= model.memory_mib
     assert profile.sm_count <= model.sm_count
+
+
+@pytest.mark.parametrize(("model", "profile"), PROFILES, ids=IDS)
+def test_a_request_for_the_gb_nvidia_names_a_device_by_takes_it(model, profile):
+    """The units rule (docs/decisions.md): GB are 10^9 bytes, in which every device has at
+    least what NVIDIA calls it; GiB would leave a 3g.20gb slice (19.5 GiB) out of a
+    request for 20 GB, and a 1g.10gb one (9.75 GiB on an H100) out of one for 10."""
+    nominal = profile_memory_gb(profile.name)
+    assert profile.memory_mib >= gb_to_mib(nominal)
+    assert float(memory(profile.memory_mib).removesuffix(" GB")) >= nominal  # shown so too
+    card = float(model.key.split("-")[1].removesuffix("GB"))  # "H100-80GB": NVIDIA's 80 GB
+    assert mib_to_gb(model.memory_mib) >= card
+
+
+def test_sizes_are_typed_in_gb_or_in_gib_said_so():
+    assert Size.parse("20GB") == Size(min_memory_gb=20) == Size.parse("20 gb")
+    assert parse_memory("20") == 20 and parse_memory("18.6GiB") == pytest.approx(19.97, abs=0.01)
+    with pytest.raises(Exception, match="a size in GB such as 20GB"):
+        parse_memory("twenty")
 
 
 @pytest.mark.parametrize("model", CATALOG.values(), ids=list(CATALOG))

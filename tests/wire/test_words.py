@@ -38,9 +38,10 @@ def test_a_quota_and_holdings_are_things_not_fractions_of_a_gpu() -> None:
     assert devices_held([]) == "nothing"
 
 
-def test_memory_is_gib_as_nvml_counts_it_rounded_down_so_a_size_shown_fits() -> None:
-    assert memory(9984) == "9.7 GiB"  # a 1g.10gb slice of an H100
-    assert memory(81559) == "79.6 GiB"  # nvidia-smi's 81559MiB
+def test_memory_is_in_gb_as_nvidia_names_devices_rounded_down_so_a_size_shown_fits() -> None:
+    assert memory(9984) == "10.4 GB"  # a 1g.10gb slice of an H100 (9.75 GiB)
+    assert memory(19968) == "20.9 GB"  # a 3g.20gb slice of an A100 40GB (19.5 GiB)
+    assert memory(81559) == "85.5 GB"  # nvidia-smi's 81559MiB of an H100 80GB
 
 
 def test_a_place_in_the_queue_is_said_once_and_counts_whoever_is_ahead() -> None:
@@ -52,18 +53,18 @@ def test_a_place_in_the_queue_is_said_once_and_counts_whoever_is_ahead() -> None
     assert start_estimate(None, 3, 0.0) == "unknown"  # no second position
 
 
-def test_usage_chart_labels_tell_clearly_different_amounts_apart() -> None:
-    """Two bars of 0.6 and 0.01 GPU-hours were both labelled "0.01"-ish, and then two of
-    45 s and 4 s both "under a minute"; now each says what a person would: seconds under
-    a minute, minutes under an hour, hours above."""
-    assert [gpu_hours(h) for h in (250, 12.4, 2.54, 0.6, 0.0125, 0.001, 1e-5, 0)] == [
+def test_usage_chart_labels_are_gpu_hours_as_their_title_and_tell_amounts_apart() -> None:
+    """The charts are titled GPU-hours: their labels were seconds and minutes ("ana 24 s",
+    "under a second"); now each is in hours, two figures below one, so that 45 s and 4 s
+    of a GPU still read apart."""
+    assert [gpu_hours(h) for h in (250, 12.4, 2.54, 0.6, 0.0125, 0.0011, 1e-5, 0)] == [
         "250 h",
         "12 h",
         "2.5 h",
-        "36 min",
-        "45 s",
-        "4 s",
-        "under a second",
+        "0.6 h",
+        "0.013 h",
+        "0.0011 h",
+        "under 0.001 h",
         "none",
     ]
 
@@ -94,9 +95,10 @@ def test_budget_periods_are_said_as_periods() -> None:
 
 def test_a_request_says_what_it_asks_for_and_when_it_may_start() -> None:
     assert size_text({"profile": "1g.10gb"}) == "1g.10gb"
-    assert size_text({"gpus": 2}) == "2 GPU(s)"
-    assert size_text({"gpus": 2, "model": "H100-80GB"}) == "2 H100-80GB GPU(s)"
-    assert size_text({"min_memory_gb": 20}) == ">= 20 GiB"
+    assert size_text({"gpus": 1}) == "1 GPU"
+    assert size_text({"gpus": 2}) == "2 GPUs"
+    assert size_text({"gpus": 2, "model": "H100-80GB"}) == "2 H100-80GB GPUs"
+    assert size_text({"min_memory_gb": 20}) == "at least 20 GB"
     now = 1_700_000_000.0
     iso = lambda t: datetime.fromtimestamp(now + t, timezone.utc).isoformat()  # noqa: E731
     waiting = {

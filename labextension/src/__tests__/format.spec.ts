@@ -40,7 +40,7 @@ describe('etaText', () => {
   it('keeps the status bar short: no basis there', () => {
     const waiting = [queued('r1', 1, { eta_basis: 'typical hold' })];
     expect(statusText([], waiting, () => null, NOW)).toBe(
-      `GPU queue #1 ${QUEUED_ETA}`
+      `GPU queue 1 of 1, ETA ${QUEUED_ETA}`
     );
   });
 });
@@ -55,21 +55,21 @@ describe('statusText', () => {
   it('shows my best place in the queue and the ETA', () => {
     const waiting = [queued('r2', 3), queued('r1', 2)];
     expect(statusText([], waiting, () => null, NOW)).toBe(
-      `GPU queue #2 ${QUEUED_ETA}`
+      `GPU queue 2 of 2, ETA ${QUEUED_ETA}`
     );
   });
 
   it('says when the ETA is unknown rather than guessing', () => {
     const waiting = [queued('r1', 1, { eta: null, eta_known: false })];
     expect(statusText([], waiting, () => null, NOW)).toBe(
-      'GPU queue #1 (ETA unknown)'
+      'GPU queue 1 of 1, ETA unknown'
     );
   });
 
   it('adds my place in the queue to what I hold', () => {
     const held = [lease('l1', 'MIG-0-0'), lease('l2', 'MIG-0-1')];
     expect(statusText(held, [queued('r1', 1)], () => 5, NOW)).toBe(
-      `GPU 1g.10gb 5% +1 · queue #1 ${QUEUED_ETA}`
+      `GPU 1g.10gb 5% +1 · queue 1 of 1, ETA ${QUEUED_ETA}`
     );
   });
 
@@ -83,7 +83,7 @@ describe('statusText', () => {
   it('keeps my place in the queue beside a reclaim warning', () => {
     const warned = lease('l1', 'MIG-0-0', { reclaim_at: iso(8 * 60) });
     expect(statusText([warned], [queued('r1', 1)], () => 0, NOW)).toBe(
-      `GPU idle: reclaim in 8 min · queue #1 ${QUEUED_ETA}`
+      `GPU idle: reclaim in 8 min · queue 1 of 1, ETA ${QUEUED_ETA}`
     );
   });
 
@@ -95,6 +95,18 @@ describe('statusText', () => {
     });
     expect(statusText([warned], [], () => 0, NOW)).toBe(
       'GPU time limit: reclaim in 8 min'
+    );
+  });
+
+  it('says a whole GPU as "1 GPU", not "GPU 1 GPU"', () => {
+    const whole = lease('l1', 'GPU-0', { profile: 'gpu' });
+    expect(statusText([whole], [], () => 0, NOW)).toBe('1 GPU 0%');
+  });
+
+  it("says a place in the queue as the notebook's widget does, of the queue's length", () => {
+    const waiting = [queued('r1', 2)];
+    expect(statusText([], waiting, () => null, NOW, 2)).toBe(
+      `GPU queue 2 of 2, ETA ${QUEUED_ETA}`
     );
   });
 
@@ -122,9 +134,9 @@ describe('words shared with the Python fronts', () => {
     expect(holderText('0f3e9a7c-1111')).toBe('kernel 0f3e9a7c');
   });
 
-  it('shows memory in GiB rounded down, as the hub pages and the CLI do', () => {
-    expect(mib(9984)).toBe('9.7 GiB');
-    expect(mib(81559)).toBe('79.6 GiB');
+  it('shows memory in GB as NVIDIA names devices, rounded down, as every front does', () => {
+    expect(mib(9984)).toBe('10.4 GB');
+    expect(mib(81559)).toBe('85.5 GB');
   });
 });
 

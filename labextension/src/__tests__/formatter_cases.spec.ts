@@ -3,12 +3,16 @@
  * ETAs say the same words, row by row, by the table's clock (its `timezone`, which
  * jest.config.js sets). */
 
-import { duration, etaText, mib, sizeText } from '../format';
+import { duration, etaText, leaseSize, mib, sizeText } from '../format';
 import CASES from '../../../tests/wire/formatter_cases.json';
 
 describe('the words shared with wire/text.py', () => {
   it.each(CASES.sizes)('size: $case', ({ request, text }) => {
     expect(sizeText(request)).toBe(text);
+  });
+
+  it.each(CASES.lease_sizes)('lease size: $case', ({ lease, text }) => {
+    expect(leaseSize(lease)).toBe(text);
   });
 
   it.each(CASES.durations)('duration: $case', ({ seconds, text }) => {

@@ -92,6 +92,50 @@ describe('GpuModel', () => {
     expect(model.leases[0].reclaim_at).toBe('2026-12-01T10:08:00Z');
   });
 
+  it('says which kernel a reclaim took the GPU of, and that its server shuts it down', () => {
+    const o = overview();
+    const { model, notices } = noticed(o);
+    const about = { user: 'ann', request_id: 'r-of-l-00', lease_id: 'l-00' };
+    const ended = { ...lease('l-00', 'MIG-0-0'), state: 'reclaimed' };
+    const request = {
+      ...queued('r-of-l-00', 0),
+      holder: 'k-1',
+      state: 'reclaimed'
+    };
+    model.apply(
+      event(3, 'reclaimed', {
+        ...about,
+        reason: 'idle for 1 min: the kernel ran nothing',
+        request: { ...request, lease: { ...ended, on_reclaim: 'shutdown' } }
+      })
+    );
+    const reclaimed = notices.find(n => n.kind === 'reclaimed');
+    expect(reclaimed?.holder).toBe('k-1');
+    expect(reclaimed?.shutDown).toBe(true);
+  });
+
+  it('counts a lease idle on from when the broker last said it, as the widget does', () => {
+    jest.useFakeTimers().setSystemTime(Date.parse('2026-12-01T10:00:00Z'));
+    try {
+      const { model } = modelWith(
+        overview({ leases: [lease('l-00', 'MIG-0-0', { idle_s: 600 })] })
+      );
+      const later = Date.parse('2026-12-01T10:09:00Z');
+      expect(model.idle(model.leases[0], later)).toBe(1140); // 10 min + 9 min
+    } finally {
+      jest.useRealTimers();
+    }
+  });
+
+  it("speaks of the current notebook's own request in the status bar", () => {
+    const mine = queued('r2', 2, { holder: 'k-2' });
+    const { model } = modelWith(
+      overview({ leases: [], requests: [queued('r1', 1), mine] })
+    );
+    expect(model.mineFor('k-2').waiting.map(r => r.id)).toEqual(['r2']);
+    expect(model.mineFor(null).waiting.map(r => r.id)).toEqual(['r1', 'r2']);
+  });
+
   it("offers Extend on a time limit's warning with the limit's end, and withdraws it once extended", () => {
     const limited = lease('l-00', 'MIG-0-0', {
       limit_s: 7200,

@@ -1,3 +1,4 @@
+import { leaseSize } from '../format';
 import { GpuModel } from '../model';
 import { renderPanel, sliceBar, sparkline } from '../render';
 import {
@@ -102,7 +103,7 @@ describe('renderPanel', () => {
     );
     expect(rows.map(r => r.className)).toEqual(['', 'jp-GpuBroker-mine']);
     expect(rows[1].textContent).toContain(
-      `2ann1g.10gbinteractive5 min${QUEUED_ETA}`
+      `2ann1g.10gbinteractive${QUEUED_ETA}waiting 5 min`
     );
     expect(rows[1].querySelector('.jp-GpuBroker-class')?.textContent).toBe(
       'interactive'
@@ -153,6 +154,8 @@ describe('renderPanel', () => {
     expect(box.classList).toContain('jp-mod-warned');
     expect(box.textContent).toContain('train.ipynb');
     expect(box.textContent).toContain('1g.10gb · GPU 0 / 1g.10gb@0');
+    const whole = leaseSize({ profile: 'gpu', devices: ['GPU-1'] });
+    expect(whole).toBe('1 GPU'); // a whole GPU's card: "1 GPU · GPU 1", not "gpu · GPU 1"
     expect(box.textContent).toContain(
       'held 30 min · util 73% · idle 1 h 00 min · reclaim in 8 min'
     );
@@ -191,7 +194,7 @@ describe('renderPanel', () => {
     const { model } = draw();
     model.setKernels(new Map([['k-1', { path: 'train.ipynb' }]]));
     const text =
-      'suspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it';
+      'suspended, its 4.2 GB of GPU memory on the host: its next cell resumes it';
     const suspended = { kernel_id: 'k-1', host_mib: 4096, text };
     const ended = (type: string, id: number, more: object) => ({
       v: 1,
@@ -214,7 +217,7 @@ describe('renderPanel', () => {
     model.apply(ended('reclaimed', 5, { suspended }));
     const box = panel().querySelector('.jp-mod-suspended') as HTMLElement;
     expect(box.textContent).toBe(
-      'train.ipynbSuspended, its 4.0 GiB of GPU memory on the host: its next cell resumes it'
+      'train.ipynbSuspended, its 4.2 GB of GPU memory on the host: its next cell resumes it'
     );
     expect(box.title).toBe('It held GPU 0 / 1g.10gb@0');
     expect(box.querySelector('button')).toBeNull(); // nothing to release

@@ -50,7 +50,7 @@ describe('startingSize', () => {
     expect(
       startingSize(context('Python 3 (GPU: 1g.10gb)', 'python3'), SPECS)
     ).toBe('1g.10gb');
-    expect(startingSize(context('Python 3 (2 GPUs)'), SPECS)).toBe('2 GPU(s)');
+    expect(startingSize(context('Python 3 (2 GPUs)'), SPECS)).toBe('2 GPUs');
   });
 
   it('falls back on the preference before the start names a kernel', () => {
