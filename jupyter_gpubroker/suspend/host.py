@@ -165,12 +165,19 @@ class KernelSuspender:
 
     def _take_up(self) -> None:
         """The suspensions the state file holds (a broker that ran before): each goes on
-        while its processes run, checkpointed; the others end, with why."""
+        while its processes run, checkpointed; the others end, with why. A kernel whose
+        grant came before the broker stopped, its restore not done (it waited for memory,
+        or the broker stopped first), is restored onto that grant at the next pass: no
+        event grants it again."""
         for row in self.core.store.suspensions():
             lease = self.core.lease(row["lease_id"])
             key, suspended = Suspended.stored(lease, row["evidence"])
             self.suspended[key] = suspended
         self.check(gone=ENDED_AWAY)
+        for grant in self.core.holders().values():
+            key = KernelKey(grant.user, self.core.request(grant.request_id).holder)
+            if key in self.suspended:
+                self.waiting[key] = (grant.id, "its restore waits for the broker")
 
     def check(
         self, handled: Callable[[KernelKey], bool] = lambda _: False, gone: str = ENDED_EXITED

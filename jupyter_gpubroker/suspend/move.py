@@ -156,7 +156,9 @@ class KernelMover:
 
     async def _copy(self, lease: Lease, why: str, targets: list[str], actor: str) -> str:
         kernels, old = self.kernels, lease.devices
-        uid, _ = kernels.owner(lease)
+        uid, not_owned = kernels.owner(lease)  # again: its process may have changed hands
+        if not_owned is not None:
+            return self._stays(lease, why, not_owned, actor)
         processes, on = kernels.processes(lease, uid), kernels.on_devices(lease, uid)
         suspender = kernels.suspender
         outcome, suspension = await asyncio.to_thread(suspender.suspend, old, processes, on)
