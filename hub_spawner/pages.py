@@ -44,6 +44,7 @@ from jupyter_gpubroker.wire.text import (
     gigabytes,
     gpu_hours,
     holder,
+    idle_reclaim_text,
     lease_size,
     memory,
     period,
@@ -132,6 +133,7 @@ _env.filters.update(
     hours=gpu_hours,
     audit=audit_detail,
     period=lambda s: period(float(s)),
+    idle_reclaim=lambda said: sentence(idle_reclaim_text(said["action"], said["reason"])),
 )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..client import URL_ENV, BrokerAPIError
 from ..paths import STATE_FILE_ENV, default_state_path
+from ..wire.text import idle_reclaim_text, sentence
 from .common import ask_broker, connection_args, table
 
 
@@ -158,21 +159,20 @@ SHOWN_LABELS = 6
 
 
 def idle_reclaim_lines(gpus: list[dict[str, Any]]) -> list[str]:
-    """What an idle reclaim does on which devices, and why, one line per answer (none
-    where no broker runs)."""
+    """What idle reclaim does on which devices, and why, one line per answer (none where
+    no broker runs)."""
     found: dict[tuple[str, str], list[str]] = {}
     for g in gpus:
         for d in g["devices"]:
             said = d.get("idle_reclaim")
             if said is not None:
                 found.setdefault((said["action"], said["reason"]), []).append(d["label"])
-    lines = ["Idle reclaim:"] if found else []
+    lines = []
     for (action, reason), labels in found.items():
         named = ", ".join(labels[:SHOWN_LABELS])
         if len(labels) > SHOWN_LABELS:
             named += f" and {len(labels) - SHOWN_LABELS} more"
-        verb = {"pending": "not decided yet"}.get(action, action)
-        lines.append(f"  {verb} on {named}: {reason}")
+        lines.append(sentence(idle_reclaim_text(action, reason, f"on {named}")))
     return lines
 
 

@@ -89,6 +89,13 @@ class SuspendHost:
         sampler.reclaimer.not_suspended = self._not_suspended
         self.mover = KernelMover(core, self.suspender, self.idle_reclaim_of, self.keep, self.log)
         sampler.on_drain = self._health_drained
+        slices = sum(d.kind == "mig" for d in core.inventory.devices)
+        if slices and self.reclaim_action in ("suspend", "auto"):  # the canaries log the rest
+            self.log.info(
+                "GPU broker: idle reclaim shuts down the kernels of the %d MIG slices: %s",
+                slices,
+                MIG_TEXT,
+            )
 
     def suspended(self, lease_id: str) -> dict[str, Any] | None:
         """A lease whose kernel was suspended, while it stays so (None: any other)."""

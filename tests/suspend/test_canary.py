@@ -4,6 +4,7 @@ server, sampled by hand), and the real driver's canary on a machine without CUDA
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -11,12 +12,23 @@ from typing import Any
 import pytest
 from move_helpers import Kernels, broker, machine, proven
 
+from jupyter_gpubroker.api.identity import Identity
+from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.reclaim import KernelState
+from jupyter_gpubroker.cli.status import idle_reclaim_lines
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.suspend.canary import MIG_TEXT, ProcessCanary, prove
 from jupyter_gpubroker.suspend.suspender import Suspender
 
+
+@pytest.fixture(autouse=True)
+def _listening() -> None:
+    """No server here (the package's conftest serves one): these brokers are the test's
+    own, and a server's broker beside them would share the simulated NVML's library."""
+
+
+ROOT = Identity("root", admin=True)
 MIXED = ("H100-80GB", "H100-80GB", "A100-80GB", ("H100-80GB", {"1g.10gb": 7}))
 """Two H100s, an A100 alone of its model, an H100 cut in slices."""
 
@@ -33,9 +45,9 @@ def driver(rt: GPUBroker) -> Any:
 
 
 async def test_each_model_is_proven_on_its_own_gpus_and_mig_slices_are_shut_down(
-    tmp_path: Path, monkeypatch: Any
+    tmp_path: Path, monkeypatch: Any, caplog: Any
 ) -> None:
-    with broker(tmp_path, monkeypatch, machine(*MIXED)) as rt:
+    with caplog.at_level(logging.INFO), broker(tmp_path, monkeypatch, machine(*MIXED)) as rt:
         before = said(rt)
         assert before["GPU 0"] == ("pending", "the canary has not run on a free H100-80GB GPU yet")
         assert before["GPU 3 / 1g.10gb@0"] == ("shutdown", MIG_TEXT)
@@ -55,6 +67,22 @@ async def test_each_model_is_proven_on_its_own_gpus_and_mig_slices_are_shut_down
         sim = rt.backend.simulator  # type: ignore[union-attr]
         assert all(not sim.process_memory(pid) for _, pid in driver(rt).calls)  # none left
         assert all(rt.core.placer.is_free(g.uuid) for g in rt.core.inventory.gpus[:3])
+
+        # `status` says it in one line per answer, from the API's devices
+        lines = idle_reclaim_lines(BrokerAPI(rt).devices(ROOT)["gpus"])
+        assert lines == [
+            f"Idle kernels on GPU 0, GPU 1 are suspended: {h100[1]}.",
+            f"Idle kernels on GPU 2 are suspended: {a100[1]}.",
+            "Idle kernels on GPU 3 / 1g.10gb@0, GPU 3 / 1g.10gb@1, GPU 3 / 1g.10gb@2, "
+            "GPU 3 / 1g.10gb@3, GPU 3 / 1g.10gb@4, GPU 3 / 1g.10gb@5 and 1 more are shut "
+            f"down: {MIG_TEXT}.",
+        ]
+        logged = [r.getMessage() for r in caplog.records if "idle reclaim" in r.getMessage()]
+        assert logged == [
+            f"GPU broker: idle reclaim shuts down the kernels of the 7 MIG slices: {MIG_TEXT}",
+            f"GPU broker: idle reclaim suspends the kernels of the 2 H100-80GB GPU(s): {h100[1]}",
+            f"GPU broker: idle reclaim suspends the kernels of the 1 A100-80GB GPU(s): {a100[1]}",
+        ]
 
 
 @pytest.mark.parametrize(

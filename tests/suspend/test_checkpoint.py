@@ -286,8 +286,7 @@ def test_a_restore_without_the_memory_waits_and_touches_nothing(sim, driver):
     waits = s.resume(suspension, [gpu1])
     assert waits.waiting and not waits.done and not waits.lost
     assert waits.reason == (
-        f"its restore waits: {gpu1} has 1.0 GiB free, not the 2.9 GiB the kernel's memory "
-        "needs there"
+        f"its restore waits: {gpu1} has 1.0 GB free, not the 3.1 GB the kernel's memory needs there"
     )
     assert ("restore", KERNEL) not in driver.calls  # issue 44: a failed one is for good
     sim.set_load(gpu1, memory_used_mib=0)

@@ -13,6 +13,13 @@ from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.suspend import ProcessState
 
+
+@pytest.fixture(autouse=True)
+def _listening() -> None:
+    """No server here (the package's conftest serves one): these brokers are the test's
+    own, and a server's broker beside them would share the simulated NVML's library."""
+
+
 ROOT = Identity("root", admin=True)
 
 
