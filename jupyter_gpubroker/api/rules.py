@@ -172,6 +172,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             vacating=core.vacating(),
             causes=core.drain_causes(),
             outside=self.runtime.outside_now(),
+            idle_reclaim=self.runtime.idle_reclaim(),
         )
         engine = self.runtime.engine_state()
         if engine is None:
@@ -388,6 +389,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
             "suspended": self.runtime.suspended(lease.id),
+            "moved": self.runtime.moved(lease.id) if active else None,
         }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:

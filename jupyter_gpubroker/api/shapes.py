@@ -146,6 +146,7 @@ def devices_json(
     vacating: Mapping[str, Vacating] | None = None,
     causes: Mapping[str, str] | None = None,
     outside: Mapping[str, list[dict[str, Any]]] | None = None,
+    idle_reclaim: Mapping[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
@@ -155,8 +156,10 @@ def devices_json(
     ``causes``: who drained each (``health``, ``vacate``, ``admin``; default ``health``).
     ``vacating``: devices of ended leases still waiting for their processes to exit.
     ``outside``: device UUID -> the processes using it outside the broker (``user``,
-    ``pid``, ``since`` in UTC seconds, ``text``)."""
+    ``pid``, ``since`` in UTC seconds, ``text``). ``idle_reclaim``: device UUID -> what an
+    idle reclaim does to its kernel (``action``, ``reason``)."""
     drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
+    reclaim = idle_reclaim or {}
 
     def left(uuid: str) -> dict[str, Any] | None:
         v = vacating.get(uuid)
@@ -205,6 +208,7 @@ def devices_json(
                     "drained": drained(d.uuid, g.uuid),
                     "vacating": left(d.uuid),
                     "outside": [{**o, "since": iso(o["since"])} for o in outside.get(d.uuid, [])],
+                    "idle_reclaim": reclaim.get(d.uuid),
                     **reading_json(readings.get(d.uuid)),
                 }
                 for d in sorted(inventory.devices, key=lambda d: d.start or 0)

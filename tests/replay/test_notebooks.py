@@ -4,6 +4,7 @@ committed excerpt of the Adobe trace against the benchmark's plain count."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,10 @@ def test_a_user_who_leaves_while_waiting_never_gets_the_gpus(two_sessions):
     f = nb.summarize(nb.replay(short, nb.Policy("whole", "session"), gpus=8))
     assert (f["never_granted"], f["cells_never_ran"]) == (1, 1)
     assert f["no_wait_pct"] == pytest.approx(100 * 2 / 3)
+    # held against the cells that ran (A's 30 minutes), B's cell that never ran apart:
+    # against all the trace's cells a cluster that leaves cells unrun seems to hold less
+    assert f["held_ratio"] == pytest.approx(230 / (20 + 10))
+    assert f["within_10s_pct"] == 100.0  # of the cells that ran
 
 
 def test_a_culler_judges_kernel_activity_alone(two_sessions):
@@ -127,6 +132,11 @@ def test_suspend_keeps_the_kernel_and_pays_for_the_copies(two_sessions):
     assert a.waits_s == [0.0, pytest.approx(35 * MIN + 0.25)]
     assert b.held_s == pytest.approx(8 * (185 - 70) * MIN + 8 * 8.0 / 64)
     assert nb.summarize(result)["shutdowns"] == 0
+
+    # at cuda-checkpoint#29's 15 s a toggle, each copy costs that much more
+    slow = nb.replay(two_sessions, replace(policy, suspend_fixed_s=15.0), gpus=8)
+    assert by_id(slow)["a"].waits_s == [0.0, pytest.approx(35 * MIN + 15.25)]
+    assert by_id(slow)["b"].held_s == pytest.approx(8 * (185 - 70) * MIN + 8 * (15 + 8.0 / 64))
 
 
 def test_the_excerpt_agrees_with_the_plain_count():
