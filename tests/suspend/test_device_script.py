@@ -6,16 +6,20 @@ is no GPU it says why in its one JSON line."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device_suspend.py"
+ROOT = Path(__file__).resolve().parents[2]
+COMMAND = "python benchmarks/device_suspend.py --json"
+"""As docs/suspend.md shows it."""
 
 
 def run(*args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    _, *shown = shlex.split(COMMAND)
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--json", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, *shown, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, json.loads(done.stdout)
@@ -35,7 +39,8 @@ def test_on_two_simulated_h100s_every_step_passes_and_a_restore_without_room_wai
     assert room["restored_once_free"] and room["pattern_intact"]
 
 
-def test_without_a_gpu_it_says_why_and_exits_2(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_without_a_gpu_the_command_the_docs_show_says_why_and_exits_2(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert f"\n    {COMMAND}\n" in (ROOT / "docs" / "suspend.md").read_text()
     monkeypatch.delenv("GPUBROKER_SIMULATE", raising=False)
     code, report = run()
     assert code == 2 and report["ran"] is False
