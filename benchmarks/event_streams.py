@@ -86,7 +86,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             )
             types = Counter(type(o).__qualname__ for o in gc.get_objects())
             if not first_types or self.get_argument("first", "") == "1":
-                first[:], first_types[:] = [snapshot] if snapshot else [], [types]
+                first[:], first_types[:] = [snapshot] if snapshot else [], [types.copy()]
             types.subtract(first_types[0])
             grown = snapshot.compare_to(first[0], "lineno")[:8] if snapshot else []
             runtime = self.settings["gpubroker"]

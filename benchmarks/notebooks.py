@@ -11,6 +11,7 @@ on each session's idle gaps that shares no code with the replay.
 ``--check`` only compares with the plain count (exit 1 on a difference over 1%).
 ``--shares`` replays the shares policy (each kernel asks for the memory it used) beside
 the whole-GPU ones, on 64 H100s and on an 8x RTX A6000 server without MIG.
+``--band`` only replays the default settings under ``auto`` on each row of ``BAND``.
 ``--fit`` chooses the idle timeout on the trace's first day and checks it on the second
 (``fit``).
 """
@@ -26,6 +27,7 @@ from typing import Any
 
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
 from jupyter_gpubroker.replay import notebooks as nb
+from jupyter_gpubroker.runtime.reclaim import SUSPEND_GRACE_S, SUSPEND_IDLE_TIMEOUT_S
 from jupyter_gpubroker.wire.profiles import CATALOG
 
 HERE = Path(__file__).resolve().parent
@@ -36,8 +38,17 @@ CULLER_S = 3600.0
 """jupyterhub-idle-culler as zero-to-jupyterhub deploys it (``cull.timeout``)."""
 SUSPEND_GBPS = 64.0
 """Modelled suspend: one direction of a PCIe 5.0 x16 host link (NVIDIA gives the H100's
-as 128 GB/s both ways). No published cuda-checkpoint throughput was found; a real
-checkpoint or restore is slower, so this is a bound, not a measurement."""
+as 128 GB/s both ways). A real checkpoint or restore is slower: this is a bound."""
+BAND = (
+    ("bound: 64 GB/s", 0.0, SUSPEND_GBPS),
+    ("CRIU: 31 GB in 12 s", 0.0, 31 / 12),
+    ("cuda-checkpoint#29: 15 s a toggle", 15.0, SUSPEND_GBPS),
+    ("both", 15.0, 31 / 12),
+)
+"""Suspend and restore times users may see, as (row, fixed s, GB/s): the link's bound;
+a CRIU restore of a 31 GB vLLM process from disk in about 12 s (llmux's LOG.md); about
+15 s a `cuda-checkpoint --toggle` per GPU on 8x H100 (NVIDIA/cuda-checkpoint#29, its
+fill not stated), as a fixed cost; and both at once, the band's slow edge."""
 AGREE = 0.01
 FIT_MIN = (5, 10, 15, 20, 30, 45, 60, 90, 120)
 LOST_PRICE_H = 2.0
@@ -105,7 +116,7 @@ def shares_run(path: Path) -> dict[str, list[tuple[nb.Policy, dict[str, float]]]
 
 def shares_table(results: dict[str, list[tuple[nb.Policy, dict[str, float]]]]) -> str:
     lines = [
-        "| GPUs | policy | GPU-hours held | held ÷ cells | started within 10 s | kernels lost "
+        "| GPUs | policy | GPU-hours held | held ÷ used | started within 10 s | kernels lost "
         "| never got GPUs | GPU cells never run |",
         "|" + "---|" * 8,
     ]
@@ -113,7 +124,44 @@ def shares_table(results: dict[str, list[tuple[nb.Policy, dict[str, float]]]]) -
         for p, f in rows:
             lines.append(
                 f"| {cluster} | {p.name} | {f['held_gpu_h']:,.0f} | {f['held_ratio']:.2f}x | "
-                f"{f['soon_pct']:.1f}% | {f['lost']:.0f} | {f['never_granted']:.0f} | "
+                f"{f['within_10s_pct']:.1f}% | {f['lost']:.0f} | {f['never_granted']:.0f} | "
+                f"{f['cells_never_ran']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def shipped_auto() -> ReclaimConfig:
+    """The default reclaim where ``auto`` suspends: its shorter idle timeout and grace."""
+    return ReclaimConfig(
+        suspend_idle_timeout_s=SUSPEND_IDLE_TIMEOUT_S, suspend_grace_s=SUSPEND_GRACE_S
+    )
+
+
+def band(path: Path) -> dict[int, list[tuple[str, dict[str, float]]]]:
+    """The default settings under ``auto`` (every GPU suspends) on each row of ``BAND``."""
+    sessions = nb.load(path)
+    results: dict[int, list[tuple[str, dict[str, float]]]] = {}
+    for gpus in CLUSTERS:
+        results[gpus] = []
+        for name, fixed_s, gbps in BAND:
+            policy = nb.Policy(
+                name, "reclaim", shipped_auto(), suspend_gbps=gbps, suspend_fixed_s=fixed_s
+            )
+            results[gpus].append((name, nb.summarize(nb.replay(sessions, policy, gpus=gpus))))
+    return results
+
+
+def band_table(results: dict[int, list[tuple[str, dict[str, float]]]]) -> str:
+    lines = [
+        "| GPUs | suspend and restore | held ÷ used | kernels lost | GPU cells within 10 s "
+        "| p95 wait | GPU cells never run |",
+        "|" + "---|" * 7,
+    ]
+    for gpus, rows in results.items():
+        for name, f in rows:
+            lines.append(
+                f"| {gpus} | {name} | {f['held_ratio']:.2f}x | {f['lost']:.0f} | "
+                f"{f['within_10s_pct']:.1f}% | {_wait(f['wait_p95_s'])} | "
                 f"{f['cells_never_ran']:.0f} |"
             )
     return "\n".join(lines)
@@ -332,7 +380,11 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="only compare with the plain count")
     ap.add_argument("--fit", action="store_true", help="only choose the idle timeout")
     ap.add_argument("--shares", action="store_true", help="only the shares policy's table")
+    ap.add_argument("--band", action="store_true", help="only the suspend band, as shipped")
     args = ap.parse_args()
+    if args.band:
+        print(band_table(band(args.trace)))
+        return
     if args.fit:
         print(fit_report(fit(args.trace)))
         return

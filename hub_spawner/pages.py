@@ -44,6 +44,7 @@ from jupyter_gpubroker.wire.text import (
     gigabytes,
     gpu_hours,
     holder,
+    idle_reclaim_text,
     lease_size,
     memory,
     period,
@@ -132,6 +133,7 @@ _env.filters.update(
     hours=gpu_hours,
     audit=audit_detail,
     period=lambda s: period(float(s)),
+    idle_reclaim=lambda said: sentence(idle_reclaim_text(said["action"], said["reason"])),
 )
 
 
@@ -468,7 +470,10 @@ def _release(api: BrokerAPI, who: Identity, form: Form) -> str:
 
 
 def _drain(api: BrokerAPI, who: Identity, form: Form) -> str:
-    return str(api.drain(who, form.get("uuid", ""), {"reason": form.get("reason", "")})["message"])
+    body: dict[str, Any] = {"reason": form.get("reason", "")}
+    if form.get("move"):
+        body["move"] = True
+    return str(api.drain(who, form.get("uuid", ""), body)["message"])
 
 
 def _undrain(api: BrokerAPI, who: Identity, form: Form) -> str:

@@ -388,8 +388,9 @@ class BrokerClient:
 
     # -- admins
 
-    async def drain(self, uuid: str, reason: str) -> dict[str, Any]:
-        return await self.call("POST", f"devices/{uuid}/drain", {"reason": reason})  # type: ignore[no-any-return]
+    async def drain(self, uuid: str, reason: str, move: bool = False) -> dict[str, Any]:
+        body = {"reason": reason, "move": True} if move else {"reason": reason}
+        return await self.call("POST", f"devices/{uuid}/drain", body)  # type: ignore[no-any-return]
 
     async def undrain(self, uuid: str, reason: str | None = None) -> dict[str, Any]:
         return await self.call("DELETE", f"devices/{uuid}/drain", reason=reason)  # type: ignore[no-any-return]

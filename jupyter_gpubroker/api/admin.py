@@ -54,9 +54,14 @@ class AdminRules(Rules):
         """An admin drains a GPU or device: nothing new is granted on it until an admin
         undrains it, whatever its health; holders keep their leases and get an event."""
         self._require_admin(who, "drain and undrain devices")
-        unknown = set(body) - {"reason"}
+        unknown = set(body) - {"reason", "move"}
+        move = body.get("move", False)
         if unknown or not isinstance(body.get("reason"), str) or not body["reason"].strip():
-            raise InvalidRequest("send {'reason': '<why it is drained>'}, nothing else")
+            raise InvalidRequest(
+                "send {'reason': '<why it is drained>'} and, to move its kernels, 'move': true"
+            )
+        if not isinstance(move, bool):
+            raise InvalidRequest("'move' is true or false")
         reason = reason_text(body["reason"])
         core = self.core
         self._device(uuid)
@@ -67,7 +72,16 @@ class AdminRules(Rules):
         message = f"{uuid} takes no new grants until an admin undrains it"
         if before is not None and cause == "health":
             message += f", even once healthy (its health check drained it: {before[0]})"
-        return self._drain_state(uuid, message + "; its holders keep their leases")
+        if not move:
+            return self._drain_state(uuid, message + "; its holders keep their leases")
+        moves = self.runtime.move_off(
+            uuid, f"{self._label(uuid)} is drained by {who.user}: {reason}", who.user
+        )
+        going = sum(1 for m in moves.values() if m == "moving")
+        message += f"; {going} of its {len(moves)} kernel(s) moving to other GPUs"
+        if going < len(moves):
+            message += ", the others keep their leases (see moves)"
+        return {**self._drain_state(uuid, message), "moves": moves}
 
     def undrain(self, who: Identity, uuid: str, reason: str | None = None) -> dict[str, Any]:
         """An admin lifts a drain, never a health check's: a GPU drained by its health
@@ -121,6 +135,14 @@ class AdminRules(Rules):
         if uuid in placer.devices:
             return placer.devices[uuid].gpu_uuid
         raise NotFound(f"no GPU or device {uuid!r}")
+
+    def _label(self, uuid: str) -> str:
+        """What a person calls a GPU or device: ``GPU 3``, ``GPU 3 / 1g.10gb@2``."""
+        placer = self.core.placer
+        if uuid in placer.devices:
+            return placer.devices[uuid].label
+        under = placer.under(uuid)
+        return under[0].label.split(" / ")[0] if under else uuid
 
     def _faults(self, uuid: str) -> tuple[str, ...]:
         """What a GPU's health check still holds against it (devices: nothing of their own)."""

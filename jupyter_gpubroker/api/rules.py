@@ -177,6 +177,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             sharing={
                 g.uuid: s for g in core.inventory.gpus if (s := self.runtime.sharing_of(g.uuid))
             },
+            idle_reclaim=self.runtime.idle_reclaim(),
         )
         engine = self.runtime.engine_state()
         if engine is None:
@@ -394,6 +395,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
             "suspended": self.runtime.suspended(lease.id),
             "share": self.runtime.share_of(lease),
+            "moved": self.runtime.moved(lease.id) if active else None,
         }
 
     def lease(self, who: Identity, lease_id: str) -> dict[str, Any]:

@@ -149,6 +149,7 @@ def devices_json(
     shared: Mapping[str, list[Lease]] | None = None,
     sharing: Mapping[str, dict[str, Any]] | None = None,
     share_use: Mapping[str, int | None] | None = None,
+    idle_reclaim: Mapping[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
     users' holders without ids. A viewer with a kernel token (``kernel_id``) sees the ids of
@@ -158,10 +159,13 @@ def devices_json(
     ``causes``: who drained each (``health``, ``vacate``, ``admin``; default ``health``).
     ``vacating``: devices of ended leases still waiting for their processes to exit.
     ``outside``: device UUID -> the processes using it outside the broker (``user``,
-    ``pid``, ``since`` in UTC seconds, ``text``). ``shared``: GPU UUID -> its shares;
-    ``sharing``: GPU UUID -> how it is lent and what holds its shares (``GPUBroker.sharing_of``);
-    ``share_use``: lease id -> what a share's processes use of its GPU (MiB; None: not known)."""
+    ``pid``, ``since`` in UTC seconds, ``text``). ``idle_reclaim``: device UUID -> what an
+    idle reclaim does to its kernel (``action``, ``reason``). ``shared``: GPU UUID -> its
+    shares; ``sharing``: GPU UUID -> how it is lent and what holds its shares
+    (``GPUBroker.sharing_of``); ``share_use``: lease id -> what a share's processes use of
+    its GPU (MiB; None: not known)."""
     drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
+    reclaim = idle_reclaim or {}
     shared, sharing, share_use = shared or {}, sharing or {}, share_use or {}
 
     def lent(uuid: str) -> dict[str, Any] | None:
@@ -224,6 +228,7 @@ def devices_json(
                     "drained": drained(d.uuid, g.uuid),
                     "vacating": left(d.uuid),
                     "outside": [{**o, "since": iso(o["since"])} for o in outside.get(d.uuid, [])],
+                    "idle_reclaim": reclaim.get(d.uuid),
                     **reading_json(readings.get(d.uuid)),
                 }
                 for d in sorted(inventory.devices, key=lambda d: d.start or 0)

@@ -199,6 +199,27 @@ class Book:
         detail = {"ends_at": end, "extensions": lease.extensions}
         self._emit(Event.of_lease("extended", self.clock.now(), lease, detail))
 
+    def move(self, lease: Lease, devices: tuple[str, ...], reason: str) -> None:
+        """Hand an active lease over to ``devices``, which the broker reserved for it
+        (``Devices.reserve``): its kernel moved there. Its old devices go back as an ended
+        lease's do (vacating while a process stays); its charge, its time and its id stay:
+        the kernel renews the same lease."""
+        now, old = self.clock.now(), lease.devices
+        with self.store.transaction():
+            self.store.move_lease(lease.id, old, devices)
+        until = self.placer.until.get(old[0]) if old else None
+        lease.devices = devices
+        for d in old:
+            self.holder.pop(d, None)
+        self.placer.release(devices)  # reserved: now held as the lease's, to its end
+        self.placer.hold(devices, until=until)
+        for d in devices:
+            self.holder[d] = lease.id
+        self.placer.ended(old)
+        self._vacate(replace(lease, devices=old), now)
+        detail = {"from": list(old), "to": list(devices), "reason": reason}
+        self._emit(Event.of_lease("moved", now, lease, detail))
+
     def _hold(self, lease: Lease, expected_end: float) -> None:
         self.leases[lease.id] = lease
         self.ledger.hold(lease)

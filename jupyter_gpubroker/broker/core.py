@@ -357,6 +357,14 @@ class Broker:
         self.schedule()
         return lease
 
+    def move(self, lease_id: str, devices: list[str], reason: str) -> Lease:
+        """Hand a lease over to other free devices of its shape, reserved for it
+        (``devices.reserve``): the host moved its kernel there; a ``moved`` event says so."""
+        lease = self._active_lease(lease_id, None)
+        self.book.move(lease, tuple(devices), reason)
+        self.schedule()
+        return lease
+
     def extend(self, lease_id: str, seconds: float, user: str | None = None) -> Lease:
         """Give a lease's time limit ``seconds`` more unless that breaks a start promised
         to a waiting request or its longest limit (``Conflict`` says why)."""

@@ -142,6 +142,17 @@ class Devices:
     def drained_by(self, cause: str) -> set[str]:
         return {uuid for uuid, c in self._drain_cause.items() if c == cause}
 
+    # -- reserved for the broker's own use
+
+    def reserve(self, uuids: Iterable[str]) -> None:
+        """Grant these free devices to nobody while the broker itself uses them (the
+        suspend canary, a kernel moving onto them); not kept over a restart."""
+        self.placer.hold(uuids)
+
+    def unreserve(self, uuids: Iterable[str]) -> None:
+        """Devices ``reserve`` took, free again (the broker schedules next)."""
+        self.placer.release(uuids)
+
     # -- vacating
 
     def vacating(self) -> dict[str, Vacating]:

@@ -92,6 +92,12 @@ class ReclaimConfig:
     """Overrides for GPU servers, keyed as ``idle_timeout_by_profile``."""
     grace_s: float = 600.0
     """Time between the warning and the reclaim."""
+    suspend_idle_timeout_s: float | None = None
+    """The idle timeout of a lease whose kernel the host suspends, where shorter than
+    ``idle_timeout_s`` (None: that one): a suspend loses nothing, so it may come sooner,
+    never later than a shutdown would; per-class and per-profile timeouts win."""
+    suspend_grace_s: float | None = None
+    """The grace before such a suspend, where shorter than ``grace_s`` (None: that one)."""
     stalled_timeout_s: float = 7200.0
     """How long a busy kernel may leave its GPU under the threshold; 0 disables."""
     utilization_threshold: float = 5.0
@@ -117,8 +123,9 @@ class ReclaimConfig:
                 for k, v in self.server_idle_timeout_by_profile.items()
             },
         }
-        if self.server_idle_timeout_s is not None:
-            timeouts["server_idle_timeout_s"] = self.server_idle_timeout_s
+        for name in ("server_idle_timeout_s", "suspend_idle_timeout_s", "suspend_grace_s"):
+            if getattr(self, name) is not None:
+                timeouts[name] = getattr(self, name)
         for name, v in timeouts.items():
             number(v, name, 0.0, MAX_DURATION_S, words=seconds_between(0.0, MAX_DURATION_S))
         unknown = set(self.idle_timeout_by_class) - {c.value for c in JobClass}
@@ -135,14 +142,24 @@ class ReclaimConfig:
                 )
 
     def idle_timeout(
-        self, profile: str, job_class: str, gpus: int = 1, *, server: bool = False
+        self,
+        profile: str,
+        job_class: str,
+        gpus: int = 1,
+        *,
+        server: bool = False,
+        suspend: bool = False,
     ) -> float:
         """The idle timeout of a lease of ``profile`` (``gpu``: ``gpus`` whole GPUs) and
-        ``job_class``; ``server``: a GPU server's reservation."""
+        ``job_class``; ``server``: a GPU server's reservation; ``suspend``: a lease whose
+        kernel the host suspends."""
         keys = (f"gpu:{gpus}", "gpu") if profile == "gpu" else (profile,)
+        base = self.idle_timeout_s
+        if suspend and self.suspend_idle_timeout_s is not None and base:
+            base = min(base, self.suspend_idle_timeout_s)
         kernel = next(
             (self.idle_timeout_by_profile[k] for k in keys if k in self.idle_timeout_by_profile),
-            self.idle_timeout_by_class.get(job_class, self.idle_timeout_s),
+            self.idle_timeout_by_class.get(job_class, base),
         )
         if not server:
             return kernel
@@ -230,9 +247,14 @@ class Reclaimer:
         self.arbiter = arbiter
         self.watched: Callable[[Lease], bool] = lambda lease: False
         """Whether nothing but this watch holds a share to its memory (the host's word)."""
-        self.suspends: Callable[[Lease], bool] | None = None
+        self.suspends: Callable[[Lease], bool | None] | None = None
         """Whether the host suspends a lease's kernel at the deadline rather than the
-        reclaimer reclaiming it (the reclaim action ``suspend``)."""
+        reclaimer reclaiming it (the reclaim action ``suspend``, or ``auto`` where the
+        canary passed on its GPUs); None: not known yet (the canary has not run), the
+        deadline waits for the answer."""
+        self.not_suspended: Callable[[Lease], str | None] | None = None
+        """Why the host does not suspend a lease the reclaimer reclaims itself, where it
+        says (a MIG slice, a GPU model the canary did not pass): the end of its reason."""
         self._tracks: dict[str, _Track] = {}
 
     def step(self, observations: Mapping[str, Observation]) -> list[Decision]:
@@ -276,6 +298,10 @@ class Reclaimer:
         if track.warning is not None and track.warning[0] in ("idle", "stalled"):
             track.warning = None
             self.broker.unwarn(lease.id, "kept by its holder")
+
+    def suspended_at_deadline(self, lease: Lease) -> bool | None:
+        """Whether the host suspends the lease's kernel at its deadline (``suspends``)."""
+        return False if self.suspends is None else self.suspends(lease)
 
     # -- verdicts
 
@@ -329,6 +355,7 @@ class Reclaimer:
             request.job_class.value,
             len(lease.devices),
             server=request.holder.startswith(SERVER_HOLDER),
+            suspend=self.suspended_at_deadline(lease) is True,
         )
         if kernel.execution_state != "idle" or not timeout:
             return None
@@ -465,7 +492,11 @@ class Reclaimer:
         if _fresh(track.warning, verdict):
             deadline = verdict.deadline
             if deadline is None:
-                deadline = now + self.config.grace_s
+                grace = self.config.grace_s
+                shorter = self.config.suspend_grace_s
+                if shorter is not None and self.suspended_at_deadline(lease) is True:
+                    grace = min(grace, shorter)
+                deadline = now + grace
             track.warning = (verdict.cause, now, deadline)
             self.broker.warn(lease.id, verdict.reason, deadline, verdict.cause)
             return Decision(
@@ -476,11 +507,16 @@ class Reclaimer:
         if now < deadline:
             return None
         evidence = {**verdict.evidence, "warned_at": warned_at, "deadline": deadline}
-        if self.suspends is not None and self.suspends(lease):
+        suspend = self.suspended_at_deadline(lease)
+        if suspend is None:
+            return None  # the canary's answer first: looked at again next pass
+        if suspend:
             track.warning = (verdict.cause, warned_at, math.inf)  # the host's from now on
             return Decision("suspend", lease.id, holder, verdict.cause, verdict.reason, evidence)
-        self.broker.reclaim(lease.id, verdict.reason, cause=verdict.cause, evidence=evidence)
-        return Decision("reclaim", lease.id, holder, verdict.cause, verdict.reason, evidence)
+        why = self.not_suspended(lease) if self.not_suspended is not None else None
+        reason = verdict.reason if why is None else f"{verdict.reason}; not suspended: {why}"
+        self.broker.reclaim(lease.id, reason, cause=verdict.cause, evidence=evidence)
+        return Decision("reclaim", lease.id, holder, verdict.cause, reason, evidence)
 
     def _arbitrate(
         self,

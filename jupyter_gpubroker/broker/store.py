@@ -44,11 +44,13 @@ class AuditRecord:
     """``cancel``, ``set_class``, ``drain``, ``undrain``, ``set_quota``, ``delete_quota``,
     ``set_time_limits``, ``delete_time_limits``;
     ``outside_use`` and ``outside_use_stop`` (its actor the user whose process it was);
-    ``release_stopped_server`` (its actor the hub service, a host routine)."""
+    ``release_stopped_server`` (its actor the hub service, a host routine); ``move`` (a
+    kernel moved off a drained GPU, or not: its actor the admin who drained it, or
+    ``health``)."""
     target: str
     """A request id, a GPU or device UUID, ``user:<name>`` / ``group:<name>`` (quotas),
     ``class:<name>`` / ``profile:<name>`` / ``group:<name>`` (time limits), a lease id
-    (``release_stopped_server``)."""
+    (``release_stopped_server``, ``move``)."""
     detail: dict[str, Any]
 
 
@@ -256,6 +258,18 @@ class Store:
         self.conn.execute(
             "UPDATE requests SET state='granted', lease_id=? WHERE id=?",
             (lease.id, lease.request_id),
+        )
+
+    def move_lease(self, lease_id: str, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """A lease holds ``new`` instead of ``old`` (its kernel moved there)."""
+        self.conn.execute(
+            "UPDATE leases SET devices=? WHERE id=?", (json.dumps(list(new)), lease_id)
+        )
+        self.conn.executemany(
+            "DELETE FROM allocations WHERE device=? AND lease_id=?", [(d, lease_id) for d in old]
+        )
+        self.conn.executemany(
+            "INSERT INTO allocations (device, lease_id) VALUES (?, ?)", [(d, lease_id) for d in new]
         )
 
     def renew_lease(self, lease: Lease) -> None:

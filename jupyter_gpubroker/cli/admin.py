@@ -18,6 +18,12 @@ def add_drain(p: argparse.ArgumentParser) -> None:
     connection_args(p)
     p.add_argument("uuid", help="a GPU or MIG UUID (GPU-..., MIG-...; see 'status')")
     p.add_argument("--reason", required=True, help="why, shown to the holders")
+    p.add_argument(
+        "--move",
+        action="store_true",
+        help="move its kernels to free GPUs of its model (suspended there, restored there, "
+        "their cells paused meanwhile); those that cannot move keep their GPU, told why",
+    )
     p.set_defaults(func=cmd_drain)
 
 
@@ -87,8 +93,9 @@ def add_alerts(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    state = asyncio.run(client(args).drain(args.uuid, args.reason))
-    print_result(args, state, state["message"])
+    state = asyncio.run(client(args).drain(args.uuid, args.reason, args.move))
+    said = [state["message"]] + [f"  {lease}: {m}" for lease, m in state.get("moves", {}).items()]
+    print_result(args, state, "\n".join(said))
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..client import URL_ENV, BrokerAPIError
 from ..paths import STATE_FILE_ENV, default_state_path
+from ..wire.text import idle_reclaim_text, sentence
 from .common import ask_broker, connection_args, table
 
 
@@ -169,6 +170,7 @@ def render_status(report: dict[str, Any]) -> str:
         }
     )
     lines += holds
+    lines += idle_reclaim_lines(report["gpus"])
     engine = report.get("engine")
     if engine and not engine["reachable"]:
         lines.append(
@@ -176,6 +178,28 @@ def render_status(report: dict[str, Any]) -> str:
             f"last view of the cluster"
         )
     return "\n".join(lines)
+
+
+SHOWN_LABELS = 6
+"""Devices named on an idle reclaim line before the rest are counted."""
+
+
+def idle_reclaim_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """What idle reclaim does on which devices, and why, one line per answer (none where
+    no broker runs)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for g in gpus:
+        for d in g["devices"]:
+            said = d.get("idle_reclaim")
+            if said is not None:
+                found.setdefault((said["action"], said["reason"]), []).append(d["label"])
+    lines = []
+    for (action, reason), labels in found.items():
+        named = ", ".join(labels[:SHOWN_LABELS])
+        if len(labels) > SHOWN_LABELS:
+            named += f" and {len(labels) - SHOWN_LABELS} more"
+        lines.append(sentence(idle_reclaim_text(action, reason, f"on {named}")))
+    return lines
 
 
 def _gpu_label(g: dict[str, Any]) -> str:

@@ -180,12 +180,16 @@ class DeviceConfinement(LoggingConfigurable):
 
     # -- kernels granted later
 
-    def allow(self, pid: int, devices: Iterable[str], user: str) -> Path | None:
+    def allow(
+        self, pid: int, devices: Iterable[str], user: str, *, only: bool = False
+    ) -> Path | None:
         """Let the process ``pid`` (a kernel granted ``devices`` in a confined server of
-        ``user``) open their nodes as well as what it may open now: it moves to a new
-        cgroup of its own, beside its server's. None where ``pid`` is not confined (nothing
-        to add); refused when ``pid`` is in a server of someone else (a pid reported wrong,
-        or reused meanwhile)."""
+        ``user``) open their nodes as well as what it may open now (``only``: as well as
+        what its server may open, its other devices no more: a kernel moved): it moves,
+        with every process it started that shares its cgroup (a data loader's workers), to
+        a new cgroup of its own, beside its server's. None where ``pid`` is not confined
+        (nothing to add); refused when ``pid`` is in a server of someone else (a pid
+        reported wrong, or reused meanwhile)."""
         if not self.active("GPU kernels"):
             return None
         cgroups, driver = self.cgroups, self._driver()
@@ -196,8 +200,9 @@ class DeviceConfinement(LoggingConfigurable):
             raise ConfinementError(f"process {pid} is not in a server of {user}")
         born = _started(pid)
         majors = driver.nvidia_majors
-        nodes = cgroups.allowed(current, majors) | self._nodes(driver, devices)
         server = current.name.split(KERNEL_SUFFIX)[0]
+        base = cgroups.root / server if only and current.name != server else current
+        nodes = cgroups.allowed(base, majors) | self._nodes(driver, devices)
         path = cgroups.create(f"{server}{KERNEL_SUFFIX}{pid}.{secrets.token_hex(3)}", nodes, majors)
         if current.name == server:
             cgroups.move(pid, path)

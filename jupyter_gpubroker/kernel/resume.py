@@ -5,12 +5,14 @@ host and its lease ended, shown with ``suspended`` set. Before a cell runs, this
 the same number of GPUs of the same model (CUDA restores onto the same chip only) and
 waits in the queue like any request, the ``%gpu`` panel showing its position and ETA; on
 the grant the broker restores the kernel onto the granted
-GPUs, and the cell runs with everything as it was. Interrupting the wait withdraws the
+GPUs, and the cell runs with everything as it was (once the granted GPUs have the memory
+free: until then the cell says why it waits). Interrupting the wait withdraws the
 request and leaves the kernel suspended; a restore that fails releases the GPUs and says
 so. Either way the cell does not run (an AST transformer empties it), so no CUDA call of
 the cell waits on a suspended process. A kernel restarted without its provisioner (a new
 process, whose environment still names the suspended lease) asks the same way; the broker
-tells it apart, and its cell runs on the grant as a new kernel's does.
+tells it apart, and its cell runs on the grant as a new kernel's does. A kernel moved off a
+drained GPU (``suspend/move.py``) says so in one line before its next cell.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class Resume(ast.NodeTransformer):
         self.lease_id = os.environ.get(LEASE_ENV, "")
         """The lease this kernel holds or last held (the provisioner's, then a resume's)."""
         self.skip = False
+        self.told_move: str | None = None
+        """When the last move said was (each is said once)."""
 
     def register(self, shell: Any) -> None:
         if not self.lease_id:
@@ -55,23 +59,30 @@ class Resume(ast.NodeTransformer):
         self.skip = False
         return ast.Module(body=[], type_ignores=[])
 
-    def suspended(self) -> dict[str, Any] | None:
-        """This kernel's last lease while the kernel is suspended (None: it is not, or the
-        broker cannot say)."""
+    def lease(self) -> dict[str, Any] | None:
+        """This kernel's lease, or its last one (None: none, or the broker cannot say)."""
         if not self.lease_id:
             return None
         session = self.magics.session
         try:
-            lease = session.call(session.client.lease(self.lease_id))
+            return session.call(session.client.lease(self.lease_id))
         except (BrokerAPIError, OSError):
             return None  # the broker is away: the cell runs as it would have
-        return lease if lease.get("suspended") else None
+
+    def suspended(self) -> dict[str, Any] | None:
+        """This kernel's last lease while the kernel is suspended (None: it is not, or the
+        broker cannot say)."""
+        lease = self.lease()
+        return lease if lease is not None and lease.get("suspended") else None
 
     def before_cell(self, info: Any = None) -> None:
         if getattr(info, "raw_cell", "").lstrip().startswith("%gpu"):
             return  # %gpu status says so; it does not resume the kernel
-        lease = self.suspended()
+        lease = self.lease()
         if lease is None:
+            return
+        self._moved(lease)
+        if not lease.get("suspended"):
             return
         self.skip = True
         try:
@@ -108,6 +119,7 @@ class Resume(ast.NodeTransformer):
             return
         self.lease_id = new["id"]
         deadline = time.monotonic() + RESTORE_WAIT_S
+        told = None
         while time.monotonic() < deadline:
             # the old lease first: once it is suspended no more, the new one's state is
             # final (a restore that failed released it at the same time)
@@ -122,8 +134,24 @@ class Resume(ast.NodeTransformer):
                 self.skip = False
                 _say(_resumed(was["reason"], new["devices"]))
                 return
+            waits = was["suspended"].get("waiting")
+            if waits and waits != told:  # the GPU granted lacks the memory: said once
+                told = waits
+                _say(f"This kernel is granted {', '.join(new['devices'])}; {waits}.")
             time.sleep(0.2)
         _say("the kernel was not resumed in time; run the cell again")
+
+    def _moved(self, lease: dict[str, Any]) -> None:
+        """Say once that the kernel moved off a drained GPU (or why it did not), and name
+        its new GPUs to what the kernel starts from now on (a data loader's workers)."""
+        moved = lease.get("moved")
+        if moved is None or moved["at"] == self.told_move:
+            return
+        self.told_move = moved["at"]
+        if moved["to"] and lease["state"] == "active":
+            devices = ",".join(lease["devices"])
+            os.environ.update(CUDA_VISIBLE_DEVICES=devices, NVIDIA_VISIBLE_DEVICES=devices)
+        _say(f"{moved['text'][:1].upper()}{moved['text'][1:]}.")
 
 
 def _resumed(reason: str, devices: list[str]) -> str:

@@ -227,6 +227,8 @@ class OutsideWatch:
     """Lease id -> the pid of its holder process, as its last renewal reported it."""
     processes: ProcessTable = field(default_factory=ProcessTable)
     """The processes NVML lists, read on the sampler's worker thread (``Sampler.read``)."""
+    own: set[int] = field(default_factory=set)
+    """Pids the broker runs on free GPUs itself (the suspend canary): never outside use."""
     _seen: dict[tuple[str, int], _Seen] = field(default_factory=dict)
     _usage: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     """(device UUID, user) -> the open unbrokered-use record charging it: (id, start)."""
@@ -284,6 +286,7 @@ class OutsideWatch:
         # an ended lease's processes, on their way out, are the core's to wait for; what
         # ran on a device when the broker started is no lease's
         lingering = {uuid: v.pids for uuid, v in broker.vacating().items() if v.lease_id}
+        procs = {pid: p for pid, p in procs.items() if pid not in self.own}
         found = find_outside(
             broker.inventory.devices,
             readings,

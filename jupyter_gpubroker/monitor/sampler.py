@@ -79,6 +79,8 @@ class Sampler:
         self.broker, self.reader, self.samples = broker, reader, samples
         self.health, self.reclaimer, self.alerts = health, reclaimer, alerts
         self.on_alert: Callable[[AlertChange], None] | None = None
+        self.on_drain: Callable[[str, tuple[str, ...], str], None] | None = None
+        """Told each GPU its health check drains: (its UUID, the kinds of fault, why)."""
         self.hardware_errors: Counter[tuple[str, str]] = Counter()
         """Xid and ECC events since the start, by (UUID, kind): what ``/metrics`` counts."""
         self.log = log or logging.getLogger(__name__)
@@ -126,6 +128,9 @@ class Sampler:
             if change.drain:
                 self.log.warning("GPU broker: draining GPU %s: %s", change.gpu_uuid, change.reason)
                 broker.drain(change.gpu_uuid, change.reason, cause="health")
+                if self.on_drain is not None:
+                    kinds = self.health.unhealthy(change.gpu_uuid)
+                    self.on_drain(change.gpu_uuid, kinds, change.reason)
             elif change.gpu_uuid in broker.drained_by("health"):
                 self.log.info("GPU broker: GPU %s is back: %s", change.gpu_uuid, change.reason)
                 broker.undrain(change.gpu_uuid, change.reason)

@@ -21,7 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
-from ..broker.models import DeviceReading, Lease, LeaseState
+from ..broker.models import DeviceReading, Lease
 from ..broker.reclaim import Decision, KernelState
 from ..broker.store import Store
 from ..events import EventBus
@@ -32,13 +32,9 @@ from ..monitor.sampler import KernelActions, Sampler
 from ..statelock import StateLock, secure_state_file
 from ..suspend.host import (
     KernelKey,
-    KernelSuspender,
-    carried_out,
-    checkpoint_driver,
     local_uid,
     simulate_kernel_use,
 )
-from ..suspend.suspender import SUSPENDED, Suspender
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, SHARE_HOLDS, clock, duration
 from ..wire.traits import Whole
@@ -48,6 +44,7 @@ from .monitoring import MonitorSettings
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
 from .sharing import ShareEnforcement, SharingSettings
+from .suspending import SuspendHost
 from .tokens import KernelTokens
 
 if TYPE_CHECKING:
@@ -56,7 +53,12 @@ if TYPE_CHECKING:
 
 
 class GPUBroker(
-    BrokerSettings, MonitorSettings, LimitSettings, SharingSettings, LoggingConfigurable
+    SuspendHost,
+    BrokerSettings,
+    MonitorSettings,
+    LimitSettings,
+    SharingSettings,
+    LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
 
@@ -87,8 +89,6 @@ class GPUBroker(
         """The host's kernels, when it runs them (the server extension's ``ServerKernels``)."""
         self.shares: ShareEnforcement | None = None
         """What holds each GPU's shares here (``.sharing``)."""
-        self.suspender: KernelSuspender | None = None
-        """Carries out the reclaim action ``suspend`` (where NVML is read here)."""
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
         self._lock: StateLock | None = None
@@ -158,23 +158,7 @@ class GPUBroker(
         sampler.on_alert = self._publish_alert
         shares.attach(core)
         sampler.reclaimer.watched = shares.watched
-        if self.backend is not None:
-            self.suspender = KernelSuspender(
-                core,
-                Suspender(
-                    checkpoint_driver(self.backend.simulator),
-                    lock_timeout_s=self.suspend_lock_timeout,
-                ),
-                readings=lambda: sampler.latest,
-                holder_pid=self.holder_pid,
-                owner_uid=self.holder_uid,
-                opens=self.open_devices,
-                keep=self.keep,
-                publish=self.events.publish,
-                fallback=self.suspend_fallback,
-                log=self.log,
-            )
-            sampler.reclaimer.suspends = lambda _: self.reclaim_action == "suspend"
+        self._start_suspending(core, sampler)
         self.metrics = BrokerCollector(
             core,
             lambda: sampler.latest,
@@ -196,6 +180,7 @@ class GPUBroker(
         """An alert that started, escalated or ended, on the event stream (admins only)."""
         detail = {"state": change.state, "alert": change.alert.to_json()}
         self.events.publish(Event("alert", self.core.clock.now(), "", detail=detail))
+        self._alert_changed(change)
 
     def start_ticking(self) -> None:
         """Run ``tick`` every ``tick_interval`` seconds and a sampling pass every
@@ -231,6 +216,8 @@ class GPUBroker(
         """One sampling pass (NVML read on a worker thread), then carry out its decisions."""
         sampler = self.sampler
         assert sampler is not None
+        if self.canaries is not None:
+            self.canaries.kick()  # the models not proven yet, where a GPU of theirs is free
         self._check_suspended()
         try:
             found = await asyncio.to_thread(sampler.read)
@@ -252,6 +239,8 @@ class GPUBroker(
                 else "",
                 d.reason,
             )
+            if d.action == "suspend" and self.mover is not None and self.mover.moving(d.lease_id):
+                continue  # moving: idle afresh once it has moved (``keep``)
             if d.action == "suspend" and self.suspender is not None:
                 fallback = await self.suspender.suspend(d)
                 if fallback is not None and self._hosts_kernel_of(d.lease_id):
@@ -296,6 +285,9 @@ class GPUBroker(
         if self.shares is not None:
             self.shares.close()
             self.shares = None  # stopping twice is harmless
+        if self.mover is not None:
+            self.mover.close()
+            self.mover = None
         if self.suspender is not None:
             self.suspender.close()
             self.suspender = None  # stopping twice is harmless
@@ -432,36 +424,13 @@ class GPUBroker(
         the broker's account, else the user's."""
         return os.geteuid() if self.holder_account == "broker" else local_uid(user)
 
-    def open_devices(self, lease_id: str, pid: int) -> None:
+    def open_devices(self, lease_id: str, pid: int, devices: list[str] | None = None) -> None:
         """Where kernels are confined to their devices (a root broker), let the lease's
-        holder process ``pid`` open the lease's (``.kernel_devices``): on each renewal,
-        and before a suspended kernel is restored onto its new grant."""
+        holder process ``pid`` open the lease's (``.kernel_devices``), or ``devices``: on
+        each renewal, before a suspended kernel is restored onto its new grant, and while
+        a kernel moves (its new GPUs, then those alone)."""
         if self._kernel_devices is not None:
-            self._kernel_devices.report(lease_id, pid)
-
-    def suspended(self, lease_id: str) -> dict[str, Any] | None:
-        """A lease whose kernel was suspended, while it stays so (None: any other)."""
-        return None if self.suspender is None else self.suspender.shown(lease_id)
-
-    def suspended_leases(self) -> list[str]:
-        """The ended leases of the kernels suspended now."""
-        return [] if self.suspender is None else self.suspender.lease_ids()
-
-    def on_reclaim(self, lease: Lease) -> str:
-        """What the holder's server does to the lease's kernel once it is reclaimed (a
-        server in remote mode carries it out): ``reclaim_action``; where that is
-        ``suspend``, a reclaimed lease says what was done: ``suspend`` where its kernel
-        was suspended (it runs on), else the fallback carried out instead."""
-        if self.reclaim_action != "suspend" or lease.state is not LeaseState.RECLAIMED:
-            return self.reclaim_action
-        if self.core.store.reclaim_cause(lease.id) == SUSPENDED:
-            return "suspend"
-        return carried_out(self.suspend_fallback)
-
-    def suspension_ended(self, lease_id: str) -> str | None:
-        """Why a suspended kernel's lease is suspended no more (None: it is, or never was);
-        the state file keeps it."""
-        return self.core.store.suspension_end(lease_id)
+            self._kernel_devices.report(lease_id, pid, devices)
 
     def holder_pid(self, lease_id: str) -> int | None:
         """The holder process a lease's last renewal named (None: none, or no NVML here)."""

@@ -40,19 +40,23 @@ class KernelDevices:
         )
         return None if confinement.why_not() else cls(core, confinement, parent.log)
 
-    def report(self, lease_id: str, pid: int) -> None:
+    def report(self, lease_id: str, pid: int, devices: list[str] | None = None) -> None:
         """A renewal named the lease's holder process: a kernel's (not a server's) gets
-        its lease's devices; a restarted kernel's old process gives them back first."""
-        if self._confined.get(lease_id) == pid:
+        its lease's devices; a restarted kernel's old process gives them back first.
+        ``devices``: the kernel's process and those it started get these instead (a kernel
+        moving to them: its restore runs there)."""
+        if self._confined.get(lease_id) == pid and devices is None:
             return
         lease = self.core.lease(lease_id)
         if self.core.request(lease.request_id).holder.startswith(SERVER_HOLDER):
             return
         old = self._confined.pop(lease_id, None)
-        if old is not None:
+        if old is not None and old != pid:
             self.confinement.withdraw(old)
+        only = devices is not None and old == pid
         try:
-            if self.confinement.allow(pid, lease.devices, lease.user) is not None:
+            granted = lease.devices if devices is None else devices
+            if self.confinement.allow(pid, granted, lease.user, only=only) is not None:
                 self._confined[lease_id] = pid
         except ConfinementError as e:
             self.log.warning(

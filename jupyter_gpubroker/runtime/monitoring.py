@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from traitlets import Bool, Enum, Int, List, TraitError, validate
+from traitlets import Bool, Enum, Int, List, TraitError, Unicode, validate
+from traitlets import Set as SetTrait
 
 from ..broker.alerts import AlertConfig, AlertJudge
 from ..broker.core import Broker, Event
@@ -77,6 +78,19 @@ class MonitorSettings(ReclaimSettings):
         "are the program's). Double-bit ECC errors always drain.",
     ).tag(config=True)
 
+    move_on_drain = Bool(
+        True,
+        help="Move the kernels of a GPU its health check drains (a fault, heat, throttling) to "
+        "free GPUs of its model, where suspend holds there (reclaim_action 'auto' where the "
+        "canary passed, or 'suspend'): suspended on the old GPU, restored on the new one, "
+        "their cells paused meanwhile. Kernels that cannot move keep their GPU, told why.",
+    ).tag(config=True)
+    move_on_alerts = SetTrait(
+        Unicode(),
+        help="Alert kinds ('temperature', 'power_cap', 'ecc', 'xid', 'memory') whose start "
+        "drains the GPU and moves its kernels as move_on_drain does; the drain lifts when the "
+        "alert ends. Empty: alerts only tell.",
+    ).tag(config=True)
     alert_temperature = Number(
         85.0,
         RESOLUTION,

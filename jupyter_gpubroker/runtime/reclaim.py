@@ -32,6 +32,10 @@ from ..wire.traits import Number, Seconds, Whole
 
 MAX_KERNEL_MIB = 1 << 20
 """The most memory a simulated kernel may list (1 TiB): more than any GPU has."""
+SUSPEND_IDLE_TIMEOUT_S = 300.0
+"""The idle timeout of a suspendable lease, chosen on the notebook trace's first day."""
+SUSPEND_GRACE_S = 60.0
+"""Its grace: a minute to press *Keep it*, since a suspend costs only a resume."""
 KEPT_BY_HOOK = "kept by the site's reclaim policy"
 """Why a lease the hook kept is not warned (its warning withdrawn), when it gives no reason."""
 
@@ -100,23 +104,46 @@ class ReclaimSettings(HasTraits):
     ).tag(config=True)
 
     reclaim_action = Enum(
-        ["shutdown", "revoke", "suspend"],
-        default_value="shutdown",
-        help="What a reclaim does to the kernel: 'shutdown' shuts it down; 'revoke' interrupts "
-        "it and ends its lease, leaving it running without a grant (its process may keep the "
-        "device open until it exits); 'suspend' moves its GPU memory to the host with CUDA's "
-        "checkpoint API (NVIDIA driver r570 or later, whole GPUs) and resumes it on its next "
-        "cell, falling back to suspend_fallback where it cannot (see docs/suspend.md: not yet "
-        "run on a GPU). A central broker (the hub service) suspends only kernels that run on its "
-        "own machine as their lease's user (an account there), and falls back for the others.",
+        ["auto", "shutdown", "revoke", "suspend"],
+        default_value="auto",
+        help="What a reclaim does to the kernel: 'auto' suspends it on the GPUs where the "
+        "suspend canary passed at the broker's start (a process of the broker's own, suspended "
+        "and restored through NVIDIA's checkpoint API on a free GPU of each model) and does "
+        "what suspend_fallback says elsewhere (MIG slices, a driver without the API, a canary "
+        "that failed); 'shutdown' shuts it down; 'revoke' interrupts it and ends its lease, "
+        "leaving it running without a grant (its process may keep the device open until it "
+        "exits); 'suspend' suspends it everywhere, unproven, falling back to suspend_fallback "
+        "where it cannot. A suspended kernel's GPU memory goes to the host and its next cell "
+        "resumes it (docs/suspend.md). A central broker (the hub service) suspends only "
+        "kernels that run on its own machine as their lease's user (an account there).",
+    ).tag(config=True)
+    suspend_idle_timeout = Seconds(
+        SUSPEND_IDLE_TIMEOUT_S,
+        0.0,
+        MAX_DURATION_S,
+        allow_none=True,
+        help="Seconds a lease whose kernel will be suspended (reclaim_action 'suspend', or "
+        "'auto' where the canary passed) may sit idle before it is warned, where shorter than "
+        "idle_timeout: a suspend loses no kernel, so it may come sooner, never later than a "
+        "shutdown would (chosen on the notebook trace, benchmarks/README.md). None: "
+        "idle_timeout. Per-class and per-profile timeouts still win.",
+    ).tag(config=True)
+    suspend_grace = Seconds(
+        SUSPEND_GRACE_S,
+        0.0,
+        MAX_DURATION_S,
+        allow_none=True,
+        help="Seconds between the idle warning and the suspend of such a lease, where shorter "
+        "than grace. None: grace.",
     ).tag(config=True)
     suspend_fallback = Enum(
         list(SUSPEND_FALLBACKS),
         default_value="shutdown",
-        help="What a reclaim does where reclaim_action is 'suspend' and the kernel cannot be "
-        "suspended (a MIG slice, a driver without the checkpoint API, too little host memory, "
-        "GPU work that does not pause): 'shutdown', 'revoke', or 'keep' (the kernel keeps its "
-        "GPU until its next idle timeout). The reason is said once.",
+        help="What a reclaim does where a suspend is tried and the kernel cannot be suspended "
+        "(reclaim_action 'suspend': a MIG slice, a driver without the checkpoint API; 'suspend' "
+        "or 'auto': too little host memory, GPU work that does not pause): 'shutdown', "
+        "'revoke', or 'keep' (the kernel keeps its GPU until its next idle timeout). The reason "
+        "is said once. Under 'auto', the GPUs the canary did not pass shut their kernels down.",
     ).tag(config=True)
     suspend_lock_timeout = Seconds(
         10.0,
@@ -161,13 +188,16 @@ class ReclaimSettings(HasTraits):
         "idle_timeout_by_profile",
         "server_idle_timeout",
         "server_idle_timeout_by_profile",
+        "suspend_idle_timeout",
+        "suspend_grace",
     )
     def _reclaim_timeouts(self, proposal: dict[str, Any]) -> Any:
         name, value = proposal["trait"].name, proposal["value"]
         if isinstance(value, dict):
             value = dict(value)
         try:
-            ReclaimConfig(**{f"{name}_s" if name == "server_idle_timeout" else name: value})
+            mapping = name.endswith(("_by_class", "_by_profile"))
+            ReclaimConfig(**{name if mapping else f"{name}_s": value})
         except InvalidRequest as e:
             raise TraitError(f"GPUBroker.{name}: {e.message}") from None
         return value
@@ -180,6 +210,8 @@ class ReclaimSettings(HasTraits):
             server_idle_timeout_s=self.server_idle_timeout,
             server_idle_timeout_by_profile=dict(self.server_idle_timeout_by_profile),
             grace_s=self.grace,
+            suspend_idle_timeout_s=self.suspend_idle_timeout,
+            suspend_grace_s=self.suspend_grace,
             stalled_timeout_s=self.stalled_timeout,
             utilization_threshold=self.idle_utilization_threshold,
             exempt_users=frozenset(self.reclaim_exempt_users),

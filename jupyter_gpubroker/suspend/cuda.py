@@ -39,10 +39,20 @@ class CudaCheckpointDriver:
             return None, f"the CUDA driver does not start: {e.reason}"
         if version < MIN_DRIVER:
             return None, "the NVIDIA driver is older than r570, the first with checkpoints"
+        self._version = version
         return cu, None
+
+    _version = 0
+    """``cuDriverGetVersion`` once loaded (12080: CUDA 12.8)."""
 
     def unavailable(self) -> str | None:
         return self._loaded[1]
+
+    def about(self) -> str:
+        if self._loaded[0] is None:
+            return "the machine's CUDA driver, without the checkpoint API"
+        major, minor = divmod(self._version, 1000)
+        return f"the machine's CUDA driver (CUDA {major}.{minor // 10}), with the checkpoint API"
 
     @property
     def _cu(self) -> Any:
@@ -73,6 +83,11 @@ class CudaCheckpointDriver:
 
     def restore(self, pid: int, gpu_pairs: Mapping[str, str]) -> None:
         cu = self._cu
+        if all(old == new for old, new in gpu_pairs.items()):
+            # back where it was: no pairs, NVIDIA's default restore (a pair list, even of
+            # the same GPUs, fails in a process that sees only some GPUs: cuda-python#1983)
+            _check(cu, cu.cuCheckpointProcessRestore(pid, None), out_of_memory=True)
+            return
         pairs = []
         for old, new in gpu_pairs.items():
             pair = cu.CUcheckpointGpuPair()
@@ -82,7 +97,7 @@ class CudaCheckpointDriver:
         args = cu.CUcheckpointRestoreArgs()
         args.gpuPairs = pairs
         args.gpuPairsCount = len(pairs)
-        _check(cu, cu.cuCheckpointProcessRestore(pid, args))
+        _check(cu, cu.cuCheckpointProcessRestore(pid, args), out_of_memory=True)
 
     def unlock(self, pid: int) -> None:
         cu = self._cu
@@ -96,10 +111,14 @@ def _cu_uuid(cu: Any, nvml_uuid: str) -> Any:
     return value
 
 
-def _check(cu: Any, result: tuple[Any, ...]) -> Any:
-    """A driver call's value, or its error as a ``CheckpointError`` in the driver's words."""
+def _check(cu: Any, result: tuple[Any, ...], *, out_of_memory: bool = False) -> Any:
+    """A driver call's value, or its error as a ``CheckpointError`` in the driver's words
+    (``out_of_memory``: a restore's, flagged where the GPU lacked the memory)."""
     err, *value = result
     if err != cu.CUresult.CUDA_SUCCESS:
         _, words = cu.cuGetErrorString(err)
-        raise CheckpointError(words.decode() if isinstance(words, bytes) else str(err))
+        oom = out_of_memory and err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        raise CheckpointError(
+            words.decode() if isinstance(words, bytes) else str(err), out_of_memory=oom
+        )
     return value[0] if value else None

@@ -102,6 +102,7 @@ class Suspended:
             "pids": list(self.suspension.pids),
             "processes": [[p, t] for p, t in self.started.items()],
             "kernel_pid": self.kernel_pid,
+            "device_mib": list(self.suspension.device_mib),
         }
 
     @classmethod
@@ -109,7 +110,8 @@ class Suspended:
         """A stored suspension: (its kernel, it); ``evidence`` is its reclaim's."""
         kept = evidence["suspension"]
         pids = tuple(int(p) for p in kept["pids"])
-        suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]))
+        per_device = tuple(float(m) for m in kept.get("device_mib", ()))
+        suspension = Suspension(pids, lease.devices, float(evidence["host_mib"]), per_device)
         started = {int(p): t for p, t in kept["processes"]}
         kernel_pid = kept.get("kernel_pid")
         key = KernelKey(lease.user, str(kept["kernel_id"]))
@@ -128,7 +130,7 @@ class KernelSuspender:
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
         owner_uid: Callable[[Lease], int | None],
-        opens: Callable[[str, int], None],
+        opens: Callable[[str, int, list[str] | None], None],
         keep: Callable[[str], None],
         publish: Callable[[Event], None],
         fallback: str,
@@ -144,10 +146,11 @@ class KernelSuspender:
         """The holder process a lease's last renewal named (None: none)."""
         self.owner_uid = owner_uid
         """The uid whose processes may be a lease's kernel's (None: its user has no
-        account here): only those are suspended (``_owner``)."""
+        account here): only those are suspended (``owner``)."""
         self.opens = opens
-        """Lets a kernel process open a lease's devices (where kernels are confined to
-        theirs): a restore runs in the kernel's process, which must open its new GPU."""
+        """Lets a kernel process open a lease's devices, or the ones given (where kernels
+        are confined to theirs): a restore runs in the kernel's process, which must open
+        its new GPU, and so must every process of the kernel that was suspended with it."""
         self.publish, self.fallback = publish, fallback
         self.suspended: dict[KernelKey, Suspended] = {}
         """(Lease user, kernel id) -> its suspension."""
@@ -155,17 +158,27 @@ class KernelSuspender:
         self._told: set[str] = set()
         self._resumes: dict[asyncio.Task[None], KernelKey] = {}
         """The resumes under way -> the kernel each resumes."""
+        self.waiting: dict[KernelKey, tuple[str, str]] = {}
+        """Kernels granted GPUs without the memory free for their restore -> (the grant's
+        lease id, why): tried again at each sampling pass while the grant stands."""
         self._take_up()
         self.unsubscribe = core.subscribe(self._on_event)
 
     def _take_up(self) -> None:
         """The suspensions the state file holds (a broker that ran before): each goes on
-        while its processes run, checkpointed; the others end, with why."""
+        while its processes run, checkpointed; the others end, with why. A kernel whose
+        grant came before the broker stopped, its restore not done (it waited for memory,
+        or the broker stopped first), is restored onto that grant at the next pass: no
+        event grants it again."""
         for row in self.core.store.suspensions():
             lease = self.core.lease(row["lease_id"])
             key, suspended = Suspended.stored(lease, row["evidence"])
             self.suspended[key] = suspended
         self.check(gone=ENDED_AWAY)
+        for grant in self.core.holders().values():
+            key = KernelKey(grant.user, self.core.request(grant.request_id).holder)
+            if key in self.suspended:
+                self.waiting[key] = (grant.id, "its restore waits for the broker")
 
     def check(
         self, handled: Callable[[KernelKey], bool] = lambda _: False, gone: str = ENDED_EXITED
@@ -179,6 +192,7 @@ class KernelSuspender:
         process (``handled``: its provisioner, or the new process's first cell, ends it
         saying so)."""
         resuming = set(self._resumes.values())
+        self._retry_waiting(resuming)
         for key, suspended in list(self.suspended.items()):
             if key in resuming or handled(key):
                 continue
@@ -186,6 +200,16 @@ class KernelSuspender:
             if why is not None:
                 self.log.info("GPU broker: kernel %s is suspended no more: %s", key.kernel_id, why)
                 self._end(key, why)
+
+    def _retry_waiting(self, resuming: set[KernelKey]) -> None:
+        """Try again each restore that waited for memory, while its grant stands (given
+        back, expired or withdrawn: the kernel's next cell asks again)."""
+        for key, (lease_id, _) in list(self.waiting.items()):
+            suspended = self.suspended.get(key)
+            if suspended is None or self.core.lease(lease_id).state is not LeaseState.ACTIVE:
+                del self.waiting[key]
+            elif key not in resuming:
+                self._start_resume(key, suspended, lease_id)
 
     def _over(self, suspended: Suspended, gone: str) -> str | None:
         """Why a suspension is over (None: it is not): a process of it gone (``gone``), or
@@ -208,23 +232,35 @@ class KernelSuspender:
         """The kernel's processes on the lease's devices (pid -> MiB over them all): the
         holder the renewals named and what it started (only those owned by ``uid``, when
         given)."""
+        return {p: sum(on.values()) for p, on in self._kernel_use(lease, uid).items()}
+
+    def on_devices(self, lease: Lease, uid: int | None = None) -> dict[str, float]:
+        """The kernel's MiB on each of the lease's devices (``processes``' per device)."""
+        found = dict.fromkeys(lease.devices, 0.0)
+        for on in self._kernel_use(lease, uid).values():
+            for uuid, mib in on.items():
+                found[uuid] += mib
+        return found
+
+    def _kernel_use(self, lease: Lease, uid: int | None) -> dict[int, dict[str, float]]:
+        """pid -> device -> MiB of the kernel's processes on the lease's devices."""
         holder = self.holder_pid(lease.id)
         readings = self.readings()
-        listed: dict[int, float] = {}
+        listed: dict[int, dict[str, float]] = {}
         for uuid in lease.devices:
             reading = readings.get(uuid)
             for p in reading.processes if reading is not None else ():
-                listed[p.pid] = listed.get(p.pid, 0.0) + (p.used_memory_mib or 0)
+                listed.setdefault(p.pid, {})[uuid] = float(p.used_memory_mib or 0)
         if holder is None:
             return {}
         procs = self._procs.read(listed)
         return {
-            p: mib
-            for p, mib in listed.items()
+            p: on
+            for p, on in listed.items()
             if p in procs and holder in procs[p].chain and uid in (None, procs[p].uid)
         }
 
-    def _owner(self, lease: Lease) -> tuple[int | None, str | None]:
+    def owner(self, lease: Lease) -> tuple[int | None, str | None]:
         """(The uid the kernel's processes must be owned by; why it is not suspended, None
         where it may be.) The holder process is named by the lease's user: it must run
         here, owned by the account that runs that user's kernels (``owner_uid``), or a user
@@ -250,11 +286,13 @@ class KernelSuspender:
         for key, s in self.suspended.items():
             if s.lease.id == lease_id:
                 mib = s.suspension.host_mib
+                waiting = self.waiting.get(key)
                 return {
                     "host_mib": round(mib, 1),
                     "text": suspended_text(mib),
                     "kernel_id": key.kernel_id,
                     "model": self.model(s.lease),
+                    "waiting": None if waiting is None else waiting[1],
                 }
         return None
 
@@ -291,12 +329,15 @@ class KernelSuspender:
         carries out on the kernel (the fallback), None when there is none."""
         lease = self.core.lease(decision.lease_id)
         key = KernelKey(lease.user, decision.holder)
-        uid, why_not = self._owner(lease)
+        uid, why_not = self.owner(lease)
         if why_not is not None:
             outcome, suspension = Outcome(False, why_not), None
         else:
             outcome, suspension = await asyncio.to_thread(
-                self.suspender.suspend, lease.devices, self.processes(lease, uid)
+                self.suspender.suspend,
+                lease.devices,
+                self.processes(lease, uid),
+                self.on_devices(lease, uid),
             )
         evidence: dict[str, Any] = {**decision.evidence, "verdict": decision.cause}
         if outcome.done and suspension is not None:
@@ -344,7 +385,10 @@ class KernelSuspender:
         suspended = self.suspended.get(key)
         if suspended is None:
             return
-        task = asyncio.ensure_future(self._resume(key, suspended, event.lease_id))
+        self._start_resume(key, suspended, event.lease_id)
+
+    def _start_resume(self, key: KernelKey, suspended: Suspended, lease_id: str) -> None:
+        task = asyncio.ensure_future(self._resume(key, suspended, lease_id))
         self._resumes[task] = key
         task.add_done_callback(self._resumes.pop)
 
@@ -365,14 +409,21 @@ class KernelSuspender:
             lost = False
         else:
             if suspended.kernel_pid is not None:
-                self.opens(lease_id, suspended.kernel_pid)
+                self.opens(lease_id, suspended.kernel_pid, None)
             outcome = await asyncio.to_thread(
                 self.suspender.resume, suspended.suspension, lease.devices
             )
             if outcome.done:
+                self.waiting.pop(key, None)
                 self._end(key, f"{outcome.reason} ({', '.join(lease.devices)})")
                 self.log.info("GPU broker: kernel %s %s", holder, outcome.reason)
                 return
+            if outcome.waiting:  # nothing tried: the grant stands, tried again next pass
+                if self.waiting.get(key) != (lease_id, outcome.reason):
+                    self.log.info("GPU broker: kernel %s: %s", holder, outcome.reason)
+                self.waiting[key] = (lease_id, outcome.reason)
+                return
+            self.waiting.pop(key, None)
             outcome_reason, lost = outcome.reason, outcome.lost
         self.log.warning("GPU broker: kernel %s: %s", holder, outcome_reason)
         # the new lease ends first: the kernel, which reads it before the old one, must

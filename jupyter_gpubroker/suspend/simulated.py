@@ -1,6 +1,8 @@
 """CUDA's checkpoint API on the simulated NVML: the documented states and errors, with a
 checkpointed process's memory off its devices (gone from NVML's process lists) and back on
-the ones it is restored to. The faults NVIDIA documents can be injected per process.
+the ones it is restored to. The faults NVIDIA documents can be injected per process. A
+restore onto a GPU without the memory fails as NVIDIA's does and leaves the process stuck
+for good: checkpointed, but never restorable again (NVIDIA/cuda-checkpoint#44).
 
 The driver's states are the machine's, not its caller's: NVIDIA's driver keeps a
 checkpointed process's memory in that process, so a broker restarted on the same machine
@@ -27,6 +29,8 @@ class _Process:
     """UUID -> MiB copied to the host at the checkpoint (empty otherwise)."""
     real: bool = False
     """An OS process (a kernel): gone, with its state, once it exits."""
+    stuck: bool = False
+    """A restore ran out of GPU memory: no restore takes it back (NVIDIA/cuda-checkpoint#44)."""
 
 
 @dataclass
@@ -62,6 +66,11 @@ class SimulatedCheckpointDriver:
 
     def unavailable(self) -> str | None:
         return self.why_unavailable
+
+    def about(self) -> str:
+        return "the simulated checkpoint driver" + (
+            ", without the checkpoint API" if self.why_unavailable else ""
+        )
 
     def held(self) -> dict[int, dict[str, int]]:
         """pid -> UUID -> MiB held on the host for each checkpointed process; a process
@@ -125,6 +134,8 @@ class SimulatedCheckpointDriver:
         with self._lock:
             process = self._process(pid, "restore")
             self._require(process, ProcessState.CHECKPOINTED, pid)
+            if process.stuck:  # CUDA_ERROR_OPERATING_SYSTEM, from then on
+                raise CheckpointError("OS call failed or operation not supported on this OS")
             missing = process.host.keys() - gpu_pairs.keys()
             if missing:
                 raise CheckpointError(f"no GPU given for {', '.join(sorted(missing))}")
@@ -137,8 +148,9 @@ class SimulatedCheckpointDriver:
                     raise CheckpointError(f"there is no GPU {new}") from None
                 if new_chip != old_chip or new.startswith("MIG-"):
                     raise CheckpointError(f"{new} is not a GPU of the same chip as {old}")
-                if free < mib:
-                    raise CheckpointError(f"{new} has not the memory to hold {mib} MiB")
+                if free < mib:  # CUDA_ERROR_OUT_OF_MEMORY, and the process is stuck
+                    process.stuck = True
+                    raise CheckpointError("out of memory", out_of_memory=True)
             if pid in self.breaks:
                 process.state = ProcessState.FAILED
                 raise CheckpointError(self.breaks[pid])

@@ -8,6 +8,11 @@ host's free memory, and a lock with a timeout (which leaves a process running wh
 fails). Until the first checkpoint a refusal loses nothing: the caller falls back to the
 configured action with the reason. A checkpoint the driver refuses but that leaves its
 process locked loses nothing either: the processes already checkpointed are put back.
+
+A restore is checked first too: it starts only once every GPU it goes to has the memory
+free that came from the GPU it pairs (``room``). NVIDIA's restore that runs out of GPU
+memory leaves the process stuck for good (NVIDIA/cuda-checkpoint#44); one that cannot start
+yet says so (``Outcome.waiting``) and is tried again later.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class Outcome:
     reason: str
     lost: bool = False
     """The kernel's GPU state may be lost (the driver failed midway)."""
+    waiting: bool = False
+    """A restore not started: a GPU it goes to has not the memory free yet."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,15 @@ class Suspension:
     pids: tuple[int, ...]
     devices: tuple[str, ...]
     host_mib: float
+    device_mib: tuple[float, ...] = ()
+    """MiB that came from each of ``devices`` (empty: ``host_mib`` spread evenly, as a
+    suspension stored before these were kept)."""
+
+    def needs(self) -> tuple[float, ...]:
+        """The GPU memory each of ``devices``' replacements must have free for a restore."""
+        if len(self.device_mib) == len(self.devices):
+            return self.device_mib
+        return (self.host_mib / max(len(self.devices), 1),) * len(self.devices)
 
 
 def host_available_mib() -> float:
@@ -63,10 +79,14 @@ class Suspender:
         *,
         lock_timeout_s: float = 10.0,
         host_mib: Callable[[], float] = host_available_mib,
+        room: Callable[[str], float | None] | None = None,
     ) -> None:
+        """``room``: a GPU's free MiB now, read from NVML (None: NVML cannot say); without
+        it a restore is not checked first (the replay, whose GPUs are always empty)."""
         self.driver = driver
         self.lock_timeout_s = lock_timeout_s
         self.host_mib = host_mib
+        self.room = room
 
     def check(self, devices: Sequence[str], processes: Mapping[int, float]) -> str | None:
         """Why these processes (pid -> GPU MiB) on ``devices`` cannot be suspended (None:
@@ -92,9 +112,13 @@ class Suspender:
         return None
 
     def suspend(
-        self, devices: Sequence[str], processes: Mapping[int, float]
+        self,
+        devices: Sequence[str],
+        processes: Mapping[int, float],
+        on_devices: Mapping[str, float] | None = None,
     ) -> tuple[Outcome, Suspension | None]:
-        """Lock, then checkpoint, every process; the outcome says what happened."""
+        """Lock, then checkpoint, every process; the outcome says what happened.
+        ``on_devices``: the processes' MiB on each device (what a restore needs there)."""
         why = self.check(devices, processes)
         if why is not None:
             return Outcome(False, why), None
@@ -123,18 +147,38 @@ class Suspender:
             done.append(pid)
         need = sum(processes.values())
         outcome = Outcome(True, f"suspended, its {memory(need)} of GPU memory on the host")
-        return outcome, Suspension(pids, tuple(devices), need)
+        per_device = tuple(float((on_devices or {}).get(d, 0.0)) for d in devices)
+        return outcome, Suspension(pids, tuple(devices), need, per_device if on_devices else ())
+
+    def no_room(self, suspension: Suspension, devices: Sequence[str]) -> str | None:
+        """Why a restore onto ``devices`` cannot start now (None: each has the memory its
+        pair needs free, or there is nothing to restore or no way to look)."""
+        if self.room is None or not suspension.pids:
+            return None
+        for new, need in zip(devices, suspension.needs(), strict=True):
+            free = self.room(new)
+            if free is None:
+                return f"NVML cannot say how much memory {new} has free"
+            if free < need:
+                return (
+                    f"{new} has {memory(free)} free, not the {memory(need)} the kernel's "
+                    "memory needs there"
+                )
+        return None
 
     def resume(self, suspension: Suspension, devices: Sequence[str]) -> Outcome:
         """Restore every process onto ``devices`` (in the order of the suspended ones) and
-        unlock it."""
+        unlock it, once each has the memory free (``no_room``: else nothing is tried)."""
         pairs = dict(zip(suspension.devices, devices, strict=True))
+        why = self.no_room(suspension, devices)
+        if why is not None:
+            return Outcome(False, f"its restore waits: {why}", waiting=True)
         for pid in suspension.pids:
             try:
                 self.driver.restore(pid, pairs)
                 self.driver.unlock(pid)
             except CheckpointError as e:
-                lost = self._state(pid) is not ProcessState.CHECKPOINTED
+                lost = e.out_of_memory or self._state(pid) is not ProcessState.CHECKPOINTED
                 kept = "is lost" if lost else "stays on the host"
                 why = f"its restore failed ({e.reason}); its GPU memory {kept}"
                 return Outcome(False, why, lost=lost)

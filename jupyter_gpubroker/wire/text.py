@@ -373,6 +373,23 @@ EXTEND_LABEL = "Extend 1 hour"
 """That button's label."""
 
 
+IDLE_RECLAIM_WORDS = {
+    "suspend": "are suspended",
+    "shutdown": "are shut down",
+    "revoke": "lose their GPU and run on",
+}
+"""What idle reclaim does to idle kernels, by its action (``GET devices``' ``idle_reclaim``)."""
+
+
+def idle_reclaim_text(action: str, reason: str, where: str = "here") -> str:
+    """What idle reclaim does to the idle kernels ``where`` and why: "idle kernels on GPU 0
+    are suspended: the canary passed ..."; "pending" while the canary has not run."""
+    does = IDLE_RECLAIM_WORDS.get(action)
+    if does is None:
+        return f"what idle reclaim does {where} is not decided yet: {reason}"
+    return f"idle kernels {where} {does}: {reason}"
+
+
 def sentence(text: str) -> str:
     """``text`` as a sentence of its own: its first letter a capital, a full stop."""
     return f"{text[:1].upper()}{text[1:]}."

@@ -224,6 +224,11 @@ def test_the_admin_page_shows_devices_usage_and_acts_on_queue_and_devices(
     assert len(slices) == 7
     holders = sorted(tr.find_all("td")[1].get_text(strip=True) for tr in slices)
     assert holders == ["alice", "bob", *["filler"] * 5]
+    said = {tr.select_one(".gpubroker-idle-reclaim").get_text(strip=True) for tr in slices}
+    assert said == {
+        "Idle kernels here are shut down: a MIG slice cannot be suspended: NVIDIA's "
+        "checkpoint does not support MIG."
+    }
     for by in ("user", "group", "profile", "day"):
         assert doc.select_one(f"#usage-{by} svg[role=img]") is not None
     assert "filler" in doc.select_one("#usage-user svg").get_text(" ")

@@ -19,7 +19,8 @@ from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.runtime.reclaim import KEPT_BY_HOOK
 from jupyter_gpubroker.wire.sizes import Size
 
-TIMEOUTS = {"idle_timeout": 600.0, "grace": 120.0}
+TIMEOUTS = {"idle_timeout": 600.0, "grace": 120.0, "reclaim_action": "shutdown"}
+"""Reclaims that shut kernels down (the hook is asked the same under every action)."""
 
 
 def started(tmp_path: Path, **traits: Any) -> GPUBroker:

@@ -118,13 +118,31 @@ def test_a_restore_needs_every_gpu_paired_onto_the_same_chip_with_room(sim, driv
         driver.restore(KERNEL, {})
     with pytest.raises(CheckpointError, match="not a GPU of the same chip"):
         driver.restore(KERNEL, {gpu0: a100})
-    sim.set_load(gpu1, memory_used_mib=sim.room(gpu1)[1] - 100)
-    with pytest.raises(CheckpointError, match="has not the memory"):
-        driver.restore(KERNEL, {gpu0: gpu1})
     assert driver.state(KERNEL) is ProcessState.CHECKPOINTED  # refused: still restorable
     driver.restore(KERNEL, {gpu0: gpu0})
     driver.unlock(KERNEL)
     assert sim.process_memory(KERNEL) == {gpu0: 3000}
+
+
+def test_a_restore_without_the_memory_leaves_the_process_stuck_for_good(sim, driver):
+    """NVIDIA/cuda-checkpoint#44: out of memory, then "OS call failed" for every later
+    restore, even once the memory is free; the process says it is checkpointed."""
+    gpu0, gpu1, *_ = uuids(sim)
+    sim.add_process(gpu0, KERNEL, 3000)
+    driver.lock(KERNEL, 1000)
+    driver.checkpoint(KERNEL)
+    sim.set_load(gpu1, memory_used_mib=sim.room(gpu1)[1] - 100)
+    with pytest.raises(CheckpointError, match="out of memory") as e:
+        driver.restore(KERNEL, {gpu0: gpu1})
+    assert e.value.out_of_memory
+    sim.set_load(gpu1, memory_used_mib=0)
+    for target in (gpu1, gpu0):
+        with pytest.raises(CheckpointError, match="OS call failed"):
+            driver.restore(KERNEL, {gpu0: target})
+    with pytest.raises(CheckpointError, match="checkpointed, not locked"):
+        driver.unlock(KERNEL)
+    assert driver.state(KERNEL) is ProcessState.CHECKPOINTED
+    assert sim.process_memory(KERNEL) == {}
 
 
 # -- the suspender: checks first, then a plain outcome for each failure
@@ -239,19 +257,54 @@ def test_a_kernel_with_nothing_on_its_gpu_is_suspended_without_a_driver_call(sim
 
 
 def test_a_restore_that_fails_says_whether_the_memory_is_kept(sim, driver):
-    gpu0, gpu1, *_ = uuids(sim)
+    gpu0, gpu1, a100, _ = uuids(sim)
     sim.add_process(gpu0, KERNEL, 3000)
     s = suspender(driver)
     _, suspension = s.suspend([gpu0], {KERNEL: 3000})
     assert suspension is not None
-    sim.set_load(gpu1, memory_used_mib=sim.room(gpu1)[1] - 10)  # the grant has no room left
-    kept = s.resume(suspension, [gpu1])
+    kept = s.resume(suspension, [a100])  # the driver refuses another chip, touching nothing
     assert not kept.done and not kept.lost
     assert kept.reason.endswith("its GPU memory stays on the host")
     driver.breaks[KERNEL] = "unknown error"
     lost = s.resume(suspension, [gpu0])
     assert not lost.done and lost.lost
     assert lost.reason == "its restore failed (unknown error); its GPU memory is lost"
+
+
+def with_room(sim, driver) -> Suspender:
+    """A suspender that reads the GPUs' free memory before a restore, as the broker's."""
+    return Suspender(driver, host_mib=lambda: 512 * GIB, room=lambda uuid: sim.room(uuid)[1])
+
+
+def test_a_restore_without_the_memory_waits_and_touches_nothing(sim, driver):
+    gpu0, gpu1, *_ = uuids(sim)
+    sim.add_process(gpu0, KERNEL, 3000)
+    s = with_room(sim, driver)
+    _, suspension = s.suspend([gpu0], {KERNEL: 3000.0}, {gpu0: 3000.0})
+    assert suspension is not None and suspension.needs() == (3000.0,)
+    sim.set_load(gpu1, memory_used_mib=sim.room(gpu1)[1] - 1024)  # 1 GiB left
+    waits = s.resume(suspension, [gpu1])
+    assert waits.waiting and not waits.done and not waits.lost
+    assert waits.reason == (
+        f"its restore waits: {gpu1} has 1.0 GB free, not the 3.1 GB the kernel's memory needs there"
+    )
+    assert ("restore", KERNEL) not in driver.calls  # issue 44: a failed one is for good
+    sim.set_load(gpu1, memory_used_mib=0)
+    assert s.resume(suspension, [gpu1]).done
+    assert sim.process_memory(KERNEL) == {gpu1: 3000}
+
+
+def test_a_restore_that_runs_out_of_memory_all_the_same_says_it_is_lost(sim, driver):
+    """Memory taken between the check and the restore: the driver's out of memory is
+    final, whatever state the driver reports afterwards."""
+    gpu0, gpu1, *_ = uuids(sim)
+    sim.add_process(gpu0, KERNEL, 3000)
+    s = suspender(driver)  # no check first
+    _, suspension = s.suspend([gpu0], {KERNEL: 3000})
+    assert suspension is not None
+    sim.set_load(gpu1, memory_used_mib=sim.room(gpu1)[1] - 10)
+    lost = s.resume(suspension, [gpu1])
+    assert lost.lost and lost.reason == "its restore failed (out of memory); its GPU memory is lost"
 
 
 def test_the_real_driver_says_why_it_is_not_available_here():

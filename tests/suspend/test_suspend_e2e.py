@@ -102,6 +102,7 @@ async def test_an_idle_kernel_is_suspended_and_resumes_on_its_next_cell(
             "text": text,
             "kernel_id": kernel_id,
             "model": "H100-80GB",  # what its resume asks for: CUDA restores onto that chip
+            "waiting": None,
         }
         assert lease["reason"].startswith("idle for")
         assert lease["reason"].endswith("suspended, its 4.2 GB of GPU memory on the host")
@@ -496,3 +497,33 @@ async def test_suspended_kernels_and_their_ends_outlive_a_broker_restart(
     _, lease = await api("GET", f"leases/{kept_lease}")
     assert lease["suspended"] is None
     assert lease["reason"].endswith(f"resumed, its GPU memory back on the GPU ({gpu})")
+
+
+async def test_a_restore_waiting_for_memory_outlives_a_broker_restart(
+    jp_serverapp: Any, api: Any, monkeypatch: Any, km: Any, simulator: Any, suspendable: Any
+) -> None:
+    """A suspended kernel's cell got its GPU, but the GPU's memory is taken outside the
+    broker, so the restore waits; the broker stops and starts again meanwhile. Once the
+    memory is free the same cell runs, in the same process, with its variables."""
+    kernel_id, pid, lease_id, gpu = suspendable
+    await ended(api, lease_id)
+    total = jp_serverapp.web_app.settings["gpubroker"].core.inventory.gpu(gpu).memory_mib
+    simulator.set_load(gpu, memory_used_mib=total - 100)  # another user's CUDA, say
+    cell = Cell(km.get_kernel(kernel_id), "print(sum(numbers), os.getpid())")
+
+    async def waits() -> bool:
+        _, lease = await api("GET", f"leases/{lease_id}")
+        return bool((lease["suspended"] or {}).get("waiting"))
+
+    await until("the restore to wait for memory", waits)
+
+    async def while_down() -> None:
+        pass
+
+    await restart_broker(jp_serverapp, monkeypatch, while_down)
+    await until("the restore to wait again after the restart", waits)
+    assert not cell.task.done()
+    simulator.set_load(gpu, memory_used_mib=0)
+    out = await cell.result()
+    assert out.endswith(f"Resumed on {gpu}.\n6 {pid}"), out  # same process, same variables
+    assert simulator.process_memory(pid) == {gpu: KERNEL_MIB}
