@@ -42,7 +42,8 @@ await_job() {  # NAME: wait for a background job, show its output's end, record 
     local name=$1 status seconds
     wait "${BG[$name]}"
     read -r status seconds <"$CI_LOGS/$name.status" || status=1
-    tail -n 5 "$CI_LOGS/$name.log" | sed "s/^/    $name: /"
+    # its end: the summary where it passed, enough to find the failure where it did not
+    tail -n "$([ "$status" = 0 ] && echo 15 || echo 150)" "$CI_LOGS/$name.log" | sed "s/^/    $name: /"
     record "$name" "${seconds:-0}" "$status"
     return "$status"
 }

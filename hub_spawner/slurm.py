@@ -78,12 +78,15 @@ class GPUBrokerSlurmSpawner(GPUBrokerSpawnerMixin, SlurmJobProgress):
     def _device_env(self, devices: list[str] | None) -> dict[str, str]:
         return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the job's gres
 
-    @default("env_keep")
-    def _env_keep(self) -> list[str]:
-        """The hub's ``$SLURM_CONF`` kept too: batchspawner runs ``sbatch`` with the
-        server's environment but ``squeue`` and ``scancel`` with the hub's, so a hub whose
-        cluster's config is not ``/etc/slurm`` would submit to one cluster and ask another."""
-        return [*SlurmSpawner.env_keep.default_value, "SLURM_CONF"]
+    def get_env(self) -> dict[str, str]:
+        """The server's environment, with the hub's ``$SLURM_CONF`` whatever ``env_keep``
+        says: batchspawner runs ``sbatch`` with this environment but ``squeue`` and
+        ``scancel`` with the hub's, so a hub whose cluster's config is not ``/etc/slurm``
+        would otherwise submit to one cluster and ask another."""
+        env: dict[str, str] = super().get_env()
+        if "SLURM_CONF" in os.environ:
+            env.setdefault("SLURM_CONF", os.environ["SLURM_CONF"])
+        return env
 
     def get_req_subvars(self) -> dict[str, Any]:
         """The job's substitutions, with a GPU server's gres, node and lease."""

@@ -48,14 +48,25 @@ none of its own, which another's would spoil). Each group runs on one worker, on
 a time."""
 
 
+ORDER = ("tests/slurm/", "tests/ui/", "tests/hub/", "tests/", "tests/kubernetes/")
+"""The order the groups are handed out in (``--no-loadscope-reorder`` keeps it): the
+longest first, so that no worker is left with one at the end (the Slurm cluster's tests
+run one after another, for minutes; the browser's and the hub's start hubs), and the
+Kubernetes tests last, since on a machine's first run CI is still building Kubernetes."""
+
+
+def _place(item: pytest.Item) -> int:
+    """Where ``item`` comes in ``ORDER``: at the longest path there its own starts with."""
+    return ORDER.index(max((p for p in ORDER if item.nodeid.startswith(p)), key=len))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Any:
     """How pytest-xdist (``-n``, ``--dist loadgroup``) shares the tests out: a module's
     tests go to one worker together (its module-scoped fixture, a hub or a server, is then
     started once), the tests of a shared cluster (``SHARED``) or a marked
-    ``xdist_group`` to one worker, and the cluster tests last, so that in CI a cluster
-    still being built (``.ci/run`` builds Kubernetes while the other tests run) delays
-    only them. Without xdist the marks change nothing but the order.
+    ``xdist_group`` to one worker, in the ``ORDER`` of their paths. Without xdist the
+    marks change nothing but the order.
 
     Once pytest-xdist has written each group into its test's node id (``@group``), a
     worker checks that it did: pytest 9.2 with pytest-xdist 3.8 groups nothing
@@ -66,8 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.nodeid.split("::")[0]
         group = next((g for prefix, g in SHARED.items() if path.startswith(prefix)), path)
         item.add_marker(pytest.mark.xdist_group(group))
-    clusters = ("tests/slurm/", "tests/kubernetes/")
-    items.sort(key=lambda item: item.nodeid.startswith(clusters))
+    items.sort(key=_place)
     result = yield
     grouping = hasattr(config, "workerinput") and config.getvalue("loadgroup")
     if grouping and items and "@" not in items[0].nodeid.rpartition("]")[2]:

@@ -37,7 +37,8 @@ c.JupyterHub.cleanup_servers = False
 c.Spawner.poll_interval = 2  # a job that ended is noticed within seconds
 c.SimpleGPUBrokerSlurmSpawner.home_dir_template = "{home}/users/{{username}}"
 c.SimpleGPUBrokerSlurmSpawner.gpu_wait_timeout = 600
-# the job runs this checkout's Python (--export passes only what the hub names)
+# the job runs this checkout's Python (--export passes only what the hub names); no SLURM_CONF,
+# as an admin may write it (the spawner passes the hub's on)
 c.Spawner.env_keep = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG"]
 c.SimpleGPUBrokerSlurmSpawner.batchspawner_singleuser_cmd = "{BIN}/batchspawner-singleuser"
 # the job's server reports its kernels' activity with its lease every second (idle test)
