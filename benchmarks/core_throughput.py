@@ -27,11 +27,17 @@ and a pass preempted by another process costs wall time, not CPU. Memory: the
 process's resident set grown while the broker was built and filled
 (``/proc/self/statm``).
 
+``--shares``: 1,024 shared GPUs without MIG (128 nodes of 8 L40S 48 GB, lent as
+``shared``), filled with shares of 2 to 24 GB, then 10,000 more shares waiting (2,000
+users in 100 groups, both classes, 10 min to 12 h stated durations). Each cycle releases
+a random share and runs one pass: the freed memory goes to the waiting shares that fit,
+best fit, with the top blocked share's reservation and backfill in play.
+
 ``--without-writes``: after setup, the state file's statements and transactions
 are no-ops (the bare write is then timed on a file of its own): what the
 pure-Python pass costs, a bound on what any faster write could give.
 
-    python benchmarks/core_throughput.py [--cluster] [--cycles N] [--queued N]
+    python benchmarks/core_throughput.py [--cluster | --shares] [--cycles N] [--queued N]
         [--without-writes] [--json]
 """
 
@@ -48,8 +54,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from jupyter_gpubroker.broker.core import Broker
+from jupyter_gpubroker.broker.core import Broker, BrokerConfig
 from jupyter_gpubroker.broker.models import Device, Gpu, Inventory, JobClass, Lease, Request
+from jupyter_gpubroker.broker.sharing import Sharing
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import open_backend
 from jupyter_gpubroker.wire.profiles import CATALOG
@@ -63,6 +70,14 @@ CLUSTER_SIZES = (
     (Size(gpus=8), 0.06),
 )
 DURATIONS_S = (600.0, 1800.0, 3600.0, 4 * 3600.0, 12 * 3600.0)
+SHARE_SIZES = (
+    (Size(share_gb=2), 0.2),
+    (Size(share_gb=4), 0.25),
+    (Size(share_gb=8), 0.25),
+    (Size(share_gb=12), 0.1),
+    (Size(share_gb=16), 0.1),
+    (Size(share_gb=24), 0.1),
+)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -113,6 +128,21 @@ def cluster_inventory(nodes: int, gpus_per_node: int = 8, mig_every: int = 8) ->
     return Inventory(tuple(gpus), tuple(devices))
 
 
+def shared_inventory(nodes: int = 128, gpus_per_node: int = 8) -> Inventory:
+    """``nodes`` nodes of L40S GPUs (MIG-less), as an engine's view names them."""
+    model = CATALOG["L40S-48GB"]
+    gpus, devices = [], []
+    for n in range(nodes):
+        node = f"node{n:04d}"
+        for i in range(gpus_per_node):
+            uuid = f"GPU-{node}-{i}"
+            gpus.append(
+                Gpu(i, uuid, model.nvml_names[0], model.memory_mib, False, model.key, node=node)
+            )
+            devices.append(Device(uuid, "gpu", i, uuid, model.memory_mib, node=node))
+    return Inventory(tuple(gpus), tuple(devices))
+
+
 def _without_writes(store: Store) -> None:
     """Make the state file's statements of a grant and a release no-ops: what the pass
     costs without its durable write (a bound, never how the broker runs)."""
@@ -122,32 +152,48 @@ def _without_writes(store: Store) -> None:
 
 
 def run(
-    cycles: int, queued: int, seed: int, cluster: bool = False, writes: bool = True
+    cycles: int,
+    queued: int,
+    seed: int,
+    cluster: bool = False,
+    writes: bool = True,
+    shares: bool = False,
 ) -> dict[str, float]:
     rng = random.Random(seed)
     rss0 = rss_mib()
     backend = None
-    if cluster:
+    config = BrokerConfig()
+    if shares:
+        inventory = shared_inventory()
+        config = BrokerConfig(sharing=Sharing("shared"))
+        sizes, weights = zip(*SHARE_SIZES, strict=True)
+    elif cluster:
         inventory = cluster_inventory(1024)
     else:
         backend = open_backend("dgx-h100-mig:64")
         inventory = backend.inventory()
     slices = len(inventory.devices)
-    sizes, weights = zip(*CLUSTER_SIZES, strict=True)
+    if not shares:
+        sizes, weights = zip(*CLUSTER_SIZES, strict=True)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "state.sqlite")
-        broker = Broker(store, inventory)
+        broker = Broker(store, inventory, config=config)
+
+        def tenant_request(schedule: bool) -> None:
+            """One of 2,000 users' requests, of the sizes drawn."""
+            user = rng.randrange(2000)
+            broker.submit(
+                f"user{user}",
+                rng.choices(sizes, weights)[0],
+                groups=[f"group{user % 100}"],
+                job_class=rng.choice(("interactive", "batch")),
+                expected_duration_s=rng.choice(DURATIONS_S),
+                schedule=schedule,
+            )
+
         for _ in range(slices + queued):
-            if cluster:
-                user = rng.randrange(2000)
-                broker.submit(
-                    f"user{user}",
-                    rng.choices(sizes, weights)[0],
-                    groups=[f"group{user % 100}"],
-                    job_class=rng.choice(("interactive", "batch")),
-                    expected_duration_s=rng.choice(DURATIONS_S),
-                    schedule=False,
-                )
+            if cluster or shares:
+                tenant_request(schedule=False)
                 continue
             broker.submit(
                 f"user{rng.randrange(50)}",
@@ -158,7 +204,10 @@ def run(
             )
         while broker.schedule():  # one pass examines a bounded number of blocked requests
             pass
-        if not cluster:
+        while shares and len(broker.live_requests()) - len(broker.leases()) < queued:
+            # shares of 9 GB on average: about 5 a GPU; more until ``queued`` wait
+            tenant_request(schedule=True)
+        if not cluster and not shares:
             assert len(broker.leases()) == slices, "the first pass must fill every slice"
         setup_rss = rss_mib() - rss0
         waiting = len(broker.live_requests()) - len(broker.leases())
@@ -178,7 +227,7 @@ def run(
             granted = broker.schedule()
             t2, c2 = time.perf_counter(), time.process_time()
             cpu.append(c2 - c1)
-            assert cluster or len(granted) == 1
+            assert cluster or shares or len(granted) == 1
             grants += len(granted)
             release.append(t1 - t0)
             decide.append(t2 - t1)
@@ -190,6 +239,7 @@ def run(
         backend.close()
     return {
         "devices": slices,
+        "leases": len(broker.leases()),
         "queued": waiting,
         "cycles": cycles,
         "grants": grants,
@@ -221,7 +271,7 @@ def _bare_grant_writes(store: Store, template: Lease, n: int) -> list[float]:
         lease = replace(template, id=f"bare-l{i}", request_id=r.id, devices=(f"bare-dev{i}",))
         t0 = time.perf_counter()
         with store.transaction():
-            store.insert_lease(lease, lease.expires_at)
+            store.insert_lease(lease, lease.expires_at, 1 << 30)  # a share's: room to spare
         times.append(time.perf_counter() - t0)
     return times
 
@@ -230,6 +280,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
         "--cluster", action="store_true", help="1,024 nodes of 8 GPUs, 100,000 mixed requests"
+    )
+    ap.add_argument(
+        "--shares",
+        action="store_true",
+        help="1,024 shared L40S GPUs, full of shares, 10,000 more shares waiting",
     )
     ap.add_argument("--cycles", type=int, default=5000)
     ap.add_argument(
@@ -246,13 +301,20 @@ def main() -> None:
     queued = args.queued if args.queued is not None else 100_000 if args.cluster else 10_000
     if args.cycles < 1 or queued < args.cycles:
         ap.error("--cycles must be >= 1 and --queued >= --cycles (each cycle grants one request)")
-    result = run(args.cycles, queued, args.seed, args.cluster, writes=not args.without_writes)
+    result = run(
+        args.cycles,
+        queued,
+        args.seed,
+        args.cluster,
+        writes=not args.without_writes,
+        shares=args.shares,
+    )
     if args.json:
         print(json.dumps(result))
         return
     print(f"{result['devices']} devices, {result['queued']} queued, {result['cycles']} cycles")
     print(f"grant decisions/s      {result['decisions_per_s']:10.0f}")
-    if args.cluster:
+    if args.cluster or args.shares:
         print(f"grants/s               {result['grants_per_s']:10.0f}  ({result['grants']} grants)")
     print(f"decision p50 / p99 ms  {result['p50_ms']:10.3f} / {result['p99_ms']:.3f}")
     print(f"decision max ms        {result['max_ms']:10.3f}")

@@ -9,6 +9,8 @@ on each session's idle gaps that shares no code with the replay.
     python benchmarks/notebooks.py   # --trace PATH: the trace, --plot PATH: the PNG
 
 ``--check`` only compares with the plain count (exit 1 on a difference over 1%).
+``--shares`` replays the shares policy (each kernel asks for the memory it used) beside
+the whole-GPU ones, on 64 H100s and on an 8x RTX A6000 server without MIG.
 ``--band`` only replays the default settings under ``auto`` on each row of ``BAND``.
 ``--fit`` chooses the idle timeout on the trace's first day and checks it on the second
 (``fit``).
@@ -56,6 +58,8 @@ does not say; this is the choice the shipped default rests on (``PRICES_H``: oth
 PRICES_H = (0.5, 1.0, 2.0, 4.0)
 NEAR = 0.01
 """Timeouts whose cost is within this of the lowest count as tied; the longest wins."""
+SHARE_CLUSTERS = {"64 H100 80GB": ("dgx-h100", 64), "8 RTX A6000 48GB": ("rtx-a6000-8", 8)}
+"""Where shares are replayed: the 64-GPU cluster, and a lab server without MIG."""
 
 
 def policies(shipped: ReclaimConfig | None = None) -> list[nb.Policy]:
@@ -85,6 +89,45 @@ def policies(shipped: ReclaimConfig | None = None) -> list[nb.Policy]:
             suspend_gbps=SUSPEND_GBPS,
         ),
     ]
+
+
+def share_policies() -> list[nb.Policy]:
+    """The shares policy, held for the session and on demand, beside the whole-GPU ones."""
+    shipped = ReclaimConfig()
+    return [
+        nb.Policy("whole session", "session"),
+        nb.Policy(f"broker {shipped.idle_timeout_s / 60:g} min (shipped)", "reclaim", shipped),
+        nb.Policy("on demand", "cell"),
+        nb.Policy("shares, whole session", "session", shares=True),
+        nb.Policy("shares, on demand", "cell", shares=True),
+    ]
+
+
+def shares_run(path: Path) -> dict[str, list[tuple[nb.Policy, dict[str, float]]]]:
+    sessions = nb.load(path)
+    return {
+        name: [
+            (p, nb.summarize(nb.replay(sessions, p, gpus=gpus, model=model)))
+            for p in share_policies()
+        ]
+        for name, (model, gpus) in SHARE_CLUSTERS.items()
+    }
+
+
+def shares_table(results: dict[str, list[tuple[nb.Policy, dict[str, float]]]]) -> str:
+    lines = [
+        "| GPUs | policy | GPU-hours held | held ÷ used | started within 10 s | kernels lost "
+        "| never got GPUs | GPU cells never run |",
+        "|" + "---|" * 8,
+    ]
+    for cluster, rows in results.items():
+        for p, f in rows:
+            lines.append(
+                f"| {cluster} | {p.name} | {f['held_gpu_h']:,.0f} | {f['held_ratio']:.2f}x | "
+                f"{f['within_10s_pct']:.1f}% | {f['lost']:.0f} | {f['never_granted']:.0f} | "
+                f"{f['cells_never_ran']:.0f} |"
+            )
+    return "\n".join(lines)
 
 
 def shipped_auto() -> ReclaimConfig:
@@ -336,6 +379,7 @@ def main() -> None:
     ap.add_argument("--plot", type=Path, default=HERE / "notebooks.png", help="PNG to write")
     ap.add_argument("--check", action="store_true", help="only compare with the plain count")
     ap.add_argument("--fit", action="store_true", help="only choose the idle timeout")
+    ap.add_argument("--shares", action="store_true", help="only the shares policy's table")
     ap.add_argument("--band", action="store_true", help="only the suspend band, as shipped")
     args = ap.parse_args()
     if args.band:
@@ -343,6 +387,9 @@ def main() -> None:
         return
     if args.fit:
         print(fit_report(fit(args.trace)))
+        return
+    if args.shares:
+        print(shares_table(shares_run(args.trace)))
         return
     results = run(args.trace)
     problems = check(args.trace, results)

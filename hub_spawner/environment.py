@@ -59,7 +59,8 @@ def gpu_env(
     places them itself names them otherwise), and its lease, which its kernels share."""
     if not held or not held.get("devices"):
         return devices_env(None)
-    return {**devices_env(list(held["devices"])), LEASE_ENV: str(held["lease_id"])}
+    share = dict(held.get("share_env") or {})  # a share's MPS daemon and limits
+    return {**devices_env(list(held["devices"])), **share, LEASE_ENV: str(held["lease_id"])}
 
 
 def start_path(escaped_user: str, escaped_server: str = "") -> str:

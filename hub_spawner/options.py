@@ -21,6 +21,7 @@ from jupyter_gpubroker.wire.text import (
     duration,
     eta_text,
     gigabytes,
+    memory,
     period,
     queue_place,
     quota_allows,
@@ -28,10 +29,10 @@ from jupyter_gpubroker.wire.text import (
     worth,
 )
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb")
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "share_gb")
 GPU_KINDS = ("cpu", *SIZE_FIELDS)
 """The options form's choices (its ``gpu_kind``): CPU only, or one of the sizes."""
-OPTION_FIELDS = (*SIZE_FIELDS, "job_class", "limit_s", "expected_duration_s")
+OPTION_FIELDS = (*SIZE_FIELDS, "compute_percent", "job_class", "limit_s", "expected_duration_s")
 JOB_CLASSES = ("interactive", "batch")
 SLACK = 1e-3
 """How far a sum of GPU-equivalents may pass a quota and still fit it: the API rounds a
@@ -49,6 +50,8 @@ def gpu_request(options: dict[str, Any]) -> dict[str, Any] | None:
             "limit_s and expected_duration_s"
         )
     size = {k: options[k] for k in SIZE_FIELDS if options.get(k) not in (None, "")}
+    if options.get("compute_percent") not in (None, ""):
+        size["compute_percent"] = options["compute_percent"]
     job_class = options.get("job_class") or "interactive"
     if job_class not in JOB_CLASSES:
         raise ValueError(f"job_class must be 'interactive' or 'batch', not {job_class!r}")
@@ -83,6 +86,11 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         options["profile"] = value
     elif kind == "min_memory_gb":
         options["min_memory_gb"] = _number(value)
+    elif kind == "share_gb":
+        options["share_gb"] = _number(value)
+        percent = field.get("compute_percent", "")
+        if percent:
+            options["compute_percent"] = int(percent) if percent.isdigit() else _number(percent)
     hours = field.get("hours", "")
     if kind != "cpu" and hours:
         options["limit_s"] = _hours(hours)
@@ -163,7 +171,9 @@ class Choices:
     def __init__(self, overview: dict[str, Any], quotas: list[dict[str, Any]]) -> None:
         self.overview = overview
         devices = [d for g in overview["gpus"] for d in g["devices"]]
-        self.whole = [d for d in devices if d["kind"] != "mig"]
+        self.whole = [d for d in devices if d["kind"] != "mig" and d.get("lent") != "shared"]
+        self.shared = [g for g in overview["gpus"] if (g.get("sharing") or {}).get("shares_now")]
+        """The GPUs that take shares now, with what holds them."""
         self.profiles: dict[str, list[dict[str, Any]]] = {}
         for d in devices:
             if d["kind"] == "mig":
@@ -226,7 +236,10 @@ class Choices:
 
     @staticmethod
     def free(devices: list[dict[str, Any]]) -> int:
-        return sum(not d["holder"] and not d["drained"] and not d["vacating"] for d in devices)
+        return sum(
+            not d["holder"] and not d["drained"] and not d["vacating"] and not d.get("shares")
+            for d in devices
+        )
 
     def waits(self, **size: Any) -> str:
         """The expected wait for one choice: at once when a device is free and no quota
@@ -254,6 +267,8 @@ class Choices:
         the requests ahead of it."""
         if request.get("held_back"):
             return str(request["held_back"])
+        if request.get("share_gb"):
+            return f"no GPU shared here has {request['share_gb']:g} GB free now"
         if self.free(self._fits(request)) == 0:
             return f"every {size_text(request)} is in use"
         if (request.get("position") or 1) > 1:
@@ -328,6 +343,8 @@ class Choices:
                     note="",
                 )
             )
+        if self.shared:
+            rows.append(self._share_row(row))
         if self.largest_gb:
             rows.append(
                 row.format(
@@ -359,6 +376,23 @@ class Choices:
             f'<p class="form-text">You hold {devices_held(self.mine)} now; {quota}; '
             f"{share}{group}; {count(self.overview['length'], 'request')} in the queue.</p>"
             "</fieldset>"
+        )
+
+    def _share_row(self, row: str) -> str:
+        """The choice of a share: its memory, an optional compute cap, the room free now
+        and what holds a share on these GPUs ("enforced by MPS")."""
+        room = max(g["sharing"]["room_mib"] for g in self.shared)
+        largest = max(g["memory_mib"] for g in self.shared)
+        holds = sorted({g["sharing"]["text"] for g in self.shared})
+        return row.format(
+            kind="share_gb",
+            checked="",
+            label="Part of a shared GPU:",
+            field='<input type="number" name="share_gb" min="1" step="any" '
+            f'max="{gigabytes(largest)}" value="8" aria-label="GB of a shared '
+            'GPU"> GB, at most <input type="number" name="compute_percent" min="1" max="100" '
+            'step="1" aria-label="percent of its compute"> % of its compute',
+            note=escape(f"{memory(room)} free on a shared GPU now; {'; '.join(holds)}"),
         )
 
     def limit_note(self) -> str:

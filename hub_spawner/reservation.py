@@ -119,11 +119,14 @@ async def granted(
 
 def held(request: dict[str, Any]) -> dict[str, Any]:
     """The reservation a server keeps in the hub's state: its ``request_id``, and once
-    granted its ``lease_id``, ``devices`` and ``ttl_s``."""
+    granted its ``lease_id``, ``devices`` and ``ttl_s`` (a share: the environment its
+    kernels need, ``share_env``, and what holds it, ``share_text``)."""
     kept: dict[str, Any] = {"request_id": request["id"]}
     lease = request.get("lease")
     if lease:
         kept.update(lease_id=lease["id"], devices=lease["devices"], ttl_s=lease["ttl_s"])
+        if lease.get("share"):
+            kept.update(share_env=lease["share"]["env"], share_text=lease["share"]["text"])
     return kept
 
 

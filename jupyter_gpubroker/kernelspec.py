@@ -1,4 +1,5 @@
-"""GPU kernelspecs: "Python 3 (GPU 1g.10gb)" started through ``gpubroker-provisioner``.
+"""GPU kernelspecs: "Python 3 (GPU 1g.10gb)", "Python 3 (8 GB of a shared GPU)", started
+through ``gpubroker-provisioner``.
 
 Their kernels load the ``%gpu`` magic at start (IPython's ``--ext``), so the notebook
 can show its lease and ask for more without a ``%load_ext``.
@@ -29,6 +30,13 @@ def spec_for(size: Size | None, job_class: str = "interactive") -> tuple[str, di
         config, label, slug = {"gpus": size.gpus}, size_text(size.to_json()), f"{size.gpus}gpu"
     elif size.profile is not None:
         config, label, slug = {"gpu": size.profile}, f"GPU {size.profile}", size.profile
+    elif size.share_gb is not None:
+        config = {"share_gb": size.share_gb}
+        label, slug = f"{size.share_gb:g} GB of a shared GPU", f"share-{size.share_gb:g}gb"
+        if size.compute_percent is not None:
+            config["compute_percent"] = size.compute_percent
+            label += f", {size.compute_percent}% of its compute"
+            slug += f"-{size.compute_percent}pct"
     else:
         config = {"min_memory_gb": size.min_memory_gb}
         label, slug = f"GPU of {size_text(size.to_json())}", f"{size.min_memory_gb:g}GB"

@@ -8,7 +8,7 @@ from typing import Any
 
 from jupyter_gpubroker.broker.alerts import AlertChange, AlertConfig, AlertJudge
 from jupyter_gpubroker.broker.clock import VirtualClock
-from jupyter_gpubroker.broker.core import Broker, Event
+from jupyter_gpubroker.broker.core import Broker, BrokerConfig, Event
 from jupyter_gpubroker.broker.health import HealthConfig, HealthJudge
 from jupyter_gpubroker.broker.models import Lease
 from jupyter_gpubroker.broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
@@ -55,13 +55,15 @@ class Machine:
         store: Store | None = None,
         clock: VirtualClock | None = None,
         alerts: AlertConfig | None = None,
+        config: BrokerConfig | None = None,
     ) -> None:
-        """``alerts``: judge health alerts too, with this configuration (``changes``)."""
+        """``alerts``: judge health alerts too, with this configuration (``changes``);
+        ``config``: the broker's (its sharing rules, ...)."""
         self.clock = clock or VirtualClock(WEDNESDAY_10AM)
         self.sim = SimulatedNvml(load_topology(topology), gpm=gpm)
         self.backend = NvmlBackend(self.sim).open()
         self.store = store or Store()
-        self.broker = Broker(self.store, self.backend.inventory(), clock=self.clock)
+        self.broker = Broker(self.store, self.backend.inventory(), clock=self.clock, config=config)
         self.kernels = Kernels(self.clock)
         self.sampler = Sampler(
             self.broker,

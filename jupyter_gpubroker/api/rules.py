@@ -58,7 +58,7 @@ from .tokens import TokenRules
 
 __all__ = ["BrokerAPI", "only", "parse_int", "parse_time"]
 
-SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "model")
+SIZE_FIELDS = ("gpus", "profile", "min_memory_gb", "model", "share_gb", "compute_percent")
 REQUEST_FIELDS = {
     *SIZE_FIELDS,
     "job_class",
@@ -172,6 +172,11 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             vacating=core.vacating(),
             causes=core.drain_causes(),
             outside=self.runtime.outside_now(),
+            shared=core.sharers(),
+            share_use=self.runtime.share_use(),
+            sharing={
+                g.uuid: s for g in core.inventory.gpus if (s := self.runtime.sharing_of(g.uuid))
+            },
             idle_reclaim=self.runtime.idle_reclaim(),
         )
         engine = self.runtime.engine_state()
@@ -287,8 +292,8 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         if held is not None:
             raise Conflict(
                 f"this kernel already has request {held.id} for {held.size.key}: a kernel with "
-                "a MIG slice holds nothing beside it (CUDA shows a process only one MIG "
-                "device); release that request first"
+                "a MIG slice or a share holds nothing beside it (CUDA shows a process one MIG "
+                "device, and MPS one GPU's daemon); release that request first"
             )
 
     @staticmethod
@@ -389,6 +394,7 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
             "idle_s": self.runtime.idle_s(lease.id) if active else None,
             "holder_pid": self.runtime.holder_pid(lease.id) if active else None,
             "suspended": self.runtime.suspended(lease.id),
+            "share": self.runtime.share_of(lease),
             "moved": self.runtime.moved(lease.id) if active else None,
         }
 

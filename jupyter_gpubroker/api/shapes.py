@@ -146,6 +146,9 @@ def devices_json(
     vacating: Mapping[str, Vacating] | None = None,
     causes: Mapping[str, str] | None = None,
     outside: Mapping[str, list[dict[str, Any]]] | None = None,
+    shared: Mapping[str, list[Lease]] | None = None,
+    sharing: Mapping[str, dict[str, Any]] | None = None,
+    share_use: Mapping[str, int | None] | None = None,
     idle_reclaim: Mapping[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
@@ -157,9 +160,23 @@ def devices_json(
     ``vacating``: devices of ended leases still waiting for their processes to exit.
     ``outside``: device UUID -> the processes using it outside the broker (``user``,
     ``pid``, ``since`` in UTC seconds, ``text``). ``idle_reclaim``: device UUID -> what an
-    idle reclaim does to its kernel (``action``, ``reason``)."""
+    idle reclaim does to its kernel (``action``, ``reason``). ``shared``: GPU UUID -> its
+    shares; ``sharing``: GPU UUID -> how it is lent and what holds its shares
+    (``GPUBroker.sharing_of``); ``share_use``: lease id -> what a share's processes use of
+    its GPU (MiB; None: not known)."""
     drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
     reclaim = idle_reclaim or {}
+    shared, sharing, share_use = shared or {}, sharing or {}, share_use or {}
+
+    def lent(uuid: str) -> dict[str, Any] | None:
+        how = sharing.get(uuid)
+        if how is None:
+            return None
+        shares = [
+            {**(holder(x) or {}), "memory_mib": x.share_mib, "used_mib": share_use.get(x.id)}
+            for x in shared.get(uuid, [])
+        ]
+        return {**how, "shares": shares}
 
     def left(uuid: str) -> dict[str, Any] | None:
         v = vacating.get(uuid)
@@ -194,6 +211,7 @@ def devices_json(
             "memory_mib": g.memory_mib,
             "mig_enabled": g.mig_enabled,
             "drained": drained(g.uuid),
+            "sharing": lent(g.uuid),
             **reading_json(readings.get(g.uuid)),
             "devices": [
                 {
@@ -205,6 +223,8 @@ def devices_json(
                     "memory_mib": d.memory_mib,
                     "gpu_equivalents": round(d.gpu_equivalents, 4),
                     "holder": holder(holders.get(d.uuid)),
+                    "lent": (sharing.get(d.uuid) or {}).get("mode", "whole"),
+                    "shares": len(shared.get(d.uuid, [])),
                     "drained": drained(d.uuid, g.uuid),
                     "vacating": left(d.uuid),
                     "outside": [{**o, "since": iso(o["since"])} for o in outside.get(d.uuid, [])],

@@ -27,6 +27,7 @@ from .models import Device, Event, Lease, LeaseState, Request, RequestState
 from .placement import Placer
 from .predictor import Predictor, held_shape
 from .queue import WaitQueue
+from .shares import share_mib
 from .store import Store
 
 
@@ -39,11 +40,18 @@ class Held:
         self.leases: dict[str, Lease] = {}
         """Active leases by id."""
         self.holder: dict[str, str] = {}
-        """Device UUID -> the id of the active lease holding it."""
+        """Device UUID -> the id of the active lease holding it whole."""
+        self.shared: dict[str, set[str]] = {}
+        """GPU UUID -> the ids of the active shares of it."""
 
     def holding(self, uuids: Iterable[str]) -> list[Lease]:
-        """The active leases holding any of ``uuids``, oldest grant first."""
-        held = {self.holder[u] for u in uuids if u in self.holder}
+        """The active leases holding any of ``uuids`` (whole or a share), oldest grant
+        first."""
+        held = set()
+        for u in uuids:
+            if u in self.holder:
+                held.add(self.holder[u])
+            held |= self.shared.get(u, set())
         return sorted((self.leases[x] for x in held), key=lambda x: x.granted_at)
 
 
@@ -74,8 +82,9 @@ class Book:
         self.live: dict[str, Request] = {}
         """Queued and granted requests by id."""
         self.waiting = WaitQueue(rank)
-        self.leases, self.holder = held.leases, held.holder
-        """The active leases by id, and the lease holding each device (``Held``)."""
+        self.leases, self.holder, self.shared = held.leases, held.holder, held.shared
+        """The active leases by id, the lease holding each device, the shares of each
+        GPU (``Held``)."""
         self._deadlines: list[tuple[float, str]] = []
         """(expires_at, request id) of queued requests, a heap; stale entries (renewed,
         ended) are skipped as they come up."""
@@ -127,9 +136,11 @@ class Book:
     # -- leases
 
     def grant(self, r: Request, devices: list[Device], now: float, expected_end: float) -> Lease:
-        """Commit a lease of ``devices`` to ``r``, then hold them for it."""
-        eq = sum(d.gpu_equivalents for d in devices)
-        profile = devices[0].profile or "gpu"
+        """Commit a lease of ``devices`` to ``r`` (a share: of its one GPU), then hold them
+        for it."""
+        mib = share_mib(r.size) if r.size.shared else 0
+        eq = mib / devices[0].memory_mib if mib else sum(d.gpu_equivalents for d in devices)
+        profile = "share" if mib else devices[0].profile or "gpu"
         lease = Lease(
             id="l-" + secrets.token_hex(6),
             request_id=r.id,
@@ -142,9 +153,11 @@ class Book:
             ttl_s=self.config.lease_ttl_s,
             profile=profile,
             limit_s=r.limit_s,
+            share_mib=mib,
+            compute_percent=r.size.compute_percent,
         )
         with self.store.transaction():
-            self.store.insert_lease(lease, expected_end)
+            self.store.insert_lease(lease, expected_end, devices[0].memory_mib)
         r.state, r.lease_id = RequestState.GRANTED, lease.id
         self._dequeue(r)
         self._hold(lease, expected_end)
@@ -179,7 +192,10 @@ class Book:
         with self.store.transaction():
             self.store.extend_lease(extended, end)
         lease.extended_s, lease.extensions = extended.extended_s, extended.extensions
-        self.placer.expect(lease.devices, end)
+        if lease.shared:
+            self.placer.expect_share(lease.id, lease.devices[0], end)
+        else:
+            self.placer.expect(lease.devices, end)
         detail = {"ends_at": end, "extensions": lease.extensions}
         self._emit(Event.of_lease("extended", self.clock.now(), lease, detail))
 
@@ -208,6 +224,10 @@ class Book:
         self.leases[lease.id] = lease
         self.ledger.hold(lease)
         self.budgets.hold(lease)
+        if lease.shared:
+            self.placer.share(lease.id, lease.devices[0], lease.share_mib, expected_end)
+            self.shared.setdefault(lease.devices[0], set()).add(lease.id)
+            return
         self.placer.hold(lease.devices, until=expected_end)
         for d in lease.devices:
             self.holder[d] = lease.id
@@ -241,10 +261,14 @@ class Book:
         self.budgets.end(lease, end)
         del self.leases[lease.id]
         del self.live[r.id]
-        for d in lease.devices:
-            self.holder.pop(d, None)
-        self.placer.ended(lease.devices)
-        self._vacate(lease, now)
+        if lease.shared:  # its memory is free at once: the watch sees what lingers
+            self.shared[lease.devices[0]].discard(lease.id)
+            self.placer.unshare(lease.id, lease.devices[0])
+        else:
+            for d in lease.devices:
+                self.holder.pop(d, None)
+            self.placer.ended(lease.devices)
+            self._vacate(lease, now)
         shape = held_shape(lease.profile, lease.gpu_equivalents)
         self.predictor.learn(
             lease.user, lease.group, r.job_class.value, shape, end - lease.granted_at

@@ -8,6 +8,7 @@ from ..wire.errors import InvalidRequest
 from ..wire.sizes import MAX_DURATION_S, number
 from .limitrules import LimitKey, LimitRule, check_key
 from .models import JobClass
+from .sharing import Sharing
 
 MAX_EXTENSIONS = 1000
 """The most extensions a class's leases may be allowed: more is "no bound" in disguise."""
@@ -57,6 +58,8 @@ class BrokerConfig:
     """How long after its time limit ends a lease is reclaimed."""
     max_extensions: dict[str, int] = field(default_factory=dict)
     """How often a lease's time limit may be extended, per job class (absent: 3)."""
+    sharing: Sharing = field(default_factory=Sharing)
+    """Which GPUs are lent whole, which shared, and when (``sharing``)."""
     promise_stretch: float = 2.0
     """A waiting request is promised a start this many times as far off as its worst
     case (at least 1): room for the policy to let others go first while every promise

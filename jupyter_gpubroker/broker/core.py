@@ -96,7 +96,9 @@ class Broker:
         self._oldest_waiting: float | None = None
         """Submit time of the oldest waiting request at the last ranking."""
         self._recalc_due = True
-        self.placer = Placer(inventory)
+        self._lent_at = self._ranked_at
+        """When the GPUs were last lent as the sharing rules say."""
+        self.placer = Placer(inventory, self.config.sharing, self._ranked_at)
         self.budgets = Budgets(store)
         """Quotas: shares, most GPUs held, GPU-hour budgets."""
         self.limits = LimitRules(self.config, store, self.clock, self._emit)
@@ -449,6 +451,9 @@ class Broker:
         now = self.clock.now()
         if self._recalc_due or now - self._ranked_at >= self.policy.recalc_interval_s:
             self._recalc(now)
+        if now // 60 != self._lent_at // 60:  # the sharing rules' windows, to the minute
+            self._lent_at = now
+            self.placer.set_time(now)
         granted = self.scheduler.run(now)
         if self.promises.offer(lambda keep: [r for _, r in self._ranked(keep)], now):
             granted += self.scheduler.run(now)  # a start promised for now
@@ -475,8 +480,17 @@ class Broker:
         return self._ranked_at
 
     def holders(self) -> dict[str, Lease]:
-        """Device uuid -> the active lease holding it."""
+        """Device uuid -> the active lease holding it whole."""
         return {d: self.book.leases[lid] for d, lid in self.book.holder.items()}
+
+    def sharers(self) -> dict[str, list[Lease]]:
+        """GPU uuid -> the active shares of it, oldest grant first."""
+        leases = self.book.leases
+        return {
+            d: sorted((leases[x] for x in ids), key=lambda x: x.granted_at)
+            for d, ids in self.book.shared.items()
+            if ids
+        }
 
     def set_quota(self, kind: str, name: str, quota: Quota) -> Quota:
         """Set (replace) a user's or group's share and limits. Admin only, at the fronts."""
@@ -598,7 +612,7 @@ class Broker:
             held_s = row["end"] - row["start"]
             self.predictor.learn(row["user"], row["grp"], row["job_class"], shape, held_s)
         lost = self.book.restore(now)
-        self.devices.restore(self.book.holder, now)
+        self.devices.restore([*self.book.holder, *self.book.shared], now)
         for lease, reason in lost:
             self.book.end_lease(lease, LeaseState.RECLAIMED, reason, ("lost", {"reason": reason}))
         for r in [r for r in self.book.live.values() if r.state is RequestState.QUEUED]:

@@ -18,8 +18,9 @@ from typing import Protocol
 from ..wire.errors import NotFound
 from .clock import Clock
 from .config import BrokerConfig
+from .migplan import MigPlan
 from .models import Device, Event, Gpu, Inventory, Lease
-from .placement import MigPlan, Placer
+from .placement import Placer
 from .store import Store
 
 

@@ -46,6 +46,7 @@ from .models import Lease, Request
 from .placement import WHOLE_GPU, Groups, Placer
 from .policy import Context, Policy
 from .predictor import Predictor, held_shape, request_shape
+from .shares import ShareTimes, share_mib
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class View(Context, Protocol):
     def ranked_at(self) -> float: ...
 
     def holders(self) -> dict[str, Lease]: ...
+
+    def sharers(self) -> dict[str, list[Lease]]: ...
 
     def request(self, request_id: str, user: str | None = None) -> Request: ...
 
@@ -308,32 +311,61 @@ def list_schedule(
     device -> lease, in place of the view's holders (a grant being weighed)."""
     groups = view.placer.groups(by_slices=view.config.dynamic_mig)
     never = [math.inf] * passes
-    free = _freed_at(groups, view.holders() if held is None else held, ends, never, now)
+    shared = view.sharers()
+    lease_ends = _lease_ends(
+        [
+            *(view.holders() if held is None else held).values(),
+            *(x for s in shared.values() for x in s),
+        ],
+        ends,
+        never,
+        now,
+    )
+    free = _freed_at(groups, view.holders() if held is None else held, shared, lease_ends, now)
     starts = {r.id: [math.inf] * passes for r in queue}
     lengths = [holds(r) or never for r in queue]
     for p in range(passes):
         times = FreeTimes(groups, free, p, now)
+        shares = ShareTimes(view.placer.shares, {x: e[p] for x, e in lease_ends.items()}, now)
         for r, hold in zip(queue, lengths, strict=True):
-            start = times.take(r.size, hold[p], release(r) if release else now)
+            after = release(r) if release else now
+            if r.size.shared:
+                start = shares.take(share_mib(r.size), hold[p], after)
+            else:
+                start = times.take(r.size, hold[p], after)
             if start is not None:
                 starts[r.id][p] = start
     return starts
 
 
+def _lease_ends(
+    leases: Sequence[Lease], ends: Ends, never: list[float], now: float
+) -> dict[str, Sequence[float]]:
+    """Each lease's end in each pass (never when unknown), each asked once."""
+    found: dict[str, Sequence[float]] = {}
+    for lease in leases:
+        if lease.id not in found:
+            found[lease.id] = [max(now, t) for t in ends(lease) or never]
+    return found
+
+
 def _freed_at(
-    groups: Groups, held: dict[str, Lease], ends: Ends, never: list[float], now: float
+    groups: Groups,
+    held: dict[str, Lease],
+    shared: dict[str, list[Lease]],
+    lease_ends: dict[str, Sequence[float]],
+    now: float,
 ) -> Callable[[str, int], float]:
     """When a device frees in a pass: now when nobody holds it, at its lease's end in
-    that pass (never when unknown), never when drained. Each lease's end is asked once."""
-    lease_ends: dict[str, Sequence[float]] = {}
-    for lease in held.values():
-        if lease.id not in lease_ends:
-            lease_ends[lease.id] = [max(now, t) for t in ends(lease) or never]
+    that pass (never when unknown), at its last share's end when shared, never when
+    drained."""
     drained = groups.drained
 
     def free(u: str, p: int) -> float:
         if u in drained:
             return math.inf
+        if u in shared:
+            return max(lease_ends[x.id][p] for x in shared[u])
         lease = held.get(u)
         return now if lease is None else lease_ends[lease.id][p]
 

@@ -27,7 +27,8 @@ promise that can no longer be kept is replaced by one from the worst case now, w
 ``promise_broken`` event that tells its user why.
 
 Promised only where the list-schedule is how placement really goes: whole GPUs or MIG
-profiles (not memory sizes), several GPUs only on a one-node inventory, no dynamic MIG.
+profiles (not memory sizes nor shares), several GPUs only on a one-node inventory, no
+dynamic MIG.
 Promises live in memory: after a restart they are made afresh. Which default and
 maximum a request gets (per job class, profile and group) is ``limitrules``'.
 """
@@ -210,7 +211,7 @@ class Promises:
     def _modelled(self, r: Request) -> bool:
         """Is the list-schedule how ``r`` is placed (see the module's docstring)?"""
         b = self.broker
-        if b.config.dynamic_mig or r.size.min_memory_gb is not None:
+        if b.config.dynamic_mig or r.size.min_memory_gb is not None or r.size.shared:
             return False
         return (r.size.gpus or 1) == 1 or len(b.placer.nodes()) <= 1
 

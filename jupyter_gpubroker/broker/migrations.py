@@ -224,5 +224,27 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE kernel_tokens SET renewed_at = issued_at;
     CREATE INDEX kernel_tokens_renewed ON kernel_tokens(renewed_at);
     """,
+    # 15: shares of GPUs: a lease's share of its GPU's memory, and the live shares of each
+    # GPU, which the file itself keeps within the GPU's memory and apart from a GPU held
+    # whole (as allocations keep one device from being granted twice)
+    """
+    ALTER TABLE leases ADD COLUMN share_mib INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE leases ADD COLUMN compute_percent INTEGER;
+    CREATE TABLE shares (
+        lease_id TEXT PRIMARY KEY REFERENCES leases(id),
+        device TEXT NOT NULL,
+        mib INTEGER NOT NULL,
+        capacity_mib INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX shares_device ON shares(device, mib);
+    CREATE TRIGGER shares_fit BEFORE INSERT ON shares
+    WHEN NEW.mib + COALESCE((SELECT SUM(mib) FROM shares WHERE device = NEW.device), 0)
+        > NEW.capacity_mib
+        OR EXISTS (SELECT 1 FROM allocations WHERE device = NEW.device)
+    BEGIN SELECT RAISE(ABORT, 'the share does not fit its GPU'); END;
+    CREATE TRIGGER allocations_unshared BEFORE INSERT ON allocations
+    WHEN EXISTS (SELECT 1 FROM shares WHERE device = NEW.device)
+    BEGIN SELECT RAISE(ABORT, 'the device is shared'); END;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -311,7 +311,8 @@ class Lease:
     ended_at: float | None = None
     reason: str = ""
     profile: str = field(default="")
-    """``gpu`` for whole GPUs, else the MIG profile held."""
+    """``gpu`` for whole GPUs, ``share`` for part of a shared GPU, else the MIG profile
+    held."""
     reclaim_at: float | None = None
     """When a pending warning says the lease will be reclaimed. Not stored: after a
     restart the reclaimer judges the lease afresh and warns again before reclaiming."""
@@ -323,6 +324,15 @@ class Lease:
     extended_s: float = 0.0
     """Time its extensions added to the limit (``Broker.extend``)."""
     extensions: int = 0
+    share_mib: int = 0
+    """A share's memory on its one GPU (MiB), which others share too; 0: it holds its
+    devices whole."""
+    compute_percent: int | None = None
+    """A share's cap on its GPU's compute, in percent (None: none)."""
+
+    @property
+    def shared(self) -> bool:
+        return self.share_mib > 0
 
     @property
     def ends_at(self) -> float | None:

@@ -6,17 +6,13 @@ large enough, so whole GPUs and large slices stay free for the requests that
 need them. ``first_fit`` takes the first free device in inventory order, as a
 plain FCFS scheduler does.
 
-Dynamic MIG (optional): when no free slice of a wanted profile exists, a GPU
-in MIG mode may be re-cut: idle slices that overlap a valid placement are
-destroyed and a new one created there. The plan picks the placement that
-destroys the least compute, on the busiest GPU, at the highest start (small
-profiles at the top of the GPU keep slot 0 free for the large ones).
+Dynamic MIG's re-cuts are planned by ``migplan``; shares of GPUs are placed by
+``shares``.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -24,9 +20,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire.profiles import CATALOG, GpuModel, MigProfile
 from ..wire.sizes import Size, gb_to_mib
-from .models import Device, Gpu, Inventory
+from .lazyheap import LazyHeap
+from .migplan import MigPlan as MigPlan
+from .migplan import plan
+from .models import Device, Inventory
+from .shares import SharePool, share_mib
+from .sharing import Sharing
 
 WHOLE_GPU = "gpu"
 KTH_INDEXED = 8
@@ -53,61 +53,12 @@ class Groups:
     """The drained devices, and the GPUs drained whole."""
 
 
-@dataclass(frozen=True)
-class MigPlan:
-    """Re-cut ``gpu``: destroy the idle ``destroy`` slices, then create ``profile`` at ``start``."""
-
-    gpu: Gpu
-    profile: MigProfile
-    start: int
-    destroy: tuple[Device, ...]
-
-
 Shape = tuple[str, int]
 """(device class, memory MiB): devices that are interchangeable for every size."""
 
 
 def shape(d: Device) -> Shape:
     return (device_class(d), d.memory_mib)
-
-
-class _Lazy:
-    """A min-heap of (key, name) where only each name's latest key counts: a change
-    pushes a new entry and stale ones are dropped as they come up, so keeping an order
-    costs O(log n) per change instead of a scan per question."""
-
-    def __init__(self) -> None:
-        self.live: dict[str, tuple[Any, ...]] = {}
-        self._heap: list[tuple[tuple[Any, ...], str]] = []
-
-    def set(self, name: str, key: tuple[Any, ...]) -> None:
-        if self.live.get(name) == key:
-            return
-        self.live[name] = key
-        heapq.heappush(self._heap, (key, name))
-        if len(self._heap) > 2 * len(self.live) + 64:  # mostly stale: rebuild
-            self._heap = [(k, n) for n, k in self.live.items()]
-            heapq.heapify(self._heap)
-
-    def discard(self, name: str) -> None:
-        self.live.pop(name, None)
-
-    def first(self, skip: AbstractSet[str]) -> tuple[tuple[Any, ...], str] | None:
-        """The entry with the smallest key whose name is not in ``skip``."""
-        heap, passed = self._heap, []
-        try:
-            while heap:
-                key, name = heap[0]
-                if self.live.get(name) != key:
-                    heapq.heappop(heap)
-                elif name in skip:
-                    passed.append(heapq.heappop(heap))
-                else:
-                    return key, name
-            return None
-        finally:
-            for entry in passed:
-                heapq.heappush(heap, entry)
 
 
 class Placer:
@@ -118,9 +69,18 @@ class Placer:
     indexes kept up to date on each hold, release and drain, so a decision costs the
     same on a cluster of thousands of GPUs as on one machine: free devices ordered
     for best fit and first fit per shape, free whole GPUs per node, and per node the
-    expected free times of its devices."""
+    expected free times of its devices. A GPU holding shares (``shares.SharePool``)
+    is held, and one lent as shares only is in no free list, for every other size."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(
+        self, inventory: Inventory, sharing: Sharing | None = None, now: float = 0.0
+    ) -> None:
+        self.sharing = sharing or Sharing()
+        """The admin's rules of which GPUs are lent whole, shared or both, and when."""
+        self.shares = SharePool()
+        self.share_only: set[str] = set()
+        """GPUs lent as ``shared`` only now: closed to whole requests, as drained ones."""
+        self._now = now
         self.gpus = {g.uuid: g for g in inventory.gpus}
         self.devices: dict[str, Device] = {}
         self.free: dict[str, set[str]] = defaultdict(set)
@@ -139,8 +99,8 @@ class Placer:
         self._gpus_on_node: dict[str, int] = defaultdict(int)
         """Whole GPUs per node (free or held): the most one grant can have."""
         self._free_shape: dict[Shape, set[str]] = defaultdict(set)
-        self._best: dict[Shape, _Lazy] = defaultdict(_Lazy)
-        self._first: dict[Shape, _Lazy] = defaultdict(_Lazy)
+        self._best: dict[Shape, LazyHeap] = defaultdict(LazyHeap)
+        self._first: dict[Shape, LazyHeap] = defaultdict(LazyHeap)
         self._free_gpus: dict[str, set[str]] = defaultdict(set)
         """Node -> its free whole GPUs."""
         self._nodes_by_free: dict[int, list[str]] = defaultdict(list)
@@ -150,9 +110,9 @@ class Placer:
         -inf for an idle device."""
         self._gpu_ends: dict[str, list[tuple[float, str]]] = {}
         """The same for the whole GPUs of each node, of every shape."""
-        self._soonest: dict[Shape, _Lazy] = defaultdict(_Lazy)
+        self._soonest: dict[Shape, LazyHeap] = defaultdict(LazyHeap)
         """Shape -> the nodes by the first expected free time of their devices."""
-        self._kth: dict[int, _Lazy] = defaultdict(_Lazy)
+        self._kth: dict[int, LazyHeap] = defaultdict(LazyHeap)
         """k -> the nodes by the k-th expected free time of their whole GPUs."""
         self._indexed: dict[str, float] = {}
         """The free time each undrained device is filed under in ``_ends``."""
@@ -174,7 +134,14 @@ class Placer:
         if d.kind == "gpu":
             self._gpus_on_node[d.node] += 1
         self._gpu_eq = None
-        if not self.is_drained(d):
+        gpu = self.gpus.get(d.gpu_uuid)
+        if d.kind == "gpu" and gpu is not None and self.sharing.ever_shared(gpu):
+            mode = self.sharing.mode(gpu, self._now)
+            self.shares.add(d, mode)
+            self.shares.set_drained(d.uuid, self.is_drained(d))
+            if mode == "shared":
+                self.share_only.add(d.uuid)
+        if not self._closed(d):
             self.free[device_class(d)].add(d.uuid)
         self._refresh(d)
 
@@ -188,6 +155,8 @@ class Placer:
         self._gpu_eq = None
         self.free[device_class(d)].discard(uuid)
         self.until.pop(uuid, None)
+        self.shares.remove(uuid)
+        self.share_only.discard(uuid)
         self._refresh(d)
 
     def hold(self, uuids: Iterable[str], until: float | None = None) -> None:
@@ -196,25 +165,31 @@ class Placer:
             d = self.devices.get(u)
             if d is None:  # held since before a restart, gone from the inventory now
                 continue
-            if not self.is_drained(d):  # a drained device is in no free list
-                self.free[device_class(d)].remove(u)
-            self.busy_slices[d.gpu_uuid] += d.compute_slices
-            self.held.add(u)
-            if until is not None:
-                self.until[u] = until
-            self._refresh_gpu(d)
+            self._take(d, until)
+            self.shares.set_whole(u, -math.inf if until is None else until)
+
+    def _take(self, d: Device, until: float | None) -> None:
+        if not self._closed(d):  # a drained device is in no free list
+            self.free[device_class(d)].remove(d.uuid)
+        self.busy_slices[d.gpu_uuid] += d.compute_slices
+        self.held.add(d.uuid)
+        if until is not None:
+            self.until[d.uuid] = until
+        self._refresh_gpu(d)
 
     def expect(self, uuids: Iterable[str], until: float) -> None:
         """Held devices' lease now ends at ``until`` (its time limit was extended)."""
         for u in uuids:
             if u in self.until:
                 self.until[u] = until
+                self.shares.set_whole(u, until)
                 self._refresh(self.devices[u])
 
     def ended(self, uuids: Iterable[str]) -> None:
         """Their lease ended: idle for reservations from now, freed or still vacating."""
         for u in uuids:
             if self.until.pop(u, None) is not None:
+                self.shares.set_whole(u, -math.inf)
                 self._refresh(self.devices[u])
 
     def release(self, uuids: Iterable[str]) -> None:
@@ -222,12 +197,66 @@ class Placer:
             d = self.devices.get(u)
             if d is None:  # left the inventory while held
                 continue
-            self.held.discard(u)
-            self.until.pop(u, None)
-            if not self.is_drained(d):
-                self.free[device_class(d)].add(u)
-            self.busy_slices[d.gpu_uuid] -= d.compute_slices
-            self._refresh_gpu(d)
+            self._give(d)
+            self.shares.set_whole(u, None)
+
+    def _give(self, d: Device) -> None:
+        self.held.discard(d.uuid)
+        self.until.pop(d.uuid, None)
+        if not self._closed(d):
+            self.free[device_class(d)].add(d.uuid)
+        self.busy_slices[d.gpu_uuid] -= d.compute_slices
+        self._refresh_gpu(d)
+
+    # -- shares (``shares.SharePool``)
+
+    def share(self, lease_id: str, uuid: str, mib: int, until: float) -> None:
+        """A share of ``mib`` on GPU ``uuid``, expected to end at ``until``: the GPU is
+        held (for every other size) until its last share is expected to end."""
+        d = self.devices.get(uuid)
+        if d is None:  # held since before a restart, gone from the inventory now
+            return
+        first = not self.shares.shares.get(uuid)
+        self.shares.put(uuid, lease_id, mib, until)
+        if first:
+            self._take(d, until)
+        else:
+            self._expect_last(d)
+
+    def unshare(self, lease_id: str, uuid: str) -> None:
+        d = self.devices.get(uuid)
+        if d is None:  # left the inventory while held
+            return
+        self.shares.take(uuid, lease_id)
+        if self.shares.shares.get(uuid):
+            self._expect_last(d)
+        elif uuid in self.held:
+            self._give(d)
+
+    def expect_share(self, lease_id: str, uuid: str, until: float) -> None:
+        """A share's lease now ends at ``until`` (its time limit was extended)."""
+        self.shares.expect(uuid, lease_id, until)
+        self._expect_last(self.devices[uuid])
+
+    def _expect_last(self, d: Device) -> None:
+        self.until[d.uuid] = self.shares.last_end(d.uuid) or -math.inf
+        self._refresh(d)
+
+    def set_time(self, now: float) -> None:
+        """Lend each GPU as the sharing rules say at ``now`` (a rule's window opened or
+        closed): nothing held is taken back, only new placements change."""
+        self._now = now
+        for uuid in list(self.shares.capacity):
+            d = self.devices[uuid]
+            mode = self.sharing.mode(self.gpus[d.gpu_uuid], now)
+            if mode == self.shares.mode.get(uuid):
+                continue
+            self.shares.set_mode(uuid, mode)
+            (self.share_only.add if mode == "shared" else self.share_only.discard)(uuid)
+            self._groups.clear()
+            free = self.free[WHOLE_GPU]
+            (free.add if uuid not in self.held and not self._closed(d) else free.discard)(uuid)
+            self._refresh(d)
 
     def drain(self, uuid: str) -> None:
         """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
@@ -235,18 +264,24 @@ class Placer:
         self._groups.clear()
         for d in self.under(uuid):
             self.free[device_class(d)].discard(d.uuid)
+            self.shares.set_drained(d.uuid, True)
             self._refresh(d)
 
     def undrain(self, uuid: str) -> None:
         self.drained.discard(uuid)
         self._groups.clear()
         for d in self.under(uuid):
-            if d.uuid not in self.held and not self.is_drained(d):
+            if d.uuid not in self.held and not self._closed(d):
                 self.free[device_class(d)].add(d.uuid)
+            self.shares.set_drained(d.uuid, self.is_drained(d))
             self._refresh(d)
 
     def is_drained(self, d: Device) -> bool:
         return d.uuid in self.drained or d.gpu_uuid in self.drained
+
+    def _closed(self, d: Device) -> bool:
+        """Placed on by no whole or memory-sized request: drained, or shared only."""
+        return d.uuid in self.share_only or self.is_drained(d)
 
     def groups(self, by_slices: bool) -> Groups:
         """The devices grouped for a list-schedule; ``by_slices``: every MIG GPU as its
@@ -264,7 +299,7 @@ class Placer:
                     c = device_class(d)
                     by_class[c].append(d.uuid)
                     largest[c] = max(largest[c], d.memory_mib)
-            drained = {d.uuid for d in self.devices.values() if self.is_drained(d)}
+            drained = {d.uuid for d in self.devices.values() if self._closed(d)}
             self._groups[by_slices] = Groups(
                 dict(by_class), dict(largest), by_gpu, frozenset(drained | self.drained)
             )
@@ -311,7 +346,7 @@ class Placer:
             self._first[sh].discard(u)
         if sh[0] == WHOLE_GPU:
             self._count_free_gpus(d, present and u in self.free[WHOLE_GPU])
-        end = self.until.get(u, -math.inf) if present and not self.is_drained(d) else None
+        end = self.until.get(u, -math.inf) if present and not self._closed(d) else None
         old = self._indexed.get(u)
         if old == end:
             return
@@ -367,7 +402,10 @@ class Placer:
     # -- questions
 
     def _shapes(self, size: Size) -> list[Shape]:
-        """The shapes whose devices could host one unit of ``size``."""
+        """The shapes whose devices could host one unit of ``size`` (a share: none, the
+        share pool places it)."""
+        if size.shared:
+            return []
         if size.gpus is not None:
             return [s for s in self._count if s[0] == WHOLE_GPU]
         if size.profile is not None:
@@ -396,6 +434,9 @@ class Placer:
             ]
         if size.profile is not None:
             return [d for d in self.devices.values() if d.profile == size.profile]
+        if size.shared:
+            mib, pool = share_mib(size), self.shares.capacity
+            return [self.devices[u] for u, room in pool.items() if room >= mib]
         assert size.min_memory_gb is not None
         need = gb_to_mib(size.min_memory_gb)
         return [d for d in self.devices.values() if d.memory_mib >= need]
@@ -412,6 +453,8 @@ class Placer:
             return max(on_node.values(), default=0)
         if size.gpus is not None:
             return max(self._gpus_on_node.values(), default=0)
+        if size.shared:
+            return len(self.compatible(size))
         return sum(self._count[s] for s in self._shapes(size))
 
     def has_free_for(self, size: Size) -> bool:
@@ -422,6 +465,8 @@ class Placer:
             return bool(self.free[WHOLE_GPU])
         if size.profile is not None:
             return bool(self.free[size.profile])
+        if size.shared:
+            return self.shares.fits_now(share_mib(size))
         return any(self._free_shape[s] for s in self._shapes(size))
 
     def units(self, size: Size) -> int:
@@ -444,6 +489,9 @@ class Placer:
             if size.model is not None:
                 exclude = {*exclude, *self._other_models(size)}
             return self._find_gpus(size.gpus, strategy, exclude)
+        if size.shared:
+            gpu = self.shares.find(share_mib(size), strategy, exclude)
+            return None if gpu is None else [self.devices[gpu]]
         orders = self._best if strategy == "best_fit" else self._first
         best: tuple[tuple[Any, ...], str] | None = None
         for s in self._shapes(size):
@@ -495,7 +543,11 @@ class Placer:
         a job of any length. Among devices freeing at the same instant an idle one is
         reserved before a held one (a lease past its expected end may run on).
 
-        One node, because the grant will be on one node; one machine is one node."""
+        One node, because the grant will be on one node; one machine is one node. A
+        share: the GPU where that much memory frees first (``SharePool.reserve``)."""
+        if size.shared:
+            found_share = self.shares.reserve(share_mib(size), now)
+            return None if found_share is None else (frozenset({found_share[0]}), found_share[1])
         k = self.units(size)
         found = self._first_to_free(size, k)
         if found is None:
@@ -545,55 +597,6 @@ class Placer:
     def plan_mig(
         self, profile_name: str, exclude: AbstractSet[str] = frozenset()
     ) -> MigPlan | None:
-        """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can."""
-        best: tuple[tuple[int, int, int], MigPlan] | None = None
-        for gpu in self.gpus.values():
-            found = self._cheapest_cut(gpu, profile_name, exclude)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
-        return best[1] if best else None
-
-    def _cheapest_cut(
-        self, gpu: Gpu, profile_name: str, exclude: AbstractSet[str]
-    ) -> tuple[tuple[int, int, int], MigPlan] | None:
-        """The cheapest cut of ``profile_name`` on ``gpu`` and its cost: the fewest compute
-        slices destroyed, then the busiest GPU, then the highest start."""
-        if gpu.uuid in self.drained:
-            return None
-        model = CATALOG.get(gpu.model or "")
-        profile = model.profile(profile_name) if model and gpu.mig_enabled else None
-        if model is None or profile is None:
-            return None
-        best: tuple[tuple[int, int, int], MigPlan] | None = None
-        slices = [d for d in self._on_gpu[gpu.uuid].values() if d.kind == "mig"]
-        for start in profile.starts:
-            overlap = self._idle_overlap(model, profile, start, slices, exclude)
-            if overlap is None:
-                continue
-            cost = (sum(d.compute_slices for d in overlap), -self.busy_slices[gpu.uuid], -start)
-            if best is None or cost < best[0]:
-                best = (cost, MigPlan(gpu, profile, start, tuple(overlap)))
-        return best
-
-    def _idle_overlap(
-        self,
-        model: GpuModel,
-        profile: MigProfile,
-        start: int,
-        slices: list[Device],
-        exclude: AbstractSet[str],
-    ) -> list[Device] | None:
-        """The slices a new ``profile`` slice at ``start`` would replace; None when one of
-        them is held or excluded, or the GPU has as many of ``profile`` as it may."""
-        span = set(profile.slots(start))
-        overlap = [d for d in slices if span & _memory_slices(model, d)]
-        if any(not self.is_free(d.uuid) or d.uuid in exclude for d in overlap):
-            return None
-        kept = sum(1 for d in slices if d.profile == profile.name and d not in overlap)
-        return None if kept >= profile.max_count else overlap
-
-
-def _memory_slices(model: GpuModel, d: Device) -> set[int]:
-    """The memory slices MIG slice ``d`` occupies on a GPU of ``model``."""
-    p = model.profile(d.profile or "")
-    return set(p.slots(d.start or 0)) if p else set()
+        """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can
+        (``migplan.plan``)."""
+        return plan(self, profile_name, exclude)

@@ -21,6 +21,9 @@ reclaimed kernels down. Nothing here reads a clock or touches a kernel.
   warned ``limit_warning_s`` before the limit (with its extensions) ends and reclaimed
   ``limit_grace_s`` after it, whatever it is doing and whoever holds it (a limit is
   the holder's own declaration; the start promised to others rests on it).
+- **Over its share**: a share of a GPU that nothing holds to its memory (``watched``,
+  the host's word: time-slicing) is warned once its processes use more than its share,
+  and reclaimed ``over_share_grace_s`` later if they still do, as an idle lease is.
 - **Preempted** (off by default): a user over their fair share holds a slice that a
   waiting user under theirs could use. Fair share is the broker's fair-share ledger
   (``broker.fairshare``), the one the queue is ordered by.
@@ -41,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
 from ..wire.sizes import MAX_DURATION_S, number, seconds_between
-from ..wire.text import SERVER_HOLDER, duration, limit_reason
+from ..wire.text import SERVER_HOLDER, duration, limit_reason, over_share
 from .models import JobClass, Lease, Request, RequestState
 
 if TYPE_CHECKING:
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
 MEMORY_ACTIVITY_MIB = 16.0
 """A change of the holder's GPU memory by more than this counts as GPU activity."""
 
-Cause = Literal["idle", "stalled", "preempted", "time_limit"]
+Cause = Literal["idle", "stalled", "preempted", "time_limit", "over_share"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Observation:
     utilization: float | None = None
     """Highest GPU utilization (percent) over the lease's devices."""
     memory_used_mib: float | None = None
+    """Over the lease's devices; a share's: its own processes' on its GPU."""
     processes: int | None = None
     kernel: KernelState | None = None
 
@@ -102,12 +106,16 @@ class ReclaimConfig:
     exempt_groups: frozenset[str] = frozenset()
     preemption: bool = False
     """Warn and reclaim over-share borrowers when an under-share user waits."""
+    over_share_grace_s: float = 60.0
+    """Time between the warning that a watched share's kernel uses more than its share
+    and the reclaim."""
 
     def __post_init__(self) -> None:
         timeouts = {
             "idle_timeout_s": self.idle_timeout_s,
             "stalled_timeout_s": self.stalled_timeout_s,
             "grace_s": self.grace_s,
+            "over_share_grace_s": self.over_share_grace_s,
             **{f"idle timeout of class {k!r}": v for k, v in self.idle_timeout_by_class.items()},
             **{f"idle timeout of {k!r}": v for k, v in self.idle_timeout_by_profile.items()},
             **{
@@ -237,6 +245,8 @@ class Reclaimer:
         self.broker = broker
         self.config = config or ReclaimConfig()
         self.arbiter = arbiter
+        self.watched: Callable[[Lease], bool] = lambda lease: False
+        """Whether nothing but this watch holds a share to its memory (the host's word)."""
         self.suspends: Callable[[Lease], bool | None] | None = None
         """Whether the host suspends a lease's kernel at the deadline rather than the
         reclaimer reclaiming it (the reclaim action ``suspend``, or ``auto`` where the
@@ -260,7 +270,8 @@ class Reclaimer:
             request = self.broker.request(lease.request_id)
             obs = observations.get(lease.id, Observation())
             judged = self._judge(lease, request, track, obs, now)
-            verdicts[lease.id] = self._time_limit(lease, now) or judged
+            over = self._over_share(lease, obs, now)
+            verdicts[lease.id] = self._time_limit(lease, now) or over or judged
         if self.config.preemption:
             for lease_id, preempted in self._preemptions(leases).items():
                 verdicts[lease_id] = verdicts[lease_id] or preempted
@@ -284,7 +295,7 @@ class Reclaimer:
         track = self._tracks.setdefault(lease.id, _Track(lease.granted_at))
         track.kept_at = self.broker.clock.now()
         track.idle_s = 0.0 if track.idle_s is not None else None
-        if track.warning is not None and track.warning[0] not in ("preempted", "time_limit"):
+        if track.warning is not None and track.warning[0] in ("idle", "stalled"):
             track.warning = None
             self.broker.unwarn(lease.id, "kept by its holder")
 
@@ -371,6 +382,27 @@ class Reclaimer:
         }
         reason = limit_reason(lease.granted_at, end, now)
         return _Verdict("time_limit", reason, evidence, end + cfg.limit_grace_s)
+
+    def _over_share(self, lease: Lease, obs: Observation, now: float) -> _Verdict | None:
+        """A watched share whose processes use more than its memory: reclaimed
+        ``over_share_grace_s`` after the warning unless they come back within it."""
+        used = obs.memory_used_mib
+        if not lease.shared or used is None or used <= lease.share_mib:
+            return None
+        if not self.watched(lease):
+            return None
+        device = self.broker.placer.devices.get(lease.devices[0])
+        label = device.label if device is not None else lease.devices[0]
+        evidence = {
+            "memory_used_mib": used,
+            "share_mib": lease.share_mib,
+            "processes": obs.processes,
+        }
+        deadline = now + self.config.over_share_grace_s
+        track = self._tracks.get(lease.id)
+        if track is not None and track.warning is not None and track.warning[0] == "over_share":
+            deadline = track.warning[2]
+        return _Verdict("over_share", over_share(used, lease.share_mib, label), evidence, deadline)
 
     def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:
         """Leases to take back, judged by the fair-share ledger the queue is ordered by.
@@ -518,7 +550,11 @@ class Reclaimer:
         )
 
 
-_CLEARED = {"preempted": "no longer needed", "time_limit": "its time limit was extended"}
+_CLEARED = {
+    "preempted": "no longer needed",
+    "time_limit": "its time limit was extended",
+    "over_share": "back within its share",
+}
 """Why a warning of a cause was withdrawn (else: the lease is in use again)."""
 
 

@@ -47,4 +47,6 @@ def lease_from_row(row: dict[str, Any]) -> Lease:
         limit_s=row["limit_s"],
         extended_s=row["extended_s"],
         extensions=row["extensions"],
+        share_mib=row["share_mib"],
+        compute_percent=row["compute_percent"],
     )

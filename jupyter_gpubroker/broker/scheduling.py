@@ -36,11 +36,13 @@ from ..wire.text import memory
 from .budgets import Budgets
 from .config import ASSUMED_HOLD_S, BrokerConfig
 from .limits import Promises
+from .migplan import MigPlan
 from .models import Device, Lease, Request
-from .placement import MigPlan, Placer
+from .placement import Placer
 from .policy import Policy
 from .predictor import Predictor, request_shape
 from .queue import WaitQueue, stated
+from .shares import share_fraction, share_mib
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +170,19 @@ class Scheduler:
         """Devices joined: the smallest device that fits a memory size may have changed."""
         self._gpu_eq_of_size.clear()
 
+    def fit_gpu_eq(self, size: Size, devices: list[Device]) -> float:
+        """What ``devices`` granted to a request of ``size`` count as: their
+        GPU-equivalents, or a share's part of its GPU."""
+        if size.shared:
+            return share_fraction(size, devices[0])
+        return sum(d.gpu_equivalents for d in devices)
+
     def _compute_gpu_eq(self, size: Size) -> float:
         if size.gpus is not None:
             return float(size.gpus)
+        if size.shared:  # its part of the largest GPU it could go on: the least it counts
+            largest = max((d.memory_mib for d in self.placer.compatible(size)), default=0)
+            return share_mib(size) / largest if largest else 1.0
         if size.profile is not None:
             for model in CATALOG.values():
                 p = model.profile(size.profile)
@@ -182,6 +194,9 @@ class Scheduler:
     def check_satisfiable(self, size: Size) -> None:
         """Raise ``Unsatisfiable``, saying why, when no device here could ever take
         ``size`` (counting what a re-cut could make, with dynamic MIG)."""
+        if size.shared:
+            self._check_share(size)
+            return
         have = self.placer.count_compatible(size)
         if have >= self.placer.units(size):
             return
@@ -204,6 +219,28 @@ class Scheduler:
         biggest = max((d.memory_mib for d in devices), default=0)
         raise Unsatisfiable(
             f"no device here has {size.min_memory_gb:g} GB; the largest has {memory(biggest)}"
+        )
+
+    def _check_share(self, size: Size) -> None:
+        """``Unsatisfiable``, saying why, for a share no GPU here could ever take: none is
+        shared (MIG on, or lent whole only), or none has that much memory."""
+        largest = self.placer.shares.largest()
+        if largest >= share_mib(size):
+            return
+        gpus = self.placer.gpus.values()
+        alternative = f"ask for a whole GPU, or for a GPU of at least {size.share_gb:g} GB, instead"
+        if gpus and all(g.mig_enabled for g in gpus):
+            offered = sorted({d.profile for d in self.placer.devices.values() if d.profile})
+            raise Unsatisfiable(
+                "no GPU here is shared: each is cut into MIG slices, and a slice is never "
+                f"shared; ask for a slice ({', '.join(offered)}) instead"
+            )
+        if not largest:
+            raise Unsatisfiable(
+                f"no GPU here is shared: the admin lends them whole only; {alternative}"
+            )
+        raise Unsatisfiable(
+            f"no GPU shared here has {size.share_gb:g} GB; the largest has {memory(largest)}"
         )
 
     def _mig_capable(self, profile: str) -> bool:
@@ -300,7 +337,7 @@ class _Pass:
         if fit is None:
             return self._unplaced(r)
         if isinstance(fit, list) and self.s.budgets.blocks(
-            r, sum(d.gpu_equivalents for d in fit), self.now
+            r, self.s.fit_gpu_eq(r.size, fit), self.now
         ):
             return _Step.NEXT  # only a device larger than its quota allows is free
         if isinstance(fit, list) and not self.s.promises.keeps(r, fit, self.now):

@@ -3,7 +3,9 @@
 Every change the broker acknowledges is one committed transaction, so a
 broker killed at any instant restarts from the file with nothing half-done.
 The ``allocations`` table has one row per held device with the device as
-primary key: the database itself refuses to grant one device twice.
+primary key: the database itself refuses to grant one device twice. The ``shares``
+table has one row per live share of a GPU; its triggers refuse a share beyond the
+GPU's memory or beside a whole grant of it, and a whole grant beside a share.
 
 ``synchronous=NORMAL`` (the WAL default) survives a killed process, which is
 what a broker faces; ``FULL`` also survives a power cut, at the cost of an
@@ -183,9 +185,8 @@ class Store:
             raise self._newer(version)
         for i in range(version, SCHEMA_VERSION):
             with self.transaction() as c:
-                for stmt in MIGRATIONS[i].split(";"):
-                    if stmt.strip():
-                        c.execute(stmt)
+                for stmt in _statements(MIGRATIONS[i]):
+                    c.execute(stmt)
                 c.execute(f"PRAGMA user_version={i + 1}")
 
     # -- writes (call inside ``transaction()``)
@@ -219,11 +220,13 @@ class Store:
             (r.state.value, r.ended_at, r.reason, r.id),
         )
 
-    def insert_lease(self, lease: Lease, expected_end: float) -> None:
+    def insert_lease(self, lease: Lease, expected_end: float, capacity_mib: int = 0) -> None:
+        """Record a grant; a share with its GPU's memory (``capacity_mib``), which the
+        file keeps its live shares within."""
         self.conn.execute(
             "INSERT INTO leases (id, request_id, user, grp, devices, gpu_equivalents, profile,"
-            " granted_at, expires_at, ttl_s, expected_end, state, limit_s)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " granted_at, expires_at, ttl_s, expected_end, state, limit_s, share_mib,"
+            " compute_percent) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 lease.id,
                 lease.request_id,
@@ -238,12 +241,20 @@ class Store:
                 expected_end,
                 lease.state.value,
                 lease.limit_s,
+                lease.share_mib,
+                lease.compute_percent,
             ),
         )
-        self.conn.executemany(
-            "INSERT INTO allocations (device, lease_id) VALUES (?, ?)",
-            [(d, lease.id) for d in lease.devices],
-        )
+        if lease.shared:
+            self.conn.execute(
+                "INSERT INTO shares (lease_id, device, mib, capacity_mib) VALUES (?,?,?,?)",
+                (lease.id, lease.devices[0], lease.share_mib, capacity_mib),
+            )
+        else:
+            self.conn.executemany(
+                "INSERT INTO allocations (device, lease_id) VALUES (?, ?)",
+                [(d, lease.id) for d in lease.devices],
+            )
         self.conn.execute(
             "UPDATE requests SET state='granted', lease_id=? WHERE id=?",
             (lease.id, lease.request_id),
@@ -277,10 +288,13 @@ class Store:
             "UPDATE leases SET state=?, ended_at=?, reason=? WHERE id=?",
             (lease.state.value, lease.ended_at, lease.reason, lease.id),
         )
-        self.conn.executemany(
-            "DELETE FROM allocations WHERE device=? AND lease_id=?",
-            [(d, lease.id) for d in lease.devices],
-        )
+        if lease.shared:
+            self.conn.execute("DELETE FROM shares WHERE lease_id=?", (lease.id,))
+        else:
+            self.conn.executemany(
+                "DELETE FROM allocations WHERE device=? AND lease_id=?",
+                [(d, lease.id) for d in lease.devices],
+            )
         self.conn.execute(
             "INSERT INTO ledger VALUES (?,?,?,?,?,?,?,?,?)",
             (
@@ -572,6 +586,18 @@ class Store:
                 [_low(since), _high(until)],
             )
         )
+
+
+def _statements(script: str) -> Iterator[str]:
+    """A migration's statements one by one (a trigger's body holds semicolons of its own;
+    ``execute`` takes one statement, and ``executescript`` would commit the transaction)."""
+    pending = ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""
 
 
 def _low(since: float | None) -> float:

@@ -50,7 +50,11 @@ def add_queue(p: argparse.ArgumentParser) -> None:
 
 def _sized(p: argparse.ArgumentParser) -> None:
     connection_args(p)
-    p.add_argument("size", help="a MIG profile (1g.10gb), a GPU count (2) or memory (20GB)")
+    p.add_argument(
+        "size",
+        help="a MIG profile (1g.10gb), a GPU count (2), memory (20GB: a device of at least "
+        "20 GB) or a share (share=8GB: 8 GB of a GPU shared with others; share=8GB,compute=50)",
+    )
     p.add_argument(
         "--class", dest="job_class", default="interactive", choices=["interactive", "batch"]
     )
@@ -206,7 +210,9 @@ def cmd_request(args: argparse.Namespace) -> int:
         args,
         r,
         f"CUDA_VISIBLE_DEVICES={','.join(lease['devices'])}\n"
-        f"GPUBROKER_LEASE_ID={lease['id']}\n"
+        + "".join(f"{k}={v}\n" for k, v in ((lease.get("share") or {}).get("env") or {}).items())
+        + (f"# {lease['share']['text']}\n" if lease.get("share") else "")
+        + f"GPUBROKER_LEASE_ID={lease['id']}\n"
         f"# renew within {lease['ttl_s']:g} s: jupyter gpubroker renew {lease['id']}"
         + _ends(lease),
     )
@@ -296,6 +302,7 @@ async def _run(broker: BrokerClient, args: argparse.Namespace, command: list[str
         lease = r["lease"]
         devices = ",".join(lease["devices"])
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
+        env.update((lease.get("share") or {}).get("env") or {})  # its MPS daemon and limits
         try:
             proc = await asyncio.create_subprocess_exec(*command, env=env)
         except OSError as e:  # as a shell says it: 127 not found, 126 not runnable

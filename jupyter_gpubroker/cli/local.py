@@ -24,9 +24,18 @@ def add_kernelspec(p: argparse.ArgumentParser) -> None:
         "--min-memory", type=memory_option, metavar="GB", help="any device with this much memory"
     )
     what.add_argument(
+        "--share",
+        type=memory_option,
+        metavar="GB",
+        help="this much of a GPU shared with other kernels",
+    )
+    what.add_argument(
         "--on-demand",
         action="store_true",
         help="no GPU at start: the notebook asks with %%gpu request",
+    )
+    install.add_argument(
+        "--compute", type=int, metavar="PERCENT", help="with --share: the most of its compute"
     )
     install.add_argument(
         "--class", dest="job_class", default="interactive", choices=["interactive", "batch"]
@@ -85,14 +94,19 @@ def cmd_kernelspec_install(args: argparse.Namespace) -> int:
     from ..wire.sizes import Size
 
     size: Size | None
+    if args.compute is not None and args.share is None:
+        Size(compute_percent=args.compute)  # refused: a cap of a share only
     if args.on_demand:
         size = None
     elif args.gpu:
         size = Size(profile=args.gpu)
     elif args.gpus is not None:
         size = Size(gpus=args.gpus)
+    elif args.share is not None:
+        size = Size(share_gb=args.share, compute_percent=args.compute)
     else:
         size = Size(min_memory_gb=args.min_memory)
+
     path = kernelspec.install(
         size,
         args.job_class,

@@ -119,7 +119,25 @@ def render_status(report: dict[str, Any]) -> str:
                 g["uuid"],
             )
         )
+        sharing = g.get("sharing")
         for d in g["devices"]:
+            if d["kind"] == "gpu" and sharing and sharing["mode"] != "whole":
+                rows[-1] = (*rows[-1][:6], f"shared, {memory(sharing['room_mib'])} free", g["uuid"])
+                for x in sharing["shares"]:
+                    used = "" if x.get("used_mib") is None else f"{memory(x['used_mib'])} used"
+                    rows.append(
+                        (
+                            "  share",
+                            used,
+                            memory(x["memory_mib"]),
+                            "",
+                            "",
+                            "",
+                            _holder_text({**d, "holder": x}),
+                            "",
+                        )
+                    )
+                continue
             if d["kind"] == "gpu":
                 rows[-1] = (*rows[-1][:6], _holder_text(d), g["uuid"])
                 continue
@@ -144,6 +162,14 @@ def render_status(report: dict[str, Any]) -> str:
         f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
         f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
     )
+    holds = sorted(
+        {
+            f"{_gpu_label(g)}: {g['sharing']['text']}"
+            for g in report["gpus"]
+            if (g.get("sharing") or {}).get("mode", "whole") != "whole"
+        }
+    )
+    lines += holds
     lines += idle_reclaim_lines(report["gpus"])
     engine = report.get("engine")
     if engine and not engine["reachable"]:

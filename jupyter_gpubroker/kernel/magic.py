@@ -48,6 +48,9 @@ examples:
   %gpu                            this kernel's GPU: device, live utilization, time held
   %gpu request 1g.10gb            ask for a MIG slice and wait in the queue (also: 2,
                                   --gpus 2, --min-memory 20GB, --class batch)
+  %gpu request --share 8GB        8 GB of a GPU shared with others (--compute 50: at
+                                  most half its compute); --min-memory 8GB is a whole
+                                  device of at least 8 GB
   %gpu request 1g.10gb --for 2h   ask for it for two hours (a time limit you can extend)
   %gpu request 1g.10gb --no-wait  return at once; the widget keeps updating and
                                   CUDA_VISIBLE_DEVICES is set when the grant comes
@@ -99,6 +102,15 @@ def build_parser() -> _Parser:
         "3g.20gb slice has 20 GB)",
     )
     request.add_argument(
+        "--share", type=memory_option, metavar="GB", help="this much of a GPU shared with others"
+    )
+    request.add_argument(
+        "--compute",
+        type=int,
+        metavar="PERCENT",
+        help="with --share: the most of the GPU's compute it may use",
+    )
+    request.add_argument(
         "--class",
         dest="job_class",
         choices=("interactive", "batch"),
@@ -142,12 +154,24 @@ PARSER = build_parser()
 
 
 def requested_size(args: argparse.Namespace) -> dict[str, Any]:
-    """The one size given (positional, ``--gpus`` or ``--min-memory``) in the API's terms."""
-    given = [x for x in (args.size, args.gpus, args.min_memory) if x is not None]
-    if len(given) != 1:
-        raise GpuError("name one size: a MIG profile (1g.10gb), --gpus N or --min-memory 20GB")
+    """The one size given (positional, ``--gpus``, ``--min-memory`` or ``--share``) in the
+    API's terms."""
+    given = [x for x in (args.size, args.gpus, args.min_memory, args.share) if x is not None]
     try:
-        if args.size is not None:
+        if args.share is not None and args.size is not None:
+            profile = Size.parse(args.size).profile
+            if profile is not None:
+                Size(profile=profile, share_gb=args.share)  # refused: a slice is never shared
+        if len(given) != 1:
+            raise GpuError(
+                "name one size: a MIG profile (1g.10gb), --gpus N, --min-memory 20GB (a "
+                "device of at least 20 GB) or --share 8GB (8 GB of a shared GPU)"
+            )
+        if args.share is not None:
+            size = Size(share_gb=args.share, compute_percent=args.compute)
+        elif args.compute is not None:
+            size = Size(compute_percent=args.compute)  # refused: a cap of a share only
+        elif args.size is not None:
             size = Size.parse(args.size)
         elif args.gpus is not None:
             size = Size(gpus=args.gpus)

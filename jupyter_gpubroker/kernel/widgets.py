@@ -99,6 +99,8 @@ class Held:
     mig: bool
     temperature_c: float | None
     """The device's, or its GPU's for a MIG slice (NVML reads it per GPU)."""
+    shared: bool = False
+    """A share of the GPU: its memory is the share's, its use the share's processes'."""
 
     @property
     def utilization_text(self) -> str:
@@ -132,7 +134,11 @@ class Held:
 
     def headline(self) -> str:
         """The device and its memory; a MIG slice's label names its profile already."""
-        name = self.label if self.mig else f"{self.label} (whole GPU)"
+        name = (
+            self.label
+            if self.mig
+            else f"{self.label} ({'a share' if self.shared else 'whole GPU'})"
+        )
         return f"{name}, {memory(self.memory_mib)}"
 
 
@@ -142,6 +148,21 @@ def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
     lease = tracker.lease
     if tracker.state != "granted" or lease is None:
         return []
+    share = lease.get("share")
+    if share:  # the GPU's memory and use are its shares' together: show this one's
+        g = next((g for g in gpus if g["uuid"] in lease["devices"]), {})
+        return [
+            Held(
+                uuid=lease["devices"][0],
+                label=share["gpu"],
+                memory_mib=share["memory_mib"],
+                used_mib=share.get("used_mib"),
+                utilization=g.get("utilization_gpu"),
+                mig=False,
+                temperature_c=g.get("temperature_c"),
+                shared=True,
+            )
+        ]
     return [
         Held(
             uuid=d["uuid"],
@@ -187,6 +208,8 @@ def request_facts(tracker: Tracker, activity: Activity) -> tuple[str, list[str]]
     if tracker.state == "granted" and lease is not None:
         granted_at = when(lease["granted_at"])
         details = f"held {duration(time.time() - granted_at)} · {activity.text(granted_at)}"
+        if lease.get("share"):
+            details = f"{lease['share']['text']} · {details}"
         if lease.get("ends_at"):
             details += f" · {limit_until(when(lease['ends_at']))}"
         warning = limit_warning(tracker)

@@ -35,6 +35,7 @@ WAIT_BUCKETS = (1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 144
 """Upper bounds (s) of the queue-wait histogram: seconds for a free slice to a day."""
 DEVICE_LABELS = ("uuid", "gpu", "profile")
 GPU_LABELS = ("uuid", "gpu")
+SHARE_LABELS = ("lease_id", "uuid", "gpu")
 CLOCK_REASONS = {
     SW_POWER_CAP: "power_cap",
     HW_SLOWDOWN: "hw_slowdown",
@@ -48,7 +49,8 @@ CLOCK_REASONS = {
 class BrokerCollector:
     """Collects the broker's metrics; ``readings`` returns the latest device readings,
     ``alerts`` the active health alerts, ``hardware_errors`` the Xid and ECC events counted
-    since the start by (UUID, kind)."""
+    since the start by (UUID, kind), ``share_use`` each share's memory in use by lease
+    (MiB; None: not known)."""
 
     def __init__(
         self,
@@ -56,9 +58,11 @@ class BrokerCollector:
         readings: Callable[[], dict[str, DeviceReading]],
         alerts: Callable[[], list[Alert]] = list,
         hardware_errors: Callable[[], Mapping[tuple[str, str], int]] = dict,
+        share_use: Callable[[], Mapping[str, int | None]] = dict,
     ) -> None:
         self.broker, self.readings = broker, readings
         self.alerts, self.hardware_errors = alerts, hardware_errors
+        self.share_use = share_use
         self.grants = 0
         self.reclaims: Counter[str] = Counter()
         self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)
@@ -108,6 +112,21 @@ class BrokerCollector:
         for a in self.alerts():
             f.alerts.add_metric([a.uuid, a.kind, a.severity], 1)
         self._fill_queue(f)
+        self._fill_shares(f)
+
+    def _fill_shares(self, f: _Families) -> None:
+        """Each share: its memory, and what its processes use where NVML says."""
+        used = self.share_use()
+        for lease in self.broker.leases():
+            if not lease.shared:
+                continue
+            uuid = lease.devices[0]
+            gpu = self.broker.inventory.device(uuid)
+            labels = [lease.id, uuid, str(gpu.gpu_index) if gpu is not None else ""]
+            f.share_memory.add_metric(labels, lease.share_mib * 2**20)
+            mib = used.get(lease.id)
+            if mib is not None:
+                f.share_memory_used.add_metric(labels, mib * 2**20)
 
     def _fill_devices(self, f: _Families, readings: Mapping[str, DeviceReading]) -> None:
         """Each device held, drained or free (and a MIG slice's readings), and how many
@@ -230,6 +249,14 @@ class _Families:
             "gpu_healthy", "1 when the GPU reads healthy and is not drained, else 0.", GPU_LABELS
         )
         self.queue = gauge("queue_length", "Requests waiting, by job class.", ("job_class",))
+        self.share_memory = gauge(
+            "share_memory_bytes", "A share's memory of its shared GPU.", SHARE_LABELS
+        )
+        self.share_memory_used = gauge(
+            "share_memory_used_bytes",
+            "What a share's processes use of its GPU (NVML's per-process memory).",
+            SHARE_LABELS,
+        )
         self.wait = HistogramMetricFamily(
             "gpubroker_wait_seconds", "Time granted requests waited in the queue.", labels=[]
         )

@@ -168,22 +168,25 @@ def find_outside(
     holder_pids: Mapping[str, int],
     procs: Mapping[int, Proc],
     lingering: Mapping[str, Iterable[int]] = {},
+    shared: Mapping[str, Iterable[Lease]] = {},
 ) -> list[Sighting]:
     """Every process on ``devices`` that is no lease's: not of the lease holding its
-    device (``holders``: device UUID -> lease) by ancestry (``holder_pids``: lease id ->
-    its holder process) or by owner. ``lingering``: device UUID -> pids of an ended
-    lease still vacating it (the core's)."""
+    device (``holders``: device UUID -> lease) or of a share of it (``shared``: GPU UUID
+    -> its shares) by ancestry (``holder_pids``: lease id -> its holder process) or by
+    owner. ``lingering``: device UUID -> pids of an ended lease still vacating it (the
+    core's)."""
     found = []
     for d in devices:
         reading = readings.get(d.uuid)
         if reading is None or not reading.processes:
             continue
         lease, left = holders.get(d.uuid), set(lingering.get(d.uuid, ()))
+        leases = [lease, *shared.get(d.uuid, ())] if lease else list(shared.get(d.uuid, ()))
         for listed in reading.processes:
             p = procs.get(listed.pid)
             if p is None or p.pid in left:
                 continue
-            if lease is not None and (p.user == lease.user or holder_pids.get(lease.id) in p.chain):
+            if any(p.user == x.user or holder_pids.get(x.id) in p.chain for x in leases):
                 continue
             found.append(Sighting(d.uuid, d.label, p.pid, p.user, p.started))
     return found
@@ -285,7 +288,13 @@ class OutsideWatch:
         lingering = {uuid: v.pids for uuid, v in broker.vacating().items() if v.lease_id}
         procs = {pid: p for pid, p in procs.items() if pid not in self.own}
         found = find_outside(
-            broker.inventory.devices, readings, broker.holders(), self.holder_pids, procs, lingering
+            broker.inventory.devices,
+            readings,
+            broker.holders(),
+            self.holder_pids,
+            procs,
+            lingering,
+            broker.sharers(),
         )
         current = {(s.uuid, s.pid): s for s in found}
         for key in list(self._seen):

@@ -20,7 +20,7 @@ from typing import Protocol
 from ..broker.alerts import AlertChange, AlertJudge
 from ..broker.core import Broker
 from ..broker.health import HealthJudge
-from ..broker.models import DeviceEvent, DeviceReading, Inventory
+from ..broker.models import DeviceEvent, DeviceReading, Inventory, Lease
 from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
 from .outside import OutsideWatch, Proc
 from .samples import SampleStore
@@ -92,6 +92,8 @@ class Sampler:
         """The last pass's readings, by GPU or device UUID."""
         self.outside: OutsideWatch | None = None
         """Matches NVML's processes to the leases (local GPUs only)."""
+        self.procs: Mapping[int, Proc] = {}
+        """The last pass's processes as the OS describes them (when outside use is watched)."""
         gpus = {g.uuid for g in broker.inventory.gpus}
         health.adopt(broker.drained_by("health") & gpus, broker.clock.now())
 
@@ -113,7 +115,7 @@ class Sampler:
     ) -> list[Decision]:
         """Record a pass's readings, act on health and outside use, judge the leases."""
         broker, now = self.broker, self.broker.clock.now()
-        self.latest = readings
+        self.latest, self.procs = readings, procs or {}
         self.samples.record(now, readings, events)
         for e in events:
             self.log.warning("GPU broker: %s %s on %s", e.kind, e.code or "", e.uuid)
@@ -154,6 +156,14 @@ class Sampler:
             del self.reported[ended]
         observed = {}
         for lease in leases:
+            if lease.shared:
+                used = self.share_processes(lease, readings)
+                observed[lease.id] = Observation(
+                    memory_used_mib=None if used is None else float(sum(used.values())),
+                    processes=None if used is None else len(used),
+                    kernel=kernels.get(holders[lease.id]) or self.reported.get(lease.id),
+                )  # the GPU's utilization is its shares' together: activity is footprint
+                continue
             seen = [readings[d] for d in lease.devices if d in readings]
             utilization = [r.utilization_gpu for r in seen if r.utilization_gpu is not None]
             memory = [r.memory_used_mib for r in seen if r.memory_used_mib is not None]
@@ -164,3 +174,26 @@ class Sampler:
                 kernel=kernels.get(holders[lease.id]) or self.reported.get(lease.id),
             )
         return observed
+
+    def share_processes(
+        self, lease: Lease, readings: Mapping[str, DeviceReading]
+    ) -> dict[int, int] | None:
+        """A share's own processes on its GPU and the MiB each uses (NVML's per-process
+        use): those descending from its holder process, or where the holder is not
+        known, its user's when the user has no other share there. None: not known."""
+        reading = readings.get(lease.devices[0])
+        if reading is None or self.outside is None:
+            return None
+        holder = self.outside.holder_pids.get(lease.id)
+        mine = {}
+        others = [x for x in self.broker.sharers().get(lease.devices[0], []) if x.id != lease.id]
+        alone = not any(x.user == lease.user for x in others)
+        for p in reading.processes:
+            proc = self.procs.get(p.pid)
+            if proc is None:
+                continue
+            if (holder is not None and holder in proc.chain) or (
+                holder is None and alone and proc.user == lease.user
+            ):
+                mine[p.pid] = p.used_memory_mib or 0
+        return mine

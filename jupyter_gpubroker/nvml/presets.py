@@ -6,7 +6,9 @@ into MIG instances. ``load_topology`` takes one of these spellings:
 - a preset name: ``dgx-h100`` (8x H100-80GB, MIG off), ``dgx-h100-mig``
   (8x H100-80GB, each 7x 1g.10gb), ``h200-mig-balanced`` (2x H200-141GB, each
   2x 1g.18gb + 1x 2g.35gb + 1x 3g.71gb), ``workstation-a100`` (2x A100-40GB:
-  GPU 0 cut into 3g.20gb + 2g.10gb + 2x 1g.5gb, GPU 1 whole);
+  GPU 0 cut into 3g.20gb + 2g.10gb + 2x 1g.5gb, GPU 1 whole); and machines without
+  MIG, the GPUs most labs have: ``l40s-4`` (4x L40S 48 GB), ``rtx-a6000-8`` (8x RTX
+  A6000 48 GB), ``workstation-4090`` (2x GeForce RTX 4090 24 GB);
 - the path of a YAML (``.yaml``/``.yml``) or JSON (``.json``) topology file;
 - either of them followed by ``:N`` to scale the machine to N GPUs, e.g.
   ``dgx-h100-mig:64``: the GPU list repeats in order until it has N entries.
@@ -210,6 +212,9 @@ PRESETS: dict[str, Topology] = {
                 gpu_spec("A100-40GB"),
             ),
         ),
+        Topology("l40s-4", _uniform(4, "L40S-48GB")),
+        Topology("rtx-a6000-8", _uniform(8, "RTXA6000-48GB")),
+        Topology("workstation-4090", _uniform(2, "RTX4090-24GB")),
     )
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)

@@ -30,6 +30,11 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   temperature past the slowdown threshold and sets the thermal clock-event reasons; a
   power cap holds the GPU at its power limit with the software power-cap reason; Xid
   and double-bit ECC errors arrive through event sets (``nvmlEventSetWait``);
+- compute mode (``nvmlDeviceGetComputeMode``; setting it needs root) and, from driver
+  r615 on (``driver_version``; CUDA 13.4), the driver's own memory limits of a cgroup
+  (``nvmlDeviceSetMemoryLimits_v1``: root only, not on MIG device handles; NVML API
+  reference, ``nvmlSetMemoryLimits_v1_t``); an older driver exports neither limit
+  symbol, so pynvml answers FunctionNotFound;
 - GPM on the GPUs that have it (Hopper: the H100 and H200 models; ``gpm=`` forces it on
   or off for every GPU): MIG activity between two ``nvmlGpmMigSampleGet`` samples, from
   the load integrated over time.
@@ -63,6 +68,12 @@ from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_
 from .presets import GpuSpec, Topology, TopologyError
 
 DRIVER_VERSION = "570.86.15"
+MEMORY_LIMITS_FROM = 615
+"""The first driver branch whose NVML sets a cgroup's GPU memory limits (r615, CUDA 13.4:
+NVIDIA's MPS documentation, "MPS v3 Memory Partitioning")."""
+_CUDA_OF_DRIVER = ((615, 13040), (580, 13000), (575, 12090), (570, 12080), (0, 12020))
+"""The CUDA version each driver branch reports (``nvmlSystemGetCudaDriverVersion``)."""
+_LIMIT_SYMBOLS = frozenset({"nvmlDeviceSetMemoryLimits_v1", "nvmlDeviceGetMemoryLimits_v1"})
 SLOWDOWN_C = 89
 """Temperature at which a simulated GPU starts slowing down (NVML's slowdown threshold)."""
 SHUTDOWN_C = 92
@@ -196,6 +207,10 @@ class _Gpu(_Unit):
     lost: bool = False
     overheat_c: int | None = None
     power_capped: bool = False
+    compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
+    memory_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """cgroup path -> (soft, hard) limit in bytes, as ``nvmlDeviceSetMemoryLimits_v1``
+    set them."""
 
     @property
     def gpu(self) -> _Gpu:
@@ -431,6 +446,11 @@ def _fill_instance_info(
     info.placement.start, info.placement.size = start, size
 
 
+def _text(value: bytes | str | None) -> str:
+    """A ``char *`` field as pynvml's structures hand it over (text, or bytes)."""
+    return value.decode() if isinstance(value, bytes) else value or ""
+
+
 def _found(obj: _T | None) -> _T:
     """``obj``, or NotFound when a lookup found nothing."""
     if obj is None:
@@ -479,6 +499,8 @@ class _Library:
         impl = getattr(self.sim, name, None) if name.startswith("nvml") else None
         if impl is None or name in self.sim._hidden:
             raise AttributeError(name)
+        if name in _LIMIT_SYMBOLS and self.sim.driver_branch < MEMORY_LIMITS_FROM:
+            raise AttributeError(name)
         return _CFunction(self.sim, name, impl)
 
 
@@ -505,6 +527,9 @@ class SimulatedNvml:
         """The simulated caller's privilege, one of :data:`PRIVILEGES`."""
         self.mig_sensor_error = mig_sensor_error
         """What temperature, power and clock-reason calls answer on a MIG device handle."""
+        self.driver_version = DRIVER_VERSION
+        """The driver NVML reports (``nvmlSystemGetDriverVersion``); from r615 on it sets
+        cgroups' memory limits."""
         self._hidden: set[str] = set()
         self._lock = threading.RLock()
         self._handles: dict[int, tuple[str, Any]] = {}
@@ -571,6 +596,15 @@ class SimulatedNvml:
                     lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
                     minor += 1
         return "\n".join(lines) + "\n"
+
+    @property
+    def driver_branch(self) -> int:
+        return int(self.driver_version.split(".")[0])
+
+    def memory_limit(self, uuid: str, cgroup: str) -> tuple[int, int] | None:
+        """The (soft, hard) limit in bytes the driver holds ``cgroup`` to on a GPU."""
+        with self._lock:
+            return self._unit(uuid).gpu.memory_limits.get(cgroup)
 
     def hide_symbol(self, name: str) -> None:
         """Stop exporting ``name``, so pynvml answers FunctionNotFound like an older driver."""
@@ -895,7 +929,10 @@ class SimulatedNvml:
         return (text or "Unknown Error").encode()
 
     def nvmlSystemGetDriverVersion(self, buffer: Any, length: Any) -> None:
-        _write_str(buffer, length, DRIVER_VERSION)
+        _write_str(buffer, length, self.driver_version)
+
+    def nvmlSystemGetCudaDriverVersion_v2(self, out: Any) -> None:
+        _set(out, next(cuda for branch, cuda in _CUDA_OF_DRIVER if self.driver_branch >= branch))
 
     # -------------------------------------------------------------- C symbols: devices
 
@@ -1009,8 +1046,41 @@ class SimulatedNvml:
 
     # -------------------------------------------------------------- C symbols: MIG devices
 
+    def nvmlDeviceGetComputeMode(self, handle: Any, out: Any) -> None:
+        _set(out, self._whole_gpu(handle).compute_mode)
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: Any) -> None:
+        gpu, mode = self._whole_gpu(handle), _val(mode)
+        self._require("root")
+        if not 0 <= mode < pynvml.NVML_COMPUTEMODE_COUNT:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.compute_mode = mode
+
+    def nvmlDeviceSetMemoryLimits_v1(self, handle: Any, ref: Any) -> None:
+        gpu = self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)  # no MIG handles
+        self._require("root")
+        limits = _out(ref)
+        if not limits.nameSpace or limits.softLimit > limits.hardLimit:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        cgroup = _text(limits.nameSpace)
+        if limits.softLimit == 0 and limits.hardLimit == pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX:
+            gpu.memory_limits.pop(cgroup, None)  # NVML's way of clearing them
+        else:
+            gpu.memory_limits[cgroup] = (limits.softLimit, limits.hardLimit)
+
+    def nvmlDeviceGetMemoryLimits_v1(self, handle: Any, ref: Any) -> None:
+        gpu = self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)
+        limits = _out(ref)
+        soft, hard = gpu.memory_limits.get(
+            _text(limits.nameSpace), (0, pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX)
+        )
+        limits.softLimit, limits.hardLimit, limits.currentUsed = soft, hard, 0
+
     def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> None:
-        mode = int(self._whole_gpu(handle).mig_enabled)
+        gpu = self._whole_gpu(handle)
+        if not gpu.model.profiles:  # a GPU without MIG (an L40S, an RTX card)
+            raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(gpu.mig_enabled)
         _set(current, mode)
         _set(pending, mode)
 

@@ -25,7 +25,13 @@ Policies (``Policy.hold``): ``session`` holds the GPUs from the kernel's start t
 session's end (a plain JupyterHub); ``cell`` asks at each GPU cell and gives back at its
 end (on demand); ``reclaim`` holds from the start and lets the reclaimer take idle leases
 back (``ReclaimConfig``). ``gpu_blind`` judges kernel activity only (an HTTP idle
-culler, which never reads the GPU); ``suspend_gbps`` suspends instead of shutting down,
+culler, which never reads the GPU); ``shares``: each kernel asks for the memory its
+session's cells used (the trace's largest ``vram``, rounded up to a whole GB) as a share
+of one GPU, on GPUs lent both whole and shared, instead of its whole GPUs (whole GPUs
+where no GPU has that memory); held shares count as their fraction of the GPU. Shares
+are replayed with the ``session`` and ``cell`` holds: the reclaimer's idle judgement
+reads a GPU's utilization, which the replay's shares of one GPU would overwrite in
+turn; ``suspend_gbps`` suspends instead of shutting down,
 through the product's own path: the reclaimer hands the lease over at its deadline, the
 ``Suspender`` checks and checkpoints the kernel's process on the simulated checkpoint
 driver (its memory leaves the simulated GPU), the lease ends with cause ``suspended``, and
@@ -54,18 +60,20 @@ from pathlib import Path
 from typing import Literal
 
 from ..broker.clock import VirtualClock
+from ..broker.config import BrokerConfig
 from ..broker.core import Broker
 from ..broker.health import HealthConfig, HealthJudge
 from ..broker.models import DeviceReading, Inventory, Lease
 from ..broker.policy import make_policy
 from ..broker.reclaim import Decision, KernelState, ReclaimConfig, Reclaimer
+from ..broker.sharing import Sharing
 from ..broker.store import Store
 from ..monitor.sampler import Sampler
 from ..monitor.samples import SampleStore
 from ..nvml import NvmlBackend, open_backend
 from ..suspend import SUSPENDED, Suspender, Suspension
 from ..suspend.simulated import SimulatedCheckpointDriver
-from ..wire.sizes import MIB_PER_GB, Size  # the trace's ``vram``: GB, as every size
+from ..wire.sizes import MIB_PER_GB, Size, gb_to_mib  # the trace's ``vram``: GB, as every size
 
 TICK_S = 60.0
 """The trace's tick: one minute."""
@@ -106,6 +114,11 @@ class Session:
         """The GPUs its kernel asks for (every GPU cell of a session asks the same)."""
         return max((c.gpus for c in self.cells), default=0)
 
+    @property
+    def peak_gb(self) -> float:
+        """The most GPU memory its cells used (their ``vram``, all its GPUs together)."""
+        return max((c.vram_gb for c in self.cells), default=0.0)
+
 
 def load(path: str | Path) -> list[Session]:
     """Sessions of a NotebookOS workload template (ticks of one minute), by start."""
@@ -140,6 +153,11 @@ class Policy:
     suspend_gbps: float | None = None
     suspend_fixed_s: float = 0.0
     """A suspend's or a restore's cost beside its copy (the driver's own work)."""
+    shares: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shares and self.reclaim is not None:
+            raise ValueError("shares are replayed with the session and cell holds only")
 
     @property
     def modelled(self) -> bool:
@@ -178,7 +196,8 @@ class NotebookReplay:
     sessions: list[SessionResult]
     cell_gpu_s: float
     """GPU-seconds of the trace's GPU cells (the same for every policy)."""
-    peak_held: int
+    peak_held: float
+    """GPU-equivalents held at once, at most."""
     passes: int
     wall_s: float
 
@@ -240,9 +259,15 @@ class _Run:
         assert backend.simulator is not None
         self.sim = backend.simulator
         self.clock = VirtualClock(min((s.start_s for s in sessions), default=0.0))
+        inventory = in_nodes(backend.inventory())
         self.broker = Broker(
-            Store(), in_nodes(backend.inventory()), clock=self.clock, policy=make_policy("broker")
+            Store(),
+            inventory,
+            clock=self.clock,
+            policy=make_policy("broker"),
+            config=BrokerConfig(sharing=Sharing("both")) if policy.shares else None,
         )
+        self.largest_mib = max(d.memory_mib for d in inventory.devices)
         self.reclaimer = Reclaimer(self.broker, policy.reclaim) if policy.reclaim else None
         self.sampler: Sampler | None = None
         if self.reclaimer is not None:
@@ -263,8 +288,8 @@ class _Run:
         self.results = [k.result for k in self.kernels.values()]
         self._events: list[tuple[float, int, str, str]] = []
         self._seq = itertools.count()
-        self.held = 0
-        self.peak = 0
+        self.held = 0.0
+        self.peak = 0.0
         self.passes = 0
         self._readings: dict[str, DeviceReading] = {}
         self._wakes: set[float] = set()
@@ -453,9 +478,17 @@ class _Run:
 
     def _ask(self, k: _Kernel) -> None:
         r = self.broker.submit(
-            f"user-{k.holder}", Size(gpus=k.session.gpus), holder=k.holder, schedule=False
+            f"user-{k.holder}", self._size(k.session), holder=k.holder, schedule=False
         )
         k.request_id = r.id
+
+    def _size(self, s: Session) -> Size:
+        """What the session's kernel asks for: its GPUs, or under ``shares`` its memory."""
+        if self.policy.shares:
+            share = Size(share_gb=max(math.ceil(s.peak_gb), 1))
+            if gb_to_mib(share.share_gb or 0) <= self.largest_mib:
+                return share
+        return Size(gpus=s.gpus)
 
     def _collect_grants(self, now: float) -> bool:
         granted = False
@@ -468,15 +501,15 @@ class _Run:
             granted = True
             k.request_id, k.lease = None, self.broker.lease(r.lease_id)
             k.result.granted = True
-            self._hold(len(k.lease.devices))
+            self._hold(k.lease.gpu_equivalents)
             if k.suspension is not None:  # its memory comes back before its cell
                 self._resume(k, now)
             elif k.waiting_since is not None:
                 self._begin(k, now)
         return granted
 
-    def _hold(self, n: int) -> None:
-        self.held += n
+    def _hold(self, gpus: float) -> None:
+        self.held += gpus
         self.peak = max(self.peak, self.held)
 
     def _give_back(self, k: _Kernel, now: float) -> None:
@@ -487,8 +520,8 @@ class _Run:
     def _ended(self, k: _Kernel, now: float) -> None:
         lease, k.lease = k.lease, None
         assert lease is not None
-        k.result.held_s += (now - lease.granted_at) * len(lease.devices)
-        self.held -= len(lease.devices)
+        k.result.held_s += (now - lease.granted_at) * lease.gpu_equivalents
+        self.held -= lease.gpu_equivalents
         for u in lease.devices:
             self._load(u, utilization=0, memory_used_mib=0)
         for u in self.sim.process_memory(k.pid):  # its process goes with the lease

@@ -36,13 +36,14 @@ from ..suspend.host import (
     simulate_kernel_use,
 )
 from ..wire.errors import ConfigError, InvalidRequest
-from ..wire.text import ENDED_RESTARTED, clock, duration
+from ..wire.text import ENDED_RESTARTED, SHARE_HOLDS, clock, duration
 from ..wire.traits import Whole
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
 from .monitoring import MonitorSettings
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
+from .sharing import ShareEnforcement, SharingSettings
 from .suspending import SuspendHost
 from .tokens import KernelTokens
 
@@ -51,7 +52,14 @@ if TYPE_CHECKING:
     from ..nvml import NvmlBackend
 
 
-class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, LoggingConfigurable):
+class GPUBroker(
+    SuspendHost,
+    BrokerSettings,
+    MonitorSettings,
+    LimitSettings,
+    SharingSettings,
+    LoggingConfigurable,
+):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
 
     # A trait of its own, not only its settings mixins': traitlets' Application leaves a
@@ -79,6 +87,8 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
         self.metrics: BrokerCollector | None = None
         self.kernels: KernelActions | None = None
         """The host's kernels, when it runs them (the server extension's ``ServerKernels``)."""
+        self.shares: ShareEnforcement | None = None
+        """What holds each GPU's shares here (``.sharing``)."""
         self.api_url = ""
         """Where kernels reach this broker's API (set by the host that serves it)."""
         self._lock: StateLock | None = None
@@ -113,6 +123,10 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
             secure_state_file(state, self.log)
         self._inventory = hardware = self.inventory_class(parent=self).open(self, self.api_url)
         self.backend = hardware.nvml
+        as_users = os.geteuid() == 0 or self.holder_account == "broker"
+        self.shares = shares = ShareEnforcement.open(
+            self, hardware.devices, hardware.nvml is not None, self._share_uid, as_users, self.log
+        )
         store = Store(state)
         try:
             self._core = core = Broker(
@@ -124,6 +138,7 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
                     request_ttl_s=self.request_ttl,
                     dynamic_mig=self.dynamic_mig,
                     vacate_timeout_s=self.vacate_timeout,
+                    sharing=self.make_sharing(shares.whole_only(), self.timezone),
                     **self.limit_fields(),
                 ),
                 partitioner=hardware.partitioner,
@@ -141,12 +156,15 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
         self._watch = hardware.follow(core, lambda: self.engine_grace)
         self.sampler = sampler = self.make_sampler(core, hardware, self._events.publish, self.log)
         sampler.on_alert = self._publish_alert
+        shares.attach(core)
+        sampler.reclaimer.watched = shares.watched
         self._start_suspending(core, sampler)
         self.metrics = BrokerCollector(
             core,
             lambda: sampler.latest,
             alerts=sampler.alerts.active if sampler.alerts else list,
             hardware_errors=lambda: sampler.hardware_errors,
+            share_use=self.share_use,
         )
         self.log.info(
             "GPU broker: %d devices on %d GPUs (%s), policy %s, state %s",
@@ -179,6 +197,8 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
         and the kernel tokens no kernel renewed in time ended."""
         try:
             self.core.tick()
+            if self.shares is not None:
+                self.shares.check()
             self.events.after_tick()
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
@@ -262,6 +282,9 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
             self.log.exception("GPU broker: checking the suspended kernels failed")
 
     def stop(self) -> None:
+        if self.shares is not None:
+            self.shares.close()
+            self.shares = None  # stopping twice is harmless
         if self.mover is not None:
             self.mover.close()
             self.mover = None
@@ -348,6 +371,58 @@ class GPUBroker(SuspendHost, BrokerSettings, MonitorSettings, LimitSettings, Log
                 self.backend.simulator, self.core.lease(lease_id), pid, self.simulate_kernel_memory
             )
         self.open_devices(lease_id, pid)
+        if self.shares is not None:
+            self.shares.report_pid(self.core.lease(lease_id), pid)
+
+    def share_of(self, lease: Lease) -> dict[str, Any] | None:
+        """A share as the API shows it: its memory, GPU, what holds it, its kernel's
+        environment (None: the lease holds whole devices)."""
+        shown = None if self.shares is None else self.shares.share_json(lease)
+        if shown is not None:
+            shown["used_mib"] = self._share_used(lease)
+        return shown
+
+    def share_use(self) -> dict[str, int | None]:
+        """Each active share's memory in use (its processes', at the last sample)."""
+        return {x.id: self._share_used(x) for x in self.core.leases() if x.shared}
+
+    def _share_used(self, lease: Lease) -> int | None:
+        sampler = self.sampler
+        used = None if sampler is None else sampler.share_processes(lease, sampler.latest)
+        return None if used is None else sum(used.values())
+
+    def sharing_of(self, gpu_uuid: str) -> dict[str, Any] | None:
+        """How a GPU is lent now and what holds its shares (None: it is never shared and
+        nothing here says why not)."""
+        enforcement = None if self.shares is None else self.shares.chosen.get(gpu_uuid)
+        pool = self.core.placer.shares
+        if gpu_uuid not in pool.capacity:
+            if enforcement is None or enforcement.mechanism != "none":
+                return None
+            return {
+                "mode": "whole",
+                "shares_now": False,
+                "room_mib": 0,
+                "mechanism": "none",
+                "enforced": False,
+                "why": enforcement.why,
+                "text": enforcement.why,
+            }
+        mechanism = enforcement.mechanism if enforcement is not None else "watched"
+        return {
+            "mode": pool.mode[gpu_uuid],
+            "shares_now": pool.is_open(gpu_uuid),
+            "room_mib": pool.room(gpu_uuid),
+            "mechanism": mechanism,
+            "enforced": enforcement is not None and enforcement.enforced,
+            "why": enforcement.why if enforcement is not None else "",
+            "text": f"shares {SHARE_HOLDS[mechanism]}",
+        }
+
+    def _share_uid(self, user: str) -> int | None:
+        """The account a user's MPS daemon runs as: the broker's own where kernels run as
+        the broker's account, else the user's."""
+        return os.geteuid() if self.holder_account == "broker" else local_uid(user)
 
     def open_devices(self, lease_id: str, pid: int, devices: list[str] | None = None) -> None:
         """Where kernels are confined to their devices (a root broker), let the lease's

@@ -95,6 +95,14 @@ class ReclaimSettings(HasTraits):
     idle_utilization_threshold = Number(
         5.0, 0.0, 100.0, help="GPU utilization (percent) under which a GPU counts as unused."
     ).tag(config=True)
+    over_share_grace = Seconds(
+        60.0,
+        0.0,
+        MAX_DURATION_S,
+        help="Seconds between the warning that a watched share's kernel uses more GPU memory "
+        "than its share and the reclaim.",
+    ).tag(config=True)
+
     reclaim_action = Enum(
         ["auto", "shutdown", "revoke", "suspend"],
         default_value="auto",
@@ -209,6 +217,7 @@ class ReclaimSettings(HasTraits):
             exempt_users=frozenset(self.reclaim_exempt_users),
             exempt_groups=frozenset(self.reclaim_exempt_groups),
             preemption=self.preemption,
+            over_share_grace_s=self.over_share_grace,
         )
 
     def arbiter(self, log: logging.Logger) -> Arbiter | None:

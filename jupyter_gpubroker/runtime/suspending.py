@@ -19,6 +19,7 @@ from ..suspend.canary import MIG_TEXT, Canaries, Verdict, simulated_or_real
 from ..suspend.host import KernelSuspender, carried_out, checkpoint_driver
 from ..suspend.move import HEALTH, KernelMover
 from ..suspend.suspender import SUSPENDED, Suspender
+from ..wire.text import SHARE_NOT_SUSPENDED
 from ..wire.times import iso
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class SuspendHost:
         or shutting down is the chosen action)."""
         if self.reclaim_action not in ("suspend", "auto"):
             return None
+        if lease.shared:  # whatever its GPU's canary says
+            return SHARE_NOT_SUSPENDED
         verdicts = map(self.idle_reclaim_of, lease.devices)
         return next((v.reason for v in verdicts if v.action != "suspend"), None)
 

@@ -1,10 +1,12 @@
 """``gpubroker-provisioner``: a kernel provisioner that starts kernels on a granted GPU.
 
 A kernelspec names what it needs in ``metadata.kernel_provisioner.config``
-(``{"gpu": "1g.10gb"}``, ``{"gpus": 2}`` or ``{"min_memory_gb": 20}``).
+(``{"gpu": "1g.10gb"}``, ``{"gpus": 2}``, ``{"min_memory_gb": 20}`` or, for 8 GB of a
+GPU shared with others, ``{"share_gb": 8}``, optionally ``"compute_percent": 50``).
 ``pre_launch`` submits the request for this kernel, waits for the grant,
 and starts the kernel with the device pinned (``CUDA_VISIBLE_DEVICES`` set to
-the GPU or MIG UUIDs) and a kernel-scoped token for the ``%gpu`` magic. A
+the GPU or MIG UUIDs; a share's MPS pipe directory and limits where MPS holds it) and a
+kernel-scoped token for the ``%gpu`` magic. A
 heartbeat renews the lease while the kernel process lives; a restart keeps
 the grant; shutdown releases it; a kernel that dies without shutdown stops
 renewing, and the broker takes the device back when the lease expires.
@@ -78,6 +80,15 @@ class GPUProvisioner(LocalProvisioner):
     gpus = Whole(0, 0, MAX_GPUS, help="Number of whole GPUs to request.").tag(config=True)
     min_memory_gb = Number(
         0.0, 0.0, MAX_MEMORY_GB, help="Any GPU or MIG slice with at least this memory."
+    ).tag(config=True)
+    share_gb = Number(
+        0.0,
+        0.0,
+        MAX_MEMORY_GB,
+        help="This much memory of a GPU shared with other kernels (not a device of that size).",
+    ).tag(config=True)
+    compute_percent = Whole(
+        0, 0, 100, help="With share_gb: the most of the GPU's compute the share may use (percent)."
     ).tag(config=True)
     on_demand = Bool(
         False, help="Start without a GPU (none visible); the notebook asks with %gpu request."
@@ -293,13 +304,16 @@ class GPUProvisioner(LocalProvisioner):
                 ("profile", "gpu", self.gpu),
                 ("gpus", "gpus", self.gpus),
                 ("min_memory_gb", "min_memory_gb", self.min_memory_gb),
+                ("share_gb", "share_gb", self.share_gb),
             )
             if value
         }
-        if len(given) != 1:
+        if self.compute_percent:  # refused beside anything but a share, as the API does
+            given["compute_percent"] = self.compute_percent
+        if len([k for k in given if k != "compute_percent"]) != 1:
             raise ValueError(
                 "a GPU kernelspec's provisioner config names exactly one of 'gpu' (a MIG "
-                f"profile), 'gpus' or 'min_memory_gb'; kernel {self.kernel_id} has "
+                f"profile), 'gpus', 'min_memory_gb' or 'share_gb'; kernel {self.kernel_id} has "
                 f"{', '.join(given) or 'none'}"
             )
         return given
@@ -359,6 +373,8 @@ class GPUProvisioner(LocalProvisioner):
                 GPUBROKER_REQUEST_ID=self.lease["request_id"],
                 GPUBROKER_LEASE_ID=self.lease["id"],
             )
+            share = self.lease.get("share") or {}
+            env.update(share.get("env") or {})  # its MPS daemon and limits, where MPS holds it
         return env
 
     async def _renew(self, client: BrokerClient, lease_id: str) -> dict[str, Any]:

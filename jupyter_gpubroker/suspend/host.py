@@ -47,6 +47,7 @@ from ..wire.text import (
     ENDED_EXITED,
     ENDED_RESTARTED,
     ENDED_SHUT_DOWN,
+    SHARE_NOT_SUSPENDED,
     suspended_text,
 )
 from .cuda import CudaCheckpointDriver
@@ -265,6 +266,8 @@ class KernelSuspender:
         here, owned by the account that runs that user's kernels (``owner_uid``), or a user
         could have another's process (or init) suspended. The renewal that named it was
         checked so already (``api.rules``); the process may have changed hands since."""
+        if lease.shared:
+            return None, SHARE_NOT_SUSPENDED
         uid = self.owner_uid(lease)
         if uid is None:
             return None, f"{lease.user} has no account on the GPU broker's machine"

@@ -103,6 +103,13 @@ def _model(
     return GpuModel(key, nvml_names, memory_mib, power_limit_mw, pci_device_id, sms[-1], profiles)
 
 
+def _without_mig(
+    key: str, name: str, memory_mib: int, power_limit_mw: int, pci_device_id: int, sms: int
+) -> GpuModel:
+    """A GPU model without MIG (most lab GPUs): handed out whole, or shared by memory."""
+    return GpuModel(key, (name,), memory_mib, power_limit_mw, pci_device_id, sms, ())
+
+
 CATALOG: dict[str, GpuModel] = {
     m.key: m
     for m in (
@@ -146,6 +153,10 @@ CATALOG: dict[str, GpuModel] = {
             (17920, 17920, 35584, 35584, 71424, 71424, 143104),
             (16, 16, 26, 32, 60, 64, 132),
         ),
+        # Without MIG: memory as nvidia-smi reports it, power limit and PCI id as shipped
+        _without_mig("L40S-48GB", "NVIDIA L40S", 46068, 350_000, 0x26B910DE, 142),
+        _without_mig("RTXA6000-48GB", "NVIDIA RTX A6000", 49140, 300_000, 0x223010DE, 84),
+        _without_mig("RTX4090-24GB", "NVIDIA GeForce RTX 4090", 24564, 450_000, 0x268410DE, 128),
     )
 }
 

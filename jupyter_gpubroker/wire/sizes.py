@@ -241,22 +241,40 @@ memory_option = option(parse_memory)
 
 @dataclass(frozen=True)
 class Size:
-    """What a request asks for: exactly one of N whole GPUs, a MIG profile, or any
-    device with at least ``min_memory_gb`` of memory; whole GPUs may be of one ``model``
-    (a suspended kernel's resume: CUDA restores its memory only onto the same chip)."""
+    """What a request asks for: exactly one of N whole GPUs, a MIG profile, any device
+    with at least ``min_memory_gb`` of memory, or ``share_gb`` of one GPU that others
+    share too (MIG off: placed by memory beside other shares, ``compute_percent`` the
+    most of its compute it may use); whole GPUs may be of one ``model`` (a suspended
+    kernel's resume: CUDA restores its memory only onto the same chip)."""
 
     gpus: int | None = None
     profile: str | None = None
     min_memory_gb: float | None = None
     model: str | None = None
     """Whole GPUs of this model only, as ``GET devices`` names it (``H100-80GB``)."""
+    share_gb: float | None = None
+    """This much memory of a GPU shared with other requests (never a MIG slice)."""
+    compute_percent: int | None = None
+    """With ``share_gb``: the most of the GPU's compute the share may use, in percent (a
+    cap, as MPS's active thread percentage is, not a reservation); None: no cap."""
 
     def __post_init__(self) -> None:
-        given = [f for f in ("gpus", "profile", "min_memory_gb") if getattr(self, f) is not None]
+        if self.share_gb is not None and self.profile is not None:
+            raise InvalidRequest(
+                "a MIG slice is never shared: ask for the slice itself, or for part of a "
+                "GPU without MIG"
+            )
+        if self.compute_percent is not None and self.share_gb is None:
+            raise InvalidRequest("a compute share goes with a share of a GPU's memory only")
+        given = [
+            f
+            for f in ("gpus", "profile", "min_memory_gb", "share_gb")
+            if getattr(self, f) is not None
+        ]
         if len(given) != 1:
             raise InvalidRequest(
-                "a request asks for exactly one of 'gpus', 'profile' or 'min_memory_gb'"
-                + (f" (got {', '.join(given)})" if given else "")
+                "a request asks for exactly one of 'gpus', 'profile', 'min_memory_gb' or "
+                "'share_gb'" + (f" (got {', '.join(given)})" if given else "")
             )
         if self.gpus is not None:
             number(self.gpus, "'gpus'", 1, MAX_GPUS, whole=True)
@@ -269,6 +287,10 @@ class Size:
             )
         if self.min_memory_gb is not None:
             number(self.min_memory_gb, "'min_memory_gb'", RESOLUTION, MAX_MEMORY_GB)
+        if self.share_gb is not None:
+            number(self.share_gb, "a share's memory", RESOLUTION, MAX_MEMORY_GB, words=_GB)
+        if self.compute_percent is not None:
+            number(self.compute_percent, "the compute share", 1, 100, whole=True, words=_PERCENT)
         if self.model is not None:
             if self.gpus is None:
                 raise InvalidRequest("'model' goes with 'gpus' only: it picks whole GPUs")
@@ -278,30 +300,44 @@ class Size:
                     f"not {self.model!r}"
                 )
 
+    @property
+    def shared(self) -> bool:
+        """Whether it asks for part of a shared GPU."""
+        return self.share_gb is not None
+
     @cached_property
     def key(self) -> str:
         """A short stable text form, also the queue's shape key: ``gpus=2``
-        (``gpus=2@H100-80GB``), ``profile=1g.10gb`` or ``min_memory_gb=20``."""
+        (``gpus=2@H100-80GB``), ``profile=1g.10gb``, ``min_memory_gb=20`` or
+        ``share_gb=8`` (``share_gb=8,compute_percent=50``)."""
         if self.gpus is not None:
             return f"gpus={self.gpus}" + (f"@{self.model}" if self.model else "")
         if self.profile is not None:
             return f"profile={self.profile}"
-        m = float(self.min_memory_gb or 0)
-        short = f"{m:g}"  # 6 significant digits: keep it only when it reads back exactly
-        return f"min_memory_gb={short if float(short) == m else repr(m)}"
+        if self.share_gb is not None:
+            cap = "" if self.compute_percent is None else f",compute_percent={self.compute_percent}"
+            return f"share_gb={_exact(self.share_gb)}{cap}"
+        return f"min_memory_gb={_exact(float(self.min_memory_gb or 0))}"
 
     @classmethod
     def parse(cls, text: str) -> Size:
         """Parse the short form a person types: ``2`` or ``gpus=2`` (``2@H100-80GB``),
-        ``1g.10gb``, ``20GB`` (``20GiB``) or ``min_memory_gb=20``."""
+        ``1g.10gb``, ``20GB`` (``20GiB``) or ``min_memory_gb=20`` (a device with at least 20 GB),
+        ``share=8GB`` or ``share_gb=8`` (8 GB of a shared GPU; ``share=8GB,compute=50``
+        with at most half its compute)."""
         t = text.strip()
         if "=" in t:
-            k, _, v = t.partition("=")
-            k = k.strip()
+            fields = dict(_field(part, text) for part in t.split(","))
+            shared = {k: fields.pop(k) for k in _SHARE_KEYS if k in fields}
+            if shared:
+                return cls._share(shared, fields, text)
+            if len(fields) != 1:
+                raise InvalidRequest(f"name one size, not {len(fields)}, in {text!r}")
+            k, v = next(iter(fields.items()))
             if k == "gpus":
                 return cls._gpus(v)
             if k == "profile":
-                return cls(profile=v.strip())
+                return cls(profile=v)
             if k == "min_memory_gb":
                 return cls(min_memory_gb=_float(v))
             raise InvalidRequest(f"unknown size field {k!r} in {text!r}")
@@ -310,6 +346,22 @@ class Size:
         if _MEMORY.fullmatch(t) and t[-1:].lower() == "b":
             return cls(min_memory_gb=parse_memory(t))
         return cls(profile=t)
+
+    @classmethod
+    def _share(cls, shared: dict[str, str], rest: dict[str, str], text: str) -> Size:
+        """A share's fields (``share``/``share_gb``, ``compute``/``compute_percent``)."""
+        memory = [shared[k] for k in ("share", "share_gb") if k in shared]
+        if len(memory) != 1:
+            raise InvalidRequest(f"say a share's memory once, as share=8GB, in {text!r}")
+        if "profile" in rest:
+            cls(profile=rest["profile"], share_gb=1.0)  # the refusal of a shared MIG slice
+        if rest:
+            raise InvalidRequest(f"a share names its memory and compute only, not {text!r}")
+        cap = [shared[k] for k in ("compute", "compute_percent") if k in shared]
+        if len(cap) > 1:
+            raise InvalidRequest(f"say a share's compute once, as compute=50, in {text!r}")
+        percent = _int(cap[0].removesuffix("%").strip()) if cap else None
+        return cls(share_gb=parse_memory(memory[0]), compute_percent=percent)
 
     @classmethod
     def _gpus(cls, text: str) -> Size:
@@ -323,8 +375,28 @@ class Size:
             "profile": self.profile,
             "min_memory_gb": self.min_memory_gb,
             "model": self.model,
+            "share_gb": self.share_gb,
+            "compute_percent": self.compute_percent,
         }
         return {k: v for k, v in sizes.items() if v is not None}
+
+
+_GB = f"a number of GB from {RESOLUTION:g} to {MAX_MEMORY_GB:g}"
+_PERCENT = "a whole percent from 1 to 100"
+_SHARE_KEYS = ("share", "share_gb", "compute", "compute_percent")
+
+
+def _exact(gb: float) -> str:
+    """``gb`` in 6 significant digits where that reads back exactly, else in full."""
+    short = f"{gb:g}"
+    return short if float(short) == gb else repr(gb)
+
+
+def _field(part: str, text: str) -> tuple[str, str]:
+    k, eq, v = part.partition("=")
+    if not eq:
+        raise InvalidRequest(f"{part.strip()!r} in {text!r} is not field=value")
+    return k.strip(), v.strip()
 
 
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")

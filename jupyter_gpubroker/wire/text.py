@@ -104,12 +104,19 @@ def promise_broken(was: float, why: str, now_by: float | None) -> str:
 
 def size_text(r: Mapping[str, Any]) -> str:
     """What a request asks for, in words: "1g.10gb", "1 GPU", "2 GPUs" ("2 H100-80GB
-    GPUs") or "at least 20 GB"."""
+    GPUs"), "at least 20 GB" (a device with at least that much), or "8 GB of a shared
+    GPU" ("..., at most 50% of its compute"): a device of a size and part of a shared GPU
+    never read alike."""
     if r.get("gpus"):
         n = r["gpus"]
         return f"{n} {r['model'] + ' ' if r.get('model') else ''}GPU{'' if n == 1 else 's'}"
     if r.get("profile"):
         return str(r["profile"])
+    if r.get("share_gb"):
+        cap = r.get("compute_percent")
+        return f"{r['share_gb']:g} GB of a shared GPU" + (
+            f", at most {cap}% of its compute" if cap else ""
+        )
     return f"at least {r.get('min_memory_gb'):g} GB"
 
 
@@ -411,3 +418,27 @@ def reclaim_warning(reason: str, deadline: float, cause: str) -> str:
 def limit_extended(ends_at: float) -> str:
     """An extension, said to its holder."""
     return f"time limit extended: it now ends at {clock(ends_at)}"
+
+
+# -------------------------------------------------------------------- shares of GPUs
+
+SHARE_HOLDS = {
+    "driver": "enforced by the driver",
+    "mps": "enforced by MPS",
+    "watched": "not enforced: a kernel that goes over is stopped",
+}
+"""What holds a share to its memory (``enforce``), as every front says it."""
+SHARE_NOT_SUSPENDED = (
+    "a share of a GPU is not suspended: an MPS client's memory is its MPS server's, which "
+    "CUDA's checkpoint of one process does not move, and no resume onto a shared GPU exists yet"
+)
+
+
+def share_text(mib: float, label: str, mechanism: str) -> str:
+    """A share as its holder reads it: "8.5 GB of GPU 2, enforced by the driver"."""
+    return f"{memory(mib)} of {label}, {SHARE_HOLDS.get(mechanism, 'not enforced')}"
+
+
+def over_share(used_mib: float, mib: float, label: str) -> str:
+    """Why a share is warned: "uses 12.0 GB of GPU 2, over its share of 8.5 GB"."""
+    return f"uses {memory(used_mib)} of {label}, over its share of {memory(mib)}"

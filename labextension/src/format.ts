@@ -6,12 +6,14 @@ import { trans } from './i18n';
 import { IEtaRange, ILease, IOutside, IQueueEntry, IRequest } from './types';
 
 /** A request's size as every front says it (as wire/text.py `size_text`): "1g.10gb",
- * "1 GPU", "2 GPUs", "2 H100-80GB GPUs", "at least 20 GB". */
+ * "1 GPU", "2 GPUs", "2 H100-80GB GPUs", "at least 20 GB", "8 GB of a shared GPU". */
 export function sizeText(r: {
   profile?: string | null;
   gpus?: number | null;
   min_memory_gb?: number | null;
   model?: string | null;
+  share_gb?: number | null;
+  compute_percent?: number | null;
 }): string {
   if (r.gpus) {
     return r.model
@@ -20,6 +22,15 @@ export function sizeText(r: {
   }
   if (r.profile) {
     return r.profile;
+  }
+  if (r.share_gb) {
+    return r.compute_percent
+      ? trans.__(
+          '%1 GB of a shared GPU, at most %2%% of its compute',
+          r.share_gb,
+          r.compute_percent
+        )
+      : trans.__('%1 GB of a shared GPU', r.share_gb);
   }
   return trans.__('at least %1 GB', r.min_memory_gb ?? '?');
 }

@@ -22,7 +22,7 @@ import {
 } from './format';
 import { trans } from './i18n';
 import { GpuModel } from './model';
-import { IDevice, IGpu, ILease, IQueueEntry } from './types';
+import { IDevice, IGpu, ILease, IQueueEntry, ISharing } from './types';
 
 export interface IShow {
   devices: boolean;
@@ -104,6 +104,9 @@ function holderWords(d: IDevice, me: string): string {
 /** A GPU's memory slices as a bar: each MIG slice spans its memory slices from its start,
  * marked free, mine or another's, drained ones struck; a whole GPU is one segment. */
 export function sliceBar(gpu: IGpu, me: string): HTMLElement {
+  if (gpu.sharing && gpu.sharing.mechanism !== 'none') {
+    return shareBar(gpu, gpu.sharing, me);
+  }
   const bar = el('div', 'jp-GpuBroker-bar');
   const slices = gpu.mig_enabled
     ? gpu.devices
@@ -135,8 +138,44 @@ export function sliceBar(gpu: IGpu, me: string): HTMLElement {
   return bar;
 }
 
-/** What a GPU is cut into: "7 × 1g.10gb", "2 × 1g.20gb, 1 × 3g.40gb", or "whole". */
+/** A shared GPU's memory as a bar: each share as wide as its memory, mine or another's,
+ * and the room no share holds. */
+function shareBar(gpu: IGpu, sharing: ISharing, me: string): HTMLElement {
+  const bar = el('div', 'jp-GpuBroker-bar');
+  const parts = sharing.shares.map(x => ({
+    mib: x.memory_mib,
+    who: x.user === me ? 'mine' : 'taken',
+    words: x.user === me ? trans.__('mine') : x.user
+  }));
+  if (sharing.room_mib > 0) {
+    parts.push({ mib: sharing.room_mib, who: 'free', words: trans.__('free') });
+  }
+  for (const part of parts) {
+    const seg = el('div', `jp-GpuBroker-slice jp-mod-${part.who}`, part.words);
+    seg.title = `${part.words}: ${mib(part.mib)}`;
+    bar.appendChild(seg);
+  }
+  bar.style.gridTemplateColumns = parts
+    .map(
+      part => `${Math.max(1, Math.round((part.mib / gpu.memory_mib) * 100))}fr`
+    )
+    .join(' ');
+  return bar;
+}
+
+/** What a GPU is cut into: "7 × 1g.10gb", "2 × 1g.20gb, 1 × 3g.40gb", "whole", or how
+ * it is shared ("shared · shares enforced by MPS"). */
 export function profilesText(gpu: IGpu): string {
+  const sharing = gpu.sharing;
+  if (sharing && sharing.mechanism !== 'none' && sharing.mode !== 'whole') {
+    return trans.__(
+      '%1 · %2',
+      sharing.mode === 'both'
+        ? trans.__('whole or shared')
+        : trans.__('shared'),
+      sharing.text
+    );
+  }
   if (!gpu.mig_enabled) {
     return trans.__('whole GPU');
   }
@@ -345,15 +384,21 @@ export function renderLease(
   head.appendChild(b);
   box.appendChild(head);
   const labels = lease.devices.map(u => model.label(u));
+  const share = lease.share;
   box.appendChild(
     el(
       'div',
-      'jp-GpuBroker-leaseDevice',
-      `${leaseSize(lease)} · ${labels.join(', ')}`
+      share
+        ? `jp-GpuBroker-leaseDevice ${share.enforced ? '' : 'jp-mod-watched'}`
+        : 'jp-GpuBroker-leaseDevice',
+      share ? share.text : `${leaseSize(lease)} · ${labels.join(', ')}`
     )
   );
   const facts = [
     trans.__('held %1', duration(since(lease.granted_at, now))),
+    ...(share && share.used_mib !== null
+      ? [trans.__('using %1', mib(share.used_mib))]
+      : []),
     trans.__('util %1', percent(model.utilization(lease)))
   ];
   const idle = model.idle(lease, now); // the broker's, counted on since it was read
@@ -467,7 +512,8 @@ export function renderPanel(
       0
     );
     const free = o.gpus.reduce(
-      (n, g) => n + g.devices.filter(d => !d.holder && !d.drained).length,
+      (n, g) =>
+        n + g.devices.filter(d => !d.holder && !d.drained && !d.shares).length,
       0
     );
     const s = section(

@@ -28,6 +28,8 @@ export interface IDevice {
   start: number | null;
   memory_mib: number;
   holder: IHolder | null;
+  /** How many shares of it are held (absent from older brokers). */
+  shares?: number;
   drained: IDrain | null;
   outside?: IOutside[];
   health: string;
@@ -48,7 +50,20 @@ export interface IGpu {
   utilization_gpu: number | null;
   memory_used_mib: number | null;
   temperature_c: number | null;
+  /** How it is lent and what holds its shares (absent from older brokers; null: whole only). */
+  sharing?: ISharing | null;
   devices: IDevice[];
+}
+
+export interface ISharing {
+  mode: string;
+  shares_now: boolean;
+  room_mib: number;
+  mechanism: string;
+  enforced: boolean;
+  /** "shares enforced by MPS". */
+  text: string;
+  shares: { user: string; lease_id: string | null; memory_mib: number }[];
 }
 
 export interface IQueueEntry {
@@ -128,6 +143,19 @@ export interface ILease {
   on_reclaim?: string;
   /** A lease that ended because its kernel was suspended, while the kernel stays so. */
   suspended?: ISuspended | null;
+  /** A share of a GPU: what holds it to its memory, in the broker's words. */
+  share?: IShare | null;
+}
+
+/** A share of a GPU (absent from older brokers, null for whole devices). */
+export interface IShare {
+  memory_mib: number;
+  used_mib: number | null;
+  gpu: string;
+  mechanism: string;
+  enforced: boolean;
+  /** "8.5 GB of GPU 2, enforced by MPS". */
+  text: string;
 }
 
 /** A suspended kernel: its GPU memory on the host until its next cell resumes it. */

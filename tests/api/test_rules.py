@@ -99,8 +99,8 @@ def test_a_kernel_never_gets_two_mig_slices(start) -> None:
             api.submit(kernel, second)
         assert refused.value.message == (
             f"this kernel already has request {first['id']} for profile=1g.5gb: a kernel with "
-            "a MIG slice holds nothing beside it (CUDA shows a process only one MIG device); "
-            "release that request first"
+            "a MIG slice or a share holds nothing beside it (CUDA shows a process one MIG "
+            "device, and MPS one GPU's daemon); release that request first"
         )
     api.cancel(kernel, first["id"])
     whole = api.submit(kernel, {"gpus": 1})

@@ -401,8 +401,8 @@ def test_the_options_form_shows_whats_free_and_starts_the_choice_without_javascr
         # a choice the form does not offer starts nothing, CPU-only or else
         refused = browser.post(f"{hub.url}/hub/spawn", data={**choice, "gpu_kind": "tpu"})
         assert (
-            "Cannot start the server: gpu_kind must be cpu, gpus, profile or min_memory_gb, "
-            "not 'tpu'." in html.unescape(refused.text)
+            "Cannot start the server: gpu_kind must be cpu, gpus, profile, min_memory_gb or "
+            "share_gb, not 'tpu'." in html.unescape(refused.text)
         )
         assert hub.hub_api("GET", "users/fay")["servers"] == {}
         assert browser.post(f"{hub.url}/hub/spawn", data=choice, timeout=60).ok

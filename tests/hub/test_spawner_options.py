@@ -117,7 +117,9 @@ def test_the_forms_fields_become_the_same_options_as_the_api_takes() -> None:
     # a choice the form does not offer is refused, not taken for a CPU-only server
     with pytest.raises(ValueError) as refused:
         options_from_form({"gpu_kind": ["tpu"], "gpus": ["1"]})
-    assert str(refused.value) == "gpu_kind must be cpu, gpus, profile or min_memory_gb, not 'tpu'"
+    assert str(refused.value) == (
+        "gpu_kind must be cpu, gpus, profile, min_memory_gb or share_gb, not 'tpu'"
+    )
 
 
 def test_a_waiting_start_says_its_position_the_requests_ahead_and_its_eta() -> None:

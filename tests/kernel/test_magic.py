@@ -199,7 +199,8 @@ async def test_errors_are_one_readable_line(kernel, notebook, api):
         f"'{me['user']}' may hold at most 0.1"
     )
     assert one_line_error(nb, 3) == (
-        "%gpu request: name one size: a MIG profile (1g.10gb), --gpus N or --min-memory 20GB"
+        "%gpu request: name one size: a MIG profile (1g.10gb), --gpus N, --min-memory 20GB (a "
+        "device of at least 20 GB) or --share 8GB (8 GB of a shared GPU)"
     )
     assert one_line_error(nb, 4) == (
         "%gpu: unrecognized arguments: --wait-for-it (see %gpu --help)"

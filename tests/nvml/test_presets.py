@@ -6,11 +6,12 @@ import itertools
 import json
 from pathlib import Path
 
+import pynvml
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpubroker.nvml import PRESET_NAMES, TopologyError, load_topology
+from jupyter_gpubroker.nvml import PRESET_NAMES, SimulatedNvml, TopologyError, load_topology
 from jupyter_gpubroker.nvml.presets import GpuSpec, layout
 from jupyter_gpubroker.wire.profiles import CATALOG, MEMORY_SLICES
 
@@ -18,7 +19,15 @@ H100 = CATALOG["H100-80GB"]
 
 
 def test_presets_describe_their_machines():
-    assert PRESET_NAMES == ("dgx-h100", "dgx-h100-mig", "h200-mig-balanced", "workstation-a100")
+    assert PRESET_NAMES == (
+        "dgx-h100",
+        "dgx-h100-mig",
+        "h200-mig-balanced",
+        "workstation-a100",
+        "l40s-4",
+        "rtx-a6000-8",
+        "workstation-4090",
+    )
     dgx = load_topology("dgx-h100")
     assert dgx.gpus == (GpuSpec("H100-80GB"),) * 8
     dgx_mig = load_topology("dgx-h100-mig")
@@ -238,3 +247,29 @@ def test_bad_json_and_missing_files(tmp_path: Path):
         load_topology(str(broken))
     with pytest.raises(TopologyError, match="cannot read topology file .*missing.yaml"):
         load_topology(str(tmp_path / "missing.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("preset", "name", "count", "mib"),
+    [
+        ("l40s-4", "NVIDIA L40S", 4, 46068),
+        ("rtx-a6000-8", "NVIDIA RTX A6000", 8, 49140),
+        ("workstation-4090", "NVIDIA GeForce RTX 4090", 2, 24564),
+    ],
+)
+def test_machines_without_mig_answer_as_their_gpus_do(preset, name, count, mib):
+    """The lab GPUs without MIG: NVML names them and their memory as on the real cards,
+    answers NotSupported for their MIG mode, and each is one whole device."""
+    sim = SimulatedNvml(load_topology(preset)).install()
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        assert pynvml.nvmlDeviceGetCount() == count
+        for h in handles:
+            assert pynvml.nvmlDeviceGetName(h) == name
+            assert pynvml.nvmlDeviceGetMemoryInfo(h).total == mib << 20
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                pynvml.nvmlDeviceGetMigMode(h)
+        pynvml.nvmlShutdown()
+    finally:
+        sim.uninstall()

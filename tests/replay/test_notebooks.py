@@ -4,6 +4,7 @@ committed excerpt of the Adobe trace against the benchmark's plain count."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from replay_helpers import benchmark
 
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
 from jupyter_gpubroker.replay import notebooks as nb
+from jupyter_gpubroker.wire.profiles import CATALOG
 
 bench = benchmark("notebooks")
 EXCERPT = Path(__file__).parent / "data" / "adobe-sensei-first10.json"
@@ -186,3 +188,25 @@ def test_the_fit_splits_whole_sessions_by_day_and_ties_go_to_the_longer_timeout(
     assert bench.choose([(5, short), (60, long)], 0.5) == 5  # 1.3 against 1.4
     tied = {**long, "held_ratio": 1.3 * 1.005}  # within 1% of 1.3: the longer wins
     assert bench.choose([(5, short), (60, tied)], 0.5) == 60
+
+
+def test_under_shares_each_kernel_holds_the_memory_it_used_and_nobody_waits(two_sessions):
+    """Held for whole sessions B waits 130 minutes for A's node (above); as shares, A's
+    16 GB and B's 8 GB sit on the 80 GB GPUs at once, each counted as its fraction."""
+    result = nb.replay(two_sessions, nb.Policy("shares", "session", shares=True), gpus=8)
+    a, b = by_id(result)["a"], by_id(result)["b"]
+    assert a.waits_s == [0.0, 0.0] and b.waits_s == [0.0]
+    h100 = CATALOG["H100-80GB"].memory_mib
+    assert a.held_s == pytest.approx(230 * MIN * math.ceil(16e9 / 2**20) / h100)
+    assert b.held_s == pytest.approx((280 - 60) * MIN * math.ceil(8e9 / 2**20) / h100)
+    f = nb.summarize(result)
+    assert f["within_10s_pct"] == 100.0 and f["held_ratio"] < 0.2 and f["peak_gpus"] < 1
+    # a session whose memory no GPU has asks for its whole GPUs, as before
+    big = [nb.Session("c", 0.0, 60 * MIN, (nb.Cell(0.0, 30 * MIN, 8, 90.0, 50.0),))]
+    whole = by_id(nb.replay(big, nb.Policy("shares", "session", shares=True), gpus=8))["c"]
+    assert whole.held_s == 8 * 60 * MIN
+
+
+def test_shares_are_not_replayed_under_idle_reclaim():
+    with pytest.raises(ValueError, match="session and cell holds only"):
+        nb.Policy("shares", "reclaim", RECLAIM_30, shares=True)

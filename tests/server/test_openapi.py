@@ -489,7 +489,7 @@ async def _kernel_token(check: CheckedApi, granted: dict[str, Any]) -> dict[str,
     )
     assert mine["holder"] == "k1"
     second = await check("POST", "requests", {"min_memory_gb": 1}, headers=kernel, expect=409)
-    assert "CUDA shows a process only one MIG device" in second["message"]
+    assert "CUDA shows a process one MIG device" in second["message"]
     assert (await check("GET", f"requests/{mine['id']}", headers=kernel, expect=200))["id"]
     assert [
         r["id"] for r in (await check("GET", "requests", headers=kernel, expect=200))["requests"]

@@ -68,6 +68,13 @@ def test_profile_memory_matches_its_name_and_fits_the_gpu(model, profile):
     assert profile.sm_count <= model.sm_count
 
 
+MIG_MODELS = {k: m for k, m in CATALOG.items() if m.profiles}
+
+
+def test_the_gpus_without_mig_have_no_profiles():
+    assert set(CATALOG) - set(MIG_MODELS) == {"L40S-48GB", "RTXA6000-48GB", "RTX4090-24GB"}
+
+
 @pytest.mark.parametrize(("model", "profile"), PROFILES, ids=IDS)
 def test_a_request_for_the_gb_nvidia_names_a_device_by_takes_it(model, profile):
     """The units rule (docs/decisions.md): GB are 10^9 bytes, in which every device has at
@@ -76,6 +83,10 @@ def test_a_request_for_the_gb_nvidia_names_a_device_by_takes_it(model, profile):
     nominal = profile_memory_gb(profile.name)
     assert profile.memory_mib >= gb_to_mib(nominal)
     assert float(memory(profile.memory_mib).removesuffix(" GB")) >= nominal  # shown so too
+
+
+@pytest.mark.parametrize("model", CATALOG.values(), ids=list(CATALOG))
+def test_every_card_has_at_least_the_gb_nvidia_names_it_by(model):
     card = float(model.key.split("-")[1].removesuffix("GB"))  # "H100-80GB": NVIDIA's 80 GB
     assert mib_to_gb(model.memory_mib) >= card
 
@@ -87,8 +98,8 @@ def test_sizes_are_typed_in_gb_or_in_gib_said_so():
         parse_memory("twenty")
 
 
-@pytest.mark.parametrize("model", CATALOG.values(), ids=list(CATALOG))
-def test_every_model_has_the_seven_shapes_with_nvml_ids(model):
+@pytest.mark.parametrize("model", MIG_MODELS.values(), ids=list(MIG_MODELS))
+def test_every_mig_model_has_the_seven_shapes_with_nvml_ids(model):
     shapes = {p.name.split(".")[0] + ("+me" if "+me" in p.name else ""): p for p in model.profiles}
     assert len(model.profiles) == 7 and len({p.name for p in model.profiles}) == 7
     # NVML_GPU_INSTANCE_PROFILE_* constants and the ids NVML returns (REFERENCE.md)
@@ -126,7 +137,8 @@ def test_h200_facts():
 def test_model_lookup_by_nvml_name():
     assert model_for_name("NVIDIA H100 80GB HBM3") is CATALOG["H100-80GB"]
     assert model_for_name("NVIDIA A100-SXM4-40GB") is CATALOG["A100-40GB"]
-    assert model_for_name("NVIDIA GeForce RTX 4090") is None
+    assert model_for_name("NVIDIA GeForce RTX 4090") is CATALOG["RTX4090-24GB"]
+    assert model_for_name("Tesla T4") is None
 
 
 def test_all_profile_names_and_memory_parsing():

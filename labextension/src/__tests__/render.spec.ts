@@ -58,6 +58,53 @@ describe('sliceBar', () => {
   });
 });
 
+describe('a shared GPU', () => {
+  const sharing = {
+    mode: 'shared',
+    shares_now: true,
+    room_mib: 5108,
+    mechanism: 'watched',
+    enforced: false,
+    text: 'shares not enforced: a kernel that goes over is stopped',
+    shares: [
+      { user: 'ann', lease_id: 'l-00', memory_mib: 20480 },
+      { user: 'bob', lease_id: null, memory_mib: 20480 }
+    ]
+  };
+
+  it('draws each share as wide as its memory, and says what holds them', () => {
+    const gpu = h100(0, [], { mig_enabled: false, memory_mib: 46068, sharing });
+    const segments = Array.from(sliceBar(gpu, 'ann').children) as HTMLElement[];
+    expect(segments.map(x => x.textContent)).toEqual(['mine', 'bob', 'free']);
+    expect(sliceBar(gpu, 'ann').style.gridTemplateColumns).toBe(
+      '44fr 44fr 11fr'
+    );
+    const { node } = draw(overview({ gpus: [gpu], leases: [] }));
+    expect(node.textContent).toContain(
+      'shared · shares not enforced: a kernel that goes over is stopped'
+    );
+  });
+
+  it('shows my share with what holds it and what it uses', () => {
+    const share = {
+      memory_mib: 7630,
+      used_mib: 3072,
+      gpu: 'GPU 0',
+      mechanism: 'mps',
+      enforced: true,
+      text: '8.0 GB of GPU 0, enforced by MPS'
+    };
+    const o = overview({
+      leases: [lease('l-00', 'GPU-0', { profile: 'share', share })]
+    });
+    const box = draw(o).node.querySelector(
+      '.jp-GpuBroker-lease'
+    ) as HTMLElement;
+    expect(box.textContent).toContain('8.0 GB of GPU 0, enforced by MPS');
+    expect(box.textContent).toContain('held 30 min · using 3.2 GB');
+  });
+});
+
 describe('renderPanel', () => {
   it('says which device is used outside the broker, by whom, and for how long', () => {
     const gpu = h100(1, Array(7).fill(null));

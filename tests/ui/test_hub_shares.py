@@ -1,0 +1,65 @@
+"""The hub's pages on a shared machine without MIG, in Debian's Chromium: a hub whose
+broker service simulates an L40S lent as shares, with MPS (the simulated control daemons
+it runs). The spawn page offers "Part of a shared GPU" and says what holds a share;
+My GPUs shows a user's share in the broker's words; the admin page lists the GPU's
+shares, what holds them and why."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from live_hub import Hub
+from test_hub_pages import PAGES, WAIT_MS, log_in
+
+pytestmark = [pytest.mark.slow, pytest.mark.hub]  # a real hub and a browser
+
+
+@pytest.fixture
+def hub(tmp_path: Path, proxy: None) -> Iterator[Hub]:
+    with tempfile.TemporaryDirectory(prefix="mps", dir="/tmp") as mps:  # sockets: 108 bytes
+        running = Hub(
+            tmp_path / "hub",
+            spawner="hub_spawner.spawner.SimpleGPUBrokerSpawner",
+            simulate="l40s-4:1",
+            sharing="shared",
+            mps_dir=mps,
+            lease_ttl=900,
+        )
+        running.home.mkdir()
+        with running.running():
+            yield running
+
+
+def test_the_spawn_page_my_gpus_and_the_admin_page_say_what_holds_a_share(
+    hub: Hub, browser: Any, tmp_path: Path
+) -> None:
+    tokens = {name: hub.user(name) for name in ("ann", "admin")}
+    share = hub.ok(tokens["ann"], "POST", "requests", {"share_gb": 8, "holder": "train.ipynb"})
+    assert share["lease"]["share"]["text"] == "8.0 GB of GPU 0, enforced by MPS"
+
+    ann = log_in(browser, hub, "ann")
+    ann.goto(f"{hub.url}/hub/spawn")
+    form = ann.locator("fieldset.gpubroker-options")
+    form.wait_for(timeout=WAIT_MS)
+    assert "Part of a shared GPU" in form.inner_text()
+    assert "40.3 GB free on a shared GPU now; shares enforced by MPS" in form.inner_text()
+    ann.check("#gpu-share_gb")
+    ann.screenshot(path=str(tmp_path / "hub-share-form.png"), full_page=True)
+    ann.goto(f"{hub.url}{PAGES}/")
+    mine = ann.locator(".gpubroker-share-text")
+    mine.wait_for(timeout=WAIT_MS)
+    assert mine.inner_text() == "8.0 GB of GPU 0, enforced by MPS"
+
+    admin = log_in(browser, hub, "admin")
+    admin.goto(f"{hub.url}{PAGES}/admin")
+    shared = admin.locator("tr.gpubroker-shared")
+    shared.wait_for(timeout=WAIT_MS)
+    assert "shares enforced by MPS: 40.3 GB free" in shared.inner_text()
+    assert "the driver is 570.86.15" in shared.inner_text()  # why not the driver
+    (row,) = admin.locator("tr.gpubroker-share").all()
+    assert row.inner_text().split("\t")[:2] == ["8.0 GB share", "ann"]
+    admin.screenshot(path=str(tmp_path / "hub-admin-shares.png"), full_page=True)
