@@ -27,6 +27,7 @@ from typing import Any
 
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
 from jupyter_gpubroker.replay import notebooks as nb
+from jupyter_gpubroker.replay.notebook_figures import summarize
 from jupyter_gpubroker.runtime.reclaim import SUSPEND_GRACE_S, SUSPEND_IDLE_TIMEOUT_S
 from jupyter_gpubroker.wire.profiles import CATALOG
 
@@ -107,8 +108,7 @@ def shares_run(path: Path) -> dict[str, list[tuple[nb.Policy, dict[str, float]]]
     sessions = nb.load(path)
     return {
         name: [
-            (p, nb.summarize(nb.replay(sessions, p, gpus=gpus, model=model)))
-            for p in share_policies()
+            (p, summarize(nb.replay(sessions, p, gpus=gpus, model=model))) for p in share_policies()
         ]
         for name, (model, gpus) in SHARE_CLUSTERS.items()
     }
@@ -147,7 +147,7 @@ def band(path: Path) -> dict[int, list[tuple[str, dict[str, float]]]]:
             policy = nb.Policy(
                 name, "reclaim", shipped_auto(), suspend_gbps=gbps, suspend_fixed_s=fixed_s
             )
-            results[gpus].append((name, nb.summarize(nb.replay(sessions, policy, gpus=gpus))))
+            results[gpus].append((name, summarize(nb.replay(sessions, policy, gpus=gpus))))
     return results
 
 
@@ -217,7 +217,7 @@ def mig_fit(sessions: list[nb.Session]) -> dict[str, int]:
 def run(path: Path) -> dict[int, list[tuple[nb.Policy, dict[str, float]]]]:
     sessions = nb.load(path)
     return {
-        gpus: [(p, nb.summarize(nb.replay(sessions, p, gpus=gpus))) for p in policies()]
+        gpus: [(p, summarize(nb.replay(sessions, p, gpus=gpus))) for p in policies()]
         for gpus in CLUSTERS
     }
 
@@ -274,7 +274,7 @@ def fit(path: Path) -> Fit:
             gpus: [
                 (
                     m,
-                    nb.summarize(
+                    summarize(
                         nb.replay(
                             sessions,
                             nb.Policy(

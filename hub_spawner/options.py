@@ -164,6 +164,15 @@ def _profile_words(
     return [(f"a {profile} slice ({cls})", words) for cls, words in own.items()]
 
 
+def slices_by_profile(devices: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The MIG slices among ``devices``, by profile name."""
+    profiles: dict[str, list[dict[str, Any]]] = {}
+    for d in devices:
+        if d["kind"] == "mig":
+            profiles.setdefault(d["profile"], []).append(d)
+    return profiles
+
+
 class Choices:
     """What a user may ask for on this machine and within their quota, from the broker's
     ``overview`` and the user's ``quotas``: for refusals and the options form."""
@@ -174,18 +183,9 @@ class Choices:
         self.whole = [d for d in devices if d["kind"] != "mig" and d.get("lent") != "shared"]
         self.shared = [g for g in overview["gpus"] if (g.get("sharing") or {}).get("shares_now")]
         """The GPUs that take shares now, with what holds them."""
-        self.profiles: dict[str, list[dict[str, Any]]] = {}
-        for d in devices:
-            if d["kind"] == "mig":
-                self.profiles.setdefault(d["profile"], []).append(d)
-        user, groups = overview["me"]["user"], overview["me"].get("groups") or []
-        by = {(q["kind"], q["name"]): q for q in quotas}
-        own = by.get(("user", user)) or {}
-        self.max_gpus: float | None = own.get("max_gpus")
-        self.share: float | None = own.get("share")
-        self.group = groups[0] if groups else None
-        """The group a request is charged to, as the broker charges it (the first)."""
-        self.group_quota: dict[str, Any] | None = by.get(("group", self.group or ""))
+        self.profiles = slices_by_profile(devices)
+        user = overview["me"]["user"]
+        self._take_quotas(user, overview["me"].get("groups") or [], quotas)
         self.profile_equivalents = {p: ds[0]["gpu_equivalents"] for p, ds in self.profiles.items()}
         sizes = [d["memory_mib"] for d in devices if self.within_quota(d["gpu_equivalents"])]
         # GB as the broker compares them, rounded down: a size shown fits
@@ -193,6 +193,16 @@ class Choices:
         self.smallest_gb = float(gigabytes(min(sizes, default=0)))
         self.mine = [d for d in devices if (d["holder"] or {}).get("user") == user]
         self.held = sum(d["gpu_equivalents"] for d in self.mine)
+
+    def _take_quotas(self, user: str, groups: list[str], quotas: list[dict[str, Any]]) -> None:
+        """The user's own cap and share, and the quota of the group they are charged to."""
+        by = {(q["kind"], q["name"]): q for q in quotas}
+        own = by.get(("user", user)) or {}
+        self.max_gpus: float | None = own.get("max_gpus")
+        self.share: float | None = own.get("share")
+        self.group = groups[0] if groups else None
+        """The group a request is charged to, as the broker charges it (the first)."""
+        self.group_quota: dict[str, Any] | None = by.get(("group", self.group or ""))
 
     def within_quota(self, gpu_equivalents: float) -> bool:
         """Whether a device this large is ever allowed: by the user's quota and by their

@@ -13,7 +13,8 @@ process probe are), and commits every change to the store before it returns.
 ``Broker`` is the one API every front calls; each of its parts holds one job:
 ``book.Book`` the live requests and active leases, ``scheduling.Scheduler`` the
 scheduling pass, ``devices.Devices`` drains, vacating devices and re-cuts,
-``estimates.StartEstimates`` the queue's start estimates. The broker ranks (the
+``estimates.StartEstimates`` the queue's start estimates, ``restart.restore`` the
+rebuild from the store when it starts. The broker ranks (the
 policy's priorities from the fair-share ledger) and decides which move to make.
 
 Not thread-safe: call it from one thread (the server's event loop).
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable
 from datetime import timezone
 from typing import Any
 
-from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unsatisfiable
+from ..wire.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from ..wire.sizes import Size
 from . import accounting
 from .book import Book, Held
@@ -60,7 +61,8 @@ from .models import (
 from .models import Event as Event
 from .placement import Placer
 from .policy import BrokerPolicy, Policy
-from .predictor import Predictor, held_shape
+from .predictor import Predictor
+from .restart import restore
 from .scheduling import Fit, Scheduler
 from .store import Store
 
@@ -159,7 +161,7 @@ class Broker:
             self.promises,
         )
         """The scheduling pass, and the sizes and durations it rests on."""
-        self._restore()
+        restore(self)
         self._recalc(self.clock.now())
 
     @property
@@ -596,27 +598,3 @@ class Broker:
         self._oldest_waiting = self._waiting.oldest_submitted_at()
         self._ranker = self.policy.ranker(self, now)
         self._waiting.rerank_all()
-
-    # -- restart
-
-    def _restore(self) -> None:
-        """Rebuild memory from the store after a start or a crash."""
-        now = self.clock.now()
-        self.budgets.restore(now)
-        horizon = now - 10 * self.policy.half_life_s
-        for row in self.store.ledger(since=horizon):
-            self.ledger.charge_past(
-                row["user"], row["grp"], row["gpu_equivalents"], row["start"], row["end"], now
-            )
-            shape = held_shape(row["profile"], row["gpu_equivalents"])
-            held_s = row["end"] - row["start"]
-            self.predictor.learn(row["user"], row["grp"], row["job_class"], shape, held_s)
-        lost = self.book.restore(now)
-        self.devices.restore([*self.book.holder, *self.book.shared], now)
-        for lease, reason in lost:
-            self.book.end_lease(lease, LeaseState.RECLAIMED, reason, ("lost", {"reason": reason}))
-        for r in [r for r in self.book.live.values() if r.state is RequestState.QUEUED]:
-            try:
-                self.scheduler.check_satisfiable(r.size)
-            except Unsatisfiable as e:
-                self.book.end_queued(r, RequestState.REFUSED, e.message)

@@ -43,9 +43,10 @@ from typing import Protocol
 from ..wire.profiles import CATALOG, COMPUTE_SLICES
 from ..wire.sizes import Size, gb_to_mib
 from .models import Lease, Request
-from .placement import WHOLE_GPU, Groups, Placer
+from .placement import Groups, Placer
 from .policy import Context, Policy
 from .predictor import Predictor, held_shape, request_shape
+from .shapes import WHOLE_GPU
 from .shares import ShareTimes, share_mib
 
 

@@ -2,10 +2,16 @@
 
 A file records the version it is at (``PRAGMA user_version``); ``store.Store`` runs the
 migrations above it, each in one transaction, when the broker opens the file. A reader
-(``Store(read_only=True)``) never migrates.
+(``Store(read_only=True)``) never migrates, and reads only a file at this version; the
+checks below refuse, in one sentence, a file that cannot be read or upgraded.
 """
 
 from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+
+from ..wire.errors import StateFileError
 
 # Each entry upgrades the schema by one version; never edit a released one.
 MIGRATIONS: tuple[str, ...] = (
@@ -248,3 +254,39 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def statements(script: str) -> Iterator[str]:
+    """A migration's statements one by one (a trigger's body holds semicolons of its own;
+    ``execute`` takes one statement, and ``executescript`` would commit the transaction)."""
+    pending = ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""
+
+
+def check_readable(path: str, version: int, has_tables: bool) -> None:
+    """Refuse what this package cannot read as it is: a file with no broker tables, or
+    one at another schema version (a reader never migrates)."""
+    if version == 0 and not has_tables:
+        raise StateFileError(f"{path}: not a GPU broker state file (it holds no tables)")
+    check_upgradable(path, version)
+    if version < SCHEMA_VERSION:
+        raise StateFileError(
+            f"{path} was written by an older jupyter-gpubroker (schema version "
+            f"{version}, this one reads {SCHEMA_VERSION}); it is left as it is: the broker "
+            "upgrades it when it next starts"
+        )
+
+
+def check_upgradable(path: str, version: int) -> None:
+    """Refuse a file written by a newer package: its schema cannot be migrated down."""
+    if version > SCHEMA_VERSION:
+        raise StateFileError(
+            f"{path}: schema version {version} is newer than this jupyter-gpubroker "
+            f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
+            "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
+        )

@@ -25,18 +25,13 @@ from .lazyheap import LazyHeap
 from .migplan import MigPlan as MigPlan
 from .migplan import plan
 from .models import Device, Inventory
+from .shapes import WHOLE_GPU, Shape, device_class, shape
 from .shares import SharePool, share_mib
 from .sharing import Sharing
 
-WHOLE_GPU = "gpu"
 KTH_INDEXED = 8
 """Reservations of up to this many whole GPUs find their node from an index; larger
 ones (only a machine with more GPUs per node can host them) scan the nodes."""
-
-
-def device_class(d: Device) -> str:
-    """The free-list a device belongs to: its MIG profile, or ``gpu``."""
-    return d.profile if d.profile is not None else WHOLE_GPU
 
 
 @dataclass(frozen=True)
@@ -51,14 +46,6 @@ class Groups:
     """A MIG GPU seen as its compute slices -> its devices and their slices."""
     drained: frozenset[str]
     """The drained devices, and the GPUs drained whole."""
-
-
-Shape = tuple[str, int]
-"""(device class, memory MiB): devices that are interchangeable for every size."""
-
-
-def shape(d: Device) -> Shape:
-    return (device_class(d), d.memory_mib)
 
 
 class Placer:

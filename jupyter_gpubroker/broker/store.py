@@ -25,7 +25,13 @@ from typing import Any
 import sqlite_utils
 
 from ..wire.errors import InvalidRequest, StateFileError, StorageFull
-from .migrations import MIGRATIONS, SCHEMA_VERSION
+from .migrations import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check_readable,
+    check_upgradable,
+    statements,
+)
 from .models import Lease, Request
 from .rows import lease_from_row, request_from_row
 from .statefile import out_of_storage, unusable
@@ -84,7 +90,7 @@ class Store:
         try:
             self.db = sqlite_utils.Database(self.conn)
             if read_only:
-                self._check_version()
+                check_readable(self.path, self.schema_version, bool(self.db.table_names()))
                 return
             if self.path != ":memory:":
                 self.db.enable_wal()
@@ -157,35 +163,12 @@ class Store:
     def schema_version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
 
-    def _check_version(self) -> None:
-        """Refuse what this package cannot read as it is: a file with no broker tables, or
-        one at another schema version (a reader never migrates)."""
-        version = self.schema_version
-        if version == 0 and not self.db.table_names():
-            raise StateFileError(f"{self.path}: not a GPU broker state file (it holds no tables)")
-        if version > SCHEMA_VERSION:
-            raise self._newer(version)
-        if version < SCHEMA_VERSION:
-            raise StateFileError(
-                f"{self.path} was written by an older jupyter-gpubroker (schema version "
-                f"{version}, this one reads {SCHEMA_VERSION}); it is left as it is: the broker "
-                "upgrades it when it next starts"
-            )
-
-    def _newer(self, version: int) -> StateFileError:
-        return StateFileError(
-            f"{self.path}: schema version {version} is newer than this jupyter-gpubroker "
-            f"supports ({SCHEMA_VERSION}); upgrade the package (pip install -U "
-            "jupyter-gpubroker), or set c.GPUBroker.state_file to another file"
-        )
-
     def _migrate(self) -> None:
         version = self.schema_version
-        if version > SCHEMA_VERSION:
-            raise self._newer(version)
+        check_upgradable(self.path, version)
         for i in range(version, SCHEMA_VERSION):
             with self.transaction() as c:
-                for stmt in _statements(MIGRATIONS[i]):
+                for stmt in statements(MIGRATIONS[i]):
                     c.execute(stmt)
                 c.execute(f"PRAGMA user_version={i + 1}")
 
@@ -586,18 +569,6 @@ class Store:
                 [_low(since), _high(until)],
             )
         )
-
-
-def _statements(script: str) -> Iterator[str]:
-    """A migration's statements one by one (a trigger's body holds semicolons of its own;
-    ``execute`` takes one statement, and ``executescript`` would commit the transaction)."""
-    pending = ""
-    for part in script.split(";"):
-        pending += part + ";"
-        if sqlite3.complete_statement(pending):
-            if pending.strip(" \n;"):
-                yield pending
-            pending = ""
 
 
 def _low(since: float | None) -> float:

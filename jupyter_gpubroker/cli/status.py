@@ -103,65 +103,85 @@ def _local_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render_status(report: dict[str, Any]) -> str:
-    from ..wire.text import memory
-
     rows = [("DEVICE", "MODEL / PROFILE", "MEMORY", "UTIL", "TEMP", "POWER", "HOLDER", "UUID")]
     for g in report["gpus"]:
+        rows += _gpu_rows(g)
+    return "\n".join([table(rows), "", *_summary_lines(report)])
+
+
+Row = tuple[str, str, str, str, str, str, str, str]
+"""One line of the status table, a text per column."""
+
+
+def _gpu_rows(g: dict[str, Any]) -> list[Row]:
+    """One GPU's rows: its own, with its holder (or its shared room), then one per share
+    or MIG slice it holds."""
+    from ..wire.text import memory
+
+    rows: list[Row] = [
+        (
+            _gpu_label(g),
+            f"{g['name']}" + (" [MIG]" if g["mig_enabled"] else ""),
+            memory(g["memory_mib"]),
+            _pct(g.get("utilization_gpu")),
+            _num(g.get("temperature_c"), "C"),
+            _num(g.get("power_w"), "W"),
+            _gpu_state(g),
+            g["uuid"],
+        )
+    ]
+    sharing = g.get("sharing")
+    for d in g["devices"]:
+        if d["kind"] == "gpu" and sharing and sharing["mode"] != "whole":
+            rows[-1] = (*rows[-1][:6], f"shared, {memory(sharing['room_mib'])} free", g["uuid"])
+            rows += [_share_row(d, x) for x in sharing["shares"]]
+            continue
+        if d["kind"] == "gpu":
+            rows[-1] = (*rows[-1][:6], _holder_text(d), g["uuid"])
+            continue
         rows.append(
             (
-                _gpu_label(g),
-                f"{g['name']}" + (" [MIG]" if g["mig_enabled"] else ""),
-                memory(g["memory_mib"]),
-                _pct(g.get("utilization_gpu")),
-                _num(g.get("temperature_c"), "C"),
-                _num(g.get("power_w"), "W"),
-                _gpu_state(g),
-                g["uuid"],
+                f"  {d['label'].split(' / ')[1]}",
+                d["profile"],
+                memory(d["memory_mib"]),
+                _pct(d.get("utilization_gpu")),
+                "",
+                "",
+                _holder_text(d),
+                d["uuid"],
             )
         )
-        sharing = g.get("sharing")
-        for d in g["devices"]:
-            if d["kind"] == "gpu" and sharing and sharing["mode"] != "whole":
-                rows[-1] = (*rows[-1][:6], f"shared, {memory(sharing['room_mib'])} free", g["uuid"])
-                for x in sharing["shares"]:
-                    used = "" if x.get("used_mib") is None else f"{memory(x['used_mib'])} used"
-                    rows.append(
-                        (
-                            "  share",
-                            used,
-                            memory(x["memory_mib"]),
-                            "",
-                            "",
-                            "",
-                            _holder_text({**d, "holder": x}),
-                            "",
-                        )
-                    )
-                continue
-            if d["kind"] == "gpu":
-                rows[-1] = (*rows[-1][:6], _holder_text(d), g["uuid"])
-                continue
-            rows.append(
-                (
-                    f"  {d['label'].split(' / ')[1]}",
-                    d["profile"],
-                    memory(d["memory_mib"]),
-                    _pct(d.get("utilization_gpu")),
-                    "",
-                    "",
-                    _holder_text(d),
-                    d["uuid"],
-                )
-            )
-    lines = [table(rows)]
+    return rows
+
+
+def _share_row(d: dict[str, Any], x: dict[str, Any]) -> Row:
+    """The row of one share ``x`` of the shared GPU ``d``: its memory used and granted,
+    its holder."""
+    from ..wire.text import memory
+
+    used = "" if x.get("used_mib") is None else f"{memory(x['used_mib'])} used"
+    return (
+        "  share",
+        used,
+        memory(x["memory_mib"]),
+        "",
+        "",
+        "",
+        _holder_text({**d, "holder": x}),
+        "",
+    )
+
+
+def _summary_lines(report: dict[str, Any]) -> list[str]:
+    """The lines under the table: the counts, each shared GPU's holds, idle reclaim, and
+    an engine the broker cannot reach."""
     n_dev = sum(len(g["devices"]) for g in report["gpus"])
     held = sum(1 for g in report["gpus"] for d in g["devices"] if d["holder"])
     drained = sum(1 for g in report["gpus"] for d in g["devices"] if d.get("drained"))
-    lines.append("")
-    lines.append(
+    lines = [
         f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
         f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
-    )
+    ]
     holds = sorted(
         {
             f"{_gpu_label(g)}: {g['sharing']['text']}"
@@ -177,7 +197,7 @@ def render_status(report: dict[str, Any]) -> str:
             f"{engine['error']} since {engine['since']}: the broker keeps its queue and its "
             f"last view of the cluster"
         )
-    return "\n".join(lines)
+    return lines
 
 
 SHOWN_LABELS = 6

@@ -25,7 +25,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar
 
 from ..broker.models import Device, Inventory
-from ..broker.placement import device_class
+from ..broker.shapes import device_class
 from ..inventory import BaseInventory, OpenInventory
 from ..wire.errors import InvalidRequest
 

@@ -37,7 +37,7 @@ from typing import Any
 from traitlets import Unicode
 
 from ..broker.models import Device, Gpu, Inventory
-from ..broker.placement import WHOLE_GPU
+from ..broker.shapes import WHOLE_GPU
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
 from ..wire.sizes import RESOLUTION, gb_to_mib
 from ..wire.traits import Seconds

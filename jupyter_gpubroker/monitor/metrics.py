@@ -29,7 +29,7 @@ from ..broker.alerts import Alert
 from ..broker.core import Broker, Event
 from ..broker.health import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from ..broker.models import DeviceReading, Health, JobClass, RequestState
-from ..broker.placement import device_class
+from ..broker.shapes import device_class
 
 WAIT_BUCKETS = (1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
 """Upper bounds (s) of the queue-wait histogram: seconds for a free slice to a day."""

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from ..broker.clock import VirtualClock
 from ..broker.core import Broker, BrokerConfig
 from ..broker.models import JobClass, Lease
-from ..broker.placement import WHOLE_GPU
 from ..broker.policy import Policy, make_policy
+from ..broker.shapes import WHOLE_GPU
 from ..broker.store import Store
 from ..nvml import MigPartitioner, open_backend
 from ..wire.errors import Conflict, Unsatisfiable

@@ -259,6 +259,13 @@ class Size:
     cap, as MPS's active thread percentage is, not a reservation); None: no cap."""
 
     def __post_init__(self) -> None:
+        self._check_fields_given()
+        self._check_values()
+        self._check_model()
+
+    def _check_fields_given(self) -> None:
+        """Which fields a request names together: exactly one size, and a compute cap
+        only with a share."""
         if self.share_gb is not None and self.profile is not None:
             raise InvalidRequest(
                 "a MIG slice is never shared: ask for the slice itself, or for part of a "
@@ -276,6 +283,9 @@ class Size:
                 "a request asks for exactly one of 'gpus', 'profile', 'min_memory_gb' or "
                 "'share_gb'" + (f" (got {', '.join(given)})" if given else "")
             )
+
+    def _check_values(self) -> None:
+        """Each size field given is of its type and within its bounds."""
         if self.gpus is not None:
             number(self.gpus, "'gpus'", 1, MAX_GPUS, whole=True)
         if self.profile is not None and not isinstance(self.profile, str):
@@ -291,14 +301,18 @@ class Size:
             number(self.share_gb, "a share's memory", RESOLUTION, MAX_MEMORY_GB, words=_GB)
         if self.compute_percent is not None:
             number(self.compute_percent, "the compute share", 1, 100, whole=True, words=_PERCENT)
-        if self.model is not None:
-            if self.gpus is None:
-                raise InvalidRequest("'model' goes with 'gpus' only: it picks whole GPUs")
-            if not isinstance(self.model, str) or not _MODEL.fullmatch(self.model):
-                raise InvalidRequest(
-                    f"'model' must be a GPU model as GET devices names it (H100-80GB), "
-                    f"not {self.model!r}"
-                )
+
+    def _check_model(self) -> None:
+        """A model names whole GPUs only, in the spelling ``GET devices`` uses."""
+        if self.model is None:
+            return
+        if self.gpus is None:
+            raise InvalidRequest("'model' goes with 'gpus' only: it picks whole GPUs")
+        if not isinstance(self.model, str) or not _MODEL.fullmatch(self.model):
+            raise InvalidRequest(
+                f"'model' must be a GPU model as GET devices names it (H100-80GB), "
+                f"not {self.model!r}"
+            )
 
     @property
     def shared(self) -> bool:

@@ -13,6 +13,7 @@ from replay_helpers import benchmark
 
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
 from jupyter_gpubroker.replay import notebooks as nb
+from jupyter_gpubroker.replay.notebook_figures import summarize
 from jupyter_gpubroker.wire.profiles import CATALOG
 
 bench = benchmark("notebooks")
@@ -72,7 +73,7 @@ def test_a_reclaim_frees_the_gpus_for_a_waiter_and_the_next_cell_waits_in_its_tu
     assert a.waits_s == [0.0, 35 * MIN] and b.waits_s == [0.0]
     assert (a.shutdowns, b.shutdowns) == (1, 1)
     assert a.held_s == 8 * (70 + 45) * MIN and b.held_s == 8 * (185 - 70) * MIN
-    f = nb.summarize(result)
+    f = summarize(result)
     assert f["held_ratio"] == pytest.approx((920 + 920) / (160 + 80 + 240))
     assert f["no_wait_pct"] == pytest.approx(100 * 2 / 3)
     assert f["wait_p50_s"] == 0.0 and f["wait_p95_s"] == 35 * MIN
@@ -90,17 +91,17 @@ def test_held_for_the_whole_session_the_second_user_waits_for_the_first_to_leave
     a, b = by_id(result)["a"], by_id(result)["b"]
     assert a.waits_s == [0.0, 0.0] and b.waits_s == [130 * MIN]
     assert a.held_s == 8 * 230 * MIN and b.held_s == 8 * (280 - 230) * MIN
-    assert nb.summarize(result)["shutdowns"] == 0
+    assert summarize(result)["shutdowns"] == 0
 
 
 def test_a_user_who_leaves_while_waiting_never_gets_the_gpus(two_sessions):
     """On demand, A's cells and B's never overlap: nothing waits and only cells hold.
     Held for whole sessions with B leaving at 200, B never gets its GPUs."""
-    on_demand = nb.summarize(nb.replay(two_sessions, nb.Policy("cells", "cell"), gpus=8))
+    on_demand = summarize(nb.replay(two_sessions, nb.Policy("cells", "cell"), gpus=8))
     assert on_demand["held_ratio"] == 1.0 and on_demand["no_wait_pct"] == 100.0
     b = two_sessions[1]
     short = [two_sessions[0], nb.Session(b.id, b.start_s, 200 * MIN, b.cells)]
-    f = nb.summarize(nb.replay(short, nb.Policy("whole", "session"), gpus=8))
+    f = summarize(nb.replay(short, nb.Policy("whole", "session"), gpus=8))
     assert (f["never_granted"], f["cells_never_ran"]) == (1, 1)
     assert f["no_wait_pct"] == pytest.approx(100 * 2 / 3)
     # held against the cells that ran (A's 30 minutes), B's cell that never ran apart:
@@ -133,7 +134,7 @@ def test_suspend_keeps_the_kernel_and_pays_for_the_copies(two_sessions):
     assert (a.shutdowns, a.suspends, b.suspends) == (0, 1, 1)
     assert a.waits_s == [0.0, pytest.approx(35 * MIN + 0.25)]
     assert b.held_s == pytest.approx(8 * (185 - 70) * MIN + 8 * 8.0 / 64)
-    assert nb.summarize(result)["shutdowns"] == 0
+    assert summarize(result)["shutdowns"] == 0
 
     # at cuda-checkpoint#29's 15 s a toggle, each copy costs that much more
     slow = nb.replay(two_sessions, replace(policy, suspend_fixed_s=15.0), gpus=8)
@@ -151,7 +152,7 @@ def test_the_excerpt_agrees_with_the_plain_count():
         nb.Policy("cells", "cell"),
         nb.Policy("15 min", "reclaim", ReclaimConfig(idle_timeout_s=15 * MIN)),
     ):
-        f = nb.summarize(nb.replay(sessions, policy, gpus=144))
+        f = summarize(nb.replay(sessions, policy, gpus=144))
         limit = policy.reclaim.idle_timeout_s + policy.reclaim.grace_s if policy.reclaim else None
         plain = bench.plain_count(EXCERPT, limit, on_demand=policy.hold == "cell")
         assert f["no_wait_pct"] == 100.0
@@ -162,7 +163,7 @@ def test_the_excerpt_agrees_with_the_plain_count():
 
 def test_the_benchmark_table_says_which_results_are_modelled():
     sessions = nb.load(EXCERPT)
-    results = {144: [(p, nb.summarize(nb.replay(sessions, p, gpus=144))) for p in bench.policies()]}
+    results = {144: [(p, summarize(nb.replay(sessions, p, gpus=144))) for p in bench.policies()]}
     text = bench.table(results)
     shipped = ReclaimConfig().idle_timeout_s / 60
     assert f"| 144 | suspend {shipped:g} min (simulated driver) |" in text
@@ -199,7 +200,7 @@ def test_under_shares_each_kernel_holds_the_memory_it_used_and_nobody_waits(two_
     h100 = CATALOG["H100-80GB"].memory_mib
     assert a.held_s == pytest.approx(230 * MIN * math.ceil(16e9 / 2**20) / h100)
     assert b.held_s == pytest.approx((280 - 60) * MIN * math.ceil(8e9 / 2**20) / h100)
-    f = nb.summarize(result)
+    f = summarize(result)
     assert f["within_10s_pct"] == 100.0 and f["held_ratio"] < 0.2 and f["peak_gpus"] < 1
     # a session whose memory no GPU has asks for its whole GPUs, as before
     big = [nb.Session("c", 0.0, 60 * MIN, (nb.Cell(0.0, 30 * MIN, 8, 90.0, 50.0),))]
