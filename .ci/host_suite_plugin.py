@@ -74,6 +74,25 @@ def pytest_configure(config: pytest.Config) -> None:
         logging.setLogRecordFactory(TRACEBACKS)
         if kind := os.environ.get("HOST_SUITE_BREAK"):
             break_the_extension(kind)
+        watch_the_stop()
+
+
+def watch_the_stop() -> None:
+    """Count a failure of the extension's stop against the test whose server it stopped:
+    pytest-jupyter prints and ignores every error of a server's cleanup ("ignoring cleanup
+    error"), where a user's server would end its shutdown with a traceback."""
+    from jupyter_gpubroker.server import app
+
+    stop = app.GPUBrokerExtension.stop_extension
+
+    async def watched(self: Any) -> None:
+        try:
+            await stop(self)
+        except Exception as e:
+            TRACEBACKS.seen.append(f"the extension's stop failed: {e!r}")
+            raise
+
+    app.GPUBrokerExtension.stop_extension = watched  # type: ignore[method-assign]
 
 
 BREAKS = ("load", "kernelspecs", "routes", "stop")
@@ -107,8 +126,12 @@ def break_the_extension(kind: str) -> None:
             self.handlers.extend(handlers(JupyterHost, root="/api"))
 
         ext.initialize_handlers = everywhere  # type: ignore[method-assign]
-    elif kind == "stop":  # the broker it made fails to stop
-        app.GPUBroker.stop = fail  # type: ignore[method-assign]
+    elif kind == "stop":  # its stop fails
+
+        async def stop(self: Any) -> None:
+            fail()
+
+        ext.stop_extension = stop  # type: ignore[method-assign]
     else:
         raise pytest.UsageError(f"no way to break the extension called {kind!r}: {BREAKS}")
 
