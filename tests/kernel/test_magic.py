@@ -327,6 +327,13 @@ async def test_a_kernel_in_a_gpu_server_uses_the_servers_gpu_and_asks_for_no_sec
     server's environment): ``%gpu request`` says what the server holds and uses it."""
     _, server = await api("POST", "requests", {"profile": "1g.10gb", "holder": "server:me"})
     lease = server["lease"]
+
+    async def renewing() -> None:  # as the server's spawner does, however slowly IPython starts
+        while True:
+            await api("POST", f"leases/{lease['id']}/renew", {})
+            await asyncio.sleep(1)
+
+    spawner = asyncio.ensure_future(renewing())
     try:
         env = {**broker_env, "GPUBROKER_SERVER_LEASE": lease["id"]}
         out = await ipython("%gpu request 2g.20gb\n%gpu\n%gpu release", env)
@@ -339,6 +346,7 @@ async def test_a_kernel_in_a_gpu_server_uses_the_servers_gpu_and_asks_for_no_sec
         _, still = await api("GET", f"leases/{lease['id']}")
         assert still["state"] == "active"
     finally:
+        spawner.cancel()
         await api("DELETE", f"leases/{lease['id']}")
 
 

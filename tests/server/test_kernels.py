@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -33,14 +35,27 @@ async def until(predicate, timeout: float = 30.0, every: float = 0.1):  # type: 
         await asyncio.sleep(every)
 
 
-async def fill_but_one(api) -> list[str]:  # type: ignore[no-untyped-def]
-    """Six of the seven slices taken by another workload; returns their lease ids."""
+@contextlib.asynccontextmanager
+async def filled_but_one(api) -> AsyncIterator[list[str]]:  # type: ignore[no-untyped-def]
+    """Six of the seven slices taken by another workload, which renews its leases every
+    second (they outlive the 4 s TTL however slowly a kernel starts); their lease ids."""
     leases = []
     for _ in range(6):
         status, r = await api("POST", "requests", {"profile": "1g.10gb", "holder": "batch-job"})
         assert status == 201 and r["state"] == "granted"
         leases.append(r["lease"]["id"])
-    return leases
+
+    async def renewing() -> None:
+        while True:
+            await asyncio.sleep(1)
+            for lease_id in leases:
+                await api("POST", f"leases/{lease_id}/renew", {})
+
+    workload = asyncio.ensure_future(renewing())
+    try:
+        yield leases
+    finally:
+        workload.cancel()
 
 
 async def test_kernel_runs_on_its_granted_slice(jp_serverapp, gpu_kernelspec, api, run_in_kernel):
@@ -66,25 +81,25 @@ async def test_full_machine_queues_the_next_kernel_until_one_shuts_down(
 ):
     mkm = jp_serverapp.kernel_manager
     name = gpu_kernelspec()
-    await fill_but_one(api)
-    first = await mkm.start_kernel(kernel_name=name)
-    first_device, _ = (await run_in_kernel(mkm.get_kernel(first), ENV)).split()
+    async with filled_but_one(api):
+        first = await mkm.start_kernel(kernel_name=name)
+        first_device, _ = (await run_in_kernel(mkm.get_kernel(first), ENV)).split()
 
-    starting = asyncio.ensure_future(mkm.start_kernel(kernel_name=name))
+        starting = asyncio.ensure_future(mkm.start_kernel(kernel_name=name))
 
-    async def waiting_at_front():
+        async def waiting_at_front():
+            _, q = await api("GET", "queue")
+            return q["queue"] if q["length"] == 1 and q["queue"][0]["position"] == 1 else None
+
+        (entry,) = await until(waiting_at_front)
+        assert entry["mine"] and entry["profile"] == "1g.10gb" and not starting.done()
+
+        await mkm.shutdown_kernel(first)
+        second = await asyncio.wait_for(starting, 30)
+        second_device, _ = (await run_in_kernel(mkm.get_kernel(second), ENV)).split()
+        assert second_device == first_device  # it got exactly the freed slice
         _, q = await api("GET", "queue")
-        return q["queue"] if q["length"] == 1 and q["queue"][0]["position"] == 1 else None
-
-    (entry,) = await until(waiting_at_front)
-    assert entry["mine"] and entry["profile"] == "1g.10gb" and not starting.done()
-
-    await mkm.shutdown_kernel(first)
-    second = await asyncio.wait_for(starting, 30)
-    second_device, _ = (await run_in_kernel(mkm.get_kernel(second), ENV)).split()
-    assert second_device == first_device  # it got exactly the freed slice
-    _, q = await api("GET", "queue")
-    assert q["length"] == 0
+        assert q["length"] == 0
 
 
 async def test_restart_keeps_the_slice(jp_serverapp, gpu_kernelspec, run_in_kernel):
@@ -104,22 +119,22 @@ async def test_killed_kernel_loses_its_slice_within_the_lease_ttl(
     await run_in_kernel(mkm.get_kernel(kid), ENV)
     _, leases = await api("GET", "leases")
     (lease,) = leases["leases"]
-    await fill_but_one(api)
-    status, waiting = await api("POST", "requests", {"profile": "1g.10gb"})
-    assert waiting["state"] == "queued" and waiting["position"] == 1
+    async with filled_but_one(api):
+        status, waiting = await api("POST", "requests", {"profile": "1g.10gb"})
+        assert waiting["state"] == "queued" and waiting["position"] == 1
 
-    os.kill(mkm.get_kernel(kid).provisioner.pid, signal.SIGKILL)
-    killed_at = asyncio.get_running_loop().time()
+        os.kill(mkm.get_kernel(kid).provisioner.pid, signal.SIGKILL)
+        killed_at = asyncio.get_running_loop().time()
 
-    async def granted():
-        _, r = await api("GET", f"requests/{waiting['id']}")
-        return r if r["state"] == "granted" else None
+        async def granted():
+            _, r = await api("GET", f"requests/{waiting['id']}")
+            return r if r["state"] == "granted" else None
 
-    r = await until(granted, timeout=15)
-    assert r["lease"]["devices"] == lease["devices"]
-    assert asyncio.get_running_loop().time() - killed_at < 4.0 + 2.0  # TTL + one tick + slack
-    _, old = await api("GET", f"leases/{lease['id']}")
-    assert old["state"] == "expired"
+        r = await until(granted, timeout=15)
+        assert r["lease"]["devices"] == lease["devices"]
+        assert asyncio.get_running_loop().time() - killed_at < 4.0 + 2.0  # TTL + one tick + slack
+        _, old = await api("GET", f"leases/{lease['id']}")
+        assert old["state"] == "expired"
 
 
 async def test_start_that_waits_too_long_fails_with_its_position(jp_serverapp, gpu_kernelspec, api):
