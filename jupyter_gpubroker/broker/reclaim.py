@@ -54,6 +54,9 @@ MEMORY_ACTIVITY_MIB = 16.0
 """A change of the holder's GPU memory by more than this counts as GPU activity."""
 
 Cause = Literal["idle", "stalled", "preempted", "time_limit", "over_share"]
+SUSPENDABLE = ("idle", "stalled")
+"""The causes the reclaim action applies to (a kernel whose GPU sits unused); a time limit,
+a preemption or a share over its memory ends the lease as before."""
 
 
 @dataclass(frozen=True)
@@ -507,13 +510,16 @@ class Reclaimer:
         if now < deadline:
             return None
         evidence = {**verdict.evidence, "warned_at": warned_at, "deadline": deadline}
-        suspend = self.suspended_at_deadline(lease)
-        if suspend is None:
-            return None  # the canary's answer first: looked at again next pass
-        if suspend:
-            track.warning = (verdict.cause, warned_at, math.inf)  # the host's from now on
-            return Decision("suspend", lease.id, holder, verdict.cause, verdict.reason, evidence)
-        why = self.not_suspended(lease) if self.not_suspended is not None else None
+        why = None
+        if verdict.cause in SUSPENDABLE:
+            suspend = self.suspended_at_deadline(lease)
+            if suspend is None:
+                return None  # the canary's answer first: looked at again next pass
+            if suspend:
+                track.warning = (verdict.cause, warned_at, math.inf)  # the host's from now on
+                cause, why_reclaimed = verdict.cause, verdict.reason
+                return Decision("suspend", lease.id, holder, cause, why_reclaimed, evidence)
+            why = self.not_suspended(lease) if self.not_suspended is not None else None
         reason = verdict.reason if why is None else f"{verdict.reason}; not suspended: {why}"
         self.broker.reclaim(lease.id, reason, cause=verdict.cause, evidence=evidence)
         return Decision("reclaim", lease.id, holder, verdict.cause, reason, evidence)
