@@ -88,8 +88,8 @@ async def settled(rt: GPUBroker) -> None:
     """A sampling pass (readings the moves and the suspends read), then every move run."""
     await rt.sample()
     assert rt.mover is not None
-    while rt.mover._tasks:
-        await asyncio.gather(*list(rt.mover._tasks))
+    while running := [t for t in rt.mover._tasks if not t.done()]:  # a done one may linger
+        await asyncio.gather(*running)  # in the set a moment, until its callback has run
 
 
 def api(rt: GPUBroker) -> BrokerAPI:
