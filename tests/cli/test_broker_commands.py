@@ -26,11 +26,11 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def test_an_unreachable_broker_says_what_to_check(capsys) -> None:
-    code, err = run(capsys, "queue", "--url", NOWHERE, "--retry-for", "1")
+    code, err = run(capsys, "queue", "--url", NOWHERE, "--retry-for", "3")
     assert code == 1
     assert err == (
         f"the GPU broker at {NOWHERE} does not answer (Connection refused): trying again for "
-        "up to 1 s (--retry-for)\n"
+        "up to 3 s (--retry-for)\n"
         f"error: could not reach the GPU broker at {NOWHERE} (Connection refused): check --url "
         "(or $GPUBROKER_URL) and that the Jupyter server is running\n"
     )
