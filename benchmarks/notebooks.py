@@ -114,20 +114,30 @@ def shares_run(path: Path) -> dict[str, list[tuple[nb.Policy, dict[str, float]]]
     }
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table, as benchmarks/README.md holds them."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
 def shares_table(results: dict[str, list[tuple[nb.Policy, dict[str, float]]]]) -> str:
-    lines = [
-        "| GPUs | policy | GPU-hours held | held ÷ used | started within 10 s | kernels lost "
-        "| never got GPUs | GPU cells never run |",
-        "|" + "---|" * 8,
+    header = ["GPUs", "policy", "GPU-hours held", "held ÷ used", "started within 10 s",
+              "kernels lost", "never got GPUs", "GPU cells never run"]  # fmt: skip
+    rows = [
+        [
+            cluster,
+            p.name,
+            f"{f['held_gpu_h']:,.0f}",
+            f"{f['held_ratio']:.2f}x",
+            f"{f['within_10s_pct']:.1f}%",
+            f"{f['lost']:.0f}",
+            f"{f['never_granted']:.0f}",
+            f"{f['cells_never_ran']:.0f}",
+        ]  # fmt: skip
+        for cluster, ps in results.items()
+        for p, f in ps
     ]
-    for cluster, rows in results.items():
-        for p, f in rows:
-            lines.append(
-                f"| {cluster} | {p.name} | {f['held_gpu_h']:,.0f} | {f['held_ratio']:.2f}x | "
-                f"{f['within_10s_pct']:.1f}% | {f['lost']:.0f} | {f['never_granted']:.0f} | "
-                f"{f['cells_never_ran']:.0f} |"
-            )
-    return "\n".join(lines)
+    return markdown_table(header, rows)
 
 
 def shipped_auto() -> ReclaimConfig:
@@ -152,19 +162,22 @@ def band(path: Path) -> dict[int, list[tuple[str, dict[str, float]]]]:
 
 
 def band_table(results: dict[int, list[tuple[str, dict[str, float]]]]) -> str:
-    lines = [
-        "| GPUs | suspend and restore | held ÷ used | kernels lost | GPU cells within 10 s "
-        "| p95 wait | GPU cells never run |",
-        "|" + "---|" * 7,
+    header = ["GPUs", "suspend and restore", "held ÷ used", "kernels lost",
+              "GPU cells within 10 s", "p95 wait", "GPU cells never run"]  # fmt: skip
+    rows = [
+        [
+            str(gpus),
+            name,
+            f"{f['held_ratio']:.2f}x",
+            f"{f['lost']:.0f}",
+            f"{f['within_10s_pct']:.1f}%",
+            _wait(f["wait_p95_s"]),
+            f"{f['cells_never_ran']:.0f}",
+        ]  # fmt: skip
+        for gpus, named in results.items()
+        for name, f in named
     ]
-    for gpus, rows in results.items():
-        for name, f in rows:
-            lines.append(
-                f"| {gpus} | {name} | {f['held_ratio']:.2f}x | {f['lost']:.0f} | "
-                f"{f['within_10s_pct']:.1f}% | {_wait(f['wait_p95_s'])} | "
-                f"{f['cells_never_ran']:.0f} |"
-            )
-    return "\n".join(lines)
+    return markdown_table(header, rows)
 
 
 def plain_count(path: Path, limit_s: float | None, on_demand: bool = False) -> dict[str, float]:
