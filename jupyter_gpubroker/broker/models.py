@@ -99,6 +99,8 @@ class ProcessInfo:
     used_memory_mib: int | None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    mps: bool = False
+    """NVML lists it with an MPS compute context: a client of an MPS server."""
 
 
 @dataclass(frozen=True)

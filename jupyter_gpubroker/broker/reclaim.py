@@ -21,9 +21,9 @@ reclaimed kernels down. Nothing here reads a clock or touches a kernel.
   warned ``limit_warning_s`` before the limit (with its extensions) ends and reclaimed
   ``limit_grace_s`` after it, whatever it is doing and whoever holds it (a limit is
   the holder's own declaration; the start promised to others rests on it).
-- **Over its share**: a share of a GPU that nothing holds to its memory (``watched``,
-  the host's word: time-slicing) is warned once its processes use more than its share,
-  and reclaimed ``over_share_grace_s`` later if they still do, as an idle lease is.
+- **Over its share**: a share of a GPU whose kernel goes past what holds it
+  (``sharewatch``: over its memory where nothing enforces it, or outside MPS) is warned,
+  and reclaimed ``over_share_grace_s`` later if it still is, as an idle lease is.
 - **Preempted** (off by default): a user over their fair share holds a slice that a
   waiting user under theirs could use. Fair share is the broker's fair-share ledger
   (``broker.fairshare``), the one the queue is ordered by.
@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES
 from ..wire.sizes import MAX_DURATION_S, number, seconds_between
-from ..wire.text import SERVER_HOLDER, duration, limit_reason, over_share
+from ..wire.text import SERVER_HOLDER, duration, limit_reason
 from .models import JobClass, Lease, Request, RequestState
+from .sharewatch import share_fault
 
 if TYPE_CHECKING:
     from .core import Broker
@@ -78,6 +79,8 @@ class Observation:
     memory_used_mib: float | None = None
     """Over the lease's devices; a share's: its own processes' on its GPU."""
     processes: int | None = None
+    outside_mps: int | None = None
+    """A share's processes that NVML lists without an MPS compute context."""
     kernel: KernelState | None = None
 
 
@@ -250,6 +253,8 @@ class Reclaimer:
         self.arbiter = arbiter
         self.watched: Callable[[Lease], bool] = lambda lease: False
         """Whether nothing but this watch holds a share to its memory (the host's word)."""
+        self.under_mps: Callable[[Lease], bool] = lambda lease: False
+        """Whether MPS holds a share (its clients only: the watch holds the rest)."""
         self.suspends: Callable[[Lease], bool | None] | None = None
         """Whether the host suspends a lease's kernel at the deadline rather than the
         reclaimer reclaiming it (the reclaim action ``suspend``, or ``auto`` where the
@@ -387,25 +392,25 @@ class Reclaimer:
         return _Verdict("time_limit", reason, evidence, end + cfg.limit_grace_s)
 
     def _over_share(self, lease: Lease, obs: Observation, now: float) -> _Verdict | None:
-        """A watched share whose processes use more than its memory: reclaimed
-        ``over_share_grace_s`` after the warning unless they come back within it."""
-        used = obs.memory_used_mib
-        if not lease.shared or used is None or used <= lease.share_mib:
-            return None
-        if not self.watched(lease):
-            return None
-        device = self.broker.placer.devices.get(lease.devices[0])
+        """A share past what holds it (``sharewatch``): reclaimed ``over_share_grace_s``
+        after the warning unless it comes back within it."""
+        mechanism = "watched" if self.watched(lease) else "mps" if self.under_mps(lease) else ""
+        device = self.broker.placer.devices.get(lease.devices[0]) if lease.shared else None
         label = device.label if device is not None else lease.devices[0]
+        reason = share_fault(lease, obs, mechanism, label)
+        if reason is None:
+            return None
         evidence = {
-            "memory_used_mib": used,
+            "memory_used_mib": obs.memory_used_mib,
             "share_mib": lease.share_mib,
             "processes": obs.processes,
+            "outside_mps": obs.outside_mps,
         }
         deadline = now + self.config.over_share_grace_s
         track = self._tracks.get(lease.id)
         if track is not None and track.warning is not None and track.warning[0] == "over_share":
             deadline = track.warning[2]
-        return _Verdict("over_share", over_share(used, lease.share_mib, label), evidence, deadline)
+        return _Verdict("over_share", reason, evidence, deadline)
 
     def _preemptions(self, leases: Mapping[str, Lease]) -> dict[str, _Verdict]:
         """Leases to take back, judged by the fair-share ledger the queue is ordered by.

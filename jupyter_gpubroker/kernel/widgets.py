@@ -10,6 +10,7 @@ are built from the same rows.
 
 from __future__ import annotations
 
+import concurrent.futures
 import html
 import threading
 import time
@@ -314,6 +315,7 @@ class RequestPanel(GpuWidget):
         """The lease whose devices ``_gpus`` holds since the feed's last (re)connect."""
         self._history: deque[float] = deque(maxlen=HISTORY)
         self._note = ""
+        self._reading_share: concurrent.futures.Future[None] | None = None
         self._lock = threading.RLock()
         self._stop_clock: Callable[[], None] | None = None
         self._html = HTML()
@@ -393,6 +395,22 @@ class RequestPanel(GpuWidget):
                 self._gpus = gpus
                 self._update()
 
+    def _read_share(self, changed: dict[str, Any]) -> None:
+        """A share's memory in use is its own processes', which no reading of its GPU
+        carries: when that GPU's reading changes, its request (and lease) is read again,
+        one read at a time."""
+        lease = self.tracker.lease if self.tracker.state == "granted" else None
+        if not lease or not lease.get("share") or lease["devices"][0] not in changed:
+            return
+        if self._reading_share is None or self._reading_share.done():
+            self._reading_share = self.session.runner.submit(self._refresh_share())
+
+    async def _refresh_share(self) -> None:
+        try:
+            await self.tracker.refresh()
+        except TRANSIENT as e:  # the last use shows until the GPU's next reading
+            self.session.log.info("GPU broker: could not read the share's use: %s", why(e))
+
     async def _on_event(self, event: dict[str, Any]) -> None:
         """The devices' readings and, from a user's stream, the devices as a whole; after
         a (re)connect, the devices read again; a notice about this kernel's user on no
@@ -403,6 +421,7 @@ class RequestPanel(GpuWidget):
         with self._lock:
             if kind == "readings":
                 self._gpus = with_readings(self._gpus, data["devices"])
+                self._read_share(data["devices"])
             elif kind == "devices":
                 self._gpus = data["gpus"]
             elif kind == "connected":

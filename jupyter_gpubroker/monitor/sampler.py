@@ -20,7 +20,7 @@ from typing import Protocol
 from ..broker.alerts import AlertChange, AlertJudge
 from ..broker.core import Broker
 from ..broker.health import HealthJudge
-from ..broker.models import DeviceEvent, DeviceReading, Inventory, Lease
+from ..broker.models import DeviceEvent, DeviceReading, Inventory, Lease, ProcessInfo
 from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
 from .outside import OutsideWatch, Proc
 from .samples import SampleStore
@@ -157,12 +157,8 @@ class Sampler:
         observed = {}
         for lease in leases:
             if lease.shared:
-                used = self.share_processes(lease, readings)
-                observed[lease.id] = Observation(
-                    memory_used_mib=None if used is None else float(sum(used.values())),
-                    processes=None if used is None else len(used),
-                    kernel=kernels.get(holders[lease.id]) or self.reported.get(lease.id),
-                )  # the GPU's utilization is its shares' together: activity is footprint
+                kernel = kernels.get(holders[lease.id]) or self.reported.get(lease.id)
+                observed[lease.id] = self._share_observation(lease, readings, kernel)
                 continue
             seen = [readings[d] for d in lease.devices if d in readings]
             utilization = [r.utilization_gpu for r in seen if r.utilization_gpu is not None]
@@ -175,11 +171,26 @@ class Sampler:
             )
         return observed
 
+    def _share_observation(
+        self, lease: Lease, readings: Mapping[str, DeviceReading], kernel: KernelState | None
+    ) -> Observation:
+        """A share's look: its own processes' memory, and how many run outside MPS (the
+        GPU's utilization is its shares' together: its activity is its footprint)."""
+        used = self.share_processes(lease, readings)
+        if used is None:
+            return Observation(kernel=kernel)
+        return Observation(
+            memory_used_mib=float(share_used_mib(used)),
+            processes=len(used),
+            outside_mps=sum(not p.mps for p in used.values()),
+            kernel=kernel,
+        )
+
     def share_processes(
         self, lease: Lease, readings: Mapping[str, DeviceReading]
-    ) -> dict[int, int] | None:
-        """A share's own processes on its GPU and the MiB each uses (NVML's per-process
-        use): those descending from its holder process, or where the holder is not
+    ) -> dict[int, ProcessInfo] | None:
+        """A share's own processes on its GPU as NVML lists them (their memory, whether
+        under MPS): those descending from its holder process, or where the holder is not
         known, its user's when the user has no other share there. None: not known."""
         reading = readings.get(lease.devices[0])
         if reading is None or self.outside is None:
@@ -195,5 +206,10 @@ class Sampler:
             if (holder is not None and holder in proc.chain) or (
                 holder is None and alone and proc.user == lease.user
             ):
-                mine[p.pid] = p.used_memory_mib or 0
+                mine[p.pid] = p
         return mine
+
+
+def share_used_mib(processes: Mapping[int, ProcessInfo]) -> int:
+    """What a share's processes use of its GPU together, in MiB."""
+    return sum(p.used_memory_mib or 0 for p in processes.values())

@@ -560,14 +560,27 @@ def _threshold(handle: Any, kind: int) -> int | None:
 
 
 def _processes(handle: Any) -> tuple[ProcessInfo, ...]:
+    """The compute processes, and the MPS clients, each once: a client is marked ``mps``
+    whether NVML lists it in its compute query too or in its MPS query only."""
+    clients = {p.pid: p for p in _mps_clients(handle)}
+    listed = {p.pid: p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
     return tuple(
         ProcessInfo(
-            pid=p.pid,
+            pid=pid,
             used_memory_mib=None if p.usedGpuMemory is None else p.usedGpuMemory // _MIB,
             gpu_instance_id=None if p.gpuInstanceId == _NOT_AVAILABLE else p.gpuInstanceId,
             compute_instance_id=(
                 None if p.computeInstanceId == _NOT_AVAILABLE else p.computeInstanceId
             ),
+            mps=pid in clients,
         )
-        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        for pid, p in {**clients, **listed}.items()
     )
+
+
+def _mps_clients(handle: Any) -> list[Any]:
+    """NVML's processes with an MPS compute context; none where it cannot say."""
+    try:
+        return list(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+    except pynvml.NVMLError:
+        return []

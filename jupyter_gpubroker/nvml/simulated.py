@@ -170,6 +170,8 @@ class _Unit:
     """pid -> used MiB (read through ``processes``)."""
     followed: set[int] = field(default_factory=set)
     """Pids of real OS processes: listed while they run, gone once they exit."""
+    mps: set[int] = field(default_factory=set)
+    """Pids of MPS clients: listed by the MPS process query as well as the compute one."""
     busy_s: float = 0.0
     memory_busy_s: float = 0.0
     """Utilization and memory utilization integrated over time (GPM's counters)."""
@@ -180,6 +182,7 @@ class _Unit:
         """pid -> used MiB of what runs here now (a followed process that exited is gone)."""
         for pid in [p for p in self.followed if not _running(p)]:
             self.followed.discard(pid)
+            self.mps.discard(pid)
             self.pids.pop(pid, None)
         return self.pids
 
@@ -426,6 +429,12 @@ def _write_array(
     count.value = len(items)
 
 
+def _write_process(array: Any, i: int, proc: tuple[int, int, int, int]) -> None:
+    p = array[i]
+    pid, mib, p.gpuInstanceId, p.computeInstanceId = proc
+    p.pid, p.usedGpuMemory = pid, mib * _MIB
+
+
 def _write_placement(array: Any, i: int, start_size: tuple[int, int]) -> None:
     array[i].start, array[i].size = start_size
 
@@ -640,21 +649,31 @@ class SimulatedNvml:
                 unit.memory_used_mib = memory_used_mib
 
     def add_process(
-        self, uuid: str, pid: int, used_memory_mib: int = 0, *, follow: bool = False
+        self,
+        uuid: str,
+        pid: int,
+        used_memory_mib: int = 0,
+        *,
+        follow: bool = False,
+        mps: bool = False,
     ) -> None:
         """Start a fake compute process on a whole GPU or a MIG device. ``follow``: ``pid``
         is a real OS process (a kernel), listed for as long as it runs, as NVML lists a
-        process that keeps a device open until it exits."""
+        process that keeps a device open until it exits. ``mps``: it is an MPS client,
+        which NVML lists in its MPS query too; a process outside MPS is in the compute
+        query only."""
         with self._lock:
             unit = self._load_target(uuid)
             unit.processes[pid] = used_memory_mib
             if follow:
                 unit.followed.add(pid)
+            (unit.mps.add if mps else unit.mps.discard)(pid)
 
     def remove_process(self, uuid: str, pid: int) -> None:
         with self._lock:
             unit = self._load_target(uuid)
             unit.followed.discard(pid)
+            unit.mps.discard(pid)
             if unit.processes.pop(pid, None) is None:
                 raise ValueError(f"no simulated process {pid} on {uuid}")
 
@@ -900,17 +919,27 @@ class SimulatedNvml:
         info.multiprocessorCount = gi.profile.sm_count * slices // gi.profile.compute_slices
         return slices
 
-    def _processes(self, device: _Device) -> list[tuple[int, int, int, int]]:
-        """(pid, MiB, GPU instance id, compute instance id) of what runs on ``device``."""
+    def _processes(
+        self, device: _Device, mps_only: bool = False
+    ) -> list[tuple[int, int, int, int]]:
+        """(pid, MiB, GPU instance id, compute instance id) of what runs on ``device``;
+        ``mps_only``: of its MPS clients only."""
         if isinstance(device, _MigDevice):
             devices = [device]
         elif device.mig_enabled:
             devices = list(device.mig_devices())
         else:
             return [
-                (pid, mib, _NOT_AVAILABLE, _NOT_AVAILABLE) for pid, mib in device.processes.items()
+                (pid, mib, _NOT_AVAILABLE, _NOT_AVAILABLE)
+                for pid, mib in device.processes.items()
+                if not mps_only or pid in device.mps
             ]
-        return [(pid, mib, m.gi.id, m.id) for m in devices for pid, mib in m.processes.items()]
+        return [
+            (pid, mib, m.gi.id, m.id)
+            for m in devices
+            for pid, mib in m.processes.items()
+            if not mps_only or pid in m.mps
+        ]
 
     # -------------------------------------------------------------- C symbols: system
 
@@ -1009,14 +1038,19 @@ class SimulatedNvml:
         _write_array(samples, count, sorted(gpu.processes), write, query_fails=True)
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> None:
-        def write(array: Any, i: int, proc: tuple[int, int, int, int]) -> None:
-            p = array[i]
-            pid, mib, p.gpuInstanceId, p.computeInstanceId = proc
-            p.pid, p.usedGpuMemory = pid, mib * _MIB
-
         device = self._device(handle)
         self._aggregate(device)
-        _write_array(infos, count, self._processes(device), write, query_fails=True)
+        _write_array(infos, count, self._processes(device), _write_process, query_fails=True)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(
+        self, handle: Any, count: Any, infos: Any
+    ) -> None:
+        """The processes with an MPS compute context (NVML API reference,
+        ``nvmlDeviceGetMPSComputeRunningProcesses_v3``): the MPS clients."""
+        device = self._device(handle)
+        self._aggregate(device)
+        procs = self._processes(device, mps_only=True)
+        _write_array(infos, count, procs, _write_process, query_fails=True)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> None:
         _set(out, self._temperature(handle, _val(sensor)))

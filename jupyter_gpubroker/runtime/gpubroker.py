@@ -24,11 +24,12 @@ from ..broker.core import Broker, BrokerConfig, Event
 from ..broker.models import DeviceReading, Lease
 from ..broker.reclaim import Decision, KernelState
 from ..broker.store import Store
+from ..enforce.mpsim import mps_client
 from ..events import EventBus
 from ..inventory import InventoryWatch, OpenInventory
 from ..monitor.metrics import BrokerCollector
 from ..monitor.outside import ProcessTable, outside_text
-from ..monitor.sampler import KernelActions, Sampler
+from ..monitor.sampler import KernelActions, Sampler, share_used_mib
 from ..statelock import StateLock, secure_state_file
 from ..suspend.host import (
     KernelKey,
@@ -158,6 +159,7 @@ class GPUBroker(
         sampler.on_alert = self._publish_alert
         shares.attach(core)
         sampler.reclaimer.watched = shares.watched
+        sampler.reclaimer.under_mps = shares.under_mps
         self._start_suspending(core, sampler)
         self.metrics = BrokerCollector(
             core,
@@ -367,8 +369,10 @@ class GPUBroker(
         if self.sampler is not None and self.sampler.outside is not None:
             self.sampler.outside.holder_pids[lease_id] = pid
         if self.simulate_kernel_memory and self.backend and self.backend.simulator:
+            lease = self.core.lease(lease_id)
+            mps = self.shares is not None and self.shares.under_mps(lease) and mps_client(pid)
             simulate_kernel_use(
-                self.backend.simulator, self.core.lease(lease_id), pid, self.simulate_kernel_memory
+                self.backend.simulator, lease, pid, self.simulate_kernel_memory, mps=mps
             )
         self.open_devices(lease_id, pid)
         if self.shares is not None:
@@ -389,7 +393,7 @@ class GPUBroker(
     def _share_used(self, lease: Lease) -> int | None:
         sampler = self.sampler
         used = None if sampler is None else sampler.share_processes(lease, sampler.latest)
-        return None if used is None else sum(used.values())
+        return None if used is None else share_used_mib(used)
 
     def sharing_of(self, gpu_uuid: str) -> dict[str, Any] | None:
         """How a GPU is lent now and what holds its shares (None: it is never shared and

@@ -182,6 +182,10 @@ class ShareEnforcement:
         """Whether only the broker's watch holds this share to its memory."""
         return lease.shared and not self.of(lease).enforced
 
+    def under_mps(self, lease: Lease) -> bool:
+        """Whether MPS holds this share: its clients only, the watch the rest."""
+        return lease.shared and self.of(lease).mechanism == "mps"
+
     def env(self, lease: Lease) -> dict[str, str]:
         """The share's kernel's environment: its MPS daemon and limits (under MPS)."""
         if self.of(lease).mechanism != "mps" or self.daemons is None:

@@ -472,11 +472,13 @@ def checkpoint_driver(simulator: SimulatedNvml | None) -> CheckpointDriver:
     return CudaCheckpointDriver()
 
 
-def simulate_kernel_use(simulator: SimulatedNvml, lease: Lease, pid: int, mib: int) -> None:
+def simulate_kernel_use(
+    simulator: SimulatedNvml, lease: Lease, pid: int, mib: int, *, mps: bool = False
+) -> None:
     """List a kernel on its lease's simulated devices with ``mib`` each, as NVML lists a
-    kernel that used CUDA (for the demo); a kernel listed anywhere already (a restored one)
-    is left as it is."""
+    kernel that used CUDA (for the demo), as an MPS client where ``mps``; a kernel listed
+    anywhere already (a restored one) is left as it is."""
     if lease.state is not LeaseState.ACTIVE or simulator.process_memory(pid):
         return
     for uuid in lease.devices:
-        simulator.add_process(uuid, pid, mib, follow=True)
+        simulator.add_process(uuid, pid, mib, follow=True, mps=mps)

@@ -442,3 +442,8 @@ def share_text(mib: float, label: str, mechanism: str) -> str:
 def over_share(used_mib: float, mib: float, label: str) -> str:
     """Why a share is warned: "uses 12.0 GB of GPU 2, over its share of 8.5 GB"."""
     return f"uses {memory(used_mib)} of {label}, over its share of {memory(mib)}"
+
+
+def outside_mps(label: str, mib: float) -> str:
+    """Why an MPS share is warned when its kernel left MPS: nothing holds that process."""
+    return f"uses {label} outside MPS, so nothing holds it to its share of {memory(mib)}"

@@ -77,6 +77,11 @@ def test_reading_a_whole_gpu(open_sim):
     assert 40_000 < r.power_mw < r.power_limit_mw == 400_000
     assert r.clock_event_reasons == 0
     assert r.processes == (ProcessInfo(321, 1024, None, None),)
+    backend.simulator.add_process(whole.uuid, 322, 512, mps=True)
+    assert set(backend.read(whole.uuid).processes) == {
+        ProcessInfo(321, 1024, None, None, mps=False),
+        ProcessInfo(322, 512, None, None, mps=True),
+    }
 
 
 @pytest.mark.parametrize(

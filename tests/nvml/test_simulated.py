@@ -291,6 +291,21 @@ def test_running_processes_use_the_two_call_protocol(simulate):
     ]
 
 
+def test_mps_clients_are_listed_by_the_mps_query_and_a_process_outside_mps_is_not(simulate):
+    """As NVML: every compute process in the compute query; only those with an MPS
+    compute context in the MPS query."""
+    sim = simulate("workstation-a100")
+    whole = gpu(1)
+    sim.add_process(uuid_of(whole), 201, 1000, mps=True)
+    sim.add_process(uuid_of(whole), 202, 2000)
+    listed = pynvml.nvmlDeviceGetComputeRunningProcesses(whole)
+    assert sorted(p.pid for p in listed) == [201, 202]
+    clients = pynvml.nvmlDeviceGetMPSComputeRunningProcesses(whole)
+    assert [(p.pid, p.usedGpuMemory) for p in clients] == [(201, 1000 * MIB)]
+    sim.add_process(uuid_of(whole), 201, 1000)  # it started again outside MPS
+    assert pynvml.nvmlDeviceGetMPSComputeRunningProcesses(whole) == []
+
+
 def test_mig_processes_carry_their_instance_ids(simulate):
     sim = simulate("workstation-a100")
     parent = gpu(0)

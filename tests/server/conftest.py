@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -20,6 +21,14 @@ from jupyter_gpubroker.api import API_PREFIX
 @pytest.fixture(autouse=True)
 def _listening(http_server_client: Any) -> None:
     """Serve the app on its port: provisioners reach the broker's API over HTTP."""
+
+
+@pytest.fixture
+def mps_dir() -> Iterator[str]:
+    """Where the broker keeps its MPS daemons' pipes and logs (short: a socket's path
+    has room for 108 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="mps", dir="/tmp") as d:
+        yield d
 
 
 @pytest.fixture

@@ -7,20 +7,12 @@ kernel past its own limit fails as CUDA does under MPS, and the other runs on.""
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from test_security import TokenUsers
 
 SHARE = {"share_gb": 20}
-
-
-@pytest.fixture
-def mps_dir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="mps", dir="/tmp") as d:  # sockets: 108 bytes
-        yield d
 
 
 @pytest.fixture
