@@ -126,7 +126,10 @@ class SuspendHost:
 
     def _suspends(self, lease: Lease) -> bool | None:
         """Whether idle reclaim suspends the lease's kernel (None: not known yet, and a
-        canary may answer soon; where none can, no free GPU of its model, it is shut down)."""
+        canary may answer soon; where none can, no free GPU of its model, it is shut down).
+        A share never is: the reclaimer shuts it down, saying why."""
+        if lease.shared:
+            return False
         actions = {d: self.idle_reclaim_of(d).action for d in lease.devices}
         pending = [d for d, a in actions.items() if a == "pending"]
         if pending:
@@ -152,6 +155,8 @@ class SuspendHost:
         if self.suspender is None:
             why = "the GPUs are an engine's: the broker runs no kernel of theirs to suspend"
             return Verdict("shutdown", why)
+        if self.core.placer.shares.mode.get(device_uuid) == "shared":  # shares only, now
+            return Verdict("shutdown", SHARE_NOT_SUSPENDED)
         if action == "suspend":
             device = self.core.inventory.device(device_uuid)
             if device is not None and device.kind == "mig":

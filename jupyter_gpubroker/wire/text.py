@@ -428,10 +428,10 @@ SHARE_HOLDS = {
     "watched": "not enforced: a kernel that goes over is stopped",
 }
 """What holds a share to its memory (``enforce``), as every front says it."""
-SHARE_NOT_SUSPENDED = (
-    "a share of a GPU is not suspended: an MPS client's memory is its MPS server's, which "
-    "CUDA's checkpoint of one process does not move, and no resume onto a shared GPU exists yet"
-)
+SHARE_NOT_SUSPENDED = "a share cannot be suspended: NVIDIA documents no checkpoint of MPS clients"
+"""Why idle reclaim shuts a share's kernel down, on every front (as ``MIG_TEXT`` for a
+slice): NVIDIA's checkpoint acts on one process, an MPS client's GPU context is its
+server's, and nothing NVIDIA publishes covers it (``docs/sharing.md``)."""
 
 
 def share_text(mib: float, label: str, mechanism: str) -> str:
