@@ -93,13 +93,16 @@ def policies(shipped: ReclaimConfig | None = None) -> list[nb.Policy]:
 
 
 def share_policies() -> list[nb.Policy]:
-    """The shares policy, held for the session and on demand, beside the whole-GPU ones."""
+    """The shares policy held for the session, under the shipped idle reclaim and on
+    demand, beside the same three for whole GPUs: like with like."""
     shipped = ReclaimConfig()
+    broker = f"broker {shipped.idle_timeout_s / 60:g} min (shipped)"
     return [
         nb.Policy("whole session", "session"),
-        nb.Policy(f"broker {shipped.idle_timeout_s / 60:g} min (shipped)", "reclaim", shipped),
+        nb.Policy(broker, "reclaim", shipped),
         nb.Policy("on demand", "cell"),
         nb.Policy("shares, whole session", "session", shares=True),
+        nb.Policy(f"shares, {broker}", "reclaim", shipped, shares=True),
         nb.Policy("shares, on demand", "cell", shares=True),
     ]
 

@@ -28,10 +28,11 @@ back (``ReclaimConfig``). ``gpu_blind`` judges kernel activity only (an HTTP idl
 culler, which never reads the GPU); ``shares``: each kernel asks for the memory its
 session's cells used (the trace's largest ``vram``, rounded up to a whole GB) as a share
 of one GPU, on GPUs lent both whole and shared, instead of its whole GPUs (whole GPUs
-where no GPU has that memory); held shares count as their fraction of the GPU. Shares
-are replayed with the ``session`` and ``cell`` holds: the reclaimer's idle judgement
-reads a GPU's utilization, which the replay's shares of one GPU would overwrite in
-turn; ``suspend_gbps`` suspends instead of shutting down,
+where no GPU has that memory); held shares count as their fraction of the GPU. Under
+``reclaim`` a share is judged as the product judges one: by its kernel's activity and
+its own processes' footprint, never by its GPU's utilization (its shares' together);
+the replay lists no process of a share, so its kernel's cells are its only activity.
+A share is never suspended; ``suspend_gbps`` suspends instead of shutting down,
 through the product's own path: the reclaimer hands the lease over at its deadline, the
 ``Suspender`` checks and checkpoints the kernel's process on the simulated checkpoint
 driver (its memory leaves the simulated GPU), the lease ends with cause ``suspended``, and
@@ -148,8 +149,8 @@ class Policy:
     shares: bool = False
 
     def __post_init__(self) -> None:
-        if self.shares and self.reclaim is not None:
-            raise ValueError("shares are replayed with the session and cell holds only")
+        if self.shares and self.suspend_gbps is not None:
+            raise ValueError("a share is never suspended: replay shares without suspend_gbps")
 
     @property
     def modelled(self) -> bool:

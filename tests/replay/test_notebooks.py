@@ -208,6 +208,41 @@ def test_under_shares_each_kernel_holds_the_memory_it_used_and_nobody_waits(two_
     assert whole.held_s == 8 * 60 * MIN
 
 
-def test_shares_are_not_replayed_under_idle_reclaim():
-    with pytest.raises(ValueError, match="session and cell holds only"):
-        nb.Policy("shares", "reclaim", RECLAIM_30, shares=True)
+def test_idle_shares_are_reclaimed_by_their_kernels_idleness_and_never_suspended(two_sessions):
+    """Timeout 20 min, grace 10: a share is judged by its kernel alone. A holds 0-60 (idle
+    from 30, warned at 50), asks again at 150 and holds to 190 (idle from 160); B holds
+    60-90 (idle from its start, before its first cell), asks again at 100 and holds to
+    175 (its CPU-only cell at 140-145 is activity). The shutdowns at 60 and 90 are lost
+    (a later cell came); those at 190 and 175 cost nobody anything."""
+    reclaim = ReclaimConfig(idle_timeout_s=20 * MIN, grace_s=10 * MIN, stalled_timeout_s=0.0)
+    policy = nb.Policy("shares", "reclaim", reclaim, shares=True)
+    result = nb.replay(two_sessions, policy, gpus=8)
+    a, b = by_id(result)["a"], by_id(result)["b"]
+    h100 = CATALOG["H100-80GB"].memory_mib
+    assert a.held_s == pytest.approx((60 + 40) * MIN * math.ceil(16e9 / 2**20) / h100)
+    assert b.held_s == pytest.approx((30 + 75) * MIN * math.ceil(8e9 / 2**20) / h100)
+    assert (a.shutdowns, a.lost, b.shutdowns, b.lost) == (2, 1, 2, 1)
+    assert a.suspends == b.suspends == 0
+    with pytest.raises(ValueError, match="a share is never suspended"):
+        nb.Policy("shares", "reclaim", reclaim, suspend_gbps=10.0, shares=True)
+
+
+def test_the_shares_table_sets_each_policy_beside_its_whole_gpu_twin():
+    """Whole session, the shipped idle reclaim and on demand, for whole GPUs and for
+    shares, on both clusters; reclaim holds shares no longer than a whole session does."""
+    results = bench.shares_run(EXCERPT)
+    shipped = f"broker {ReclaimConfig().idle_timeout_s / 60:g} min (shipped)"
+    for cluster, rows in results.items():
+        names = [p.name for p, _ in rows]
+        assert names == [
+            "whole session",
+            shipped,
+            "on demand",
+            "shares, whole session",
+            f"shares, {shipped}",
+            "shares, on demand",
+        ]
+        held = {p.name: f["held_gpu_h"] for p, f in rows}
+        assert held["shares, on demand"] <= held[f"shares, {shipped}"]
+        assert held[f"shares, {shipped}"] < held["shares, whole session"], cluster
+    assert f"| 8 RTX A6000 48GB | shares, {shipped} |" in bench.shares_table(results)
