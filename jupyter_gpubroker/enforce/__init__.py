@@ -11,8 +11,9 @@ Three levels, strongest first (NVIDIA's MPS documentation, release 615; see
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; the broker runs one control daemon per shared
   GPU and user (``mps``), since one daemon serves one user's server at a time, and sets
   each client's limits in the kernel's environment. A process that leaves MPS (unsets
-  its pipe directory before CUDA starts) escapes it, and only ``watched`` shares are
-  checked against their memory.
+  its pipe directory before CUDA starts) escapes it, so the broker's watch checks MPS
+  shares too (``broker.sharewatch``): a process NVML lists outside MPS, or memory over
+  the share.
 - ``watched``: nothing holds a share: the broker reads each share's memory from NVML's
   per-process use and treats going over like idleness (warning, grace, the action).
 
