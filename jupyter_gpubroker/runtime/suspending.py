@@ -167,11 +167,16 @@ class SuspendHost:
 
     def idle_reclaim(self) -> dict[str, dict[str, str]]:
         """Device UUID -> what idle reclaim does to its kernel (``action``: ``suspend``,
-        ``shutdown``, ``revoke`` or ``pending``) and why: ``GET devices`` shows it."""
-        return {
-            d.uuid: {"action": v.action, "reason": v.reason}
-            for d, v in ((d, self.idle_reclaim_of(d.uuid)) for d in self.core.inventory.devices)
-        }
+        ``shutdown``, ``revoke`` or ``pending``) and why: ``GET devices`` shows it. A GPU
+        lent whole or shared says its shares are not suspended."""
+        shown, pool = {}, self.core.placer.shares
+        for d in self.core.inventory.devices:
+            v = self.idle_reclaim_of(d.uuid)
+            reason = v.reason
+            if v.action in ("suspend", "pending") and pool.mode.get(d.uuid) == "both":
+                reason = f"{reason}; {SHARE_NOT_SUSPENDED}"  # its whole leases' kernels are
+            shown[d.uuid] = {"action": v.action, "reason": reason}
+        return shown
 
     def listed(self, pid: int) -> dict[str, float]:
         """Where NVML lists a process now: UUID -> MiB (what the canary checks)."""
