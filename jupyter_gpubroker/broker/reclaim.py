@@ -394,8 +394,10 @@ class Reclaimer:
     def _over_share(self, lease: Lease, obs: Observation, now: float) -> _Verdict | None:
         """A share past what holds it (``sharewatch``): reclaimed ``over_share_grace_s``
         after the warning unless it comes back within it."""
+        if not lease.shared:
+            return None
         mechanism = "watched" if self.watched(lease) else "mps" if self.under_mps(lease) else ""
-        device = self.broker.placer.devices.get(lease.devices[0]) if lease.shared else None
+        device = self.broker.placer.devices.get(lease.devices[0])
         label = device.label if device is not None else lease.devices[0]
         reason = share_fault(lease, obs, mechanism, label)
         if reason is None:
