@@ -252,6 +252,14 @@ MIGRATIONS: tuple[str, ...] = (
     WHEN EXISTS (SELECT 1 FROM shares WHERE device = NEW.device)
     BEGIN SELECT RAISE(ABORT, 'the device is shared'); END;
     """,
+    # 16: the machine the broker served, from when (each GPU's catalog model and MIG
+    # slices): a replay of the file's history (``replay.whatif``) rebuilds it
+    """
+    CREATE TABLE machines (
+        since REAL PRIMARY KEY,
+        gpus TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

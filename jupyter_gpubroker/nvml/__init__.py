@@ -44,7 +44,7 @@ def seed_for(state_file: str) -> str:
 
 
 def open_backend(
-    simulate: str | None = None,
+    simulate: str | Topology | None = None,
     log: logging.Logger | None = None,
     *,
     seed: str = "",
@@ -59,7 +59,7 @@ def open_backend(
     spec = os.environ.get(SIMULATE_ENV, "") if simulate is None else simulate
     simulator = None
     if spec:
-        topology = load_topology(spec)
+        topology = spec if isinstance(spec, Topology) else load_topology(spec)
         if seed:
             topology = replace(topology, seed=f"{topology.seed}@{seed}")
         simulator = SimulatedNvml(topology, privilege=privilege)

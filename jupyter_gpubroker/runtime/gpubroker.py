@@ -21,6 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
+from ..broker.machine import machine
 from ..broker.models import DeviceReading, Lease
 from ..broker.reclaim import Decision, KernelState
 from ..broker.store import Store
@@ -147,6 +148,8 @@ class GPUBroker(
         except BaseException:
             store.close()
             raise
+        with store.transaction():
+            store.record_machine(core.clock.now(), machine(hardware.devices))
         if self.quotas_file:
             apply_quotas_file(core, Path(self.quotas_file).expanduser())
         self._tokens = KernelTokens(core, self.kernel_token_max_age)
