@@ -20,6 +20,7 @@ from .broker.accounting import UsageRow as UsageRow
 from .broker.accounting import usage as _usage
 from .broker.forecast import Forecast, spans
 from .broker.forecast import forecast as _forecast
+from .broker.recorded import demand
 from .broker.store import Store
 from .wire.errors import InvalidRequest
 
@@ -60,7 +61,7 @@ def forecast(state: Path, *, now: float, tz: tzinfo, weeks: int, backtest_weeks:
     """Demand per hour of the week from the state file's history (``broker.forecast``)."""
     store = Store(state, read_only=True)
     try:
-        rows = store.demand(now - (weeks + backtest_weeks) * 7 * 86400.0, now)
+        rows = demand(store, now - (weeks + backtest_weeks) * 7 * 86400.0, now)
     finally:
         store.close()
     return _forecast(spans(rows), now, tz=tz, weeks=weeks, backtest_weeks=backtest_weeks)

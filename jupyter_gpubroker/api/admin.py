@@ -10,6 +10,7 @@ from typing import Any
 from ..broker.budgets import Quota
 from ..broker.forecast import WEEK_S, forecast, spans
 from ..broker.models import check_name
+from ..broker.recorded import demand
 from ..wire.errors import Conflict, InvalidRequest, NotFound
 from ..wire.sizes import QUOTA_BOUNDS
 from ..wire.text import SERVER_HOLDER
@@ -217,7 +218,7 @@ class AdminRules(Rules):
         span = parse_int("weeks", weeks, 1, 52, 8)
         tests = parse_int("backtest_weeks", backtest_weeks, 0, 52, 4)
         now = self.core.clock.now()
-        rows = self.core.store.demand(now - (span + tests) * WEEK_S, now)
+        rows = demand(self.core.store, now - (span + tests) * WEEK_S, now)
         return forecast(spans(rows), now, weeks=span, backtest_weeks=tests).to_json()
 
     def audit(

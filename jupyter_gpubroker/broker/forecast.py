@@ -68,12 +68,12 @@ class Hours:
 
 
 def hourly(spans: Iterable[Span], now: float) -> Hours | None:
-    """The history in hours up to ``now``'s hour (None: nothing recorded)."""
+    """The history in whole hours before ``now`` (None: nothing recorded)."""
     spans = list(spans)
     if not spans:
         return None
     start = math.floor(min(s.submitted_at for s in spans) / HOUR_S) * HOUR_S
-    n = max(int(math.ceil((now - start) / HOUR_S)), 1)
+    n = max(int((now - start) // HOUR_S), 1)  # whole hours: the current one is not over
     held, waiting = [0.0] * n, [0.0] * n
     asked: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]
     for s in spans:
@@ -205,7 +205,7 @@ def forecast(
     history = hourly(spans, now)
     span_s = 0.0 if history is None else now - history.start
     if history is None or span_s < MIN_HISTORY_S:
-        had = "no history" if history is None else f"{span_s / HOUR_S:.0f} hours of history"
+        had = _history_words(None if history is None else span_s)
         return Forecast(
             span_s,
             "none",
@@ -220,8 +220,18 @@ def forecast(
     )
     message = f"from {span_s / DAY_S:.1f} days of history, by {basis}"
     if not tests:
-        message += "; its error is measured once there are a day and a week after it"
+        message += "; its error is measured once a week has passed after the first day"
     return Forecast(span_s, basis, message, hours, tests)
+
+
+def _history_words(span_s: float | None) -> str:
+    """How much history there is, in whole hours as a person says them."""
+    if span_s is None:
+        return "no history"
+    hours = int(span_s // HOUR_S)
+    if hours < 1:
+        return "less than an hour of history"
+    return "an hour of history" if hours == 1 else f"{hours} hours of history"
 
 
 def _hour_of_week(t: float, tz: tzinfo) -> int:

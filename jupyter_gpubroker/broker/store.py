@@ -331,33 +331,6 @@ class Store:
     def delete_time_limits(self, kind: str, name: str) -> None:
         self.conn.execute("DELETE FROM time_limits WHERE kind=? AND name=?", (kind, name))
 
-    def record_machine(self, at: float, gpus: list[dict[str, Any]]) -> None:
-        """The machine served from ``at`` on, where it differs from the last recorded."""
-        text = json.dumps(gpus, sort_keys=True)
-        last = self.conn.execute("SELECT gpus FROM machines ORDER BY since DESC LIMIT 1")
-        row = last.fetchone()
-        if row is None or row[0] != text:
-            self.conn.execute("INSERT OR REPLACE INTO machines VALUES (?, ?)", (at, text))
-
-    def machines(self) -> list[tuple[float, list[dict[str, Any]]]]:
-        """Each machine recorded, oldest first: (since, its GPUs)."""
-        rows = self.conn.execute("SELECT since, gpus FROM machines ORDER BY since")
-        return [(float(since), json.loads(gpus)) for since, gpus in rows]
-
-    def history(self) -> list[dict[str, Any]]:
-        """Every request with its lease, if it had one, in submission order: what a replay
-        of the file's history submits (``replay.whatif``)."""
-        return list(
-            self.db.query(
-                "SELECT r.id, r.user, r.groups, r.size, r.job_class, r.submitted_at,"
-                " r.expected_duration_s,"
-                " r.ended_at AS request_ended_at, r.state, r.limit_s, l.grp, l.profile,"
-                " l.gpu_equivalents,"
-                " l.granted_at, l.ended_at, l.state AS lease_state FROM requests r"
-                " LEFT JOIN leases l ON l.request_id = r.id ORDER BY r.seq"
-            )
-        )
-
     def set_job_class(self, request_id: str, job_class: str) -> None:
         self.conn.execute("UPDATE requests SET job_class=? WHERE id=?", (job_class, request_id))
 
@@ -578,20 +551,6 @@ class Store:
                 " COALESCE(end, :now) FROM unbrokered"
                 " WHERE COALESCE(end, :now) > :since AND start < :until",
                 {"since": since, "until": until, "now": now, "unbrokered": UNBROKERED},
-            )
-        )
-
-    def demand(self, since: float, now: float) -> list[dict[str, Any]]:
-        """Every request still waiting or held after ``since``, for the forecast: its
-        ``submitted_at``, ``size``, ``job_class``, its lease's ``gpu_equivalents`` and
-        ``granted_at`` (null: never granted) and ``ended_at`` (``now`` while it goes on)."""
-        return list(
-            self.db.query(
-                "SELECT r.submitted_at, r.size, r.job_class, l.gpu_equivalents, l.granted_at,"
-                " COALESCE(l.ended_at, CASE WHEN l.id IS NULL THEN r.ended_at END, :now)"
-                " AS ended_at FROM requests r LEFT JOIN leases l ON l.request_id = r.id"
-                " WHERE COALESCE(l.ended_at, r.ended_at, :now) > :since ORDER BY r.seq",
-                {"since": since, "now": now},
             )
         )
 

@@ -88,16 +88,18 @@ def text(data: dict[str, Any], every_hour: bool = False) -> str:
     """The forecast as a table, its error below it."""
     if not data["ready"]:
         return str(data["message"]).capitalize() + "."
-    head = ("hour", "demand p50", "p90", "held p50", "waiting p50")
+    daily = data["basis"] == "hour of day"  # every day alike: one day's hours
+    first = "hour of every day" if daily else "hour"
+    head = (first, "demand p50", "p90", "held p50", "waiting p50")
     rows = [head] + [
         (
-            h["label"],
+            h["label"][4:] if daily else h["label"],
             f"{h['demand']['p50']:.2f}",
             f"{h['demand']['p90']:.2f}",
             f"{h['held']['p50']:.2f}",
             f"{h['waiting']['p50']:.2f}",
         )
-        for h in data["hours"]
+        for h in data["hours"][: 24 if daily else None]
         if every_hour or h["demand"]["p90"] > 0
     ]
     lines = [f"Demand in GPU-equivalents, {data['message']}."]

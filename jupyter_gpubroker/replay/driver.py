@@ -160,7 +160,7 @@ def replay(
     return Replay(
         trace=trace,
         policy=chosen.name,
-        inventory=inventory,
+        inventory=inventory if isinstance(inventory, str) else inventory.name,
         gpus=len(inv.gpus),
         compress=compress,
         dynamic_mig=dynamic,

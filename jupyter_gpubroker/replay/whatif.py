@@ -26,6 +26,7 @@ from ..broker.accounting import Prices, usage
 from ..broker.budgets import Quota
 from ..broker.core import Broker
 from ..broker.models import JobClass
+from ..broker.recorded import machines, requests
 from ..broker.store import Store
 from ..nvml import GpuSpec, Topology
 from ..nvml.presets import gpu_spec, load_topology
@@ -72,10 +73,10 @@ def history(state: str | Path, now: float) -> History:
     """Read ``state`` read-only: its requests, machine and recorded outcome."""
     store = Store(state, read_only=True)
     try:
-        rows, machines = store.history(), store.machines()
+        rows, recorded = requests(store), machines(store)
     finally:
         store.close()
-    if not machines:
+    if not recorded:
         raise InvalidRequest(
             f"{state} records no machine: it was written before the broker recorded one "
             "(version 16 of its schema); restart the broker once, or name one with --machine"
@@ -117,11 +118,11 @@ def history(state: str | Path, now: float) -> History:
         raise InvalidRequest(f"{state} records no granted request: there is nothing to replay")
     jobs.sort(key=lambda j: j.submit_s)
     trace = Trace(Path(state).name, tuple(jobs))
-    return History(trace, topology(machines[-1][1]), waits, hours, reclaimed, left, holds)
+    return History(trace, topology(recorded[-1][1]), waits, hours, reclaimed, left, holds)
 
 
 def topology(gpus: Sequence[dict[str, Any]]) -> Topology:
-    """The simulated machine a recorded one (``broker.machine``) stands for."""
+    """The simulated machine a recorded one (``machine``) stands for."""
     specs = tuple(gpu_spec(g["model"], g["mig"]) for g in gpus)
     return Topology(f"recorded ({len(specs)} GPUs)", specs)
 

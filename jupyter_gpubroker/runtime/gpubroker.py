@@ -21,9 +21,9 @@ from traitlets.config import LoggingConfigurable
 
 from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
-from ..broker.machine import machine
 from ..broker.models import DeviceReading, Lease
 from ..broker.reclaim import Decision, KernelState
+from ..broker.recorded import machine, record_machine
 from ..broker.store import Store
 from ..events import EventBus
 from ..inventory import InventoryWatch, OpenInventory
@@ -149,7 +149,7 @@ class GPUBroker(
             store.close()
             raise
         with store.transaction():
-            store.record_machine(core.clock.now(), machine(hardware.devices))
+            record_machine(store, core.clock.now(), machine(hardware.devices))
         if self.quotas_file:
             apply_quotas_file(core, Path(self.quotas_file).expanduser())
         self._tokens = KernelTokens(core, self.kernel_token_max_age)
