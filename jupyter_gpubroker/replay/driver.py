@@ -120,6 +120,7 @@ def replay(
     eta_at_submit: bool = True,
     probe: EtaProbe | None = None,
     setup: Callable[[Broker], None] | None = None,
+    store: Store | None = None,
 ) -> Replay:
     """Replay ``trace`` under ``policy`` (a name or a configured policy) on the
     simulated machine ``inventory``.
@@ -130,7 +131,8 @@ def replay(
     at each submission too unless ``eta_at_submit`` is false. ``probe`` is one built
     by the caller instead (``benchmarks/eta_oracle.py`` asks estimators of its own).
     ``inventory`` may be a topology itself (a state file's machine, ``whatif``);
-    ``setup`` configures the broker before the first job (quotas and shares).
+    ``setup`` configures the broker before the first job (quotas and shares); ``store``
+    is the one it records into (default: in memory; a file one leaves a state file).
     """
     if not compress > 0:
         raise ValueError(f"the time compression factor must be positive, not {compress}")
@@ -144,7 +146,7 @@ def replay(
         origin = trace.jobs[0].submit_s
         clock = VirtualClock(origin)
         broker = Broker(
-            Store(),
+            store or Store(),
             inv,
             clock=clock,
             policy=chosen,
