@@ -12,7 +12,8 @@ Timed (wall clock, the median of ``--repeat``): the baseline, the driver's plain
 the same trace in memory (what ``benchmarks/replay.py`` measures), and the what-if from the
 file (reading it, rebuilding the machine and the jobs, replaying). The ratio is what-if /
 baseline; the issue's bound is 60 s for the month. The unvaried what-if's waits and
-GPU-hours are checked against the live month's (within 1%).
+GPU-hours are checked against the live month's (within 1%). The forecast of the same file
+is backtested on its last two weeks (each from the weeks before it).
 
     python benchmarks/whatif.py [--days 30] [--gpus 64] [--repeat 3] [--json]
 """
@@ -30,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from jupyter_gpubroker import offline
 from jupyter_gpubroker.broker.models import JobClass
 from jupyter_gpubroker.broker.recorded import machine, record_machine
 from jupyter_gpubroker.broker.store import Store
@@ -118,6 +120,8 @@ def main() -> None:
         now = START + args.days * 86400 + 86400
         whatif_s, found = timed(lambda: compare(history(path, now), Variation()), args.repeat)
         more_s, more = timed(lambda: compare(history(path, now), Variation(gpus=8)), 1)
+        end = START + args.days * 86400  # the forecast as of the month's end
+        ahead = offline.forecast(path, now=end, tz=timezone.utc, weeks=8, backtest_weeks=2)
     same = found["replayed"]
     result = {
         "requests": len(trace.jobs),
@@ -133,6 +137,7 @@ def main() -> None:
         "whatif_unvaried": {k: same[k] for k in ("requests", "mean_wait_s", "gpu_hours_held")},
         "wait_within_1pct": math.isclose(same["mean_wait_s"], truth["mean_wait_s"], rel_tol=0.01),
         "plus_8_gpus": {k: more["what_if"][k] for k in ("mean_wait_s", "p95_wait_s")},
+        "forecast_backtest": [b.to_json() for b in ahead.backtest],
     }
     if args.json:
         print(json.dumps(result, indent=2))

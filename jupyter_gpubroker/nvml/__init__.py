@@ -51,7 +51,8 @@ def open_backend(
     privilege: str | None = None,
 ) -> NvmlBackend:
     """An opened backend. ``simulate`` (or, when it is None, ``$GPUBROKER_SIMULATE``)
-    names a simulated topology: a preset, a topology file, either with ``:N`` GPUs.
+    names a simulated topology: a preset, a topology file, either with ``:N`` GPUs (or is
+    one: a state file's recorded machine, ``replay.whatif``).
     Empty means the real driver; :class:`NvmlUnavailable` says how to simulate
     when there is none. The simulator is ``backend.simulator``; ``seed`` makes its
     UUIDs those of one simulated machine of its own; ``privilege`` is the simulated

@@ -135,7 +135,12 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus", type=int, default=0, metavar="N", help="add N GPUs (take away: -N) like the last"
     )
-    p.add_argument("--machine", metavar="TOPOLOGY", help="another machine: a preset with :N GPUs")
+    p.add_argument(
+        "--machine",
+        metavar="TOPOLOGY",
+        help="another machine: a preset with :N GPUs (and the machine of a file that "
+        "recorded none)",
+    )
     p.add_argument("--policy", choices=tuple(POLICIES), default="broker", help="default: broker")
     p.add_argument(
         "--quota",
@@ -167,7 +172,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         dynamic_mig=not args.static_mig,
     )
     prices = load_prices(args.prices) if args.prices else None
-    found = history(args.state, time.time())
+    found = history(args.state, time.time(), args.machine)
     result = compare(found, variation, prices)
     if args.json:
         print(json.dumps({**result, "left_out": found.left_out}, allow_nan=False))

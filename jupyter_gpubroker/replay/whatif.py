@@ -69,17 +69,18 @@ class Variation:
         return self != Variation()
 
 
-def history(state: str | Path, now: float) -> History:
-    """Read ``state`` read-only: its requests, machine and recorded outcome."""
+def history(state: str | Path, now: float, machine: str | None = None) -> History:
+    """Read ``state`` read-only: its requests, machine and recorded outcome. ``machine``
+    (a preset with ``:N`` GPUs) stands for the machine where the file recorded none."""
     store = Store(state, read_only=True)
     try:
         rows, recorded = requests(store), machines(store)
     finally:
         store.close()
-    if not recorded:
+    if not recorded and machine is None:
         raise InvalidRequest(
-            f"{state} records no machine: it was written before the broker recorded one "
-            "(version 16 of its schema); restart the broker once, or name one with --machine"
+            f"{state} records no machine: it was written before the broker recorded one; "
+            "restart the broker once to record it, or name the machine with --machine"
         )
     jobs, waits, holds, hours, reclaimed, left = [], [], [], 0.0, 0, 0
     for r in rows:
@@ -118,7 +119,8 @@ def history(state: str | Path, now: float) -> History:
         raise InvalidRequest(f"{state} records no granted request: there is nothing to replay")
     jobs.sort(key=lambda j: j.submit_s)
     trace = Trace(Path(state).name, tuple(jobs))
-    return History(trace, topology(recorded[-1][1]), waits, hours, reclaimed, left, holds)
+    served = topology(recorded[-1][1]) if recorded else load_topology(machine or "")
+    return History(trace, served, waits, hours, reclaimed, left, holds)
 
 
 def topology(gpus: Sequence[dict[str, Any]]) -> Topology:

@@ -13,6 +13,7 @@ from traitlets.config import Config
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
+from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli.main import main
 from jupyter_gpubroker.replay.whatif import Variation, compare, history, parse_quota
 from jupyter_gpubroker.runtime import GPUBroker
@@ -135,3 +136,22 @@ def test_the_whatif_command_prints_the_runs_side_by_side(written, capsys) -> Non
     assert data["replayed"]["gpu_hours_held"] == pytest.approx(live["gpu_hours_held"], rel=0.01)
     assert main(["whatif", "--state", str(state.parent / "none.sqlite")]) == 1
     assert "no broker state file" in capsys.readouterr().err
+
+
+def test_bad_settings_and_a_file_with_no_machine_are_said_plainly(
+    written, tmp_path, capsys
+) -> None:
+    state, _ = written
+    for args, said in (
+        (["--quota", "carol"], "a quota is KIND:NAME:FIELD=VALUE"),
+        (["--gpus", "-9"], "the machine has 4 GPUs: it cannot lose 9"),
+        (["--machine", "dgx-z900"], "unknown simulated topology 'dgx-z900'"),
+    ):
+        assert main(["whatif", "--state", str(state), *args]) == 1
+        assert said in capsys.readouterr().err
+    bare = tmp_path / "bare.sqlite"
+    Store(bare).close()  # a file no broker recorded a machine in
+    assert main(["whatif", "--state", str(bare)]) == 1
+    assert "records no machine" in capsys.readouterr().err
+    assert main(["whatif", "--state", str(bare), "--machine", "dgx-h100:2"]) == 1
+    assert "records no granted request: there is nothing to replay" in capsys.readouterr().err
