@@ -29,7 +29,7 @@ from ..broker.models import JobClass
 from ..broker.recorded import machines, requests
 from ..broker.store import Store
 from ..nvml import GpuSpec, Topology
-from ..nvml.presets import gpu_spec, load_topology
+from ..nvml.presets import TopologyError, gpu_spec, load_topology
 from ..wire.errors import InvalidRequest
 from .driver import Replay, replay
 from .traces import MIN_DURATION_S, Job, Trace
@@ -119,8 +119,25 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
         raise InvalidRequest(f"{state} records no granted request: there is nothing to replay")
     jobs.sort(key=lambda j: j.submit_s)
     trace = Trace(Path(state).name, tuple(jobs))
-    served = topology(recorded[-1][1]) if recorded else load_topology(machine or "")
-    return History(trace, served, waits, hours, reclaimed, left, holds)
+    return History(trace, _served(state, recorded, machine), waits, hours, reclaimed, left, holds)
+
+
+def _served(
+    state: str | Path, recorded: list[tuple[float, list[dict[str, Any]]]], machine: str | None
+) -> Topology:
+    """The last machine the file recorded, else (or where the simulator does not know its
+    GPUs) the one ``machine`` names."""
+    if recorded:
+        try:
+            return topology(recorded[-1][1])
+        except TopologyError as e:
+            if machine is None:
+                raise InvalidRequest(
+                    f"{state} records a machine the simulator cannot build ({e}); name one "
+                    "like it with --machine"
+                ) from None
+    assert machine is not None
+    return load_topology(machine)
 
 
 def topology(gpus: Sequence[dict[str, Any]]) -> Topology:
@@ -200,7 +217,8 @@ def figures(
 
 
 def replayed(run: Replay, prices: Prices | None) -> dict[str, Any]:
-    """A replay's figures (nothing is reclaimed in it: holds are as recorded)."""
+    """A replay's figures; kernels lost are not known (holds are replayed as recorded, and
+    nothing reclaims them)."""
     hours = sum(o.gpu_equivalents * (o.end_s - o.start_s) for o in run.outcomes) / 3600
     rows = [
         {
@@ -215,7 +233,7 @@ def replayed(run: Replay, prices: Prices | None) -> dict[str, Any]:
         for o in run.outcomes
     ]
     waits = [o.wait_s for o in run.outcomes]
-    return figures(waits, hours, 0, _cost(rows, prices), sum(run.skipped.values()))
+    return figures(waits, hours, None, _cost(rows, prices), sum(run.skipped.values()))
 
 
 def _cost(rows: list[dict[str, Any]], prices: Prices | None) -> float | None:

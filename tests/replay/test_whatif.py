@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from traitlets.config import Config
 
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
+from jupyter_gpubroker.broker.recorded import record_machine
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli.main import main
 from jupyter_gpubroker.replay.whatif import Variation, compare, history, parse_quota
@@ -155,3 +157,13 @@ def test_bad_settings_and_a_file_with_no_machine_are_said_plainly(
     assert "records no machine" in capsys.readouterr().err
     assert main(["whatif", "--state", str(bare), "--machine", "dgx-h100:2"]) == 1
     assert "records no granted request: there is nothing to replay" in capsys.readouterr().err
+    odd = tmp_path / "odd.sqlite"
+    shutil.copy(state, odd)
+    store = Store(odd)
+    with store.transaction():  # a later machine of GPUs the simulator has no model of
+        record_machine(store, time.time(), [{"model": "Z100-1TB", "mig": None}])
+    store.close()
+    assert main(["whatif", "--state", str(odd)]) == 1
+    assert "records a machine the simulator cannot build" in capsys.readouterr().err
+    assert main(["whatif", "--state", str(odd), "--machine", "dgx-h100:4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["replayed"]["requests"] == len(JOBS)
