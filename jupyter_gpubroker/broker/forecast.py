@@ -327,3 +327,19 @@ def _asked(size: str) -> float:
     if kind == "profile" and value[:1].isdigit():
         return int(value.split("g")[0]) / 7
     return 1.0
+
+
+def hour_check(
+    spans: Iterable[Span], hour_start: float, *, tz: tzinfo = timezone.utc, weeks: int = 8
+) -> tuple[HourForecast, float] | None:
+    """The forecast of the hour from ``hour_start``, from the history before it alone, and
+    the demand that hour had (None: less than a day of history before it). What a
+    forecast-only mode logs, hour after hour, to judge the forecast before trusting it."""
+    history = hourly(spans, hour_start + HOUR_S)
+    if history is None:
+        return None
+    at = int((hour_start - history.start) // HOUR_S)
+    if at < MIN_HISTORY_S / HOUR_S or at >= len(history.held):
+        return None
+    predicted, _ = _hours(history, at, tz, weeks)
+    return predicted[_hour_of_week(hour_start, tz)], history.demand(at)

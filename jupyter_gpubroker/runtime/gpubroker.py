@@ -39,6 +39,7 @@ from ..suspend.host import (
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, SHARE_HOLDS, clock, duration
 from ..wire.traits import Whole
+from .forecasting import ForecastSettings
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
 from .monitoring import MonitorSettings
@@ -59,6 +60,7 @@ class GPUBroker(
     MonitorSettings,
     LimitSettings,
     SharingSettings,
+    ForecastSettings,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -203,6 +205,7 @@ class GPUBroker(
             if self.shares is not None:
                 self.shares.check()
             self.events.after_tick()
+            self.log_forecast(self.core, self.log)
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
             if ended:
