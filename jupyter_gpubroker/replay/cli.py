@@ -150,7 +150,18 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
         help="a quota or share, e.g. user:alice:max_gpus=2 or group:lab:share=3 (repeatable)",
     )
     p.add_argument("--static-mig", action="store_true", help="never re-cut MIG GPUs")
+    p.add_argument(
+        "--windows",
+        type=Path,
+        help="a YAML or JSON file of time-of-day windows of the broker policy, as "
+        "c.GPUBroker.windows: [{name: day, start: '08:00', end: '19:00', days: mon-fri, "
+        "weights: {interactive: 2000, batch: 0}}]",
+    )
+    p.add_argument("--timezone", default="UTC", help="time zone of the windows (IANA name)")
     p.add_argument("--prices", type=Path, help="a prices file (as usage --prices) for the cost")
+    p.add_argument(
+        "--prices-if", type=Path, help="other prices for the what-if's cost (default: --prices)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_whatif)
 
@@ -160,7 +171,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
     from ..offline import load_prices
     from ..wire.errors import InvalidRequest
-    from .whatif import Variation, compare, history, parse_quota
+    from .whatif import Variation, compare, history, parse_quota, read_windows
 
     if not args.state.exists():
         raise InvalidRequest(f"no broker state file at {args.state}")
@@ -168,12 +179,15 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         machine=args.machine,
         policy=args.policy,
+        windows=read_windows(args.windows) if args.windows else (),
+        timezone=args.timezone,
         quotas=tuple(parse_quota(q) for q in args.quota),
         dynamic_mig=not args.static_mig,
     )
     prices = load_prices(args.prices) if args.prices else None
+    prices_if = load_prices(args.prices_if) if args.prices_if else None
     found = history(args.state, time.time(), args.machine)
-    result = compare(found, variation, prices)
+    result = compare(found, variation, prices, prices_if)
     if args.json:
         print(json.dumps({**result, "left_out": found.left_out}, allow_nan=False))
         return 0

@@ -22,10 +22,13 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..broker.accounting import Prices, usage
 from ..broker.budgets import Quota
 from ..broker.core import Broker
 from ..broker.models import JobClass
+from ..broker.policy import Policy, Window, make_policy
 from ..broker.recorded import machines, requests
 from ..broker.store import Store
 from ..nvml import GpuSpec, Topology
@@ -61,6 +64,10 @@ class Variation:
     machine: str | None = None
     """Another machine instead: a preset with ``:N`` or a topology file."""
     policy: str = "broker"
+    windows: tuple[Window, ...] = ()
+    """Time-of-day windows of the broker policy instead of its default ones."""
+    timezone: str = "UTC"
+    """The time zone the windows are read in."""
     quotas: tuple[tuple[str, str, Quota], ...] = ()
     dynamic_mig: bool = True
 
@@ -166,13 +173,32 @@ def run(h: History, v: Variation) -> Replay:
             for kind, name, quota in v.quotas:
                 broker.set_quota(kind, name, quota)
 
+    policy: str | Policy = v.policy
+    if v.windows or v.timezone != "UTC":
+        if v.policy != "broker":
+            raise InvalidRequest("time-of-day windows are the broker policy's, not the others'")
+        params: dict[str, object] = {"timezone": v.timezone}
+        if v.windows:
+            params["windows"] = v.windows
+        policy = make_policy("broker", **params)
     return replay(
         h.trace,
-        v.policy,
+        policy,
         inventory=machine_for(h.machine, v),
         dynamic_mig=v.dynamic_mig,
         setup=setup,
     )
+
+
+def read_windows(path: Path) -> tuple[Window, ...]:
+    """Time-of-day windows from a YAML or JSON file (a list, as ``c.GPUBroker.windows``)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise InvalidRequest(f"cannot read windows file {path}: {e}") from None
+    if not isinstance(data, list) or not all(isinstance(w, dict) for w in data):
+        raise InvalidRequest(f"windows file {path} must hold a list of windows")
+    return tuple(Window.from_dict(w) for w in data)
 
 
 def parse_quota(text: str) -> tuple[str, str, Quota]:
@@ -250,12 +276,15 @@ def _cost(rows: list[dict[str, Any]], prices: Prices | None) -> float | None:
     return sum(r.cost or 0.0 for r in found)
 
 
-def compare(h: History, v: Variation, prices: Prices | None = None) -> dict[str, dict[str, Any]]:
-    """What happened, the replay as it was, and (if anything varies) the what-if."""
+def compare(
+    h: History, v: Variation, prices: Prices | None = None, prices_if: Prices | None = None
+) -> dict[str, dict[str, Any]]:
+    """What happened, the replay as it was, and (if anything varies) the what-if, its cost
+    at ``prices_if`` where given (other prices, other bands), else at ``prices``."""
     out = {
         "recorded": figures(h.waits_s, h.gpu_hours, h.reclaimed, _cost(h.holds, prices)),
         "replayed": replayed(run(h, Variation(dynamic_mig=v.dynamic_mig)), prices),
     }
-    if v.varied:
-        out["what_if"] = replayed(run(h, v), prices)
+    if v.varied or prices_if is not None:
+        out["what_if"] = replayed(run(h, v), prices_if or prices)
     return out

@@ -167,3 +167,37 @@ def test_bad_settings_and_a_file_with_no_machine_are_said_plainly(
     assert "records a machine the simulator cannot build" in capsys.readouterr().err
     assert main(["whatif", "--state", str(odd), "--machine", "dgx-h100:4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["replayed"]["requests"] == len(JOBS)
+
+
+def test_other_prices_cost_the_what_if_and_windows_are_read_and_checked(
+    written, tmp_path, capsys
+) -> None:
+    state, live = written
+    prices, cheaper = tmp_path / "prices.yaml", tmp_path / "cheaper.yaml"
+    prices.write_text('{currency: EUR, per_gpu_hour: {gpu: 2.0, "*": 2.0}}')
+    cheaper.write_text('{currency: EUR, per_gpu_hour: {gpu: 0.5, "*": 0.5}}')
+    argv = ["whatif", "--state", str(state), "--json", "--prices", str(prices)]
+    assert main([*argv, "--prices-if", str(cheaper)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    hours = live["gpu_hours_held"]
+    assert got["recorded"]["cost"] == pytest.approx(2.0 * hours, rel=0.01)
+    assert got["replayed"]["cost"] == pytest.approx(2.0 * hours, rel=0.01)
+    assert got["what_if"]["cost"] == pytest.approx(0.5 * hours, rel=0.01)
+
+    windows = tmp_path / "windows.yaml"
+    windows.write_text(
+        "[{name: day, start: '08:00', end: '19:00', days: mon-fri,"
+        " weights: {interactive: 2000, batch: 0}}]"
+    )
+    assert main(["whatif", "--state", str(state), "--json", "--windows", str(windows)]) == 0
+    assert json.loads(capsys.readouterr().out)["what_if"]["requests"] == len(JOBS)
+    windows.write_text("{day: 1}")
+    assert main(["whatif", "--state", str(state), "--windows", str(windows)]) == 1
+    assert "must hold a list of windows" in capsys.readouterr().err
+    windows.write_text("[{name: day, start: '25:00', end: '19:00'}]")
+    assert main(["whatif", "--state", str(state), "--windows", str(windows)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "25:00" in err and "Traceback" not in err
+    argv = ["whatif", "--state", str(state), "--policy", "fcfs", "--timezone", "Europe/Paris"]
+    assert main(argv) == 1
+    assert "windows are the broker policy's" in capsys.readouterr().err
