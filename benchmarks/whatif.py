@@ -85,7 +85,7 @@ def live(trace: Trace, inventory: str, path: Path) -> dict[str, float]:
         gpus = machine(backend.inventory())
     store = Store(path)
     with store.transaction():
-        record_machine(store, trace.jobs[0].submit_s, gpus)
+        record_machine(store, trace.jobs[0].submit_s, gpus, {"dynamic_mig": True})
     run = replay(trace, inventory=inventory, store=store)
     store.close()
     waits = [o.wait_s for o in run.outcomes]

@@ -28,19 +28,23 @@ def machine(inventory: Inventory) -> list[dict[str, Any]]:
     ]
 
 
-def record_machine(store: Store, at: float, gpus: list[dict[str, Any]]) -> None:
-    """The machine served from ``at`` on (``machine``), where it differs from the
-    last one recorded; call inside ``store.transaction()``."""
-    text = json.dumps(gpus, sort_keys=True)
-    row = store.conn.execute("SELECT gpus FROM machines ORDER BY since DESC LIMIT 1").fetchone()
-    if row is None or row[0] != text:
-        store.conn.execute("INSERT OR REPLACE INTO machines VALUES (?, ?)", (at, text))
+def record_machine(
+    store: Store, at: float, gpus: list[dict[str, Any]], settings: dict[str, Any]
+) -> None:
+    """The machine served from ``at`` on (``machine``) and the settings it ordered by,
+    where either differs from the last recorded; call inside ``store.transaction()``."""
+    now = (json.dumps(gpus, sort_keys=True), json.dumps(settings, sort_keys=True))
+    row = store.conn.execute(
+        "SELECT gpus, settings FROM machines ORDER BY since DESC LIMIT 1"
+    ).fetchone()
+    if row is None or tuple(row) != now:
+        store.conn.execute("INSERT OR REPLACE INTO machines VALUES (?, ?, ?)", (at, *now))
 
 
-def machines(store: Store) -> list[tuple[float, list[dict[str, Any]]]]:
-    """Each machine recorded, oldest first: (since, its GPUs)."""
-    rows = store.conn.execute("SELECT since, gpus FROM machines ORDER BY since")
-    return [(float(since), json.loads(gpus)) for since, gpus in rows]
+def machines(store: Store) -> list[tuple[float, list[dict[str, Any]], dict[str, Any]]]:
+    """Each machine recorded, oldest first: (since, its GPUs, the settings)."""
+    rows = store.conn.execute("SELECT since, gpus, settings FROM machines ORDER BY since")
+    return [(float(t), json.loads(gpus), json.loads(settings)) for t, gpus, settings in rows]
 
 
 def requests(store: Store) -> list[dict[str, Any]]:

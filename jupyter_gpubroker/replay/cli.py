@@ -141,7 +141,9 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
         help="another machine: a preset with :N GPUs (and the machine of a file that "
         "recorded none)",
     )
-    p.add_argument("--policy", choices=tuple(POLICIES), default="broker", help="default: broker")
+    p.add_argument(
+        "--policy", choices=tuple(POLICIES), help="another ordering policy (default: as recorded)"
+    )
     p.add_argument(
         "--quota",
         action="append",
@@ -157,7 +159,7 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
         "c.GPUBroker.windows: [{name: day, start: '08:00', end: '19:00', days: mon-fri, "
         "weights: {interactive: 2000, batch: 0}}]",
     )
-    p.add_argument("--timezone", default="UTC", help="time zone of the windows (IANA name)")
+    p.add_argument("--timezone", help="time zone of the windows (IANA name; default: as recorded)")
     p.add_argument("--prices", type=Path, help="a prices file (as usage --prices) for the cost")
     p.add_argument(
         "--prices-if", type=Path, help="other prices for the what-if's cost (default: --prices)"
@@ -179,10 +181,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         machine=args.machine,
         policy=args.policy,
-        windows=read_windows(args.windows) if args.windows else (),
+        windows=read_windows(args.windows) if args.windows else None,
         timezone=args.timezone,
         quotas=tuple(parse_quota(q) for q in args.quota),
-        dynamic_mig=not args.static_mig,
+        dynamic_mig=False if args.static_mig else None,
     )
     prices = load_prices(args.prices) if args.prices else None
     prices_if = load_prices(args.prices_if) if args.prices_if else None

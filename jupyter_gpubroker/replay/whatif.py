@@ -28,7 +28,7 @@ from ..broker.accounting import Prices, usage
 from ..broker.budgets import Quota
 from ..broker.core import Broker
 from ..broker.models import JobClass
-from ..broker.policy import Policy, Window, make_policy
+from ..broker.policy import Window, configured_policy
 from ..broker.recorded import machines, requests
 from ..broker.store import Store
 from ..nvml import GpuSpec, Topology
@@ -53,23 +53,26 @@ class History:
     """Requests never granted (withdrawn, cancelled, still waiting)."""
     holds: list[dict[str, Any]]
     """The recorded leases as usage rows (for their cost)."""
+    settings: dict[str, Any]
+    """The settings the broker ordered by (``GPUBroker.recorded_settings``); empty where
+    the file recorded none (the replay's defaults then)."""
 
 
 @dataclass(frozen=True)
 class Variation:
-    """What a what-if changes; the defaults change nothing."""
+    """What a what-if changes; the defaults change nothing (None: as recorded)."""
 
     gpus: int = 0
     """GPUs added (taken away when negative), repeating the machine's last GPU."""
     machine: str | None = None
     """Another machine instead: a preset with ``:N`` or a topology file."""
-    policy: str = "broker"
-    windows: tuple[Window, ...] = ()
-    """Time-of-day windows of the broker policy instead of its default ones."""
-    timezone: str = "UTC"
+    policy: str | None = None
+    windows: tuple[dict[str, Any], ...] | None = None
+    """Time-of-day windows of the broker policy (``c.GPUBroker.windows``), checked."""
+    timezone: str | None = None
     """The time zone the windows are read in."""
     quotas: tuple[tuple[str, str, Quota], ...] = ()
-    dynamic_mig: bool = True
+    dynamic_mig: bool | None = None
 
     @property
     def varied(self) -> bool:
@@ -126,11 +129,15 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
         raise InvalidRequest(f"{state} records no granted request: there is nothing to replay")
     jobs.sort(key=lambda j: j.submit_s)
     trace = Trace(Path(state).name, tuple(jobs))
-    return History(trace, _served(state, recorded, machine), waits, hours, reclaimed, left, holds)
+    settings = recorded[-1][2] if recorded else {}
+    served = _served(state, recorded, machine)
+    return History(trace, served, waits, hours, reclaimed, left, holds, settings)
 
 
 def _served(
-    state: str | Path, recorded: list[tuple[float, list[dict[str, Any]]]], machine: str | None
+    state: str | Path,
+    recorded: list[tuple[float, list[dict[str, Any]], dict[str, Any]]],
+    machine: str | None,
 ) -> Topology:
     """The last machine the file recorded, else (or where the simulator does not know its
     GPUs) the one ``machine`` names."""
@@ -173,24 +180,24 @@ def run(h: History, v: Variation) -> Replay:
             for kind, name, quota in v.quotas:
                 broker.set_quota(kind, name, quota)
 
-    policy: str | Policy = v.policy
-    if v.windows or v.timezone != "UTC":
-        if v.policy != "broker":
-            raise InvalidRequest("time-of-day windows are the broker policy's, not the others'")
-        params: dict[str, object] = {"timezone": v.timezone}
-        if v.windows:
-            params["windows"] = v.windows
-        policy = make_policy("broker", **params)
+    s = h.settings
+    name = v.policy or s.get("policy", "broker")
+    if (v.windows is not None or v.timezone is not None) and name != "broker":
+        raise InvalidRequest("time-of-day windows are the broker policy's, not the others'")
+    params = s.get("policy_params", {}) if name == s.get("policy", "broker") else {}
+    windows = list(v.windows if v.windows is not None else s.get("windows", []))
+    policy = configured_policy(name, params, windows, v.timezone or s.get("timezone", "UTC"))
+    dynamic = v.dynamic_mig if v.dynamic_mig is not None else s.get("dynamic_mig", True)
     return replay(
         h.trace,
         policy,
         inventory=machine_for(h.machine, v),
-        dynamic_mig=v.dynamic_mig,
+        dynamic_mig=dynamic,
         setup=setup,
     )
 
 
-def read_windows(path: Path) -> tuple[Window, ...]:
+def read_windows(path: Path) -> tuple[dict[str, Any], ...]:
     """Time-of-day windows from a YAML or JSON file (a list, as ``c.GPUBroker.windows``)."""
     try:
         data = yaml.safe_load(path.read_text())
@@ -198,7 +205,9 @@ def read_windows(path: Path) -> tuple[Window, ...]:
         raise InvalidRequest(f"cannot read windows file {path}: {e}") from None
     if not isinstance(data, list) or not all(isinstance(w, dict) for w in data):
         raise InvalidRequest(f"windows file {path} must hold a list of windows")
-    return tuple(Window.from_dict(w) for w in data)
+    for w in data:
+        Window.from_dict(w)  # refused here, in a sentence, not in the replay
+    return tuple(data)
 
 
 def parse_quota(text: str) -> tuple[str, str, Quota]:
@@ -283,7 +292,7 @@ def compare(
     at ``prices_if`` where given (other prices, other bands), else at ``prices``."""
     out = {
         "recorded": figures(h.waits_s, h.gpu_hours, h.reclaimed, _cost(h.holds, prices)),
-        "replayed": replayed(run(h, Variation(dynamic_mig=v.dynamic_mig)), prices),
+        "replayed": replayed(run(h, Variation()), prices),
     }
     if v.varied or prices_if is not None:
         out["what_if"] = replayed(run(h, v), prices_if or prices)

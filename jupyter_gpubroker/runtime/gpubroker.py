@@ -151,7 +151,9 @@ class GPUBroker(
             store.close()
             raise
         with store.transaction():
-            record_machine(store, core.clock.now(), machine(hardware.devices))
+            record_machine(
+                store, core.clock.now(), machine(hardware.devices), self.recorded_settings()
+            )
         if self.quotas_file:
             apply_quotas_file(core, Path(self.quotas_file).expanduser())
         self._tokens = KernelTokens(core, self.kernel_token_max_age)

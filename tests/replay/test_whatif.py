@@ -39,9 +39,10 @@ JOBS = [
 ]
 
 
-def live_run(state: Path) -> dict[str, float]:
+def live_run(state: Path, policy: str = "broker") -> dict[str, float]:
     """Play JOBS through a running broker's API on a virtual clock; what it gave."""
     c = Config()
+    c.GPUBroker.policy = policy
     c.GPUBroker.simulate = "dgx-h100:4"
     c.GPUBroker.state_file = str(state)
     c.GPUBroker.identity = "username"
@@ -97,6 +98,16 @@ def test_whatif_with_nothing_varied_gives_what_the_live_run_gave(written) -> Non
         assert found[run]["requests"] == live["n"] == len(JOBS)
         assert found[run]["gpu_hours_held"] == pytest.approx(live["gpu_hours_held"], rel=0.01)
         assert found[run]["mean_wait_s"] == pytest.approx(live["mean_wait_s"], rel=0.01)
+
+
+def test_the_replay_orders_by_the_policy_the_broker_recorded(tmp_path) -> None:
+    state = tmp_path / "fcfs.sqlite"
+    live = live_run(state, "fcfs")
+    h = history(state, time.time())
+    assert h.settings["policy"] == "fcfs"
+    found = compare(h, Variation(policy="broker"))
+    assert found["replayed"]["mean_wait_s"] == pytest.approx(live["mean_wait_s"], rel=0.01)
+    assert found["what_if"]["mean_wait_s"] != pytest.approx(live["mean_wait_s"], rel=0.01)
 
 
 def test_more_gpus_shorten_the_waits(written) -> None:
@@ -161,7 +172,7 @@ def test_bad_settings_and_a_file_with_no_machine_are_said_plainly(
     shutil.copy(state, odd)
     store = Store(odd)
     with store.transaction():  # a later machine of GPUs the simulator has no model of
-        record_machine(store, time.time(), [{"model": "Z100-1TB", "mig": None}])
+        record_machine(store, time.time(), [{"model": "Z100-1TB", "mig": None}], {})
     store.close()
     assert main(["whatif", "--state", str(odd)]) == 1
     assert "records a machine the simulator cannot build" in capsys.readouterr().err
