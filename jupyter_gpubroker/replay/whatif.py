@@ -53,6 +53,8 @@ class History:
     """Requests never granted (withdrawn, cancelled, still waiting)."""
     holds: list[dict[str, Any]]
     """The recorded leases as usage rows (for their cost)."""
+    quotas: tuple[tuple[str, str, Quota], ...]
+    """The quotas and shares the file holds (admins' last word)."""
     settings: dict[str, Any]
     """The settings the broker ordered by (``GPUBroker.recorded_settings``); empty where
     the file recorded none (the replay's defaults then)."""
@@ -84,7 +86,7 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
     (a preset with ``:N`` GPUs) stands for the machine where the file recorded none."""
     store = Store(state, read_only=True)
     try:
-        rows, recorded = requests(store), machines(store)
+        rows, recorded, quotas = requests(store), machines(store), store.quotas()
     finally:
         store.close()
     if not recorded and machine is None:
@@ -131,7 +133,8 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
     trace = Trace(Path(state).name, tuple(jobs))
     settings = recorded[-1][2] if recorded else {}
     served = _served(state, recorded, machine)
-    return History(trace, served, waits, hours, reclaimed, left, holds, settings)
+    limits = tuple((q["kind"], q["name"], Quota(**{k: q[k] for k in QUOTA_FIELDS})) for q in quotas)
+    return History(trace, served, waits, hours, reclaimed, left, holds, limits, settings)
 
 
 def _served(
@@ -174,10 +177,10 @@ def machine_for(base: Topology, v: Variation) -> Topology:
 def run(h: History, v: Variation) -> Replay:
     """Replay the history under a variation."""
     setup: Callable[[Broker], None] | None = None
-    if v.quotas:
+    if h.quotas or v.quotas:
 
         def setup(broker: Broker) -> None:
-            for kind, name, quota in v.quotas:
+            for kind, name, quota in h.quotas + v.quotas:  # the what-if's last
                 broker.set_quota(kind, name, quota)
 
     s = h.settings

@@ -13,6 +13,7 @@ import pytest
 from traitlets.config import Config
 
 from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.budgets import Quota
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.recorded import record_machine
 from jupyter_gpubroker.broker.store import Store
@@ -39,8 +40,11 @@ JOBS = [
 ]
 
 
-def live_run(state: Path, policy: str = "broker") -> dict[str, float]:
-    """Play JOBS through a running broker's API on a virtual clock; what it gave."""
+def live_run(
+    state: Path, policy: str = "broker", bob_gpus: float | None = None
+) -> dict[str, float]:
+    """Play JOBS through a running broker's API on a virtual clock, bob held to
+    ``bob_gpus`` at once where given; what it gave."""
     c = Config()
     c.GPUBroker.policy = policy
     c.GPUBroker.simulate = "dgx-h100:4"
@@ -49,6 +53,8 @@ def live_run(state: Path, policy: str = "broker") -> dict[str, float]:
     runtime = GPUBroker(config=c)
     runtime.start()
     api = BrokerAPI(runtime)
+    if bob_gpus is not None:
+        runtime.core.set_quota("user", "bob", Quota(max_gpus=bob_gpus))
     start = time.time() - 86400
     clock = VirtualClock(start)
     runtime.core.clock.now = clock.now  # the clock the core shares with its book and rules
@@ -108,6 +114,17 @@ def test_the_replay_orders_by_the_policy_the_broker_recorded(tmp_path) -> None:
     found = compare(h, Variation(policy="broker"))
     assert found["replayed"]["mean_wait_s"] == pytest.approx(live["mean_wait_s"], rel=0.01)
     assert found["what_if"]["mean_wait_s"] != pytest.approx(live["mean_wait_s"], rel=0.01)
+
+
+def test_the_replay_keeps_the_quotas_the_file_holds(tmp_path) -> None:
+    state = tmp_path / "quota.sqlite"
+    live = live_run(state, bob_gpus=2)
+    free = compare(
+        history(tmp_path / "quota.sqlite", time.time()),
+        Variation(quotas=(parse_quota("user:bob:max_gpus=8"),)),
+    )
+    assert free["replayed"]["mean_wait_s"] == pytest.approx(live["mean_wait_s"], rel=0.01)
+    assert free["what_if"]["mean_wait_s"] != pytest.approx(live["mean_wait_s"], rel=0.01)
 
 
 def test_more_gpus_shorten_the_waits(written) -> None:
