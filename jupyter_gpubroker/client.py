@@ -395,6 +395,9 @@ class BrokerClient:
     async def undrain(self, uuid: str, reason: str | None = None) -> dict[str, Any]:
         return await self.call("DELETE", f"devices/{uuid}/drain", reason=reason)  # type: ignore[no-any-return]
 
+    async def forecast(self, **query: Any) -> dict[str, Any]:
+        return await self.call("GET", "forecast", **query)  # type: ignore[no-any-return]
+
     async def reclaims(self, **query: Any) -> list[dict[str, Any]]:
         return (await self.call("GET", "reclaims", **query))["reclaims"]  # type: ignore[no-any-return]
 

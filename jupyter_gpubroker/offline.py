@@ -18,6 +18,9 @@ from .broker.accounting import GROUPINGS as GROUPINGS
 from .broker.accounting import Prices as Prices
 from .broker.accounting import UsageRow as UsageRow
 from .broker.accounting import usage as _usage
+from .broker.forecast import Forecast, spans
+from .broker.forecast import forecast as _forecast
+from .broker.recorded import demand
 from .broker.store import Store
 from .wire.errors import InvalidRequest
 
@@ -52,6 +55,16 @@ def usage(
     finally:
         store.close()
     return _usage(rows, since=since, until=until, by=by, tz=tz, prices=prices)
+
+
+def forecast(state: Path, *, now: float, tz: tzinfo, weeks: int, backtest_weeks: int) -> Forecast:
+    """Demand per hour of the week from the state file's history (``broker.forecast``)."""
+    store = Store(state, read_only=True)
+    try:
+        rows = demand(store, now - (weeks + backtest_weeks) * 7 * 86400.0, now)
+    finally:
+        store.close()
+    return _forecast(spans(rows), now, tz=tz, weeks=weeks, backtest_weeks=backtest_weeks)
 
 
 def load_prices(path: Path) -> Prices:

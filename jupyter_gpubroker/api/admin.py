@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..broker.budgets import Quota
+from ..broker.forecast import WEEK_S, forecast, spans
 from ..broker.models import check_name
+from ..broker.recorded import demand
 from ..wire.errors import Conflict, InvalidRequest, NotFound
 from ..wire.sizes import QUOTA_BOUNDS
 from ..wire.text import SERVER_HOLDER
@@ -206,6 +208,18 @@ class AdminRules(Rules):
             parse_time("since", since), parse_time("until", until), user
         )
         return {"reclaims": [reclaim_json(r) for r in rows]}
+
+    def forecast(
+        self, who: Identity, weeks: str | None = None, backtest_weeks: str | None = None
+    ) -> dict[str, Any]:
+        """Demand per hour of the week (UTC) from the state file's history, with its error
+        over the last weeks (``broker.forecast``): what capacity a site needs, and when."""
+        self._require_admin(who, "see the demand forecast")
+        span = parse_int("weeks", weeks, 1, 52, 8)
+        tests = parse_int("backtest_weeks", backtest_weeks, 0, 52, 4)
+        now = self.core.clock.now()
+        rows = demand(self.core.store, now - (span + tests) * WEEK_S, now)
+        return forecast(spans(rows), now, weeks=span, backtest_weeks=tests).to_json()
 
     def audit(
         self,

@@ -252,6 +252,16 @@ MIGRATIONS: tuple[str, ...] = (
     WHEN EXISTS (SELECT 1 FROM shares WHERE device = NEW.device)
     BEGIN SELECT RAISE(ABORT, 'the device is shared'); END;
     """,
+    # 16: the machine the broker served, from when (each GPU's catalog model and MIG
+    # slices), and the settings it ordered by (policy, its parameters and windows, dynamic
+    # MIG): a replay of the file's history (``replay.whatif``) rebuilds both
+    """
+    CREATE TABLE machines (
+        since REAL PRIMARY KEY,
+        gpus TEXT NOT NULL,
+        settings TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -64,7 +64,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone, tzinfo
-from typing import Protocol
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..wire.errors import InvalidRequest
@@ -357,6 +357,19 @@ POLICIES: dict[str, type[Policy]] = {
     "slurm": SlurmPolicy,
     "broker": BrokerPolicy,
 }
+
+
+def configured_policy(
+    name: str, params: dict[str, Any], windows: list[dict[str, Any]], tz: str
+) -> Policy:
+    """The policy as ``c.GPUBroker`` settings name it: its parameters, and for the broker
+    policy its time zone and windows (the running broker's, and a replay of its file's)."""
+    chosen = dict(params)
+    if name == "broker":
+        chosen.setdefault("timezone", tz)
+        if windows:
+            chosen["windows"] = tuple(Window.from_dict(w) for w in windows)
+    return make_policy(name, **chosen)
 
 
 def make_policy(name: str, **params: object) -> Policy:

@@ -39,6 +39,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("audit", ".admin", "(admins) show what admins did"),
     ("reclaims", ".admin", "(admins) show the leases taken back, with cause and evidence"),
     ("alerts", ".admin", "(admins) show the GPUs' health alerts"),
+    ("forecast", ".forecast", "(admins) demand per hour of the week, from the broker's history"),
+    ("whatif", "..replay.cli", "replay the broker's own history with other settings"),
     ("kernelspec", ".local", "install GPU kernelspecs"),
     (
         "demo",

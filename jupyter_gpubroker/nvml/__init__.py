@@ -44,14 +44,15 @@ def seed_for(state_file: str) -> str:
 
 
 def open_backend(
-    simulate: str | None = None,
+    simulate: str | Topology | None = None,
     log: logging.Logger | None = None,
     *,
     seed: str = "",
     privilege: str | None = None,
 ) -> NvmlBackend:
     """An opened backend. ``simulate`` (or, when it is None, ``$GPUBROKER_SIMULATE``)
-    names a simulated topology: a preset, a topology file, either with ``:N`` GPUs.
+    names a simulated topology: a preset, a topology file, either with ``:N`` GPUs (or is
+    one: a state file's recorded machine, ``replay.whatif``).
     Empty means the real driver; :class:`NvmlUnavailable` says how to simulate
     when there is none. The simulator is ``backend.simulator``; ``seed`` makes its
     UUIDs those of one simulated machine of its own; ``privilege`` is the simulated
@@ -59,7 +60,7 @@ def open_backend(
     spec = os.environ.get(SIMULATE_ENV, "") if simulate is None else simulate
     simulator = None
     if spec:
-        topology = load_topology(spec)
+        topology = spec if isinstance(spec, Topology) else load_topology(spec)
         if seed:
             topology = replace(topology, seed=f"{topology.seed}@{seed}")
         simulator = SimulatedNvml(topology, privilege=privilege)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..broker.policy import POLICIES
@@ -119,3 +120,103 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         print(table([summary]))
     return 0
+
+
+def add_whatif(p: argparse.ArgumentParser) -> None:
+    """The ``jupyter gpubroker whatif`` command's options."""
+    p.description = (
+        "Replay the requests a broker's state file recorded through the real broker core, "
+        "each holding its lease as long as it did, on the machine the file recorded: once "
+        "as it was and once with the settings below changed. Prints waits, GPU-hours held, "
+        "kernels lost and cost beside what really happened. Holds are replayed as recorded, "
+        "so idle timeouts do not change them yet."
+    )
+    p.add_argument("--state", required=True, type=Path, help="the broker's state file")
+    p.add_argument(
+        "--gpus", type=int, default=0, metavar="N", help="add N GPUs (take away: -N) like the last"
+    )
+    p.add_argument(
+        "--machine",
+        metavar="TOPOLOGY",
+        help="another machine: a preset with :N GPUs (and the machine of a file that "
+        "recorded none)",
+    )
+    p.add_argument(
+        "--policy", choices=tuple(POLICIES), help="another ordering policy (default: as recorded)"
+    )
+    p.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="KIND:NAME:FIELD=VALUE",
+        help="a quota or share, e.g. user:alice:max_gpus=2 or group:lab:share=3 (repeatable)",
+    )
+    p.add_argument("--static-mig", action="store_true", help="never re-cut MIG GPUs")
+    p.add_argument(
+        "--windows",
+        type=Path,
+        help="a YAML or JSON file of time-of-day windows of the broker policy, as "
+        "c.GPUBroker.windows: [{name: day, start: '08:00', end: '19:00', days: mon-fri, "
+        "weights: {interactive: 2000, batch: 0}}]",
+    )
+    p.add_argument("--timezone", help="time zone of the windows (IANA name; default: as recorded)")
+    p.add_argument("--prices", type=Path, help="a prices file (as usage --prices) for the cost")
+    p.add_argument(
+        "--prices-if", type=Path, help="other prices for the what-if's cost (default: --prices)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_whatif)
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    import time
+
+    from ..offline import load_prices
+    from ..wire.errors import InvalidRequest
+    from .whatif import Variation, compare, history, parse_quota, read_windows
+
+    if not args.state.exists():
+        raise InvalidRequest(f"no broker state file at {args.state}")
+    variation = Variation(
+        gpus=args.gpus,
+        machine=args.machine,
+        policy=args.policy,
+        windows=read_windows(args.windows) if args.windows else None,
+        timezone=args.timezone,
+        quotas=tuple(parse_quota(q) for q in args.quota),
+        dynamic_mig=False if args.static_mig else None,
+    )
+    prices = load_prices(args.prices) if args.prices else None
+    prices_if = load_prices(args.prices_if) if args.prices_if else None
+    found = history(args.state, time.time(), args.machine)
+    result = compare(found, variation, prices, prices_if)
+    if args.json:
+        print(json.dumps({**result, "left_out": found.left_out}, allow_nan=False))
+        return 0
+    print(whatif_table(result))
+    if found.left_out:
+        print(f"{found.left_out} request(s) never granted are left out: they held nothing.")
+    return 0
+
+
+def whatif_table(result: dict[str, dict[str, Any]]) -> str:
+    """The figures side by side, one column per run."""
+    names = {"recorded": "what happened", "replayed": "replayed", "what_if": "what if"}
+    cols = list(result)
+    rows = [("", *(names[c] for c in cols))]
+    said = {
+        "requests": ("requests granted", "{:.0f}"),
+        "mean_wait_s": ("mean wait (s)", "{:.1f}"),
+        "p95_wait_s": ("p95 wait (s)", "{:.1f}"),
+        "max_wait_s": ("longest wait (s)", "{:.1f}"),
+        "gpu_hours_held": ("GPU-hours held", "{:.2f}"),
+        "kernels_lost": ("kernels lost", "{:.0f}"),
+        "cost": ("cost", "{:.2f}"),
+        "refused": ("refused (no machine or quota allows)", "{:.0f}"),
+    }
+    for key, (label, fmt) in said.items():
+        values = [result[c][key] for c in cols]
+        rows.append((label, *("-" if v is None else fmt.format(v) for v in values)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(line.rstrip() for line in lines)

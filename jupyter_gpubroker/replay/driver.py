@@ -36,6 +36,7 @@ import heapq
 import itertools
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..broker.clock import VirtualClock
@@ -44,8 +45,8 @@ from ..broker.models import JobClass, Lease
 from ..broker.policy import Policy, make_policy
 from ..broker.shapes import WHOLE_GPU
 from ..broker.store import Store
-from ..nvml import MigPartitioner, open_backend
-from ..wire.errors import Conflict, Unsatisfiable
+from ..nvml import MigPartitioner, Topology, open_backend
+from ..wire.errors import Conflict, QuotaExceeded, Unsatisfiable
 from ..wire.sizes import Size
 from .accuracy import Estimate, EtaProbe
 from .sizing import Sizer
@@ -112,12 +113,14 @@ def replay(
     trace: Trace,
     policy: str | Policy = "broker",
     *,
-    inventory: str = "dgx-h100-mig:64",
+    inventory: str | Topology = "dgx-h100-mig:64",
     compress: float = 1.0,
     dynamic_mig: bool = True,
     eta_every_s: float | None = None,
     eta_at_submit: bool = True,
     probe: EtaProbe | None = None,
+    setup: Callable[[Broker], None] | None = None,
+    store: Store | None = None,
 ) -> Replay:
     """Replay ``trace`` under ``policy`` (a name or a configured policy) on the
     simulated machine ``inventory``.
@@ -127,6 +130,9 @@ def replay(
     ``eta_every_s`` (seconds) measures the start estimates (see :mod:`.accuracy`),
     at each submission too unless ``eta_at_submit`` is false. ``probe`` is one built
     by the caller instead (``benchmarks/eta_oracle.py`` asks estimators of its own).
+    ``inventory`` may be a topology itself (a state file's machine, ``whatif``);
+    ``setup`` configures the broker before the first job (quotas and shares); ``store``
+    is the one it records into (default: in memory; a file one leaves a state file).
     """
     if not compress > 0:
         raise ValueError(f"the time compression factor must be positive, not {compress}")
@@ -140,13 +146,15 @@ def replay(
         origin = trace.jobs[0].submit_s
         clock = VirtualClock(origin)
         broker = Broker(
-            Store(),
+            store or Store(),
             inv,
             clock=clock,
             policy=chosen,
             config=BrokerConfig(dynamic_mig=dynamic),
             partitioner=MigPartitioner(backend) if dynamic else None,
         )
+        if setup is not None:
+            setup(broker)
         if probe is None and eta_every_s is not None:
             probe = EtaProbe(eta_every_s, eta_at_submit)
         run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe, chosen.name == "broker")
@@ -154,7 +162,7 @@ def replay(
     return Replay(
         trace=trace,
         policy=chosen.name,
-        inventory=inventory,
+        inventory=inventory if isinstance(inventory, str) else inventory.name,
         gpus=len(inv.gpus),
         compress=compress,
         dynamic_mig=dynamic,
@@ -242,11 +250,12 @@ class _Run:
                 size,
                 groups=[job.group] if job.group else [],
                 job_class=job.job_class,
-                expected_duration_s=job.limit_s or job.duration_s,
+                expected_duration_s=job.limit_s
+                or (job.duration_s if job.states_duration else None),
                 limit_s=job.limit_s if self.enforce_limits else None,
                 schedule=False,
             )
-        except Unsatisfiable as e:
+        except (Unsatisfiable, QuotaExceeded) as e:  # no machine or no quota allows it
             self.skipped[f"jobs refused: {e.message}"] += 1
             return None
         self._jobs[r.id] = (job, now, size)

@@ -91,6 +91,9 @@ class Job:
     limit_s: float | None = None
     """The run-time limit its user declared (:mod:`.limits`); None: the trace has none,
     and the job states its true duration instead."""
+    states_duration: bool = True
+    """False: with no limit either, it tells the broker nothing of its run time, as a
+    recorded request that stated none (``whatif``)."""
 
 
 @dataclass(frozen=True)

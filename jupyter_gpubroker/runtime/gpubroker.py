@@ -23,6 +23,7 @@ from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
 from ..broker.models import DeviceReading, Lease
 from ..broker.reclaim import Decision, KernelState
+from ..broker.recorded import machine, record_machine
 from ..broker.store import Store
 from ..enforce.mpsim import mps_client
 from ..events import EventBus
@@ -39,6 +40,7 @@ from ..suspend.host import (
 from ..wire.errors import ConfigError, InvalidRequest
 from ..wire.text import ENDED_RESTARTED, SHARE_HOLDS, clock, duration
 from ..wire.traits import Whole
+from .forecasting import ForecastSettings
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
 from .monitoring import MonitorSettings
@@ -59,6 +61,7 @@ class GPUBroker(
     MonitorSettings,
     LimitSettings,
     SharingSettings,
+    ForecastSettings,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -148,6 +151,10 @@ class GPUBroker(
         except BaseException:
             store.close()
             raise
+        with store.transaction():
+            record_machine(
+                store, core.clock.now(), machine(hardware.devices), self.recorded_settings()
+            )
         if self.quotas_file:
             apply_quotas_file(core, Path(self.quotas_file).expanduser())
         self._tokens = KernelTokens(core, self.kernel_token_max_age)
@@ -202,6 +209,7 @@ class GPUBroker(
             if self.shares is not None:
                 self.shares.check()
             self.events.after_tick()
+            self.log_forecast(self.core, self.log)
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
             if ended:

@@ -26,7 +26,7 @@ from traitlets import (
 from traitlets import Set as SetTrait
 
 from ..broker.models import check_name
-from ..broker.policy import POLICIES, Policy, Window, make_policy
+from ..broker.policy import POLICIES, Policy, Window, configured_policy
 from ..nvml import SIMULATE_ENV, seed_for
 from ..paths import (
     LOCK_DIR_ENV,
@@ -273,9 +273,14 @@ class BrokerSettings(HasTraits):
 
     def make_policy(self) -> Policy:
         """The ordering policy with its parameters, time zone and windows."""
-        params = dict(self.policy_params)
-        if self.policy == "broker":
-            params.setdefault("timezone", self.timezone)
-            if self.windows:
-                params["windows"] = tuple(Window.from_dict(w) for w in self.windows)
-        return make_policy(self.policy, **params)
+        return configured_policy(self.policy, self.policy_params, self.windows, self.timezone)
+
+    def recorded_settings(self) -> dict[str, Any]:
+        """What a replay of the state file needs of these settings (``replay.whatif``)."""
+        return {
+            "policy": self.policy,
+            "policy_params": dict(self.policy_params),
+            "windows": list(self.windows),
+            "timezone": self.timezone,
+            "dynamic_mig": self.dynamic_mig,
+        }

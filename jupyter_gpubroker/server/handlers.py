@@ -314,6 +314,14 @@ class ReclaimsHandler(BrokerHandler):
         self.reply(self.api.reclaims(self.who, user, since, until))
 
 
+class ForecastHandler(BrokerHandler):
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        weeks, tests = (self.get_argument(k, None) for k in ("weeks", "backtest_weeks"))
+        self.reply(self.api.forecast(self.who, weeks, tests))
+
+
 class AuditHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -470,6 +478,7 @@ def handlers(host: type[web.RequestHandler], root: str = f"/{API_PREFIX}") -> li
         (f"limits/{ident}/{ident}", LimitHandler),
         ("reclaims", ReclaimsHandler),
         ("audit", AuditHandler),
+        ("forecast", ForecastHandler),
         ("alerts", AlertsHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),

@@ -10,7 +10,7 @@ import pytest
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.events import Positions, Published
-from jupyter_gpubroker.wire.errors import Conflict, Forbidden, StorageFull
+from jupyter_gpubroker.wire.errors import Conflict, Forbidden, InvalidRequest, StorageFull
 
 SLICE = {"profile": "1g.10gb"}
 
@@ -312,3 +312,29 @@ def test_a_request_a_quota_holds_back_says_whose_quota_naming_the_group(team: Br
     )
     admins = next(r for r in team.requests(carol)["requests"] if r["id"] == now_held["id"])
     assert admins["held_back"].startswith("alice's budget of 0 GPU-hours per day is spent")
+
+
+def test_only_admins_see_the_forecast_learnt_from_the_brokers_own_history(
+    team: BrokerAPI,
+) -> None:
+    alice, carol = team.user_identity("alice"), team.user_identity("carol")
+    with pytest.raises(Forbidden, match="only admins"):
+        team.forecast(alice)
+    young = team.forecast(carol)
+    assert not young["ready"] and young["message"].startswith("not enough history yet")
+    clock = VirtualClock(time.time())
+    team.runtime.core.clock.now = clock.now  # the clock the core shares with its book
+    start = clock.now()
+    for day in range(3):  # an hour on a slice, each day at the same time
+        held = team.submit(alice, {**SLICE, "holder": f"nb-{day}"})
+        clock.advance(3600)
+        team.release(alice, held["lease"]["id"])
+        clock.advance(23 * 3600)
+    found = team.forecast(carol, weeks="2", backtest_weeks="0")
+    assert found["ready"] and found["basis"] == "hour of day" and found["backtest"] == []
+    busy = time.gmtime(start).tm_hour  # the hour the slice was held in (it spans two)
+    demand = [h["demand"]["p50"] for h in found["hours"][:24]]
+    assert sum(demand) == pytest.approx(1 / 7, abs=1e-3)  # rounded to 4 digits
+    assert demand[busy] + demand[(busy + 1) % 24] == pytest.approx(1 / 7, abs=1e-3)
+    with pytest.raises(InvalidRequest, match="weeks"):
+        team.forecast(carol, weeks="0")

@@ -104,6 +104,9 @@ def test_a_users_slice_is_theirs_and_nobody_else_sees_or_touches_it(hub: Hub) ->
         assert (status, refused["error"]) == (403, "forbidden")
         assert refused["message"] == "only admins see health alerts (bob is not one)"
         assert ok(hub, admin, "GET", "alerts") == {"active": [], "history": [], "next_before": None}
+        status, refused = hub.api(bob, "GET", "forecast")  # and the demand forecast
+        assert (status, refused["error"]) == (403, "forbidden")
+        assert not ok(hub, admin, "GET", "forecast")["ready"]  # minutes of history only
         everyone = {r["id"] for r in ok(hub, admin, "GET", "requests")["requests"]}
         assert {mine["id"], his["id"]} <= everyone
     finally:

@@ -308,3 +308,15 @@ async def test_usage_asks_the_running_broker_without_opening_its_state_file(
     *table, last = out.splitlines()
     assert code == 0 and table[1].split()[0] == r["user"], err
     assert json.loads(last)["sqlite"] == [f"file://{state}?mode=ro"]
+
+
+async def test_an_admin_reads_the_forecast_from_the_running_broker(cli):  # type: ignore[no-untyped-def]
+    code, text, _ = await cli("forecast", json_out=False)
+    assert (code, text) == (
+        0,
+        "Not enough history yet: no history, and a forecast needs a day of it.\n",
+    )
+    code, found, _ = await cli("forecast", "--weeks", "2")
+    assert code == 0 and not found["ready"] and found["hours"] == []
+    code, _, err = await cli("forecast", "--weeks", "60")
+    assert (code, err.strip()) == (1, "error: --weeks is 1 to 52 and --backtest-weeks 0 to 52")

@@ -597,6 +597,9 @@ async def _admin(
     assert (await check("GET", "reclaims", expect=200, user=runtime.owner))["reclaims"]
     assert (await check("GET", "reclaims", expect=200, user="nobody"))["reclaims"] == []
     await check("GET", "reclaims", expect=400, since="yesterday")
+    forecast = await check("GET", "forecast", expect=200)  # its answer checked against the doc
+    assert not forecast["ready"] and forecast["message"].startswith("not enough history yet")
+    await check("GET", "forecast", expect=400, weeks="0")
 
     log = (await check("GET", "audit", expect=200))["audit"]
     assert [a["action"] for a in log if not a["action"].endswith(("_quota", "_time_limits"))] == [
@@ -616,6 +619,7 @@ async def _admin(
         ("GET", "reclaims", None),
         ("GET", "audit", None),
         ("GET", "alerts", None),
+        ("GET", "forecast", None),
     ):
         reply = await check(method, path, body, headers=kernel, expect=403)
         assert reply["error"] == "forbidden" and "only admins" in reply["message"]

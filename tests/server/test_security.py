@@ -360,6 +360,7 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
         ("GET", "reclaims", None),
         ("GET", "audit", None),
         ("GET", "alerts", None),
+        ("GET", "forecast", None),
     ]
     for caller in (alice, bob, k1):
         for method, path, body in admin_only:

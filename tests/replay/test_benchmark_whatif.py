@@ -1,0 +1,22 @@
+"""benchmarks/whatif.py's month, made small: its generator's day on 8 MIG GPUs, written
+through the core into a state file and replayed from it as it went."""
+
+from __future__ import annotations
+
+import pytest
+from replay_helpers import benchmark
+
+from jupyter_gpubroker.replay.whatif import Variation, compare, history
+
+bench = benchmark("whatif")
+
+
+def test_a_day_on_mig_slices_replays_from_its_file_as_it_went(tmp_path) -> None:
+    trace = bench.month(2, 8)
+    assert {round(j.gpus * 7) for j in trace.jobs} == {1, 2, 3, 7}  # slices and whole GPUs
+    live = bench.live(trace, "dgx-h100-mig:8", tmp_path / "state.sqlite")
+    assert live["requests"] == len(trace.jobs) and live["mean_wait_s"] > 60
+    found = compare(history(tmp_path / "state.sqlite", bench.START + 3 * 86400), Variation())
+    assert found["replayed"]["requests"] == live["requests"]
+    assert found["replayed"]["mean_wait_s"] == pytest.approx(live["mean_wait_s"], rel=0.01)
+    assert found["replayed"]["gpu_hours_held"] == pytest.approx(live["gpu_hours"], rel=0.01)
