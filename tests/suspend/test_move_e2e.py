@@ -1,0 +1,125 @@
+"""Moving kernels end to end on the simulated checkpoint driver: a real jupyter-server on
+eight simulated H100s, real GPU kernels started through the provisioner. Draining their
+GPUs with ``move`` carries every kernel, idle or running a cell, to another H100: the same
+process, its variables intact, its cell paused and then continued, its notebook told."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from suspend_cells import KERNEL_MIB, Cell, driver_of, until, use_gpu
+
+from jupyter_gpubroker.suspend import ProcessState
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "server"))  # openapi_check
+
+pytestmark = pytest.mark.slow  # real kernels
+
+BUSY = (
+    "import time\nticks = []\nfor i in range(30):\n    ticks.append(i)\n    time.sleep(0.1)\n"
+    "print('done', len(ticks), numbers)"
+)
+"""A cell that runs about three seconds: it is running while its kernel moves."""
+
+
+@pytest.fixture(autouse=True)
+def _listening(http_server_client: Any) -> None:
+    """Serve the app on its port: provisioners reach the broker's API over HTTP."""
+
+
+@pytest.fixture
+def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **broker_config,
+        "simulate": "dgx-h100",
+        "reclaim_action": "suspend",
+        "sample_interval": 0.25,
+        "idle_timeout": 600.0,  # idle reclaim stays out of the way: only the drains move
+        "lease_ttl": 60.0,
+    }
+
+
+async def moved(api: Any, lease_id: str, old: str) -> dict[str, Any]:
+    async def off() -> dict[str, Any] | None:
+        _, lease = await api("GET", f"leases/{lease_id}")
+        return lease if lease["devices"] != [old] and lease["moved"] else None
+
+    return await until(f"lease {lease_id} to move off {old}", off)  # type: ignore[no-any-return]
+
+
+async def test_a_drain_moves_three_idle_kernels_and_a_busy_one_with_nothing_lost(
+    jp_serverapp: Any, api: Any, gpu_kernelspec: Any
+) -> None:
+    km = jp_serverapp.kernel_manager
+    simulator = jp_serverapp.web_app.settings["gpubroker"].backend.simulator
+    driver = driver_of(jp_serverapp)
+    spec = gpu_kernelspec("gpu-1", gpus=1)
+    started = [await km.start_kernel(kernel_name=spec) for _ in range(4)]
+    try:
+        kernels = [await use_gpu(jp_serverapp, api, k) for k in started]
+        olds = {gpu for *_, gpu in kernels}
+        assert len(olds) == 4
+        busy_id, busy_pid, *_ = kernels[3]
+        busy = Cell(km.get_kernel(busy_id), BUSY)
+        await until("the busy cell to start", lambda: _running(busy, km, busy_id))
+        states: set[tuple[ProcessState, bool]] = set()
+        watch = asyncio.ensure_future(_watch(driver, busy_pid, busy, states))
+
+        for _, _, _, gpu in kernels:
+            status, answer = await api(
+                "POST", f"devices/{gpu}/drain", {"reason": "maintenance", "move": True}
+            )
+            assert status == 200, answer
+            assert list(answer["moves"].values()) == ["moving"]
+        leases = [await moved(api, lease_id, gpu) for _, _, lease_id, gpu in kernels]
+        watch.cancel()
+
+        # The busy kernel was off its GPU while its cell had not finished: paused mid-cell.
+        assert (ProcessState.CHECKPOINTED, False) in states
+        assert (await busy.result()).endswith("done 30 [1, 2, 3]")  # and then went on
+        gpus = jp_serverapp.web_app.settings["gpubroker"].core.inventory
+        for (kernel_id, pid, lease_id, old), lease in zip(kernels, leases, strict=True):
+            (new,) = lease["devices"]
+            assert new not in olds and lease["state"] == "active"
+            assert simulator.process_memory(pid) == {new: KERNEL_MIB}  # the same process
+            assert driver.state(pid) is ProcessState.RUNNING
+            text = (
+                f"moved from {gpus.device(old).label} to {gpus.device(new).label}: "
+                f"{gpus.device(old).label} is drained by "
+            )
+            assert lease["moved"]["text"].startswith(text), lease["moved"]
+            assert lease["moved"]["text"].endswith(": maintenance")
+            shown = await Cell(km.get_kernel(kernel_id), "print(numbers)").result()
+            line = f"{lease['moved']['text'][:1].upper()}{lease['moved']['text'][1:]}."
+            assert shown.splitlines() == [line, "[1, 2, 3]"], shown
+        assert len({lease["devices"][0] for lease in leases}) == 4
+        assert all(k in km for k in started)  # 0 kernels lost
+
+        _, audit = await api("GET", "audit")
+        records = [a for a in audit["audit"] if a["action"] == "move"]
+        assert sorted(r["target"] for r in records) == sorted(k[2] for k in kernels)
+        for record in records:
+            assert not record["detail"].get("not_moved")
+            assert record["detail"]["reason"].endswith(": maintenance")
+    finally:
+        for kernel_id in started:
+            if kernel_id in km:
+                await km.shutdown_kernel(kernel_id)
+
+
+async def _running(cell: Cell, km: Any, kernel_id: str) -> bool:
+    """Whether the kernel is busy with the cell (its execution state, as Jupyter sees it)."""
+    await asyncio.sleep(0.3)
+    return km.get_kernel(kernel_id).execution_state == "busy"  # type: ignore[no-any-return]
+
+
+async def _watch(driver: Any, pid: int, cell: Cell, states: set[Any]) -> None:
+    """Every driver state a process passes through, with whether its cell had finished,
+    polled until cancelled."""
+    while True:
+        states.add((driver.state(pid), cell.task.done()))
+        await asyncio.sleep(0.01)
