@@ -6,6 +6,7 @@ process, its variables intact, its cell paused and then continued, its notebook 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from suspend_cells import KERNEL_MIB, Cell, driver_of, until, use_gpu
 
+from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.suspend import ProcessState
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "server"))  # openapi_check
@@ -82,7 +84,7 @@ async def test_a_drain_moves_three_idle_kernels_and_a_busy_one_with_nothing_lost
         assert (ProcessState.CHECKPOINTED, False) in states
         assert (await busy.result()).endswith("done 30 [1, 2, 3]")  # and then went on
         gpus = jp_serverapp.web_app.settings["gpubroker"].core.inventory
-        for (kernel_id, pid, lease_id, old), lease in zip(kernels, leases, strict=True):
+        for (kernel_id, pid, _, old), lease in zip(kernels, leases, strict=True):
             (new,) = lease["devices"]
             assert new not in olds and lease["state"] == "active"
             assert simulator.process_memory(pid) == {new: KERNEL_MIB}  # the same process
@@ -123,3 +125,63 @@ async def _watch(driver: Any, pid: int, cell: Cell, states: set[Any]) -> None:
     while True:
         states.add((driver.state(pid), cell.task.done()))
         await asyncio.sleep(0.01)
+
+
+DOCS_DRAIN = 'jupyter gpubroker drain GPU-... --reason "fan replacement" --move'
+"""docs/suspend.md's command, run as shown with a GPU's UUID for ``GPU-...``."""
+
+
+async def shell(jp_serverapp: Any, command: str) -> tuple[int, str, str]:
+    """Run a command line as an admin types it, the broker's URL and token in the
+    environment: its exit status, stdout and stderr."""
+    port, base = jp_serverapp.port, jp_serverapp.base_url
+    env = {
+        **os.environ,
+        "GPUBROKER_URL": f"http://localhost:{port}{base}{API_PREFIX}",
+        "GPUBROKER_JUPYTER_TOKEN": jp_serverapp.identity_provider.token,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    proc = await asyncio.create_subprocess_shell(
+        command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    assert "Traceback" not in err.decode()
+    return proc.returncode or 0, out.decode().strip(), err.decode().strip()
+
+
+async def test_drain_move_from_the_command_line_says_where_the_kernel_went(
+    jp_serverapp: Any, api: Any, gpu_kernelspec: Any
+) -> None:
+    assert DOCS_DRAIN in (Path(__file__).parents[2] / "docs" / "suspend.md").read_text()
+    km = jp_serverapp.kernel_manager
+    kernel_id = await km.start_kernel(kernel_name=gpu_kernelspec("gpu-1", gpus=1))
+    try:
+        _, pid, lease_id, old = await use_gpu(jp_serverapp, api, kernel_id)
+        code, out, err = await shell(jp_serverapp, DOCS_DRAIN.replace("GPU-...", old))
+        assert (code, err) == (0, ""), err
+        _, lease = await api("GET", f"leases/{lease_id}")
+        (new,) = lease["devices"]
+        gpus = jp_serverapp.web_app.settings["gpubroker"].core.inventory
+        before, after = gpus.device(old).label, gpus.device(new).label
+        assert new != old
+        assert out.splitlines() == [
+            f"{old} takes no new grants until an admin undrains it; 1 of its 1 kernel(s) "
+            "moving to other GPUs",
+            f"  {lease_id}: moved from {before} to {after}: {before} is drained by "
+            f"{lease['user']}: fan replacement",
+        ]
+        shown = await Cell(km.get_kernel(kernel_id), "print(numbers)").result()
+        assert shown.endswith("[1, 2, 3]") and kernel_id in km
+
+        # Bad input gets a sentence and changes nothing.
+        command = DOCS_DRAIN.replace("GPU-...", "GPU-no-such-gpu")
+        code, out, err = await shell(jp_serverapp, command)
+        assert (code, out) == (1, "")
+        assert err == "error: no GPU or device 'GPU-no-such-gpu'", err
+        code, out, err = await shell(jp_serverapp, DOCS_DRAIN.replace('"fan replacement"', '" "'))
+        assert code != 0 and out == "" and err.startswith("error: send {'reason'"), err
+        _, still = await api("GET", f"leases/{lease_id}")
+        assert still["devices"] == [new] and still["state"] == "active"
+    finally:
+        if kernel_id in km:
+            await km.shutdown_kernel(kernel_id)
