@@ -54,7 +54,7 @@ async def test_a_drain_moves_three_idle_kernels_and_a_busy_one_with_nothing_lost
         assert len(olds) == 4
         busy_id, busy_pid, *_ = kernels[3]
         busy = Cell(km.get_kernel(busy_id), BUSY)
-        await until("the busy cell to start", lambda: _running(busy, km, busy_id))
+        await until("the busy cell to start", lambda: _running(km, busy_id))
         checkpointed: list[bool] = []  # at each checkpoint of the busy kernel: had its cell ended?
         checkpoint = driver.checkpoint
 
@@ -105,7 +105,7 @@ async def test_a_drain_moves_three_idle_kernels_and_a_busy_one_with_nothing_lost
                 await km.shutdown_kernel(kernel_id)
 
 
-async def _running(cell: Cell, km: Any, kernel_id: str) -> bool:
+async def _running(km: Any, kernel_id: str) -> bool:
     """Whether the kernel is busy with the cell (its execution state, as Jupyter sees it)."""
     await asyncio.sleep(0.3)
     return km.get_kernel(kernel_id).execution_state == "busy"  # type: ignore[no-any-return]
