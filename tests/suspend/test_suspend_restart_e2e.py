@@ -47,6 +47,8 @@ async def test_a_suspended_kernel_restarted_while_its_cell_waits_leaves_nothing_
     assert driver_of(jp_serverapp).held() == {}  # no checkpoint kept for a gone process
 
     # The new process asks for a GPU as a new kernel does; it gets it once the other is done.
+    await asyncio.sleep(1)
+    assert not restart.done()  # the new process waits for a GPU: the other holds the only one
     await api("DELETE", f"leases/{other['lease']['id']}")
     response = await asyncio.wait_for(restart, 120)
     assert response.code == 200 and json.loads(response.body)["id"] == kernel_id
