@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
+from typing import Any
 
 from .common import client, connection_args, print_result, table
+
+MOVE_WAIT_S = 120.0
+"""How long ``drain --move`` waits for its kernels' moves before it says they go on."""
 
 
 def add_drain(p: argparse.ArgumentParser) -> None:
@@ -93,10 +98,31 @@ def add_alerts(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    state = asyncio.run(client(args).drain(args.uuid, args.reason, args.move))
+    state = asyncio.run(_drain(args))
     said = [state["message"]] + [f"  {lease}: {m}" for lease, m in state.get("moves", {}).items()]
     print_result(args, state, "\n".join(said))
     return 0
+
+
+async def _drain(args: argparse.Namespace) -> dict[str, Any]:
+    """Drain; with ``--move``, wait for the moves started to end (a suspend and a restore
+    each, seconds), so that what is printed is what moved, not only what began."""
+    broker = client(args)
+    state = await broker.drain(args.uuid, args.reason, args.move)
+    moves: dict[str, str] = state.get("moves", {})
+    since = (state.get("drained") or {}).get("since", "")
+    deadline = time.monotonic() + MOVE_WAIT_S
+    while (going := [x for x, m in moves.items() if m == "moving"]) and (
+        time.monotonic() < deadline
+    ):
+        for lease_id in going:
+            moved = (await broker.lease(lease_id)).get("moved")
+            if moved and args.uuid in moved["from"] and moved["at"] >= since:
+                moves[lease_id] = moved["text"]
+        await asyncio.sleep(0.2)
+    for lease_id in going:
+        moves[lease_id] = "still moving; 'jupyter gpubroker status' shows where it ends up"
+    return state
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
