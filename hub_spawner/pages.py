@@ -55,6 +55,7 @@ from jupyter_gpubroker.wire.text import (
 from jupyter_gpubroker.wire.times import iso
 
 from .culling import EXTEND_S, time_extended_text, time_limit_text, time_limit_warned
+from .forecast_view import forecast_view
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .options import JOB_CLASSES, Choices
 
@@ -270,7 +271,7 @@ def admin_view(
     api: BrokerAPI, who: Identity, days: int, since: str, after: str | None
 ) -> dict[str, Any]:
     """What the admin page shows: quotas, time limits, alerts, queue, devices, usage since ``since``
-    (``days`` days), the audit log after ``after``."""
+    (``days`` days), the demand forecast, the audit log after ``after``."""
     audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
     quotas = api.quotas(who)["quotas"]
     alerts = api.alerts(who, limit=str(ALERT_ROWS))
@@ -289,6 +290,7 @@ def admin_view(
             by: bars(api.usage(who, by, since)["gpu_hours"], sort_by_key=by == "day")
             for by in USAGE_BY
         },
+        "forecast": forecast_view(api.forecast(who)),
         "audit": audit["audit"],
         "audit_next": audit["next_after"],
         "audit_paged": after is not None,

@@ -33,6 +33,8 @@ WEEK_S = 7 * DAY_S
 HOURS_OF_WEEK = 168
 MIN_HISTORY_S = DAY_S
 """Less history than this: no forecast."""
+RECENT_HOURS = 24
+"""Hours of what happened that the forecast returns beside its band (the admin page's chart)."""
 QUANTILES = (0.5, 0.9)
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -174,6 +176,8 @@ class Forecast:
     message: str
     hours: tuple[HourForecast, ...] = ()
     backtest: tuple[Backtest, ...] = field(default_factory=tuple)
+    recent: tuple[tuple[float, int, float], ...] = ()
+    """The last whole hours: (start, hour of the week, demand that happened)."""
 
     @property
     def ready(self) -> bool:
@@ -188,6 +192,10 @@ class Forecast:
             "quantiles": [f"p{round(q * 100)}" for q in QUANTILES],
             "hours": [h.to_json() for h in self.hours],
             "backtest": [b.to_json() for b in self.backtest],
+            "recent": [
+                {"at": iso(at), "hour_of_week": how, "demand": round(demand, 4)}
+                for at, how, demand in self.recent
+            ],
         }
 
 
@@ -221,7 +229,9 @@ def forecast(
     message = f"from {span_s / DAY_S:.1f} days of history, by {basis}"
     if not tests:
         message += "; its error is measured once a week has passed after the first day"
-    return Forecast(span_s, basis, message, hours, tests)
+    starts = [(i, history.start + i * HOUR_S) for i in range(max(0, upto - RECENT_HOURS), upto)]
+    recent = tuple((at, _hour_of_week(at, tz), history.demand(i)) for i, at in starts)
+    return Forecast(span_s, basis, message, hours, tests, recent)
 
 
 def _history_words(span_s: float | None) -> str:
