@@ -30,6 +30,10 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
   temperature past the slowdown threshold and sets the thermal clock-event reasons; a
   power cap holds the GPU at its power limit with the software power-cap reason; Xid
   and double-bit ECC errors arrive through event sets (``nvmlEventSetWait``);
+- power management limits: the default, the constraints (two sevenths of the default up
+  to it) and the limit set, which caps the draw; setting it needs root (NoPermission
+  otherwise), refuses a MIG device handle and a limit outside the constraints
+  (InvalidArgument);
 - compute mode (``nvmlDeviceGetComputeMode``; setting it needs root) and, from driver
   r615 on (``driver_version``; CUDA 13.4), the driver's own memory limits of a cgroup
   (``nvmlDeviceSetMemoryLimits_v1``: root only, not on MIG device handles; NVML API
@@ -210,6 +214,9 @@ class _Gpu(_Unit):
     lost: bool = False
     overheat_c: int | None = None
     power_capped: bool = False
+    power_limit_mw: int | None = None
+    """The power management limit set (``nvmlDeviceSetPowerManagementLimit``); None: the
+    model's default."""
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
     memory_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     """cgroup path -> (soft, hard) limit in bytes, as ``nvmlDeviceSetMemoryLimits_v1``
@@ -252,11 +259,19 @@ class _Gpu(_Unit):
     def temperature(self) -> int:
         return self.overheat_c or round(IDLE_C + 0.35 * self.activity())
 
+    @property
+    def enforced_mw(self) -> int:
+        """The power limit the GPU holds to: the one set, else its model's default."""
+        return self.model.power_limit_mw if self.power_limit_mw is None else self.power_limit_mw
+
     def power_mw(self) -> int:
+        """Idle draw (a tenth of the default limit, whatever limit is set) rising with the
+        load, never above the enforced limit."""
         if self.power_capped:
-            return self.model.power_limit_mw
+            return self.enforced_mw
         idle = self.model.power_limit_mw // 10
-        return round(idle + (self.model.power_limit_mw - idle) * self.activity() / 100)
+        drawn = round(idle + (self.model.power_limit_mw - idle) * self.activity() / 100)
+        return min(drawn, self.enforced_mw)
 
     def clock_event_reasons(self) -> int:
         capped = int(pynvml.nvmlClocksEventReasonSwPowerCap) if self.power_capped else 0
@@ -354,6 +369,12 @@ def _running(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:  # no /proc: believe kill
         return True
+
+
+def _min_power_limit(model: GpuModel) -> int:
+    """The lowest power limit NVML accepts: about two sevenths of the default, as the H100
+    SXM's 200 W of 700 W (NVML documents no rule; each board has its own)."""
+    return model.power_limit_mw * 2 // 7
 
 
 def _val(arg: Any) -> Any:
@@ -1073,7 +1094,29 @@ class SimulatedNvml:
         _set(out, self._sensor_gpu(handle).power_mw())
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> None:
+        _set(out, self._sensor_gpu(handle).enforced_mw)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any, out: Any) -> None:
+        _set(out, self._sensor_gpu(handle).enforced_mw)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any, out: Any) -> None:
         _set(out, self._sensor_gpu(handle).model.power_limit_mw)
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(
+        self, handle: Any, low: Any, high: Any
+    ) -> None:
+        gpu = self._sensor_gpu(handle)
+        _set(low, _min_power_limit(gpu.model))
+        _set(high, gpu.model.power_limit_mw)
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: Any) -> None:
+        """Root only (NoPermission otherwise, as NVML documents), not on a MIG device
+        handle, and within the limit constraints (InvalidArgument outside them)."""
+        gpu, mw = self._sensor_gpu(handle), _val(limit)
+        self._require("root")
+        if not _min_power_limit(gpu.model) <= mw <= gpu.model.power_limit_mw:
+            raise _Fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.power_limit_mw = None if mw == gpu.model.power_limit_mw else mw
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, out: Any) -> None:
         _set(out, self._sensor_gpu(handle).clock_event_reasons())
