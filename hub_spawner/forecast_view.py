@@ -7,19 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from jupyter_gpubroker.wire.text import sentence
+from jupyter_gpubroker.wire.text import gpus, sentence
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-
-
-def gpus(value: float) -> str:
-    """GPU-equivalents as a chart's label says them: "2.5 GPUs", "0.14 GPUs", "none"."""
-    if value <= 0:
-        return "none"
-    if value < 0.005:
-        return "under 0.01 GPUs"
-    figure = f"{value:.1f}" if value >= 1 else f"{value:.2f}"
-    return f"{figure} GPU" if figure == "1.0" else f"{figure} GPUs"
 
 
 def band_rows(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ from .forecasting import ForecastSettings
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
 from .monitoring import MonitorSettings
+from .power_saving import PowerSaving
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
 from .sharing import ShareEnforcement, SharingSettings
@@ -62,6 +63,7 @@ class GPUBroker(
     LimitSettings,
     SharingSettings,
     ForecastSettings,
+    PowerSaving,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -210,6 +212,7 @@ class GPUBroker(
                 self.shares.check()
             self.events.after_tick()
             self.log_forecast(self.core, self.log)
+            self.save_power(self.core, self.backend, self.log)
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
             if ended:
@@ -311,6 +314,7 @@ class GPUBroker(
             self.metrics.close()
             self.metrics = None  # stopping twice is harmless
         if self._core is not None:
+            self.restore_all(self._core, self.backend)
             self._core.store.close()
         if self._inventory is not None:
             self._inventory.close()

@@ -312,6 +312,16 @@ def gpu_hours(hours: float) -> str:
     return "under 0.001 h" if hours > 0 else "none"
 
 
+def gpus(value: float) -> str:
+    """GPU-equivalents as a chart's label says them: "2.5 GPUs", "0.14 GPUs", "none"."""
+    if value <= 0:
+        return "none"
+    if value < 0.005:
+        return "under 0.01 GPUs"
+    figure = f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+    return f"{figure} GPU" if figure == "1.0" else f"{figure} GPUs"
+
+
 def period(seconds: float) -> str:
     """A budget period as "per ..." ends: "hour", "day", "week", "30 days", "90 min"."""
     named = {3600: "hour", 86400: "day", 604800: "week"}

@@ -1,0 +1,175 @@
+"""Power limits that follow the forecast (``c.GPUBroker.power_saving``, off by default):
+in a trough, when the forecast p90 of this hour and the next asks fewer GPUs than the
+machine has, nobody waits and a GPU is neither held nor shared, its power limit is lowered
+through NVML; it is restored to its default as soon as the forecast of the next hour
+needs it, a request waits, or a lease lands on it. Only root may set a limit (NVML says
+NoPermission to anyone else): a broker that may not says so once and does nothing.
+
+Each change is audited with its reason. What the lowered limits held back is counted in
+W·h (the limit taken off, times the hours it was off): the most they can have saved,
+since an idle GPU draws its idle power under any limit and only a load the broker did not
+grant (use outside it) is capped."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from traitlets import Bool
+from traitlets.config import LoggingConfigurable
+
+from ..broker.core import Broker
+from ..broker.forecast import HOUR_S, WEEK_S, Forecast, forecast, spans
+from ..broker.recorded import demand
+from ..broker.store import AuditRecord
+from ..nvml.power import PowerLimitRefused, power_limits, set_power_limit
+from ..wire.text import gpus
+from ..wire.traits import Number
+
+if TYPE_CHECKING:
+    from ..nvml import NvmlBackend
+
+WEEKS = 8
+REPLAN_S = 300.0
+"""How often the forecast is read again; what holds or waits is checked every pass."""
+ACTOR = "forecast"
+"""Who the audit log names for these changes."""
+
+
+@dataclass
+class Lowered:
+    """A GPU whose limit this broker lowered: to what, from what, and since when."""
+
+    default_mw: int
+    limit_mw: int
+    since: float
+
+
+def gpus_needed(found: Forecast, now: float) -> tuple[int, str]:
+    """Whole GPUs the forecast's p90 asks this hour and the next, and the reason in words."""
+    if not found.ready:
+        return 0, ""
+    at = [datetime.fromtimestamp(now + k * HOUR_S, timezone.utc) for k in (0, 1)]
+    hours = [found.hours[t.weekday() * 24 + t.hour] for t in at]
+    p90 = max(h.demand["p90"] for h in hours)
+    asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
+    return math.ceil(p90 - 1e-9), (
+        f"forecast: {asked} asked {hours[0].label} and {hours[1].label} (p90)"
+    )
+
+
+class PowerSaving(LoggingConfigurable):
+    power_saving = Bool(
+        False,
+        help="In a forecast trough, lower the power limit of GPUs nobody holds or waits "
+        "for, and restore it before the forecast needs them (root only: NVML refuses "
+        "anyone else). Each change is audited with its reason.",
+    ).tag(config=True)
+    power_saving_fraction = Number(
+        0.5,
+        0.05,
+        1.0,
+        help="The lowered limit as a fraction of the GPU's default (never below the lowest "
+        "limit NVML accepts for it).",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lowered: dict[str, Lowered] = {}
+        self.held_back_wh = 0.0
+        """W·h of power limit held back so far: the most the lowered limits saved."""
+        self._refused = False
+        self._plan: tuple[float, int, str] | None = None
+        """When the forecast was last read, the GPUs it needs and why."""
+
+    def save_power(self, core: Broker, backend: NvmlBackend | None, log: logging.Logger) -> None:
+        """One pass: restore what must be restored, then lower what the trough allows."""
+        if backend is None or self._refused or not (self.power_saving or self.lowered):
+            return
+        now = core.clock.now()
+        busy = self._busy(core)
+        waiting = bool(core.queue())
+        gpus = [g.uuid for g in core.inventory.gpus]
+        if self.power_saving and not waiting:
+            needed, reason = self._needed(core, now)
+        else:
+            needed, reason = len(gpus), "a request waits" if waiting else "power saving is off"
+        for uuid in [u for u in self.lowered if u in busy]:
+            self._restore(core, backend, uuid, now, "a lease holds it now")
+        room = len(gpus) - needed - len(self.lowered)
+        for uuid in list(self.lowered)[: max(0, -room)]:
+            self._restore(core, backend, uuid, now, reason)
+        idle = [u for u in gpus if u not in busy and u not in self.lowered]
+        for uuid in idle[: max(0, room)]:
+            if not self._lower(core, backend, uuid, now, reason, log):
+                return
+
+    def _busy(self, core: Broker) -> set[str]:
+        """GPUs that a lease holds (whole or a slice of it) or shares."""
+        inventory = core.inventory
+        held = set(core.sharers())
+        for device in core.holders():
+            found = inventory.device(device)
+            held.add(found.gpu_uuid if found is not None else device)
+        return held
+
+    def _needed(self, core: Broker, now: float) -> tuple[int, str]:
+        """The GPUs the forecast needs now and next hour, read at most every ``REPLAN_S``."""
+        if self._plan is None or now - self._plan[0] >= REPLAN_S:
+            rows = demand(core.store, now - WEEKS * WEEK_S, now)
+            found = forecast(spans(rows), now, weeks=WEEKS, backtest_weeks=0)
+            self._plan = (now, *gpus_needed(found, now))
+        return self._plan[1], self._plan[2]
+
+    def restore_all(self, core: Broker, backend: NvmlBackend | None) -> None:
+        """Every lowered limit back to its default (the broker stops)."""
+        if backend is not None:
+            for uuid in list(self.lowered):
+                self._restore(core, backend, uuid, core.clock.now(), "the broker stops")
+
+    def _lower(
+        self,
+        core: Broker,
+        backend: NvmlBackend,
+        uuid: str,
+        now: float,
+        reason: str,
+        log: logging.Logger,
+    ) -> bool:
+        handle = backend.handle(uuid)
+        limits = power_limits(handle)
+        target = max(limits.min_mw, round(limits.default_mw * self.power_saving_fraction))
+        if target >= limits.current_mw:
+            return True
+        try:
+            set_power_limit(handle, uuid, target)
+        except PowerLimitRefused as e:
+            log.warning("GPU broker power saving does nothing: %s", e)
+            self._refused = True
+            return False
+        self.lowered[uuid] = Lowered(limits.default_mw, target, now)
+        self._audit(core, "power_limit_lower", uuid, limits.default_mw, target, reason)
+        return True
+
+    def _restore(
+        self, core: Broker, backend: NvmlBackend, uuid: str, now: float, reason: str
+    ) -> None:
+        was = self.lowered.pop(uuid)
+        set_power_limit(backend.handle(uuid), uuid, was.default_mw)
+        self.held_back_wh += (was.default_mw - was.limit_mw) / 1000 * (now - was.since) / HOUR_S
+        self._audit(core, "power_limit_restore", uuid, was.limit_mw, was.default_mw, reason)
+
+    def _audit(
+        self, core: Broker, action: str, uuid: str, was_mw: int, now_mw: int, reason: str
+    ) -> None:
+        detail = {
+            "from_w": was_mw / 1000,
+            "to_w": now_mw / 1000,
+            "held_back_wh": round(self.held_back_wh, 3),
+            "reason": f"{reason}; power limit {was_mw / 1000:.0f} W to {now_mw / 1000:.0f} W",
+        }
+        with core.store.audited(AuditRecord(core.clock.now(), ACTOR, action, uuid, detail)):
+            pass
