@@ -91,7 +91,7 @@ class PowerSaving(LoggingConfigurable):
             return
         now = core.clock.now()
         busy = self._busy(core)
-        waiting = bool(core.queue())
+        waiting = len(core.book.waiting) > 0  # the queue without its ETAs, every tick
         gpus = [g.uuid for g in core.inventory.gpus]
         if self.power_saving and not waiting:
             needed, reason = self._needed(core, now)

@@ -12,11 +12,14 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
+from traitlets.config import Config
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import NvmlBackend, open_backend
+from jupyter_gpubroker.nvml.simulated import PRIVILEGE_ENV
+from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.runtime.power_saving import PowerSaving
 from jupyter_gpubroker.wire.profiles import CATALOG
 from jupyter_gpubroker.wire.sizes import Size
@@ -121,3 +124,38 @@ def test_a_broker_that_is_not_root_changes_nothing_and_says_so(
 def test_the_fraction_is_validated() -> None:
     with pytest.raises(Exception, match="power_saving_fraction"):
         PowerSaving(power_saving_fraction=1.5)
+
+
+def test_the_brokers_tick_lowers_in_a_trough_and_its_stop_restores(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(PRIVILEGE_ENV, "root")
+    c = Config()
+    c.GPUBroker.simulate = "dgx-h100:2"
+    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    c.GPUBroker.power_saving = True
+    runtime = GPUBroker(config=c)
+    runtime.start()
+    try:
+        clock = VirtualClock(1_764_579_600.0)
+        runtime.core.clock.now = clock.now  # the clock the core shares with its book
+        history(runtime.core, clock, 3)
+        clock.advance(15 * HOUR)
+        runtime._tick()
+        backend = runtime.backend
+        assert backend is not None
+        gpus = [g.uuid for g in runtime.core.inventory.gpus]
+        assert [limit_w(backend, u) for u in gpus] == [H100_W / 2] * 2
+        clock.advance(HOUR)
+        runtime.stop()  # the limits back to their defaults, audited, before NVML closes
+        store = Store(tmp_path / "state.sqlite")
+        try:
+            actions = [(a["action"], a["detail"]["reason"]) for a in store.audit()]
+        finally:
+            store.close()
+        assert (
+            actions[-2:]
+            == [("power_limit_restore", "the broker stops; power limit 350 W to 700 W")] * 2
+        )
+    finally:
+        runtime.stop()
