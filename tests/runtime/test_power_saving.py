@@ -12,14 +12,13 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from traitlets.config import Config
+from runtime_helpers import make
 
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.nvml import NvmlBackend, open_backend
 from jupyter_gpubroker.nvml.simulated import PRIVILEGE_ENV
-from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.runtime.power_saving import PowerSaving
 from jupyter_gpubroker.wire.profiles import CATALOG
 from jupyter_gpubroker.wire.sizes import Size
@@ -130,11 +129,7 @@ def test_the_brokers_tick_lowers_in_a_trough_and_its_stop_restores(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(PRIVILEGE_ENV, "root")
-    c = Config()
-    c.GPUBroker.simulate = "dgx-h100:2"
-    c.GPUBroker.state_file = str(tmp_path / "state.sqlite")
-    c.GPUBroker.power_saving = True
-    runtime = GPUBroker(config=c)
+    runtime = make(tmp_path, simulate="dgx-h100:2", power_saving=True)
     runtime.start()
     try:
         clock = VirtualClock(1_764_579_600.0)
