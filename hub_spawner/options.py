@@ -173,6 +173,23 @@ def slices_by_profile(devices: list[dict[str, Any]]) -> dict[str, list[dict[str,
     return profiles
 
 
+def held_by(user: str, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What ``user`` holds, as ``devices_held`` reads it: their devices and their shares,
+    a share counted as its part of its GPU's memory, as the broker counts it."""
+    devices = [d for g in gpus for d in g["devices"]]
+    mine = [d for d in devices if (d["holder"] or {}).get("user") == user]
+    return mine + [
+        {
+            "kind": "share",
+            "memory_mib": x["memory_mib"],
+            "gpu_equivalents": x["memory_mib"] / g["memory_mib"],
+        }
+        for g in gpus
+        for x in (g.get("sharing") or {}).get("shares") or ()
+        if x.get("user") == user
+    ]
+
+
 class Choices:
     """What a user may ask for on this machine and within their quota, from the broker's
     ``overview`` and the user's ``quotas``: for refusals and the options form."""
@@ -191,7 +208,7 @@ class Choices:
         # GB as the broker compares them, rounded down: a size shown fits
         self.largest_gb = float(gigabytes(max(sizes, default=0)))
         self.smallest_gb = float(gigabytes(min(sizes, default=0)))
-        self.mine = [d for d in devices if (d["holder"] or {}).get("user") == user]
+        self.mine = held_by(user, overview["gpus"])
         self.held = sum(d["gpu_equivalents"] for d in self.mine)
 
     def _take_quotas(self, user: str, groups: list[str], quotas: list[dict[str, Any]]) -> None:

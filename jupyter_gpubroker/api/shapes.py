@@ -58,7 +58,9 @@ def held_back_text(core: Broker, r: Request, viewer: str) -> str | None:
         budget = f"{q.gpu_hours:g} GPU-hours per {period(q.period_s)}"
         return held_back(kind, name, mine, budget=budget, renews_at=hb.renews_at)
     held = [
-        {"kind": "gpu" if x.profile == "gpu" else "mig", "profile": x.profile}
+        {"kind": "share", "memory_mib": x.share_mib}
+        if x.shared
+        else {"kind": "gpu" if x.profile == "gpu" else "mig", "profile": x.profile}
         for x in hb.held
         for _ in x.devices
     ]

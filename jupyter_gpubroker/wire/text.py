@@ -214,18 +214,26 @@ def lease_size(lease: Mapping[str, Any]) -> str:
     return size_text({"gpus": len(lease.get("devices") or ()) or 1})
 
 
-def devices_held(held: Iterable[Mapping[str, object]]) -> str:
-    """What a user holds, in things: "one 1g.10gb slice", "two whole GPUs and one 2g.20gb
-    slice", "nothing"; from the API's devices (``kind``, ``profile``)."""
+def devices_held(held: Iterable[Mapping[str, Any]]) -> str:
+    """What a user holds, in things: "one 1g.10gb slice", "two whole GPUs and 8 GB of a
+    shared GPU", "nothing"; from the API's devices (``kind``, ``profile``) and shares
+    (``kind`` ``share``, ``memory_mib``), which the request's words say as asked."""
     whole = 0
     slices: dict[str, int] = {}
+    shares: list[float] = []
     for d in held:
         if d.get("kind") == "mig":
             slices[str(d.get("profile"))] = slices.get(str(d.get("profile")), 0) + 1
+        elif d.get("kind") == "share":
+            shares.append(float(gigabytes(d["memory_mib"])))
         else:
             whole += 1
     parts = [count(whole, "whole GPU")] if whole else []
     parts += [count(n, f"{p} slice") for p, n in sorted(slices.items())]
+    if len(shares) == 1:
+        parts.append(f"{shares[0]:g} GB of a shared GPU")
+    elif shares:
+        parts.append(f"{count(len(shares), 'share')} of shared GPUs, {sum(shares):g} GB in all")
     if not parts:
         return "nothing"
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -338,3 +338,15 @@ def test_only_admins_see_the_forecast_learnt_from_the_brokers_own_history(
     assert demand[busy] + demand[(busy + 1) % 24] == pytest.approx(1 / 7, abs=1e-3)
     with pytest.raises(InvalidRequest, match="weeks"):
         team.forecast(carol, weeks="0")
+
+
+def test_a_share_a_quota_holds_back_is_said_as_the_share_held(start) -> None:
+    """A share held was said as "one share slice" by the quota that holds the next back."""
+    api = start(identity="username", admin_users={"carol"}, simulate="l40s-4:1", sharing="shared")
+    carol, alice = api.user_identity("carol"), api.user_identity("alice")
+    api.set_quota(carol, "user", "alice", {"max_gpus": 0.2})  # one 8 GB share of 48 GB
+    assert api.submit(alice, {"share_gb": 8, "holder": "first"})["state"] == "granted"
+    waiting = api.submit(alice, {"share_gb": 8, "holder": "second"})
+    assert waiting["held_back"].endswith(
+        "and you hold 8 GB of a shared GPU: it starts once you give one back"
+    )

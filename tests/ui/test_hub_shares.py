@@ -1,9 +1,10 @@
 """The hub's pages on a shared machine without MIG, in Debian's Chromium: a hub whose
 broker service simulates an L40S lent as shares, with MPS (the simulated control daemons
 it runs). The spawn page offers "Part of a shared GPU" and says what holds a share;
-My GPUs shows a user's share in the broker's words and the memory its process uses
-(NVML's, as the simulated one lists an MPS client); the admin page lists the GPU's
-shares, what holds them, why, and the same figure."""
+both it and My GPUs count a user's share in what they hold; My GPUs shows the share in
+the broker's words and the memory its process uses (NVML's, as the simulated one lists
+an MPS client); the admin page lists the GPU's shares, what holds them, why, and the
+same figure."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def pages(hub: Hub, browser: Any, tokens: dict[str, str], tmp_path: Path) -> Non
     form.wait_for(timeout=WAIT_MS)
     assert "Part of a shared GPU" in form.inner_text()
     assert "40.3 GB free on a shared GPU now; shares enforced by MPS" in form.inner_text()
+    assert "You hold 8 GB of a shared GPU now;" in form.inner_text()
     ann.check("#gpu-share_gb")
     ann.screenshot(path=str(tmp_path / "hub-share-form.png"), full_page=True)
     ann.goto(f"{hub.url}{PAGES}/")
@@ -76,6 +78,8 @@ def pages(hub: Hub, browser: Any, tokens: dict[str, str], tmp_path: Path) -> Non
     mine.wait_for(timeout=WAIT_MS)
     assert mine.inner_text() == "8.0 GB of GPU 0, enforced by MPS"
     assert ann.locator(".gpubroker-share-use").inner_text() == "in use: 2.1 GB / 8.0 GB"
+    held = ann.locator("#gpubroker-quota li").first.inner_text()
+    assert held == "I hold 8 GB of a shared GPU now; no limit of my own on what I hold at once."
     ann.screenshot(path=str(tmp_path / "hub-my-share.png"), full_page=True)
 
     admin = log_in(browser, hub, "admin")

@@ -38,6 +38,14 @@ def test_a_quota_and_holdings_are_things_not_fractions_of_a_gpu() -> None:
     assert devices_held([]) == "nothing"
 
 
+def test_a_share_held_is_said_as_its_request_says_it_not_as_nothing() -> None:
+    share = {"kind": "share", "memory_mib": 7630}  # an 8 GB share (8e9 bytes)
+    assert devices_held([share]) == "8 GB of a shared GPU"
+    assert devices_held([{"kind": "gpu"}, share]) == "one whole GPU and 8 GB of a shared GPU"
+    two = [share, {"kind": "share", "memory_mib": 3815}]
+    assert devices_held(two) == "two shares of shared GPUs, 12 GB in all"
+
+
 def test_memory_is_in_gb_as_nvidia_names_devices_rounded_down_so_a_size_shown_fits() -> None:
     assert memory(9984) == "10.4 GB"  # a 1g.10gb slice of an H100 (9.75 GiB)
     assert memory(19968) == "20.9 GB"  # a 3g.20gb slice of an A100 40GB (19.5 GiB)
