@@ -207,8 +207,11 @@ def memory(mib: float) -> str:
 
 
 def lease_size(lease: Mapping[str, Any]) -> str:
-    """What a lease holds, as its request's size reads: "1g.10gb", "1 GPU", "2 GPUs" (a
-    lease's ``profile`` is ``gpu`` for whole GPUs)."""
+    """What a lease holds, as its request's size reads: "1g.10gb", "1 GPU", "2 GPUs",
+    "8 GB of a shared GPU" (a lease's ``profile`` is ``gpu`` for whole GPUs, ``share``
+    for a share, whose ``share`` says its memory)."""
+    if lease.get("share"):
+        return f"{float(gigabytes(lease['share']['memory_mib'])):g} GB of a shared GPU"
     if lease.get("profile") and lease["profile"] != "gpu":
         return str(lease["profile"])
     return size_text({"gpus": len(lease.get("devices") or ()) or 1})

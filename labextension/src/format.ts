@@ -40,7 +40,11 @@ export function sizeText(r: {
 export function leaseSize(lease: {
   profile: string;
   devices: string[];
+  share?: { memory_mib: number } | null;
 }): string {
+  if (lease.share) {
+    return sizeText({ share_gb: Number(gigabytes(lease.share.memory_mib)) });
+  }
   return lease.profile && lease.profile !== 'gpu'
     ? lease.profile
     : sizeText({ gpus: lease.devices.length || 1 });
@@ -276,7 +280,7 @@ export function statusText(
     const l = leases[0];
     const use = percent(utilization(l));
     held =
-      l.profile === 'gpu' // "1 GPU 0%", not "GPU 1 GPU 0%"
+      l.profile === 'gpu' || l.share // "1 GPU 0%", not "GPU 1 GPU 0%"
         ? trans.__('%1 %2', leaseSize(l), use)
         : trans.__('GPU %1 %2', l.profile, use);
     if (leases.length > 1) {

@@ -52,6 +52,23 @@ describe('statusText', () => {
     );
   });
 
+  it('says a share as its request asked it, not as its profile', () => {
+    const share = lease('l1', 'GPU-0', {
+      profile: 'share',
+      share: {
+        memory_mib: 7630,
+        used_mib: 2000,
+        gpu: 'GPU-0',
+        mechanism: 'mps',
+        enforced: true,
+        text: '8.0 GB of GPU 0, enforced by MPS'
+      }
+    });
+    expect(statusText([share], [], () => 40, NOW)).toBe(
+      '8 GB of a shared GPU 40%'
+    );
+  });
+
   it('shows my best place in the queue and the ETA', () => {
     const waiting = [queued('r2', 3), queued('r1', 2)];
     expect(statusText([], waiting, () => null, NOW)).toBe(
