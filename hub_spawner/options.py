@@ -209,6 +209,9 @@ class Choices:
         self.largest_gb = float(gigabytes(max(sizes, default=0)))
         self.smallest_gb = float(gigabytes(min(sizes, default=0)))
         self.mine = held_by(user, overview["gpus"])
+        self.shared_mib = max(
+            (g["memory_mib"] for g in overview["gpus"] if g.get("sharing")), default=0
+        )
         self.held = sum(d["gpu_equivalents"] for d in self.mine)
 
     def _take_quotas(self, user: str, groups: list[str], quotas: list[dict[str, Any]]) -> None:
@@ -237,7 +240,7 @@ class Choices:
             return ""
         whose = f"group {self.group}"
         if q["max_gpus"] is not None and q["held_gpus"] + gpu_equivalents > q["max_gpus"] + SLACK:
-            allows = quota_allows(q["max_gpus"], self.profile_equivalents)
+            allows = quota_allows(q["max_gpus"], self.profile_equivalents, self.shared_mib)
             return f"waits: {whose}'s members hold what its quota allows ({allows})"
         if q["gpu_hours"] is not None and (q["spent_gpu_hours"] or 0) >= q["gpu_hours"]:
             return f"waits: {whose} has spent its GPU-hour budget for this period"
@@ -251,7 +254,7 @@ class Choices:
         said = [f"share {q['share']:g}" if q["share"] is not None else "the default share"]
         if q["max_gpus"] is not None:
             held = worth(q["held_gpus"], self.profile_equivalents)
-            allows = quota_allows(q["max_gpus"], self.profile_equivalents)
+            allows = quota_allows(q["max_gpus"], self.profile_equivalents, self.shared_mib)
             said.append(f"its quota allows {allows} and its members hold {held} now")
         if q["gpu_hours"] is not None:
             spent = q["spent_gpu_hours"] or 0.0
@@ -286,7 +289,7 @@ class Choices:
 
     def quota(self) -> str:
         """The user's quota in things: "one 1g.10gb slice at a time"."""
-        return quota_allows(self.max_gpus, self.profile_equivalents)
+        return quota_allows(self.max_gpus, self.profile_equivalents, self.shared_mib)
 
     def blocked(self, request: dict[str, Any]) -> str:
         """Why a request waits, in words: the broker's when a quota holds it back (its

@@ -64,7 +64,7 @@ def held_back_text(core: Broker, r: Request, viewer: str) -> str | None:
         for x in hb.held
         for _ in x.devices
     ]
-    allows = quota_allows(q.max_gpus, profiles)
+    allows = quota_allows(q.max_gpus, profiles, core.placer.shares.largest())
     return held_back(kind, name, mine, allows=allows, holds=devices_held(held))
 
 

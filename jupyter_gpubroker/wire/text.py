@@ -256,12 +256,13 @@ def worth(gpus: float, profiles: Mapping[str, float]) -> str:
     return f"{gpus:.2g} GPUs' worth"
 
 
-def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
+def quota_allows(max_gpus: float | None, profiles: Mapping[str, float], shared_mib: int = 0) -> str:
     """What a quota of ``max_gpus`` GPU-equivalents lets a user hold at once, in things:
     "one 1g.10gb slice at a time", "two whole GPUs at a time", "up to two 1g.10gb slices
     or one 2g.20gb slice at a time"; ``profiles``: this machine's MIG profiles and their
     GPU-equivalents. A fraction of a GPU only where no whole thing says it ("0.5 GPUs'
-    worth at a time")."""
+    worth at a time"). ``shared_mib``: the memory of the largest GPU lent in shares here
+    (0: none), where a quota of less than a GPU allows "up to 8 GB of a shared GPU"."""
     if max_gpus is None:
         return "no limit at a time"
     whole = int(max_gpus + 1e-9)
@@ -269,6 +270,8 @@ def quota_allows(max_gpus: float | None, profiles: Mapping[str, float]) -> str:
     # 1e-3: the API rounds a slice's share of a GPU (1/7 to 0.1429), a quota may be exact
     fits = {p: int(max_gpus / e + 1e-3) for p, e in sorted(profiles.items(), key=lambda x: x[1])}
     options += [count(n, f"{p} slice") for p, n in fits.items() if n >= 1]
+    share_gb = math.floor(mib_to_gb(max_gpus * shared_mib)) if max_gpus < 1 else 0
+    options += [f"up to {share_gb} GB of a shared GPU"] if share_gb >= 1 else []
     if not options:
         return f"{max_gpus:g} GPUs' worth at a time, less than any device here"
     if len(options) == 1:

@@ -347,6 +347,7 @@ def test_a_share_a_quota_holds_back_is_said_as_the_share_held(start) -> None:
     api.set_quota(carol, "user", "alice", {"max_gpus": 0.2})  # one 8 GB share of 48 GB
     assert api.submit(alice, {"share_gb": 8, "holder": "first"})["state"] == "granted"
     waiting = api.submit(alice, {"share_gb": 8, "holder": "second"})
+    assert "your quota allows up to 9 GB of a shared GPU at a time" in waiting["held_back"]
     assert waiting["held_back"].endswith(
         "and you hold 8 GB of a shared GPU: it starts once you give one back"
     )

@@ -33,6 +33,12 @@ def test_a_quota_and_holdings_are_things_not_fractions_of_a_gpu() -> None:
     assert quota_allows(2, {}) == "two whole GPUs at a time"
     assert quota_allows(0.3, slices) == "up to two 1g.10gb slices or one 2g.20gb slice at a time"
     assert quota_allows(0.1, slices) == "0.1 GPUs' worth at a time, less than any device here"
+    l40s = 46068  # MiB: 48.3 GB, lent in shares
+    assert quota_allows(0.2, {}, l40s) == "up to 9 GB of a shared GPU at a time"
+    assert quota_allows(0.3, slices, l40s) == (
+        "up to two 1g.10gb slices, one 2g.20gb slice or up to 14 GB of a shared GPU at a time"
+    )
+    assert quota_allows(1, {}, l40s) == "one whole GPU at a time"
     held = [{"kind": "mig", "profile": "1g.10gb"}, {"kind": "gpu"}, {"kind": "gpu"}]
     assert devices_held(held) == "two whole GPUs and one 1g.10gb slice"
     assert devices_held([]) == "nothing"
