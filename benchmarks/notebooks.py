@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,70 @@ def check(path: Path, results: dict[int, list[tuple[nb.Policy, dict[str, float]]
 
 
 Fit = dict[str, dict[int, list[tuple[int, dict[str, float]]]]]
+AUTO_FIT_S = (120, 300, 600, 1200)
+"""Idle timeouts ``--fit-auto`` tries for ``auto`` (grace as shipped)."""
+AUTO_GOAL = (95.0, 10.0)
+"""A timeout qualifies with at least 95% of GPU cells starting within 10 s, none lost."""
+
+
+def auto_fit(path: Path, gpus: int = 64) -> dict[str, list[tuple[int, dict[str, float]]]]:
+    """``auto`` on the band's slow edge with each of ``AUTO_FIT_S``, on each day."""
+    _, fixed_s, gbps = BAND[-1]
+    out = {}
+    for day, sessions in days(nb.load(path)).items():
+        out[day] = [
+            (
+                t,
+                summarize(
+                    nb.replay(
+                        sessions,
+                        nb.Policy(
+                            f"auto {t} s",
+                            "reclaim",
+                            replace(shipped_auto(), suspend_idle_timeout_s=float(t)),
+                            suspend_gbps=gbps,
+                            suspend_fixed_s=fixed_s,
+                        ),
+                        gpus=gpus,
+                    )
+                ),
+            )
+            for t in AUTO_FIT_S
+        ]
+    return out
+
+
+def auto_pick(rows: list[tuple[int, dict[str, float]]]) -> int:
+    """Lowest held/used among timeouts that meet ``AUTO_GOAL`` with no kernel lost; where
+    none does, the highest share of GPU cells within 10 s (the shorter timeout on a tie)."""
+    good = [(f["held_ratio"], t) for t, f in rows if f["within_10s_pct"] >= AUTO_GOAL[0]
+            and not f["lost"]]  # fmt: skip
+    if good:
+        return min(good)[1]
+    return max(rows, key=lambda r: (r[1]["within_10s_pct"], -r[0]))[0]
+
+
+def auto_fit_report(results: dict[str, list[tuple[int, dict[str, float]]]]) -> str:
+    picked = auto_pick(results["day 1"])
+    shipped = int(SUSPEND_IDLE_TIMEOUT_S)
+    rows = [
+        [
+            day,
+            f"{t} s"
+            + (" (shipped)" if t == shipped else "")
+            + (" (day 1 picks)" if t == picked else ""),
+            f"{f['held_ratio']:.2f}x",
+            f"{f['lost']:.0f}",
+            f"{f['within_10s_pct']:.1f}%",
+            f"{f['cells_never_ran']:.0f}",
+        ]  # fmt: skip
+        for day, rs in results.items()
+        for t, f in rs
+        if day == "day 1" or t in (picked, shipped)
+    ]
+    header = ["day", "idle timeout", "held ÷ used", "kernels lost", "GPU cells within 10 s",
+              "GPU cells never run"]  # fmt: skip
+    return markdown_table(header, rows) + f"\n\nDay 1 picks {picked} s; shipped {shipped} s."
 
 
 def days(sessions: list[nb.Session]) -> dict[str, list[nb.Session]]:
@@ -266,6 +331,18 @@ def days(sessions: list[nb.Session]) -> dict[str, list[nb.Session]]:
         "day 1": [s for s in sessions if s.start_s < t0 + 86400],
         "day 2": [s for s in sessions if s.start_s >= t0 + 86400],
     }
+
+
+def one_day(path: Path, day: int) -> Path:
+    """A copy of the trace holding only the sessions that start on ``day`` (as ``days``),
+    so every mode, the plain count too, reads one day."""
+    data = json.loads(path.read_text())
+    t0 = min(s["start_tick"] for s in data["sessions"])
+    first = [s["start_tick"] * 60.0 < t0 * 60.0 + 86400 for s in data["sessions"]]
+    data["sessions"] = [s for s, f in zip(data["sessions"], first, strict=True) if f == (day == 1)]
+    out = Path(tempfile.mkdtemp()) / f"day{day}-{path.name}"
+    out.write_text(json.dumps(data))
+    return out
 
 
 def cost(f: dict[str, float], price_h: float) -> float:
@@ -397,7 +474,18 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="only choose the idle timeout")
     ap.add_argument("--shares", action="store_true", help="only the shares policy's table")
     ap.add_argument("--band", action="store_true", help="only the suspend band, as shipped")
+    ap.add_argument(
+        "--fit-auto", action="store_true", help="only choose auto's idle timeout on day 1"
+    )
+    ap.add_argument(
+        "--day", type=int, choices=(1, 2), help="replay only sessions starting that day"
+    )
     args = ap.parse_args()
+    if args.day:
+        args.trace = one_day(args.trace, args.day)
+    if args.fit_auto:
+        print(auto_fit_report(auto_fit(args.trace)))
+        return
     if args.band:
         print(band_table(band(args.trace)))
         return

@@ -191,6 +191,35 @@ def test_the_fit_splits_whole_sessions_by_day_and_ties_go_to_the_longer_timeout(
     assert bench.choose([(5, short), (60, tied)], 0.5) == 60
 
 
+def test_auto_picks_its_timeout_on_day_one_by_the_stated_goal(tmp_path: Path):
+    """``--day`` keeps whole sessions by their start; the pick is the lowest held ÷ used
+    among timeouts with >= 95% of GPU cells within 10 s and none lost, else the best
+    share within 10 s; the report shows day 2 with the pick beside the shipped one."""
+    day2 = 24 * 60
+    sessions = [
+        {"id": "a", "start_tick": 0, "stop_tick": 230, "trainings": [cell(10, 20), cell(150, 10)]},
+        {"id": "b", "start_tick": day2, "stop_tick": day2 + 90, "trainings": [cell(day2 + 5, 10)]},
+    ]
+    trace = tmp_path / "two-days.json"
+    trace.write_text(json.dumps({"sessions": sessions}))
+    assert [s.id for s in nb.load(bench.one_day(trace, 1))] == ["a"]
+    assert [s.id for s in nb.load(bench.one_day(trace, 2))] == ["b"]
+    ok, better, lossy = (
+        {"within_10s_pct": 96.0, "lost": 0, "held_ratio": 1.3},
+        {"within_10s_pct": 95.0, "lost": 0, "held_ratio": 1.1},
+        {"within_10s_pct": 99.0, "lost": 1, "held_ratio": 1.0},
+    )
+    assert bench.auto_pick([(120, lossy), (300, better), (600, ok)]) == 300
+    slow = {**ok, "within_10s_pct": 80.0}
+    assert bench.auto_pick([(120, slow), (600, {**slow, "within_10s_pct": 90.0})]) == 600
+    results = bench.auto_fit(trace, gpus=8)
+    assert [t for t, _ in results["day 2"]] == list(bench.AUTO_FIT_S)
+    report = bench.auto_fit_report(results)
+    picked = bench.auto_pick(results["day 1"])
+    assert f"Day 1 picks {picked} s" in report
+    assert "| day 2 | 300 s (shipped)" in report
+
+
 def test_under_shares_each_kernel_holds_the_memory_it_used_and_nobody_waits(two_sessions):
     """Held for whole sessions B waits 130 minutes for A's node (above); as shares, A's
     16 GB and B's 8 GB sit on the 80 GB GPUs at once, each counted as its fraction."""
