@@ -33,7 +33,8 @@ from ..wire.traits import Number, Seconds, Whole
 MAX_KERNEL_MIB = 1 << 20
 """The most memory a simulated kernel may list (1 TiB): more than any GPU has."""
 SUSPEND_IDLE_TIMEOUT_S = 300.0
-"""The idle timeout of a suspendable lease, chosen on the notebook trace's first day."""
+"""The idle timeout of a suspendable lease. Kept: no timeout met the fit's goal on the
+notebook trace's first day (benchmarks/README.md, ``--fit-auto``)."""
 SUSPEND_GRACE_S = 60.0
 """Its grace: a minute to press *Keep it*, since a suspend costs only a resume."""
 KEPT_BY_HOOK = "kept by the site's reclaim policy"
