@@ -83,12 +83,15 @@ def _read(path: str) -> bytes | None:
 
 def _stat(pid: int) -> tuple[int, int] | None:
     """(parent pid, start time in clock ticks since boot) from ``/proc/<pid>/stat``; None
-    when the process is gone. The command name, in parentheses, may hold anything: the
-    fields are read after its last ``)``."""
+    when the process is gone, a zombie included: it has ended and holds no memory, only
+    its parent has not yet read its exit. The command name, in parentheses, may hold
+    anything: the fields are read after its last ``)``."""
     data = _read(f"/proc/{pid}/stat")
     if not data:
         return None
     fields = data.rpartition(b")")[2].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
     return int(fields[1]), int(fields[19])
 
 

@@ -400,3 +400,19 @@ def test_a_process_already_on_a_gpu_when_the_broker_starts_is_outside_use(
         )
     finally:
         rt.stop()
+
+
+def test_a_killed_process_its_parent_has_not_reaped_is_gone() -> None:
+    """A kernel killed while its server does not wait for it stays a zombie in ``/proc``:
+    it has ended, so a suspension of it must end too, not wait for the reaping."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert child.pid in ProcessTable().read([child.pid])
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(100):  # until the kernel has made it a zombie
+            if Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert ProcessTable().read([child.pid]) == {}
+    finally:
+        child.wait()
