@@ -354,6 +354,8 @@ class RequestPanel(GpuWidget):
             self._read_for = lease["id"]
             self.session.runner.submit(self._read_devices())
         self._follow_clock(lease is not None)
+        warning = limit_warning(t)  # its button first: a reader that sees the warning sees it
+        self.extend_button.layout.display = None if warning else "none"
         with self.hold_sync():
             self.state = t.state
             self.position = t.request.get("position") if waiting else None
@@ -362,11 +364,10 @@ class RequestPanel(GpuWidget):
             self.devices = list(lease["devices"]) if lease else []
             self.readings = [h.reading() for h in held]
             self.ends_at = lease.get("ends_at") if lease else None
-            self.limit_warning = limit_warning(t)
+            self.limit_warning = warning
             note = self._note or (WAITING_HINT if waiting and not self.cancellable else "")
             self._html.value = request_html(t, self.activity, held, self._history, note)
         self.button.layout.display = None if waiting and self.cancellable else "none"
-        self.extend_button.layout.display = None if self.limit_warning else "none"
 
     def _follow_clock(self, on: bool) -> None:
         with self._lock:
