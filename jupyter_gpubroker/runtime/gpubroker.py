@@ -393,6 +393,10 @@ class GPUBroker(
         if self.shares is not None:
             self.shares.report_pid(self.core.lease(lease_id), pid)
 
+    def acting_ahead(self) -> list[dict[str, Any]]:
+        """What acts on the forecast here, each switched on by itself, and whether it can."""
+        return [self.power_saving_state(), self.mig_ahead_state(self.core)]
+
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's
         environment (None: the lease holds whole devices)."""

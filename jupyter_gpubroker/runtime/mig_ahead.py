@@ -30,6 +30,16 @@ class MigAhead(ActsAhead):
 
     _said_no_partitioner = False
 
+    def mig_ahead_state(self, core: Broker) -> dict[str, Any]:
+        """Whether it acts, as the admin page says it."""
+        acting = self.mig_ahead and core.devices.partitioner is not None
+        text = "MIG slices cut ahead of the forecast: " + (
+            ("on" if acting else "on, but it needs dynamic_mig, so none is")
+            if self.mig_ahead
+            else "off"
+        )
+        return {"kind": "mig_ahead", "on": self.mig_ahead, "acting": acting, "text": text}
+
     def cut_ahead(self, core: Broker, log: logging.Logger) -> None:
         """One pass: as many re-cuts towards the forecast's profiles as idle capacity allows."""
         if not self.mig_ahead or core.book.waiting:

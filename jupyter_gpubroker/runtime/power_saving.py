@@ -73,6 +73,16 @@ class PowerSaving(ActsAhead):
         """W·h of power limit held back so far: the most the lowered limits saved."""
         self._refused = False
 
+    def power_saving_state(self) -> dict[str, Any]:
+        """Whether it acts, as the admin page says it."""
+        acting = self.power_saving and not self._refused
+        text = "Power limits lowered in a forecast trough: " + (
+            ("on" if acting else "on, but NVML refuses a broker that is not root, so none is")
+            if self.power_saving
+            else "off"
+        )
+        return {"kind": "power_saving", "on": self.power_saving, "acting": acting, "text": text}
+
     def save_power(self, core: Broker, backend: NvmlBackend | None, log: logging.Logger) -> None:
         """One pass: restore what must be restored, then lower what the trough allows."""
         if backend is None or self._refused or not (self.power_saving or self.lowered):
