@@ -136,12 +136,8 @@ def test_a_claim_the_scheduler_allocates_outside_the_broker_holds_back_its_devic
         "train",
         claim_request("mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '2g.20gb'"),
     )
-    kubectl(
-        "create",
-        "-f",
-        "-",
-        input=claim_pod("train", "dra-a100-mig", {"resourceClaimName": "train"}),
-    )
+    train = claim_pod("train", "dra-a100-mig", {"resourceClaimName": "train"})
+    kubectl("create", "-f", "-", input=train)
     assert running("train")["spec"]["nodeName"] == "dra-a100-mig"  # bound by the scheduler
     assert allocated("train") == [
         ("dra-a100-mig", device_name("dra-a100-mig", 0, Mig("2g.20gb", 4)))
