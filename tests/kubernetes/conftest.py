@@ -1,7 +1,9 @@
 """Fixtures of the Kubernetes tests: a kubeconfig for a given API server address (KubeSpawner
-loads one when it is made), and ``kube``: the real control plane ``.ci/kube-up`` starts
-(``kube_cluster.py``) with the test GPU nodes in it. Without that cluster the cluster tests
-are skipped, except in CI (``CI=true``), where that is a failure."""
+loads one when it is made), ``kube``: the real control plane ``.ci/kube-up`` starts
+(``kube_cluster.py``) with the test GPU nodes in it, and ``dra``: that cluster with the
+nodes whose GPUs are ResourceSlices as NVIDIA's DRA driver publishes them
+(``dra_publisher.py``). Without that cluster the cluster tests are skipped, except in CI
+(``CI=true``), where that is a failure."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import dra_publisher
 import kube_cluster
 import pytest
 from kube_helpers import free_port
@@ -98,3 +101,34 @@ def kube(kube_nodes: None) -> Iterator[None]:
     kube_cluster.cleanup()
     yield
     kube_cluster.cleanup()
+
+
+@pytest.fixture(scope="module")
+def dra_nodes(kube_nodes: None) -> Iterator[None]:
+    """The DRA nodes (``dra_publisher.NODES``) and their ResourceSlices, published for one
+    test module and withdrawn after it, so the device plugin's tests never see them."""
+    dra_publisher.publish()
+    yield
+    dra_publisher.withdraw()
+
+
+def _delete_claims() -> None:
+    kube_cluster.kubectl(
+        "delete",
+        "resourceclaims,resourceclaimtemplates",
+        "--all",
+        "-n",
+        kube_cluster.NAMESPACE,
+        "--wait=true",
+        "--timeout=60s",
+    )
+
+
+@pytest.fixture
+def dra(dra_nodes: None, kube: None) -> Iterator[None]:
+    """The cluster with its DRA nodes too, and no test pods, ResourceClaims or
+    ResourceClaimTemplates, before and after."""
+    _delete_claims()
+    yield
+    kube_cluster.cleanup()
+    _delete_claims()
