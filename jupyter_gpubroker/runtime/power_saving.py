@@ -15,14 +15,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool
 from traitlets.config import LoggingConfigurable
 
 from ..broker.core import Broker
-from ..broker.forecast import HOUR_S, WEEK_S, Forecast, forecast, spans
+from ..broker.forecast import HOUR_S, WEEK_S, Forecast, ahead, forecast, spans
 from ..broker.recorded import demand
 from ..broker.store import AuditRecord
 from ..nvml.power import PowerLimitRefused, power_limits, set_power_limit
@@ -52,13 +51,9 @@ def gpus_needed(found: Forecast, now: float) -> tuple[int, str]:
     """Whole GPUs the forecast's p90 asks this hour and the next, and the reason in words."""
     if not found.ready:
         return 0, ""
-    at = [datetime.fromtimestamp(now + k * HOUR_S, timezone.utc) for k in (0, 1)]
-    hours = [found.hours[t.weekday() * 24 + t.hour] for t in at]
-    p90 = max(h.demand["p90"] for h in hours)
+    p90, this, after = ahead(found, now, "p90")
     asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
-    return math.ceil(p90 - 1e-9), (
-        f"forecast: {asked} asked {hours[0].label} and {hours[1].label} (p90)"
-    )
+    return math.ceil(p90 - 1e-9), f"forecast: {asked} asked {this.label} and {after.label} (p90)"
 
 
 class PowerSaving(LoggingConfigurable):
