@@ -115,7 +115,9 @@ def policy(kind: str, nodes: int, knobs: tuple[str, float] = ("p90", 0.0)) -> Ca
     return ForecastAhead(nodes, quantile=knobs[0], headroom=knobs[1], weeks=WEEKS)
 
 
-def measure(trace: Trace, inventory: str, cap: Capacity, window: tuple[float, float]) -> dict:
+def measure(
+    trace: Trace, inventory: str, cap: Capacity, window: tuple[float, float]
+) -> dict[str, Any]:
     """Replay ``trace`` under ``cap``: GPU-hours kept up over ``window`` and the waits of
     the jobs submitted in it, and how the forecast compared with the demand there."""
     t0 = time.perf_counter()
@@ -166,7 +168,9 @@ def fit(trace: Trace, preset: str) -> dict[str, Any]:
     }
 
 
-def choose(rows: list[dict[str, Any]], static_h: float, reactive_wait_s: float) -> tuple:
+def choose(
+    rows: list[dict[str, Any]], static_h: float, reactive_wait_s: float
+) -> tuple[str, float]:
     """The fewest GPU-hours among the candidates that keep 30% fewer than static peak and
     wait half as long as reactive; else the shortest wait among those that keep 30% fewer;
     else the fewest GPU-hours."""

@@ -182,7 +182,7 @@ class Reactive(Capacity):
         return 0.0
 
     def next_at(self) -> float:
-        due = [t for t in self._starting.values()]
+        due = list(self._starting.values())
         if self._idle_since and not self._waiting:
             due += [
                 max(t + self.unneeded_s, self._added_at + self.unneeded_s)
@@ -316,29 +316,35 @@ class ForecastAhead(Reactive):
         return min(super().next_at(), math.inf if stuck else hour)
 
     def error(self, start: float, end: float) -> dict[str, float]:
-        """How the forecast that served the hours from ``start`` to ``end`` compared with
-        the demand they had (held and waiting, from the replay's store)."""
-        assert self.broker is not None
-        found = hourly(spans(demand(self.broker.store, start - HOUR_S, end)), end)
-        pairs = []
-        if found is not None:
-            for at, used in self.used.items():
-                i = int((at - found.start) // HOUR_S)
-                if start <= at and at + HOUR_S <= end and 0 <= i < len(found.held):
-                    pairs.append((used, found.demand(i)))
-        actual = sum(a for _, a in pairs)
+        """How the forecast that served the whole hours from ``start`` to ``end`` compared
+        with the demand they had (held and waiting, from the replay's store): the p50's
+        absolute error over the demand, and the share of hours within the p90 and within
+        what the policy kept for them (the quantile it acted on, headroom included)."""
+        pairs = self._served(start, end)
+        n, actual = len(pairs), sum(a for _, a in pairs)
+        kept = 1 + self.headroom
         return {
-            "hours": len(pairs),
-            "mean_demand": actual / len(pairs) if pairs else math.nan,
+            "hours": n,
+            "mean_demand": actual / n if n else math.nan,
             "p50_error": sum(abs(u.p50 - a) for u, a in pairs) / actual if actual else math.nan,
-            "p90_covered": sum(a <= u.p90 + _EPS for u, a in pairs) / len(pairs)
-            if pairs
-            else math.nan,
-            "acted_covered": sum(a <= u.acted * (1 + self.headroom) + _EPS for u, a in pairs)
-            / len(pairs)
-            if pairs
+            "p90_covered": sum(a <= u.p90 + _EPS for u, a in pairs) / n if n else math.nan,
+            "acted_covered": sum(a <= u.acted * kept + _EPS for u, a in pairs) / n
+            if n
             else math.nan,
         }
+
+    def _served(self, start: float, end: float) -> list[tuple[Used, float]]:
+        """(forecast, demand) of each whole hour in the window that a forecast served."""
+        assert self.broker is not None
+        found = hourly(spans(demand(self.broker.store, start - HOUR_S, end)), end)
+        if found is None:
+            return []
+        pairs = []
+        for at, used in self.used.items():
+            i = int((at - found.start) // HOUR_S)
+            if start <= at and at + HOUR_S <= end and 0 <= i < len(found.held):
+                pairs.append((used, found.demand(i)))
+        return pairs
 
     def describe(self) -> dict[str, Any]:
         return {

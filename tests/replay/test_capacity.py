@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from replay_helpers import benchmark, trace_of
 
+from jupyter_gpubroker.nvml import open_backend
 from jupyter_gpubroker.replay import replay
 from jupyter_gpubroker.replay.capacity import (
     START_DELAY_S,
@@ -31,11 +32,7 @@ DATA = Path(__file__).parent / "data"
 
 def daily_bursts(days: int = DAYS) -> Trace:
     return trace_of(
-        *(
-            Job(d * DAY + 9 * HOUR, 2 * HOUR, 1, f"u{k % 4}")
-            for d in range(days)
-            for k in range(16)
-        )
+        *(Job(d * DAY + 9 * HOUR, 2 * HOUR, 1, f"u{k % 4}") for d in range(days) for k in range(16))
     )
 
 
@@ -60,8 +57,6 @@ def kept_gpus(cap: Capacity, t: float) -> int:
 
 def test_the_peak_counts_an_end_and_a_start_at_one_instant_once() -> None:
     trace = trace_of(Job(0, 10, 2, "ann"), Job(10, 10, 2, "bob"), Job(15, 10, 1, "cy"))
-    from jupyter_gpubroker.nvml import open_backend
-
     with open_backend("dgx-h100:8") as backend:
         assert peak_demand(trace, Sizer(backend.inventory())) == 3
         assert peak_demand(daily_bursts(), Sizer(backend.inventory())) == 16
