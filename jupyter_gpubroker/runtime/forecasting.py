@@ -5,14 +5,13 @@ the forecast before anything acts on it (as AWS predictive scaling's forecast-on
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from typing import Any
 
 from traitlets import Bool
 from traitlets.config import LoggingConfigurable
 
 from ..broker.core import Broker
-from ..broker.forecast import HOUR_S, WEEK_S, Forecast, HourForecast, forecast, hour_check, spans
+from ..broker.forecast import HOUR_S, WEEK_S, Forecast, forecast, hour_check, spans
 from ..broker.recorded import demand
 from ..broker.store import AuditRecord
 
@@ -40,14 +39,6 @@ class ActsAhead(LoggingConfigurable):
         """One change made ahead of the forecast, in the audit log with its reason."""
         with core.store.audited(AuditRecord(core.clock.now(), ACTOR, action, target, detail)):
             pass
-
-
-def this_hour_and_next(found: Forecast, now: float) -> list[HourForecast]:
-    """The forecast of the hour ``now`` is in and of the next (none before it is ready)."""
-    if not found.ready:
-        return []
-    at = [datetime.fromtimestamp(now + k * HOUR_S, timezone.utc) for k in (0, 1)]
-    return [found.hours[t.weekday() * 24 + t.hour] for t in at]
 
 
 class ForecastSettings(LoggingConfigurable):

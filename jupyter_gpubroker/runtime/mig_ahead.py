@@ -13,8 +13,9 @@ from traitlets import Bool
 
 from ..broker.ahead import next_cut, slices_wanted
 from ..broker.core import Broker
+from ..broker.forecast import ahead
 from ..wire.text import count
-from .forecasting import ActsAhead, this_hour_and_next
+from .forecasting import ActsAhead
 
 MAX_CUTS = 8
 """Re-cuts in one pass at most: a pass runs inside a tick."""
@@ -53,7 +54,10 @@ class MigAhead(ActsAhead):
                 )
             return
         now = core.clock.now()
-        hours = this_hour_and_next(self.read_forecast(core, now), now)
+        found = self.read_forecast(core, now)
+        if not found.ready:
+            return
+        _, *hours = ahead(found, now)
         wanted = slices_wanted(hours)
         if not wanted:
             return
