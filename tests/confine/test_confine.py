@@ -78,6 +78,27 @@ def test_a_cpu_only_server_opens_no_gpu_until_its_kernel_is_granted_one(
     assert f"{kernel.pid}" in (path / "cgroup.procs").read_text().split()
 
 
+def test_a_kernel_granted_a_gpu_takes_along_the_workers_it_started_before(
+    make_box: Callable[[str], Box], probes: Callable[[Callable[[], None]], Probe]
+) -> None:
+    """A pool of workers the kernel made before it had a GPU (a data loader at its start)
+    may open its GPU with it; another kernel of the same server may not."""
+    box = make_box("dgx-h100:2")
+    c = box.confinement
+    path = c.server("carol", "", [])
+    assert path is not None
+    kernel = probes(c.joiner(path))
+    worker = kernel.fork()
+    neighbour = probes(c.joiner(path))
+    assert c.allow(kernel.pid, [box.gpu(1)], "carol") is not None
+    mine = always(box) | {str(box.dev / "nvidia1")}
+    opened = {pid: allowed(box, said) for pid, said in kernel.open_all(box.all_nodes).items()}
+    assert opened == {kernel.pid: mine, worker: mine}
+    assert allowed(box, neighbour.open(box.all_nodes)) == always(box)
+    c.withdraw(kernel.pid)  # its lease ended: both back in the server's cgroup
+    assert {kernel.pid, worker} <= set(c.cgroups.processes(path))
+
+
 def test_a_stopped_servers_cgroups_go_and_a_process_left_behind_keeps_no_gpu(
     make_box: Callable[[str], Box], probes: Callable[[Callable[[], None]], Probe]
 ) -> None:
