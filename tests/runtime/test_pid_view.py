@@ -19,6 +19,7 @@ from runtime_helpers import make
 from jupyter_gpubroker import pidns
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.broker.reclaim import Decision
+from jupyter_gpubroker.cli.status import idle_reclaim_lines
 from jupyter_gpubroker.runtime import pid_view
 from jupyter_gpubroker.wire.errors import InvalidRequest
 from jupyter_gpubroker.wire.text import BROKER_PID_NAMESPACE, KERNEL_PID_NAMESPACE
@@ -117,6 +118,9 @@ def test_a_broker_on_real_gpus_outside_the_hosts_pid_namespace_matches_no_proces
         shown = {"action": "shutdown", "reason": BROKER_PID_NAMESPACE}
         assert rt.idle_reclaim() == {d.uuid: shown for d in rt.core.inventory.devices}
         api = BrokerAPI(rt)
+        assert idle_reclaim_lines(api.devices(api.user_identity(None))["gpus"]) == [  # status
+            f"Idle kernels on GPU 0, GPU 1 are shut down: {BROKER_PID_NAMESPACE}."
+        ]
         lease = api.submit(api.user_identity(None), {"gpus": 1, "holder": "k"})["lease"]["id"]
         assert rt.mover.why_not(rt.core.lease(lease)) == BROKER_PID_NAMESPACE
     finally:
