@@ -23,13 +23,12 @@ import pytest
 import yaml
 
 k8s = pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
-clients = pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
+pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
 from kube_cluster import (  # noqa: E402
     KUBECONFIG,
     NAMESPACE,
     NODES,
-    PAUSE,
     RUN,
     api_server,
     get,
@@ -186,26 +185,6 @@ def test_other_pods_gpu_requests_are_in_use_until_they_are_deleted(broker: GPUBr
     poll(broker)
     assert core.request(waiting.id).state.value == "granted"
     assert "gpu-h100" not in drains(broker)
-
-
-@pytest.fixture
-def spawner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., GPUBrokerKubeSpawner]]:
-    """GPU KubeSpawners for KubeSpawner's stand-in user ("mock@name") on the test cluster."""
-    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
-    kube_config = pytest.importorskip("kubernetes_asyncio.config.kube_config")
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(KUBECONFIG))
-    # KubeSpawner loads its kubeconfig once and shares one API client per event loop
-    monkeypatch.setattr(clients, "_client_cache", {})
-    clients.load_config.cache_clear()
-    made: list[GPUBrokerKubeSpawner] = []
-
-    def make(**traits: Any) -> GPUBrokerKubeSpawner:
-        traits = {"namespace": NAMESPACE, "image": PAUSE, "cmd": ["/pause"], **traits}
-        made.append(GPUBrokerKubeSpawner(_mock=True, **traits))
-        return made[-1]
-
-    yield make
-    clients.load_config.cache_clear()
 
 
 def grant(spawner: GPUBrokerKubeSpawner, request: Any, lease: Any) -> GPUBrokerKubeSpawner:
