@@ -461,6 +461,21 @@ def accounts() -> Iterator[list[str]]:
         kubectl("delete", "serviceaccount", name, "-n", NAMESPACE, "--ignore-not-found")
 
 
+CORE = "nodes and pods (403 Forbidden): grant the broker's service account list on nodes and pods"
+DRA = (
+    "(403 Forbidden): grant the broker's service account list on resourceslices and "
+    "resourceclaims (add to its ClusterRole the rule apiGroups: [resource.k8s.io], resources: "
+    "[resourceslices, resourceclaims], verbs: [list])"
+)
+REFUSED = {
+    "nodes": CORE,
+    "pods": CORE,
+    "resourceslices": f"resourceslices {DRA}",
+    "resourceclaims": f"resourceclaims {DRA}",
+}
+"""What the broker says when its role lacks list on each resource."""
+
+
 def test_the_documented_rbac_is_all_the_broker_needs_and_each_verb_is_needed(
     tmp_path: Path, accounts: list[str]
 ) -> None:
@@ -493,6 +508,5 @@ def test_the_documented_rbac_is_all_the_broker_needs_and_each_verb_is_needed(
         with pytest.raises(ConfigError) as refused:
             broker.start()
         assert refused.value.message.startswith(
-            "the Kubernetes API server refused to list nodes and pods (403 Forbidden): grant the "
-            "broker's service account list on nodes and pods"
+            "the Kubernetes API server refused to list " + REFUSED[resource]
         ), (verb, resource)
