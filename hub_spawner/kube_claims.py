@@ -26,6 +26,7 @@ selector on its ``uuid``: the scheduler can place the grant or fail, never pick 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -163,6 +164,15 @@ TEMPLATE, SHARED = "resource_claim_template", "resource_claim"
 """The kinds ``ResourceV1Api`` names its calls by."""
 
 
+def api_message(e: ApiException) -> str:
+    """What the API server said of a refusal (its Status's message), else its status."""
+    try:
+        said = json.loads(e.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        said = None
+    return str(said or f"{e.status} {e.reason}")
+
+
 def kind_of(manifest: Mapping[str, Any]) -> str:
     return SHARED if manifest["kind"] == "ResourceClaim" else TEMPLATE
 
@@ -179,8 +189,17 @@ class Claims:
         API server answers one of the statuses ``ok``; a refusal as ClaimError."""
         call = getattr(self.api, f"{verb}_namespaced_{kind}")
         what = f"{verb} {kind.replace('_', ' ')}s"
+        options: dict[str, Any] = {}
+        if verb == "create":
+            # Sent compact: the API server keeps an opaque configuration's bytes as they
+            # came, but compares them re-encoded compact when the object is patched, and the
+            # client's JSON has spaces: its owner's patch would be refused ("spec: field is
+            # immutable"). YAML is the one other type the client sends as given.
+            manifest = args[-1]
+            args = (*args[:-1], json.dumps(manifest, separators=(",", ":")).encode())
+            options["_headers"] = {"Content-Type": "application/yaml"}
         try:
-            return await asyncio.wait_for(call(*args), self.timeout)
+            return await asyncio.wait_for(call(*args, **options), self.timeout)
         except ApiException as e:
             if e.status in ok:
                 return None
@@ -189,7 +208,7 @@ class Claims:
                     f"the API server forbids the hub to {what} in namespace {self.namespace}: "
                     "grant its service account the rules docs/kubernetes.md gives"
                 ) from None
-            raise ClaimError(f"the API server refused to {what} ({e.status} {e.reason})") from None
+            raise ClaimError(f"the API server refused to {what}: {api_message(e)}") from None
         except (OSError, asyncio.TimeoutError) as e:
             raise ClaimError(f"the API server did not answer ({e or type(e).__name__})") from None
 

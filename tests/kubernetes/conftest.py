@@ -143,13 +143,22 @@ def _fresh_clients(monkeypatch: pytest.MonkeyPatch) -> Any:
     """KubeSpawner loads its kubeconfig once and shares one API client per event loop:
     each test's spawners load theirs and get their own."""
     clients = pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
+    from kubespawner import KubeSpawner
+
     monkeypatch.setattr(clients, "_client_cache", {})
     clients.load_config.cache_clear()
+    # and its watches of pods and events, shared by its spawners, run on one event loop
+    monkeypatch.setattr(KubeSpawner, "reflectors", {})
     return clients
 
 
 async def _close_clients() -> None:
-    """End the tasks that close the shared clients (in a hub: at its shutdown)."""
+    """Stop the watches and end the tasks that close the shared clients (in a hub: at its
+    shutdown)."""
+    from kubespawner import KubeSpawner
+
+    for reflector in list(KubeSpawner.reflectors.values()):
+        await reflector.stop()
     tasks = [t for t in asyncio.all_tasks() if "close_client_task" in repr(t.get_coro())]
     for task in tasks:
         task.cancel()
@@ -178,7 +187,9 @@ def make_spawner(
 
 
 @pytest.fixture
-def spawner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., GPUBrokerKubeSpawner]]:
+def spawner(
+    monkeypatch: pytest.MonkeyPatch, jp_asyncio_loop: asyncio.AbstractEventLoop
+) -> Iterator[Callable[..., GPUBrokerKubeSpawner]]:
     """GPU KubeSpawners on the test cluster, for KubeSpawner's stand-in user ("mock@name")
     or ``user``, with the admin's kubeconfig or ``kubeconfig`` (one a test made for a
     service account)."""
@@ -207,6 +218,7 @@ def spawner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., GPUBroker
         return GPUBrokerKubeSpawner(_mock=True, **traits)
 
     yield make
+    jp_asyncio_loop.run_until_complete(_close_clients())
     clients.load_config.cache_clear()
 
 
