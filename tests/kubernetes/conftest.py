@@ -120,7 +120,7 @@ def dra_nodes(kube_nodes: None) -> Iterator[None]:
 def _delete_claims() -> None:
     kube_cluster.kubectl(
         "delete",
-        "resourceclaims",
+        "resourceclaims,resourceclaimtemplates",
         "--all",
         "-n",
         kube_cluster.NAMESPACE,
@@ -131,8 +131,8 @@ def _delete_claims() -> None:
 
 @pytest.fixture
 def dra(dra_nodes: None, kube: None) -> Iterator[None]:
-    """The cluster with its DRA nodes too, and no test pods or ResourceClaims, before and
-    after."""
+    """The cluster with its DRA nodes too, and no test pods, ResourceClaims or
+    ResourceClaimTemplates, before and after."""
     _delete_claims()
     yield
     kube_cluster.cleanup()

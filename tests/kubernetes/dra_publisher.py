@@ -26,8 +26,8 @@ off):
   (``deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-{gpu,mig}.yaml``).
 
 A shared GPU looks like any other to the driver: sharing (time-slicing, MPS) is a claim's
-configuration, not the slice's. The broker lends ``dra-l40s``'s GPU in shares by its own
-sharing rules (``SHARED_MODEL``).
+configuration (``GpuConfig.sharing``), not the slice's. ``dra-l40s``'s GPU is the one the
+tests mean to lend in shares (a sharing rule naming ``SHARED_MODEL``).
 
 Functions the fixtures and other test modules use (names kept stable):
 ``publish()``, ``withdraw()``, ``device_classes()``, ``node_manifest(node)``,

@@ -25,6 +25,7 @@ import yaml
 k8s = pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
 pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
+from kube_broker import drains, lease_of, make_broker, poll  # noqa: E402
 from kube_cluster import (  # noqa: E402
     KUBECONFIG,
     NAMESPACE,
@@ -40,10 +41,8 @@ from kube_cluster import (  # noqa: E402
     until,
 )
 from kubespawner import KubeSpawner  # noqa: E402
-from traitlets.config import Config  # noqa: E402
 
 from hub_spawner.kubernetes import GPUBrokerKubeSpawner  # noqa: E402
-from jupyter_gpubroker.engines import ENGINE  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
@@ -63,11 +62,6 @@ pytestmark = [
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
-def make_broker(state: Path, kubeconfig: Path = KUBECONFIG, **traits: Any) -> GPUBroker:
-    config = Config({"KubernetesInventory": {"kubeconfig": str(kubeconfig), "request_timeout": 3}})
-    return GPUBroker(inventory_source="kubernetes", state_file=str(state), config=config, **traits)
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[GPUBroker]:
     running = make_broker(tmp_path / "state.sqlite")
@@ -76,25 +70,6 @@ def broker(tmp_path: Path) -> Iterator[GPUBroker]:
         yield running
     finally:
         running.stop()
-
-
-def poll(broker: GPUBroker) -> None:
-    """One engine pass, as every tick makes it (each on an event loop of its own)."""
-    asyncio.run(broker.poll_engine())
-
-
-def drains(broker: GPUBroker) -> dict[str, list[str]]:
-    """Node -> the reasons its devices are held back by the engine."""
-    core = broker.core
-    found: dict[str, list[str]] = {}
-    for uuid in sorted(core.drained_by(ENGINE)):
-        found.setdefault(parse_device_uuid(uuid)[0], []).append(core.drained()[uuid][0])
-    return found
-
-
-def lease_of(broker: GPUBroker, request_id: str) -> Any:
-    core = broker.core
-    return core.lease(core.request(request_id).lease_id or "")
 
 
 def brokers_pod(name: str, lease: Any, node: str, limits: dict[str, str]) -> dict[str, Any]:

@@ -1,0 +1,40 @@
+"""The broker the cluster tests run against the test cluster (``kube_cluster.py``): made
+with the admin's kubeconfig, one engine pass at a time, and what it holds back."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from kube_cluster import KUBECONFIG
+from traitlets.config import Config
+
+from jupyter_gpubroker.engines import ENGINE
+from jupyter_gpubroker.runtime import GPUBroker
+
+
+def make_broker(state: Path, kubeconfig: Path = KUBECONFIG, **traits: Any) -> GPUBroker:
+    config = Config({"KubernetesInventory": {"kubeconfig": str(kubeconfig), "request_timeout": 3}})
+    return GPUBroker(inventory_source="kubernetes", state_file=str(state), config=config, **traits)
+
+
+def poll(broker: GPUBroker) -> None:
+    """One engine pass, as every tick makes it (each on an event loop of its own)."""
+    asyncio.run(broker.poll_engine())
+
+
+def drains(broker: GPUBroker) -> dict[str, list[str]]:
+    """Node -> the reasons its devices are held back by the engine."""
+    core = broker.core
+    found: dict[str, list[str]] = {}
+    for uuid in sorted(core.drained_by(ENGINE)):
+        held = core.inventory.device(uuid) or core.inventory.gpu(uuid)
+        assert held is not None, uuid
+        found.setdefault(held.node, []).append(core.drained()[uuid][0])
+    return found
+
+
+def lease_of(broker: GPUBroker, request_id: str) -> Any:
+    core = broker.core
+    return core.lease(core.request(request_id).lease_id or "")
