@@ -188,7 +188,7 @@ class Claims:
         """``verb`` on ``kind`` (``read``, ``create``, ``patch``, ``delete``); None where the
         API server answers one of the statuses ``ok``; a refusal as ClaimError."""
         call = getattr(self.api, f"{verb}_namespaced_{kind}")
-        what = f"{verb} {kind.replace('_', ' ')}s"
+        what = f"{'get' if verb == 'read' else verb} {kind.replace('_', ' ')}s"  # as RBAC says
         options: dict[str, Any] = {}
         if verb == "create":
             # Sent compact: the API server keeps an opaque configuration's bytes as they

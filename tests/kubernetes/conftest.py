@@ -149,16 +149,20 @@ def _fresh_clients(monkeypatch: pytest.MonkeyPatch) -> Any:
     clients.load_config.cache_clear()
     # and its watches of pods and events, shared by its spawners, run on one event loop
     monkeypatch.setattr(KubeSpawner, "reflectors", {})
+    WATCHES.append(KubeSpawner.reflectors)
     return clients
+
+
+WATCHES: list[dict[str, Any]] = []
+"""KubeSpawner's watches of each client a test made, which ``_close_clients`` stops."""
 
 
 async def _close_clients() -> None:
     """Stop the watches and end the tasks that close the shared clients (in a hub: at its
     shutdown)."""
-    from kubespawner import KubeSpawner
-
-    for reflector in list(KubeSpawner.reflectors.values()):
-        await reflector.stop()
+    while WATCHES:
+        for reflector in list(WATCHES.pop().values()):
+            await reflector.stop()
     tasks = [t for t in asyncio.all_tasks() if "close_client_task" in repr(t.get_coro())]
     for task in tasks:
         task.cancel()
@@ -227,3 +231,24 @@ class MockUser:
 
     def __init__(self, name: str) -> None:
         self.name, self.id, self.url = name, f"id-{name}", f"/user/{name}/"
+
+
+@pytest.fixture
+def accounts() -> Iterator[list[str]]:
+    """The names of the service accounts a test makes (``kube_cluster.service_account``),
+    removed after it with their roles and bindings."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        for kinds in ("clusterrolebinding,clusterrole", "rolebinding,role,serviceaccount"):
+            namespace = ["-n", kube_cluster.NAMESPACE] if "serviceaccount" in kinds else []
+            kube_cluster.kubectl("delete", kinds, name, *namespace, "--ignore-not-found")
+
+
+@pytest.fixture
+def dra_broker(tmp_path: Path) -> Iterator[Any]:
+    """A running broker of the DRA nodes (``kube_broker.make_dra_broker``)."""
+    from kube_broker import make_dra_broker, started
+
+    with started(make_dra_broker(tmp_path / "state.sqlite")) as running:
+        yield running

@@ -6,9 +6,13 @@ and the scheduler's reason in the words a failed start gives."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from traitlets.config import Config
 
 pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
@@ -197,3 +201,34 @@ def test_the_schedulers_reason_is_its_first_sentence() -> None:
     )
     assert unschedulable(condition("", reason="SchedulingGated")) == ""
     assert unschedulable({"status": {"phase": "Pending"}}) == unschedulable(None) == ""
+
+
+async def test_the_zero_to_jupyterhub_values_in_the_docs_configure_the_dra_spawner(
+    make_spawner: Any,
+) -> None:
+    """The docs' ``hub.extraConfig`` entry, run as the chart runs it (``exec`` with ``c``),
+    makes the broker service and the GPU KubeSpawner, at the port the values open."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+    shown = re.findall(r"```yaml\n(.*?)```", docs.read_text(), re.S)
+    docs_yaml = [d for b in shown for d in yaml.safe_load_all(b)]
+    (values,) = [d for d in docs_yaml if isinstance(d, dict) and "extraConfig" in d.get("hub", {})]
+    hub = values["hub"]
+    c = Config()
+    exec(hub["extraConfig"]["gpubroker"], {"c": c})  # noqa: S102 - the chart's own way
+    assert c.JupyterHub.spawner_class == "gpubroker-kubernetes"
+    (service,) = c.JupyterHub.services
+    assert service["url"] == "http://hub:10101"
+    assert "--GPUBroker.inventory_source=kubernetes" in service["command"]
+    assert "--GPUBroker.state_file=/srv/jupyterhub/gpubroker.sqlite" in service["command"]
+    assert c.Spawner.environment["GPUBROKER_URL"] == "http://hub:10101/services/gpubroker/api/v1"
+    # the port the service listens on is the one the Service and the policies open
+    assert (
+        [p["port"] for p in hub["service"]["extraPorts"]]
+        == hub["networkPolicy"]["allowedIngressPorts"]
+        == [10101]
+    )
+    assert hub["extraPodSpec"]["hostAliases"] == [{"ip": "0.0.0.0", "hostnames": ["hub"]}]
+    (egress,) = values["singleuser"]["networkPolicy"]["egress"]
+    assert egress["ports"] == [{"port": 10101}]
+    spawner = make_spawner(config=c)
+    assert spawner.claim_unschedulable_timeout == 15

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,9 @@ import pytest
 
 pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
-from dra_publisher import NODES  # noqa: E402
-from kube_cluster import KUBECONFIG, NAMESPACE, get, kubectl, until  # noqa: E402
-from traitlets.config import Config  # noqa: E402
+from kube_broker import grant, make_dra_broker, started  # noqa: E402
+from kube_cluster import NAMESPACE, get, kubectl, until  # noqa: E402
 
-from hub_spawner import reservation  # noqa: E402
 from hub_spawner._compat import SpawnException  # noqa: E402
 from hub_spawner.kube_claims import SHARED_LABEL  # noqa: E402
 from hub_spawner.kubernetes import ClaimedKubeSpawner, GPUBrokerKubeSpawner  # noqa: E402
@@ -44,44 +42,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 Spawners = Callable[..., GPUBrokerKubeSpawner]
-
-
-def make_broker(state: Path) -> GPUBroker:
-    """The broker of the DRA nodes (not the device plugin's), the L40S lent in shares."""
-    config = Config(
-        {
-            "KubernetesInventory": {
-                "kubeconfig": str(KUBECONFIG),
-                "node_selector": f"kubernetes.io/hostname in ({','.join(NODES)})",
-            }
-        }
-    )
-    return GPUBroker(
-        inventory_source="kubernetes",
-        state_file=str(state),
-        config=config,
-        sharing_rules=[{"mode": "shared", "gpus": ["L40S-48GB"]}],
-    )
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[GPUBroker]:
-    running = make_broker(tmp_path / "state.sqlite")
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def grant(broker: GPUBroker, user: str, size: Size) -> dict[str, Any]:
-    """``user``'s request granted at once, as the spawner keeps it (``reservation.held`` of
-    the API's request, its lease's share included)."""
-    core = broker.core
-    request = core.submit(user, size)
-    lease = core.lease(core.request(request.id).lease_id or "")
-    shown = {"id": lease.id, "devices": list(lease.devices), "ttl_s": lease.ttl_s}
-    return reservation.held({"id": request.id, "lease": {**shown, "share": broker.share_of(lease)}})
 
 
 def serve(spawner: GPUBrokerKubeSpawner, held: dict[str, Any]) -> GPUBrokerKubeSpawner:
@@ -145,10 +105,10 @@ SIZES = {
 
 @pytest.mark.parametrize("what", SIZES)
 async def test_a_server_runs_on_the_very_device_the_broker_granted(
-    broker: GPUBroker, spawner: Spawners, what: str
+    dra_broker: GPUBroker, spawner: Spawners, what: str
 ) -> None:
     size, device_class = SIZES[what]
-    held = grant(broker, "ann", size)
+    held = grant(dra_broker, "ann", size)
     (device,) = (parse_dra_uuid(d) for d in held["devices"])
     server = serve(spawner(), held)
     started = time.monotonic()
@@ -178,9 +138,9 @@ async def test_a_server_runs_on_the_very_device_the_broker_granted(
         owners = claim["metadata"]["ownerReferences"]
         assert [o["uid"] for o in owners] == [pod["metadata"]["uid"]]
         # the broker knows the claim as its grant's: the device is not drained
-        await broker.poll_engine()
-        assert held["devices"][0] not in broker.core.drained_by(ENGINE)
-        assert broker.core.lease(held["lease_id"]).state.value == "active"
+        await dra_broker.poll_engine()
+        assert held["devices"][0] not in dra_broker.core.drained_by(ENGINE)
+        assert dra_broker.core.lease(held["lease_id"]).state.value == "active"
     finally:
         await ClaimedKubeSpawner.stop(server, now=True)
     for kind in ("pods", "resourceclaims", "resourceclaimtemplates"):
@@ -188,9 +148,9 @@ async def test_a_server_runs_on_the_very_device_the_broker_granted(
 
 
 async def test_shares_of_one_gpu_share_its_claim_until_the_last_one_stops(
-    broker: GPUBroker, spawner: Spawners
+    dra_broker: GPUBroker, spawner: Spawners
 ) -> None:
-    ann, bob = (grant(broker, who, Size(share_gb=16)) for who in ("ann", "bob"))
+    ann, bob = (grant(dra_broker, who, Size(share_gb=16)) for who in ("ann", "bob"))
     assert ann["devices"] == bob["devices"]  # the broker packs both on the L40S
     servers = [serve(spawner(user=who), h) for who, h in (("ann", ann), ("bob", bob))]
     for server in servers:
@@ -214,11 +174,11 @@ async def test_shares_of_one_gpu_share_its_claim_until_the_last_one_stops(
 
 
 async def test_a_claim_the_scheduler_cannot_satisfy_fails_with_its_reason(
-    broker: GPUBroker, spawner: Spawners
+    dra_broker: GPUBroker, spawner: Spawners
 ) -> None:
     """The broker granted a GPU that work outside it then took (between two readings): the
     scheduler refuses the claim, and the start says so once it has for the timeout."""
-    held = grant(broker, "ann", Size(gpus=1))
+    held = grant(dra_broker, "ann", Size(gpus=1))
     (device,) = (parse_dra_uuid(d) for d in held["devices"])
     outside = serve(spawner(user="train"), {**held, "lease_id": "not-the-brokers"})
     await ClaimedKubeSpawner.start(outside)
@@ -253,12 +213,8 @@ async def test_a_start_taken_up_again_after_the_hubs_restart_leaves_one_claim_of
     device. A start with another grant (the old lease ended meanwhile) leaves only the
     claim of its own device."""
     state = tmp_path / "state.sqlite"
-    first = make_broker(state)
-    first.start()
-    try:
+    with started(make_dra_broker(state)) as first:
         held = grant(first, "ann", Size(gpus=1))
-    finally:
-        first.stop()
     interrupted = serve(spawner(), held)
     await ClaimedKubeSpawner.start(interrupted)
     old = await asyncio.to_thread(pod_of, interrupted)
@@ -276,9 +232,7 @@ async def test_a_start_taken_up_again_after_the_hubs_restart_leaves_one_claim_of
         template = f"{again.pod_name}-gpu"
         assert owners("resourceclaimtemplate", template) == [pod["metadata"]["uid"]]
         # the restarted broker finds its lease's claim: the lease lives, its device is its own
-        second = make_broker(state)
-        second.start()
-        try:
+        with started(make_dra_broker(state)) as second:
             await second.poll_engine()
             assert second.core.lease(held["lease_id"]).state.value == "active"
             assert not second.core.drained_by(ENGINE)
@@ -286,8 +240,6 @@ async def test_a_start_taken_up_again_after_the_hubs_restart_leaves_one_claim_of
             second.core.release(held["lease_id"])
             await second.poll_engine()
             other = grant(second, "ann", Size(gpus=1))
-        finally:
-            second.stop()
         assert other["devices"] != held["devices"]
         moved = serve(spawner(), other)
         await ClaimedKubeSpawner.start(moved)
