@@ -15,8 +15,12 @@ closes every stream and waits until the broker has no subscriber left.
 
     python benchmarks/event_streams.py [--rounds 10] [--streams 200] [--events 20]
                                        [--hold 0] [--viewer user|kernel] [--trace]
-                                       [--event-buffer 1000] [--json]
+                                       [--event-buffer 1000] [--baseline] [--json]
     python benchmarks/event_streams.py --windows 20 [--streams 1000] [--events 20]
+
+``--baseline``: the same streams go to a plain jupyter-server event stream of this file's
+(a reading's worth of bytes every 5 s, nothing of the broker), so what open connections
+cost the host itself is measured in the same run of the same server.
 
 ``kept_mib``: a round's RSS once its streams closed, less the warm-up's. A leak grows it
 every round; so does the broker's ring of recent events (``event_buffer``, kept for
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -66,6 +71,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from jupyter_server.base.handlers import APIHandler
     from tornado import web
+    from tornado.iostream import StreamClosedError
 
     tracing = os.environ.get(TRACE_ENV) == "1"
     if tracing:
@@ -94,7 +100,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                 {
                     "rss_mib": _rss_mib(),
                     "traced_mib": tracemalloc.get_traced_memory()[0] / MIB,
-                    "subscribers": runtime.events.subscribers,
+                    "subscribers": runtime.events.subscribers + open_streams[0],
                     "kernel_groups": len(runtime.events._by_kernel),
                     "top_growth": [
                         f"{s.size_diff / 1024:+.1f} KiB {s.count_diff:+d} blocks "
@@ -106,7 +112,40 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                 }
             )
 
-    serverapp.web_app.add_handlers(".*$", [("/bench/memory", MemoryHandler)])
+    open_streams = [0]
+
+    class StreamHandler(APIHandler):
+        """The baseline (``--baseline``): an event stream of jupyter-server's alone, held
+        open with a reading's worth of bytes every 5 s and nothing of the broker."""
+
+        closed: asyncio.Event
+
+        @web.authenticated
+        async def get(self) -> None:
+            self.closed = asyncio.Event()
+            self.set_header("Content-Type", "text/event-stream")
+            self.set_header("Cache-Control", "no-cache")
+            open_streams[0] += 1
+            try:
+                message = "data: {}\n\n"
+                while not self.closed.is_set():
+                    self.write(message)
+                    await self.flush()
+                    message = f"data: {'x' * 1500}\n\n"
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.closed.wait(), 5)
+            except StreamClosedError:
+                pass
+            finally:
+                open_streams[0] -= 1
+
+        def on_connection_close(self) -> None:
+            self.closed.set()
+
+    serverapp.web_app.settings["bench_streams"] = open_streams
+    serverapp.web_app.add_handlers(
+        ".*$", [("/bench/memory", MemoryHandler), ("/bench/events", StreamHandler)]
+    )
 
 
 # ------------------------------------------------------------ the load generator
@@ -229,7 +268,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         status, t = await api.call("POST", "tokens", body)
                         assert status == 201, t
                         auth = f"{TOKEN_HEADER}: {t['token']}"
-                    streams.append(await open_stream(server.port, auth, [0], f"/{API_PREFIX}"))
+                    prefix = "/bench" if args.baseline else f"/{API_PREFIX}"
+                    streams.append(await open_stream(server.port, auth, [0], prefix))
                 await _submit_and_cancel(api, args.events)
                 await asyncio.sleep(args.hold if n else 0)
                 opened = await _memory(probe)
@@ -280,6 +320,11 @@ def main() -> None:
         "--event-buffer", type=int, default=1000, help="c.GPUBroker.event_buffer (its default)"
     )
     parser.add_argument("--trace", action="store_true", help="trace allocations (tracemalloc)")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="the streams go to a plain jupyter-server stream of this file's, not the broker's",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.windows:

@@ -28,6 +28,7 @@ from typing import Any
 from traitlets import CaselessStrEnum, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
+from ..procstat import proc_stat
 from .bpf import DevicesV2
 from .cgroup import Cgroups, DevicesV1
 from .nodes import (
@@ -269,11 +270,8 @@ class DeviceConfinement(LoggingConfigurable):
 def _started(pid: int) -> str:
     """When the process ``pid`` started (``/proc/<pid>/stat``'s field 22): a pid reused
     by a new process starts later."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return ""
-    return stat.rpartition(")")[2].split()[19]
+    stat = proc_stat(pid)
+    return "" if stat is None else str(stat.start_ticks)
 
 
 def _tag(user: str) -> str:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..procstat import runs
+
 PID_FILE = "nvidia-cuda-mps-control.pid"
 START_S = 10.0
 """How long a daemon has to write its pid file."""
@@ -64,13 +66,7 @@ class Daemon:
 
     def alive(self) -> bool:
         """Whether its process runs (one that exited and awaits its reaping does not)."""
-        if self.pid is None:
-            return False
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_bytes()
-        except OSError:
-            return False
-        return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+        return self.pid is not None and runs(self.pid)
 
 
 class MpsError(RuntimeError):

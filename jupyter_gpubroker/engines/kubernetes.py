@@ -24,6 +24,11 @@ whose pod is gone is released; a pod whose lease has ended still holds its devic
 it stops); the rest, once bound, is work outside the broker. A cordoned (unschedulable)
 or NotReady node is down with that reason; a node that left the cluster is drained by
 :func:`apply_view`.
+
+Where NVIDIA's DRA driver publishes a pool for a node (Kubernetes 1.34+), that node's
+devices and what uses them are read from its ResourceSlices and the allocated
+ResourceClaims instead (:mod:`.dra_inventory`), device by device; the view says which
+source it read (``ClusterView.source``).
 """
 
 from __future__ import annotations

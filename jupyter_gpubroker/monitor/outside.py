@@ -35,6 +35,7 @@ from typing import Any
 from ..broker.core import Broker, Event
 from ..broker.models import Device, DeviceReading, Lease
 from ..broker.store import AuditRecord
+from ..procstat import proc_stat, read_small
 from ..wire.text import clock, duration
 
 OUTSIDE = "outside"
@@ -67,37 +68,16 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _read(path: str) -> bytes | None:
-    """A small ``/proc`` file, unbuffered (half the cost of ``open``); None once gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks since boot) from ``/proc/<pid>/stat``; None
-    when the process is gone, a zombie included: it has ended and holds no memory, only
-    its parent has not yet read its exit. The command name, in parentheses, may hold
-    anything: the fields are read after its last ``)``."""
-    data = _read(f"/proc/{pid}/stat")
-    if not data:
-        return None
-    fields = data.rpartition(b")")[2].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[1]), int(fields[19])
+    """(parent pid, start time in clock ticks since boot); None when the process is gone,
+    a zombie included: it has ended and holds no memory."""
+    stat = proc_stat(pid)
+    return None if stat is None or stat.ended else (stat.ppid, stat.start_ticks)
 
 
 def _real_uid(pid: int) -> int | None:
     """The real uid ``/proc/<pid>/status`` names (None once gone)."""
-    status = _read(f"/proc/{pid}/status") or b""
+    status = read_small(f"/proc/{pid}/status") or b""
     line = next((x for x in status.splitlines() if x.startswith(b"Uid:")), None)
     return None if line is None else int(line.split()[1])
 

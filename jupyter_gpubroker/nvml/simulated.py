@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from ..procstat import proc_stat
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
 from .presets import GpuSpec, Topology, TopologyError
 
@@ -364,11 +365,8 @@ def _running(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:  # no /proc: believe kill
-        return True
+    stat = proc_stat(pid)
+    return stat is None or not stat.ended  # no line (no /proc): believe kill
 
 
 def _min_power_limit(model: GpuModel) -> int:

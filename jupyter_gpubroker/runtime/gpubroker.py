@@ -43,6 +43,7 @@ from ..wire.traits import Whole
 from .forecasting import ForecastSettings
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
+from .mig_ahead import MigAhead
 from .monitoring import MonitorSettings
 from .power_saving import PowerSaving
 from .quotas import apply_quotas_file
@@ -64,6 +65,7 @@ class GPUBroker(
     SharingSettings,
     ForecastSettings,
     PowerSaving,
+    MigAhead,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -213,6 +215,7 @@ class GPUBroker(
             self.events.after_tick()
             self.log_forecast(self.core, self.log)
             self.save_power(self.core, self.backend, self.log)
+            self.cut_ahead(self.core, self.log)
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
             if ended:
@@ -389,6 +392,10 @@ class GPUBroker(
         self.open_devices(lease_id, pid)
         if self.shares is not None:
             self.shares.report_pid(self.core.lease(lease_id), pid)
+
+    def acting_ahead(self) -> list[dict[str, Any]]:
+        """What acts on the forecast here, each switched on by itself, and whether it can."""
+        return [self.power_saving_state(), self.mig_ahead_state(self.core)]
 
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's

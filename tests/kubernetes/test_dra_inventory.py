@@ -17,16 +17,20 @@ k8s = pytest.importorskip("kubernetes_asyncio.client", reason="the kubernetes ex
 
 import dra_publisher  # noqa: E402
 from dra_publisher import NODES, Mig, device_name, gpu_uuid, mig_uuid  # noqa: E402
+from kube_helpers import free_port  # noqa: E402
+from tornado import web  # noqa: E402
+from tornado.httpserver import HTTPServer  # noqa: E402
 
 from jupyter_gpubroker.broker.clock import VirtualClock  # noqa: E402
 from jupyter_gpubroker.broker.core import Broker  # noqa: E402
 from jupyter_gpubroker.broker.store import Store  # noqa: E402
-from jupyter_gpubroker.engines import ENGINE, apply_view  # noqa: E402
+from jupyter_gpubroker.engines import ENGINE, EngineUnavailable, apply_view  # noqa: E402
 from jupyter_gpubroker.engines.dra import parse_dra_uuid  # noqa: E402
 from jupyter_gpubroker.engines.dra_inventory import quantity  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
+    KubernetesInventory,
     cluster_view,
 )
 from jupyter_gpubroker.wire.sizes import Size  # noqa: E402
@@ -271,3 +275,48 @@ def test_a_cluster_with_both_reads_each_node_from_its_own_source() -> None:
 )
 def test_quantities_read_as_kubernetes_writes_them(text: str | None, value: int) -> None:
     assert quantity(text) == value
+
+
+class ApiServer(web.RequestHandler):
+    """An API server's list calls: nodes and pods, and ``dra`` for resource.k8s.io/v1 (its
+    HTTP status: 404 where Kubernetes before 1.34 serves no such API, 403 where RBAC
+    forbids it)."""
+
+    def initialize(self, dra: int) -> None:
+        self.dra = dra
+
+    def get(self, path: str) -> None:
+        if path.startswith("apis/resource.k8s.io/"):
+            self.set_status(self.dra)
+            self.write({"kind": "Status", "code": self.dra})
+            return
+        items = [
+            {"metadata": {"name": "gpu-old"}, "status": {"allocatable": {"nvidia.com/gpu": "2"}}}
+        ]
+        self.write({"items": items if path == "api/v1/nodes" else []})
+
+
+@pytest.mark.parametrize("dra", [404, 403])
+async def test_a_cluster_without_dra_or_rbac_for_it_is_read_or_says_what_to_grant(
+    kubeconfig: Any, dra: int
+) -> None:
+    port = free_port()
+    server = HTTPServer(web.Application([(r"/(.*)", ApiServer, {"dra": dra})]))
+    server.listen(port, "127.0.0.1")
+    try:
+        source = KubernetesInventory(kubeconfig=str(kubeconfig(f"http://127.0.0.1:{port}")))
+        if dra == 404:  # no resource.k8s.io/v1: the device plugin's resources alone
+            view = await source.read()
+            assert view.source == "the device plugin's extended resources"
+            assert [d.node for d in view.inventory.devices] == ["gpu-old", "gpu-old"]
+            return
+        with pytest.raises(EngineUnavailable) as refused:
+            await source.read()
+        assert str(refused.value) == (
+            "the Kubernetes API server refused to list resourceslices (403 Forbidden): grant the "
+            "broker's service account list on resourceslices and resourceclaims (add to its "
+            "ClusterRole the rule apiGroups: [resource.k8s.io], resources: [resourceslices, "
+            "resourceclaims], verbs: [list])"
+        )
+    finally:
+        server.stop()
