@@ -5,9 +5,8 @@ their GPU, the GPU lent in shares), a claim kube-scheduler allocates to a pod ou
 broker holds back exactly its device, a claim of the broker's own pod pinned by its CEL
 selector is the lease's, and the device plugin's nodes keep working beside them.
 
-Not here: shares of a DRA GPU. Under an engine the broker lends every GPU whole
-(``runtime/sharing.py``); a share would be a claim configured for NVIDIA's MPS or
-time-slicing, which is the spawner's to write."""
+Shares of a DRA GPU are granted here as on one machine; their claims are the spawner's
+(``test_kube_dra_spawner.py``)."""
 
 from __future__ import annotations
 
@@ -118,10 +117,14 @@ def test_the_drivers_slices_are_the_inventory_beside_the_device_plugins_nodes(
         "gpu-cordoned",
         "gpu-notready",
     }
-    # the GPU meant for shares is there; an engine's GPUs are still lent whole
+    # the GPU meant for shares is lent in shares, held by NVIDIA's MPS (the spawner's claim:
+    # test_kube_dra_spawner.py); the device plugin's GPUs never are
     l40s = f"dra:dra-l40s:gpu:{gpu_uuid('dra-l40s', 0)}"
     assert core.inventory.device(l40s) is not None
-    assert broker.sharing_of(l40s)["why"] == "the GPUs are an engine's: it lends them whole"  # type: ignore[index]
+    shared = broker.sharing_of(l40s) or {}
+    assert (shared["mode"], shared["mechanism"]) == ("shared", "mps")
+    plugin = next(g.uuid for g in core.inventory.gpus if g.node == "gpu-h100")
+    assert broker.sharing_of(plugin)["why"] == "the GPUs are an engine's: it lends them whole"  # type: ignore[index]
     mig = core.submit("bob", Size(profile="2g.20gb"))  # only DRA's node has one
     (granted,) = lease_of(broker, mig.id).devices
     assert granted in {d.uuid for d in dra if d.profile == "2g.20gb"}
