@@ -15,6 +15,7 @@ from ..broker.core import Broker
 from ..broker.forecast import HOUR_S, WEEK_S, Forecast, HourForecast, forecast, hour_check, spans
 from ..broker.recorded import demand
 from ..broker.store import AuditRecord
+from ..wire.text import gpus
 
 WEEKS = 8
 REPLAN_S = 300.0
@@ -48,6 +49,17 @@ def this_hour_and_next(found: Forecast, now: float) -> list[HourForecast]:
         return []
     at = [datetime.fromtimestamp(now + k * HOUR_S, timezone.utc) for k in (0, 1)]
     return [found.hours[t.weekday() * 24 + t.hour] for t in at]
+
+
+def p90_ahead(found: Forecast, now: float) -> tuple[float, str] | None:
+    """The larger p90 of this hour and the next (GPU-equivalents held and waiting), and
+    that as an audit's reason says it (None: no forecast yet)."""
+    hours = this_hour_and_next(found, now)
+    if not hours:
+        return None
+    p90 = max(h.demand["p90"] for h in hours)
+    asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
+    return p90, f"forecast: {asked} asked {hours[0].label} and {hours[1].label} (p90)"
 
 
 class ForecastSettings(LoggingConfigurable):

@@ -22,9 +22,8 @@ from traitlets import Bool
 from ..broker.core import Broker
 from ..broker.forecast import HOUR_S, Forecast
 from ..nvml.power import PowerLimitRefused, power_limits, set_power_limit
-from ..wire.text import gpus
 from ..wire.traits import Number
-from .forecasting import ActsAhead, this_hour_and_next
+from .forecasting import ActsAhead, p90_ahead
 
 if TYPE_CHECKING:
     from ..nvml import NvmlBackend
@@ -41,14 +40,10 @@ class Lowered:
 
 def gpus_needed(found: Forecast, now: float) -> tuple[int, str]:
     """Whole GPUs the forecast's p90 asks this hour and the next, and the reason in words."""
-    hours = this_hour_and_next(found, now)
-    if not hours:
+    ahead = p90_ahead(found, now)
+    if ahead is None:
         return 0, ""
-    p90 = max(h.demand["p90"] for h in hours)
-    asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
-    return math.ceil(p90 - 1e-9), (
-        f"forecast: {asked} asked {hours[0].label} and {hours[1].label} (p90)"
-    )
+    return math.ceil(ahead[0] - 1e-9), ahead[1]
 
 
 class PowerSaving(ActsAhead):

@@ -17,6 +17,7 @@ import dra_publisher
 import kube_cluster
 import pytest
 from kube_helpers import free_port
+from kube_rbac import delete_account
 
 KubeconfigFactory = Callable[..., Path]
 
@@ -132,3 +133,13 @@ def dra(dra_nodes: None, kube: None) -> Iterator[None]:
     yield
     kube_cluster.cleanup()
     _delete_claims()
+
+
+@pytest.fixture
+def accounts() -> Iterator[list[str]]:
+    """The names of the service accounts a test makes (``kube_rbac.service_account``),
+    deleted with their roles after it."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        delete_account(name)

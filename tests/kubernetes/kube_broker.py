@@ -14,8 +14,16 @@ from jupyter_gpubroker.engines import ENGINE
 from jupyter_gpubroker.runtime import GPUBroker
 
 
-def make_broker(state: Path, kubeconfig: Path = KUBECONFIG, **traits: Any) -> GPUBroker:
-    config = Config({"KubernetesInventory": {"kubeconfig": str(kubeconfig), "request_timeout": 3}})
+def make_broker(
+    state: Path,
+    kubeconfig: Path = KUBECONFIG,
+    inventory: dict[str, Any] | None = None,
+    **traits: Any,
+) -> GPUBroker:
+    """A broker on the test cluster: ``c.KubernetesInventory`` the admin's kubeconfig and
+    ``inventory``, ``c.GPUBroker`` the ``traits``."""
+    settings = {"kubeconfig": str(kubeconfig), "request_timeout": 3, **(inventory or {})}
+    config = Config({"KubernetesInventory": settings})
     return GPUBroker(inventory_source="kubernetes", state_file=str(state), config=config, **traits)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 k8s = pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
 clients = pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
@@ -41,6 +39,7 @@ from kube_cluster import (  # noqa: E402
     running,
     until,
 )
+from kube_rbac import documented_rules, service_account  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 
 from hub_spawner.kubernetes import GPUBrokerKubeSpawner  # noqa: E402
@@ -60,7 +59,6 @@ pytestmark = [
     # KubeSpawner closes its shared API client from a task its test's loop may outlive
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
 @pytest.fixture
@@ -393,68 +391,6 @@ def test_a_broker_cannot_start_without_an_api_server_and_says_why(tmp_path: Path
     assert refused.value.message.startswith(
         "the Kubernetes API server at https://127.0.0.1:9 does not answer ("
     )
-
-
-def documented_rules() -> list[dict[str, Any]]:
-    """The broker's ClusterRole as docs/kubernetes.md gives it."""
-    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.S)
-    for block in blocks:
-        for doc in yaml.safe_load_all(block):
-            if doc and doc.get("kind") == "ClusterRole":
-                return list(doc["rules"])
-    raise AssertionError("docs/kubernetes.md shows no ClusterRole for the broker")
-
-
-def service_account(tmp_path: Path, name: str, rules: list[dict[str, Any]]) -> Path:
-    """A service account bound to a ClusterRole with exactly ``rules``; a kubeconfig with
-    its token (the API server's TokenRequest, as a pod's projected token)."""
-    kubectl("create", "serviceaccount", name, "-n", NAMESPACE)
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": rules,
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
-    }
-    kubectl(
-        "apply", "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": [role, binding]}
-    )
-    token = kubectl("create", "token", name, "-n", NAMESPACE).strip()
-    admin = yaml.safe_load(KUBECONFIG.read_text())
-    path = tmp_path / f"{name}.kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": admin["clusters"],
-                "users": [{"name": name, "user": {"token": token}}],
-                "contexts": [
-                    {
-                        "name": name,
-                        "context": {"cluster": admin["clusters"][0]["name"], "user": name},
-                    }
-                ],
-                "current-context": name,
-            }
-        )
-    )
-    return path
-
-
-@pytest.fixture
-def accounts() -> Iterator[list[str]]:
-    made: list[str] = []
-    yield made
-    for name in made:
-        kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found")
-        kubectl("delete", "serviceaccount", name, "-n", NAMESPACE, "--ignore-not-found")
 
 
 CORE = "nodes and pods (403 Forbidden): grant the broker's service account list on nodes and pods"
