@@ -118,10 +118,7 @@ class KubeAhead(ActsAhead):
         engine that refuses is asked again after ``REPLAN_S``, and its refusal is the state
         until it lets the broker act (``WarmCapacity.check``)."""
         warm, now = self.warm, core.clock.now()
-        needed = self.kube_ahead or self.kept_warm or not self._warm_listed  # off: leftovers only
-        if warm is None or self._warm_busy or not needed:
-            return
-        if self._warm_refused is not None and now - self._warm_refused[0] < REPLAN_S:
+        if warm is None or not self._due(now):
             return
         self._warm_busy = True
         try:
@@ -130,14 +127,27 @@ class KubeAhead(ActsAhead):
                 self._warm_checked = True
             await self._pass(core, warm, now)
         except CapacityRefused as e:
-            if self.kube_ahead and (self._warm_refused is None or self._warm_refused[1] != str(e)):
-                log.warning("GPU broker: no GPUs kept warm on Kubernetes: %s", e)
-            self._warm_refused = (now, str(e)) if self.kube_ahead else None
-            self._warm_listed = self._warm_listed or not self.kube_ahead  # off: looked once
+            self._warm_refusal(now, str(e), log)
         else:
             self._warm_refused = None
         finally:
             self._warm_busy = False
+
+    def _due(self, now: float) -> bool:
+        """Whether a pass is due: on, or placeholders left to delete, or a first look for
+        those a broker that ended without stopping left; a refusal is asked again later."""
+        needed = self.kube_ahead or self.kept_warm or not self._warm_listed
+        refused = self._warm_refused is not None and now - self._warm_refused[0] < REPLAN_S
+        return bool(needed) and not refused and not self._warm_busy
+
+    def _warm_refusal(self, now: float, why: str, log: logging.Logger) -> None:
+        """The engine refused: said once while on; off, the first look is given up."""
+        if not self.kube_ahead:
+            self._warm_listed = True
+            return
+        if self._warm_refused is None or self._warm_refused[1] != why:
+            log.warning("GPU broker: no GPUs kept warm on Kubernetes: %s", why)
+        self._warm_refused = (now, why)
 
     async def _pass(self, core: Broker, warm: WarmCapacity, now: float) -> None:
         kept = {w.name: w for w in await warm.kept()}

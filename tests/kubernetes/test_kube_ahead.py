@@ -5,10 +5,11 @@ clock: three days on which ann holds gpu-h100's four GPUs 09:00-11:00 while bob'
 waits, so the forecast's p90 of Thursday 09:00-10:00 is five GPUs.
 
 At 08:00 the broker makes five placeholder pods: the scheduler binds four to gpu-h100 and
-leaves the fifth unschedulable, which is what cluster-autoscaler adds a node for (there is
-no autoscaler here, so no node is added). A grant's pod then preempts two of them and runs;
-the trough deletes the rest; the day's cap of GPU-hours stops them, also across a restart;
-RBAC that lacks any one rule the docs give is said in one sentence."""
+leaves the fifth unschedulable, which is what cluster-autoscaler adds a node for. No
+autoscaler runs here: one test plays its part and adds the node itself. A grant's pod
+preempts placeholders and runs; the trough deletes the rest; the day's cap of GPU-hours
+stops them, also across a restart; a class GPU servers could not preempt, and RBAC that
+lacks any one rule the docs give, are each said in one sentence."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
 
 from kube_broker import drains, lease_of, make_broker, poll  # noqa: E402
-from kube_cluster import NAMESPACE, get, kubectl, pod_manifest, running, until  # noqa: E402
+from kube_cluster import NAMESPACE, get, kubectl, node_manifest, pod_manifest, running, until  # noqa: E402
 from kube_rbac import documented_rules, service_account  # noqa: E402
 
 from jupyter_gpubroker.broker.clock import VirtualClock  # noqa: E402
@@ -32,6 +33,7 @@ from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
     PLACEHOLDER_LABEL,
+    parse_device_uuid,
 )
 from jupyter_gpubroker.runtime import GPUBroker, kube_ahead  # noqa: E402
 from jupyter_gpubroker.wire.sizes import Size  # noqa: E402
@@ -344,3 +346,41 @@ async def test_a_running_broker_keeps_them_on_its_own_and_deletes_them_as_it_sto
     finally:
         broker.stop()
     assert placeholders() == []
+
+
+def test_a_node_that_joins_takes_the_waiting_placeholder_and_its_gpus_are_free_to_grants(
+    tmp_path: Path,
+) -> None:
+    """No autoscaler runs here, so the test plays its part: it adds a node like gpu-h100,
+    as cluster-autoscaler would for the placeholder it found unschedulable."""
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}  # gpu-h100's node group
+    inventory = PLACEHOLDERS | {"placeholder_node_selector": h100}
+    broker = make_broker(tmp_path / "state.sqlite", inventory=inventory, kube_ahead=True)
+    broker.start()
+    added = node_manifest("gpu-h100")
+    added["metadata"]["name"] = "gpu-h100-added"
+    added["metadata"]["labels"]["kubernetes.io/hostname"] = "gpu-h100-added"
+    try:
+        seeded(broker)
+        keep_warm(broker)
+        until("four placeholders to run and one to wait", four_run_one_waits)
+        kubectl("create", "-f", "-", input=added)
+
+        def all_run() -> bool:
+            return sorted(p["status"].get("phase") for p in placeholders()) == ["Running"] * 5
+
+        until("the waiting placeholder to run on the node that joined", all_run, timeout_s=90)
+        assert sorted(p["spec"]["nodeName"] for p in placeholders()) == [
+            "gpu-h100",
+        ] * 4 + ["gpu-h100-added"]
+        poll(broker)
+        joined = [d for d in broker.core.inventory.devices if d.node == "gpu-h100-added"]
+        assert len(joined) == 4
+        assert "gpu-h100-added" not in drains(broker)  # the placeholder's GPU is free to grants
+        core = broker.core  # four GPUs on each node, all free to grants
+        granted = [lease_of(broker, core.submit(u, Size(gpus=4)).id) for u in ("ann", "bob")]
+        nodes = {parse_device_uuid(u)[0] for x in granted for u in x.devices}
+        assert nodes == {"gpu-h100", "gpu-h100-added"}
+    finally:
+        broker.stop()
+        kubectl("delete", "node", "gpu-h100-added", "--ignore-not-found")
