@@ -20,12 +20,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from traitlets.config import Config
 
 pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
 
 from kube_broker import drains, lease_of, make_broker, poll  # noqa: E402
-from kube_cluster import NAMESPACE, get, kubectl, node_manifest, pod_manifest, running, until  # noqa: E402
-from kube_rbac import documented_rules, service_account  # noqa: E402
+from kube_cluster import (  # noqa: E402
+    KUBECONFIG,
+    NAMESPACE,
+    get,
+    kubectl,
+    node_manifest,
+    pod_manifest,
+    running,
+    until,
+)
+from kube_rbac import DOCS, documented_rules, service_account  # noqa: E402
 
 from jupyter_gpubroker.broker.clock import VirtualClock  # noqa: E402
 from jupyter_gpubroker.broker.store import Store  # noqa: E402
@@ -384,3 +394,26 @@ def test_a_node_that_joins_takes_the_waiting_placeholder_and_its_gpus_are_free_t
     finally:
         broker.stop()
         kubectl("delete", "node", "gpu-h100-added", "--ignore-not-found")
+
+
+def test_the_documented_settings_are_a_broker_that_keeps_gpus_warm(tmp_path: Path) -> None:
+    """docs/kubernetes.md's settings, as a config file holds them (its kubeconfig aside)."""
+    page = DOCS.read_text().split("### GPUs kept warm ahead of the forecast\n", 1)[1]
+    block = page.split("```python\n", 1)[1].split("```", 1)[0]
+    config = Config()
+    exec(block, {"c": config})
+    config.KubernetesInventory.kubeconfig = str(KUBECONFIG)
+    config.GPUBroker.state_file = str(tmp_path / "state.sqlite")
+    broker = GPUBroker(inventory_source="kubernetes", config=config)
+    broker.start()
+    try:
+        assert broker.kube_ahead is True and broker.kube_ahead_max_gpu_hours == 24
+        keep_warm(broker)  # no history yet: nothing to keep warm, but it may
+        assert kube_state(broker)["text"] == (
+            HEAD + "on, no GPUs kept warm now, 0.0 of 24 GPU-hours today"
+        )
+        made = get("priorityclass", "gpubroker-placeholder")
+        assert made["value"] == -10
+    finally:
+        broker.stop()
+        kubectl("delete", "priorityclass", "gpubroker-placeholder", "--ignore-not-found")
