@@ -60,6 +60,49 @@ class InventoryWatch:
         return None
 
 
+@dataclass(frozen=True)
+class Warm:
+    """Capacity an engine keeps warm ahead of the forecast (Kubernetes: a placeholder pod)."""
+
+    name: str
+    """The engine's name for it (``namespace/pod``)."""
+    gpus: int
+    since: float
+    """When the broker made it, on the broker's clock."""
+    node: str | None
+    """The node it keeps; None while it waits for one (the autoscaler's cue to add one)."""
+
+
+class CapacityRefused(RuntimeError):
+    """The engine refuses to keep capacity warm, or does not answer: why, in a sentence."""
+
+
+class WarmCapacity:
+    """How an engine is asked for capacity ahead of the forecast, and gives it back
+    (``OpenInventory.warm``); the running broker decides how much (``runtime.kube_ahead``).
+    Each call raises :class:`CapacityRefused` when the engine refuses or does not answer."""
+
+    what: ClassVar[str]
+    """What keeps the capacity, as the admin page says it: ``placeholder pods``."""
+
+    async def check(self) -> None:
+        """Whether the engine lets the broker keep capacity warm and give it back, asked
+        before it is needed."""
+        raise NotImplementedError
+
+    async def kept(self) -> list[Warm]:
+        """What is kept warm now."""
+        raise NotImplementedError
+
+    async def add(self, now: float) -> Warm:
+        """Keep one GPU more warm; what keeps it."""
+        raise NotImplementedError
+
+    async def remove(self, name: str) -> None:
+        """Give it back (one already gone is no error)."""
+        raise NotImplementedError
+
+
 def _follow_nothing(core: Broker, grace_s: Callable[[], float]) -> InventoryWatch:
     return InventoryWatch()
 
@@ -89,6 +132,9 @@ class OpenInventory:
     current ``engine_grace`` (a setting that may change while the broker runs)."""
     close: Callable[[], None] = _close_nothing
     """Gives back what ``open`` took (the driver, the GPUs' locks)."""
+    warm: WarmCapacity | None = None
+    """How the engine is asked for capacity ahead of the forecast (Kubernetes: placeholder
+    pods); None: the source has no such means."""
 
 
 class BaseInventory(LoggingConfigurable):

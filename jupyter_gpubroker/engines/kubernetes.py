@@ -21,7 +21,9 @@ What runs on a node is the requests of its bound pods that have not ended; the b
 pods (labelled ``gpubroker.jupyter.org/broker=<its name>``) are its grants, listed by
 their ``gpubroker.jupyter.org/lease`` label, bound to a node or still pending (a lease
 whose pod is gone is released; a pod whose lease has ended still holds its devices until
-it stops); the rest, once bound, is work outside the broker. A cordoned (unschedulable)
+it stops); its placeholder pods (``gpubroker.jupyter.org/placeholder=<its name>``,
+:mod:`.kube_placeholders`) are neither: their devices are free to its grants, whose pods
+preempt them; the rest, once bound, is work outside the broker. A cordoned (unschedulable)
 or NotReady node is down with that reason; a node that left the cluster is drained by
 :func:`apply_view`.
 
@@ -37,9 +39,9 @@ import asyncio
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from traitlets import Unicode
+from traitlets import Dict, List, Unicode
 
 from ..broker.models import Device, Gpu, Inventory
 from ..broker.shapes import WHOLE_GPU
@@ -50,6 +52,10 @@ from . import ClusterView, EngineUnavailable, InventorySource
 from .dra import DRIVER
 from .dra_inventory import SOURCE as DRA_SOURCE
 from .dra_inventory import claims_use, dra_inventory
+
+if TYPE_CHECKING:
+    from ..inventory import OpenInventory
+    from ..runtime.settings import BrokerSettings
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -63,6 +69,8 @@ BROKER_LABEL = "gpubroker.jupyter.org/broker"
 """On the pods of the broker's grants: the broker's name (its hub service's name)."""
 LEASE_LABEL = "gpubroker.jupyter.org/lease"
 """On the pods of the broker's grants: the lease the pod runs under."""
+PLACEHOLDER_LABEL = "gpubroker.jupyter.org/placeholder"
+"""On the broker's placeholder pods, which keep GPUs warm ahead of the forecast: its name."""
 UUID_PREFIX = "k8s"
 ENDED_PHASES = ("Succeeded", "Failed")
 
@@ -288,6 +296,12 @@ def pod_lease(pod: Any, broker: str) -> str | None:
     return labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
 
 
+def is_placeholder(pod: Any, broker: str) -> bool:
+    """Whether a pod is one of ``broker``'s placeholders: what it holds is free to the
+    broker's grants, since their pods preempt it."""
+    return (pod.metadata.labels or {}).get(PLACEHOLDER_LABEL) == broker
+
+
 def pod_leases(pods: Iterable[Any], broker: str) -> dict[str, str | None]:
     """:func:`pod_lease` of each pod, by its UID."""
     return {str(pod.metadata.uid): pod_lease(pod, broker) for pod in pods}
@@ -307,7 +321,7 @@ def pods_use(pods: Iterable[Any], broker: str) -> PodsUse:
     for pod in pods:
         where = pod.spec.node_name if pod.spec else None
         phase = pod.status.phase if pod.status else None
-        if phase in ENDED_PHASES:
+        if phase in ENDED_PHASES or is_placeholder(pod, broker):
             continue
         lease = pod_lease(pod, broker)
         if lease:
@@ -390,10 +404,39 @@ class KubernetesInventory(InventorySource):
     request_timeout = Seconds(
         10.0, RESOLUTION, 3600.0, help="Seconds the API server has to answer one list call."
     ).tag(config=True)
+    placeholder_namespace = Unicode(
+        "",
+        help="The namespace of the placeholder pods that keep GPUs warm ahead of the "
+        "forecast (c.GPUBroker.kube_ahead); empty: the broker's own namespace in the "
+        "cluster, else default.",
+    ).tag(config=True)
+    placeholder_priority_class = Unicode(
+        "gpubroker-placeholder",
+        help="The placeholder pods' PriorityClass. The broker makes it with priority -10 "
+        "when it is missing, as cluster-autoscaler's overprovisioning recipe does; one that "
+        "exists must be below 0, so that GPU servers preempt its pods.",
+    ).tag(config=True)
+    placeholder_image = Unicode(
+        "registry.k8s.io/pause:3.10", help="The placeholder pods' image (it does nothing)."
+    ).tag(config=True)
+    placeholder_node_selector = Dict(
+        default_value={},
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="The node labels a placeholder pod asks for: those of the node group the "
+        "autoscaler adds GPU nodes to, e.g. {'nvidia.com/gpu.present': 'true'}; empty: any "
+        "node.",
+    ).tag(config=True)
+    placeholder_tolerations = List(
+        Dict(),
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        help="The placeholder pods' tolerations: those of GPU servers (the GPU operator "
+        "taints GPU nodes nvidia.com/gpu:NoSchedule).",
+    ).tag(config=True)
 
     _configuration: Any = None
 
-    async def _configured(self) -> Any:
+    async def configured(self) -> Any:
         """The client's configuration (server, credentials), loaded once."""
         from kubernetes_asyncio import client, config
 
@@ -417,12 +460,21 @@ class KubernetesInventory(InventorySource):
             self._configuration = configuration
         return self._configuration
 
+    def open(self, settings: BrokerSettings, api_url: str) -> OpenInventory:
+        """The cluster's view and its watch (``InventorySource.open``), and the placeholder
+        pods that keep GPUs warm ahead of the forecast (``c.GPUBroker.kube_ahead``)."""
+        from .kube_placeholders import Placeholders
+
+        opened = super().open(settings, api_url)
+        opened.warm = Placeholders(self)
+        return opened
+
     async def read(self) -> ClusterView:
         """One reading, on a client of its own: its connections belong to the event loop
         it runs on (the broker's first reading runs on one of its own)."""
         from kubernetes_asyncio.client import ApiClient
 
-        async with ApiClient(await self._configured()) as api_client:
+        async with ApiClient(await self.configured()) as api_client:
             return await self._read(api_client)
 
     async def _read(self, api_client: Any) -> ClusterView:

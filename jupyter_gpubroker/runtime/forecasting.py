@@ -11,9 +11,10 @@ from traitlets import Bool
 from traitlets.config import LoggingConfigurable
 
 from ..broker.core import Broker
-from ..broker.forecast import HOUR_S, WEEK_S, Forecast, forecast, hour_check, spans
+from ..broker.forecast import HOUR_S, WEEK_S, Forecast, ahead, forecast, hour_check, spans
 from ..broker.recorded import demand
 from ..broker.store import AuditRecord
+from ..wire.text import gpus
 
 WEEKS = 8
 REPLAN_S = 300.0
@@ -39,6 +40,16 @@ class ActsAhead(LoggingConfigurable):
         """One change made ahead of the forecast, in the audit log with its reason."""
         with core.store.audited(AuditRecord(core.clock.now(), ACTOR, action, target, detail)):
             pass
+
+
+def p90_ahead(found: Forecast, now: float) -> tuple[float, str] | None:
+    """The larger p90 of this hour and the next (GPU-equivalents held and waiting), and
+    that as an audit's reason says it (None: no forecast yet)."""
+    if not found.ready:
+        return None
+    p90, this, after = ahead(found, now, "p90")
+    asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
+    return p90, f"forecast: {asked} asked {this.label} and {after.label} (p90)"
 
 
 class ForecastSettings(LoggingConfigurable):

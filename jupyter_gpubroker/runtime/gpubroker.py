@@ -43,6 +43,7 @@ from ..wire.text import ENDED_RESTARTED, SHARE_HOLDS, clock, duration
 from ..wire.traits import Whole
 from .forecasting import ForecastSettings
 from .kernel_devices import KernelDevices
+from .kube_ahead import KubeAhead
 from .limits import LimitSettings
 from .mig_ahead import MigAhead
 from .monitoring import MonitorSettings
@@ -68,6 +69,7 @@ class GPUBroker(
     ForecastSettings,
     PowerSaving,
     MigAhead,
+    KubeAhead,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -135,6 +137,7 @@ class GPUBroker(
             secure_state_file(state, self.log)
         self._inventory = hardware = self.inventory_class(parent=self).open(self, self.api_url)
         self.backend = hardware.nvml
+        self.warm = hardware.warm
         as_users = os.geteuid() == 0 or self.holder_account == "broker"
         self.shares = shares = ShareEnforcement.open(
             self, hardware.devices, hardware.nvml is not None, self._share_uid, as_users, self.log
@@ -211,6 +214,7 @@ class GPUBroker(
         self._sampling = PeriodicCallback(self.sample, self.sample_interval * 1000)
         self._sampling.start()
         self._watch.start(self.tick_interval)
+        self.start_keeping_warm(self.core, self.log)
 
     def _tick(self) -> None:
         """The core's housekeeping, then the positions of a queue that aging re-ranked,
@@ -325,6 +329,7 @@ class GPUBroker(
             self.metrics = None  # stopping twice is harmless
         if self._core is not None:
             self.restore_all(self._core, self.backend)
+            self.stop_keeping_warm(self._core, self.log)
             self._core.store.close()
         if self._inventory is not None:
             self._inventory.close()
@@ -410,7 +415,9 @@ class GPUBroker(
 
     def acting_ahead(self) -> list[dict[str, Any]]:
         """What acts on the forecast here, each switched on by itself, and whether it can."""
-        return [self.power_saving_state(), self.mig_ahead_state(self.core)]
+        kube = self.kube_ahead_state(self.core)
+        found = [self.power_saving_state(), self.mig_ahead_state(self.core)]
+        return found if kube is None else [*found, kube]
 
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's

@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Bool
 
 from ..broker.core import Broker
-from ..broker.forecast import HOUR_S, Forecast, ahead
+from ..broker.forecast import HOUR_S, Forecast
 from ..nvml.power import PowerLimitRefused, power_limits, set_power_limit
-from ..wire.text import gpus
 from ..wire.traits import Number
-from .forecasting import ActsAhead
+from .forecasting import ActsAhead, p90_ahead
 
 if TYPE_CHECKING:
     from ..nvml import NvmlBackend
@@ -41,11 +40,10 @@ class Lowered:
 
 def gpus_needed(found: Forecast, now: float) -> tuple[int, str]:
     """Whole GPUs the forecast's p90 asks this hour and the next, and the reason in words."""
-    if not found.ready:
+    ahead = p90_ahead(found, now)
+    if ahead is None:
         return 0, ""
-    p90, this, after = ahead(found, now, "p90")
-    asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
-    return math.ceil(p90 - 1e-9), f"forecast: {asked} asked {this.label} and {after.label} (p90)"
+    return math.ceil(ahead[0] - 1e-9), ahead[1]
 
 
 class PowerSaving(ActsAhead):

@@ -19,6 +19,7 @@ import dra_publisher
 import kube_cluster
 import pytest
 from kube_helpers import free_port
+from kube_rbac import delete_account
 
 if TYPE_CHECKING:
     from hub_spawner.kubernetes import GPUBrokerKubeSpawner
@@ -235,14 +236,12 @@ class MockUser:
 
 @pytest.fixture
 def accounts() -> Iterator[list[str]]:
-    """The names of the service accounts a test makes (``kube_cluster.service_account``),
-    removed after it with their roles and bindings."""
+    """The names of the service accounts a test makes (``kube_rbac.service_account``),
+    deleted with their roles after it."""
     made: list[str] = []
     yield made
     for name in made:
-        for kinds in ("clusterrolebinding,clusterrole", "rolebinding,role,serviceaccount"):
-            namespace = ["-n", kube_cluster.NAMESPACE] if "serviceaccount" in kinds else []
-            kube_cluster.kubectl("delete", kinds, name, *namespace, "--ignore-not-found")
+        delete_account(name)
 
 
 @pytest.fixture

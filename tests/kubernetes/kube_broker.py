@@ -25,7 +25,8 @@ def make_broker(
     inventory: dict[str, Any] | None = None,
     **traits: Any,
 ) -> GPUBroker:
-    """A broker of the test cluster; ``inventory``: more ``KubernetesInventory`` settings."""
+    """A broker on the test cluster: ``c.KubernetesInventory`` the admin's kubeconfig and
+    ``inventory``, ``c.GPUBroker`` the ``traits``."""
     settings = {"kubeconfig": str(kubeconfig), "request_timeout": 3, **(inventory or {})}
     config = Config({"KubernetesInventory": settings})
     return GPUBroker(inventory_source="kubernetes", state_file=str(state), config=config, **traits)

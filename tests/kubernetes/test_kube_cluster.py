@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 k8s = pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
 pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
@@ -38,9 +36,9 @@ from kube_cluster import (  # noqa: E402
     pod_manifest,
     ready,
     running,
-    service_account,
     until,
 )
+from kube_rbac import documented_rules, service_account  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 
 from hub_spawner.kubernetes import GPUBrokerKubeSpawner  # noqa: E402
@@ -60,7 +58,6 @@ pytestmark = [
     # KubeSpawner closes its shared API client from a task its test's loop may outlive
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
 @pytest.fixture
@@ -369,16 +366,6 @@ def test_a_broker_cannot_start_without_an_api_server_and_says_why(tmp_path: Path
     assert refused.value.message.startswith(
         "the Kubernetes API server at https://127.0.0.1:9 does not answer ("
     )
-
-
-def documented_rules() -> list[dict[str, Any]]:
-    """The broker's ClusterRole as docs/kubernetes.md gives it."""
-    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.S)
-    for block in blocks:
-        for doc in yaml.safe_load_all(block):
-            if doc and doc.get("kind") == "ClusterRole":
-                return list(doc["rules"])
-    raise AssertionError("docs/kubernetes.md shows no ClusterRole for the broker")
 
 
 CORE = "nodes and pods (403 Forbidden): grant the broker's service account list on nodes and pods"

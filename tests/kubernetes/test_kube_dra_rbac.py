@@ -6,18 +6,17 @@ that names it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
 from kube_broker import grant  # noqa: E402
-from kube_cluster import NAMESPACE, get, kubectl, service_account  # noqa: E402
+from kube_cluster import NAMESPACE, get, kubectl  # noqa: E402
+from kube_rbac import documented, service_account  # noqa: E402
 
 from hub_spawner._compat import SpawnException  # noqa: E402
 from hub_spawner.kube_claims import ClaimError  # noqa: E402
@@ -43,15 +42,6 @@ CHART_HUB_RULES = [
 Spawners = Callable[..., GPUBrokerKubeSpawner]
 
 
-def documented(kind: str) -> dict[str, Any]:
-    """The hub's ``kind`` (Role, RoleBinding) for claims as the docs give it."""
-    for block in re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.S):
-        for doc in yaml.safe_load_all(block):
-            if doc and doc.get("kind") == kind and doc["metadata"]["name"] == "hub-gpubroker":
-                return dict(doc)
-    raise AssertionError(f"docs/kubernetes.md shows no {kind} hub-gpubroker")
-
-
 def clean() -> None:
     """What a refused start left (the admin's kubeconfig)."""
     for kind in ("pods", "resourceclaimtemplates", "resourceclaims"):
@@ -74,7 +64,7 @@ def without(rules: list[dict[str, Any]], resource: str, verb: str) -> list[dict[
 async def test_the_documented_role_is_all_the_hub_needs_for_claims_and_each_verb_is_needed(
     tmp_path: Path, accounts: list[str], spawner: Spawners, dra_broker: GPUBroker
 ) -> None:
-    role, binding = documented("Role"), documented("RoleBinding")
+    role, binding = documented("Role", "hub-gpubroker"), documented("RoleBinding", "hub-gpubroker")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -87,7 +77,7 @@ async def test_the_documented_role_is_all_the_hub_needs_for_claims_and_each_verb
         grant(dra_broker, "bob", Size(share_gb=8)),
     )
     accounts.append("hub-docs")
-    documented_account = service_account(tmp_path, "hub-docs", CHART_HUB_RULES + rules, "Role")
+    documented_account = service_account(tmp_path, "hub-docs", [], CHART_HUB_RULES + rules)
     servers = [
         spawner(kubeconfig=documented_account),
         spawner(kubeconfig=documented_account, user="bob"),
@@ -104,7 +94,7 @@ async def test_the_documented_role_is_all_the_hub_needs_for_claims_and_each_verb
         name = f"hub-no-{verb}-{resource}"
         accounts.append(name)
         account = service_account(
-            tmp_path, name, CHART_HUB_RULES + without(rules, resource, verb), "Role"
+            tmp_path, name, [], CHART_HUB_RULES + without(rules, resource, verb)
         )
         kind = (
             "resource claim templates"

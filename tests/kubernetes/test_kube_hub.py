@@ -79,6 +79,10 @@ def test_a_gpu_server_is_a_pod_on_the_brokers_node_and_the_next_user_sees_the_qu
         "Inventory: Kubernetes, from DRA (ResourceSlices of gpu.nvidia.com) on 3 nodes, "
         "the device plugin's extended resources on 5 nodes."
     )
+    acting = BeautifulSoup(admin.text, "html.parser").select(".gpubroker-acting li")
+    assert acting[-1].get_text(strip=True) == (
+        "GPUs kept warm on Kubernetes ahead of the forecast: off."
+    )
     tokens = {n: hub.user(n) for n in ("ann", "bob")}
     for name in ("ann", "bob"):
         answer = requests.post(

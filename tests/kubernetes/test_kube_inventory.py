@@ -42,6 +42,7 @@ from jupyter_gpubroker.engines import (  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
+    PLACEHOLDER_LABEL,
     KubernetesInventory,
     cluster_view,
     parse_device_uuid,
@@ -170,6 +171,8 @@ def test_the_mixed_strategy_shows_each_profile_and_the_whole_gpus() -> None:
 
 
 def test_pods_outside_the_broker_count_and_the_brokers_own_do_not() -> None:
+    """Nor its placeholder pods, which keep GPUs warm ahead of the forecast: their GPUs are
+    free to its grants, whose pods preempt them (another broker's are outside use)."""
     pods = [
         pod("train-a", "dgx-mixed", {"nvidia.com/mig-1g.5gb": "2"}),
         # an init container that needs more than the app containers sets the request
@@ -182,13 +185,17 @@ def test_pods_outside_the_broker_count_and_the_brokers_own_do_not() -> None:
         ),
         # another hub's broker: outside this one
         pod("jupyter-zed", "dgx-single", {"nvidia.com/gpu": "3"}, labels={BROKER_LABEL: "other"}),
+        pod("warm-1", "dgx-mixed", {"nvidia.com/gpu": "1"}, labels={PLACEHOLDER_LABEL: OURS}),
+        pod("warm-2", None, {"nvidia.com/gpu": "1"}, labels={PLACEHOLDER_LABEL: OURS}),
+        pod("warm-z", "dgx-single", {"nvidia.com/gpu": "1"}, labels={PLACEHOLDER_LABEL: "other"}),
     ]
     view = cluster_view([SINGLE, MIXED], pods, "gpubroker")
     assert view.outside == {
         ("dgx-mixed", "1g.5gb"): 2,
         ("dgx-mixed", "gpu"): 1,
-        ("dgx-single", "1g.5gb"): 3,
+        ("dgx-single", "1g.5gb"): 4,
     }
+    assert view.grants == {} and set(view.holders or {}) == set()
 
 
 def test_a_cordoned_or_not_ready_node_is_down_with_the_reason() -> None:
