@@ -101,6 +101,9 @@ class ProcessInfo:
     compute_instance_id: int | None = None
     mps: bool = False
     """NVML lists it with an MPS compute context: a client of an MPS server."""
+    utilization: float | None = None
+    """Its own SM utilization in percent of a whole GPU, averaged over NVML's samples
+    since the last reading (0: none, it had no load); None where NVML gives none (MIG)."""
 
 
 @dataclass(frozen=True)
