@@ -107,6 +107,15 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class ShareUse:
+    """What a share's own processes use of its GPU at the last sample (None: not known)."""
+
+    used_mib: int | None = None
+    utilization: float | None = None
+    """Their SM utilization summed, in percent of the GPU (None: NVML gives none)."""
+
+
+@dataclass(frozen=True)
 class DeviceReading:
     """One sample of a GPU or MIG slice. ``None`` means NVML does not support the metric
     there (e.g. utilization of a MIG slice), never that the value is zero."""

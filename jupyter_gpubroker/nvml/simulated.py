@@ -74,7 +74,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from ..procstat import proc_stat
+from ..procstat import proc_environ, proc_stat
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
 from .presets import GpuSpec, Topology, TopologyError
 
@@ -104,6 +104,9 @@ user. The default is the running process's own: root when it runs as root, else 
 (containers rarely carry the capability files)."""
 GPM_MODELS = frozenset({"H100-80GB", "H200-141GB"})
 """The catalog's models with GPM (Hopper and newer); the A100 has none."""
+LOAD_ENV = "GPUBROKER_SIMULATE_UTILIZATION"
+"""In a real process's environment: its SM load in percent, which the simulated driver
+gives it where it lists it on a whole GPU (:meth:`SimulatedNvml.load_from_environment`)."""
 PROCESS_SAMPLE_PERIOD_US = 166_667
 """How often the simulated driver samples each process's utilization: every 1/6 s, the
 shortest sample period NVML names for its utilization (``nvmlUtilization_t``: "between 1
@@ -758,6 +761,18 @@ class SimulatedNvml:
             loads = [unit.own_loads[p] for p in unit.processes if p in unit.own_loads]
             unit.utilization = min(100, sum(sm for sm, _ in loads))
             unit.memory_utilization = min(100, sum(mem for _, mem in loads))
+
+    def load_from_environment(self, pid: int) -> None:
+        """Give a real process listed on whole GPUs the load its environment states
+        (:data:`LOAD_ENV`) on each; a process that states none, or no whole percent, keeps
+        the load it has."""
+        value = (proc_environ(pid) or {}).get(LOAD_ENV.encode(), b"")
+        if not value.isdigit() or int(value) > 100:
+            return
+        with self._lock:
+            for gpu in self._gpus:
+                if not gpu.mig_enabled and pid in gpu.processes:
+                    self.set_process_load(gpu.uuid, pid, int(value))
 
     def remove_process(self, uuid: str, pid: int) -> None:
         with self._lock:
