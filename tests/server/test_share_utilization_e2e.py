@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from loaded_process import loaded_process
 from prometheus_client.parser import text_string_to_metric_families
-
-from jupyter_gpubroker.nvml.simulated import LOAD_ENV
 
 
 @pytest.fixture
@@ -40,7 +37,7 @@ async def two_shares(api: Any) -> AsyncIterator[dict[str, str]]:
             lease = (await api("POST", "requests", {"share_gb": gb, "holder": f"k{load}"}))[1][
                 "lease"
             ]
-            proc = subprocess.Popen(["sleep", "300"], env={**os.environ, LOAD_ENV: str(load)})
+            proc = loaded_process(load)
             procs.append(proc)
             await api("POST", f"leases/{lease['id']}/renew", {"holder_pid": proc.pid})
             held[str(load)] = lease["id"]
