@@ -67,4 +67,5 @@ def forecast_view(data: dict[str, Any]) -> dict[str, Any]:
         "message": sentence(data["message"]),
         "rows": band_rows(data) if data["ready"] else [],
         "trust": trust_text(data) if data["ready"] else "",
+        "acting": [sentence(a["text"]) for a in data.get("acting", [])],
     }

@@ -19,6 +19,14 @@ position and ETA on the spawn page, as on one machine); while Kueue then holds t
 spawn page shows Kueue's positions from its visibility API (``pendingworkloads``), which gives
 no ETA of its own.
 
+On a cluster whose GPUs NVIDIA's DRA driver publishes (Kubernetes 1.34, ``resource.k8s.io/v1``),
+the broker's inventory names each device (``dra:<node>:<gpu|mig>:<uuid>``), and a grant
+becomes a ResourceClaim pinning those very devices (``kube_claims``): the pod's
+``spec.resourceClaims`` (through ``extra_pod_config``) and the notebook container's
+``resources.claims``, with the same node affinity and labels and no extended resource. A
+pod the scheduler still refuses ``claim_unschedulable_timeout`` seconds on fails its start
+with the scheduler's reason, and the mixin gives the lease back.
+
 KubeSpawner's ``profile_list`` is not used: the options are the broker's (``profile`` is a MIG
 profile here, not a profile slug).
 """
@@ -26,6 +34,7 @@ profile here, not a profile slug).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -45,6 +54,7 @@ from jupyter_gpubroker.engines.kubernetes import (
 from jupyter_gpubroker.wire.sizes import RESOLUTION
 from jupyter_gpubroker.wire.traits import Seconds
 
+from .kube_claims import CLAIM, ClaimError, Claims, DraGrant, is_dra, unschedulable
 from .spawner import GPUBrokerSpawnerMixin, SpawnError
 
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -123,7 +133,159 @@ async def merged(main: AsyncIterator[Any], side: AsyncIterator[Any]) -> AsyncIte
             task.cancel()
 
 
-class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
+def claim_config(config: dict[str, Any], claim: dict[str, str]) -> dict[str, Any]:
+    """``extra_pod_config`` with the grant's claim after the deployment's own claims."""
+    config = dict(config)
+    mine = [*config.pop("resourceClaims", []), *config.pop("resource_claims", []), claim]
+    return {**config, "resourceClaims": mine}
+
+
+def scheduled(pod: dict[str, Any] | None) -> bool:
+    return bool(((pod or {}).get("spec") or {}).get("nodeName"))
+
+
+class ClaimedKubeSpawner(KubeSpawner):
+    """KubeSpawner whose pod takes a grant of DRA devices as a claim: the part of
+    ``GPUBrokerKubeSpawner`` between the grant (the mixin, in front of it) and the pod.
+
+    A start makes the claim's template (or a share's claim) before the pod, after any pod
+    an earlier start left (the hub restarted mid-spawn: the same lease, so the same
+    devices, and the old pod's claim goes with it), makes the pod its owner once it
+    exists, and fails once the scheduler has refused the pod for
+    ``claim_unschedulable_timeout`` seconds; ``stop`` removes what the start made."""
+
+    _gpu: dict[str, Any] | None
+    gpubroker_service: str
+
+    claim_unschedulable_timeout = Seconds(
+        15.0,
+        0.0,
+        3600.0,
+        help="Seconds a GPU server's pod may stay unschedulable for its DRA claim before its "
+        "start fails with the scheduler's reason (a device still held by a pod that is "
+        "ending frees within seconds); 0: at the scheduler's first refusal.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._claim: dict[str, Any] | None = None
+        """The template or shared claim the last start made, until ``stop`` removes it."""
+
+    def _dra_grant(self) -> DraGrant | None:
+        """The grant as DRA devices; None: no GPU, or the device plugin's devices."""
+        if not is_dra((self._gpu or {}).get("devices") or []):
+            return None
+        assert self._gpu is not None
+        try:
+            return DraGrant.of(self._gpu)
+        except ValueError as e:
+            raise SpawnError(
+                f"The GPU broker granted devices one pod cannot take ({e}); a pod takes the "
+                "devices of one node.",
+                reason="gpubroker_config",
+                status_code=503,
+            ) from None
+
+    @property
+    def _claims(self) -> Claims:
+        return Claims(self.api.api_client, self.namespace, self.k8s_api_request_timeout)
+
+    def _manifest(self, grant: DraGrant) -> dict[str, Any]:
+        lease = (self._gpu or {}).get("lease_id", "")
+        return grant.manifest(self.pod_name, self.namespace, self.gpubroker_service, lease)
+
+    async def start(self) -> Any:
+        grant = self._dra_grant()
+        if grant is None:
+            return await super().start()
+        manifest = self._manifest(grant)
+        try:
+            await self._earlier_pod_gone()
+            await self._claims.prepare(manifest)
+        except ClaimError as e:
+            raise claim_failed(e) from None
+        self._claim = manifest
+        started = super().start()
+        following = asyncio.ensure_future(self._follow(manifest))
+        try:
+            await asyncio.wait([started, following], return_when=asyncio.FIRST_COMPLETED)
+            if following.done():
+                following.result()  # the scheduler's refusal, or the API server's
+            url = await started
+            await asyncio.wait_for(following, self.k8s_api_request_timeout)
+            return url
+        except BaseException:
+            started.cancel()
+            following.cancel()
+            await KubeSpawner.stop(self, now=True)
+            await self._release_claim()
+            raise
+
+    async def _earlier_pod_gone(self) -> None:
+        """Delete a pod of this server an earlier start left (KubeSpawner's own answer to
+        finding one is to call ``stop``, which would give the lease back)."""
+        try:
+            await self.api.read_namespaced_pod(self.pod_name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return
+            why = f"the API server refused to read pods ({e.status} {e.reason})"
+            raise ClaimError(why) from None
+        self.log.info("%s: deleting the pod an earlier start left", self._log_name)
+        await KubeSpawner.stop(self, now=True)
+
+    async def _follow(self, manifest: dict[str, Any]) -> None:
+        """Own the claim once the pod exists; fail once the scheduler refused it for
+        ``claim_unschedulable_timeout`` seconds; return once it is owned and bound."""
+        key, owned, since = f"{self.namespace}/{self.pod_name}", False, 0.0
+        while True:
+            reflector = self.pod_reflector
+            pod = reflector.pods.get(key) if reflector is not None else None
+            if pod is not None and not owned:
+                try:
+                    await self._claims.own(manifest, pod)
+                except ClaimError as e:
+                    raise claim_failed(e) from None
+                owned = True
+            why = unschedulable(pod)
+            since = (since or time.monotonic()) if why else 0.0
+            if why and time.monotonic() - since >= self.claim_unschedulable_timeout:
+                raise SpawnError(
+                    f"The cluster cannot place this server's GPU: {why}.",
+                    reason="gpu_claim_unschedulable",
+                    status_code=503,
+                )
+            if owned and scheduled(pod):
+                return
+            await asyncio.sleep(0.5)
+
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now)
+        await self._release_claim()
+
+    async def _release_claim(self) -> None:
+        """The pod is gone: its template goes, and a shared claim no pod owns."""
+        manifest, self._claim = self._claim, None
+        if manifest is None:
+            try:
+                grant = self._dra_grant()
+            except SpawnError:
+                grant = None
+            manifest = self._manifest(grant) if grant is not None else None
+        if manifest is not None:
+            try:
+                await self._claims.release(manifest)
+            except ClaimError as e:
+                self.log.warning("Could not remove %s's GPU claim: %s", self._log_name, e)
+
+
+def claim_failed(e: ClaimError) -> SpawnError:
+    return SpawnError(
+        f"Cannot start the server with its GPU claim: {e}.", reason="gpu_claim", status_code=503
+    )
+
+
+class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, ClaimedKubeSpawner):
     """KubeSpawner with a GPU or MIG device granted by the broker (``"gpubroker-kubernetes"``;
     see the module's docstring)."""
 
@@ -131,6 +293,7 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
     extra_resource_limits: dict[str, str]
     node_affinity_required: list[dict[str, Any]]
     extra_labels: dict[str, str]
+    extra_pod_config: dict[str, Any]
 
     mig_strategy = Enum(
         ("mixed", "single"),
@@ -163,6 +326,7 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
             dict(self.extra_resource_limits),
             list(self.node_affinity_required),
             dict(self.extra_labels),
+            dict(self.extra_pod_config),
         )
         if self.profile_list:
             self.log.warning(
@@ -198,14 +362,15 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
         return node, resource_name(cls, self.mig_strategy), n
 
     async def get_pod_manifest(self) -> Any:
-        """KubeSpawner's pod, with the grant's limits, node affinity and labels."""
-        limits, affinity, labels = self._configured_pod
-        placement = self._placement()
-        if placement is not None:
-            node, resource, n = placement
+        """KubeSpawner's pod, with the grant's node affinity and labels, and its limits
+        (the device plugin's devices) or its claim (DRA devices)."""
+        limits, affinity, labels, pod_config = self._configured_pod
+        grant = self._dra_grant()
+        placement = None if grant is not None else self._placement()
+        node = grant.node if grant is not None else placement[0] if placement else None
+        if node is not None:
             assert self._gpu is not None
             affinity = on_node(affinity, node)
-            limits = {**limits, resource: str(n)}
             labels = {
                 **labels,
                 BROKER_LABEL: self.gpubroker_service,
@@ -213,10 +378,19 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
             }
             if self.kueue_queue:
                 labels[KUEUE_LABEL] = self.kueue_queue
+        if placement is not None:
+            limits = {**limits, placement[1]: str(placement[2])}
+        if grant is not None:
+            pod_config = claim_config(pod_config, grant.pod_claim(self.pod_name))
         self.extra_resource_limits = dict(limits)
         self.node_affinity_required = list(affinity)
         self.extra_labels = dict(labels)
-        return await super().get_pod_manifest()
+        self.extra_pod_config = dict(pod_config)
+        pod = await super().get_pod_manifest()
+        if grant is not None:
+            (notebook,) = [c for c in pod.spec.containers if c.name == "notebook"]
+            notebook.resources.claims = [*(notebook.resources.claims or []), {"name": CLAIM}]
+        return pod
 
     def _device_env(self, devices: list[str] | None) -> dict[str, str]:
         if devices is None:
@@ -272,4 +446,12 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, KubeSpawner):
             await asyncio.sleep(self.kueue_poll_interval)
 
 
-__all__ = ["GPUBrokerKubeSpawner", "KueuePosition", "kueue_message", "kueue_position", "merged"]
+__all__ = [
+    "ClaimedKubeSpawner",
+    "GPUBrokerKubeSpawner",
+    "KueuePosition",
+    "claim_config",
+    "kueue_message",
+    "kueue_position",
+    "merged",
+]

@@ -270,11 +270,13 @@ class PageHandler(HubAuthFromSettings, HubOAuthenticated, web.RequestHandler):
 def admin_view(
     api: BrokerAPI, who: Identity, days: int, since: str, after: str | None
 ) -> dict[str, Any]:
-    """What the admin page shows: quotas, time limits, alerts, queue, devices, usage since ``since``
-    (``days`` days), the demand forecast, the audit log after ``after``."""
+    """What the admin page shows: quotas, time limits, alerts, queue, devices and the
+    engine they are read from, usage since ``since`` (``days`` days), the demand
+    forecast, the audit log after ``after``."""
     audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
     quotas = api.quotas(who)["quotas"]
     alerts = api.alerts(who, limit=str(ALERT_ROWS))
+    devices = api.devices(who)
     return {
         "page": "admin",
         "limits": api.limits(who),
@@ -284,7 +286,8 @@ def admin_view(
         "periods": PERIODS,
         "queue": api.queue(who)["queue"],
         "job_classes": JOB_CLASSES,
-        "gpus": api.devices(who)["gpus"],
+        "gpus": devices["gpus"],
+        "engine": devices.get("engine"),
         "days": days,
         "charts": {
             by: bars(api.usage(who, by, since)["gpu_hours"], sort_by_key=by == "day")

@@ -30,6 +30,7 @@ from urllib.parse import urlencode
 
 import httpx
 
+from . import pidns
 from .api import TOKEN_HEADER
 from .sse import messages
 from .wire.errors import NotYourProcess
@@ -353,15 +354,19 @@ class BrokerClient:
         """Renew a lease; ``kernel``: its kernel's execution state (``execution_state``,
         ``last_activity``), for a broker that does not run the kernel to judge it idle;
         ``holder_pid``: the process holding it on the broker's machine (the kernel, the
-        server), whose children on its devices are the lease's, not outside use. Where
-        the broker refuses that process as not the lease user's (a broker on another
-        machine, or one whose users have no account there), the lease is renewed without
-        it from then on, and ``log`` says why, once."""
+        server), whose children on its devices are the lease's, not outside use; named
+        with this process's pid namespace, which the pid counts in. Where the broker
+        refuses that process as not the lease user's (a broker on another machine, or one
+        whose users have no account there), the lease is renewed without it from then on,
+        and ``log`` says why, once."""
         body: dict[str, Any] = {} if kernel is None else {"kernel": kernel}
         path = f"leases/{lease_id}/renew"
         if holder_pid is not None and lease_id not in self._foreign_holders:
+            holder: dict[str, Any] = {"holder_pid": holder_pid}
+            if namespace := pidns.own():
+                holder["pid_namespace"] = namespace
             try:
-                return await self.call("POST", path, {**body, "holder_pid": holder_pid})  # type: ignore[no-any-return]
+                return await self.call("POST", path, {**body, **holder})  # type: ignore[no-any-return]
             except BrokerAPIError as e:
                 if e.code != NotYourProcess.code:
                     raise

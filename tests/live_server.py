@@ -18,6 +18,9 @@ from jupyter_gpubroker.api import API_PREFIX
 from jupyter_gpubroker.paths import LOCK_DIR_ENV, USER_LOCK_DIR_ENV
 
 TOKEN = "live-server-token"
+UNSHARED = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+"""A ``wrap`` that runs the server in a pid namespace of its own, as in a container of its
+own (root only); killing ``unshare`` kills the server."""
 EXTENSIONS = {  # only ours: the others slow every start down
     "jupyter_gpubroker": True,
     "jupyterlab": False,
@@ -36,7 +39,8 @@ def free_port() -> int:
 class LiveServer:
     """``jupyter server`` on ``state_file`` (one H100 in seven 1g.10gb slices unless
     ``GPUBroker`` options say otherwise), its Jupyter dirs under ``home``; ``args``: more
-    of its command line (a server in remote mode: ``--GPUBrokerExtension.broker_url=``)."""
+    of its command line (a server in remote mode: ``--GPUBrokerExtension.broker_url=``);
+    ``wrap``: what runs it (``UNSHARED``: in a pid namespace of its own)."""
 
     def __init__(
         self,
@@ -44,9 +48,10 @@ class LiveServer:
         state_file: Path,
         extensions: dict[str, bool] | None = None,
         args: tuple[str, ...] = (),
+        wrap: tuple[str, ...] = (),
         **broker: Any,
     ) -> None:
-        self.home, self.state_file, self.args = home, state_file, args
+        self.home, self.state_file, self.args, self.wrap = home, state_file, args, wrap
         self.extensions = {**EXTENSIONS, **(extensions or {})}
         self.broker = {"simulate": "dgx-h100-mig:1", **broker}
         self.port = 0
@@ -79,6 +84,7 @@ class LiveServer:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *self.wrap,
                     sys.executable,
                     "-m",
                     "jupyter_server",
@@ -136,6 +142,16 @@ class LiveServer:
             if own:
                 conn.close()
 
+    @property
+    def server_pid(self) -> int:
+        """The server's process, in this test's pid namespace (under ``wrap``, the child
+        of what runs it: ``unshare`` ignores SIGTERM)."""
+        assert self.proc is not None
+        if not self.wrap:
+            return self.proc.pid
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return int(children.split()[0]) if children.split() else self.proc.pid
+
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
         if self.proc is not None and self.proc.poll() is None:
@@ -147,7 +163,7 @@ class LiveServer:
         terminal raises KeyboardInterrupt wherever the server is: jupyter-server 2.10 then
         logs the traceback of the request it happened to interrupt.)"""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            os.kill(self.server_pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -213,13 +213,15 @@ class AdminRules(Rules):
         self, who: Identity, weeks: str | None = None, backtest_weeks: str | None = None
     ) -> dict[str, Any]:
         """Demand per hour of the week (UTC) from the state file's history, with its error
-        over the last weeks (``broker.forecast``): what capacity a site needs, and when."""
+        over the last weeks (``broker.forecast``): what capacity a site needs, and when;
+        and what acts on it here (``acting``)."""
         self._require_admin(who, "see the demand forecast")
         span = parse_int("weeks", weeks, 1, 52, 8)
         tests = parse_int("backtest_weeks", backtest_weeks, 0, 52, 4)
         now = self.core.clock.now()
         rows = demand(self.core.store, now - (span + tests) * WEEK_S, now)
-        return forecast(spans(rows), now, weeks=span, backtest_weeks=tests).to_json()
+        found = forecast(spans(rows), now, weeks=span, backtest_weeks=tests).to_json()
+        return {**found, "acting": self.runtime.acting_ahead()}
 
     def audit(
         self,

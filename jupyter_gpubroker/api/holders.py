@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import pidns
 from ..broker.models import Lease
 from ..monitor.outside import user_name
 from ..wire.errors import InvalidRequest, NotYourProcess
@@ -25,15 +26,37 @@ MAX_PID = 4194304
 """Linux's largest pid (``/proc/sys/kernel/pid_max`` at most)."""
 
 
-def holder_pid(body: dict[str, Any]) -> int | None:
+def holder_pid(body: dict[str, Any], *, lowest: int = 2) -> int | None:
     """A renewal's ``holder_pid``, checked: a process id above 1 (init would make every
-    process on the lease's devices its own), at most Linux's largest."""
+    process on the lease's devices its own), at most Linux's largest; ``lowest`` 1 for a
+    pid of another namespace, which the broker does not read (a container's kernel may
+    be its init)."""
     pid = body.get("holder_pid")
     if pid is None:
         return None
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid <= MAX_PID:
-        raise InvalidRequest(f"'holder_pid' must be a process id from 2 to {MAX_PID}, not {pid!r}")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not lowest <= pid <= MAX_PID:
+        raise InvalidRequest(
+            f"'holder_pid' must be a process id from {lowest} to {MAX_PID}, not {pid!r}"
+        )
     return pid
+
+
+def elsewhere(runtime: GPUBroker, body: dict[str, Any]) -> bool:
+    """Whether a renewal's ``pid_namespace`` (the namespace its ``holder_pid`` counts in,
+    as ``/proc/self/ns/pid`` names it) is another than the broker's: its pid then names no
+    process the broker can see, or another one (``pidns``). A renewal that does not say
+    counts in the broker's, as before renewals said."""
+    namespace = body.get("pid_namespace")
+    if namespace is None:
+        return False
+    if not isinstance(namespace, str) or not pidns.FORMAT.fullmatch(namespace):
+        raise InvalidRequest(
+            "'pid_namespace' must name a pid namespace as /proc/self/ns/pid does, "
+            f"such as {pidns.HOST}, not {namespace!r}"
+        )
+    if "holder_pid" not in body:
+        raise InvalidRequest("'pid_namespace' says where 'holder_pid' counts: name both")
+    return namespace != runtime.pid_namespace
 
 
 def check_holder(runtime: GPUBroker, lease: Lease, pid: int) -> None:

@@ -42,7 +42,7 @@ from ..wire.sizes import Size
 from ..wire.text import SERVER_HOLDER
 from ..wire.times import iso
 from .admin import AdminRules
-from .holders import check_holder, holder_pid
+from .holders import check_holder, elsewhere, holder_pid
 from .identity import Identity
 from .parse import holder_of, only, parse_int, parse_time, reason_text
 from .shapes import (
@@ -412,20 +412,22 @@ class BrokerAPI(AdminRules, StreamRules, TokenRules):
         execution state, which idle reclaim judges when the broker does not run it, and
         its ``holder_pid`` the holding process (the kernel's or the server's), whose
         descendants on the lease's devices are the lease's, not outside use: a process
-        of the lease's user only (``api.holders``)."""
+        of the lease's user only (``api.holders``); its ``pid_namespace`` the namespace
+        that pid counts in, which must be the broker's for the pid to be read."""
         lease = self._own_lease(who, lease_id)
         body = body or {}
-        only(body, {"kernel", "holder_pid"})
+        only(body, {"kernel", "holder_pid", "pid_namespace"})
         kernel = _kernel_report(body)
-        pid = holder_pid(body)
-        if pid is not None:
+        unseen = elsewhere(self.runtime, body)
+        pid = holder_pid(body, lowest=1 if unseen else 2)
+        if pid is not None and not unseen:
             check_holder(self.runtime, lease, pid)
         renewed = self._lease_json(self.core.renew(lease.id))
         self._kernel_lives(who, lease.user, self.core.request(lease.request_id).holder)
         if kernel is not None:
             self.runtime.report_kernel(lease.id, kernel)
         if pid is not None:
-            self.runtime.report_pid(lease.id, pid)
+            self.runtime.report_pid(lease.id, None if unseen else pid)
         return renewed
 
     def extend(self, who: Identity, lease_id: str, body: dict[str, Any]) -> dict[str, Any]:

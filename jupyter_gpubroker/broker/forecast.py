@@ -234,6 +234,15 @@ def forecast(
     return Forecast(span_s, basis, message, hours, tests, recent)
 
 
+def ahead(
+    found: Forecast, now: float, q: str = "p90", tz: tzinfo = timezone.utc
+) -> tuple[float, HourForecast, HourForecast]:
+    """The most demand the forecast's quantile ``q`` asks this hour and the next (what
+    must be ready before the next hour begins), and those two hours' forecasts."""
+    this, after = (found.hours[_hour_of_week(now + k * HOUR_S, tz)] for k in (0, 1))
+    return max(this.demand[q], after.demand[q]), this, after
+
+
 def _history_words(span_s: float | None) -> str:
     """How much history there is, in whole hours as a person says them."""
     if span_s is None:

@@ -7,7 +7,8 @@ open the NVIDIA nodes of its grant (``nodes``) and no other, as Slurm's
 ``ConstrainDevices`` does for jobs. A server joins its cgroup between fork and exec, so it
 never runs unconfined; a kernel granted a GPU later inside a CPU-only server gets its own
 cgroup with the kernel's devices added (:meth:`DeviceConfinement.allow`, given the
-kernel's pid), and loses them again with its lease (:meth:`DeviceConfinement.withdraw`).
+kernel's pid: the processes it started, a data loader's workers, go with it), and loses
+them again with its lease (:meth:`DeviceConfinement.withdraw`).
 
 Backends: the cgroup v1 ``devices`` controller where it is mounted (``cgroup``), else
 cgroup v2 with a BPF device program (``bpf``). Not done: systemd's ``DeviceAllow=`` for
@@ -205,8 +206,8 @@ class DeviceConfinement(LoggingConfigurable):
         base = cgroups.root / server if only and current.name != server else current
         nodes = cgroups.allowed(base, majors) | self._nodes(driver, devices)
         path = cgroups.create(f"{server}{KERNEL_SUFFIX}{pid}.{secrets.token_hex(3)}", nodes, majors)
-        if current.name == server:
-            cgroups.move(pid, path)
+        if current.name == server:  # a first grant, or a resume: its processes left behind
+            self._move_kernel(pid, current, path)
         else:  # granted more: the kernel and what it started move on together
             self._move_all(current, path)
             self.release(current)
@@ -227,6 +228,25 @@ class DeviceConfinement(LoggingConfigurable):
             if server.is_dir():
                 self._move_all(path, server)
             self.release(path)
+
+    def _move_kernel(self, pid: int, server: Path, target: Path) -> None:
+        """Move the kernel ``pid`` out of its server's cgroup, and every process there that
+        it started (its children and theirs): the workers it forked before its grant, or
+        those that went back to the server's cgroup with it when it was suspended. The
+        kernel moves first, so a child it forks meanwhile starts in ``target``; a pass
+        that finds no more of them ends it (one that could not move is not tried twice)."""
+        self.cgroups.move(pid, target)
+        moved = {pid}
+        while True:
+            left = set(self.cgroups.processes(server))
+            parents = {p: stat.ppid for p in left if (stat := proc_stat(p)) is not None}
+            started = [p for p in left - moved if _descends(p, moved, parents)]
+            if not started:
+                return
+            for process in started:
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    self.cgroups.move(process, target)
+            moved.update(started)
 
     def _move_all(self, source: Path, target: Path) -> None:
         for process in self.cgroups.processes(source):
@@ -272,6 +292,18 @@ def _started(pid: int) -> str:
     by a new process starts later."""
     stat = proc_stat(pid)
     return "" if stat is None else str(stat.start_ticks)
+
+
+def _descends(pid: int, ancestors: set[int], parents: dict[int, int]) -> bool:
+    """Whether ``pid`` descends from one of ``ancestors`` through ``parents`` (pid -> its
+    parent's, for the processes looked at)."""
+    seen = set()
+    while pid in parents and pid not in seen:
+        seen.add(pid)
+        pid = parents[pid]
+        if pid in ancestors:
+            return True
+    return False
 
 
 def _tag(user: str) -> str:

@@ -63,6 +63,15 @@ class ClusterView:
     """(node, device class) -> why the broker must grant none of them although the
     engine offers them: the engine hands out shares, not devices of their own (GPU
     time-slicing or MPS)."""
+    outside_devices: Mapping[str, str] = field(default_factory=dict)
+    """Where the engine names the very device (Kubernetes' DRA claims): device UUID ->
+    the work outside the broker that holds it. Counted beside ``outside``."""
+    lease_devices: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Where the engine names the very device: lease id -> the devices its work holds
+    now; beside ``grants``, and held back the same way once the lease has ended."""
+    source: str = ""
+    """What the engine's inventory is read from, when it can be read from more than one
+    thing (Kubernetes: DRA's ResourceSlices or the device plugin's resources)."""
 
 
 class InventorySource(BaseInventory):
@@ -96,7 +105,8 @@ class InventorySource(BaseInventory):
             return watch
 
         nodes = len({g.node for g in view.inventory.gpus})
-        return OpenInventory(view.inventory, f"{self.name}, {nodes} nodes", follow=follow)
+        where = f"{self.name}, {nodes} nodes" + (f", from {view.source}" if view.source else "")
+        return OpenInventory(view.inventory, where, follow=follow)
 
 
 class EngineUnavailable(RuntimeError):
@@ -136,6 +146,7 @@ def apply_view(broker: Broker, view: ClusterView) -> list[Device]:
     wanted, by_slot = _not_offered(broker, view)
     engine_drained = broker.drained_by(ENGINE)
     wanted.update(_in_use(broker, view, by_slot, engine_drained))
+    wanted.update(_named_in_use(broker, view, wanted))
     drains = broker.drained()
     for uuid, reason in wanted.items():
         if broker.drain_cause(uuid) not in (None, ENGINE, "health"):
@@ -211,6 +222,22 @@ def _in_use(
         for d in cands[:n]:
             wanted[d.uuid] = why
     return wanted
+
+
+def _named_in_use(broker: Broker, view: ClusterView, wanted: Mapping[str, str]) -> dict[str, str]:
+    """The offered devices the engine names as held by work outside the broker, or by
+    the work of an ended lease, with why; never one the broker granted."""
+    devices, held = broker.placer.devices, broker.placer.held
+    active = {x.id for x in broker.leases()}
+    why = {u: f"in use outside the broker by {w}" for u, w in view.outside_devices.items()}
+    for lease_id, uuids in sorted(view.lease_devices.items()):
+        if lease_id not in active:  # ended in the broker, still running on the engine
+            why.update({u: f"in use by the work of ended lease {lease_id}" for u in uuids})
+    return {
+        u: f"{devices[u].node}: {w}"
+        for u, w in why.items()
+        if u in devices and u not in held and u not in wanted
+    }
 
 
 def release_ended(

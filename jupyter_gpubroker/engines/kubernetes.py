@@ -24,6 +24,11 @@ whose pod is gone is released; a pod whose lease has ended still holds its devic
 it stops); the rest, once bound, is work outside the broker. A cordoned (unschedulable)
 or NotReady node is down with that reason; a node that left the cluster is drained by
 :func:`apply_view`.
+
+Where NVIDIA's DRA driver publishes a pool for a node (Kubernetes 1.34+), that node's
+devices and what uses them are read from its ResourceSlices and the allocated
+ResourceClaims instead (:mod:`.dra_inventory`), device by device; the view says which
+source it read (``ClusterView.source``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, profile_memory_gb
 from ..wire.sizes import RESOLUTION, gb_to_mib
 from ..wire.traits import Seconds
 from . import ClusterView, EngineUnavailable, InventorySource
+from .dra import DRIVER
+from .dra_inventory import SOURCE as DRA_SOURCE
+from .dra_inventory import claims_use, dra_inventory
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -201,28 +209,42 @@ def _size(
     return memory, int(cls.split("g", 1)[0]), cls
 
 
-def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> ClusterView:
+PLUGIN_SOURCE = "the device plugin's extended resources"
+
+
+def cluster_view(
+    nodes: Iterable[Any],
+    pods: Iterable[Any],
+    broker: str,
+    slices: Iterable[Any] = (),
+    claims: Iterable[Any] = (),
+) -> ClusterView:
     """What the API server's ``nodes`` and ``pods`` (the official client's ``V1Node`` and
-    ``V1Pod``) say: every GPU node's devices, the devices pods outside ``broker``'s grants
-    hold, the broker's pods by lease, the nodes that take no pods and the classes shared
-    out. ``pods``: every pod not ended, bound or not."""
+    ``V1Pod``) say, and on the nodes NVIDIA's DRA driver publishes, its ``slices`` and the
+    ``claims`` allocated from them: every GPU node's devices, the devices work outside
+    ``broker``'s grants holds, the broker's pods by lease, the nodes that take no pods
+    and the classes shared out. ``pods``: every pod not ended, bound or not."""
+    nodes = sorted(nodes, key=lambda n: str(n.metadata.name))
+    pods = list(pods)
     used, mine, holders = pods_use(pods, broker)
-    gpus: list[Gpu] = []
-    devices: list[Device] = []
+    dra = dra_inventory(slices, (str(n.metadata.name) for n in nodes))
+    gpus, devices = list(dra.gpus), list(dra.devices)
     outside: dict[tuple[str, str], int] = {}
     down: dict[str, str] = {}
     withheld: dict[tuple[str, str], str] = {}
     class_of: dict[tuple[str, str], str] = {}
-    for node in sorted(nodes, key=lambda n: str(n.metadata.name)):
+    plugin_nodes = 0
+    for node in nodes:
         name = str(node.metadata.name)
-        labels = node.metadata.labels or {}
-        classes, shared = node_classes(node)
+        classes, shared = node_classes(node) if name not in dra.nodes else ([], {})
         withheld.update(shared)
-        if not classes:
+        if name not in dra.nodes and not classes:
             continue  # no GPUs: not the broker's
-        node_gpus, node_devices = _node_devices(name, labels, classes)
-        gpus += node_gpus
-        devices += node_devices
+        if classes:
+            plugin_nodes += 1
+            node_gpus, node_devices = _node_devices(name, node.metadata.labels or {}, classes)
+            gpus += node_gpus
+            devices += node_devices
         for resource, cls, n in classes:
             class_of[(name, resource)] = cls
             if used[(name, resource)] and (name, cls) not in withheld:
@@ -234,8 +256,41 @@ def cluster_view(nodes: Iterable[Any], pods: Iterable[Any], broker: str) -> Clus
         lease: Counter({(at[0], class_of[at]): n for at, n in held.items() if at in class_of})
         for lease, held in mine.items()
     }
-    inventory = Inventory(tuple(gpus), tuple(devices))
-    return ClusterView(inventory, outside, down, holders=holders, grants=grants, withheld=withheld)
+    named, lease_devices = claims_use(claims, dra.names, pod_leases(pods, broker))
+    return ClusterView(
+        Inventory(tuple(gpus), tuple(devices)),
+        outside,
+        down,
+        holders=holders,
+        grants=grants,
+        withheld=withheld,
+        outside_devices=named,
+        lease_devices=lease_devices,
+        source=source_text(len(dra.nodes), plugin_nodes),
+    )
+
+
+def source_text(dra_nodes: int, plugin_nodes: int) -> str:
+    """Which source the inventory is read from, as the log and the admin page say it."""
+    if dra_nodes and plugin_nodes:
+        return f"{DRA_SOURCE} on {_nodes(dra_nodes)}, {PLUGIN_SOURCE} on {_nodes(plugin_nodes)}"
+    return DRA_SOURCE if dra_nodes else PLUGIN_SOURCE
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def pod_lease(pod: Any, broker: str) -> str | None:
+    """The lease of ``broker``'s a pod carries out (``""``: the broker's pod without one;
+    ``None``: not the broker's)."""
+    labels = pod.metadata.labels or {}
+    return labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
+
+
+def pod_leases(pods: Iterable[Any], broker: str) -> dict[str, str | None]:
+    """:func:`pod_lease` of each pod, by its UID."""
+    return {str(pod.metadata.uid): pod_lease(pod, broker) for pod in pods}
 
 
 PodsUse = tuple[Counter[tuple[str, str]], dict[str, Counter[tuple[str, str]]], dict[str, str]]
@@ -254,8 +309,7 @@ def pods_use(pods: Iterable[Any], broker: str) -> PodsUse:
         phase = pod.status.phase if pod.status else None
         if phase in ENDED_PHASES:
             continue
-        labels = pod.metadata.labels or {}
-        lease = labels.get(LEASE_LABEL, "") if labels.get(BROKER_LABEL) == broker else None
+        lease = pod_lease(pod, broker)
         if lease:
             holders[lease] = f"{pod.metadata.namespace}/{pod.metadata.name}"
         if not where or lease == "":
@@ -372,39 +426,63 @@ class KubernetesInventory(InventorySource):
             return await self._read(api_client)
 
     async def _read(self, api_client: Any) -> ClusterView:
-        from aiohttp import ClientError
-        from kubernetes_asyncio.client import ApiException, CoreV1Api
+        from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-        api = CoreV1Api(api_client)
+        core, dra = CoreV1Api(api_client), ResourceV1Api(api_client)
         # resource_version "0": served from the API server's watch cache, not from etcd
-        timeout = self.request_timeout
-        try:
-            nodes, pods = await asyncio.gather(
-                api.list_node(
-                    label_selector=self.node_selector,
-                    resource_version="0",
-                    _request_timeout=timeout,
-                ),
-                api.list_pod_for_all_namespaces(
-                    field_selector="status.phase!=Succeeded,status.phase!=Failed",
-                    resource_version="0",
-                    _request_timeout=timeout,
-                ),
-            )
-        except ApiException as e:
-            hint = (
-                "grant the broker's service account list on nodes and pods "
-                "(a ClusterRole and its binding)"
-                if e.status in (401, 403)
-                else "the broker keeps its queue and its last view until it answers"
-            )
-            raise EngineUnavailable(
-                f"the Kubernetes API server refused to list nodes and pods ({e.status} "
-                f"{e.reason}): {hint}"
-            ) from None
-        except (ClientError, OSError, asyncio.TimeoutError) as e:
-            raise EngineUnavailable(
-                f"the Kubernetes API server at {api_client.configuration.host} does not answer "
-                f"({e or type(e).__name__}): the broker keeps its queue and its last view"
-            ) from None
-        return cluster_view(nodes.items, pods.items, self.broker_name)
+        listed = {"resource_version": "0", "_request_timeout": self.request_timeout}
+        answers = await asyncio.gather(
+            core.list_node(label_selector=self.node_selector, **listed),
+            core.list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed", **listed
+            ),
+            dra.list_resource_slice(field_selector=f"spec.driver={DRIVER}", **listed),
+            dra.list_resource_claim_for_all_namespaces(**listed),
+            return_exceptions=True,
+        )
+        nodes, pods, slices, claims = (
+            _items(a, what, api_client.configuration.host)
+            for a, what in zip(answers, LISTED, strict=True)
+        )
+        return cluster_view(nodes, pods, self.broker_name, slices, claims)
+
+
+LISTED = ("nodes", "pods", "resourceslices", "resourceclaims")
+"""What each reading lists, in order."""
+RBAC_HINTS = {
+    "nodes": "grant the broker's service account list on nodes and pods "
+    "(a ClusterRole and its binding)",
+    "resourceslices": "grant the broker's service account list on resourceslices and "
+    "resourceclaims (add to its ClusterRole the rule apiGroups: [resource.k8s.io], "
+    "resources: [resourceslices, resourceclaims], verbs: [list])",
+}
+
+
+def _items(answer: Any, what: str, host: str) -> list[Any]:
+    """A list call's items, or why the broker cannot read the cluster. A cluster that
+    serves no ``resource.k8s.io/v1`` (Kubernetes before 1.34) has no DRA to read."""
+    from aiohttp import ClientError
+    from kubernetes_asyncio.client import ApiException
+
+    if isinstance(answer, ApiException):
+        dra = what in LISTED[2:]
+        if dra and answer.status == 404:
+            return []
+        listed = "nodes and pods" if not dra else what
+        hint = (
+            RBAC_HINTS["resourceslices" if dra else "nodes"]
+            if answer.status in (401, 403)
+            else "the broker keeps its queue and its last view until it answers"
+        )
+        raise EngineUnavailable(
+            f"the Kubernetes API server refused to list {listed} ({answer.status} "
+            f"{answer.reason}): {hint}"
+        )
+    if isinstance(answer, (ClientError, OSError, asyncio.TimeoutError)):
+        raise EngineUnavailable(
+            f"the Kubernetes API server at {host} does not answer "
+            f"({answer or type(answer).__name__}): the broker keeps its queue and its last view"
+        )
+    if isinstance(answer, BaseException):
+        raise answer
+    return list(answer.items)

@@ -42,6 +42,8 @@ class EngineWatch(InventoryWatch):
         self.source: InventorySource = source
         self.core, self.grace_s, self.log = core, grace_s, log
         self.down: tuple[float, str] | None = None
+        self.read_from: str | None = None
+        """What the last view was read from, where the engine says (``ClusterView.source``)."""
         self._polling: PeriodicCallback | None = None
         self._stopped = False
 
@@ -76,6 +78,11 @@ class EngineWatch(InventoryWatch):
             self.log.exception("GPU broker: applying the %s view failed", self.source.name)
 
     def apply(self, view: ClusterView) -> None:
+        if self.read_from and view.source and view.source != self.read_from:
+            self.log.info(
+                "GPU broker: the %s inventory is now read from %s", self.source.name, view.source
+            )
+        self.read_from = view.source or None
         added = apply_view(self.core, view)
         for node in sorted({d.node for d in added}):
             count = sum(d.node == node for d in added)
@@ -85,6 +92,13 @@ class EngineWatch(InventoryWatch):
             self.log.info("GPU broker: lease %s released: its %s ended", lease_id, work)
 
     def state(self) -> dict[str, Any]:
-        """The engine's name, and whether it answers (since when it does not, and why)."""
+        """The engine's name, what it reads the inventory from, and whether it answers
+        (since when it does not, and why)."""
         since, why = self.down or (None, None)
-        return {"name": self.source.name, "reachable": since is None, "since": since, "error": why}
+        return {
+            "name": self.source.name,
+            "source": self.read_from,
+            "reachable": since is None,
+            "since": since,
+            "error": why,
+        }

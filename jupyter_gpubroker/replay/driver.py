@@ -20,6 +20,10 @@ at its limit otherwise. Under the baselines, which promise nothing and extend
 nothing (Slurm's ``--time`` is final), such a job ends at its limit. Either way a
 job ended at its limit is counted (``Replay.cut_at_limit``).
 
+With ``capacity`` (:mod:`.capacity`), GPUs are brought up and down as the replay runs:
+the ones it keeps down are drained, so the core grants nothing on them, and it sees each
+grant, each release and what still waits after each pass.
+
 With ``eta_every_s``, an :class:`~.accuracy.EtaProbe` also asks the start
 estimators about every waiting job, at submission and every ``eta_every_s``
 while it waits, and records what they said against its real start.
@@ -49,6 +53,7 @@ from ..nvml import MigPartitioner, Topology, open_backend
 from ..wire.errors import Conflict, QuotaExceeded, Unsatisfiable
 from ..wire.sizes import Size
 from .accuracy import Estimate, EtaProbe
+from .capacity import Capacity
 from .sizing import Sizer
 from .traces import Job, Trace
 
@@ -121,6 +126,7 @@ def replay(
     probe: EtaProbe | None = None,
     setup: Callable[[Broker], None] | None = None,
     store: Store | None = None,
+    capacity: Capacity | None = None,
 ) -> Replay:
     """Replay ``trace`` under ``policy`` (a name or a configured policy) on the
     simulated machine ``inventory``.
@@ -133,6 +139,7 @@ def replay(
     ``inventory`` may be a topology itself (a state file's machine, ``whatif``);
     ``setup`` configures the broker before the first job (quotas and shares); ``store``
     is the one it records into (default: in memory; a file one leaves a state file).
+    ``capacity`` keeps GPUs up and down during the replay (default: all up).
     """
     if not compress > 0:
         raise ValueError(f"the time compression factor must be positive, not {compress}")
@@ -158,6 +165,7 @@ def replay(
         if probe is None and eta_every_s is not None:
             probe = EtaProbe(eta_every_s, eta_at_submit)
         run = _Run(broker, clock, Sizer(inv), len(inv.gpus), probe, chosen.name == "broker")
+        run.scaling = capacity
         run.play([(origin + (j.submit_s - origin) / compress, j) for j in trace.jobs])
     return Replay(
         trace=trace,
@@ -193,6 +201,7 @@ class _Run:
     ) -> None:
         self.broker, self.clock, self.sizer, self.capacity = broker, clock, sizer, float(gpus)
         self.probe, self.enforce_limits = probe, enforce_limits
+        self.scaling: Capacity | None = None
         self.outcomes: list[Outcome] = []
         self.timeline = Timeline()
         self.skipped: Counter[str] = Counter()
@@ -212,11 +221,16 @@ class _Run:
 
     def play(self, arrivals: list[tuple[float, Job]]) -> None:
         i = 0
-        while i < len(arrivals) or self._ends:
+        if self.scaling is not None:
+            self.scaling.attach(self.broker, arrivals[0][0])
+        while i < len(arrivals) or self._jobs:
             now = min(
                 arrivals[i][0] if i < len(arrivals) else float("inf"),
                 self._ends[0][0] if self._ends else float("inf"),
+                self.scaling.next_at() if self.scaling is not None else float("inf"),
             )
+            if now == float("inf"):
+                break  # what waits can never be granted
             self.clock.set(now)
             while self._ends and self._ends[0][0] <= now:
                 self._finish(heapq.heappop(self._ends)[2], now)
@@ -226,17 +240,26 @@ class _Run:
                 if rid is not None:
                     submitted.append(rid)
                 i += 1
-            t0 = time.process_time()
-            granted = self.broker.schedule()
-            self.cpu_s += time.process_time() - t0
-            self.decisions += 1
-            for lease in granted:
-                self._start(lease, now)
+            self._pass(now)
+            if self.scaling is not None and self.scaling.after_pass(now, self._waiting_gpus()):
+                self._pass(now)  # GPUs came up
             if self.probe is not None:
                 t0 = time.perf_counter()
                 self.probe.after_pass(self.broker, submitted, now)
                 self.probe_s += time.perf_counter() - t0
             self._record(now)
+
+    def _pass(self, now: float) -> None:
+        """One scheduling pass, its grants started."""
+        t0 = time.process_time()
+        granted = self.broker.schedule()
+        self.cpu_s += time.process_time() - t0
+        self.decisions += 1
+        for lease in granted:
+            self._start(lease, now)
+
+    def _waiting_gpus(self) -> float:
+        return sum(self.sizer.gpu_equivalents(s) * n for s, n in self._waiting.items())
 
     def _submit(self, job: Job, now: float) -> str | None:
         """Submit ``job``; its request id, or None when it was skipped."""
@@ -276,6 +299,8 @@ class _Run:
             else:
                 self.cut_at_limit += 1
         heapq.heappush(self._ends, (now + runs, next(self._grants), lease.id))
+        if self.scaling is not None:
+            self.scaling.granted(lease)
         if self.probe is not None:
             self.probe.granted(lease.request_id, now)
 
@@ -293,6 +318,8 @@ class _Run:
                 heapq.heappush(self._ends, (now + rest, next(self._grants), lease_id))
                 return
         lease = self.broker.release(lease_id, schedule=False)
+        if self.scaling is not None:
+            self.scaling.released(lease, now)
         job, submitted, _ = self._jobs.pop(lease.request_id)
         self._allocated -= lease.gpu_equivalents
         self.outcomes.append(

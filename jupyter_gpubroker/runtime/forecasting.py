@@ -5,15 +5,40 @@ the forecast before anything acts on it (as AWS predictive scaling's forecast-on
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from traitlets import Bool
 from traitlets.config import LoggingConfigurable
 
 from ..broker.core import Broker
-from ..broker.forecast import HOUR_S, WEEK_S, hour_check, spans
+from ..broker.forecast import HOUR_S, WEEK_S, Forecast, forecast, hour_check, spans
 from ..broker.recorded import demand
+from ..broker.store import AuditRecord
 
 WEEKS = 8
+REPLAN_S = 300.0
+"""How often the parts that act ahead read the forecast again."""
+ACTOR = "forecast"
+"""Who the audit log names for what they change."""
+
+
+class ActsAhead(LoggingConfigurable):
+    """What the parts that act ahead of the forecast share (power saving, MIG cut ahead):
+    one reading of it, from the last ``WEEKS`` weeks of the state file, read again at
+    most every ``REPLAN_S``."""
+
+    _forecast: tuple[float, Forecast] | None = None
+
+    def read_forecast(self, core: Broker, now: float) -> Forecast:
+        if self._forecast is None or now - self._forecast[0] >= REPLAN_S:
+            rows = demand(core.store, now - WEEKS * WEEK_S, now)
+            self._forecast = (now, forecast(spans(rows), now, weeks=WEEKS, backtest_weeks=0))
+        return self._forecast[1]
+
+    def audit_ahead(self, core: Broker, action: str, target: str, detail: dict[str, Any]) -> None:
+        """One change made ahead of the forecast, in the audit log with its reason."""
+        with core.store.audited(AuditRecord(core.clock.now(), ACTOR, action, target, detail)):
+            pass
 
 
 class ForecastSettings(LoggingConfigurable):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tornado.ioloop import PeriodicCallback
 from traitlets.config import LoggingConfigurable
 
+from .. import pidns
 from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
 from ..broker.models import DeviceReading, Lease, ShareUse
@@ -43,7 +44,9 @@ from ..wire.traits import Whole
 from .forecasting import ForecastSettings
 from .kernel_devices import KernelDevices
 from .limits import LimitSettings
+from .mig_ahead import MigAhead
 from .monitoring import MonitorSettings
+from .pid_view import PidView
 from .power_saving import PowerSaving
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
@@ -64,6 +67,7 @@ class GPUBroker(
     SharingSettings,
     ForecastSettings,
     PowerSaving,
+    MigAhead,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -87,6 +91,8 @@ class GPUBroker(
         self._events: EventBus | None = None
         self._tokens: KernelTokens | None = None
         self._kernel_devices: KernelDevices | None = None
+        self.pids: PidView | None = None
+        """The broker's pid namespace and the leases named in another (``.pid_view``)."""
         self._ticker: PeriodicCallback | None = None
         self._sampling: PeriodicCallback | None = None
         self.sampler: Sampler | None = None
@@ -164,7 +170,10 @@ class GPUBroker(
         core.subscribe(self._events.publish)
         self._kernel_devices = KernelDevices.where_possible(core, hardware.nvml, self)
         self._watch = hardware.follow(core, lambda: self.engine_grace)
-        self.sampler = sampler = self.make_sampler(core, hardware, self._events.publish, self.log)
+        self.pids = pids = PidView(core, hardware.nvml, self.log)
+        self.sampler = sampler = self.make_sampler(
+            core, hardware, self._events.publish, self.log, pids.unseen
+        )
         sampler.on_alert = self._publish_alert
         shares.attach(core)
         sampler.reclaimer.watched = shares.watched
@@ -213,6 +222,7 @@ class GPUBroker(
             self.events.after_tick()
             self.log_forecast(self.core, self.log)
             self.save_power(self.core, self.backend, self.log)
+            self.cut_ahead(self.core, self.log)
             running = self.kernels.running() if self.kernels is not None else ()
             ended = self.tokens.sweep(running)
             if ended:
@@ -374,12 +384,20 @@ class GPUBroker(
         if self.sampler is not None:
             self.sampler.reported[lease_id] = kernel
 
-    def report_pid(self, lease_id: str, pid: int) -> None:
+    def report_pid(self, lease_id: str, pid: int | None) -> None:
         """The holder process a renewal named (a kernel's or a server's): what it starts
         on the lease's devices is the lease's (``monitor.outside``); and a kernel in a
-        server confined to its devices may open its lease's too (``.kernel_devices``)."""
-        if self.sampler is not None and self.sampler.outside is not None:
-            self.sampler.outside.holder_pids[lease_id] = pid
+        server confined to its devices may open its lease's too (``.kernel_devices``).
+        None: a pid of another pid namespace, which names nothing here (``.pid_view``)."""
+        watch = self.sampler.outside if self.sampler is not None else None
+        if self.pids is not None:
+            self.pids.named(lease_id, self.core.lease(lease_id).user, pid is not None)
+        if pid is None:
+            if watch is not None:
+                watch.holder_pids.pop(lease_id, None)
+            return
+        if watch is not None:
+            watch.holder_pids[lease_id] = pid
         if self.simulate_kernel_memory and self.backend and self.backend.simulator:
             lease = self.core.lease(lease_id)
             mps = self.shares is not None and self.shares.under_mps(lease) and mps_client(pid)
@@ -390,6 +408,10 @@ class GPUBroker(
         self.open_devices(lease_id, pid)
         if self.shares is not None:
             self.shares.report_pid(self.core.lease(lease_id), pid)
+
+    def acting_ahead(self) -> list[dict[str, Any]]:
+        """What acts on the forecast here, each switched on by itself, and whether it can."""
+        return [self.power_saving_state(), self.mig_ahead_state(self.core)]
 
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's
@@ -451,6 +473,15 @@ class GPUBroker(
         a kernel moves (its new GPUs, then those alone)."""
         if self._kernel_devices is not None:
             self._kernel_devices.report(lease_id, pid, devices)
+
+    @property
+    def pid_namespace(self) -> str:
+        """The pid namespace a renewal's ``holder_pid`` must count in to be read here."""
+        return self.pids.namespace if self.pids is not None else pidns.own()
+
+    def pid_elsewhere(self, lease_id: str) -> bool:
+        """Whether the lease's renewals name its process in another pid namespace."""
+        return self.pids is not None and self.pids.elsewhere(lease_id)
 
     def holder_pid(self, lease_id: str) -> int | None:
         """The holder process a lease's last renewal named (None: none, or no NVML here)."""

@@ -153,9 +153,11 @@ class MonitorSettings(ReclaimSettings):
         hardware: OpenInventory,
         publish: Callable[[Event], None],
         log: logging.Logger,
+        unseen: str | None = None,
     ) -> Sampler:
         """The sampling pass over the opened inventory's readings, with its first readings
-        taken (so ``GET devices`` has readings at once)."""
+        taken (so ``GET devices`` has readings at once); ``unseen``: why the processes NVML
+        lists cannot be matched to leases here, so outside use is not watched."""
         health = HealthConfig(
             max_temperature_c=self.max_temperature or None,
             drain_clock_reasons=DEFAULT_DRAIN_REASONS
@@ -180,7 +182,7 @@ class MonitorSettings(ReclaimSettings):
             log=log,
             alerts=AlertJudge(core.store, core.clock.now(), alerts),
         )
-        if hardware.nvml is not None:  # an engine's nodes are the engine's to watch
+        if hardware.nvml is not None and unseen is None:  # an engine's are the engine's
             sampler.outside = OutsideWatch(
                 core, publish, self.outside_use, self.outside_use_grace, log
             )

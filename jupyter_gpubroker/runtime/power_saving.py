@@ -15,28 +15,19 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool
-from traitlets.config import LoggingConfigurable
 
 from ..broker.core import Broker
-from ..broker.forecast import HOUR_S, WEEK_S, Forecast, forecast, spans
-from ..broker.recorded import demand
-from ..broker.store import AuditRecord
+from ..broker.forecast import HOUR_S, Forecast, ahead
 from ..nvml.power import PowerLimitRefused, power_limits, set_power_limit
 from ..wire.text import gpus
 from ..wire.traits import Number
+from .forecasting import ActsAhead
 
 if TYPE_CHECKING:
     from ..nvml import NvmlBackend
-
-WEEKS = 8
-REPLAN_S = 300.0
-"""How often the forecast is read again; what holds or waits is checked every pass."""
-ACTOR = "forecast"
-"""Who the audit log names for these changes."""
 
 
 @dataclass
@@ -52,16 +43,12 @@ def gpus_needed(found: Forecast, now: float) -> tuple[int, str]:
     """Whole GPUs the forecast's p90 asks this hour and the next, and the reason in words."""
     if not found.ready:
         return 0, ""
-    at = [datetime.fromtimestamp(now + k * HOUR_S, timezone.utc) for k in (0, 1)]
-    hours = [found.hours[t.weekday() * 24 + t.hour] for t in at]
-    p90 = max(h.demand["p90"] for h in hours)
+    p90, this, after = ahead(found, now, "p90")
     asked = f"at most {gpus(p90)}" if p90 > 0 else "no GPU"
-    return math.ceil(p90 - 1e-9), (
-        f"forecast: {asked} asked {hours[0].label} and {hours[1].label} (p90)"
-    )
+    return math.ceil(p90 - 1e-9), f"forecast: {asked} asked {this.label} and {after.label} (p90)"
 
 
-class PowerSaving(LoggingConfigurable):
+class PowerSaving(ActsAhead):
     power_saving = Bool(
         False,
         help="In a forecast trough, lower the power limit of GPUs nobody holds or waits "
@@ -82,8 +69,16 @@ class PowerSaving(LoggingConfigurable):
         self.held_back_wh = 0.0
         """W·h of power limit held back so far: the most the lowered limits saved."""
         self._refused = False
-        self._plan: tuple[float, int, str] | None = None
-        """When the forecast was last read, the GPUs it needs and why."""
+
+    def power_saving_state(self) -> dict[str, Any]:
+        """Whether it acts, as the admin page says it."""
+        acting = self.power_saving and not self._refused
+        text = "Power limits lowered in a forecast trough: " + (
+            ("on" if acting else "on, but NVML refuses a broker that is not root, so none is")
+            if self.power_saving
+            else "off"
+        )
+        return {"kind": "power_saving", "on": self.power_saving, "acting": acting, "text": text}
 
     def save_power(self, core: Broker, backend: NvmlBackend | None, log: logging.Logger) -> None:
         """One pass: restore what must be restored, then lower what the trough allows."""
@@ -117,12 +112,8 @@ class PowerSaving(LoggingConfigurable):
         return held
 
     def _needed(self, core: Broker, now: float) -> tuple[int, str]:
-        """The GPUs the forecast needs now and next hour, read at most every ``REPLAN_S``."""
-        if self._plan is None or now - self._plan[0] >= REPLAN_S:
-            rows = demand(core.store, now - WEEKS * WEEK_S, now)
-            found = forecast(spans(rows), now, weeks=WEEKS, backtest_weeks=0)
-            self._plan = (now, *gpus_needed(found, now))
-        return self._plan[1], self._plan[2]
+        """The GPUs the forecast needs now and next hour, and why."""
+        return gpus_needed(self.read_forecast(core, now), now)
 
     def restore_all(self, core: Broker, backend: NvmlBackend | None) -> None:
         """Every lowered limit back to its default (the broker stops)."""
@@ -171,5 +162,4 @@ class PowerSaving(LoggingConfigurable):
             "held_back_wh": round(self.held_back_wh, 3),
             "reason": f"{reason}; power limit {was_mw / 1000:.0f} W to {now_mw / 1000:.0f} W",
         }
-        with core.store.audited(AuditRecord(core.clock.now(), ACTOR, action, uuid, detail)):
-            pass
+        self.audit_ahead(core, action, uuid, detail)

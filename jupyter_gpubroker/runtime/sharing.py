@@ -26,6 +26,7 @@ from ..broker.sharing import MODES, Sharing, SharingRule
 from ..enforce import MECHANISMS, Enforcement, HostFacts, choose
 from ..enforce.limits import CgroupLimits
 from ..enforce.mps import MpsDaemons, MpsError
+from ..engines.dra import parse_dra_uuid
 from ..wire.errors import InvalidRequest
 from ..wire.text import share_text
 
@@ -137,8 +138,7 @@ class ShareEnforcement:
         GPU by GPU; an engine's GPUs are lent whole."""
         labels = {g.uuid: f"GPU {g.index}" for g in inventory.gpus}
         if not nvml:
-            why = "the GPUs are an engine's: it lends them whole"
-            chosen = {g.uuid: Enforcement("none", why) for g in inventory.gpus}
+            chosen = {g.uuid: engine_enforcement(g.uuid) for g in inventory.gpus}
             return cls(chosen, labels, None, None, log)
         control = shlex.split(settings.mps_control)
         facts = read_facts(control[0] if control else "", settings.share_cgroup, as_users)
@@ -187,16 +187,17 @@ class ShareEnforcement:
         return lease.shared and self.of(lease).mechanism == "mps"
 
     def env(self, lease: Lease) -> dict[str, str]:
-        """The share's kernel's environment: its MPS daemon and limits (under MPS)."""
-        if self.of(lease).mechanism != "mps" or self.daemons is None:
+        """The share's kernel's environment: its MPS daemon and limits (under MPS; an
+        engine's daemon is named in the container by NVIDIA's DRA driver)."""
+        if self.of(lease).mechanism != "mps":
             return {}
-        d = self.daemons.daemons.get((lease.devices[0], lease.user))
-        if d is None:
-            return {}
-        env = {**d.env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={lease.share_mib}M"}
+        env = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={lease.share_mib}M"}
         if lease.compute_percent is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(lease.compute_percent)
-        return env
+        if self.daemons is None:
+            return env
+        d = self.daemons.daemons.get((lease.devices[0], lease.user))
+        return {**d.env, **env} if d is not None else {}
 
     def share_json(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it (None: the lease holds whole devices)."""
@@ -280,6 +281,25 @@ class ShareEnforcement:
         self.fallen[lease.id] = Enforcement(
             "watched", f"nothing holds this share of {label}: {why}"
         )
+
+
+DRA_MPS = (
+    "NVIDIA's DRA driver runs the MPS daemon of the GPU's shared claim, and each server's "
+    "limits are in its environment"
+)
+
+
+def engine_enforcement(uuid: str) -> Enforcement:
+    """What holds the shares of an engine's GPU: MPS where NVIDIA's DRA driver publishes it
+    (every share's pod names the GPU's one claim, configured for MPS); else nothing, and
+    the engine lends it whole (the device plugin counts devices, it names none)."""
+    try:
+        device = parse_dra_uuid(uuid)
+    except ValueError:
+        return Enforcement("none", "the GPUs are an engine's: it lends them whole")
+    if device.kind != "gpu":
+        return Enforcement("none", "a MIG device is never shared")
+    return Enforcement("mps", DRA_MPS)
 
 
 def read_facts(mps_control: str, cgroup: str, as_users: bool) -> HostFacts:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..events import EventBus
     from ..monitor.sampler import Sampler
     from ..nvml import NvmlBackend
+    from .pid_view import PidView
 
 
 class SuspendHost:
@@ -34,6 +35,7 @@ class SuspendHost:
 
     if TYPE_CHECKING:  # the GPUBroker's, which this is a part of
         backend: NvmlBackend | None
+        pids: PidView | None
         sampler: Sampler | None
         log: logging.Logger
         reclaim_action: str
@@ -48,6 +50,7 @@ class SuspendHost:
         def events(self) -> EventBus: ...
         def keep(self, lease_id: str) -> None: ...
         def holder_pid(self, lease_id: str) -> int | None: ...
+        def pid_elsewhere(self, lease_id: str) -> bool: ...
         def holder_uid(self, lease: Lease) -> int | None: ...
         def open_devices(
             self, lease_id: str, pid: int, devices: list[str] | None = None
@@ -79,6 +82,7 @@ class SuspendHost:
             suspender,
             readings=lambda: sampler.latest,
             holder_pid=self.holder_pid,
+            elsewhere=self.pid_elsewhere,
             owner_uid=self.holder_uid,
             opens=self.open_devices,
             keep=self.keep,
@@ -155,6 +159,8 @@ class SuspendHost:
         if self.suspender is None:
             why = "the GPUs are an engine's: the broker runs no kernel of theirs to suspend"
             return Verdict("shutdown", why)
+        if self.pids is not None and self.pids.unseen is not None:
+            return Verdict("shutdown", self.pids.unseen)
         if self.core.placer.shares.mode.get(device_uuid) == "shared":  # shares only, now
             return Verdict("shutdown", SHARE_NOT_SUSPENDED)
         if action == "suspend":

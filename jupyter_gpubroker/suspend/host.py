@@ -47,6 +47,7 @@ from ..wire.text import (
     ENDED_EXITED,
     ENDED_RESTARTED,
     ENDED_SHUT_DOWN,
+    KERNEL_PID_NAMESPACE,
     SHARE_NOT_SUSPENDED,
     suspended_text,
 )
@@ -129,6 +130,7 @@ class KernelSuspender:
         *,
         readings: Callable[[], Mapping[str, DeviceReading]],
         holder_pid: Callable[[str], int | None],
+        elsewhere: Callable[[str], bool],
         owner_uid: Callable[[Lease], int | None],
         opens: Callable[[str, int, list[str] | None], None],
         keep: Callable[[str], None],
@@ -144,6 +146,9 @@ class KernelSuspender:
         self.readings, self.keep = readings, keep
         self.holder_pid = holder_pid
         """The holder process a lease's last renewal named (None: none)."""
+        self.elsewhere = elsewhere
+        """Whether a lease's renewals name its process in another pid namespace (a pid
+        that names nothing here, or another process: never read)."""
         self.owner_uid = owner_uid
         """The uid whose processes may be a lease's kernel's (None: its user has no
         account here): only those are suspended (``owner``)."""
@@ -273,7 +278,8 @@ class KernelSuspender:
             return None, f"{lease.user} has no account on the GPU broker's machine"
         holder = self.holder_pid(lease.id)
         if holder is None:
-            return uid, "the kernel never named its process"
+            named = KERNEL_PID_NAMESPACE if self.elsewhere(lease.id) else None
+            return uid, named or "the kernel never named its process"
         proc = self._procs.read([holder]).get(holder)
         if proc is None:
             return uid, f"its process {holder} does not run on the GPU broker's machine"

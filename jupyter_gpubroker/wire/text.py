@@ -452,6 +452,17 @@ SHARE_HOLDS = {
     "watched": "not enforced: a kernel that goes over is stopped",
 }
 """What holds a share to its memory (``enforce``), as every front says it."""
+KERNEL_PID_NAMESPACE = (
+    "its kernel runs in another pid namespace than the GPU broker's, which cannot see its processes"
+)
+"""Why a kernel is not suspended, moved or given its devices: its renewals named its process
+by a pid of another namespace (a container of its own), which means nothing to the broker."""
+BROKER_PID_NAMESPACE = (
+    "the GPU broker runs in a pid namespace of its own, not the host's, so it cannot tell "
+    "which processes on the GPUs are its kernels'"
+)
+"""Why a broker on real GPUs in a container of its own suspends, moves and stops nothing:
+NVIDIA's driver may list GPU processes by the host's pids (``pidns``)."""
 SHARE_NOT_SUSPENDED = "a share cannot be suspended: NVIDIA documents no checkpoint of MPS clients"
 """Why idle reclaim shuts a share's kernel down, on every front (as ``MIG_TEXT`` for a
 slice): NVIDIA's checkpoint acts on one process, an MPS client's GPU context is its

@@ -332,6 +332,13 @@ def test_only_admins_see_the_forecast_learnt_from_the_brokers_own_history(
         clock.advance(23 * 3600)
     found = team.forecast(carol, weeks="2", backtest_weeks="0")
     assert found["ready"] and found["basis"] == "hour of day" and found["backtest"] == []
+    assert [(a["kind"], a["on"], a["acting"]) for a in found["acting"]] == [
+        ("power_saving", False, False),
+        ("mig_ahead", False, False),
+    ]
+    team.runtime.mig_ahead = True  # without dynamic_mig: on, but it cannot cut
+    said = team.forecast(carol)["acting"][1]["text"]
+    assert said == "MIG slices cut ahead of the forecast: on, but it needs dynamic_mig, so none is"
     busy = time.gmtime(start).tm_hour  # the hour the slice was held in (it spans two)
     demand = [h["demand"]["p50"] for h in found["hours"][:24]]
     assert sum(demand) == pytest.approx(1 / 7, abs=1e-3)  # rounded to 4 digits

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 NAME = os.environ.get("GPUBROKER_KUBE_NAME", "gpubroker-kube")
 """The cluster of ``.ci/kube-up`` (``$GPUBROKER_KUBE_NAME``: the one ``.ci/run`` named)."""
 STATE = Path("/var/lib", NAME)
@@ -217,6 +219,43 @@ def gone(name: str) -> None:
 
 
 def cleanup() -> None:
-    """No test pods left, every node as made."""
+    """No test pods left, nor their events (KubeSpawner shows a pod's events on the spawn
+    page by its name, which the next test's pod of that user has too), every node as made."""
     kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    kubectl("delete", "events", "--all", "-n", NAMESPACE)
     kubectl("uncordon", "gpu-h100", "gpu-a100-mig")
+
+
+def service_account(
+    tmp_path: Path, name: str, rules: list[dict[str, Any]], role: str = "ClusterRole"
+) -> Path:
+    """A service account bound to a ``role`` (``ClusterRole``, or ``Role`` in the test
+    namespace) with exactly ``rules``; a kubeconfig with its token (the API server's
+    TokenRequest, as a pod's projected token)."""
+    kubectl("create", "serviceaccount", name, "-n", NAMESPACE)
+    meta = {"name": name} if role == "ClusterRole" else {"name": name, "namespace": NAMESPACE}
+    rbac = "rbac.authorization.k8s.io"
+    binding = {
+        "apiVersion": f"{rbac}/v1",
+        "kind": f"{role}Binding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": rbac, "kind": role, "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
+    }
+    made = {"apiVersion": f"{rbac}/v1", "kind": role, "metadata": meta, "rules": rules}
+    listed = {"apiVersion": "v1", "kind": "List", "items": [made, binding]}
+    kubectl("apply", "-f", "-", input=listed)
+    token = kubectl("create", "token", name, "-n", NAMESPACE).strip()
+    admin = yaml.safe_load(KUBECONFIG.read_text())
+    path = tmp_path / f"{name}.kubeconfig"
+    cluster = admin["clusters"][0]["name"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": cluster, "user": name}}],
+        "current-context": name,
+    }
+    path.write_text(json.dumps(config))
+    return path

@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 k8s = pytest.importorskip("kubernetes_asyncio", reason="the kubernetes extra")
-clients = pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
+pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
+from kube_broker import drains, lease_of, make_broker, poll, started  # noqa: E402
 from kube_cluster import (  # noqa: E402
     KUBECONFIG,
     NAMESPACE,
     NODES,
-    PAUSE,
     RUN,
     api_server,
     get,
@@ -38,13 +38,12 @@ from kube_cluster import (  # noqa: E402
     pod_manifest,
     ready,
     running,
+    service_account,
     until,
 )
 from kubespawner import KubeSpawner  # noqa: E402
-from traitlets.config import Config  # noqa: E402
 
 from hub_spawner.kubernetes import GPUBrokerKubeSpawner  # noqa: E402
-from jupyter_gpubroker.engines import ENGINE  # noqa: E402
 from jupyter_gpubroker.engines.kubernetes import (  # noqa: E402
     BROKER_LABEL,
     LEASE_LABEL,
@@ -64,38 +63,10 @@ pytestmark = [
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
-def make_broker(state: Path, kubeconfig: Path = KUBECONFIG, **traits: Any) -> GPUBroker:
-    config = Config({"KubernetesInventory": {"kubeconfig": str(kubeconfig), "request_timeout": 3}})
-    return GPUBroker(inventory_source="kubernetes", state_file=str(state), config=config, **traits)
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[GPUBroker]:
-    running = make_broker(tmp_path / "state.sqlite")
-    running.start()
-    try:
+    with started(make_broker(tmp_path / "state.sqlite")) as running:
         yield running
-    finally:
-        running.stop()
-
-
-def poll(broker: GPUBroker) -> None:
-    """One engine pass, as every tick makes it (each on an event loop of its own)."""
-    asyncio.run(broker.poll_engine())
-
-
-def drains(broker: GPUBroker) -> dict[str, list[str]]:
-    """Node -> the reasons its devices are held back by the engine."""
-    core = broker.core
-    found: dict[str, list[str]] = {}
-    for uuid in sorted(core.drained_by(ENGINE)):
-        found.setdefault(parse_device_uuid(uuid)[0], []).append(core.drained()[uuid][0])
-    return found
-
-
-def lease_of(broker: GPUBroker, request_id: str) -> Any:
-    core = broker.core
-    return core.lease(core.request(request_id).lease_id or "")
 
 
 def brokers_pod(name: str, lease: Any, node: str, limits: dict[str, str]) -> dict[str, Any]:
@@ -186,26 +157,6 @@ def test_other_pods_gpu_requests_are_in_use_until_they_are_deleted(broker: GPUBr
     poll(broker)
     assert core.request(waiting.id).state.value == "granted"
     assert "gpu-h100" not in drains(broker)
-
-
-@pytest.fixture
-def spawner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., GPUBrokerKubeSpawner]]:
-    """GPU KubeSpawners for KubeSpawner's stand-in user ("mock@name") on the test cluster."""
-    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
-    kube_config = pytest.importorskip("kubernetes_asyncio.config.kube_config")
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(KUBECONFIG))
-    # KubeSpawner loads its kubeconfig once and shares one API client per event loop
-    monkeypatch.setattr(clients, "_client_cache", {})
-    clients.load_config.cache_clear()
-    made: list[GPUBrokerKubeSpawner] = []
-
-    def make(**traits: Any) -> GPUBrokerKubeSpawner:
-        traits = {"namespace": NAMESPACE, "image": PAUSE, "cmd": ["/pause"], **traits}
-        made.append(GPUBrokerKubeSpawner(_mock=True, **traits))
-        return made[-1]
-
-    yield make
-    clients.load_config.cache_clear()
 
 
 def grant(spawner: GPUBrokerKubeSpawner, request: Any, lease: Any) -> GPUBrokerKubeSpawner:
@@ -430,56 +381,19 @@ def documented_rules() -> list[dict[str, Any]]:
     raise AssertionError("docs/kubernetes.md shows no ClusterRole for the broker")
 
 
-def service_account(tmp_path: Path, name: str, rules: list[dict[str, Any]]) -> Path:
-    """A service account bound to a ClusterRole with exactly ``rules``; a kubeconfig with
-    its token (the API server's TokenRequest, as a pod's projected token)."""
-    kubectl("create", "serviceaccount", name, "-n", NAMESPACE)
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": rules,
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
-    }
-    kubectl(
-        "apply", "-f", "-", input={"apiVersion": "v1", "kind": "List", "items": [role, binding]}
-    )
-    token = kubectl("create", "token", name, "-n", NAMESPACE).strip()
-    admin = yaml.safe_load(KUBECONFIG.read_text())
-    path = tmp_path / f"{name}.kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": admin["clusters"],
-                "users": [{"name": name, "user": {"token": token}}],
-                "contexts": [
-                    {
-                        "name": name,
-                        "context": {"cluster": admin["clusters"][0]["name"], "user": name},
-                    }
-                ],
-                "current-context": name,
-            }
-        )
-    )
-    return path
-
-
-@pytest.fixture
-def accounts() -> Iterator[list[str]]:
-    made: list[str] = []
-    yield made
-    for name in made:
-        kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found")
-        kubectl("delete", "serviceaccount", name, "-n", NAMESPACE, "--ignore-not-found")
+CORE = "nodes and pods (403 Forbidden): grant the broker's service account list on nodes and pods"
+DRA = (
+    "(403 Forbidden): grant the broker's service account list on resourceslices and "
+    "resourceclaims (add to its ClusterRole the rule apiGroups: [resource.k8s.io], resources: "
+    "[resourceslices, resourceclaims], verbs: [list])"
+)
+REFUSED = {
+    "nodes": CORE,
+    "pods": CORE,
+    "resourceslices": f"resourceslices {DRA}",
+    "resourceclaims": f"resourceclaims {DRA}",
+}
+"""What the broker says when its role lacks list on each resource."""
 
 
 def test_the_documented_rbac_is_all_the_broker_needs_and_each_verb_is_needed(
@@ -514,6 +428,5 @@ def test_the_documented_rbac_is_all_the_broker_needs_and_each_verb_is_needed(
         with pytest.raises(ConfigError) as refused:
             broker.start()
         assert refused.value.message.startswith(
-            "the Kubernetes API server refused to list nodes and pods (403 Forbidden): grant the "
-            "broker's service account list on nodes and pods"
+            "the Kubernetes API server refused to list " + REFUSED[resource]
         ), (verb, resource)

@@ -4,7 +4,9 @@
 a user's server becomes a pod that the real kube-scheduler binds to the node the broker
 chose, and the next user's spawn page shows the broker's position and ETA, then the pod's
 scheduling. KWOK runs no container, so no server ever answers in a pod: the hub gives up
-after ``http_timeout``, deletes the pod, and the broker's lease ends with it."""
+after ``http_timeout``, deletes the pod, and the broker's lease ends with it. The cluster
+has DRA nodes too (``dra_publisher.py``), and the admin page says which nodes the
+inventory reads from which source."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 import requests
+from bs4 import BeautifulSoup
 from kube_cluster import KUBECONFIG, NAMESPACE, PAUSE, get, kubectl, until
 from live_hub import Hub
 
@@ -21,7 +24,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.hub, pytest.mark.slow]
 
 
 @pytest.fixture
-def hub(tmp_path: Path, kube: None, proxy: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
+def hub(
+    tmp_path: Path, dra_nodes: None, kube: None, proxy: None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Hub]:
     monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))  # the hub's KubeSpawner's
     running = Hub(
         tmp_path,
@@ -67,6 +72,13 @@ def messages(hub: Hub, token: str, name: str, until_text: str) -> list[str]:
 def test_a_gpu_server_is_a_pod_on_the_brokers_node_and_the_next_user_sees_the_queue(
     hub: Hub,
 ) -> None:
+    admin = hub.login("admin").get(f"{hub.url}/services/gpubroker/admin", timeout=60)
+    assert admin.status_code == 200, admin.text
+    said = BeautifulSoup(admin.text, "html.parser").select_one("p.gpubroker-engine")
+    assert said is not None and said.get_text(" ", strip=True) == (
+        "Inventory: Kubernetes, from DRA (ResourceSlices of gpu.nvidia.com) on 3 nodes, "
+        "the device plugin's extended resources on 5 nodes."
+    )
     tokens = {n: hub.user(n) for n in ("ann", "bob")}
     for name in ("ann", "bob"):
         answer = requests.post(

@@ -6,90 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-clients = pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
+pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
-from kube_helpers import free_port  # noqa: E402
-from kubernetes_asyncio.client import ApiClient  # noqa: E402
+from kube_helpers import env, free_port, granted, limits, manifest, terms  # noqa: E402
 from tornado import web  # noqa: E402
 from tornado.httpserver import HTTPServer  # noqa: E402
 
 from hub_spawner._compat import SpawnException  # noqa: E402
 from hub_spawner.environment import LEASE_ENV  # noqa: E402
 from hub_spawner.kubernetes import (  # noqa: E402
-    GPUBrokerKubeSpawner,
     KueuePosition,
     kueue_position,
     merged,
 )
 from jupyter_gpubroker.engines.kubernetes import BROKER_LABEL, LEASE_LABEL  # noqa: E402
 
-
-def granted(spawner: GPUBrokerKubeSpawner, *devices: str) -> GPUBrokerKubeSpawner:
-    spawner._gpu = {"request_id": "r-1", "lease_id": "l-0a1b2c", "devices": list(devices)}
-    return spawner
-
-
-async def manifest(spawner: GPUBrokerKubeSpawner) -> dict[str, Any]:
-    """The pod KubeSpawner's get_pod_manifest builds, as the JSON sent to the API server."""
-    pod = await spawner.get_pod_manifest()
-    async with ApiClient() as api:
-        return dict(api.sanitize_for_serialization(pod))
-
-
-def notebook(pod: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
-    return container
-
-
-def limits(pod: dict[str, Any]) -> dict[str, str]:
-    return dict(notebook(pod)["resources"].get("limits") or {})
-
-
-def env(pod: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in notebook(pod)["env"]}
-
-
-def terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    required = pod["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]
-    return list(required["nodeSelectorTerms"])
-
-
 PIN = {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
-
-
-@pytest.fixture
-def make_spawner(
-    kubeconfig: Any, monkeypatch: pytest.MonkeyPatch, jp_asyncio_loop: asyncio.AbstractEventLoop
-) -> Iterator[Callable[..., GPUBrokerKubeSpawner]]:
-    """Make a spawner with these traits for KubeSpawner's stand-in of the hub's user
-    ("mock@name"), in a test's event loop as the hub makes it in its own; the API server
-    it would talk to is ``server`` (default: a port nothing listens on)."""
-    # KubeSpawner loads its kubeconfig once and shares one API client per event loop:
-    # each test's spawners load theirs and get their own
-    monkeypatch.setattr(clients, "_client_cache", {})
-    clients.load_config.cache_clear()
-
-    def make(server: str = "", **traits: Any) -> GPUBrokerKubeSpawner:
-        kubeconfig(server)
-        return GPUBrokerKubeSpawner(_mock=True, **traits)
-
-    yield make
-
-    async def close() -> None:
-        """End the tasks that close the shared clients (in a hub: at its shutdown)."""
-        tasks = [t for t in asyncio.all_tasks() if "close_client_task" in repr(t.get_coro())]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    jp_asyncio_loop.run_until_complete(close())
 
 
 async def test_a_mig_grant_under_the_mixed_strategy_is_a_mig_limit_on_that_node(

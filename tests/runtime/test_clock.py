@@ -66,6 +66,7 @@ def test_an_engine_down_since_reads_the_brokers_clock(tmp_path: Path) -> None:
         asyncio.run(rt.poll_engine())
         assert rt.engine_state() == {
             "name": "site",
+            "source": None,
             "reachable": False,
             "since": DAY_ONE,
             "error": "the site's scheduler does not answer",

@@ -109,3 +109,7 @@ def test_a_new_hubs_admin_page_says_its_forecast_needs_a_day_of_history(
     assert section.locator(".gpubroker-no-forecast").inner_text() == (
         "Not enough history yet: no history, and a forecast needs a day of it."
     )
+    assert section.locator(".gpubroker-acting li").all_inner_texts() == [
+        "Power limits lowered in a forecast trough: off.",
+        "MIG slices cut ahead of the forecast: off.",
+    ]
