@@ -1,4 +1,5 @@
-"""What ``/proc/<pid>/stat`` says of a process: its state, parent and start time.
+"""What ``/proc/<pid>/stat`` says of a process: its state, parent and start time (and
+``/proc/<pid>/environ``, its environment at its start).
 
 One reader for every part that asks whether a process still runs (the outside-use check,
 the MPS daemons, the simulated driver) or whether a pid is still the process it was (the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 ENDED = (b"Z", b"X")
 """A zombie (ended, its exit not yet read by its parent) and a dead process: neither runs
@@ -55,3 +57,17 @@ def runs(pid: int) -> bool:
     """Whether ``pid`` is a process that has not ended."""
     stat = proc_stat(pid)
     return stat is not None and not stat.ended
+
+
+def proc_environ(pid: int) -> dict[bytes, bytes] | None:
+    """The environment the process started with (the first of a name twice), None where it
+    cannot be read (gone, or another user's)."""
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    found: dict[bytes, bytes] = {}
+    for entry in data.split(b"\0"):
+        name, _, value = entry.partition(b"=")
+        found.setdefault(name, value)
+    return found

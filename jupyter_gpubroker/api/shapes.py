@@ -14,7 +14,7 @@ from typing import Any
 
 from ..broker.core import Broker, Event, QueueEntry, Vacating
 from ..broker.eta import Eta
-from ..broker.models import DeviceReading, Inventory, Lease, Request
+from ..broker.models import DeviceReading, Inventory, Lease, Request, ShareUse
 from ..events import envelope
 from ..wire.text import devices_held, held_back, period, queue_place, quota_allows
 from ..wire.times import iso
@@ -150,7 +150,7 @@ def devices_json(
     outside: Mapping[str, list[dict[str, Any]]] | None = None,
     shared: Mapping[str, list[Lease]] | None = None,
     sharing: Mapping[str, dict[str, Any]] | None = None,
-    share_use: Mapping[str, int | None] | None = None,
+    share_use: Mapping[str, ShareUse] | None = None,
     idle_reclaim: Mapping[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every GPU with its grantable devices, live readings, holders and drain state; other
@@ -165,7 +165,7 @@ def devices_json(
     idle reclaim does to its kernel (``action``, ``reason``). ``shared``: GPU UUID -> its
     shares; ``sharing``: GPU UUID -> how it is lent and what holds its shares
     (``GPUBroker.sharing_of``); ``share_use``: lease id -> what a share's processes use of
-    its GPU (MiB; None: not known)."""
+    its GPU (memory and utilization)."""
     drains, vacating, causes, outside = drains or {}, vacating or {}, causes or {}, outside or {}
     reclaim = idle_reclaim or {}
     shared, sharing, share_use = shared or {}, sharing or {}, share_use or {}
@@ -174,10 +174,17 @@ def devices_json(
         how = sharing.get(uuid)
         if how is None:
             return None
-        shares = [
-            {**(holder(x) or {}), "memory_mib": x.share_mib, "used_mib": share_use.get(x.id)}
-            for x in shared.get(uuid, [])
-        ]
+        shares = []
+        for x in shared.get(uuid, []):
+            use = share_use.get(x.id, ShareUse())
+            shares.append(
+                {
+                    **(holder(x) or {}),
+                    "memory_mib": x.share_mib,
+                    "used_mib": use.used_mib,
+                    "utilization": use.utilization,
+                }
+            )
         return {**how, "shares": shares}
 
     def left(uuid: str) -> dict[str, Any] | None:

@@ -101,6 +101,18 @@ class ProcessInfo:
     compute_instance_id: int | None = None
     mps: bool = False
     """NVML lists it with an MPS compute context: a client of an MPS server."""
+    utilization: float | None = None
+    """Its own SM utilization in percent of a whole GPU, averaged over NVML's samples
+    since the last reading (0: none, it had no load); None where NVML gives none (MIG)."""
+
+
+@dataclass(frozen=True)
+class ShareUse:
+    """What a share's own processes use of its GPU at the last sample (None: not known)."""
+
+    used_mib: int | None = None
+    utilization: float | None = None
+    """Their SM utilization summed, in percent of the GPU (None: NVML gives none)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..client import URL_ENV, BrokerAPIError
 from ..paths import STATE_FILE_ENV, default_state_path
-from ..wire.text import idle_reclaim_text, sentence
+from ..wire.text import devices_held, idle_reclaim_text, sentence
 from .common import ask_broker, connection_args, table
 
 
@@ -164,7 +164,7 @@ def _share_row(d: dict[str, Any], x: dict[str, Any]) -> Row:
         "  share",
         used,
         memory(x["memory_mib"]),
-        "",
+        _pct(x.get("utilization")),
         "",
         "",
         _holder_text({**d, "holder": x}),
@@ -176,11 +176,11 @@ def _summary_lines(report: dict[str, Any]) -> list[str]:
     """The lines under the table: the counts, each shared GPU's holds, idle reclaim, and
     an engine the broker cannot reach."""
     n_dev = sum(len(g["devices"]) for g in report["gpus"])
-    held = sum(1 for g in report["gpus"] for d in g["devices"] if d["holder"])
     drained = sum(1 for g in report["gpus"] for d in g["devices"] if d.get("drained"))
     lines = [
-        f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {held} held, {drained} drained "
-        f"({_read_from(report)}); utilization '-' = not supported there (MIG)"
+        f"{len(report['gpus'])} GPUs, {n_dev} grantable devices, {drained} drained; held: "
+        f"{devices_held(_held(report['gpus']))} ({_read_from(report)}); utilization '-' = "
+        "not known there (a MIG slice, a share NVML gives no per-process use of)"
     ]
     holds = sorted(
         {
@@ -198,6 +198,13 @@ def _summary_lines(report: dict[str, Any]) -> list[str]:
             f"last view of the cluster"
         )
     return lines
+
+
+def _held(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What leases hold: each device with a holder, each share of a shared GPU."""
+    held = [d for g in gpus for d in g["devices"] if d["holder"]]
+    shares = [x for g in gpus for x in (g.get("sharing") or {}).get("shares", [])]
+    return held + [{"kind": "share", "memory_mib": x["memory_mib"]} for x in shares]
 
 
 SHOWN_LABELS = 6

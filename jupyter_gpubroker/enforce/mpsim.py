@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..procstat import proc_environ
+
 PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET = "control"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
@@ -208,14 +210,11 @@ def cuda_malloc(mib: int) -> int:
 def mps_client(pid: int) -> bool:
     """Whether CUDA in process ``pid`` runs as an MPS client: a daemon answers at the pipe
     directory its environment names (a process that changed it runs without MPS)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
+    environ = proc_environ(pid)
+    if environ is None:
         return False
-    found = [
-        v for k, _, v in (e.partition(b"=") for e in environ) if k == b"CUDA_MPS_PIPE_DIRECTORY"
-    ]
-    pipes = Path(os.fsdecode(found[0])) if found and found[0] else Path(DEFAULT_PIPE_DIR)
+    found = environ.get(b"CUDA_MPS_PIPE_DIRECTORY")
+    pipes = Path(os.fsdecode(found)) if found else Path(DEFAULT_PIPE_DIR)
     return ask("get_server_list", pipes, timeout=1.0) is not None
 
 

@@ -101,7 +101,8 @@ class Held:
     temperature_c: float | None
     """The device's, or its GPU's for a MIG slice (NVML reads it per GPU)."""
     shared: bool = False
-    """A share of the GPU: its memory is the share's, its use the share's processes'."""
+    """A share of the GPU: its memory is the share's, its use and utilization the share's
+    processes'."""
 
     @property
     def utilization_text(self) -> str:
@@ -150,7 +151,7 @@ def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
     if tracker.state != "granted" or lease is None:
         return []
     share = lease.get("share")
-    if share:  # the GPU's memory and use are its shares' together: show this one's
+    if share:  # the GPU's memory, use and load are its shares' together: show this one's
         g = next((g for g in gpus if g["uuid"] in lease["devices"]), {})
         return [
             Held(
@@ -158,7 +159,7 @@ def held_devices(tracker: Tracker, gpus: list[dict[str, Any]]) -> list[Held]:
                 label=share["gpu"],
                 memory_mib=share["memory_mib"],
                 used_mib=share.get("used_mib"),
-                utilization=g.get("utilization_gpu"),
+                utilization=share.get("utilization"),
                 mig=False,
                 temperature_c=g.get("temperature_c"),
                 shared=True,
@@ -397,9 +398,9 @@ class RequestPanel(GpuWidget):
                 self._update()
 
     def _read_share(self, changed: dict[str, Any]) -> None:
-        """A share's memory in use is its own processes', which no reading of its GPU
-        carries: when that GPU's reading changes, its request (and lease) is read again,
-        one read at a time."""
+        """A share's memory in use and utilization are its own processes', which no
+        reading of its GPU carries: when that GPU's reading changes, its request (and
+        lease) is read again, one read at a time."""
         lease = self.tracker.lease if self.tracker.state == "granted" else None
         if not lease or not lease.get("share") or lease["devices"][0] not in changed:
             return

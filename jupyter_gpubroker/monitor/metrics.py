@@ -28,7 +28,7 @@ from prometheus_client.registry import CollectorRegistry
 from ..broker.alerts import Alert
 from ..broker.core import Broker, Event
 from ..broker.health import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
-from ..broker.models import DeviceReading, Health, JobClass, RequestState
+from ..broker.models import DeviceReading, Health, JobClass, RequestState, ShareUse
 from ..broker.shapes import device_class
 
 WAIT_BUCKETS = (1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
@@ -49,8 +49,8 @@ CLOCK_REASONS = {
 class BrokerCollector:
     """Collects the broker's metrics; ``readings`` returns the latest device readings,
     ``alerts`` the active health alerts, ``hardware_errors`` the Xid and ECC events counted
-    since the start by (UUID, kind), ``share_use`` each share's memory in use by lease
-    (MiB; None: not known)."""
+    since the start by (UUID, kind), ``share_use`` each share's memory in use and
+    utilization by lease."""
 
     def __init__(
         self,
@@ -58,7 +58,7 @@ class BrokerCollector:
         readings: Callable[[], dict[str, DeviceReading]],
         alerts: Callable[[], list[Alert]] = list,
         hardware_errors: Callable[[], Mapping[tuple[str, str], int]] = dict,
-        share_use: Callable[[], Mapping[str, int | None]] = dict,
+        share_use: Callable[[], Mapping[str, ShareUse]] = dict,
     ) -> None:
         self.broker, self.readings = broker, readings
         self.alerts, self.hardware_errors = alerts, hardware_errors
@@ -124,9 +124,11 @@ class BrokerCollector:
             gpu = self.broker.inventory.device(uuid)
             labels = [lease.id, uuid, str(gpu.gpu_index) if gpu is not None else ""]
             f.share_memory.add_metric(labels, lease.share_mib * 2**20)
-            mib = used.get(lease.id)
-            if mib is not None:
-                f.share_memory_used.add_metric(labels, mib * 2**20)
+            use = used.get(lease.id, ShareUse())
+            if use.used_mib is not None:
+                f.share_memory_used.add_metric(labels, use.used_mib * 2**20)
+            if use.utilization is not None:
+                f.share_utilization.add_metric(labels, use.utilization)
 
     def _fill_devices(self, f: _Families, readings: Mapping[str, DeviceReading]) -> None:
         """Each device held, drained or free (and a MIG slice's readings), and how many
@@ -255,6 +257,12 @@ class _Families:
         self.share_memory_used = gauge(
             "share_memory_used_bytes",
             "What a share's processes use of its GPU (NVML's per-process memory).",
+            SHARE_LABELS,
+        )
+        self.share_utilization = gauge(
+            "share_utilization_percent",
+            "A share's processes' SM utilization together, in percent of its GPU "
+            "(NVML's per-process samples).",
             SHARE_LABELS,
         )
         self.wait = HistogramMetricFamily(

@@ -20,7 +20,7 @@ from typing import Protocol
 from ..broker.alerts import AlertChange, AlertJudge
 from ..broker.core import Broker
 from ..broker.health import HealthJudge
-from ..broker.models import DeviceEvent, DeviceReading, Inventory, Lease, ProcessInfo
+from ..broker.models import DeviceEvent, DeviceReading, Inventory, Lease, ProcessInfo, ShareUse
 from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
 from .outside import OutsideWatch, Proc
 from .samples import SampleStore
@@ -213,3 +213,13 @@ class Sampler:
 def share_used_mib(processes: Mapping[int, ProcessInfo]) -> int:
     """What a share's processes use of its GPU together, in MiB."""
     return sum(p.used_memory_mib or 0 for p in processes.values())
+
+
+def share_use(processes: Mapping[int, ProcessInfo] | None) -> ShareUse:
+    """A share's memory in use and utilization: its processes' together (utilization at
+    most 100%; None where NVML gives any of them none). None: its processes not known."""
+    if processes is None:
+        return ShareUse()
+    loads = [p.utilization for p in processes.values()]
+    utilization = None if None in loads else min(100.0, sum(x or 0.0 for x in loads))
+    return ShareUse(share_used_mib(processes), utilization)

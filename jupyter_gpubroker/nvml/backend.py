@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pynvml
@@ -28,6 +28,7 @@ from ..broker.models import (
 )
 from ..wire.profiles import model_for_name
 from .presets import PRESET_NAMES
+from .processes import ProcessLoads, list_processes
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -125,6 +126,7 @@ class NvmlBackend:
         """GPU UUID -> its GPU-instance profiles by NVML profile id, which never change."""
         self.unprivileged = False
         """NVML refused this broker a GPU-instance lookup (said once in the log)."""
+        self._loads = ProcessLoads()
 
     def open(self) -> NvmlBackend:
         if self._open:
@@ -300,7 +302,7 @@ class NvmlBackend:
         probe); ``()`` when there are none or NVML cannot tell (a lost GPU is drained by
         its health check instead)."""
         try:
-            return tuple(p.pid for p in _processes(self.handle(device_uuid)))
+            return tuple(p.pid for p in list_processes(self.handle(device_uuid)))
         except pynvml.NVMLError:
             return ()
 
@@ -352,9 +354,21 @@ class NvmlBackend:
             clock_event_reasons=probe(
                 ("clock_event_reasons",), pynvml.nvmlDeviceGetCurrentClocksEventReasons, True
             ),
-            processes=probe(("processes",), _processes) or (),
+            processes=self._with_loads(uuid, handle, probe(("processes",), list_processes) or ()),
             unsupported=tuple(unsupported),
         )
+
+    def _with_loads(
+        self, uuid: str, handle: Any, processes: tuple[ProcessInfo, ...]
+    ) -> tuple[ProcessInfo, ...]:
+        """A whole GPU's processes with their own utilization; NVML places a MIG slice's
+        in a GPU instance and gives them none."""
+        if not processes or processes[0].gpu_instance_id is not None:
+            return processes
+        loads = self._loads.read(uuid, handle)
+        if loads is None:
+            return processes
+        return tuple(replace(p, utilization=loads.get(p.pid, 0.0)) for p in processes)
 
     def _limits(self, uuid: str, handle: Any) -> tuple[int | None, int | None]:
         """The GPU's own slowdown and shutdown temperatures, read once (None where NVML
@@ -557,30 +571,3 @@ def _threshold(handle: Any, kind: int) -> int | None:
         return int(pynvml.nvmlDeviceGetTemperatureThreshold(handle, kind))
     except pynvml.NVMLError:
         return None
-
-
-def _processes(handle: Any) -> tuple[ProcessInfo, ...]:
-    """The compute processes, and the MPS clients, each once: a client is marked ``mps``
-    whether NVML lists it in its compute query too or in its MPS query only."""
-    clients = {p.pid: p for p in _mps_clients(handle)}
-    listed = {p.pid: p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
-    return tuple(
-        ProcessInfo(
-            pid=pid,
-            used_memory_mib=None if p.usedGpuMemory is None else p.usedGpuMemory // _MIB,
-            gpu_instance_id=None if p.gpuInstanceId == _NOT_AVAILABLE else p.gpuInstanceId,
-            compute_instance_id=(
-                None if p.computeInstanceId == _NOT_AVAILABLE else p.computeInstanceId
-            ),
-            mps=pid in clients,
-        )
-        for pid, p in {**clients, **listed}.items()
-    )
-
-
-def _mps_clients(handle: Any) -> list[Any]:
-    """NVML's processes with an MPS compute context; none where it cannot say."""
-    try:
-        return list(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
-    except pynvml.NVMLError:
-        return []

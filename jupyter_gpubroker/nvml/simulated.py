@@ -11,6 +11,11 @@ What it reproduces (see REFERENCE.md and the NVML API reference):
 
 - enumeration, memory, PCI, utilization, temperature (also ``TemperatureV``),
   power, clock-event reasons, running processes (two-call buffer protocol);
+- per-process utilization (``nvmlDeviceGetProcessUtilization``): a sample per process
+  with some load in each sample period, only those newer than the caller's
+  ``lastSeenTimeStamp``, NotFound when there is none, NotSupported under MIG; each
+  process's own load set with :meth:`SimulatedNvml.set_process_load`, else the GPU's
+  split evenly;
 - MIG: GPU instances at the placements of the profile catalog (no overlap,
   per-profile maximum counts), compute instances in them, MIG device handles
   and UUIDs; InUse when destroying something still in use; NotSupported for
@@ -50,7 +55,8 @@ media engine counts follow the A100's (see :func:`_media`); a GPU
 instance's id is the swizzle id of its memory slices; the sensors follow the
 load set with :meth:`SimulatedNvml.set_load`; GPM reports a GPU instance's graphics
 and SM activity as its compute instances' utilization, DRAM bandwidth as their
-memory utilization.
+memory utilization; the driver samples processes every 1/6 s and keeps 20 s of samples
+(:data:`PROCESS_SAMPLE_PERIOD_US`).
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from ..procstat import proc_stat
+from ..procstat import proc_environ, proc_stat
 from ..wire.profiles import CATALOG, COMPUTE_SLICES, GpuModel, MigProfile, free_starts
 from .presets import GpuSpec, Topology, TopologyError
 
@@ -98,6 +104,16 @@ user. The default is the running process's own: root when it runs as root, else 
 (containers rarely carry the capability files)."""
 GPM_MODELS = frozenset({"H100-80GB", "H200-141GB"})
 """The catalog's models with GPM (Hopper and newer); the A100 has none."""
+LOAD_ENV = "GPUBROKER_SIMULATE_UTILIZATION"
+"""In a real process's environment: its SM load in percent, which the simulated driver
+gives it where it lists it on a whole GPU (:meth:`SimulatedNvml.load_from_environment`)."""
+PROCESS_SAMPLE_PERIOD_US = 166_667
+"""How often the simulated driver samples each process's utilization: every 1/6 s, the
+shortest sample period NVML names for its utilization (``nvmlUtilization_t``: "between 1
+second and 1/6 second depending on the product"); NVML names none for processes."""
+PROCESS_SAMPLES_KEPT = 120
+"""Sample periods the driver keeps per GPU (20 s): a reader that waits longer gets only
+the newest, as from a real driver's bounded sample buffer."""
 
 _T = TypeVar("_T")
 _D = TypeVar("_D", bound="_Unit")
@@ -222,10 +238,44 @@ class _Gpu(_Unit):
     memory_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     """cgroup path -> (soft, hard) limit in bytes, as ``nvmlDeviceSetMemoryLimits_v1``
     set them."""
+    own_loads: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """pid -> the (SM, memory) utilization percent a test gave that process
+    (:meth:`SimulatedNvml.set_process_load`)."""
+    process_samples: deque[tuple[int, tuple[tuple[int, int, int], ...]]] = field(
+        default_factory=lambda: deque(maxlen=PROCESS_SAMPLES_KEPT)
+    )
+    """The driver's per-process samples: (timestamp in µs, each (pid, SM, memory) with
+    some load then), oldest first."""
+    sampled_period: int = field(default_factory=lambda: _now_us() // PROCESS_SAMPLE_PERIOD_US)
+    """The last sample instant recorded in ``process_samples``, in sample periods."""
 
     @property
     def gpu(self) -> _Gpu:
         return self
+
+    def process_loads(self) -> dict[int, tuple[int, int]]:
+        """Each process's (SM, memory) utilization now: its own where a test set some
+        process's (0 for the others), else the GPU's split evenly among its processes."""
+        running = self.processes
+        if any(pid in self.own_loads for pid in running):
+            return {pid: self.own_loads.get(pid, (0, 0)) for pid in running}
+        n = max(len(running), 1)
+        return {pid: (self.utilization // n, self.memory_utilization // n) for pid in running}
+
+    def sample_processes(self) -> None:
+        """Record the samples of each sample instant since the last one recorded (the
+        newest ``PROCESS_SAMPLES_KEPT``), with the load as it has been since: called
+        before the load or the processes change, and before the samples are read. A
+        process with no load has no sample: NVML returns one per process "that had some
+        non-zero utilization during the last sample period"."""
+        period = _now_us() // PROCESS_SAMPLE_PERIOD_US
+        first = max(self.sampled_period + 1, period - PROCESS_SAMPLES_KEPT + 1)
+        if first <= period:
+            loads = sorted(self.process_loads().items())
+            row = tuple((pid, sm, mem) for pid, (sm, mem) in loads if sm or mem)
+            for k in range(first, period + 1):
+                self.process_samples.append((k * PROCESS_SAMPLE_PERIOD_US, row))
+        self.sampled_period = max(self.sampled_period, period)
 
     @property
     def name(self) -> str:
@@ -655,6 +705,7 @@ class SimulatedNvml:
         with self._lock:
             unit = self._load_target(uuid)
             unit.accrue()
+            _sample_processes(unit)
             if utilization is not None:
                 unit.utilization = _percent(utilization, "utilization")
             if memory_utilization is not None:
@@ -683,14 +734,52 @@ class SimulatedNvml:
         query only."""
         with self._lock:
             unit = self._load_target(uuid)
+            _sample_processes(unit)
             unit.processes[pid] = used_memory_mib
             if follow:
                 unit.followed.add(pid)
             (unit.mps.add if mps else unit.mps.discard)(pid)
 
+    def set_process_load(
+        self, uuid: str, pid: int, utilization: int, memory_utilization: int = 0
+    ) -> None:
+        """Give a process on a whole GPU its own load, which NVML's per-process samples
+        report from the next sample period on; the GPU's utilization becomes its
+        processes' own loads summed (at most 100), and a process given none has none."""
+        with self._lock:
+            unit = self._load_target(uuid)
+            if not isinstance(unit, _Gpu):
+                raise ValueError(f"{uuid} is a MIG device: NVML samples no process there")
+            if pid not in unit.processes:
+                raise ValueError(f"no simulated process {pid} on {uuid}")
+            unit.accrue()
+            unit.sample_processes()
+            unit.own_loads[pid] = (
+                _percent(utilization, "utilization"),
+                _percent(memory_utilization, "memory_utilization"),
+            )
+            loads = [unit.own_loads[p] for p in unit.processes if p in unit.own_loads]
+            unit.utilization = min(100, sum(sm for sm, _ in loads))
+            unit.memory_utilization = min(100, sum(mem for _, mem in loads))
+
+    def load_from_environment(self, pid: int) -> None:
+        """Give a real process listed on whole GPUs the load its environment states
+        (:data:`LOAD_ENV`) on each; a process that states none, or no whole percent, keeps
+        the load it has."""
+        value = (proc_environ(pid) or {}).get(LOAD_ENV.encode(), b"")
+        if not value.isdigit() or int(value) > 100:
+            return
+        with self._lock:
+            for gpu in self._gpus:
+                if not gpu.mig_enabled and pid in gpu.processes:
+                    self.set_process_load(gpu.uuid, pid, int(value))
+
     def remove_process(self, uuid: str, pid: int) -> None:
         with self._lock:
             unit = self._load_target(uuid)
+            _sample_processes(unit)
+            if isinstance(unit, _Gpu):
+                unit.own_loads.pop(pid, None)
             unit.followed.discard(pid)
             unit.mps.discard(pid)
             if unit.processes.pop(pid, None) is None:
@@ -1041,20 +1130,29 @@ class SimulatedNvml:
     def nvmlDeviceGetProcessUtilization(
         self, handle: Any, samples: Any, count: Any, last_seen: Any
     ) -> None:
+        """The samples of each process with some load, of every sample period newer than
+        ``last_seen`` (µs; 0: every sample kept), so several per process; NotFound when
+        there is none; NotSupported under MIG (NVML API reference)."""
         gpu = self._typed(handle, _Gpu, pynvml.NVML_ERROR_NOT_SUPPORTED)
         if gpu.mig_enabled:
             raise _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not gpu.processes:
+        gpu.sample_processes()
+        since = _val(last_seen)
+        found = [
+            (at, pid, sm, mem)
+            for at, row in gpu.process_samples
+            if at > since
+            for pid, sm, mem in row
+        ]
+        if not found:
             raise _Fail(pynvml.NVML_ERROR_NOT_FOUND)
-        share = len(gpu.processes)
-        now_us = time.time_ns() // 1000
 
-        def write(array: Any, i: int, pid: int) -> None:
+        def write(array: Any, i: int, sample: tuple[int, int, int, int]) -> None:
             s = array[i]
-            s.pid, s.timeStamp = pid, now_us
-            s.smUtil, s.memUtil = gpu.utilization // share, gpu.memory_utilization // share
+            s.timeStamp, s.pid, s.smUtil, s.memUtil = sample
+            s.encUtil = s.decUtil = 0
 
-        _write_array(samples, count, sorted(gpu.processes), write, query_fails=True)
+        _write_array(samples, count, found, write, query_fails=True)
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> None:
         device = self._device(handle)
@@ -1430,6 +1528,17 @@ class SimulatedNvml:
     def _event_set(self, handle: Any) -> _EventSet:
         events: _EventSet = self._lookup(handle, "events")
         return events
+
+
+def _now_us() -> int:
+    """The CPU time NVML stamps its samples with, in microseconds."""
+    return time.time_ns() // 1000
+
+
+def _sample_processes(unit: _Unit) -> None:
+    """Record a whole GPU's per-process samples up to now, before its load changes."""
+    if isinstance(unit, _Gpu):
+        unit.sample_processes()
 
 
 def _percent(value: int, what: str) -> int:

@@ -22,7 +22,7 @@ from traitlets.config import LoggingConfigurable
 from .. import pidns
 from ..broker.alerts import AlertChange
 from ..broker.core import Broker, BrokerConfig, Event
-from ..broker.models import DeviceReading, Lease
+from ..broker.models import DeviceReading, Lease, ShareUse
 from ..broker.reclaim import Decision, KernelState
 from ..broker.recorded import machine, record_machine
 from ..broker.store import Store
@@ -31,7 +31,7 @@ from ..events import EventBus
 from ..inventory import InventoryWatch, OpenInventory
 from ..monitor.metrics import BrokerCollector
 from ..monitor.outside import ProcessTable, outside_text
-from ..monitor.sampler import KernelActions, Sampler, share_used_mib
+from ..monitor.sampler import KernelActions, Sampler, share_use
 from ..statelock import StateLock, secure_state_file
 from ..suspend.host import (
     KernelKey,
@@ -409,6 +409,7 @@ class GPUBroker(
             simulate_kernel_use(
                 self.backend.simulator, lease, pid, self.simulate_kernel_memory, mps=mps
             )
+            self.backend.simulator.load_from_environment(pid)
         self.open_devices(lease_id, pid)
         if self.shares is not None:
             self.shares.report_pid(self.core.lease(lease_id), pid)
@@ -424,17 +425,20 @@ class GPUBroker(
         environment (None: the lease holds whole devices)."""
         shown = None if self.shares is None else self.shares.share_json(lease)
         if shown is not None:
-            shown["used_mib"] = self._share_used(lease)
+            use = self._share_use(lease)
+            shown["used_mib"], shown["utilization"] = use.used_mib, use.utilization
         return shown
 
-    def share_use(self) -> dict[str, int | None]:
-        """Each active share's memory in use (its processes', at the last sample)."""
-        return {x.id: self._share_used(x) for x in self.core.leases() if x.shared}
+    def share_use(self) -> dict[str, ShareUse]:
+        """Each active share's memory in use and utilization (its processes', at the
+        last sample)."""
+        return {x.id: self._share_use(x) for x in self.core.leases() if x.shared}
 
-    def _share_used(self, lease: Lease) -> int | None:
+    def _share_use(self, lease: Lease) -> ShareUse:
         sampler = self.sampler
-        used = None if sampler is None else sampler.share_processes(lease, sampler.latest)
-        return None if used is None else share_used_mib(used)
+        return share_use(
+            None if sampler is None else sampler.share_processes(lease, sampler.latest)
+        )
 
     def sharing_of(self, gpu_uuid: str) -> dict[str, Any] | None:
         """How a GPU is lent now and what holds its shares (None: it is never shared and

@@ -159,7 +159,8 @@ class ReclaimSettings(HasTraits):
         MAX_KERNEL_MIB,
         help="On a simulated machine (simulate), list each kernel that names its process on "
         "its lease's devices with this many MiB, as NVML lists a kernel that used CUDA "
-        "(the demo's --suspend sets it, so that there is GPU memory to suspend). 0: off.",
+        "(the demo's --suspend sets it, so that there is GPU memory to suspend), and with "
+        "the SM load its environment's GPUBROKER_SIMULATE_UTILIZATION states. 0: off.",
     ).tag(config=True)
     reclaim_exempt_users = SetTrait(
         Unicode(), help="Users whose leases are never reclaimed for idleness or preempted."

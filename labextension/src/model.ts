@@ -185,8 +185,12 @@ export class GpuModel {
     );
   }
 
-  /** The highest utilization over a lease's devices. */
+  /** The highest utilization over a lease's devices; a share's own (its processes', as
+   * the broker last said), not its GPU's, which is all its shares' together. */
   utilization(lease: ILease): number | null {
+    if (lease.share && lease.share.utilization !== undefined) {
+      return lease.share.utilization;
+    }
     const values = lease.devices
       .map(u => this.device(u)?.utilization ?? null)
       .filter((v): v is number => v !== null);

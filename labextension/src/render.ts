@@ -145,14 +145,21 @@ function shareBar(gpu: IGpu, sharing: ISharing, me: string): HTMLElement {
   const parts = sharing.shares.map(x => ({
     mib: x.memory_mib,
     who: x.user === me ? 'mine' : 'taken',
-    words: x.user === me ? trans.__('mine') : x.user
+    words: x.user === me ? trans.__('mine') : x.user,
+    util: x.utilization ?? null
   }));
   if (sharing.room_mib > 0) {
-    parts.push({ mib: sharing.room_mib, who: 'free', words: trans.__('free') });
+    parts.push({
+      mib: sharing.room_mib,
+      who: 'free',
+      words: trans.__('free'),
+      util: null
+    });
   }
   for (const part of parts) {
     const seg = el('div', `jp-GpuBroker-slice jp-mod-${part.who}`, part.words);
-    seg.title = `${part.words}: ${mib(part.mib)}`;
+    const util = part.util === null ? '' : ` · ${percent(part.util)}`;
+    seg.title = `${part.words}: ${mib(part.mib)}${util}`;
     bar.appendChild(seg);
   }
   bar.style.gridTemplateColumns = parts
@@ -417,7 +424,8 @@ export function renderLease(
     );
   }
   const line = el('div', 'jp-GpuBroker-leaseFacts', facts.join(' · '));
-  if (show.sparklines) {
+  if (show.sparklines && !share) {
+    // a share's GPU's history is all its shares' load: none of it is the share's own
     line.appendChild(sparkline(model.history(lease.devices[0])));
   }
   box.appendChild(line);

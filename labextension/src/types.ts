@@ -63,7 +63,14 @@ export interface ISharing {
   enforced: boolean;
   /** "shares enforced by MPS". */
   text: string;
-  shares: { user: string; lease_id: string | null; memory_mib: number }[];
+  shares: {
+    user: string;
+    lease_id: string | null;
+    memory_mib: number;
+    /** Its processes' memory in use and SM utilization (absent from older brokers). */
+    used_mib?: number | null;
+    utilization?: number | null;
+  }[];
 }
 
 export interface IQueueEntry {
@@ -151,6 +158,9 @@ export interface ILease {
 export interface IShare {
   memory_mib: number;
   used_mib: number | null;
+  /** Its own processes' SM utilization, percent of the GPU (absent from older brokers;
+   * null where NVML gives none). */
+  utilization?: number | null;
   gpu: string;
   mechanism: string;
   enforced: boolean;

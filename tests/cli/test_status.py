@@ -70,7 +70,7 @@ def test_holders_come_from_the_state_file(capsys, tmp_path) -> None:
     assert main(["status", "--simulate", "h200-mig-balanced", "--state", str(state)]) == 0
     table = capsys.readouterr().out
     assert f"ada ({lease_id})" in table
-    assert "2 GPUs, 8 grantable devices, 1 held, 0 drained" in table
+    assert "2 GPUs, 8 grantable devices, 0 drained; held: one 3g.71gb slice" in table
 
 
 def test_whole_gpus_show_their_utilization(capsys, tmp_path) -> None:
@@ -130,7 +130,7 @@ def test_drained_gpus_show_with_their_reason(capsys, tmp_path) -> None:
     assert main(["status", "--simulate", "h200-mig-balanced", "--state", str(state)]) == 0
     table = capsys.readouterr().out
     assert "DRAINED: temperature 93 C over 85 C" in table
-    assert "0 held, 4 drained" in table
+    assert "8 grantable devices, 4 drained; held: nothing (" in table
 
 
 def test_a_missing_state_file_is_an_error(capsys, tmp_path) -> None:

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pynvml
 import pytest
 
 from jupyter_gpubroker.broker.models import Health, Inventory, ProcessInfo
-from jupyter_gpubroker.nvml import NvmlBackend, SimulatedNvml, load_topology, open_backend
-from jupyter_gpubroker.nvml.simulated import IDLE_C, SLOWDOWN_C
+from jupyter_gpubroker.nvml import (
+    NvmlBackend,
+    SimulatedNvml,
+    load_topology,
+    open_backend,
+    processes,
+)
+from jupyter_gpubroker.nvml.simulated import IDLE_C, PROCESS_SAMPLE_PERIOD_US, SLOWDOWN_C
 from jupyter_gpubroker.wire.profiles import CATALOG, COMPUTE_SLICES
+
+PERIOD_S = 1.2 * PROCESS_SAMPLE_PERIOD_US / 1e6
+"""A little over one of the simulated driver's process sample periods."""
 
 
 def check_inventory(inv: Inventory) -> None:
@@ -76,12 +86,73 @@ def test_reading_a_whole_gpu(open_sim):
     assert IDLE_C < r.temperature_c < SLOWDOWN_C
     assert 40_000 < r.power_mw < r.power_limit_mw == 400_000
     assert r.clock_event_reasons == 0
-    assert r.processes == (ProcessInfo(321, 1024, None, None),)
+    # no sample instant yet since it started: no load of its own so far
+    assert r.processes == (ProcessInfo(321, 1024, None, None, utilization=0.0),)
     backend.simulator.add_process(whole.uuid, 322, 512, mps=True)
     assert set(backend.read(whole.uuid).processes) == {
-        ProcessInfo(321, 1024, None, None, mps=False),
-        ProcessInfo(322, 512, None, None, mps=True),
+        ProcessInfo(321, 1024, None, None, mps=False, utilization=0.0),
+        ProcessInfo(322, 512, None, None, mps=True, utilization=0.0),
     }
+
+
+def own_loads(backend: NvmlBackend, uuid: str) -> dict[int, float | None]:
+    return {p.pid: p.utilization for p in backend.read(uuid).processes}
+
+
+def test_each_process_reads_its_own_utilization_since_the_last_reading(open_sim, monkeypatch):
+    """Two kernels on one shared L40S: the GPU reads their 70% together, each process its
+    own share of it; the next reading averages the samples since this one."""
+    monkeypatch.setattr(processes, "MIN_INTERVAL_S", 0.0)
+    backend = open_sim("l40s-4")
+    uuid = backend.inventory().gpus[0].uuid
+    sim = backend.simulator
+    for pid in (51, 52, 53):
+        sim.add_process(uuid, pid, 2048)
+    sim.set_process_load(uuid, 51, 60)
+    sim.set_process_load(uuid, 52, 10)
+    time.sleep(3 * PERIOD_S)
+    r = backend.read(uuid)
+    assert r.utilization_gpu == 70.0
+    assert {p.pid: p.utilization for p in r.processes} == {51: 60.0, 52: 10.0, 53: 0.0}
+    sim.set_process_load(uuid, 51, 20)
+    time.sleep(3 * PERIOD_S)
+    assert own_loads(backend, uuid)[51] == 20.0  # only samples newer than the last reading
+    sim.set_process_load(uuid, 51, 40)
+    time.sleep(PERIOD_S)
+    sim.set_process_load(uuid, 51, 80)
+    time.sleep(PERIOD_S)
+    assert 40.0 < own_loads(backend, uuid)[51] < 80.0  # several samples, averaged
+    sim.set_process_load(uuid, 51, 0)
+    sim.set_process_load(uuid, 52, 0)
+    time.sleep(2 * PERIOD_S)
+    own_loads(backend, uuid)  # the samples of the periods before they went idle
+    time.sleep(2 * PERIOD_S)
+    assert own_loads(backend, uuid) == {51: 0.0, 52: 0.0, 53: 0.0}  # NVML: NotFound
+
+
+def test_a_reading_within_a_second_of_the_last_reuses_its_loads(open_sim):
+    backend = open_sim("l40s-4")
+    uuid = backend.inventory().gpus[0].uuid
+    backend.simulator.add_process(uuid, 61)
+    backend.simulator.set_process_load(uuid, 61, 30)
+    assert own_loads(backend, uuid) == {61: 0.0}
+    time.sleep(3 * PERIOD_S)  # new samples, but NVML may not have sampled a reader's period
+    assert own_loads(backend, uuid) == {61: 0.0}
+
+
+def test_no_process_utilization_where_nvml_gives_none(open_sim):
+    """A MIG slice's processes, and a whole GPU's whose driver refuses the call, have no
+    utilization of their own (None, not 0)."""
+    backend = open_sim("workstation-a100")
+    inv = backend.inventory()
+    mig = next(d for d in inv.devices if d.kind == "mig")
+    whole = next(d for d in inv.devices if d.kind == "gpu")
+    backend.simulator.add_process(mig.uuid, 71, 100)
+    backend.simulator.add_process(whole.uuid, 72, 100)
+    backend.simulator.hide_symbol("nvmlDeviceGetProcessUtilization")  # FunctionNotFound
+    assert own_loads(backend, mig.uuid) == {71: None}
+    assert own_loads(backend, whole.uuid) == {72: None}
+    assert backend.read(whole.uuid).health is Health.OK
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import time
 
 import pynvml
 import pytest
@@ -19,7 +20,7 @@ from jupyter_gpubroker.nvml import (
     uninstall,
 )
 from jupyter_gpubroker.nvml.presets import GpuSpec, gpu_spec
-from jupyter_gpubroker.nvml.simulated import DRIVER_VERSION, IDLE_C
+from jupyter_gpubroker.nvml.simulated import DRIVER_VERSION, IDLE_C, PROCESS_SAMPLE_PERIOD_US
 from jupyter_gpubroker.wire.profiles import CATALOG, free_starts
 
 MIB = 1 << 20
@@ -34,6 +35,8 @@ THERMAL = (
 # is ``c_nvmlProcessInfo_t`` (the v3 layout), and it has no TemperatureV to call.
 PROCESS_INFO_V3 = getattr(pynvml, "c_nvmlProcessInfo_v3_t", pynvml.c_nvmlProcessInfo_t)
 TEMPERATURE_V = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+PERIOD_S = 1.2 * PROCESS_SAMPLE_PERIOD_US / 1e6
+"""A little over one of the simulated driver's process sample periods."""
 
 
 def gpu(index: int) -> object:
@@ -201,8 +204,72 @@ def test_utilization_is_not_supported_under_mig(simulate):
         pynvml.nvmlDeviceGetProcessUtilization(whole, 0)
     sim.add_process(uuid_of(whole), 11)
     sim.add_process(uuid_of(whole), 12)
+    time.sleep(PERIOD_S)  # a sample period ends with both running
     samples = pynvml.nvmlDeviceGetProcessUtilization(whole, 0)
-    assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [(11, 40, 15), (12, 40, 15)]
+    assert {(s.pid, s.smUtil, s.memUtil) for s in samples} == {(11, 40, 15), (12, 40, 15)}
+
+
+def process_samples(handle: object, since: int = 0) -> list[tuple[int, int, int, int]]:
+    """NVML's per-process samples newer than ``since``: (timestamp, pid, SM, memory)."""
+    found = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
+    return [(s.timeStamp, s.pid, s.smUtil, s.memUtil) for s in found]
+
+
+def test_each_process_has_its_own_load_and_the_gpu_their_sum(simulate):
+    sim = simulate("l40s-4")
+    handle = gpu(0)
+    uuid = uuid_of(handle)
+    for pid, mib in ((21, 4096), (22, 1024), (23, 512)):
+        sim.add_process(uuid, pid, mib)
+    sim.set_process_load(uuid, 21, 60, memory_utilization=20)
+    sim.set_process_load(uuid, 22, 10)
+    assert pynvml.nvmlDeviceGetUtilizationRates(handle).gpu == 70  # what the GPU shows
+    time.sleep(PERIOD_S)
+    samples = process_samples(handle)
+    # 23 was given no load: NVML samples only processes with some in the period
+    assert {(pid, sm, mem) for _, pid, sm, mem in samples} == {(21, 60, 20), (22, 10, 0)}
+    with pytest.raises(ValueError, match="no simulated process 24"):
+        sim.set_process_load(uuid, 24, 10)
+    with pytest.raises(ValueError, match="whole percent"):
+        sim.set_process_load(uuid, 21, 101)
+
+
+def test_process_samples_are_only_those_newer_than_the_last_seen(simulate):
+    sim = simulate("l40s-4")
+    handle = gpu(0)
+    uuid = uuid_of(handle)
+    sim.add_process(uuid, 31)
+    sim.set_process_load(uuid, 31, 50)
+    time.sleep(3 * PERIOD_S)
+    first = process_samples(handle)
+    assert len(first) >= 2  # one per period: several for one process
+    assert {(pid, sm) for _, pid, sm, _ in first} == {(31, 50)}
+    stamps = [at for at, *_ in first]
+    assert stamps == sorted(set(stamps))
+    assert abs(stamps[-1] / 1e6 - time.time()) < 1  # CPU time in microseconds
+    newest = stamps[-1]
+    with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer yet
+        process_samples(handle, newest)
+    sim.set_process_load(uuid, 31, 20)
+    time.sleep(2 * PERIOD_S)
+    later = process_samples(handle, newest)
+    assert later and all(at > newest for at, *_ in later)
+    assert [sm for *_, sm, _ in later][-1] == 20  # the load since it changed
+    assert set(process_samples(handle)) >= set(first) | set(later)  # 0: all kept
+    sim.set_process_load(uuid, 31, 0)  # idle from now on: no more samples
+    time.sleep(2 * PERIOD_S)
+    idle_since = max(at for at, *_ in process_samples(handle))
+    time.sleep(2 * PERIOD_S)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        process_samples(handle, idle_since)
+
+
+def test_a_mig_device_has_no_process_load_to_set(simulate):
+    sim = simulate("workstation-a100")
+    slice_uuid = uuid_of(mig(gpu(0), 0))
+    sim.add_process(slice_uuid, 41)
+    with pytest.raises(ValueError, match="MIG device"):
+        sim.set_process_load(slice_uuid, 41, 30)
 
 
 def test_memory_counts_load_and_processes(simulate):

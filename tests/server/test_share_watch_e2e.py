@@ -59,6 +59,8 @@ async def test_a_kernel_over_its_share_is_warned_then_reclaimed(
     assert shares == {
         ("gpubroker_share_memory_bytes", lease["id"], "0"): lease["share"]["memory_mib"] * 2**20,
         ("gpubroker_share_memory_used_bytes", lease["id"], "0"): 12 * 2**30,
+        # its process has no load: NVML has no sample of it, so it used none of the GPU
+        ("gpubroker_share_utilization_percent", lease["id"], "0"): 0.0,
     }
     while seen["state"] == "active":
         assert asyncio.get_running_loop().time() < deadline, seen

@@ -4,7 +4,7 @@ import { BrokerClient } from '../client';
 import { follow, GpuModel, INotice } from '../model';
 import { limitWarned } from '../format';
 import { IEnvelope, ILease, IOverview } from '../types';
-import { entry, lease, overview, queued } from './fixtures';
+import { entry, h100, lease, overview, queued } from './fixtures';
 
 function modelWith(o: IOverview): { model: GpuModel; fetches: () => number } {
   const model = new GpuModel();
@@ -285,6 +285,31 @@ describe('GpuModel', () => {
     model.setOverview(overview());
     expect(model.utilization(lease('l-00', 'MIG-0-0'))).toBe(73);
     expect(model.history('MIG-0-0')).toEqual([73, 73]);
+  });
+
+  it("takes a share's utilization from its own processes, not from its GPU", () => {
+    const gpu = h100(0, [], {
+      mig_enabled: false,
+      utilization_gpu: 70, // two shares' together
+      devices: []
+    });
+    const share = (utilization: number | null | undefined) =>
+      lease('l-00', 'GPU-0', {
+        profile: 'share',
+        share: {
+          memory_mib: 7630,
+          used_mib: 1024,
+          utilization,
+          gpu: 'GPU 0',
+          mechanism: 'watched',
+          enforced: false,
+          text: '8.0 GB of GPU 0, not enforced: a kernel that goes over is stopped'
+        }
+      });
+    const { model } = modelWith(overview({ gpus: [gpu], leases: [] }));
+    expect(model.utilization(share(10))).toBe(10);
+    expect(model.utilization(share(null))).toBeNull(); // NVML gives none: n/a
+    expect(model.utilization(share(undefined))).toBe(70); // an older broker's lease
   });
 
   it('renders 20 queue events from the stream alone: no HTTP call but the stream', async () => {

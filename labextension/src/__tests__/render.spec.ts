@@ -67,8 +67,20 @@ describe('a shared GPU', () => {
     enforced: false,
     text: 'shares not enforced: a kernel that goes over is stopped',
     shares: [
-      { user: 'ann', lease_id: 'l-00', memory_mib: 20480 },
-      { user: 'bob', lease_id: null, memory_mib: 20480 }
+      {
+        user: 'ann',
+        lease_id: 'l-00',
+        memory_mib: 20480,
+        used_mib: 3072,
+        utilization: 10
+      },
+      {
+        user: 'bob',
+        lease_id: null,
+        memory_mib: 20480,
+        used_mib: 9000,
+        utilization: 60
+      }
     ]
   };
 
@@ -79,29 +91,54 @@ describe('a shared GPU', () => {
     expect(sliceBar(gpu, 'ann').style.gridTemplateColumns).toBe(
       '44fr 44fr 11fr'
     );
+    expect(segments.map(x => x.title)).toEqual([
+      'mine: 21.4 GB · 10%',
+      'bob: 21.4 GB · 60%',
+      'free: 5.3 GB'
+    ]);
     const { node } = draw(overview({ gpus: [gpu], leases: [] }));
     expect(node.textContent).toContain(
       'shared · shares not enforced: a kernel that goes over is stopped'
     );
   });
 
-  it('shows my share with what holds it and what it uses', () => {
+  it("shows my share with what holds it and what it uses, its own load not its GPU's", () => {
     const share = {
       memory_mib: 7630,
       used_mib: 3072,
+      utilization: 10,
       gpu: 'GPU 0',
       mechanism: 'mps',
       enforced: true,
       text: '8.0 GB of GPU 0, enforced by MPS'
     };
+    const gpu = h100(0, [], {
+      mig_enabled: false,
+      memory_mib: 46068,
+      utilization_gpu: 70, // both shares' together
+      sharing
+    });
     const o = overview({
+      gpus: [gpu],
       leases: [lease('l-00', 'GPU-0', { profile: 'share', share })]
     });
     const box = draw(o).node.querySelector(
       '.jp-GpuBroker-lease'
     ) as HTMLElement;
     expect(box.textContent).toContain('8.0 GB of GPU 0, enforced by MPS');
-    expect(box.textContent).toContain('held 30 min · using 3.2 GB');
+    expect(box.textContent).toContain('held 30 min · using 3.2 GB · util 10%');
+    expect(box.querySelector('.jp-GpuBroker-spark')).toBeNull(); // the GPU's, not its own
+    const unknown = overview({
+      gpus: [gpu],
+      leases: [
+        lease('l-00', 'GPU-0', {
+          profile: 'share',
+          share: { ...share, utilization: null }
+        })
+      ]
+    });
+    const none = draw(unknown).node.querySelector('.jp-GpuBroker-lease');
+    expect(none?.textContent).toContain('using 3.2 GB · util n/a');
   });
 });
 
