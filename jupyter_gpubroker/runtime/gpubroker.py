@@ -49,6 +49,7 @@ from .power_saving import PowerSaving
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
 from .sharing import ShareEnforcement, SharingSettings
+from .slurm_ahead import SlurmAhead
 from .suspending import SuspendHost
 from .tokens import KernelTokens
 
@@ -66,6 +67,7 @@ class GPUBroker(
     ForecastSettings,
     PowerSaving,
     MigAhead,
+    SlurmAhead,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -166,6 +168,7 @@ class GPUBroker(
         core.subscribe(self._events.publish)
         self._kernel_devices = KernelDevices.where_possible(core, hardware.nvml, self)
         self._watch = hardware.follow(core, lambda: self.engine_grace)
+        self._watch.after_poll = lambda: self.power_ahead(core, self.engine, self.log)
         self.sampler = sampler = self.make_sampler(core, hardware, self._events.publish, self.log)
         sampler.on_alert = self._publish_alert
         shares.attach(core)
@@ -395,7 +398,11 @@ class GPUBroker(
 
     def acting_ahead(self) -> list[dict[str, Any]]:
         """What acts on the forecast here, each switched on by itself, and whether it can."""
-        return [self.power_saving_state(), self.mig_ahead_state(self.core)]
+        return [
+            self.power_saving_state(),
+            self.mig_ahead_state(self.core),
+            self.slurm_ahead_state(self.engine),
+        ]
 
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's

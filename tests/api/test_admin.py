@@ -335,10 +335,17 @@ def test_only_admins_see_the_forecast_learnt_from_the_brokers_own_history(
     assert [(a["kind"], a["on"], a["acting"]) for a in found["acting"]] == [
         ("power_saving", False, False),
         ("mig_ahead", False, False),
+        ("slurm_ahead", False, False),
     ]
     team.runtime.mig_ahead = True  # without dynamic_mig: on, but it cannot cut
     said = team.forecast(carol)["acting"][1]["text"]
     assert said == "MIG slices cut ahead of the forecast: on, but it needs dynamic_mig, so none is"
+    team.runtime.slurm_ahead = True  # on one machine: no node to wake
+    said = team.forecast(carol)["acting"][2]["text"]
+    assert said == (
+        "Slurm nodes woken and put to sleep ahead of the forecast: on, but the inventory is "
+        "not Slurm's, so none is"
+    )
     busy = time.gmtime(start).tm_hour  # the hour the slice was held in (it spans two)
     demand = [h["demand"]["p50"] for h in found["hours"][:24]]
     assert sum(demand) == pytest.approx(1 / 7, abs=1e-3)  # rounded to 4 digits

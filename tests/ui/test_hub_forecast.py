@@ -112,4 +112,5 @@ def test_a_new_hubs_admin_page_says_its_forecast_needs_a_day_of_history(
     assert section.locator(".gpubroker-acting li").all_inner_texts() == [
         "Power limits lowered in a forecast trough: off.",
         "MIG slices cut ahead of the forecast: off.",
+        "Slurm nodes woken and put to sleep ahead of the forecast: off.",
     ]
