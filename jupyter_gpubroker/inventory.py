@@ -10,7 +10,7 @@ source it has nowhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,6 +45,9 @@ class InventoryWatch:
 
     source: InventorySource | None = None
     """The engine followed (None: this machine's NVML)."""
+    after_poll: Callable[[], Awaitable[None]] | None = None
+    """What the broker does after each read of the engine applied (it acts on the engine
+    ahead of the forecast: ``runtime.slurm_ahead``)."""
 
     def start(self, interval_s: float) -> None:
         """Follow every ``interval_s`` seconds on the current IOLoop."""

@@ -72,6 +72,10 @@ class ClusterView:
     source: str = ""
     """What the engine's inventory is read from, when it can be read from more than one
     thing (Kubernetes: DRA's ResourceSlices or the device plugin's resources)."""
+    asleep: Mapping[str, str] = field(default_factory=dict)
+    """Node -> the engine's words for why it takes no work now although it is not down:
+    it sleeps, wakes up or goes to sleep under the engine's power saving (Slurm's
+    ``POWERED_DOWN``). Held back as ``down`` is; the engine wakes it on demand."""
 
 
 class InventorySource(BaseInventory):
@@ -172,7 +176,7 @@ def _not_offered(
     listed = {d.uuid for d in view.inventory.devices}
     known = {d.node for d in placer.devices.values()}
     seen = {d.node for d in view.inventory.devices}
-    down = dict(view.down)
+    down = {**view.asleep, **view.down}
     for node in known - seen:
         down.setdefault(node, f"node {node} is no longer in the cluster")
     by_slot: dict[Slot, list[Device]] = defaultdict(list)

@@ -13,7 +13,11 @@ subprocesses and turns them into a :class:`ClusterView`:
 - ``GresUsed`` minus what the broker's own jobs use is work started outside the hub;
   the broker's jobs are the ones whose comment is ``gpubroker-lease=<lease id>``, which
   the Slurm spawner sets at submission;
-- a node Slurm has drained, lost or marked down is down, with Slurm's reason;
+- a node Slurm has drained, lost or marked down is down, with Slurm's reason; one that
+  sleeps under Slurm's power saving, wakes up or goes to sleep is held back the same way,
+  as asleep (``ClusterView.asleep``); :mod:`.slurm_power` says which may sleep and wakes a
+  node or puts it to sleep (``c.GPUBroker.slurm_ahead``);
+- with ``partitions`` set, only the nodes of those partitions are the broker's;
 - the broker's jobs Slurm still has (pending or running), by lease, so a lease whose
   job ended is released, and the gres each running one holds, so a job still running
   after its lease ended (a reclaim's ``scancel`` not through yet) holds them back.
@@ -26,19 +30,26 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from traitlets import Dict, TraitError, Unicode, validate
+from traitlets import Dict, List, TraitError, Unicode, validate
 
 from ..broker.models import Device, Gpu, Inventory
+from ..broker.node_power import AWAKE
 from ..wire.errors import InvalidRequest
 from ..wire.profiles import ALL_PROFILE_NAMES, CATALOG, COMPUTE_SLICES, MEMORY_SLICES, GpuModel
 from ..wire.sizes import MAX_MEMORY_GB, RESOLUTION, gb_to_mib, number
 from ..wire.traits import Seconds
 from . import ClusterView, EngineUnavailable, InventorySource
+from .slurm_power import SleepConfig, power_state, read_sleep_config, set_power
+
+if TYPE_CHECKING:
+    from ..inventory import OpenInventory
+    from ..runtime.settings import BrokerSettings
 
 COMMENT_PREFIX = "gpubroker-lease="
 """The comment of a job the broker granted: ``gpubroker-lease=<lease id>``."""
@@ -55,15 +66,17 @@ DOWN_FLAGS = frozenset(
         "INVALID",
         "INVALID_REG",
         "NOT_RESPONDING",
-        "POWERED_DOWN",
-        "POWERING_DOWN",
         "UNKNOWN",
     }
 )
-"""Node states (base or flag, as ``scontrol`` prints them) in which a node takes no job."""
+"""Node states (base or flag, as ``scontrol`` prints them) in which a node takes no job.
+A node of Slurm's power saving that sleeps is not down: ``slurm_power``."""
 _FIELD = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_/:]*)=")
 _GRES_ITEM = re.compile(r"([^,()]+)(?:\([^)]*\))?")
 _MIG_TYPE = re.compile(r"(\d+g\.\d+gb(?:\+me)?)$")
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]+")
+SLEEP_CONFIG_S = 300.0
+"""How long a reading of Slurm's power-saving settings stands (``sleep_config``)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,7 @@ class SlurmNode:
     gres: dict[str, int] = field(default_factory=dict)
     """GPU gres type (``""``: untyped) -> count."""
     used: dict[str, int] = field(default_factory=dict)
+    partitions: tuple[str, ...] = ()
 
     @property
     def down(self) -> str | None:
@@ -84,6 +98,19 @@ class SlurmNode:
         if not DOWN_FLAGS & set(self.state.split("+")):
             return None
         return f"Slurm: {self.state}" + (f", {self.reason}" if self.reason else "")
+
+    @property
+    def power(self) -> str:
+        """Awake, asleep, waking up or going to sleep (``slurm_power``)."""
+        return power_state(self.state.split("+"))
+
+    @property
+    def asleep(self) -> str | None:
+        """Why a node that is not down takes no job: it sleeps, wakes up or goes to sleep
+        under Slurm's power saving; ``None`` when it is awake (or down)."""
+        if self.down is not None or self.power == AWAKE:
+            return None
+        return f"Slurm: {self.state}, {self.power} (power saving)"
 
 
 @dataclass(frozen=True)
@@ -143,6 +170,7 @@ def parse_nodes(text: str) -> list[SlurmNode]:
                 reason=f.get("Reason", ""),
                 gres=parse_gres(f.get("Gres", "")),
                 used=parse_gres(f.get("GresUsed", "")),
+                partitions=tuple(p for p in f.get("Partitions", "").split(",") if p),
             )
         )
     return nodes
@@ -280,6 +308,7 @@ def cluster_view(
     devices: list[Device] = []
     outside: Counter[tuple[str, str]] = Counter()
     down: dict[str, str] = {}
+    asleep: dict[str, str] = {}
     ours: Counter[tuple[str, str]] = Counter()
     holders: dict[str, str] = {}
     grants: dict[str, Counter[tuple[str, str]]] = {}
@@ -300,12 +329,16 @@ def cluster_view(
         devices += d
         if node.down is not None:
             down[node.name] = node.down
+        elif node.asleep is not None:
+            asleep[node.name] = node.asleep
         for gres_type, n in node.used.items():
             extra = n - ours[(node.name, gres_type)]
             if extra > 0:
                 outside[(node.name, mig_profile(gres_type) or "gpu")] += extra
     inventory = Inventory(tuple(gpus), tuple(devices))
-    return ClusterView(inventory, dict(outside), down, holders=holders, grants=grants)
+    return ClusterView(
+        inventory, dict(outside), down, holders=holders, grants=grants, asleep=asleep
+    )
 
 
 class SlurmInventory(InventorySource):
@@ -331,6 +364,18 @@ class SlurmInventory(InventorySource):
         "catalog's model of that name (h100: 80 GB), else 0 (never offered to a request by "
         "memory).",
     ).tag(config=True)
+    partitions = List(
+        Unicode(),
+        help="The partitions whose nodes are the broker's, e.g. ['gpu']: those the hub's jobs "
+        "go to (c.GPUBrokerSlurmSpawner.req_partition). Empty: every node with GPU gres.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nodes: list[SlurmNode] = []
+        """The nodes of the last read (of ``partitions``)."""
+        self._seen_partitions: set[str] = set()
+        self._sleep: tuple[float, SleepConfig] | None = None
 
     @validate("gpu_memory_gb")
     def _check_memory(self, proposal: dict[str, Any]) -> dict[str, float]:
@@ -341,6 +386,27 @@ class SlurmInventory(InventorySource):
             }
         except InvalidRequest as e:
             raise TraitError(f"SlurmInventory.gpu_memory_gb: {e.message}") from None
+
+    @validate("partitions")
+    def _check_partitions(self, proposal: dict[str, Any]) -> list[str]:
+        for name in proposal["value"]:
+            if not _PARTITION.fullmatch(name):
+                raise TraitError(
+                    f"SlurmInventory.partitions: {name!r} is not a partition name (letters, "
+                    "digits, '-', '_' and '.')"
+                )
+        return list(proposal["value"])
+
+    def open(self, settings: BrokerSettings, api_url: str) -> OpenInventory:
+        opened = super().open(settings, api_url)
+        missing = sorted(set(self.partitions) - self._seen_partitions)
+        if missing:
+            opened.close()
+            raise InvalidRequest(
+                f"c.SlurmInventory.partitions names {', '.join(missing)}, which Slurm has not "
+                f"got (its partitions: {', '.join(sorted(self._seen_partitions)) or 'none'})"
+            )
+        return opened
 
     async def read(self) -> ClusterView:
         # both to their end, even when one fails: no subprocess outlives the read
@@ -353,9 +419,38 @@ class SlurmInventory(InventorySource):
             if isinstance(failed, BaseException):
                 raise failed
         assert isinstance(nodes, str) and isinstance(jobs, str)
-        return cluster_view(parse_nodes(nodes), parse_jobs(jobs), dict(self.gpu_memory_gb))
+        every = parse_nodes(nodes)
+        self._seen_partitions = {p for n in every for p in n.partitions}
+        wanted = set(self.partitions)
+        self.nodes = [n for n in every if not wanted or wanted & set(n.partitions)]
+        return cluster_view(self.nodes, parse_jobs(jobs), dict(self.gpu_memory_gb))
+
+    async def sleep_config(self) -> SleepConfig:
+        """Which nodes Slurm's power saving lets sleep (``slurm_power``), read again at
+        most every ``SLEEP_CONFIG_S``."""
+        now = time.monotonic()
+        if self._sleep is None or now - self._sleep[0] >= SLEEP_CONFIG_S:
+            self._sleep = (now, await read_sleep_config(self._run, self.scontrol))
+        return self._sleep[1]
+
+    async def power(self, node: str, up: bool) -> None:
+        """Wake ``node`` or put it to sleep once it runs nothing, through Slurm's power
+        saving; ``PowerRefused`` says in a sentence why Slurm did not."""
+        await set_power(self._exec, self.scontrol, node, up)
 
     async def _run(self, *argv: str) -> str:
+        status, out, err = await self._exec(*argv)
+        if status != 0:
+            why = err.strip().splitlines()
+            raise EngineUnavailable(
+                f"slurmctld unreachable: {' '.join(argv[:3])} failed"
+                + (f" ({why[-1]})" if why else f" (exit status {status})")
+            )
+        return out
+
+    async def _exec(self, *argv: str) -> tuple[int, str, str]:
+        """Run a Slurm command: its exit status, stdout and stderr. ``EngineUnavailable``
+        when it cannot run or takes over ``timeout``."""
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -373,10 +468,5 @@ class SlurmInventory(InventorySource):
             raise EngineUnavailable(
                 f"slurmctld unreachable: {' '.join(argv)} took over {self.timeout:g}s"
             ) from None
-        if proc.returncode != 0:
-            why = err.decode(errors="replace").strip().splitlines()
-            raise EngineUnavailable(
-                f"slurmctld unreachable: {' '.join(argv[:3])} failed"
-                + (f" ({why[-1]})" if why else f" (exit status {proc.returncode})")
-            )
-        return out.decode(errors="replace")
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")

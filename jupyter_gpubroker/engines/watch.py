@@ -58,8 +58,9 @@ class EngineWatch(InventoryWatch):
             self._polling.stop()
 
     async def poll(self) -> None:
-        """Read the engine and apply its view; an engine that does not answer leaves the
-        queue and the last view as they are, and ``down`` says since when and why."""
+        """Read the engine and apply its view, then run ``after_poll``; an engine that does
+        not answer leaves the queue and the last view as they are, and ``down`` says since
+        when and why."""
         try:
             view = await self.source.read()
         except EngineUnavailable as e:
@@ -76,6 +77,12 @@ class EngineWatch(InventoryWatch):
             self.apply(view)
         except Exception:
             self.log.exception("GPU broker: applying the %s view failed", self.source.name)
+            return
+        if self.after_poll is not None:
+            try:
+                await self.after_poll()
+            except Exception:
+                self.log.exception("GPU broker: acting on %s ahead failed", self.source.name)
 
     def apply(self, view: ClusterView) -> None:
         if self.read_from and view.source and view.source != self.read_from:

@@ -52,6 +52,7 @@ from .power_saving import PowerSaving
 from .quotas import apply_quotas_file
 from .settings import BrokerSettings
 from .sharing import ShareEnforcement, SharingSettings
+from .slurm_ahead import SlurmAhead
 from .suspending import SuspendHost
 from .tokens import KernelTokens
 
@@ -70,6 +71,7 @@ class GPUBroker(
     PowerSaving,
     MigAhead,
     KubeAhead,
+    SlurmAhead,
     LoggingConfigurable,
 ):
     """The broker with its hardware and state, configured as ``c.GPUBroker.*``."""
@@ -173,6 +175,7 @@ class GPUBroker(
         core.subscribe(self._events.publish)
         self._kernel_devices = KernelDevices.where_possible(core, hardware.nvml, self)
         self._watch = hardware.follow(core, lambda: self.engine_grace)
+        self._watch.after_poll = lambda: self.power_ahead(core, self.engine, self.log)
         self.pids = pids = PidView(core, hardware.nvml, self.log)
         self.sampler = sampler = self.make_sampler(
             core, hardware, self._events.publish, self.log, pids.unseen
@@ -416,9 +419,9 @@ class GPUBroker(
 
     def acting_ahead(self) -> list[dict[str, Any]]:
         """What acts on the forecast here, each switched on by itself, and whether it can."""
-        kube = self.kube_ahead_state(self.core)
         found = [self.power_saving_state(), self.mig_ahead_state(self.core)]
-        return found if kube is None else [*found, kube]
+        engines = (self.kube_ahead_state(self.core), self.slurm_ahead_state(self.engine))
+        return found + [state for state in engines if state is not None]
 
     def share_of(self, lease: Lease) -> dict[str, Any] | None:
         """A share as the API shows it: its memory, GPU, what holds it, its kernel's

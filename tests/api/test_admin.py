@@ -346,6 +346,12 @@ def test_only_admins_see_the_forecast_learnt_from_the_brokers_own_history(
         "GPUs kept warm on Kubernetes ahead of the forecast: on, but only a broker on "
         "Kubernetes can keep GPUs warm, so none is"
     )
+    team.runtime.slurm_ahead = True  # on one machine: no node to wake
+    said = team.forecast(carol)["acting"][3]["text"]
+    assert said == (
+        "Slurm nodes woken and put to sleep ahead of the forecast: on, but the inventory is "
+        "not Slurm's, so none is"
+    )
     busy = time.gmtime(start).tm_hour  # the hour the slice was held in (it spans two)
     demand = [h["demand"]["p50"] for h in found["hours"][:24]]
     assert sum(demand) == pytest.approx(1 / 7, abs=1e-3)  # rounded to 4 digits

@@ -1,4 +1,4 @@
-"""The ``slurm`` fixture: the real two-node cluster ``.ci/slurm-up`` starts on this machine
+"""The ``slurm`` fixture: the real cluster ``.ci/slurm-up`` starts on this machine
 (``slurm_cluster.py``). Without it the tests are skipped, except in CI (``CI=true``), where
 that is a failure. Each test leaves the cluster as it found it: its jobs cancelled, its
 drained nodes resumed."""

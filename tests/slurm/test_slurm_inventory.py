@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 import slurm_cluster
 from openapi_check import check_response
-from slurm_cluster import sh, until
+from slurm_cluster import GPU_PARTITION, sh, until
+from traitlets import TraitError
+from traitlets.config import Config
 
 from jupyter_gpubroker.api.identity import Identity
 from jupyter_gpubroker.api.rules import BrokerAPI
 from jupyter_gpubroker.cli.status import render_status
 from jupyter_gpubroker.engines import ENGINE
-from jupyter_gpubroker.engines.slurm import gres_request
+from jupyter_gpubroker.engines.slurm import SlurmInventory, gres_request
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.wire.errors import ConfigError, Unsatisfiable
 from jupyter_gpubroker.wire.sizes import Size
@@ -29,7 +31,9 @@ pytestmark = pytest.mark.usefixtures("slurm")
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[GPUBroker]:
-    running = GPUBroker(inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"))
+    running = GPUBroker(
+        inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"), config=GPU_PARTITION
+    )
     running.start()
     try:
         yield running
@@ -231,3 +235,20 @@ def test_an_unreachable_slurmctld_keeps_the_queue_and_says_so(
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.CONF))  # the cluster's again
     poll(broker)
     assert BrokerAPI(broker).devices(BrokerAPI(broker).identify("ann"))["engine"]["reachable"]
+
+
+def test_the_partitions_read_are_slurms_own(tmp_path: Path) -> None:
+    """``c.SlurmInventory.partitions``: a name Slurm has not got stops the broker at its
+    start, saying which Slurm has; a name that cannot be a partition's is refused at once."""
+    config = Config({"SlurmInventory": {"partitions": ["gpu", "gpu-x"]}})
+    broker = GPUBroker(
+        inventory_source="slurm", state_file=str(tmp_path / "state.sqlite"), config=config
+    )
+    with pytest.raises(ConfigError) as refused:
+        broker.start()
+    assert refused.value.message == (
+        "c.SlurmInventory.partitions names gpu-x, which Slurm has not got (its partitions: "
+        "gpu, powersave)"
+    )
+    with pytest.raises(TraitError, match="'gpu a' is not a partition name"):
+        SlurmInventory(partitions=["gpu a"])

@@ -2,10 +2,13 @@
 (Slurm 22.05.8, Debian 12): gpu-a with gpu:h100:4, gpu-b with gpu:1g.10gb:7 and
 gpu:3g.40gb:2. In the busy capture the broker's leases L1 (2 x h100, running), L2
 (1 x 3g.40gb, running) and L3 (4 x h100, pending) ran beside jobs started outside
-the broker (3 x 1g.10gb, 1 x h100), and gpu-b was drained with a reason."""
+the broker (3 x 1g.10gb, 1 x h100), and gpu-b was drained with a reason. The power
+captures add gpu-c (gpu:h100:2, under Slurm's power saving): asleep beside the others,
+through a wake and a sleep, and Slurm's power-saving settings and partitions."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,12 @@ from jupyter_gpubroker.engines.slurm import (
     parse_gres,
     parse_jobs,
     parse_nodes,
+)
+from jupyter_gpubroker.engines.slurm_power import (
+    parse_config,
+    partition_times,
+    power_state,
+    sleep_config,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -91,3 +100,63 @@ def test_a_lease_of_one_nodes_devices_becomes_its_gres_and_node() -> None:
     assert gres_request(mig) == ("gpu-b", "gpu:1g.10gb:1")
     with pytest.raises(ValueError, match="not one Slurm node"):
         gres_request(h100 + mig)
+
+
+def test_a_sleeping_node_is_asleep_not_down_and_each_power_state_is_read() -> None:
+    """gpu-c under Slurm's power saving, captured asleep and then through a wake and a
+    sleep (``scontrol update NodeName=gpu-c State=POWER_UP``, then ``POWER_DOWN``)."""
+    view = cluster_view(parse_nodes(captured("scontrol-nodes-asleep.txt")), [])
+    assert view.down == {}
+    assert view.asleep == {"gpu-c": "Slurm: IDLE+POWERED_DOWN, asleep (power saving)"}
+    assert sorted(d.uuid for d in view.inventory.devices if d.node == "gpu-c") == [
+        "slurm__gpu-c__h100__0",
+        "slurm__gpu-c__h100__1",
+    ]
+    nodes = {n.name: n for n in parse_nodes(captured("scontrol-nodes-asleep.txt"))}
+    assert [nodes[n].partitions for n in ("gpu-a", "gpu-b", "gpu-c")] == [
+        ("gpu", "powersave"),
+        ("gpu",),
+        ("powersave",),
+    ]
+    cycle = parse_nodes(captured("scontrol-node-power-cycle.txt"))
+    assert [(n.state, n.power, n.down) for n in cycle] == [
+        ("IDLE+POWER_UP+POWERED_DOWN", "waking up", None),
+        ("IDLE", "awake", None),
+        ("IDLE+POWER_DOWN", "going to sleep", None),
+        ("IDLE+POWERING_DOWN", "going to sleep", None),
+        ("IDLE+POWERED_DOWN", "asleep", None),
+    ]
+    assert power_state(["MIXED", "POWERING_UP"]) == "waking up"
+    # a node both drained and asleep is down: an admin's drain is not the broker's to undo
+    drained = parse_nodes("NodeName=gpu-c State=IDLE+DRAIN+POWERED_DOWN Reason=disk Gres=gpu:2")
+    assert drained[0].down == "Slurm: IDLE+DRAIN+POWERED_DOWN, disk"
+    assert drained[0].asleep is None
+
+
+def test_which_nodes_slurms_power_saving_lets_sleep() -> None:
+    config = parse_config(captured("scontrol-config-power.txt"))
+    assert config["SuspendExcNodes"] == "gpu-a,gpu-b" and config["SuspendTime"] == "3600 sec"
+    found = sleep_config(config, partition_times(captured("scontrol-partitions.txt")))
+    assert found.off is None and found.partition_times == {}
+    found = replace(found, exc_nodes=frozenset({"gpu-a", "gpu-b"}))  # scontrol show hostnames
+    assert [found.may_sleep(n, ["powersave"]) for n in ("gpu-a", "gpu-c")] == [False, True]
+    # a partition's own SuspendTime (as 22.05 prints it) wins; INFINITE keeps its nodes awake
+    times = partition_times(
+        "PartitionName=gpu ResumeTimeout=GLOBAL SuspendTimeout=GLOBAL SuspendTime=INFINITE\n"
+        "PartitionName=powersave ResumeTimeout=90 SuspendTimeout=GLOBAL SuspendTime=7200\n"
+        "PartitionName=debug SuspendTime=GLOBAL\n"
+    )
+    assert times == {"gpu": "INFINITE", "powersave": "7200"}
+    found = sleep_config({**config, "SuspendExcNodes": "(null)"}, times)
+    assert found.may_sleep("gpu-c", ["powersave"])
+    assert not found.may_sleep("gpu-a", ["gpu", "powersave"])  # in an INFINITE partition
+    assert found.may_sleep("gpu-d", ["debug"])  # the cluster's 3600 s
+    assert not replace(found, exc_parts=frozenset({"debug"})).may_sleep("gpu-d", ["debug"])
+    # power saving off: no program, or INFINITE everywhere
+    assert sleep_config({**config, "ResumeProgram": "(null)"}, {}).off == (
+        "Slurm's power saving is off here (no ResumeProgram)"
+    )
+    assert sleep_config({**config, "SuspendTime": "INFINITE"}, {}).off == (
+        "Slurm's power saving is off here (its SuspendTime is INFINITE)"
+    )
+    assert sleep_config({**config, "SuspendTime": "INFINITE"}, {"powersave": "600"}).off is None

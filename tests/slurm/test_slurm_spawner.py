@@ -49,6 +49,8 @@ def _hook(spawner):
     if spawner.user.name == {LATE!r}:
         spawner.req_options = "--begin=now+20"
 c.Spawner.pre_spawn_hook = _hook
+# the broker reads the nodes that never sleep (gpu-c sleeps under Slurm's power saving)
+c.JupyterHub.services[0]["command"].append("--SlurmInventory.partitions=gpu")
 """
 
 
