@@ -10,7 +10,6 @@ as long as a test needs. KWOK runs no container, so the hub gives up on a runnin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,8 @@ from typing import Any
 import pytest
 import requests
 from dra_publisher import device_classes
-from kube_cluster import KUBECONFIG, NAMESPACE, PAUSE, get, kubectl, until
+from kube_cluster import NAMESPACE, get, kubectl, until
+from kube_hubs import pod, progress, running_hub
 from live_hub import Hub
 
 from jupyter_gpubroker.engines.dra import parse_dra_uuid
@@ -31,25 +31,12 @@ SLICE = {"profile": "2g.20gb"}
 
 @pytest.fixture
 def hub(tmp_path: Path, dra: None, proxy: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
-    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))  # the hub's KubeSpawner's
-    running = Hub(
-        tmp_path,
-        spawner="gpubroker-kubernetes",
-        extra_config=f"""
-broker["command"].append("--KubernetesInventory.kubeconfig={KUBECONFIG}")
-c.GPUBrokerKubeSpawner.namespace = "{NAMESPACE}"
-c.GPUBrokerKubeSpawner.image = "{PAUSE}"
-c.GPUBrokerKubeSpawner.http_timeout = 15
-c.GPUBrokerKubeSpawner.claim_unschedulable_timeout = {PATIENCE_S}
-""",
-        inventory_source="kubernetes",
-        engine_grace=10,
+    spawner_config = (
+        "c.GPUBrokerKubeSpawner.http_timeout = 15\n"
+        f"c.GPUBrokerKubeSpawner.claim_unschedulable_timeout = {PATIENCE_S}"
     )
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
+    with running_hub(tmp_path, monkeypatch, spawner_config) as hub:
+        yield hub
 
 
 @pytest.fixture
@@ -74,13 +61,7 @@ def names(kind: str) -> list[str]:
 
 def pending_pod() -> dict[str, Any]:
     """ann's pod, once the API server has it."""
-    found: dict[str, Any] = until(
-        "ann's pod",
-        lambda: (
-            kubectl("get", "pod", "jupyter-ann", "-n", NAMESPACE, "--ignore-not-found")
-            and get("pod", "jupyter-ann", "-n", NAMESPACE)
-        ),
-    )
+    found: dict[str, Any] = until("ann's pod", lambda: pod("ann"))
     return found
 
 
@@ -96,17 +77,8 @@ def spawn(hub: Hub, token: str) -> None:
 
 def last_event(hub: Hub, token: str) -> dict[str, Any]:
     """The spawn's progress, read to its end: its last event."""
-    last: dict[str, Any] = {}
-    with requests.get(
-        f"{hub.url}/hub/api/users/ann/server/progress",
-        headers={"Authorization": f"token {token}"},
-        stream=True,
-        timeout=180,
-    ) as r:
-        for line in r.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                last = json.loads(line[len("data:") :])
-    return last
+    events = [event for _, event in progress(hub, token, "ann")]
+    return events[-1] if events else {}
 
 
 def nothing_left() -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 from bs4 import BeautifulSoup
-from kube_cluster import KUBECONFIG, NAMESPACE, PAUSE, get, kubectl, until
+from kube_cluster import NAMESPACE, until
+from kube_hubs import pod, progress, running_hub
 from live_hub import Hub
 
 pytestmark = [pytest.mark.cluster, pytest.mark.hub, pytest.mark.slow]
@@ -27,45 +27,17 @@ pytestmark = [pytest.mark.cluster, pytest.mark.hub, pytest.mark.slow]
 def hub(
     tmp_path: Path, dra_nodes: None, kube: None, proxy: None, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Hub]:
-    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))  # the hub's KubeSpawner's
-    running = Hub(
-        tmp_path,
-        spawner="gpubroker-kubernetes",
-        extra_config=f"""
-broker["command"].append("--KubernetesInventory.kubeconfig={KUBECONFIG}")
-c.GPUBrokerKubeSpawner.namespace = "{NAMESPACE}"
-c.GPUBrokerKubeSpawner.image = "{PAUSE}"
-c.GPUBrokerKubeSpawner.http_timeout = 30
-""",
-        inventory_source="kubernetes",
-        engine_grace=10,
-    )
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-
-
-def pod(name: str) -> dict[str, Any] | None:
-    found = kubectl("get", "pod", f"jupyter-{name}", "-n", NAMESPACE, "-o", "json", check=False)
-    return get("pod", f"jupyter-{name}", "-n", NAMESPACE) if found else None
+    with running_hub(tmp_path, monkeypatch, "c.GPUBrokerKubeSpawner.http_timeout = 30") as hub:
+        yield hub
 
 
 def messages(hub: Hub, token: str, name: str, until_text: str) -> list[str]:
     """``name``'s spawn progress messages up to one containing ``until_text``."""
     seen = []
-    with requests.get(
-        f"{hub.url}/hub/api/users/{name}/server/progress",
-        headers={"Authorization": f"token {token}"},
-        stream=True,
-        timeout=180,
-    ) as r:
-        for line in r.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                seen.append(line)
-                if until_text in line:
-                    break
+    for line, _ in progress(hub, token, name):
+        seen.append(line)
+        if until_text in line:
+            break
     return seen
 
 
