@@ -337,6 +337,21 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, ClaimedKubeSpawner):
     async def load_user_options(self) -> None:
         """Nothing of KubeSpawner's profiles: ``user_options`` are the broker's."""
 
+    def _dra_grant(self) -> DraGrant | None:
+        """Refused in Kueue mode: Kueue (0.14 to 0.17 read) finds a claim whose request
+        has a CEL selector, or a shared claim's MPS config, inadmissible ("CEL selectors
+        are not supported"), so the pod would be gated for good (docs/kubernetes.md)."""
+        grant = super()._dra_grant()
+        if grant is not None and self.kueue_queue:
+            raise SpawnError(
+                "This hub sends GPU servers to Kueue, which cannot count a GPU claimed by "
+                "its name, as this cluster's GPUs are: an admin has to turn Kueue mode off "
+                "(c.GPUBrokerKubeSpawner.kueue_queue) for this cluster.",
+                reason="gpubroker_config",
+                status_code=503,
+            )
+        return grant
+
     def _placement(self) -> tuple[str, str, int] | None:
         """The granted node, the extended resource and how many of it (``None``: no GPU)."""
         devices = (self._gpu or {}).get("devices")

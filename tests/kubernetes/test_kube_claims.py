@@ -163,6 +163,20 @@ async def test_a_grant_one_pod_cannot_take_is_refused_in_a_sentence(
     assert why in message and message.endswith("a pod takes the devices of one node.")
 
 
+async def test_kueue_mode_refuses_a_dra_grant_before_making_anything(make_spawner: Any) -> None:
+    """Kueue finds a claim with a selector inadmissible: the pod would wait for good."""
+    from hub_spawner.kubernetes import ClaimedKubeSpawner
+
+    spawner = granted(make_spawner(kueue_queue="gpu-notebooks"), f"dra:node-a:gpu:{GPU_A}")
+    with pytest.raises(SpawnException) as refused:  # no API server listens: nothing is asked
+        await ClaimedKubeSpawner.start(spawner)
+    assert str(refused.value) == (
+        "This hub sends GPU servers to Kueue, which cannot count a GPU claimed by its name, "
+        "as this cluster's GPUs are: an admin has to turn Kueue mode off "
+        "(c.GPUBrokerKubeSpawner.kueue_queue) for this cluster."
+    )
+
+
 def test_a_share_of_several_devices_or_of_a_mig_device_is_not_a_grant() -> None:
     share = {"share_text": "8.6 GB of GPU 0, enforced by MPS"}
     for devices in ([f"dra:n:gpu:{GPU_A}", f"dra:n:gpu:{GPU_B}"], [f"dra:n:mig:{MIG}"]):
