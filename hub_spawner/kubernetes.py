@@ -338,7 +338,7 @@ class GPUBrokerKubeSpawner(GPUBrokerSpawnerMixin, ClaimedKubeSpawner):
         """Nothing of KubeSpawner's profiles: ``user_options`` are the broker's."""
 
     def _dra_grant(self) -> DraGrant | None:
-        """Refused in Kueue mode: Kueue (0.14 to 0.17 read) finds a claim whose request
+        """Refused in Kueue mode: Kueue's claim quota (0.14 on) finds a claim whose request
         has a CEL selector, or a shared claim's MPS config, inadmissible ("CEL selectors
         are not supported"), so the pod would be gated for good (docs/kubernetes.md)."""
         grant = super()._dra_grant()

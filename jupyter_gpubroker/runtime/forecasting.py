@@ -42,6 +42,15 @@ class ActsAhead(LoggingConfigurable):
             pass
 
 
+def acting_line(
+    kind: str, head: str, on: bool, why_not: str | None = None, doing: str = "on"
+) -> dict[str, Any]:
+    """One line of what acts on the forecast, each kind in the same words: "off", "on,
+    but none is: <why_not>", or ``doing`` (what it does now)."""
+    said = "off" if not on else doing if why_not is None else f"on, but none is: {why_not}"
+    return {"kind": kind, "on": on, "acting": on and why_not is None, "text": f"{head}: {said}"}
+
+
 def p90_ahead(found: Forecast, now: float) -> tuple[float, str] | None:
     """The larger p90 of this hour and the next (GPU-equivalents held and waiting), and
     that as an audit's reason says it (None: no forecast yet)."""

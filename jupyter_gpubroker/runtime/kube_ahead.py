@@ -26,7 +26,7 @@ from ..broker.forecast import DAY_S, HOUR_S
 from ..inventory import CapacityRefused, Warm, WarmCapacity
 from ..wire.text import count, gpus
 from ..wire.traits import Number
-from .forecasting import ACTOR, REPLAN_S, ActsAhead, p90_ahead
+from .forecasting import ACTOR, REPLAN_S, ActsAhead, acting_line, p90_ahead
 
 EVERY_S = 30.0
 """Seconds between passes: a preempted placeholder is made again within this."""
@@ -36,7 +36,7 @@ MADE, DELETED, GONE = "kube_placeholder_create", "kube_placeholder_delete", "kub
 GONE_REASON = (
     "it is gone: the scheduler preempted it for a pod of higher priority, or it was deleted"
 )
-HEAD = "GPUs kept warm on Kubernetes ahead of the forecast: "
+HEAD = "GPUs kept warm on Kubernetes ahead of the forecast"
 
 
 def _hours(w: Warm, day: float, end: float) -> float:
@@ -84,20 +84,19 @@ class KubeAhead(ActsAhead):
         """Whether it acts, as the admin page says it (None: neither on nor on Kubernetes)."""
         if self.warm is None and not self.kube_ahead:
             return None
-        acting, cap = False, self.kube_ahead_max_gpu_hours
-        if not self.kube_ahead:
-            text = "off"
-        elif self.warm is None:
-            text = "on, but only a broker on Kubernetes can keep GPUs warm, so none is"
-        elif self._warm_refused is not None:
-            text = f"on, but none is: {self._warm_refused[1]}"
-        elif (spent := self.spent_today(core.clock.now())) >= cap:
-            text = f"on, but today's {cap:g} GPU-hours are spent, so none is until midnight UTC"
-        else:
-            acting = True
-            now = count(sum(w.gpus for w in self.kept_warm.values()), "GPU")
-            text = f"on, {now} kept warm now, {spent:.1f} of {cap:g} GPU-hours today"
-        return {"kind": "kube_ahead", "on": self.kube_ahead, "acting": acting, "text": HEAD + text}
+        cap, spent = self.kube_ahead_max_gpu_hours, self.spent_today(core.clock.now())
+        why_not = (
+            "only a broker on Kubernetes can keep GPUs warm"
+            if self.warm is None
+            else self._warm_refused[1]
+            if self._warm_refused is not None
+            else f"today's {cap:g} GPU-hours are spent (more from midnight UTC)"
+            if spent >= cap
+            else None
+        )
+        now = count(sum(w.gpus for w in self.kept_warm.values()), "GPU")
+        doing = f"on, {now} kept warm now, {spent:.1f} of {cap:g} GPU-hours today"
+        return acting_line("kube_ahead", HEAD, self.kube_ahead, why_not, doing)
 
     def spent_today(self, now: float) -> float:
         """The GPU-hours placeholders kept warm since midnight UTC."""

@@ -15,8 +15,10 @@ from ..broker.ahead import next_cut, slices_wanted
 from ..broker.core import Broker
 from ..broker.forecast import ahead
 from ..wire.text import count
-from .forecasting import ActsAhead
+from .forecasting import ActsAhead, acting_line
 
+HEAD = "MIG slices cut ahead of the forecast"
+"""How the admin page names it."""
 MAX_CUTS = 8
 """Re-cuts in one pass at most: a pass runs inside a tick."""
 
@@ -33,13 +35,8 @@ class MigAhead(ActsAhead):
 
     def mig_ahead_state(self, core: Broker) -> dict[str, Any]:
         """Whether it acts, as the admin page says it."""
-        acting = self.mig_ahead and core.devices.partitioner is not None
-        text = "MIG slices cut ahead of the forecast: " + (
-            ("on" if acting else "on, but it needs dynamic_mig, so none is")
-            if self.mig_ahead
-            else "off"
-        )
-        return {"kind": "mig_ahead", "on": self.mig_ahead, "acting": acting, "text": text}
+        why_not = None if core.devices.partitioner is not None else "it needs dynamic_mig"
+        return acting_line("mig_ahead", HEAD, self.mig_ahead, why_not)
 
     def cut_ahead(self, core: Broker, log: logging.Logger) -> None:
         """One pass: as many re-cuts towards the forecast's profiles as idle capacity allows."""

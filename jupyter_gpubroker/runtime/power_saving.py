@@ -23,7 +23,10 @@ from ..broker.core import Broker
 from ..broker.forecast import HOUR_S, Forecast
 from ..nvml.power import PowerLimitRefused, power_limits, set_power_limit
 from ..wire.traits import Number
-from .forecasting import ActsAhead, p90_ahead
+from .forecasting import ActsAhead, acting_line, p90_ahead
+
+HEAD = "Power limits lowered in a forecast trough"
+"""How the admin page names it."""
 
 if TYPE_CHECKING:
     from ..nvml import NvmlBackend
@@ -70,13 +73,8 @@ class PowerSaving(ActsAhead):
 
     def power_saving_state(self) -> dict[str, Any]:
         """Whether it acts, as the admin page says it."""
-        acting = self.power_saving and not self._refused
-        text = "Power limits lowered in a forecast trough: " + (
-            ("on" if acting else "on, but NVML refuses a broker that is not root, so none is")
-            if self.power_saving
-            else "off"
-        )
-        return {"kind": "power_saving", "on": self.power_saving, "acting": acting, "text": text}
+        why_not = "NVML refuses a broker that is not root" if self._refused else None
+        return acting_line("power_saving", HEAD, self.power_saving, why_not)
 
     def save_power(self, core: Broker, backend: NvmlBackend | None, log: logging.Logger) -> None:
         """One pass: restore what must be restored, then lower what the trough allows."""

@@ -25,11 +25,14 @@ from ..engines.slurm import SlurmInventory
 from ..engines.slurm_power import PowerRefused
 from ..wire.text import duration, gpu_hours
 from ..wire.traits import Number
-from .forecasting import ACTOR, REPLAN_S, ActsAhead
+from .forecasting import ACTOR, REPLAN_S, ActsAhead, acting_line
 from .power_saving import gpus_needed
 
 if TYPE_CHECKING:
     from ..engines import InventorySource
+
+HEAD = "Slurm nodes woken and put to sleep ahead of the forecast"
+"""How the admin page names it."""
 
 WAKE, SLEEP = "slurm_power_up", "slurm_power_down"
 """The audit log's actions."""
@@ -72,19 +75,9 @@ class SlurmAhead(ActsAhead):
         why = self._slurm_refused[1] if self._slurm_refused is not None else self._slurm_off
         if not isinstance(engine, SlurmInventory):
             why = "the inventory is not Slurm's"
-        acting = self.slurm_ahead and why is None
-        if not self.slurm_ahead:
-            said = "off"
-        elif why is not None:
-            said = f"on, but {why}, so none is"
-        else:
-            spent, cap = (
-                gpu_hours(self.slurm_gpu_hours_ahead),
-                gpu_hours(self.slurm_ahead_gpu_hours),
-            )
-            said = f"on; GPUs kept awake ahead today: {spent} of the {cap} a day allowed"
-        text = "Slurm nodes woken and put to sleep ahead of the forecast: " + said
-        return {"kind": "slurm_ahead", "on": self.slurm_ahead, "acting": acting, "text": text}
+        spent, cap = gpu_hours(self.slurm_gpu_hours_ahead), gpu_hours(self.slurm_ahead_gpu_hours)
+        doing = f"on; GPUs kept awake ahead today: {spent} of the {cap} a day allowed"
+        return acting_line("slurm_ahead", HEAD, self.slurm_ahead, why, doing)
 
     async def power_ahead(
         self, core: Broker, engine: InventorySource | None, log: logging.Logger

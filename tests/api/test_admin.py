@@ -338,19 +338,19 @@ def test_only_admins_see_the_forecast_learnt_from_the_brokers_own_history(
     ]
     team.runtime.mig_ahead = True  # without dynamic_mig: on, but it cannot cut
     said = team.forecast(carol)["acting"][1]["text"]
-    assert said == "MIG slices cut ahead of the forecast: on, but it needs dynamic_mig, so none is"
+    assert said == "MIG slices cut ahead of the forecast: on, but none is: it needs dynamic_mig"
     team.runtime.kube_ahead = True  # listed where it is on, though not on Kubernetes
     kube = team.forecast(carol)["acting"][2]
     assert (kube["kind"], kube["on"], kube["acting"]) == ("kube_ahead", True, False)
     assert kube["text"] == (
-        "GPUs kept warm on Kubernetes ahead of the forecast: on, but only a broker on "
-        "Kubernetes can keep GPUs warm, so none is"
+        "GPUs kept warm on Kubernetes ahead of the forecast: on, but none is: only a broker "
+        "on Kubernetes can keep GPUs warm"
     )
     team.runtime.slurm_ahead = True  # on one machine: no node to wake
     said = team.forecast(carol)["acting"][3]["text"]
     assert said == (
-        "Slurm nodes woken and put to sleep ahead of the forecast: on, but the inventory is "
-        "not Slurm's, so none is"
+        "Slurm nodes woken and put to sleep ahead of the forecast: on, but none is: the "
+        "inventory is not Slurm's"
     )
     busy = time.gmtime(start).tm_hour  # the hour the slice was held in (it spans two)
     demand = [h["demand"]["p50"] for h in found["hours"][:24]]

@@ -223,7 +223,7 @@ def test_the_days_cap_stops_them_also_after_a_restart_until_the_next_day(
             "today's 2 GPU-hours kept warm are spent"
         ] * 5
         assert kube_state(broker)["text"] == (
-            HEAD + "on, but today's 2 GPU-hours are spent, so none is until midnight UTC"
+            HEAD + "on, but none is: today's 2 GPU-hours are spent (more from midnight UTC)"
         )
         assert kube_state(broker)["acting"] is False
     finally:

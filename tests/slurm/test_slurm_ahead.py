@@ -292,9 +292,9 @@ def test_what_slurm_refuses_is_said_in_a_sentence(tmp_path: Path, asleep: None) 
         core.submit("erin", Size(gpus=1), holder="server:erin")
         asyncio.run(broker.poll_engine())
         assert broker.acting_ahead()[-1]["text"] == (
-            "Slurm nodes woken and put to sleep ahead of the forecast: on, but Slurm refused "
-            "to wake gpu-c (scontrol update NodeName=gpu-c State=POWER_UP: Invalid user id), "
-            "so none is"
+            "Slurm nodes woken and put to sleep ahead of the forecast: on, but none is: Slurm "
+            "refused to wake gpu-c (scontrol update NodeName=gpu-c State=POWER_UP: Invalid "
+            "user id)"
         )
         assert broker.acting_ahead()[-1]["acting"] is False
         assert core.store.audit(actor="forecast") == []
