@@ -48,16 +48,32 @@ none of its own, which another's would spoil). Each group runs on one worker, on
 a time."""
 
 
-ORDER = ("tests/slurm/", "tests/ui/", "tests/hub/", "tests/", "tests/kubernetes/")
+ORDER = ("tests/slurm/", "tests/kubernetes/", "tests/ui/", "tests/hub/", "tests/")
 """The order the groups are handed out in (``--no-loadscope-reorder`` keeps it): the
-longest first, so that no worker is left with one at the end (the Slurm cluster's tests
-run one after another, for minutes; the browser's and the hub's start hubs), and the
-Kubernetes tests last, since on a machine's first run CI is still building Kubernetes."""
+longest first, so that no worker is left with one at the end (each cluster's tests run
+one after another, for minutes; the browser's and the hub's start hubs)."""
+
+KUBE_BUILDING = ORDER[:1] + ORDER[2:] + ORDER[1:2]
+"""The order while CI still builds Kubernetes (a machine's first run): its tests last."""
 
 
-def _place(item: pytest.Item) -> int:
-    """Where ``item`` comes in ``ORDER``: at the longest path there its own starts with."""
-    return ORDER.index(max((p for p in ORDER if item.nodeid.startswith(p)), key=len))
+def _order() -> tuple[str, ...]:
+    """``KUBE_BUILDING`` while the file ``.ci/run`` writes once ``.ci/kube-up`` has ended
+    (``STARTING_ENV`` of tests/kubernetes/conftest.py) is missing, else ``ORDER``."""
+    status = os.environ.get("GPUBROKER_KUBE_STATUS")
+    return KUBE_BUILDING if status and not os.path.exists(status) else ORDER
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller picks the order once for every worker: a worker that
+    read it a moment later, once the file was there, would collect another order."""
+    node.workerinput["gpubroker_order"] = list(_order())
+
+
+def _place(item: pytest.Item, order: tuple[str, ...]) -> int:
+    """Where ``item`` comes in ``order``: at the longest path there its own starts with."""
+    return order.index(max((p for p in order if item.nodeid.startswith(p)), key=len))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -77,7 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.nodeid.split("::")[0]
         group = next((g for prefix, g in SHARED.items() if path.startswith(prefix)), path)
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_place)
+    worker = getattr(config, "workerinput", None)
+    order = tuple(worker["gpubroker_order"]) if worker else _order()
+    items.sort(key=lambda item: _place(item, order))
     result = yield
     grouping = hasattr(config, "workerinput") and config.getvalue("loadgroup")
     if grouping and items and "@" not in items[0].nodeid.rpartition("]")[2]:

@@ -18,6 +18,8 @@ import json
 import os
 import secrets
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -81,6 +83,34 @@ def wait_for(
             tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
             raise AssertionError(f"timed out waiting for {what}\n{tail}")
         time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def refusing(port: int) -> Iterator[None]:
+    """``port`` taken, once what listens there is gone, by a listener that resets every
+    connection at once: a caller is refused as if nothing listened, and nothing else can
+    listen there meanwhile (a service the hub starts again fails to)."""
+    listener = wait_for("the port to free", lambda: socket.create_server(("127.0.0.1", port)))
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def reset() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    thread = threading.Thread(target=reset, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        listener.close()
 
 
 class Hub:

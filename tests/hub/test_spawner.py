@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import requests
-from live_hub import Hub, wait_for
+from live_hub import Hub, refusing, wait_for
 
 from hub_spawner.environment import LEASE_ENV
 from hub_spawner.hubauth import USE_SCOPE as USE
@@ -286,8 +286,10 @@ def test_a_start_still_queued_when_the_hub_restarts_keeps_its_request_and_starts
 def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_back(
     hub: Hub,
 ) -> None:
-    """The service's supervisor dies, and the service with it, so none runs until the
-    hub's next poll; the user's server stops meanwhile (its give-back finds no broker):
+    """The service's supervisor dies, and the service with it, and the user's server
+    stops while none runs (its give-back finds no broker; the service's port is held
+    closed meanwhile, so the hub's poll cannot start one within the give-back's retries);
+    the hub starts the service again at its next poll:
     the restarted service releases its lease within seconds of starting, charged no later
     than the stop (up to the last renewal, at most a third of the TTL before), through the
     API: the audit log records the release, the service as its actor, with its reason."""
@@ -299,9 +301,10 @@ def test_a_server_stopped_while_the_service_is_down_is_released_when_it_comes_ba
         starts = hub.log.read_text().count(SERVICE_STARTED)
         os.kill(hub.supervisor_pid(), signal.SIGKILL)
         stopped_at = time.time()
-        hub.stop_server("ida")  # its give-back fails: no broker
-        wait_for("ida's stop", lambda: hub.hub_api("GET", "users/ida")["servers"] == {})
-        wait_for("the failed give-back", lambda: "Could not give ida" in hub.log.read_text())
+        with refusing(hub.service_port):
+            hub.stop_server("ida")  # its give-back fails: no broker
+            wait_for("ida's stop", lambda: hub.hub_api("GET", "users/ida")["servers"] == {})
+            wait_for("the failed give-back", lambda: "Could not give ida" in hub.log.read_text())
         # the hub restarts its dead service at its next poll
         wait_for(
             "the restarted service",
