@@ -58,6 +58,7 @@ from .culling import EXTEND_S, time_extended_text, time_limit_text, time_limit_w
 from .forecast_view import forecast_view
 from .hubauth import ADMIN_SCOPE, HubAuthFromSettings, check_user, hub_identity, require_use
 from .options import JOB_CLASSES, Choices
+from .whatif_view import whatif_view
 
 TEMPLATES = Path(__file__).with_name("templates")
 USAGE_BY = ("user", "group", "profile", "day")
@@ -272,7 +273,7 @@ def admin_view(
 ) -> dict[str, Any]:
     """What the admin page shows: quotas, time limits, alerts, queue, devices and the
     engine they are read from, usage since ``since`` (``days`` days), the demand
-    forecast, the audit log after ``after``."""
+    forecast and the what-if replays, the audit log after ``after``."""
     audit = api.audit(who, after=after, limit=str(AUDIT_ROWS))
     quotas = api.quotas(who)["quotas"]
     alerts = api.alerts(who, limit=str(ALERT_ROWS))
@@ -294,6 +295,7 @@ def admin_view(
             for by in USAGE_BY
         },
         "forecast": forecast_view(api.forecast(who)),
+        "whatif": whatif_view(api.whatif_state(who), api.now()),
         "audit": audit["audit"],
         "audit_next": audit["next_after"],
         "audit_paged": after is not None,
@@ -453,6 +455,29 @@ def _delete_limits(api: BrokerAPI, who: Identity, form: Form) -> str:
     return f"{form.get('kind')} {form.get('name')} is back on the configured time limits."
 
 
+MIG_RECUTTING = {"on": True, "off": False}
+
+
+def _whatif(api: BrokerAPI, who: Identity, form: Form) -> str:
+    """Start a what-if replay (the page shows it running, then its figures): GPUs added
+    or taken away, another policy, MIG re-cutting on or off; empty: as recorded."""
+    body: dict[str, Any] = {}
+    text = form.get("gpus", "").strip() or "0"
+    try:
+        body["gpus"] = int(text)
+    except ValueError:
+        message = (
+            f"GPUs added must be a whole number such as 2, or -1 to take one away, not {text!r}"
+        )
+        raise InvalidRequest(message, fields={"gpus": message}) from None
+    if form.get("policy"):
+        body["policy"] = form["policy"]
+    if form.get("dynamic_mig") in MIG_RECUTTING:
+        body["dynamic_mig"] = MIG_RECUTTING[form["dynamic_mig"]]
+    api.whatif(who, body)  # its outcome is kept for the page: the future is not awaited
+    return "The what-if replay runs: its figures show under What if once it is done."
+
+
 def _cancel(api: BrokerAPI, who: Identity, form: Form) -> str:
     r = api.cancel(who, form.get("request_id", ""), form.get("reason") or None)
     return f"{r['user']}'s request for {size_text(r)} is {r['state']}."
@@ -497,6 +522,7 @@ ACTIONS: dict[str, dict[str, Action]] = {
         "class": _set_class,
         "drain": _drain,
         "undrain": _undrain,
+        "whatif": _whatif,
     },
 }
 
@@ -525,7 +551,8 @@ class ActionHandler(PageHandler):
                 self.render_page("my.html", e.status, failed=failed, **self.my_context())
             return
         self.set_signed_cookie(FLASH, done, path=self.hub_auth.base_url, httponly=True)
-        self.redirect(self.url("admin") if page == "admin" else self.url(), status=303)
+        back = self.url("admin") if page == "admin" else self.url()
+        self.redirect(back + ("#whatif" if action == "whatif" else ""), status=303)
 
 
 def page_handlers(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

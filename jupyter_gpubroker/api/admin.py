@@ -5,6 +5,8 @@ transaction (``Rules._audited``)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from ..broker.budgets import Quota
@@ -222,6 +224,25 @@ class AdminRules(Rules):
         rows = demand(self.core.store, now - (span + tests) * WEEK_S, now)
         found = forecast(spans(rows), now, weeks=span, backtest_weeks=tests).to_json()
         return {**found, "acting": self.runtime.acting_ahead()}
+
+    def whatif(self, who: Identity, body: dict[str, Any]) -> Future[Any]:
+        """Replay the state file's recorded requests through the core as they were and
+        with ``body``'s changes (``runtime.whatif``), in a worker thread: the future's
+        result is the figures beside what really happened."""
+        self._require_admin(who, "run what-if replays")
+        state = self.runtime.state_file
+        if state == ":memory:":
+            raise Conflict(
+                "this broker keeps its state in memory (c.GPUBroker.state_file), so it "
+                "recorded no history to replay"
+            )
+        now = self.core.clock.now()
+        return self.runtime.whatifs.start(Path(state).expanduser(), now, who.user, body)
+
+    def whatif_state(self, who: Identity) -> dict[str, Any]:
+        """The what-if replay running now and the last one done."""
+        self._require_admin(who, "run what-if replays")
+        return self.runtime.whatifs.state()
 
     def audit(
         self,

@@ -66,6 +66,8 @@ class Prices:
                 + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else "")
             )
         bands = []
+        if not isinstance(d.get("bands") or (), (list, tuple)):
+            raise InvalidRequest("price 'bands' must be a list of bands")
         for b in d.get("bands") or ():
             if not isinstance(b, Mapping) or "factor" not in b:
                 raise InvalidRequest(f"a price band needs name, start, end and factor: {b!r}")

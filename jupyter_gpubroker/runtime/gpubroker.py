@@ -55,6 +55,7 @@ from .sharing import ShareEnforcement, SharingSettings
 from .slurm_ahead import SlurmAhead
 from .suspending import SuspendHost
 from .tokens import KernelTokens
+from .whatif import WhatIfRuns
 
 if TYPE_CHECKING:
     from ..engines import InventorySource
@@ -112,6 +113,8 @@ class GPUBroker(
         """The opened inventory, until the broker stops (``inventory.OpenInventory``)."""
         self._watch = InventoryWatch()
         """What keeps the core in step with its inventory (an engine's poll)."""
+        self.whatifs = WhatIfRuns()
+        """What-if replays of the state file's history, one at a time (``.whatif``)."""
 
     # ----------------------------------------------------------- lifecycle
 
@@ -327,6 +330,7 @@ class GPUBroker(
             if callback is not None:
                 callback.stop()
         self._watch.stop()
+        self.whatifs.close()
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None  # stopping twice is harmless

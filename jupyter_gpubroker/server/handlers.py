@@ -322,6 +322,21 @@ class ForecastHandler(BrokerHandler):
         self.reply(self.api.forecast(self.who, weeks, tests))
 
 
+class WhatIfHandler(BrokerHandler):
+    """What-if replays of the recorded requests: the caller waits for its own replay,
+    which runs in a worker thread while the event loop serves everyone else."""
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.reply(self.api.whatif_state(self.who))
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        self.reply(await asyncio.wrap_future(self.api.whatif(self.who, self.body())))
+
+
 class AuditHandler(BrokerHandler):
     @web.authenticated
     @authorized
@@ -479,6 +494,7 @@ def handlers(host: type[web.RequestHandler], root: str = f"/{API_PREFIX}") -> li
         ("reclaims", ReclaimsHandler),
         ("audit", AuditHandler),
         ("forecast", ForecastHandler),
+        ("whatif", WhatIfHandler),
         ("alerts", AlertsHandler),
         ("events", EventsHandler),
         ("tokens", TokensHandler),

@@ -107,6 +107,13 @@ def test_a_users_slice_is_theirs_and_nobody_else_sees_or_touches_it(hub: Hub) ->
         status, refused = hub.api(bob, "GET", "forecast")  # and the demand forecast
         assert (status, refused["error"]) == (403, "forbidden")
         assert not ok(hub, admin, "GET", "forecast")["ready"]  # minutes of history only
+        status, refused = hub.api(bob, "POST", "whatif", {"gpus": 1})  # and what-if replays
+        assert (status, refused["message"]) == (
+            403,
+            "only admins run what-if replays (bob is not one)",
+        )
+        replayed = ok(hub, admin, "POST", "whatif", {"gpus": 1})  # what they held till now
+        assert replayed["what_if"]["requests"] == replayed["recorded"]["requests"] >= 2
         everyone = {r["id"] for r in ok(hub, admin, "GET", "requests")["requests"]}
         assert {mine["id"], his["id"]} <= everyone
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from importlib import resources
@@ -34,6 +35,7 @@ from openapi_check import (
 from tornado import web
 
 from jupyter_gpubroker.api import API_PREFIX, TOKEN_HEADER
+from jupyter_gpubroker.runtime import whatif
 from jupyter_gpubroker.server.handlers import handlers
 from jupyter_gpubroker.server.host import JupyterHost
 
@@ -197,7 +199,7 @@ def test_validation_catches_a_wrong_body() -> None:
 
 
 async def test_every_documented_response_is_what_the_server_sends(
-    api: Any, jp_serverapp: Any, jp_http_port: int, jp_base_url: str
+    api: Any, jp_serverapp: Any, jp_http_port: int, jp_base_url: str, monkeypatch: Any
 ) -> None:
     check = CheckedApi(api)
     runtime = jp_serverapp.web_app.settings["gpubroker"]
@@ -216,6 +218,7 @@ async def test_every_documented_response_is_what_the_server_sends(
     await _device_metrics(check, runtime, gpu)
     kernel = await _kernel_token(check, granted)
     await _admin(check, runtime, gpu, granted, kernel)
+    await _whatif(check, kernel, monkeypatch)
     await _unauthenticated(check, granted)
     await _events(check, jp_http_port, jp_base_url, jp_serverapp.identity_provider.token)
 
@@ -620,9 +623,34 @@ async def _admin(
         ("GET", "audit", None),
         ("GET", "alerts", None),
         ("GET", "forecast", None),
+        ("GET", "whatif", None),
+        ("POST", "whatif", {"gpus": 1}),
     ):
         reply = await check(method, path, body, headers=kernel, expect=403)
         assert reply["error"] == "forbidden" and "only admins" in reply["message"]
+
+
+async def _whatif(check: CheckedApi, kernel: dict[str, str], monkeypatch: Any) -> None:
+    """A what-if replay of this server's own history, a bad field, and a second one asked
+    while the first runs (held in its worker thread meanwhile): a 409."""
+    before = await check("GET", "whatif", expect=200)
+    assert (before["running"], before["last"]) == (None, None)
+    done = await check("POST", "whatif", {"gpus": 1, "dynamic_mig": False}, expect=200)
+    assert done["what_if"]["requests"] == done["replayed"]["requests"] > 0
+    assert (await check("GET", "whatif", expect=200))["last"] == done
+    refused = await check("POST", "whatif", {"gpus": -1}, expect=400)
+    assert refused["message"] == "the machine has 1 GPUs: it cannot lose 1"
+    await check("POST", "whatif", {"policy": "fastest"}, expect=400)
+
+    gate, compare = threading.Event(), whatif.compare
+    monkeypatch.setattr(whatif, "compare", lambda *a: gate.wait(30) and compare(*a))
+    first = asyncio.ensure_future(check("POST", "whatif", {"gpus": 2}, expect=200))
+    while not (await check("GET", "whatif", expect=200))["running"]:
+        await asyncio.sleep(0.05)
+    busy = await check("POST", "whatif", {"gpus": 3}, expect=409)
+    assert "one runs at a time" in busy["message"]
+    gate.set()
+    assert (await first)["asked"] == {"gpus": 2}
 
 
 async def _unauthenticated(check: CheckedApi, granted: dict[str, Any]) -> None:

@@ -361,6 +361,8 @@ async def test_only_admins_use_the_admin_operations_and_each_is_audited(
         ("GET", "audit", None),
         ("GET", "alerts", None),
         ("GET", "forecast", None),
+        ("GET", "whatif", None),
+        ("POST", "whatif", {"gpus": 1}),
     ]
     for caller in (alice, bob, k1):
         for method, path, body in admin_only:
