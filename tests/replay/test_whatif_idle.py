@@ -132,7 +132,7 @@ def test_the_broker_records_busy_periods_and_why_each_lease_ended(written) -> No
         pytest.approx([0, 600], abs=LOOK_S + 1),
         pytest.approx([2400, 3000], abs=LOOK_S + 1),
     ]
-    assert (alice["state"], alice["cause"]) == ("reclaimed", "idle")  # idle 3000 s after 3000
+    assert (alice["state"], alice["cause"]) == ("reclaimed", "idle")  # 50 min after her last cell
     assert (rows["bob"]["state"], rows["bob"]["cause"]) == ("released", None)
     assert rows["erin"]["busy"] is None  # no kernel seen: nothing recorded
     assert live["n"] == len(JOBS) and live["mean_wait_s"] > 60  # dave and erin waited
