@@ -3,8 +3,9 @@
 Replays the NotebookOS trace of Adobe's notebook platform (59 sessions, 48 hours) through
 the real broker and reclaimer (``jupyter_gpubroker.replay.notebooks``) under each policy,
 on 144 and 64 GPUs in 8-GPU nodes, prints the table, writes the plot, and checks the
-figures of every contention-free run against ``plain_count``: a separate arithmetic
-on each session's idle gaps that shares no code with the replay.
+figures of every contention-free run against ``plain_count``: arithmetic on each
+session's idle gaps (``replay.idle``, which the what-if cuts leases with) that shares no
+code with the replay.
 
     python benchmarks/notebooks.py   # --trace PATH: the trace, --plot PATH: the PNG
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpubroker.broker.reclaim import ReclaimConfig
+from jupyter_gpubroker.replay import idle
 from jupyter_gpubroker.replay import notebooks as nb
 from jupyter_gpubroker.replay.notebook_figures import summarize
 from jupyter_gpubroker.runtime.reclaim import SUSPEND_GRACE_S, SUSPEND_IDLE_TIMEOUT_S
@@ -186,10 +188,8 @@ def band_table(results: dict[int, list[tuple[str, dict[str, float]]]]) -> str:
 
 def plain_count(path: Path, limit_s: float | None, on_demand: bool = False) -> dict[str, float]:
     """Held GPU-hours ÷ cell GPU-hours and shutdowns with no contention, from the JSON
-    alone: a kernel holds its GPUs from its session's start; one whose idle gap (end of
-    its last cell, CPU-only ones too, to the next cell's start or the session's stop)
-    exceeds ``limit_s`` (idle timeout + grace) is shut down at its end and holds again
-    from its next GPU cell; lost, if a cell follows the gap. ``None``: held to the stop."""
+    alone: each session's cells (CPU-only ones too) as the busy spans of ``idle.holds``
+    with ``limit_s`` (idle timeout + grace); ``None``: held from its start to its stop."""
     held = cells = 0.0
     shutdowns = lost = 0
     for s in json.loads(path.read_text())["sessions"]:
@@ -203,20 +203,10 @@ def plain_count(path: Path, limit_s: float | None, on_demand: bool = False) -> d
         if on_demand or limit_s is None:
             held += busy if on_demand else gpus * (stop - start)
             continue
-        since: float | None = start  # holding since
-        last = start
-        for t in trainings:
-            a, b = 60.0 * t["start_tick"], 60.0 * t["end_tick"]
-            if since is not None and a - last > limit_s:
-                held += gpus * (last + limit_s - since)
-                since, shutdowns, lost = None, shutdowns + 1, lost + 1
-            if since is None and t["gpus"]:
-                since = a
-            last = b
-        if since is not None:
-            end = last + limit_s if stop - last > limit_s else stop
-            shutdowns += stop - last > limit_s
-            held += gpus * (end - since)
+        spans = ((60.0 * t["start_tick"], 60.0 * t["end_tick"], bool(t["gpus"])) for t in trainings)
+        found = idle.holds(start, stop, spans, limit_s)
+        held += gpus * sum(b - a for a, b in found.spans)
+        shutdowns, lost = shutdowns + found.shutdowns, lost + found.lost
     return {"held_ratio": held / cells, "shutdowns": shutdowns, "lost": lost}
 
 

@@ -262,6 +262,12 @@ MIGRATIONS: tuple[str, ...] = (
         settings TEXT NOT NULL
     );
     """,
+    # 17: when each lease's kernel was busy, as idle reclaim saw it (``recorded.Activity``:
+    # a JSON list of [start, end] spans, end null while busy; null: its kernel never seen),
+    # so that a what-if can vary the idle timeout and the reclaim action
+    """
+    ALTER TABLE leases ADD COLUMN busy TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

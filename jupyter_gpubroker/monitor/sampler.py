@@ -5,9 +5,10 @@ The host (``GPUBroker``) runs a pass every ``sample_interval`` seconds: :meth:`S
 broker's thread, which records the samples, drains or recovers GPUs as the
 ``HealthJudge`` decides, starts and ends health alerts as the ``AlertJudge`` decides
 (each change handed to ``on_alert``: the host publishes it), observes each lease (its
-devices' readings and, through a ``KernelSource``, its kernel) and lets the
-``Reclaimer`` warn and reclaim. It returns the reclaimer's decisions for the host to
-carry out on the kernels.
+devices' readings and, through a ``KernelSource``, its kernel), lets the
+``Reclaimer`` warn and reclaim, and records when each lease's kernel was busy
+(``recorded.Activity``). It returns the reclaimer's decisions for the host to carry out
+on the kernels.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..broker.core import Broker
 from ..broker.health import HealthJudge
 from ..broker.models import DeviceEvent, DeviceReading, Inventory, Lease, ProcessInfo, ShareUse
 from ..broker.reclaim import Decision, KernelState, Observation, Reclaimer
+from ..broker.recorded import Activity
 from .outside import OutsideWatch, Proc
 from .samples import SampleStore
 
@@ -94,6 +96,8 @@ class Sampler:
         """Matches NVML's processes to the leases (local GPUs only)."""
         self.procs: Mapping[int, Proc] = {}
         """The last pass's processes as the OS describes them (when outside use is watched)."""
+        self.activity = Activity(broker.store)
+        """Records each lease's busy spans, as the reclaimer judges them (``whatif``)."""
         gpus = {g.uuid for g in broker.inventory.gpus}
         health.adopt(broker.drained_by("health") & gpus, broker.clock.now())
 
@@ -141,7 +145,10 @@ class Sampler:
                 log("GPU broker: alert %s: %s", alert.state, alert.alert.message)
                 if self.on_alert is not None:
                     self.on_alert(alert)
-        return self.reclaimer.step(self.observe(readings))
+        decisions = self.reclaimer.step(self.observe(readings))
+        idle = {x.id: (x.granted_at, self.reclaimer.idle_s(x.id)) for x in broker.leases()}
+        self.activity.look(now, {k: (t, s) for k, (t, s) in idle.items() if s is not None})
+        return decisions
 
     def sample(self) -> list[Decision]:
         """A whole pass on the calling thread."""

@@ -127,9 +127,10 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Replay the requests a broker's state file recorded through the real broker core, "
         "each holding its lease as long as it did, on the machine the file recorded: once "
-        "as it was and once with the settings below changed. Prints waits, GPU-hours held, "
-        "kernels lost and cost beside what really happened. Holds are replayed as recorded, "
-        "so idle timeouts do not change them yet."
+        "as it was and once with the settings below changed. Prints waits, GPU-hours held "
+        "and held over used, kernels lost and cost beside what really happened. Another idle "
+        "timeout, grace or reclaim action cuts each lease at its kernel's recorded busy "
+        "periods: a lease idle longer ends earlier, and the rest of its work asks again."
     )
     p.add_argument("--state", required=True, type=Path, help="the broker's state file")
     p.add_argument(
@@ -160,6 +161,25 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
         "weights: {interactive: 2000, batch: 0}}]",
     )
     p.add_argument("--timezone", help="time zone of the windows (IANA name; default: as recorded)")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="another idle timeout, as c.GPUBroker.idle_timeout (0: no idle reclaim); it "
+        "and --grace stand for the suspend's own timeout and grace too",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        metavar="SECONDS",
+        help="another time between the idle warning and the reclaim, as c.GPUBroker.grace",
+    )
+    p.add_argument(
+        "--reclaim-action",
+        metavar="ACTION",
+        help="shutdown or suspend, as c.GPUBroker.reclaim_action (a suspend loses no kernel; "
+        "MIG slices and shares are shut down)",
+    )
     p.add_argument("--prices", type=Path, help="a prices file (as usage --prices) for the cost")
     p.add_argument(
         "--prices-if", type=Path, help="other prices for the what-if's cost (default: --prices)"
@@ -185,6 +205,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         timezone=args.timezone,
         quotas=tuple(parse_quota(q) for q in args.quota),
         dynamic_mig=False if args.static_mig else None,
+        idle_timeout=args.idle_timeout,
+        grace=args.grace,
+        reclaim_action=args.reclaim_action,
     )
     prices = load_prices(args.prices) if args.prices else None
     prices_if = load_prices(args.prices_if) if args.prices_if else None
@@ -194,6 +217,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         print(json.dumps({**result, "left_out": found.left_out}, allow_nan=False))
         return 0
     print(whatif_table(result))
+    if not found.seen:
+        print("The file records no kernel's busy periods: held over used is not known.")
     if found.left_out:
         print(f"{found.left_out} request(s) never granted are left out: they held nothing.")
     return 0
@@ -210,7 +235,9 @@ def whatif_table(result: dict[str, dict[str, Any]]) -> str:
         "p95_wait_s": ("p95 wait (s)", "{:.1f}"),
         "max_wait_s": ("longest wait (s)", "{:.1f}"),
         "gpu_hours_held": ("GPU-hours held", "{:.2f}"),
+        "held_over_used": ("held over used (kernels seen)", "{:.2f}"),
         "kernels_lost": ("kernels lost", "{:.0f}"),
+        "kernels_suspended": ("kernels suspended", "{:.0f}"),
         "cost": ("cost", "{:.2f}"),
         "refused": ("refused (no machine or quota allows)", "{:.0f}"),
     }

@@ -1,20 +1,31 @@
 """What-if on a deployment's own history: its recorded requests replayed through the core.
 
 A state file holds every request the broker accepted (who, what size, which class, when)
-and, for those granted, how long their lease was held. ``whatif`` turns them into a trace
-(each granted request a job that holds its lease as long as it did) and replays it with
-:func:`.driver.replay`, on the machine the file recorded (``machines``), once as it was and
-once with the settings changed: more or fewer GPUs or another machine, another ordering
-policy, quotas and shares, MIG re-cutting on or off. Both are printed beside what really
-happened, so the replay's own fidelity shows next to the change.
+and, for those granted, how long their lease was held, why it ended (reclaimed, and for
+what, or ended by its holder) and when its kernel was busy, as idle reclaim saw it
+(``recorded.Activity``). ``whatif`` turns them into a trace (each granted request a job
+that holds its lease as long as it did) and replays it with :func:`.driver.replay`, on the
+machine the file recorded (``machines``), once as it was and once with the settings
+changed: more or fewer GPUs or another machine, another ordering policy, quotas and shares,
+MIG re-cutting on or off, the idle timeout, its grace and the reclaim action. All are
+printed beside what really happened, so the replay's own fidelity shows next to the change.
 
-What it does not vary yet: a hold is replayed as it was recorded, so idle timeouts and the
-reclaim action change nothing here (the file records when a lease was held, not when its
-kernel computed); requests withdrawn before any grant are left out (they held nothing).
+Another idle timeout cuts each lease whose kernel was seen at its busy spans with
+:func:`.idle.holds` (the count the notebook benchmark checks the real reclaimer against):
+a lease idle longer than the timeout and its grace ends there, and the rest of its work
+asks again at its next busy span, a new job submitted then, waiting as the core makes it
+wait; a kernel shut down that way before more work is a kernel lost, one suspended is not
+(MIG slices and shares are shut down, as the product does). A lease the broker reclaimed
+idle ends at its idle start plus the new limit (its user did not come back before);
+the other leases end as they did. Leases whose kernel was never seen (a CLI lease) are
+held as recorded, as the product never reclaims them; a file that recorded no busy span
+at all is refused. A suspend's copies are not modelled (the notebook replay models them).
+Requests withdrawn before any grant are left out (they held nothing).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -29,15 +40,40 @@ from ..broker.budgets import Quota
 from ..broker.core import Broker
 from ..broker.models import JobClass
 from ..broker.policy import Window, configured_policy
+from ..broker.reclaim import ReclaimConfig
 from ..broker.recorded import machines, requests
 from ..broker.store import Store
 from ..nvml import GpuSpec, Topology
 from ..nvml.presets import TopologyError, gpu_spec, load_topology
 from ..wire.errors import InvalidRequest
+from ..wire.sizes import MAX_DURATION_S, number, seconds_between
 from .driver import Replay, replay
+from .idle import holds
 from .traces import MIN_DURATION_S, Job, Trace
 
 QUOTA_FIELDS = ("share", "max_gpus", "gpu_hours", "period_s")
+ACTIONS = ("shutdown", "suspend")
+"""The reclaim actions a what-if replays (``c.GPUBroker.reclaim_action``'s)."""
+IDLE_ENDS = ("idle", "suspended")
+"""The reclaims that idle reclaim made (a suspend is one)."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One granted request as recorded: its job, and what another idle timeout needs."""
+
+    job: Job
+    granted_at: float
+    end: float
+    profile: str
+    busy: tuple[tuple[float, float], ...] | None
+    """Its kernel's busy spans, within the hold; None: its kernel was never seen."""
+    idle_ended: bool
+    """Idle reclaim ended it (shut down or suspended)."""
+
+    @property
+    def used_hours(self) -> float:
+        return self.job.gpus * sum(b - a for a, b in self.busy or ()) / 3600
 
 
 @dataclass(frozen=True)
@@ -56,8 +92,25 @@ class History:
     quotas: tuple[tuple[str, str, Quota], ...]
     """The quotas and shares the file holds (admins' last word)."""
     settings: dict[str, Any]
-    """The settings the broker ordered by (``GPUBroker.recorded_settings``); empty where
-    the file recorded none (the replay's defaults then)."""
+    """The settings the broker ordered and reclaimed by (``GPUBroker.recorded_settings``
+    and ``recorded_reclaim``); empty where the file recorded none (the defaults then)."""
+    leases: tuple[LeaseRecord, ...] = ()
+    suspended: int = 0
+
+    @property
+    def seen(self) -> bool:
+        """Whether the file recorded any kernel's busy spans."""
+        return any(x.busy is not None for x in self.leases)
+
+    @property
+    def unseen_hours(self) -> float:
+        """GPU-hours held by leases whose kernel was never seen (any replay holds them so)."""
+        return sum(x.job.gpus * x.job.duration_s for x in self.leases if x.busy is None) / 3600
+
+    @property
+    def used_hours(self) -> float:
+        """GPU-hours the seen kernels were busy."""
+        return sum(x.used_hours for x in self.leases)
 
 
 @dataclass(frozen=True)
@@ -75,10 +128,30 @@ class Variation:
     """The time zone the windows are read in."""
     quotas: tuple[tuple[str, str, Quota], ...] = ()
     dynamic_mig: bool | None = None
+    idle_timeout: float | None = None
+    """Seconds (``c.GPUBroker.idle_timeout``; 0: no idle reclaim); it and ``grace`` stand
+    for the suspend's own too (``suspend_idle_timeout``, ``suspend_grace``)."""
+    grace: float | None = None
+    reclaim_action: str | None = None
+    """``shutdown`` or ``suspend``."""
+
+    def __post_init__(self) -> None:
+        words = seconds_between(0.0, MAX_DURATION_S)
+        for name, said in (("idle_timeout", "the idle timeout"), ("grace", "the grace")):
+            if getattr(self, name) is not None:
+                number(getattr(self, name), said, 0.0, MAX_DURATION_S, words=words)
+        if self.reclaim_action is not None and self.reclaim_action not in ACTIONS:
+            raise InvalidRequest(
+                f"the reclaim action is shutdown or suspend, not {self.reclaim_action!r}"
+            )
 
     @property
     def varied(self) -> bool:
         return self != Variation()
+
+    @property
+    def idle_varied(self) -> bool:
+        return (self.idle_timeout, self.grace, self.reclaim_action) != (None, None, None)
 
 
 def history(state: str | Path, now: float, machine: str | None = None) -> History:
@@ -94,7 +167,7 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
             f"{state} records no machine: it was written before the broker recorded one; "
             "restart the broker once to record it, or name the machine with --machine"
         )
-    jobs, waits, holds, hours, reclaimed, left = [], [], [], 0.0, 0, 0
+    leases, waits, rows_held, hours, reclaimed, suspended, left = [], [], [], 0.0, 0, 0, 0
     for r in rows:
         if r["granted_at"] is None:
             left += 1
@@ -102,19 +175,25 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
         end = r["ended_at"] if r["ended_at"] is not None else now
         held = max(end - r["granted_at"], MIN_DURATION_S)
         eq = float(r["gpu_equivalents"])
-        jobs.append(
-            Job(
-                float(r["submitted_at"]),
-                held,
-                eq if eq < 1 else float(round(eq)),
-                r["user"],
-                r["grp"] or "",
-                JobClass(r["job_class"]),
-                states_duration=r["expected_duration_s"] is not None,
-            )
+        job = Job(
+            float(r["submitted_at"]),
+            held,
+            eq if eq < 1 else float(round(eq)),
+            r["user"],
+            r["grp"] or "",
+            JobClass(r["job_class"]),
+            states_duration=r["expected_duration_s"] is not None,
+        )
+        busy = None
+        if r["busy"] is not None:  # an open span: busy until the lease ended
+            spans = ((a, end if b is None else b) for a, b in json.loads(r["busy"]))
+            busy = tuple((max(a, r["granted_at"]), min(b, end)) for a, b in spans if a <= end)
+        cause = r["reclaim_cause"]
+        leases.append(
+            LeaseRecord(job, r["granted_at"], end, r["profile"], busy, cause in IDLE_ENDS)
         )
         waits.append(r["granted_at"] - r["submitted_at"])
-        holds.append(
+        rows_held.append(
             {
                 "user": r["user"],
                 "grp": r["grp"],
@@ -126,15 +205,84 @@ def history(state: str | Path, now: float, machine: str | None = None) -> Histor
             }
         )
         hours += eq * held / 3600
-        reclaimed += r["lease_state"] == "reclaimed"
-    if not jobs:
+        reclaimed += r["lease_state"] == "reclaimed" and cause != "suspended"
+        suspended += cause == "suspended"
+    if not leases:
         raise InvalidRequest(f"{state} records no granted request: there is nothing to replay")
-    jobs.sort(key=lambda j: j.submit_s)
-    trace = Trace(Path(state).name, tuple(jobs))
+    trace = Trace(Path(state).name, tuple(sorted((x.job for x in leases), key=_submitted)))
     settings = recorded[-1][2] if recorded else {}
     served = _served(state, recorded, machine)
     limits = tuple((q["kind"], q["name"], Quota(**{k: q[k] for k in QUOTA_FIELDS})) for q in quotas)
-    return History(trace, served, waits, hours, reclaimed, left, holds, limits, settings)
+    return History(
+        trace,
+        served,
+        waits,
+        hours,
+        reclaimed,
+        left,
+        rows_held,
+        limits,
+        settings,
+        tuple(leases),
+        suspended,
+    )
+
+
+def _submitted(job: Job) -> float:
+    return job.submit_s
+
+
+def reclaim_config(h: History, v: Variation) -> tuple[ReclaimConfig, str]:
+    """The idle reclaim a variation replays: the recorded settings (``recorded_reclaim``;
+    the defaults where the file recorded none) with the variation's over them."""
+    s, shipped = h.settings, ReclaimConfig()
+    timeout = v.idle_timeout if v.idle_timeout is not None else s.get("idle_timeout")
+    grace = v.grace if v.grace is not None else s.get("grace")
+    own = v.idle_timeout is None and v.grace is None  # else the variation's stand for both
+    config = ReclaimConfig(
+        idle_timeout_s=shipped.idle_timeout_s if timeout is None else timeout,
+        idle_timeout_by_class=s.get("idle_timeout_by_class", {}),
+        idle_timeout_by_profile=s.get("idle_timeout_by_profile", {}),
+        grace_s=shipped.grace_s if grace is None else grace,
+        suspend_idle_timeout_s=s.get("suspend_idle_timeout") if own else None,
+        suspend_grace_s=s.get("suspend_grace") if own else None,
+    )
+    action = v.reclaim_action or s.get("reclaim_action", "shutdown")
+    return config, "shutdown" if action not in ACTIONS else action  # auto, revoke: as shutdown
+
+
+def idle_trace(h: History, v: Variation) -> tuple[Trace, int, int]:
+    """The history's jobs cut at their idle gaps under the variation's idle reclaim, with
+    the kernels it loses and those it suspends."""
+    if not h.seen:
+        raise InvalidRequest(
+            f"{h.trace.name} records no busy periods of any kernel (it was written before the "
+            "broker recorded them), so whatif cannot vary the idle timeout or the reclaim action"
+        )
+    config, action = reclaim_config(h, v)
+    jobs, lost, suspended = [], 0, 0
+    for x in h.leases:
+        job = x.job
+        suspends = action == "suspend" and x.profile == "gpu"
+        gpus = max(round(job.gpus), 1)
+        timeout = config.idle_timeout(x.profile, job.job_class.value, gpus, suspend=suspends)
+        grace = config.grace_s
+        if suspends and config.suspend_grace_s is not None:
+            grace = min(grace, config.suspend_grace_s)
+        if x.busy is None or not timeout:
+            jobs.append(job)
+            continue
+        stop = math.inf if x.idle_ended else x.end
+        cut = holds(x.granted_at, stop, ((a, b, True) for a, b in x.busy), timeout + grace)
+        for i, (a, b) in enumerate(cut.spans):  # the first as submitted, the rest at their span
+            submit = job.submit_s if i == 0 else a
+            jobs.append(replace(job, submit_s=submit, duration_s=max(b - a, MIN_DURATION_S)))
+        if suspends:
+            suspended += cut.shutdowns
+        else:
+            lost += cut.lost
+    trace = Trace(h.trace.name, tuple(sorted(jobs, key=_submitted)))
+    return trace, lost, suspended
 
 
 def _served(
@@ -174,8 +322,8 @@ def machine_for(base: Topology, v: Variation) -> Topology:
     return replace(base, name=f"{base.name} {v.gpus:+d} GPUs", gpus=(base.gpus + extra)[:count])
 
 
-def run(h: History, v: Variation) -> Replay:
-    """Replay the history under a variation."""
+def run(h: History, v: Variation, trace: Trace | None = None) -> Replay:
+    """Replay the history (``trace``: its jobs cut by ``idle_trace``) under a variation."""
     setup: Callable[[Broker], None] | None = None
     if h.quotas or v.quotas:
 
@@ -192,7 +340,7 @@ def run(h: History, v: Variation) -> Replay:
     policy = configured_policy(name, params, windows, v.timezone or s.get("timezone", "UTC"))
     dynamic = v.dynamic_mig if v.dynamic_mig is not None else s.get("dynamic_mig", True)
     return replay(
-        h.trace,
+        trace or h.trace,
         policy,
         inventory=machine_for(h.machine, v),
         dynamic_mig=dynamic,
@@ -239,24 +387,38 @@ def figures(
     reclaimed: int | None,
     cost: float | None,
     refused: int = 0,
+    *,
+    h: History | None = None,
+    suspended: int | None = None,
 ) -> dict[str, Any]:
+    """A run's figures; with ``h``, GPU-hours held over used: those of the leases whose
+    kernel was seen, over its busy spans (a run moves holds, never the work)."""
     ordered = sorted(waits)
     p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] if ordered else 0.0
+    used = h.used_hours if h is not None and h.seen else None
     return {
         "requests": len(ordered),
         "mean_wait_s": sum(ordered) / len(ordered) if ordered else 0.0,
         "p95_wait_s": p95,
         "max_wait_s": ordered[-1] if ordered else 0.0,
         "gpu_hours_held": gpu_hours,
+        "held_over_used": None if h is None or not used else (gpu_hours - h.unseen_hours) / used,
         "kernels_lost": reclaimed,
+        "kernels_suspended": suspended,
         "cost": cost,
         "refused": refused,
     }
 
 
-def replayed(run: Replay, prices: Prices | None) -> dict[str, Any]:
-    """A replay's figures; kernels lost are not known (holds are replayed as recorded, and
-    nothing reclaims them)."""
+def replayed(
+    run: Replay,
+    prices: Prices | None,
+    h: History | None = None,
+    lost: int | None = None,
+    suspended: int | None = None,
+) -> dict[str, Any]:
+    """A replay's figures; kernels lost and suspended where known (another idle reclaim
+    cut its leases: ``lost``, ``suspended``; as recorded, they are not replayed)."""
     hours = sum(o.gpu_equivalents * (o.end_s - o.start_s) for o in run.outcomes) / 3600
     rows = [
         {
@@ -271,7 +433,9 @@ def replayed(run: Replay, prices: Prices | None) -> dict[str, Any]:
         for o in run.outcomes
     ]
     waits = [o.wait_s for o in run.outcomes]
-    return figures(waits, hours, None, _cost(rows, prices), sum(run.skipped.values()))
+    refused = sum(run.skipped.values())
+    cost = _cost(rows, prices)
+    return figures(waits, hours, lost, cost, refused, h=h, suspended=suspended)
 
 
 def _cost(rows: list[dict[str, Any]], prices: Prices | None) -> float | None:
@@ -293,10 +457,16 @@ def compare(
 ) -> dict[str, dict[str, Any]]:
     """What happened, the replay as it was, and (if anything varies) the what-if, its cost
     at ``prices_if`` where given (other prices, other bands), else at ``prices``."""
+    cost = _cost(h.holds, prices)
     out = {
-        "recorded": figures(h.waits_s, h.gpu_hours, h.reclaimed, _cost(h.holds, prices)),
-        "replayed": replayed(run(h, Variation()), prices),
+        "recorded": figures(h.waits_s, h.gpu_hours, h.reclaimed, cost, h=h, suspended=h.suspended),
+        "replayed": replayed(run(h, Variation()), prices, h),
     }
     if v.varied or prices_if is not None:
-        out["what_if"] = replayed(run(h, v), prices_if or prices)
+        if v.idle_varied:
+            trace, lost, suspended = idle_trace(h, v)
+            found = replayed(run(h, v, trace), prices_if or prices, h, lost, suspended)
+        else:
+            found = replayed(run(h, v), prices_if or prices, h)
+        out["what_if"] = found
     return out

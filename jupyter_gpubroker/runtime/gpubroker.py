@@ -169,7 +169,10 @@ class GPUBroker(
             raise
         with store.transaction():
             record_machine(
-                store, core.clock.now(), machine(hardware.devices), self.recorded_settings()
+                store,
+                core.clock.now(),
+                machine(hardware.devices),
+                {**self.recorded_settings(), **self.recorded_reclaim()},
             )
         if self.quotas_file:
             apply_quotas_file(core, Path(self.quotas_file).expanduser())

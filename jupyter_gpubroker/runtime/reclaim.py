@@ -222,6 +222,19 @@ class ReclaimSettings(HasTraits):
             over_share_grace_s=self.over_share_grace,
         )
 
+    def recorded_reclaim(self) -> dict[str, Any]:
+        """What a what-if replay of the state file needs of these settings to vary the idle
+        timeout and the reclaim action (``replay.whatif``), under the traits' own names."""
+        return {
+            "idle_timeout": self.idle_timeout,
+            "idle_timeout_by_class": dict(self.idle_timeout_by_class),
+            "idle_timeout_by_profile": dict(self.idle_timeout_by_profile),
+            "grace": self.grace,
+            "reclaim_action": self.reclaim_action,
+            "suspend_idle_timeout": self.suspend_idle_timeout,
+            "suspend_grace": self.suspend_grace,
+        }
+
     def arbiter(self, log: logging.Logger) -> Arbiter | None:
         """``reclaim_hook`` as the reclaimer asks it: why to keep a lease, or None."""
         hook = self.reclaim_hook
