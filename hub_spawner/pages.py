@@ -460,7 +460,8 @@ MIG_RECUTTING = {"on": True, "off": False}
 
 def _whatif(api: BrokerAPI, who: Identity, form: Form) -> str:
     """Start a what-if replay (the page shows it running, then its figures): GPUs added
-    or taken away, another policy, MIG re-cutting on or off; empty: as recorded."""
+    or taken away, another policy, MIG re-cutting on or off, another idle timeout (in
+    minutes) or reclaim action; empty: as recorded."""
     body: dict[str, Any] = {}
     text = form.get("gpus", "").strip() or "0"
     try:
@@ -474,6 +475,14 @@ def _whatif(api: BrokerAPI, who: Identity, form: Form) -> str:
         body["policy"] = form["policy"]
     if form.get("dynamic_mig") in MIG_RECUTTING:
         body["dynamic_mig"] = MIG_RECUTTING[form["dynamic_mig"]]
+    if minutes := form.get("idle_timeout", "").strip():
+        try:
+            body["idle_timeout"] = float(minutes) * 60
+        except ValueError:
+            message = f"The idle timeout must be minutes, such as 10, not {minutes!r}"
+            raise InvalidRequest(message, fields={"idle_timeout": message}) from None
+    if form.get("reclaim_action"):
+        body["reclaim_action"] = form["reclaim_action"]
     api.whatif(who, body)  # its outcome is kept for the page: the future is not awaited
     return "The what-if replay runs: its figures show under What if once it is done."
 

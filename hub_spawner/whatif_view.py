@@ -20,12 +20,18 @@ def _count(n: int | None) -> str:
     return "not replayed" if n is None else f"{n:,}"
 
 
+def _times(x: float | None) -> str:
+    return "not recorded" if x is None else f"{x:.2f} times"
+
+
 ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("requests", "Requests granted", _count),
     ("mean_wait_s", "Mean wait", duration),
     ("p95_wait_s", "Wait that 95 in 100 stayed under", duration),
     ("gpu_hours_held", "GPU-hours held", gpu_hours),
+    ("held_over_used", "Held for each GPU-hour kernels were busy", _times),
     ("kernels_lost", "Kernels lost (reclaimed)", _count),
+    ("kernels_suspended", "Kernels suspended when idle", _count),
     ("refused", "Refused (too large for the machine or a quota)", _count),
     ("cost", "Cost", lambda c: f"{c:,.2f}"),
 )
@@ -45,6 +51,9 @@ CHANGES: dict[str, Callable[[Any], str]] = {
     "windows": lambda w: "other time-of-day windows",
     "timezone": lambda tz: f"windows read in {tz}",
     "prices_if": lambda p: "other prices",
+    "idle_timeout": lambda s: f"an idle timeout of {duration(s)}" if s else "no idle reclaim",
+    "grace": lambda s: f"a grace of {duration(s)}",
+    "reclaim_action": lambda a: "idle kernels " + ("suspended" if a == "suspend" else "shut down"),
 }
 """Each field of a what-if as a phrase (any other: its name and value)."""
 
@@ -61,7 +70,7 @@ def changes_text(asked: dict[str, Any]) -> str:
     said = [
         CHANGES[name](value) if name in CHANGES else _named(name, value)
         for name, value in asked.items()
-        if name != "prices" and value not in (None, []) and (value is False or value != 0)
+        if name != "prices" and value not in (None, []) and not (name == "gpus" and value == 0)
     ]
     return " and ".join(", ".join(said).rsplit(", ", 1)) if said else ""
 

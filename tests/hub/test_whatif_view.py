@@ -10,8 +10,13 @@ from hub_spawner.whatif_view import changes_text, whatif_view
 POLICIES = ["fcfs", "slurm", "broker"]
 
 
-def figures(mean: float, p95: float, lost: int | None = None, cost: float | None = None) -> Any:
+def figures(
+    mean: float, p95: float, lost: int | None = None, cost: float | None = None, **more: Any
+) -> Any:
     return {
+        "held_over_used": None,
+        "kernels_suspended": None,
+        **more,
         "requests": 1234,
         "mean_wait_s": mean,
         "p95_wait_s": p95,
@@ -42,7 +47,7 @@ def test_the_last_replay_is_a_table_beside_what_happened_and_sentences() -> None
         "left_out": 3,
         "recorded": figures(600, 3000, lost=4),
         "replayed": figures(630, 3100),
-        "what_if": figures(1800, 7200),
+        "what_if": figures(1800, 7200, held_over_used=1.5),
     }
     view = whatif_view({"running": None, "last": done, "policies": POLICIES}, 0)
     assert view["progress"] == "" and view["asked"] == done["asked"]
@@ -54,6 +59,8 @@ def test_the_last_replay_is_a_table_beside_what_happened_and_sentences() -> None
     rows = {r["label"]: r["cells"] for r in view["table"]["rows"]}
     assert rows["Mean wait"] == ["10 min", "10 min", "30 min"]
     assert rows["Kernels lost (reclaimed)"] == ["4", "not replayed", "not replayed"]
+    held = rows["Held for each GPU-hour kernels were busy"]
+    assert held == ["not recorded", "not recorded", "1.50 times"]
     assert "Cost" not in rows  # no prices: no cost row
     assert view["lines"] == [
         "With 2 GPUs fewer and MIG re-cutting off, the mean wait would have been 30 min "
@@ -68,8 +75,11 @@ def test_the_last_replay_is_a_table_beside_what_happened_and_sentences() -> None
     assert view["error"] == "The last what-if could not run: it cannot lose 9."
 
 
-def test_a_field_the_page_has_no_words_for_is_said_by_its_name() -> None:
+def test_each_change_is_said_in_words_and_one_without_words_by_its_name() -> None:
     three = {"gpus": 3, "policy": "fcfs", "reclaim_action": "suspend"}
-    assert changes_text(three) == "3 more GPUs, the fcfs policy and reclaim action suspend"
-    assert changes_text({"gpus": 1, "idle_timeout_s": 600}) == "1 more GPU and idle timeout 10 min"
+    assert changes_text(three) == "3 more GPUs, the fcfs policy and idle kernels suspended"
+    idle = {"idle_timeout": 600, "grace": 60}
+    assert changes_text(idle) == "an idle timeout of 10 min and a grace of 1 min"
+    assert changes_text({"gpus": 0, "idle_timeout": 0}) == "no idle reclaim"
+    assert changes_text({"gpus": 1, "warm_up_s": 600}) == "1 more GPU and warm up 10 min"
     assert changes_text({"gpus": 0, "quotas": [], "prices": {"per_gpu_hour": {}}}) == ""

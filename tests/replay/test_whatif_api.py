@@ -87,7 +87,9 @@ def test_an_admin_gets_the_figures_the_whatif_command_prints(
 @pytest.mark.parametrize(
     ("body", "said"),
     [
-        ({"gpu": 2}, "unknown field(s): gpu; this call takes dynamic_mig, gpus, machine, "),
+        ({"gpu": 2}, "unknown field(s): gpu; this call takes dynamic_mig, gpus, grace, "),
+        ({"idle_timeout": -60}, "the idle timeout must be seconds, 0 or at least"),
+        ({"reclaim_action": "nap"}, "the reclaim action is shutdown or suspend, not 'nap'"),
         ({"gpus": "2"}, "'gpus' must be an integer, not '2'"),
         ({"gpus": 1.5}, "'gpus' must be an integer, not 1.5"),
         ({"gpus": 100000}, "'gpus' adds or takes away at most 4,096 GPUs, not 100,000"),

@@ -110,4 +110,14 @@ def test_the_admin_asks_what_one_more_gpu_would_have_done_and_reads_it_beside_wh
     assert error.inner_text() == (
         "The last what-if could not run: the machine has 1 GPUs: it cannot lose 1."
     )
+    # this history was written by a broker that watched no kernel: no idle time to vary
+    section = admin.locator("#whatif")
+    section.get_by_label("GPUs added").fill("0")
+    section.get_by_label("Idle timeout").fill("10")
+    section.get_by_label("An idle kernel is").select_option("suspend")
+    section.get_by_role("button", name="Run").click()
+    error = admin.locator("#whatif .gpubroker-whatif-error")
+    error.wait_for(timeout=WAIT_MS)
+    assert "records no busy periods of any kernel" in error.inner_text()
+    assert admin.locator("#whatif").get_by_label("Idle timeout").input_value() == "10"
     assert errors == []
