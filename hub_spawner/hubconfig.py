@@ -17,6 +17,7 @@ to (a role or service of the same name is replaced), the environment is merged.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +31,12 @@ HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 
 SUPERVISOR = "hub_spawner.supervisor"
 """The module a supervised service runs (``python -m``), with the service's options."""
+
+ENGINE_ENV = ("SLURM_CONF", "KUBECONFIG")
+"""The hub's environment the broker's engines read (Slurm's commands, the Kubernetes
+client), passed to the service: JupyterHub gives a managed service only a few variables
+of its own (PATH, PYTHONPATH, LANG, ...), so a cluster whose config is not at its default
+place would be unreachable from the broker though the hub reaches it."""
 
 SERVER_ROLE_DEFAULTS = ["users:activity!user", "access:servers!server"]
 """The scopes of JupyterHub's default 'server' role, which ``server_token_scopes`` replaces."""
@@ -92,6 +99,8 @@ def configure(
         "oauth_no_confirm": True,  # the admin deployed it: no consent page
         "oauth_client_allowed_scopes": [USE_SCOPE, ADMIN_SCOPE],  # what a user holds of them
     }
+    if passed := {k: os.environ[k] for k in ENGINE_ENV if k in os.environ}:
+        service["environment"] = passed
     hub = c.JupyterHub
     hub.services = _replace_by_name(_list(hub, "services"), [service])
     hub.custom_scopes = {

@@ -105,3 +105,15 @@ def test_the_service_runs_under_its_supervisor_unless_told_not_to() -> None:
         [sys.executable, "-m", "hub_spawner.supervisor", "--config=/etc/b.py"],
         [sys.executable, "-m", "hub_spawner.service", "--config=/etc/b.py"],
     ]
+
+
+def test_the_hubs_cluster_config_reaches_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JupyterHub passes a managed service only a few of its variables: the broker on a
+    Slurm cluster whose config is not /etc/slurm's could not reach it (found on a machine
+    with none there)."""
+    monkeypatch.setenv("SLURM_CONF", "/var/lib/lab-slurm/slurm.conf")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    service = configure(Config(), broker_config="/etc/b.py")
+    assert service["environment"] == {"SLURM_CONF": "/var/lib/lab-slurm/slurm.conf"}
+    monkeypatch.delenv("SLURM_CONF")
+    assert "environment" not in configure(Config(), broker_config="/etc/b.py")
