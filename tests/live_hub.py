@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,17 @@ def refusing(port: int) -> Iterator[None]:
         done.set()
         thread.join()
         listener.close()
+
+
+@contextlib.contextmanager
+def history_hub(home: Path, seed: Callable[[Path], None]) -> Iterator[Hub]:
+    """A running hub whose broker starts on a state file ``seed`` wrote first (a history
+    for the admin page's forecast and what-if), stopped at the end."""
+    running = Hub(home)
+    running.home.mkdir()
+    seed(running.state_file)
+    with running.running():
+        yield running
 
 
 class Hub:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_hub import Hub
+from live_hub import Hub, history_hub
 from test_hub_pages import PAGES, WAIT_MS, log_in
 
 from jupyter_gpubroker.broker.clock import VirtualClock
@@ -51,10 +51,7 @@ def seeded(state: Path) -> None:
 
 @pytest.fixture
 def hub_with_history(tmp_path: Path, proxy: None) -> Iterator[Hub]:
-    running = Hub(tmp_path / "hub")
-    running.home.mkdir()
-    seeded(running.state_file)
-    with running.running():
+    with history_hub(tmp_path / "hub", seeded) as running:
         yield running
 
 
