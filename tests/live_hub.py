@@ -16,7 +16,6 @@ import contextlib
 import fcntl
 import json
 import os
-import random
 import secrets
 import signal
 import socket
@@ -33,6 +32,7 @@ from typing import Any
 
 import requests
 import websocket
+from live_server import free_port
 
 from hub_spawner.hubconfig import SUPERVISOR
 from jupyter_gpubroker.api import TOKEN_HEADER
@@ -53,24 +53,6 @@ def example_ports() -> Iterator[None]:
     with open(Path(tempfile.gettempdir(), "gpubroker-example-hub.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def free_port() -> int:
-    """A port nothing is bound to now, below the kernel's ephemeral ports where it can: each
-    outgoing connection of the suite takes its local port from those, so one could take a
-    port a hub chose a moment before (a proxy failed to listen that way, under load)."""
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")  # Linux's
-    first = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 0
-    while first > 20000:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", random.randrange(20000, first)))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,6 +32,18 @@ EXTENSIONS = {  # only ours: the others slow every start down
 
 
 def free_port() -> int:
+    """A port nothing is bound to now, below the kernel's ephemeral ports where it can: each
+    outgoing connection of the suite takes its local port from those, so one could take a
+    port a hub chose a moment before (a proxy failed to listen that way, under load)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")  # Linux's
+    first = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 0
+    while first > 20000:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", random.randrange(20000, first)))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

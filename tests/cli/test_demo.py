@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,13 @@ from typing import Any
 
 import psutil
 import pytest
+from live_server import free_port
 
 from jupyter_gpubroker.demo import TOUR
 
 TOKEN = "demo-test-token"
 DEMO_COMMAND = "jupyter gpubroker demo"  # the README's first command, after its install
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -93,7 +87,7 @@ def demo(tmp_path: Path, cwd: Path, *args: str, command: list[str] | None = None
     )
     running = Demo(proc, f"http://127.0.0.1:{port}")
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180
         while True:
             try:
                 running.call("gpubroker/api/v1/devices")

@@ -57,8 +57,10 @@ def test_network_errors_are_retried_and_a_renewal_that_gets_through_keeps_it() -
 
 
 def test_a_broker_unreachable_for_a_whole_ttl_loses_the_lease() -> None:
-    broker = Broker(OK, ConnectionRefusedError(111, "Connection refused"))
-    assert run(broker) == Lost("unreachable", "Connection refused")
+    # A TTL of 1.5 s: three retries fit in it (every 0.5 s) even on a starved machine.
+    long = {"id": "l-1", "ttl_s": 1.5}
+    broker = Broker({**OK, "ttl_s": 1.5}, ConnectionRefusedError(111, "Connection refused"))
+    assert asyncio.run(keep_alive(broker.renew, long)) == Lost("unreachable", "Connection refused")
     assert broker.renewals >= 3  # retried until the TTL ran out, not given up at once
 
 

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from live_hub import ROOT, free_port, wait_for
+from live_hub import ROOT, wait_for
+from live_server import free_port
 
 from hub_spawner.hubconfig import SUPERVISOR
 from hub_spawner.service import GPUBrokerService

@@ -112,6 +112,14 @@ def kernel(
 
 
 @pytest.fixture
+def broker_config(broker_config: dict[str, Any]) -> dict[str, Any]:
+    """Leases of a minute: no kernel test is about expiry (tests/server/test_kernels.py
+    is), and the other workload's leases (``fill``) must outlast a starved event loop,
+    which a loaded CI machine gives the renewals below for seconds at a time."""
+    return {**broker_config, "lease_ttl": 60.0}
+
+
+@pytest.fixture
 def fill(
     api: Callable[..., Awaitable[Any]], request: pytest.FixtureRequest
 ) -> Callable[[int], Awaitable[list[str]]]:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import dra_publisher
 import kube_cluster
 import pytest
-from kube_helpers import free_port
 from kube_rbac import delete_account
+from live_server import free_port
 
 if TYPE_CHECKING:
     from hub_spawner.kubernetes import GPUBrokerKubeSpawner

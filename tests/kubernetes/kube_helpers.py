@@ -1,20 +1,12 @@
-"""Helpers of the Kubernetes tests: a free port, and the pod a GPU KubeSpawner builds, as
-the JSON it sends to the API server, read field by field."""
+"""Helpers of the Kubernetes tests: the pod a GPU KubeSpawner builds, as the JSON it sends
+to the API server, read field by field."""
 
 from __future__ import annotations
 
-import socket
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hub_spawner.kubernetes import GPUBrokerKubeSpawner
-
-
-def free_port() -> int:
-    """A local TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def granted(spawner: GPUBrokerKubeSpawner, *devices: str, **held: Any) -> GPUBrokerKubeSpawner:

@@ -17,7 +17,7 @@ k8s = pytest.importorskip("kubernetes_asyncio.client", reason="the kubernetes ex
 
 import dra_publisher  # noqa: E402
 from dra_publisher import NODES, Mig, device_name, gpu_uuid, mig_uuid  # noqa: E402
-from kube_helpers import free_port  # noqa: E402
+from live_server import free_port  # noqa: E402
 from tornado import web  # noqa: E402
 from tornado.httpserver import HTTPServer  # noqa: E402
 

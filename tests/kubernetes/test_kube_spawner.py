@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("kubespawner.clients", reason="the kubernetes extra")
 
-from kube_helpers import env, free_port, granted, limits, manifest, terms  # noqa: E402
+from kube_helpers import env, granted, limits, manifest, terms  # noqa: E402
+from live_server import free_port  # noqa: E402
 from tornado import web  # noqa: E402
 from tornado.httpserver import HTTPServer  # noqa: E402
 
