@@ -1,10 +1,12 @@
 """The admin page's "What if": the API's ``whatif`` state as the page says it: the replay
 running now, and the last one's figures as a small table beside what really happened,
-with what changed and what it did in sentences."""
+with what changed and what it did in sentences, and its days as two of the page's bar
+charts (``macros.chart``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 from jupyter_gpubroker.wire.text import duration, gpu_hours
@@ -120,6 +122,42 @@ def table(done: dict[str, Any]) -> dict[str, Any]:
     return {"columns": [COLUMNS[r] for r in runs], "rows": rows}
 
 
+PLOT_DAYS = 31
+"""The most days the charts show: the last month of the replayed history."""
+
+BARS = {"what_if": "with the change", "replayed": "replayed as it was"}
+"""What a chart's bars are: the what-if where something changed, else the plain replay."""
+
+
+def _day(iso: str) -> str:
+    d = date.fromisoformat(iso)
+    return f"{d:%a} {d.day} {d:%b}"
+
+
+def plot(done: dict[str, Any]) -> dict[str, Any]:
+    """Each day's mean wait and GPU-hours held as ``macros.chart`` rows: the bar the run
+    of ``BARS``, the mark what really happened that day; the last ``PLOT_DAYS`` days."""
+    bar = "what_if" if "what_if" in done else "replayed"
+    real = {d["day"]: d for d in done["recorded"]["days"]}
+    days = done[bar]["days"][-PLOT_DAYS:]
+    charts: dict[str, Any] = {"bar": BARS[bar], "days": len(done[bar]["days"]), "shown": len(days)}
+    for key, say in (("mean_wait_s", duration), ("gpu_hours_held", gpu_hours)):
+        facts = [real.get(d["day"], {}).get(key, 0.0) for d in days]
+        top = max([d[key] for d in days] + facts, default=0.0) or 1.0
+        charts[key] = [
+            {
+                "key": _day(d["day"]),
+                "value": d[key],
+                "pct": 100.0 * d[key] / top,
+                "mark_pct": 100.0 * fact / top,
+                "text": say(d[key]),
+                "title": f"{say(d[key])} {BARS[bar]}, {say(fact)} in fact",
+            }
+            for d, fact in zip(days, facts, strict=True)
+        ]
+    return charts
+
+
 def whatif_view(state: dict[str, Any], now: float) -> dict[str, Any]:
     """What the admin page's What if section shows (``looked``: when, in whole seconds)."""
     running, done = state["running"], state["last"]
@@ -141,6 +179,7 @@ def whatif_view(state: dict[str, Any], now: float) -> dict[str, Any]:
         view["error"] = f"The last what-if could not run: {done['error']}."
     elif done is not None:
         view.update(by=done["by"], at=done["at"], lines=result_text(done), table=table(done))
+        view["plot"] = plot(done)
     if done is not None:
         view["asked"] = done["asked"]  # the form shows what was asked last
     return view

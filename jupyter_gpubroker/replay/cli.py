@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 from ..broker.policy import POLICIES
+from ..wire.errors import InvalidRequest
 from . import DEFAULT_COMPRESS, DEFAULT_INVENTORY, DEFAULT_USERS, FORMATS, STARVE_AFTER_S
 from .driver import replay
 from .limits import LIMIT_MODELS, declare
@@ -184,6 +187,13 @@ def add_whatif(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prices-if", type=Path, help="other prices for the what-if's cost (default: --prices)"
     )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="also draw each day's mean wait and GPU-hours held, each run a line, into this "
+        "PNG file (needs matplotlib)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_whatif)
 
@@ -192,11 +202,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     import time
 
     from ..offline import load_prices
-    from ..wire.errors import InvalidRequest
     from .whatif import Variation, compare, history, parse_quota, read_windows
 
     if not args.state.exists():
         raise InvalidRequest(f"no broker state file at {args.state}")
+    if args.plot is not None:
+        _plot_target(args.plot)  # refused before the replay, not after it
     variation = Variation(
         gpus=args.gpus,
         machine=args.machine,
@@ -213,10 +224,14 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     prices_if = load_prices(args.prices_if) if args.prices_if else None
     found = history(args.state, time.time(), args.machine)
     result = compare(found, variation, prices, prices_if)
+    if args.plot is not None:
+        whatif_plot(result, args.plot)
     if args.json:
         print(json.dumps({**result, "left_out": found.left_out}, allow_nan=False))
         return 0
     print(whatif_table(result))
+    if args.plot is not None:
+        print(f"The plot of each day is in {args.plot}.")
     if not found.seen:
         print("The file records no kernel's busy periods: held over used is not known.")
     if found.left_out:
@@ -224,11 +239,53 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
+RUNS = {"recorded": "what happened", "replayed": "replayed", "what_if": "what if"}
+"""Each run of a what-if as the command names it."""
+
+
+def _plot_target(path: Path) -> None:
+    """Refuse a plot that cannot be drawn or written, in a sentence."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InvalidRequest(
+            "--plot needs matplotlib, which is not installed here: pip install matplotlib"
+        )
+    if path.suffix.lower() != ".png":
+        raise InvalidRequest(f"--plot writes a PNG file: name it .png, not {path.name}")
+    if not path.parent.is_dir():
+        raise InvalidRequest(f"--plot cannot write {path}: there is no folder {path.parent}")
+
+
+def whatif_plot(result: dict[str, dict[str, Any]], path: Path) -> None:
+    """Each day's mean wait and GPU-hours held, one line per run, in a PNG file."""
+    import matplotlib  # only here: the command runs without it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (waits, held) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for run, name in RUNS.items():
+        days = result.get(run, {}).get("days", [])
+        at = [date.fromisoformat(d["day"]) for d in days]
+        waits.plot(at, [d["mean_wait_s"] / 60 for d in days], marker=".", label=name)
+        held.plot(at, [d["gpu_hours_held"] for d in days], marker=".", label=name)
+    waits.set_ylabel("mean wait (min)")
+    held.set_ylabel("GPU-hours held")
+    waits.legend()
+    waits.set_title("Each day, by the day a request was made (waits) or held (GPU-hours)")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise InvalidRequest(f"--plot cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
 def whatif_table(result: dict[str, dict[str, Any]]) -> str:
     """The figures side by side, one column per run."""
-    names = {"recorded": "what happened", "replayed": "replayed", "what_if": "what if"}
     cols = list(result)
-    rows = [("", *(names[c] for c in cols))]
+    rows = [("", *(RUNS[c] for c in cols))]
     said = {
         "requests": ("requests granted", "{:.0f}"),
         "mean_wait_s": ("mean wait (s)", "{:.1f}"),

@@ -8,7 +8,8 @@ that holds its lease as long as it did) and replays it with :func:`.driver.repla
 machine the file recorded (``machines``), once as it was and once with the settings
 changed: more or fewer GPUs or another machine, another ordering policy, quotas and shares,
 MIG re-cutting on or off, the idle timeout, its grace and the reclaim action. All are
-printed beside what really happened, so the replay's own fidelity shows next to the change.
+printed beside what really happened, so the replay's own fidelity shows next to the change,
+and each run's days (``by_day``: requests, mean wait, GPU-hours held) are what its plots draw.
 
 Another idle timeout cuts each lease whose kernel was seen at its busy spans with
 :func:`.idle.holds` (the count the notebook benchmark checks the real reclaimer against):
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import timezone
+from datetime import date, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
@@ -317,7 +319,8 @@ def machine_for(base: Topology, v: Variation) -> Topology:
         return load_topology(v.machine)
     count = len(base.gpus) + v.gpus
     if count < 1:
-        raise InvalidRequest(f"the machine has {len(base.gpus)} GPUs: it cannot lose {-v.gpus}")
+        n = len(base.gpus)
+        raise InvalidRequest(f"the machine has {n} GPU{'s' * (n != 1)}: it cannot lose {-v.gpus}")
     extra: tuple[GpuSpec, ...] = (base.gpus[-1],) * max(v.gpus, 0)
     return replace(base, name=f"{base.name} {v.gpus:+d} GPUs", gpus=(base.gpus + extra)[:count])
 
@@ -410,6 +413,51 @@ def figures(
     }
 
 
+def by_day(
+    asked: Iterable[tuple[float, float]],
+    held: Iterable[tuple[float, float, float]],
+    zone: tzinfo,
+) -> list[dict[str, Any]]:
+    """Each day in ``zone`` from the first request to the last hold: the requests granted
+    that were asked that day and their mean wait (``asked``: submitted at, waited), and the
+    GPU-hours held that day (``held``: start, end, GPU-equivalents, cut at each midnight)."""
+    waits: dict[date, list[float]] = {}
+    hours: dict[date, float] = {}
+    for at, wait in asked:
+        waits.setdefault(datetime.fromtimestamp(at, zone).date(), []).append(wait)
+    for start, end, eq in held:
+        while start < end:
+            day = datetime.fromtimestamp(start, zone).date()
+            midnight = datetime.combine(day + timedelta(days=1), datetime.min.time(), zone)
+            cut = min(end, midnight.timestamp())
+            hours[day] = hours.get(day, 0.0) + eq * (cut - start) / 3600
+            start = cut
+    if not waits and not hours:
+        return []
+    first, last = min([*waits, *hours]), max([*waits, *hours])
+    days = []
+    while first <= last:
+        w = waits.get(first, [])
+        days.append(
+            {
+                "day": first.isoformat(),
+                "requests": len(w),
+                "mean_wait_s": sum(w) / len(w) if w else 0.0,
+                "gpu_hours_held": hours.get(first, 0.0),
+            }
+        )
+        first += timedelta(days=1)
+    return days
+
+
+def zone_of(h: History) -> tzinfo:
+    """The time zone the broker read its windows in (its days), else UTC."""
+    try:
+        return ZoneInfo(h.settings.get("timezone") or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        return timezone.utc
+
+
 def replayed(
     run: Replay,
     prices: Prices | None,
@@ -417,8 +465,8 @@ def replayed(
     lost: int | None = None,
     suspended: int | None = None,
 ) -> dict[str, Any]:
-    """A replay's figures; kernels lost and suspended where known (another idle reclaim
-    cut its leases: ``lost``, ``suspended``; as recorded, they are not replayed)."""
+    """A replay's figures and days; kernels lost and suspended where known (another idle
+    reclaim cut its leases: ``lost``, ``suspended``; as recorded, they are not replayed)."""
     hours = sum(o.gpu_equivalents * (o.end_s - o.start_s) for o in run.outcomes) / 3600
     rows = [
         {
@@ -435,7 +483,13 @@ def replayed(
     waits = [o.wait_s for o in run.outcomes]
     refused = sum(run.skipped.values())
     cost = _cost(rows, prices)
-    return figures(waits, hours, lost, cost, refused, h=h, suspended=suspended)
+    found = figures(waits, hours, lost, cost, refused, h=h, suspended=suspended)
+    found["days"] = by_day(
+        ((o.submit_s, o.wait_s) for o in run.outcomes),
+        ((o.start_s, o.end_s, o.gpu_equivalents) for o in run.outcomes),
+        timezone.utc if h is None else zone_of(h),
+    )
+    return found
 
 
 def _cost(rows: list[dict[str, Any]], prices: Prices | None) -> float | None:
@@ -458,10 +512,13 @@ def compare(
     """What happened, the replay as it was, and (if anything varies) the what-if, its cost
     at ``prices_if`` where given (other prices, other bands), else at ``prices``."""
     cost = _cost(h.holds, prices)
-    out = {
-        "recorded": figures(h.waits_s, h.gpu_hours, h.reclaimed, cost, h=h, suspended=h.suspended),
-        "replayed": replayed(run(h, Variation()), prices, h),
-    }
+    real = figures(h.waits_s, h.gpu_hours, h.reclaimed, cost, h=h, suspended=h.suspended)
+    real["days"] = by_day(
+        ((x.job.submit_s, x.granted_at - x.job.submit_s) for x in h.leases),
+        ((r["start"], r["end"], r["gpu_equivalents"]) for r in h.holds),
+        zone_of(h),
+    )
+    out = {"recorded": real, "replayed": replayed(run(h, Variation()), prices, h)}
     if v.varied or prices_if is not None:
         if v.idle_varied:
             trace, lost, suspended = idle_trace(h, v)

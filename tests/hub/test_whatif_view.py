@@ -16,6 +16,7 @@ def figures(
     return {
         "held_over_used": None,
         "kernels_suspended": None,
+        "days": [],
         **more,
         "requests": 1234,
         "mean_wait_s": mean,
@@ -73,6 +74,38 @@ def test_the_last_replay_is_a_table_beside_what_happened_and_sentences() -> None
     failed = {"by": "carol", "at": done["at"], "asked": {"gpus": -9}, "error": "it cannot lose 9"}
     view = whatif_view({"running": None, "last": failed, "policies": POLICIES}, 0)
     assert view["error"] == "The last what-if could not run: it cannot lose 9."
+
+
+def day(iso: str, mean: float, held: float) -> dict[str, Any]:
+    return {"day": iso, "requests": 3, "mean_wait_s": mean, "gpu_hours_held": held}
+
+
+def test_the_days_are_bars_of_the_change_with_a_mark_at_what_happened() -> None:
+    done = {
+        "by": "carol",
+        "at": "2026-12-07T10:00:05+00:00",
+        "asked": {"gpus": 2},
+        "requests": 6,
+        "left_out": 0,
+        "recorded": figures(600, 900, days=[day("2026-12-05", 1200, 10.0)]),
+        "replayed": figures(630, 900, days=[day("2026-12-05", 1260, 10.0)]),
+        "what_if": figures(0, 0, days=[day("2026-12-05", 0, 10.0), day("2026-12-06", 300, 5.0)]),
+    }
+    plot = whatif_view({"running": None, "last": done, "policies": POLICIES}, 0)["plot"]
+    assert (plot["bar"], plot["days"], plot["shown"]) == ("with the change", 2, 2)
+    sat, sun = plot["mean_wait_s"]
+    assert (sat["key"], sat["pct"], sat["mark_pct"]) == ("Sat 5 Dec", 0.0, 100.0)
+    assert sat["title"] == "0 s with the change, 20 min in fact"
+    assert (sun["key"], sun["pct"], sun["mark_pct"]) == ("Sun 6 Dec", 25.0, 0.0)
+    assert sun["text"] == "5 min"
+    held = plot["gpu_hours_held"]
+    assert [(r["pct"], r["mark_pct"]) for r in held] == [(100.0, 100.0), (50.0, 0.0)]
+    del done["what_if"]  # nothing changed: the bars are the replay as it was
+    month = [day(f"2026-11-{d:02}", 60, 1.0) for d in range(1, 31)] + [day("2026-12-01", 60, 1.0)]
+    done["replayed"]["days"] = [day("2026-10-31", 60, 1.0), *month]
+    plot = whatif_view({"running": None, "last": done, "policies": POLICIES}, 0)["plot"]
+    assert (plot["bar"], plot["days"], plot["shown"]) == ("replayed as it was", 32, 31)
+    assert plot["mean_wait_s"][0]["key"] == "Sun 1 Nov"  # the last month shown
 
 
 def test_each_change_is_said_in_words_and_one_without_words_by_its_name() -> None:

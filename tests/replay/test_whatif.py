@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import heapq
 import json
+import shlex
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from traitlets.config import Config
@@ -18,7 +21,7 @@ from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.recorded import record_machine
 from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli.main import main
-from jupyter_gpubroker.replay.whatif import Variation, compare, history, parse_quota
+from jupyter_gpubroker.replay.whatif import Variation, by_day, compare, history, parse_quota
 from jupyter_gpubroker.runtime import GPUBroker
 from jupyter_gpubroker.wire.errors import InvalidRequest
 
@@ -104,6 +107,45 @@ def test_whatif_with_nothing_varied_gives_what_the_live_run_gave(written) -> Non
         assert found[run]["requests"] == live["n"] == len(JOBS)
         assert found[run]["gpu_hours_held"] == pytest.approx(live["gpu_hours_held"], rel=0.01)
         assert found[run]["mean_wait_s"] == pytest.approx(live["mean_wait_s"], rel=0.01)
+
+
+def test_each_run_has_its_days_and_the_command_draws_them(
+    written, tmp_path, monkeypatch, capsys
+) -> None:
+    state, _ = written
+    found = compare(history(state, time.time()), Variation(gpus=4))
+    for run in found.values():  # the days add up to the run's figures
+        days = run["days"]
+        assert sum(d["requests"] for d in days) == run["requests"]
+        waited = sum(d["mean_wait_s"] * d["requests"] for d in days)
+        assert waited == pytest.approx(run["mean_wait_s"] * run["requests"])
+        assert sum(d["gpu_hours_held"] for d in days) == pytest.approx(run["gpu_hours_held"])
+    pytest.importorskip("matplotlib")
+    shown = "jupyter gpubroker whatif --state state.sqlite --gpus 4 --plot whatif.png"
+    assert f"`{shown}`" in (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    shutil.copy(state, tmp_path / "state.sqlite")
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(shown)[2:]) == 0
+    assert "The plot of each day is in whatif.png." in capsys.readouterr().out
+    assert (tmp_path / "whatif.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for target, said in (
+        (tmp_path / "whatif.svg", "--plot writes a PNG file: name it .png, not whatif.svg"),
+        (tmp_path / "none" / "w.png", f"--plot cannot write {tmp_path}/none/w.png: there is no"),
+    ):
+        assert main(["whatif", "--state", str(state), "--plot", str(target)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {said}") and err.count("\n") == 1
+
+
+def test_a_hold_over_midnight_counts_on_both_days_and_a_day_without_requests_is_zero() -> None:
+    zone = ZoneInfo("Europe/Berlin")
+    midnight = datetime(2026, 12, 7, tzinfo=zone).timestamp()
+    asked = [(midnight - 3600, 600.0), (midnight - 1800, 0.0), (midnight + 86400 + 600, 60.0)]
+    days = by_day(asked, [(midnight - 1800, midnight + 3 * 3600, 2.0)], zone)
+    assert [d["day"] for d in days] == ["2026-12-06", "2026-12-07", "2026-12-08"]
+    assert [(d["requests"], d["mean_wait_s"]) for d in days] == [(2, 300.0), (0, 0.0), (1, 60.0)]
+    assert [d["gpu_hours_held"] for d in days] == pytest.approx([1.0, 6.0, 0.0])
+    assert by_day([], [], zone) == []
 
 
 def test_the_replay_orders_by_the_policy_the_broker_recorded(tmp_path) -> None:

@@ -639,7 +639,7 @@ async def _whatif(check: CheckedApi, kernel: dict[str, str], monkeypatch: Any) -
     assert done["what_if"]["requests"] == done["replayed"]["requests"] > 0
     assert (await check("GET", "whatif", expect=200))["last"] == done
     refused = await check("POST", "whatif", {"gpus": -1}, expect=400)
-    assert refused["message"] == "the machine has 1 GPUs: it cannot lose 1"
+    assert refused["message"] == "the machine has 1 GPU: it cannot lose 1"
     await check("POST", "whatif", {"policy": "fastest"}, expect=400)
 
     gate, compare = threading.Event(), whatif.compare

@@ -96,6 +96,10 @@ def test_the_admin_asks_what_one_more_gpu_would_have_done_and_reads_it_beside_wh
     )
     assert said[1].startswith("Replayed as it was, the 10 recorded requests waited 18 min")
     section = admin.locator("#whatif")
+    charts = section.locator(".gpubroker-whatif-plot svg")
+    assert charts.count() == 2  # each day's mean wait and GPU-hours held
+    day = charts.first.locator("rect.gpubroker-bar title").first.text_content() or ""
+    assert day.endswith(": 0 s with the change, 18 min in fact")  # the day they asked
     assert section.get_by_label("GPUs added").input_value() == "1"  # what was asked
     assert section.get_by_label("Ordering policy").input_value() == "fcfs"
     section.screenshot(path=str(shots / "hub-admin-whatif.png"))
@@ -105,7 +109,7 @@ def test_the_admin_asks_what_one_more_gpu_would_have_done_and_reads_it_beside_wh
     error = admin.locator("#whatif .gpubroker-whatif-error")
     error.wait_for(timeout=WAIT_MS)
     assert error.inner_text() == (
-        "The last what-if could not run: the machine has 1 GPUs: it cannot lose 1."
+        "The last what-if could not run: the machine has 1 GPU: it cannot lose 1."
     )
     # this history was written by a broker that watched no kernel: no idle time to vary
     section = admin.locator("#whatif")
