@@ -415,23 +415,18 @@ def figures(
 
 def by_day(
     asked: Iterable[tuple[float, float]],
-    held: Iterable[tuple[float, float, float]],
+    held: Iterable[dict[str, Any]],
     zone: tzinfo,
 ) -> list[dict[str, Any]]:
     """Each day in ``zone`` from the first request to the last hold: the requests granted
     that were asked that day and their mean wait (``asked``: submitted at, waited), and the
-    GPU-hours held that day (``held``: start, end, GPU-equivalents, cut at each midnight)."""
+    GPU-hours held that day (``held``: usage rows, cut at each midnight as ``usage`` cuts
+    them by day)."""
     waits: dict[date, list[float]] = {}
-    hours: dict[date, float] = {}
     for at, wait in asked:
         waits.setdefault(datetime.fromtimestamp(at, zone).date(), []).append(wait)
-    for start, end, eq in held:
-        while start < end:
-            day = datetime.fromtimestamp(start, zone).date()
-            midnight = datetime.combine(day + timedelta(days=1), datetime.min.time(), zone)
-            cut = min(end, midnight.timestamp())
-            hours[day] = hours.get(day, 0.0) + eq * (cut - start) / 3600
-            start = cut
+    by = usage(held, since=float("-inf"), until=float("inf"), by="day", tz=zone)
+    hours = {date.fromisoformat(r.key): r.gpu_hours for r in by}
     if not waits and not hours:
         return []
     first, last = min([*waits, *hours]), max([*waits, *hours])
@@ -486,7 +481,7 @@ def replayed(
     found = figures(waits, hours, lost, cost, refused, h=h, suspended=suspended)
     found["days"] = by_day(
         ((o.submit_s, o.wait_s) for o in run.outcomes),
-        ((o.start_s, o.end_s, o.gpu_equivalents) for o in run.outcomes),
+        rows,
         timezone.utc if h is None else zone_of(h),
     )
     return found
@@ -514,9 +509,7 @@ def compare(
     cost = _cost(h.holds, prices)
     real = figures(h.waits_s, h.gpu_hours, h.reclaimed, cost, h=h, suspended=h.suspended)
     real["days"] = by_day(
-        ((x.job.submit_s, x.granted_at - x.job.submit_s) for x in h.leases),
-        ((r["start"], r["end"], r["gpu_equivalents"]) for r in h.holds),
-        zone_of(h),
+        ((x.job.submit_s, x.granted_at - x.job.submit_s) for x in h.leases), h.holds, zone_of(h)
     )
     out = {"recorded": real, "replayed": replayed(run(h, Variation()), prices, h)}
     if v.varied or prices_if is not None:

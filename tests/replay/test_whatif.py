@@ -141,7 +141,8 @@ def test_a_hold_over_midnight_counts_on_both_days_and_a_day_without_requests_is_
     zone = ZoneInfo("Europe/Berlin")
     midnight = datetime(2026, 12, 7, tzinfo=zone).timestamp()
     asked = [(midnight - 3600, 600.0), (midnight - 1800, 0.0), (midnight + 86400 + 600, 60.0)]
-    days = by_day(asked, [(midnight - 1800, midnight + 3 * 3600, 2.0)], zone)
+    hold = {"start": midnight - 1800, "end": midnight + 3 * 3600, "gpu_equivalents": 2.0}
+    days = by_day(asked, [hold], zone)
     assert [d["day"] for d in days] == ["2026-12-06", "2026-12-07", "2026-12-08"]
     assert [(d["requests"], d["mean_wait_s"]) for d in days] == [(2, 300.0), (0, 0.0), (1, 60.0)]
     assert [d["gpu_hours_held"] for d in days] == pytest.approx([1.0, 6.0, 0.0])
