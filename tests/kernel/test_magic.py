@@ -81,7 +81,9 @@ async def test_no_wait_returns_at_once_and_the_grant_arrives_in_the_background(
         kid,
         "import os, time\n"
         "deadline = time.time() + 10\n"
-        "while not os.environ['CUDA_VISIBLE_DEVICES'] and time.time() < deadline:\n"
+        "# the environment is pinned first, then the widget drawn: wait for both\n"
+        "while not (os.environ['CUDA_VISIBLE_DEVICES'] and r.widget.devices)"
+        " and time.time() < deadline:\n"
         "    time.sleep(0.05)\n"
         "print(os.environ['CUDA_VISIBLE_DEVICES'], r.widget.state, r.widget.devices)",
     )
