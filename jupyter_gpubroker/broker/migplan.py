@@ -4,14 +4,15 @@ When no free slice of a wanted profile exists, a GPU in MIG mode may be re-cut: 
 slices that overlap a valid placement are destroyed and a new one created there. The
 plan picks the placement that destroys the least compute, on the busiest GPU, at the
 highest start (small profiles at the top of the GPU keep slot 0 free for the large
-ones). The placer (``placement.Placer.plan_mig``) asks; ``devices.Devices`` carries a
-plan out.
+ones). The placer (``placement.Placer.plan_mig``) asks each GPU's cheapest cut and keeps
+it until a device on that GPU changes; ``devices.Devices`` carries a plan out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING
 
 from ..wire.profiles import CATALOG, GpuModel, MigProfile
@@ -31,60 +32,51 @@ class MigPlan:
     destroy: tuple[Device, ...]
 
 
-def plan(
-    placer: Placer, profile_name: str, exclude: AbstractSet[str] = frozenset()
-) -> MigPlan | None:
-    """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can."""
-    best: tuple[tuple[int, int, int], MigPlan] | None = None
-    for gpu in placer.gpus.values():
-        found = _cheapest_cut(placer, gpu, profile_name, exclude)
-        if found is not None and (best is None or found[0] < best[0]):
-            best = found
-    return best[1] if best else None
+Cut = tuple[tuple[int, int, int], MigPlan]
+"""A plan and its cost: compute slices destroyed, minus the GPU's busy slices, minus the start."""
 
 
-def _cheapest_cut(
+def cheapest_cut(
     placer: Placer, gpu: Gpu, profile_name: str, exclude: AbstractSet[str]
-) -> tuple[tuple[int, int, int], MigPlan] | None:
+) -> Cut | None:
     """The cheapest cut of ``profile_name`` on ``gpu`` and its cost: the fewest compute
-    slices destroyed, then the busiest GPU, then the highest start."""
+    slices destroyed, then the busiest GPU, then the highest start. A start is out when
+    a held or excluded slice overlaps it, or when the GPU would keep as many slices of
+    the profile as it may have."""
     if gpu.uuid in placer.drained:
         return None
     model = CATALOG.get(gpu.model or "")
     profile = model.profile(profile_name) if model and gpu.mig_enabled else None
     if model is None or profile is None:
         return None
-    best: tuple[tuple[int, int, int], MigPlan] | None = None
-    slices = [d for d in placer.under(gpu.uuid) if d.kind == "mig"]
+    slices = [(d, _memory_slices(model, d)) for d in placer.under(gpu.uuid) if d.kind == "mig"]
+    blocked = frozenset[int]().union(
+        *(m for d, m in slices if d.uuid in exclude or not placer.is_free(d.uuid))
+    )
+    same = sum(1 for d, _ in slices if d.profile == profile.name)
+    busy = -placer.busy_slices[gpu.uuid]
+    best: Cut | None = None
     for start in profile.starts:
-        overlap = _idle_overlap(placer, model, profile, start, slices, exclude)
-        if overlap is None:
+        span = _slots(model.key, profile.name, start)
+        if span & blocked:
             continue
-        cost = (sum(d.compute_slices for d in overlap), -placer.busy_slices[gpu.uuid], -start)
+        overlap = [d for d, m in slices if span & m]
+        if same - sum(1 for d in overlap if d.profile == profile.name) >= profile.max_count:
+            continue
+        cost = (sum(d.compute_slices for d in overlap), busy, -start)
         if best is None or cost < best[0]:
             best = (cost, MigPlan(gpu, profile, start, tuple(overlap)))
     return best
 
 
-def _idle_overlap(
-    placer: Placer,
-    model: GpuModel,
-    profile: MigProfile,
-    start: int,
-    slices: list[Device],
-    exclude: AbstractSet[str],
-) -> list[Device] | None:
-    """The slices a new ``profile`` slice at ``start`` would replace; None when one of
-    them is held or excluded, or the GPU has as many of ``profile`` as it may."""
-    span = set(profile.slots(start))
-    overlap = [d for d in slices if span & _memory_slices(model, d)]
-    if any(not placer.is_free(d.uuid) or d.uuid in exclude for d in overlap):
-        return None
-    kept = sum(1 for d in slices if d.profile == profile.name and d not in overlap)
-    return None if kept >= profile.max_count else overlap
-
-
-def _memory_slices(model: GpuModel, d: Device) -> set[int]:
+def _memory_slices(model: GpuModel, d: Device) -> frozenset[int]:
     """The memory slices MIG slice ``d`` occupies on a GPU of ``model``."""
-    p = model.profile(d.profile or "")
-    return set(p.slots(d.start or 0)) if p else set()
+    return _slots(model.key, d.profile or "", d.start or 0)
+
+
+@cache
+def _slots(model_key: str, profile_name: str, start: int) -> frozenset[int]:
+    """The memory slices a ``profile_name`` slice at ``start`` covers (none for a profile
+    the model lacks); asked for every slice of every GPU in each plan, so kept."""
+    p = CATALOG[model_key].profile(profile_name)
+    return frozenset(p.slots(start)) if p else frozenset()

@@ -22,8 +22,8 @@ from typing import Any
 
 from ..wire.sizes import Size, gb_to_mib
 from .lazyheap import LazyHeap
+from .migplan import Cut, cheapest_cut
 from .migplan import MigPlan as MigPlan
-from .migplan import plan
 from .models import Device, Inventory
 from .shapes import WHOLE_GPU, Shape, device_class, shape
 from .shares import SharePool, share_mib
@@ -108,6 +108,10 @@ class Placer:
         self._found: dict[tuple[Size, str, AbstractSet[str]], list[Device] | None] = {}
         """``find``'s answers since the last change: a pass asks the same of every
         candidate of a size that does not fit."""
+        self._cuts: dict[str, dict[tuple[str, AbstractSet[str]], Cut | None]] = {}
+        """GPU -> its cheapest MIG cut per (profile, excluded devices on it), until a
+        device on it changes: every waiting slice asks for a re-cut in every pass, and
+        a pass changes few GPUs."""
         for d in inventory.devices:
             self.add(d)
 
@@ -245,10 +249,16 @@ class Placer:
             (free.add if uuid not in self.held and not self._closed(d) else free.discard)(uuid)
             self._refresh(d)
 
+    def _forget(self) -> None:
+        """A drain changed: ``find``'s answers and every GPU's cuts no longer hold."""
+        self._found.clear()
+        self._cuts.clear()
+
     def drain(self, uuid: str) -> None:
         """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
         self.drained.add(uuid)
         self._groups.clear()
+        self._forget()  # a GPU with no slice left has no device to refresh
         for d in self.under(uuid):
             self.free[device_class(d)].discard(d.uuid)
             self.shares.set_drained(d.uuid, True)
@@ -257,6 +267,7 @@ class Placer:
     def undrain(self, uuid: str) -> None:
         self.drained.discard(uuid)
         self._groups.clear()
+        self._forget()
         for d in self.under(uuid):
             if d.uuid not in self.held and not self._closed(d):
                 self.free[device_class(d)].add(d.uuid)
@@ -320,6 +331,7 @@ class Placer:
     def _refresh(self, d: Device) -> None:
         """File ``d`` in every index as its state now is (gone when not in ``devices``)."""
         self._found.clear()
+        self._cuts.pop(d.gpu_uuid, None)
         u, sh, node = d.uuid, shape(d), d.node
         present = u in self.devices
         if present and u in self.free[sh[0]]:
@@ -586,4 +598,14 @@ class Placer:
     ) -> MigPlan | None:
         """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can
         (``migplan.plan``)."""
-        return plan(self, profile_name, exclude)
+        best: Cut | None = None
+        for gpu in self.gpus.values():
+            on_gpu = self._on_gpu.get(gpu.uuid, {})
+            asked = (profile_name, frozenset(u for u in exclude if u in on_gpu))
+            cuts = self._cuts.setdefault(gpu.uuid, {})
+            if asked not in cuts:
+                cuts[asked] = cheapest_cut(self, gpu, profile_name, asked[1])
+            found = cuts[asked]
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        return best[1] if best else None

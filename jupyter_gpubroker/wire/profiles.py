@@ -13,6 +13,7 @@ broker's placement use this one table, so they cannot disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -59,7 +60,12 @@ class GpuModel:
     profiles: tuple[MigProfile, ...]
 
     def profile(self, name: str) -> MigProfile | None:
-        return next((p for p in self.profiles if p.name == name), None)
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> dict[str, MigProfile]:
+        """The profiles by name: placement asks for one in each MIG plan of each GPU."""
+        return {p.name: p for p in self.profiles}
 
 
 # (suffix, compute slices, memory slices, starts, max count, NVML constant, NVML id)

@@ -214,3 +214,28 @@ def test_plan_mig_ignores_gpus_with_mig_off_or_unknown_profiles():
     assert placer.plan_mig("1g.10gb") is None
     placer = Placer(mig_inventory(gpus=1))
     assert placer.plan_mig("1g.18gb") is None  # an H200 profile on an H100
+
+
+def test_plan_mig_follows_drains_and_recuts_of_the_gpu():
+    """Each GPU's cut is kept between passes: a drain, a slice held, removed or added
+    on that GPU must change what the next plan says."""
+    placer = Placer(mig_inventory(gpus=2, layout=()))  # two GPUs in MIG mode, no slice yet
+    plan = placer.plan_mig("7g.80gb")
+    assert plan is not None and plan.destroy == ()
+    placer.drain(plan.gpu.uuid)  # a GPU with no slice: no device of it to refresh
+    other = placer.plan_mig("7g.80gb")
+    assert other is not None and other.gpu.uuid != plan.gpu.uuid
+    placer.drain(other.gpu.uuid)
+    assert placer.plan_mig("7g.80gb") is None
+    placer.undrain(plan.gpu.uuid)
+    again = placer.plan_mig("7g.80gb")
+    assert again is not None and again.gpu.uuid == plan.gpu.uuid
+
+    small = mig_inventory(gpus=1, layout=("1g.10gb",)).devices[0]
+    placer.add(replace(small, gpu_uuid=plan.gpu.uuid))  # a slice cut at 0: 7g still fits
+    assert {d.uuid for d in placer.plan_mig("7g.80gb").destroy} == {small.uuid}
+    placer.hold([small.uuid])
+    assert placer.plan_mig("7g.80gb") is None  # the only undrained GPU has a held slice
+    placer.release([small.uuid])
+    placer.remove(small.uuid)
+    assert placer.plan_mig("7g.80gb").destroy == ()
