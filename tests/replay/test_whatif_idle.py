@@ -15,6 +15,7 @@ import pytest
 from traitlets.config import Config
 
 from jupyter_gpubroker.api.rules import BrokerAPI
+from jupyter_gpubroker.broker.accounting import Prices
 from jupyter_gpubroker.broker.clock import VirtualClock
 from jupyter_gpubroker.broker.core import Broker
 from jupyter_gpubroker.broker.recorded import MAX_SPANS, Activity
@@ -22,8 +23,10 @@ from jupyter_gpubroker.broker.store import Store
 from jupyter_gpubroker.cli.main import main
 from jupyter_gpubroker.client import kernel_report
 from jupyter_gpubroker.nvml import open_backend
-from jupyter_gpubroker.replay.whatif import Variation, compare, history
+from jupyter_gpubroker.replay import whatif
+from jupyter_gpubroker.replay.whatif import Variation, compare, history, parse_quota
 from jupyter_gpubroker.runtime import GPUBroker
+from jupyter_gpubroker.wire.errors import InvalidRequest
 from jupyter_gpubroker.wire.sizes import Size
 
 LOOK_S = 30.0
@@ -161,6 +164,28 @@ def test_a_shorter_idle_timeout_holds_less_and_loses_kernels(written) -> None:
     assert suspended["what_if"]["kernels_lost"] == 0
     assert suspended["what_if"]["kernels_suspended"] == 4  # between cells and after the last
     assert suspended["what_if"]["gpu_hours_held"] == pytest.approx(now["gpu_hours_held"])
+
+
+def test_the_what_if_replayed_in_a_process_of_its_own_gives_the_same_figures(
+    written, monkeypatch
+) -> None:
+    """A long history's what-if replays in a second process, beside the unvaried one."""
+    state, _ = written
+    h = history(state, time.time())
+    prices = Prices.from_dict({"per_gpu_hour": {"gpu": 2.0, "*": 1.0}})
+    asked = Variation(idle_timeout=600, grace=0, quotas=(parse_quota("user:bob:max_gpus=1"),))
+    here = compare(h, asked, prices)
+    monkeypatch.setattr(whatif, "BESIDE_FROM", 0)
+    monkeypatch.setattr(whatif.os, "sched_getaffinity", lambda _: {0, 1})
+    pools, pool = [], whatif.ProcessPoolExecutor
+    monkeypatch.setattr(
+        whatif, "ProcessPoolExecutor", lambda *a, **k: pools.append(1) or pool(*a, **k)
+    )
+    beside = compare(h, asked, prices)
+    assert pools and beside == here
+    assert beside["what_if"]["kernels_lost"] == 2 and beside["what_if"]["cost"] > 0
+    with pytest.raises(InvalidRequest, match="windows are the broker policy's"):
+        compare(h, Variation(policy="fcfs", timezone="UTC"))  # refused before either replay
 
 
 def test_the_command_varies_the_idle_timeout_and_says_what_it_cannot(
