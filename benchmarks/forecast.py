@@ -5,7 +5,8 @@ format (openb on ``dgx-h100-mig:64``, Philly on ``dgx-h100:768``) at its own pac
 compression: it would fold weeks into days), as if a broker had served it. Then
 ``broker.forecast`` reads that file as of the trace's last submission and backtests its
 last ``--weeks`` weeks: the p50 of each hour of the week against the demand
-(GPU-equivalents held and waiting) that hour had, and how often the p90 held.
+(GPU-equivalents held and waiting) that hour had, and how often the p90 held; beside it,
+the same forecast without the moves of the level (past weeks as they were).
 
     python benchmarks/forecast.py [--traces DIR] [--weeks 4] [--only openb] [--json]
 """
@@ -39,6 +40,9 @@ def backtest(fmt: str, path: Path, weeks: int) -> dict[str, Any]:
         origin = trace.jobs[0].submit_s
         end = trace.jobs[-1].submit_s
         found = offline.forecast(state, now=end, tz=timezone.utc, weeks=8, backtest_weeks=weeks)
+        plain = offline.forecast(
+            state, now=end, tz=timezone.utc, weeks=8, backtest_weeks=weeks, level=False
+        )
     return {
         "trace": fmt,
         "jobs": len(run.outcomes),
@@ -46,6 +50,7 @@ def backtest(fmt: str, path: Path, weeks: int) -> dict[str, Any]:
         "basis": found.basis,
         "message": found.message,
         "weeks": [b.to_json() for b in found.backtest],
+        "weeks_without_level": [b.to_json() for b in plain.backtest],
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 
@@ -65,16 +70,22 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print("| trace | week from | mean demand | mean error | error / demand | within p90 |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(
+        "| trace | week from | mean demand | mean error | error / demand | within p90 "
+        "| without the level: error / demand | within p90 |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        for w in r["weeks"]:
-            rel = w["relative_error"]
+        for w, p in zip(r["weeks"], r["weeks_without_level"], strict=True):
             print(
                 f"| {r['trace']} | {w['week_start'][:10]} | {w['mean_actual']:.1f} | "
-                f"{w['mean_abs_error']:.1f} | {'-' if rel is None else f'{rel:.0%}'} | "
-                f"{w['p90_covered']:.0%} |"
+                f"{w['mean_abs_error']:.1f} | {_share(w['relative_error'])} | "
+                f"{w['p90_covered']:.0%} | {_share(p['relative_error'])} | {p['p90_covered']:.0%} |"
             )
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 if __name__ == "__main__":

@@ -57,14 +57,18 @@ def usage(
     return _usage(rows, since=since, until=until, by=by, tz=tz, prices=prices)
 
 
-def forecast(state: Path, *, now: float, tz: tzinfo, weeks: int, backtest_weeks: int) -> Forecast:
+def forecast(
+    state: Path, *, now: float, tz: tzinfo, weeks: int, backtest_weeks: int, level: bool = True
+) -> Forecast:
     """Demand per hour of the week from the state file's history (``broker.forecast``)."""
     store = Store(state, read_only=True)
     try:
         rows = demand(store, now - (weeks + backtest_weeks) * 7 * 86400.0, now)
     finally:
         store.close()
-    return _forecast(spans(rows), now, tz=tz, weeks=weeks, backtest_weeks=backtest_weeks)
+    return _forecast(
+        spans(rows), now, tz=tz, weeks=weeks, backtest_weeks=backtest_weeks, level=level
+    )
 
 
 def load_prices(path: Path) -> Prices:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
@@ -206,8 +206,11 @@ def forecast(
     tz: tzinfo = timezone.utc,
     weeks: int = 8,
     backtest_weeks: int = 4,
+    level: bool = True,
 ) -> Forecast:
-    """The forecast from ``spans`` as of ``now`` (UTC seconds), hours of the week in ``tz``."""
+    """The forecast from ``spans`` as of ``now`` (UTC seconds), hours of the week in ``tz``;
+    ``level=False``: past weeks as they were, without the moves of the level since
+    (``_level_moves``; what the benchmarks compare against)."""
     if weeks < 1 or backtest_weeks < 0:
         raise ValueError("weeks must be at least 1 and backtest_weeks at least 0")
     history = hourly(spans, now)
@@ -220,11 +223,11 @@ def forecast(
             f"not enough history yet: {had}, and a forecast needs a day of it",
         )
     upto = len(history.held)
-    hours, basis = _hours(history, upto, tz, weeks)
+    hours, basis = _hours(history, upto, tz, weeks, level)
     tests = tuple(
         t
         for k in range(backtest_weeks, 0, -1)
-        if (t := _backtest(history, upto - k * HOURS_OF_WEEK, tz, weeks)) is not None
+        if (t := _backtest(history, upto - k * HOURS_OF_WEEK, tz, weeks, level)) is not None
     )
     message = f"from {span_s / DAY_S:.1f} days of history, by {basis}"
     if not tests:
@@ -259,9 +262,10 @@ def _hour_of_week(t: float, tz: tzinfo) -> int:
 
 
 def _hours(
-    history: Hours, upto: int, tz: tzinfo, weeks: int
+    history: Hours, upto: int, tz: tzinfo, weeks: int, level: bool = True
 ) -> tuple[tuple[HourForecast, ...], str]:
-    """Each hour of the week's forecast from the history's hours before ``upto``."""
+    """Each hour of the week's forecast from the history's hours before ``upto``;
+    ``level``: each past week's demand moved by how far the level has moved since."""
     first = max(0, upto - weeks * HOURS_OF_WEEK)
     by_week: dict[int, list[int]] = defaultdict(list)
     for i in range(first, upto):
@@ -272,11 +276,34 @@ def _hours(
         for how, idx in by_week.items():
             by_day[how % 24].extend(idx)
         by_week = {how: by_day[how % 24] for how in range(HOURS_OF_WEEK)}
-    out = tuple(_one(history, how, by_week.get(how, [])) for how in range(HOURS_OF_WEEK))
+    moved = _level_moves(history, upto, weeks) if weekly and level else {}
+
+    def demand(i: int) -> float:
+        return max(history.demand(i) + moved.get((upto - 1 - i) // HOURS_OF_WEEK + 1, 0.0), 0.0)
+
+    out = tuple(_one(history, how, by_week.get(how, []), demand) for how in range(HOURS_OF_WEEK))
     return out, "hour of week" if weekly else "hour of day"
 
 
-def _one(history: Hours, how: int, idx: list[int]) -> HourForecast:
+def _level_moves(history: Hours, upto: int, weeks: int) -> dict[int, float]:
+    """Week ``k`` back -> how much the level (the mean demand of the week before a point)
+    rose from ``k`` weeks before ``upto`` to ``upto``: what a demand ``k`` weeks old needs
+    added to stand for the coming week. Growth and decline carry over; a seasonal median
+    alone stays at the level of weeks past. Before a whole week of history the level is
+    the first week's (``upto`` has at least two weeks before it)."""
+    total = [0.0]
+    for i in range(upto):
+        total.append(total[-1] + history.demand(i))
+
+    def level(t: int) -> float:
+        t = max(t, HOURS_OF_WEEK)
+        return (total[t] - total[t - HOURS_OF_WEEK]) / HOURS_OF_WEEK
+
+    now = level(upto)
+    return {k: now - level(upto - k * HOURS_OF_WEEK) for k in range(1, weeks + 1)}
+
+
+def _one(history: Hours, how: int, idx: list[int], demand: Callable[[int], float]) -> HourForecast:
     def spread(values: list[float]) -> dict[str, float]:
         if not values:
             return {f"p{round(q * 100)}": 0.0 for q in QUANTILES}
@@ -290,19 +317,19 @@ def _one(history: Hours, how: int, idx: list[int]) -> HourForecast:
     return HourForecast(
         how,
         len(idx),
-        spread([history.demand(i) for i in idx]),
+        spread([demand(i) for i in idx]),
         spread([history.held[i] for i in idx]),
         spread([history.waiting[i] for i in idx]),
         {k: v for k, v in asked.items() if v > 0},
     )
 
 
-def _backtest(history: Hours, at: int, tz: tzinfo, weeks: int) -> Backtest | None:
+def _backtest(history: Hours, at: int, tz: tzinfo, weeks: int, level: bool) -> Backtest | None:
     """The week of hours from ``at`` forecast from the hours before it alone (None: less
     than a day before it, or not a whole week after it)."""
     if at < MIN_HISTORY_S / HOUR_S or at + HOURS_OF_WEEK > len(history.held):
         return None
-    predicted, _ = _hours(history, at, tz, weeks)
+    predicted, _ = _hours(history, at, tz, weeks, level)
     errors, covered, actual = [], 0, []
     for i in range(at, at + HOURS_OF_WEEK):
         f = predicted[_hour_of_week(history.start + i * HOUR_S, tz)].demand

@@ -57,7 +57,7 @@ def test_the_p90_spans_what_the_weeks_asked_and_the_p50_their_middle() -> None:
         for i, week in enumerate(weeks)
         for s in week
     ]
-    monday9 = forecast(history, MONDAY + 5 * WEEK_S).hours[9]
+    monday9 = forecast(history, MONDAY + 5 * WEEK_S, level=False).hours[9]  # weeks as they were
     assert monday9.samples == 5
     assert monday9.demand["p50"] == pytest.approx(1.0 + 3.0)
     assert 1.0 + 4.0 < monday9.demand["p90"] < 1.0 + 10.0
@@ -124,3 +124,26 @@ def test_a_request_never_granted_asks_what_its_size_says() -> None:
     )
     assert [s.gpu_equivalents for s in got] == pytest.approx([3 / 7, 2.0, 0.1, 0.1, 1.0])
     assert [s.granted_at for s in got] == [None, None, 0.0, None, None]
+
+
+def test_demand_that_grows_each_week_is_forecast_at_the_level_it_grew_to() -> None:
+    """Long tasks pile up: one GPU more held all week, every week. A median of past weeks
+    stays weeks behind; moved by how far the level rose since each week, it keeps up."""
+
+    def held_all_week(week: int, gpus: float) -> Span:
+        t = MONDAY + week * WEEK_S
+        return Span(t, "gpus=1", "batch", gpus, t, t + WEEK_S)
+
+    growing = [held_all_week(w, w + 1.0) for w in range(5)]  # 1, 2, 3, 4 and 5 GPUs
+    now = MONDAY + 5 * WEEK_S
+    plain = forecast(growing, now, level=False).hours[9]
+    assert plain.demand["p50"] == pytest.approx(3.0)  # the middle of the five weeks
+    moved = forecast(growing, now).hours[9]
+    # each week moved up to the level of the last, plus a week's growth; the first has no
+    # week before it, so its own level stands in and it is moved a week's growth less
+    assert moved.samples == 5
+    assert (moved.demand["p50"], moved.demand["p90"]) == pytest.approx((6.0, 6.0))
+    (last,) = forecast(growing + [held_all_week(5, 6.0)], now + WEEK_S, backtest_weeks=1).backtest
+    assert last.mean_abs_error == pytest.approx(0.0, abs=1e-9) and last.p90_covered == 1.0
+    steady = forecast(office_weeks(5), MONDAY + 5 * WEEK_S, backtest_weeks=2)
+    assert all(w.mean_abs_error == pytest.approx(0.0, abs=1e-9) for w in steady.backtest)
