@@ -22,7 +22,7 @@ from typing import Any
 
 from ..wire.sizes import Size, gb_to_mib
 from .lazyheap import LazyHeap
-from .migplan import Cut, cheapest_cut
+from .migplan import Cut, plan
 from .migplan import MigPlan as MigPlan
 from .models import Device, Inventory
 from .shapes import WHOLE_GPU, Shape, device_class, shape
@@ -250,14 +250,14 @@ class Placer:
             self._refresh(d)
 
     def _forget(self) -> None:
-        """A drain changed: ``find``'s answers and every GPU's cuts no longer hold."""
+        """A drain changed: the groups, ``find``'s answers and every GPU's cuts no longer hold."""
+        self._groups.clear()
         self._found.clear()
         self._cuts.clear()
 
     def drain(self, uuid: str) -> None:
         """Place nothing more on ``uuid``: a GPU (with every device on it) or one device."""
         self.drained.add(uuid)
-        self._groups.clear()
         self._forget()  # a GPU with no slice left has no device to refresh
         for d in self.under(uuid):
             self.free[device_class(d)].discard(d.uuid)
@@ -266,7 +266,6 @@ class Placer:
 
     def undrain(self, uuid: str) -> None:
         self.drained.discard(uuid)
-        self._groups.clear()
         self._forget()
         for d in self.under(uuid):
             if d.uuid not in self.held and not self._closed(d):
@@ -598,14 +597,4 @@ class Placer:
     ) -> MigPlan | None:
         """How to cut a new ``profile_name`` slice from idle capacity, if any GPU can
         (``migplan.plan``)."""
-        best: Cut | None = None
-        for gpu in self.gpus.values():
-            on_gpu = self._on_gpu.get(gpu.uuid, {})
-            asked = (profile_name, frozenset(u for u in exclude if u in on_gpu))
-            cuts = self._cuts.setdefault(gpu.uuid, {})
-            if asked not in cuts:
-                cuts[asked] = cheapest_cut(self, gpu, profile_name, asked[1])
-            found = cuts[asked]
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
-        return best[1] if best else None
+        return plan(self, profile_name, exclude, self._cuts)

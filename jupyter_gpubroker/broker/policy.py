@@ -63,12 +63,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..wire.errors import InvalidRequest
 from ..wire.sizes import number, said
+from ..wire.times import zone
 from .models import JobClass, Request
 
 STARVING_TIER = 1e9
@@ -290,10 +290,7 @@ class BrokerPolicy(Policy):
             raise InvalidRequest(
                 f"reference_gpu_hours must be positive, not {self.reference_gpu_hours!r}"
             )
-        try:
-            self._tz: tzinfo = timezone.utc if self.timezone == "UTC" else ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise InvalidRequest(f"unknown time zone {self.timezone!r}") from None
+        self._tz: tzinfo = zone(self.timezone)
         self._window_cache: tuple[int, dict[str, float]] = (-1, {})
 
     def class_weights(self, now: float) -> dict[str, float]:

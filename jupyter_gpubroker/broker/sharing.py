@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone, tzinfo
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import datetime
 
 from ..wire.errors import InvalidRequest
 from ..wire.sizes import said
+from ..wire.times import zone
 from .models import Gpu
 from .policy import Window
 
@@ -76,11 +76,7 @@ class Sharing:
 
     def __post_init__(self) -> None:
         SharingRule(self.default)  # the same check of the mode
-        try:
-            tz: tzinfo = timezone.utc if self.timezone == "UTC" else ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise InvalidRequest(f"unknown time zone {self.timezone!r}") from None
-        object.__setattr__(self, "_tz", tz)
+        object.__setattr__(self, "_tz", zone(self.timezone))
 
     def mode(self, gpu: Gpu, now: float) -> str:
         """How ``gpu`` is lent at ``now``."""

@@ -63,15 +63,11 @@ def cmd_forecast(args: argparse.Namespace) -> int:
 
 
 def _from_state(args: argparse.Namespace) -> dict[str, Any]:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
     from .. import offline
     from ..wire.errors import InvalidRequest
+    from ..wire.times import zone
 
-    try:
-        tz = ZoneInfo(args.timezone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise InvalidRequest(f"unknown time zone {args.timezone!r}") from None
+    tz = zone(args.timezone)
     state = args.state or Path(os.environ.get(STATE_FILE_ENV) or default_state_path())
     if not state.exists():
         raise InvalidRequest(

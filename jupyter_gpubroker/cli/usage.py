@@ -63,15 +63,10 @@ def add_usage(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
     from ..offline import UsageRow, load_prices
-    from ..wire.errors import InvalidRequest
+    from ..wire.times import zone
 
-    try:
-        tz = ZoneInfo(args.timezone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise InvalidRequest(f"unknown time zone {args.timezone!r}") from None
+    tz = zone(args.timezone)
     now = time.time()
     since = _time(args.since, "--since") if args.since else float("-inf")
     until = _time(args.until, "--until") if args.until else now

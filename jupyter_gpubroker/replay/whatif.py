@@ -38,7 +38,6 @@ from datetime import date, datetime, timedelta, timezone, tzinfo
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
@@ -54,6 +53,7 @@ from ..nvml import GpuSpec, Topology
 from ..nvml.presets import TopologyError, gpu_spec, load_topology
 from ..wire.errors import InvalidRequest
 from ..wire.sizes import MAX_DURATION_S, number, seconds_between
+from ..wire.times import zone
 from .driver import Replay, replay
 from .idle import holds
 from .traces import MIN_DURATION_S, Job, Trace
@@ -462,8 +462,8 @@ def by_day(
 def zone_of(h: History) -> tzinfo:
     """The time zone the broker read its windows in (its days), else UTC."""
     try:
-        return ZoneInfo(h.settings.get("timezone") or "UTC")
-    except (ZoneInfoNotFoundError, ValueError):
+        return zone(h.settings.get("timezone") or "UTC")
+    except InvalidRequest:  # a name this machine's zone database lacks
         return timezone.utc
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, get_args, get_type_hints
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..api.parse import only
 from ..broker.accounting import Prices
@@ -30,7 +29,7 @@ from ..nvml.presets import PRESETS, TopologyError, load_topology
 from ..replay.whatif import QUOTA_FIELDS, Variation, compare, history
 from ..wire.errors import BrokerError, Conflict, InvalidRequest
 from ..wire.sizes import said
-from ..wire.times import iso
+from ..wire.times import iso, zone
 
 MOST_GPUS = 4096
 """The most GPUs a what-if adds or takes away (a bound on the simulated machine)."""
@@ -126,8 +125,8 @@ def _policy(name: str) -> None:
 
 def _timezone(name: str) -> None:
     try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+        zone(name)
+    except InvalidRequest:
         raise InvalidRequest(
             f"'timezone' must be an IANA time zone name, not {said(name)}"
         ) from None
