@@ -195,12 +195,15 @@ class FairShareLedger:
 
     def _accrue_all(self, now: float) -> None:
         """Charge every active lease's usage up to ``now``: per entity, the sum over its
-        leases of ``decayed_integral(eq, now - since)``, in closed form."""
+        leases of ``decayed_integral(eq, now - since)``, in closed form. Only ``recalc``
+        calls it, which sums the totals again and empties the caches next, so the usage
+        is added without ``_charge``'s upkeep of them."""
         h = self.half_life_s
+        per_unit = h / math.log(2)
         decay = 2.0 ** (-(now - self._accrual_ref) / h)
         for entity, cell in self._accruing.items():
-            amount = h / math.log(2) * (cell[1] - decay * cell[2])
+            amount = per_unit * (cell[1] - decay * cell[2])
             if amount > 0:
-                self._charge(entity, amount, now)
+                self._decayed(entity, now)[0] += amount
             cell[2] = cell[1]
         self._accrued_at = self._accrual_ref = now
